@@ -1,0 +1,1 @@
+//! gdx-doctor (being written).

@@ -1,0 +1,1 @@
+//! gdx-engine (being written).

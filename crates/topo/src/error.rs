@@ -1,0 +1,71 @@
+//! Errors from building a topology. Every variant names the file (and line, for XML) and the
+//! problem, so the CLI can print it once and the user knows what to fix.
+
+use std::path::PathBuf;
+
+/// Why a topology could not be built or written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TopoError {
+    /// `--root` does not exist.
+    #[error("root {path}: no such file or directory")]
+    RootMissing {
+        /// The root given.
+        path: PathBuf,
+    },
+    /// `--root` exists but holds no sysfs tree gdx can read.
+    #[error("root {path}: {why}")]
+    RootUnusable {
+        /// The root given.
+        path: PathBuf,
+        /// What is missing, e.g. "no sys/bus/pci/devices folder: not a captured machine".
+        why: String,
+    },
+    /// A file or folder could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An NCCL topology file is malformed.
+    #[error("{path}:{line}:{column}: {message}")]
+    Xml {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line.
+        line: u32,
+        /// 1-based column.
+        column: u32,
+        /// What is wrong.
+        message: String,
+    },
+    /// A well-formed XML file that is not an NCCL topology (e.g. an NCCL_GRAPH_FILE).
+    #[error("{path}: not an NCCL topology file: {why}")]
+    NotATopology {
+        /// The file.
+        path: PathBuf,
+        /// What it looks like instead.
+        why: String,
+    },
+    /// A captured NVML snapshot (`gdx/nvml.json`) is malformed.
+    #[error("{path}: bad NVML snapshot: {message}")]
+    Snapshot {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl TopoError {
+    /// Wrap an I/O error with its path.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> TopoError {
+        TopoError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
