@@ -6,13 +6,15 @@
 //! captured folder or `.tar.gz` is another machine), optionally enriched from NVML on the live
 //! machine ([`discover`]), or an NCCL topology XML file ([`from_nccl_xml`]). The model can be
 //! written back as NCCL XML ([`to_nccl_xml`]) and a machine captured for later analysis
-//! ([`capture`]). No `unsafe` here: foreign libraries are reached through `gdx-sys`.
+//! ([`capture()`]). No `unsafe` here: foreign libraries are reached through `gdx-sys`.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 pub mod capture;
 pub mod enrich;
 mod error;
+#[cfg(any(test, feature = "fixture"))]
+pub mod fixture;
 pub mod model;
 pub mod path;
 pub mod sysfs;

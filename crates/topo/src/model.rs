@@ -112,10 +112,17 @@ impl Link {
     /// PCIe generation for the lane rate (1..=6), if the rate is a known one.
     pub fn generation(&self) -> Option<u32> {
         let s = self.speed_gts?;
-        [(2.5, 1), (5.0, 2), (8.0, 3), (16.0, 4), (32.0, 5), (64.0, 6)]
-            .iter()
-            .find(|(r, _)| (s - r).abs() < 0.05)
-            .map(|&(_, g)| g)
+        [
+            (2.5, 1),
+            (5.0, 2),
+            (8.0, 3),
+            (16.0, 4),
+            (32.0, 5),
+            (64.0, 6),
+        ]
+        .iter()
+        .find(|(r, _)| (s - r).abs() < 0.05)
+        .map(|&(_, g)| g)
     }
 
     /// Usable one-direction bandwidth in GB/s (1e9 B/s) after line encoding

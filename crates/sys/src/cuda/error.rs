@@ -1,0 +1,96 @@
+//! [`CudaError`]: a failed driver call, with the call, the `CUresult` name and the GPU.
+
+/// A CUDA driver call that failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CudaError {
+    /// A driver call returned an error status.
+    #[error("{call}{} failed: {name} ({code}): {description}", on_gpu(.device))]
+    Call {
+        /// The call, e.g. `cuDeviceGetName` or
+        /// `cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)`.
+        call: String,
+        /// The `CUresult` number.
+        code: u32,
+        /// The `CUresult` name from `cuGetErrorName`, e.g. `CUDA_ERROR_INVALID_DEVICE`.
+        name: String,
+        /// The text from `cuGetErrorString`.
+        description: String,
+        /// The GPU ordinal the call was about, if any.
+        device: Option<u32>,
+    },
+    /// The driver or the GPU does not support the call (`CUDA_ERROR_NOT_SUPPORTED`).
+    #[error("{call}{} is not supported by this driver or GPU (CUDA_ERROR_NOT_SUPPORTED)", on_gpu(.device))]
+    Unsupported {
+        /// The call.
+        call: String,
+        /// The GPU ordinal the call was about, if any.
+        device: Option<u32>,
+    },
+    /// A GPU ordinal at or past the number of devices.
+    #[error("no GPU {ordinal}: the CUDA driver reports {count} device(s)")]
+    NoSuchDevice {
+        /// The ordinal asked for.
+        ordinal: u32,
+        /// How many devices the driver reports.
+        count: u32,
+    },
+}
+
+impl CudaError {
+    /// The `CUresult` number, when the error came from a driver status.
+    pub fn code(&self) -> Option<u32> {
+        match self {
+            CudaError::Call { code, .. } => Some(*code),
+            CudaError::Unsupported { .. } => Some(super::api::NOT_SUPPORTED),
+            CudaError::NoSuchDevice { .. } => None,
+        }
+    }
+}
+
+fn on_gpu(device: &Option<u32>) -> String {
+    match device {
+        Some(d) => format!(" on GPU {d}"),
+        None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_call_status_and_gpu() {
+        let e = CudaError::Call {
+            call: "cuDeviceGetName".into(),
+            code: 101,
+            name: "CUDA_ERROR_INVALID_DEVICE".into(),
+            description: "invalid device ordinal".into(),
+            device: Some(3),
+        };
+        assert_eq!(
+            e.to_string(),
+            "cuDeviceGetName on GPU 3 failed: CUDA_ERROR_INVALID_DEVICE (101): invalid device ordinal"
+        );
+        assert_eq!(e.code(), Some(101));
+        let e = CudaError::Unsupported {
+            call: "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)".into(),
+            device: None,
+        };
+        assert_eq!(
+            e.to_string(),
+            "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED) is not supported by this \
+             driver or GPU (CUDA_ERROR_NOT_SUPPORTED)"
+        );
+        assert_eq!(e.code(), Some(801));
+        let e = CudaError::NoSuchDevice {
+            ordinal: 2,
+            count: 1,
+        };
+        assert_eq!(
+            e.to_string(),
+            "no GPU 2: the CUDA driver reports 1 device(s)"
+        );
+        assert_eq!(e.code(), None);
+    }
+}

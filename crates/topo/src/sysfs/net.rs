@@ -1,0 +1,177 @@
+//! NICs: RDMA devices from `sys/class/infiniband/*` and network interfaces from
+//! `sys/class/net/*`, each tied to a PCI function through its `device` link.
+//!
+//! A PCI function becomes a NIC when it carries an RDMA device, or when it is a network
+//! controller (class 0x02) with a kernel interface on it. Interfaces without a `device` link
+//! (`lo`, veth, bridges) are not hardware and are ignored; a `device` link that ends below the
+//! PCI function (virtio, auxiliary devices) counts for the nearest PCI function above it.
+
+use super::parse;
+use super::pci::{nearest_pci, read_fn, PciTree};
+use super::Reader;
+use crate::model::{natural_cmp, Gid, NicInfo, NicPort, PciAddr};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// NIC facts per PCI function.
+pub(crate) fn scan(r: &mut Reader<'_>, tree: &mut PciTree) -> BTreeMap<PciAddr, NicInfo> {
+    let mut nics: BTreeMap<PciAddr, NicInfo> = BTreeMap::new();
+    scan_rdma(r, tree, &mut nics);
+    scan_net(r, tree, &mut nics);
+    for n in nics.values_mut() {
+        n.netdevs.sort_by(|a, b| natural_cmp(a, b));
+        n.netdevs.dedup();
+    }
+    nics
+}
+
+/// Names in a class folder; a missing folder (no RDMA stack) is simply empty.
+fn class_members(r: &mut Reader<'_>, dir: &Path) -> Vec<String> {
+    match r.fs.list(dir) {
+        Ok(n) => n,
+        Err(super::rootfs::ReadError::Missing) => Vec::new(),
+        Err(e) => {
+            r.note(format!("{}: cannot list: {}", dir.display(), e.why()));
+            Vec::new()
+        }
+    }
+}
+
+/// The PCI function behind a class member's `device` link, read into the tree if
+/// `sys/bus/pci/devices` did not list it. `None` when there is no link or no PCI above it.
+fn pci_of(r: &mut Reader<'_>, tree: &mut PciTree, real: &Path) -> Option<PciAddr> {
+    let dev = r.fs.resolve_from(real, Path::new("device"))?;
+    let (bdf, pci_real) = nearest_pci(&dev)?;
+    if !tree.contains(bdf) {
+        r.note(format!(
+            "{}: PCI function {bdf} is not listed under sys/bus/pci/devices; read from {}",
+            real.display(),
+            pci_real.display()
+        ));
+        let f = read_fn(r, bdf, &pci_real);
+        tree.fns.insert(bdf, f);
+    }
+    Some(bdf)
+}
+
+fn scan_rdma(r: &mut Reader<'_>, tree: &mut PciTree, nics: &mut BTreeMap<PciAddr, NicInfo>) {
+    let dir = Path::new("sys/class/infiniband");
+    for name in class_members(r, dir) {
+        let link = dir.join(&name);
+        let Some(real) = r.fs.resolve(&link) else {
+            r.note(format!("{}: dangling link, ignored", link.display()));
+            continue;
+        };
+        let Some(bdf) = pci_of(r, tree, &real) else {
+            r.note(format!(
+                "{}: no PCI device behind it (a software RDMA device?), ignored",
+                link.display()
+            ));
+            continue;
+        };
+        let ports = read_ports(r, &real);
+        let entry = nics.entry(bdf).or_default();
+        if let Some(first) = &entry.rdma_name {
+            let first = first.clone();
+            r.note(format!(
+                "PCI function {bdf} carries RDMA devices {first} and {name}; keeping {first}"
+            ));
+            continue;
+        }
+        entry.rdma_name = Some(name);
+        entry.ports = ports;
+    }
+}
+
+fn read_ports(r: &mut Reader<'_>, real: &Path) -> Vec<NicPort> {
+    let dir = real.join("ports");
+    let mut nums: Vec<u32> = class_members(r, &dir)
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    nums.sort_unstable();
+    nums.into_iter()
+        .map(|n| {
+            let p = dir.join(n.to_string());
+            let rate = r.text(&p.join("rate")).filter(|s| !s.is_empty());
+            let rate_gbps = rate.as_deref().and_then(|t| {
+                let v = parse::ib_rate_gbps(t);
+                if v.is_none() {
+                    r.note(format!(
+                        "{}: unexpected rate {t:?}",
+                        p.join("rate").display()
+                    ));
+                }
+                v
+            });
+            NicPort {
+                port: n,
+                state: r.text(&p.join("state")).filter(|s| !s.is_empty()),
+                phys_state: r.text(&p.join("phys_state")).filter(|s| !s.is_empty()),
+                link_layer: r.text(&p.join("link_layer")).filter(|s| !s.is_empty()),
+                rate,
+                rate_gbps,
+                gids: read_gids(r, &p),
+            }
+        })
+        .collect()
+}
+
+/// Non-empty GID table entries of one port, with their type and netdev when readable.
+fn read_gids(r: &mut Reader<'_>, port: &Path) -> Vec<Gid> {
+    let dir = port.join("gids");
+    let mut idx: Vec<u32> = class_members(r, &dir)
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    idx.sort_unstable();
+    let mut out = Vec::new();
+    for i in idx {
+        let Some(gid) = r.text(&dir.join(i.to_string())) else {
+            continue;
+        };
+        if gid.is_empty() || parse::gid_is_zero(&gid) {
+            continue;
+        }
+        let attr = |r: &mut Reader<'_>, kind: &str| -> Option<String> {
+            let p: PathBuf = port.join("gid_attrs").join(kind).join(i.to_string());
+            r.text(&p).filter(|s| !s.is_empty())
+        };
+        out.push(Gid {
+            index: i,
+            gid,
+            gid_type: attr(r, "types"),
+            ndev: attr(r, "ndevs"),
+        });
+    }
+    out
+}
+
+fn scan_net(r: &mut Reader<'_>, tree: &mut PciTree, nics: &mut BTreeMap<PciAddr, NicInfo>) {
+    let dir = Path::new("sys/class/net");
+    for ifname in class_members(r, dir) {
+        let link = dir.join(&ifname);
+        let Some(real) = r.fs.resolve(&link) else {
+            r.note(format!("{}: dangling link, ignored", link.display()));
+            continue;
+        };
+        let Some(bdf) = pci_of(r, tree, &real) else {
+            continue;
+        };
+        let is_net_class = tree
+            .fns
+            .get(&bdf)
+            .and_then(|f| f.class)
+            .is_some_and(|c| c >> 16 == 0x02);
+        // A USB or other non-network function above an interface is not a NIC we can place.
+        if !is_net_class && !nics.contains_key(&bdf) {
+            continue;
+        }
+        let speed = r
+            .parsed(&real.join("speed"), parse::net_speed, "link speed")
+            .flatten();
+        let entry = nics.entry(bdf).or_default();
+        entry.netdevs.push(ifname);
+        entry.speed_mbps = entry.speed_mbps.max(speed);
+    }
+}

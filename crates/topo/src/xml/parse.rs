@@ -1,0 +1,567 @@
+//! NCCL topology XML to the model. See the parent module for the mapping.
+
+use super::attrs::{syntax_error, text_pos, Attrs};
+use super::{cpumask, depth};
+use crate::error::TopoError;
+use crate::model::{
+    kind_from_class, Attachment, Device, DeviceKind, HostBridge, LinkStatus, NicPort, NumaNode,
+    NvLink, NvLinkTarget, PciAddr, Source, Switch, SwitchId, Topology,
+};
+use roxmltree::{Document, Node};
+use std::collections::HashSet;
+use std::path::Path;
+
+/// Deepest `<pci>` nesting accepted. Real machines have a handful of switch levels; the limit
+/// keeps the recursive walk's stack bounded whatever the input.
+const MAX_PCI_DEPTH: usize = 64;
+
+/// NCCL's stand-in for an NVLink peer it cannot see (typically an NVSwitch inside a VM).
+const HIDDEN_PEER: &str = "fffffff:ffff:ff";
+
+/// PCI class NCCL gives an NVSwitch and an NVLink-attached CPU (IBM NPU) as NVLink targets.
+const CLASS_NVSWITCH: u32 = 0x06_8000;
+const CLASS_NVLINK_CPU: u32 = 0x06_8001;
+const CLASS_BRIDGE: u32 = 0x06_0400;
+
+pub(super) fn parse(text: &str, path: &Path) -> Result<Topology, TopoError> {
+    if let Some(pos) = depth::too_deep(text, depth::MAX_NESTING) {
+        let (line, column) = text_pos(text, pos);
+        return Err(TopoError::Xml {
+            path: path.to_path_buf(),
+            line,
+            column,
+            message: format!("elements nested more than {} deep", depth::MAX_NESTING),
+        });
+    }
+    let doc = Document::parse(text).map_err(|e| syntax_error(text, path, &e))?;
+    let root = doc.root_element();
+    let name = root.tag_name().name();
+    if name != "system" {
+        let why = match name {
+            "graphs" | "graph" => {
+                "an NCCL graph file (NCCL_GRAPH_FILE: rings/trees), not a topology (NCCL_TOPO_FILE)"
+                    .to_string()
+            }
+            other => format!(
+                "the root element is <{other}>; an NCCL topology (NCCL_TOPO_FILE) has <system>"
+            ),
+        };
+        return Err(TopoError::NotATopology {
+            path: path.to_path_buf(),
+            why,
+        });
+    }
+    let mut p = Parser::new(&doc, path);
+    p.system(root)?;
+    Ok(p.finish(path))
+}
+
+/// What a `<cpu>` element gives the devices below it.
+struct CpuCtx {
+    host_bridge: String,
+    numa: Option<u32>,
+    cpus: Option<String>,
+}
+
+/// A GPU-class NVLink without `tclass`: resolved once every GPU of the file is known.
+struct Untyped {
+    owner: PciAddr,
+    target: PciAddr,
+}
+
+struct Parser<'a, 'input> {
+    a: Attrs<'a, 'input>,
+    devices: Vec<Device>,
+    switches: Vec<Switch>,
+    host_bridges: Vec<HostBridge>,
+    numa_nodes: Vec<NumaNode>,
+    notes: Vec<String>,
+    seen: HashSet<PciAddr>,
+    /// Leaves with no class and no `<gpu>`/`<nic>` child.
+    unknown_kind: Vec<PciAddr>,
+    /// Leaves whose class is none of the kinds gdx tracks.
+    untracked: Vec<(PciAddr, u32)>,
+    /// Elements NCCL does not define, as `<name> (line N)`.
+    ignored: Vec<String>,
+    /// GPUs whose NVLink names the GPU itself (the Azure NC A100 v4 quirk).
+    self_targets: Vec<PciAddr>,
+    untyped: Vec<Untyped>,
+}
+
+impl<'a, 'input> Parser<'a, 'input> {
+    fn new(doc: &'a Document<'input>, path: &'a Path) -> Self {
+        Parser {
+            a: Attrs { doc, path },
+            devices: Vec::new(),
+            switches: Vec::new(),
+            host_bridges: Vec::new(),
+            numa_nodes: Vec::new(),
+            notes: Vec::new(),
+            seen: HashSet::new(),
+            unknown_kind: Vec::new(),
+            untracked: Vec::new(),
+            ignored: Vec::new(),
+            self_targets: Vec::new(),
+            untyped: Vec::new(),
+        }
+    }
+
+    // ---- structure ----------------------------------------------------------------------
+
+    /// Check the element children of `node`: those in `allowed` are the caller's to handle;
+    /// NCCL elements in the wrong place are an error; anything else is noted and skipped
+    /// (NCCL ignores elements it does not know, too).
+    fn check_children(&mut self, node: Node, allowed: &[&str]) -> Result<(), TopoError> {
+        for child in node.children().filter(Node::is_element) {
+            let name = child.tag_name().name();
+            if allowed.contains(&name) {
+                continue;
+            }
+            let place = match name {
+                "cpu" => "directly under <system>",
+                "pci" => "under a <cpu> or another <pci>",
+                "gpu" => "under the <pci> element of its GPU",
+                "nic" => "under a <cpu> or a <pci>",
+                "net" => "under a <nic>",
+                "nvlink" | "c2c" => "under a <gpu>",
+                _ => {
+                    let line = self.a.line_of(child);
+                    self.ignored.push(format!("<{name}> (line {line})"));
+                    continue;
+                }
+            };
+            let parent = node.tag_name().name();
+            return Err(self.a.err_at(
+                child.range().start,
+                format!("<{name}> is not allowed inside <{parent}>: it belongs {place}"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn system(&mut self, node: Node) -> Result<(), TopoError> {
+        if let Some(v) = self.a.opt_int(node, "version")? {
+            if v != 1 {
+                self.notes.push(format!(
+                    "<system version=\"{v}\">: NCCL reads version 1 only; read as version 1"
+                ));
+            }
+        }
+        self.check_children(node, &["cpu"])?;
+        for cpu in node.children().filter(|n| n.has_tag_name("cpu")) {
+            self.cpu(cpu)?;
+        }
+        Ok(())
+    }
+
+    fn cpu(&mut self, node: Node) -> Result<(), TopoError> {
+        let numaid = self
+            .a
+            .opt_int(node, "numaid")?
+            .ok_or_else(|| self.a.elem_err(node, "missing numaid attribute"))?;
+        // NCCL writes -1 when the kernel does not know the device's NUMA node.
+        let numa = match numaid {
+            -1 => None,
+            n => Some(u32::try_from(n).map_err(|_| {
+                self.a
+                    .attr_err(node, "numaid", "must be a NUMA node number or -1")
+            })?),
+        };
+        let cpus = match node.attribute("affinity") {
+            Some(mask) => Some(cpumask::mask_to_list(mask).map_err(|why| {
+                self.a
+                    .attr_err(node, "affinity", &format!("is not a CPU mask: {why}"))
+            })?)
+            .filter(|l| !l.is_empty()),
+            None => None,
+        };
+        let host_bridge = format!("cpu{numaid}");
+        if self.host_bridges.iter().any(|h| h.id == host_bridge) {
+            // Two <cpu> with one numaid are one CPU to NCCL (its CPU node id is the numaid).
+            self.notes.push(format!(
+                "several <cpu numaid=\"{numaid}\"> elements (line {}): treated as one CPU",
+                self.a.line_of(node)
+            ));
+        } else {
+            self.host_bridges.push(HostBridge {
+                id: host_bridge.clone(),
+                numa,
+            });
+        }
+        if let Some(id) = numa {
+            match self.numa_nodes.iter_mut().find(|n| n.id == id) {
+                Some(n) if n.cpus.is_empty() => n.cpus = cpus.clone().unwrap_or_default(),
+                Some(_) => {}
+                None => self.numa_nodes.push(NumaNode {
+                    id,
+                    cpus: cpus.clone().unwrap_or_default(),
+                }),
+            }
+        }
+        let ctx = CpuCtx {
+            host_bridge,
+            numa,
+            cpus,
+        };
+        self.check_children(node, &["pci", "nic"])?;
+        for child in node.children().filter(Node::is_element) {
+            match child.tag_name().name() {
+                "pci" => self.pci(child, &ctx, &[], 1)?,
+                "nic" => self.cpu_nic(child, &ctx)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn new_device(&self, kind: DeviceKind, bdf: Option<PciAddr>, ctx: &CpuCtx) -> Device {
+        let mut d = Device::new(kind, bdf);
+        d.numa = ctx.numa;
+        d.cpu_affinity = ctx.cpus.clone();
+        d.attach = Attachment {
+            host_bridge: Some(ctx.host_bridge.clone()),
+            switches: Vec::new(),
+        };
+        d
+    }
+
+    fn pci(
+        &mut self,
+        node: Node,
+        ctx: &CpuCtx,
+        chain: &[SwitchId],
+        depth: usize,
+    ) -> Result<(), TopoError> {
+        if depth > MAX_PCI_DEPTH {
+            return Err(self.a.elem_err(
+                node,
+                &format!("<pci> elements nested more than {MAX_PCI_DEPTH} deep"),
+            ));
+        }
+        let bdf = self.a.bus_id(node, "busid")?;
+        let class = self.a.opt_hex(node, "class", 0xff_ffff)?;
+        let vendor = self.a.opt_id(node, "vendor")?;
+        let device_id = self.a.opt_id(node, "device")?;
+        let link = self.a.link(node)?;
+        let status = LinkStatus {
+            current: link,
+            max: link,
+        };
+        self.check_children(node, &["pci", "gpu", "nic", "pcilink"])?;
+        let has_pci = node.children().any(|n| n.has_tag_name("pci"));
+        if has_pci || class.is_some_and(|c| c >> 8 == CLASS_BRIDGE >> 8) {
+            let id = SwitchId(self.switches.len());
+            self.switches.push(Switch {
+                upstream: bdf,
+                downstream: Vec::new(),
+                vendor,
+                device_id,
+                link: status,
+                parent: chain.last().copied(),
+                is_virtual: (bdf.domain == 0xffff && bdf.bus == 0xff)
+                    || matches!(vendor, Some(0x0000 | 0xffff)),
+            });
+            if node
+                .children()
+                .any(|n| n.has_tag_name("gpu") || n.has_tag_name("nic"))
+            {
+                self.notes.push(format!(
+                    "bridge <pci busid=\"{bdf}\"> (line {}) has <gpu>/<nic> children: ignored",
+                    self.a.line_of(node)
+                ));
+            }
+            let mut below = chain.to_vec();
+            below.push(id);
+            for child in node.children().filter(|n| n.has_tag_name("pci")) {
+                self.pci(child, ctx, &below, depth + 1)?;
+            }
+            return Ok(());
+        }
+
+        let gpu_el = node.children().find(|n| n.has_tag_name("gpu"));
+        let nic_el = node.children().find(|n| n.has_tag_name("nic"));
+        // NCCL's precedence: a <nic> child makes the function a NIC whatever its class.
+        let kind = if nic_el.is_some() {
+            Some(DeviceKind::Nic)
+        } else if gpu_el.is_some() {
+            Some(DeviceKind::Gpu)
+        } else {
+            class.and_then(kind_from_class)
+        };
+        let Some(kind) = kind else {
+            match class {
+                None => self.unknown_kind.push(bdf),
+                Some(c) => self.untracked.push((bdf, c)),
+            }
+            return Ok(());
+        };
+        if !self.seen.insert(bdf) {
+            self.notes.push(format!(
+                "<pci busid=\"{bdf}\"> (line {}) appears twice: the later one is ignored",
+                self.a.line_of(node)
+            ));
+            return Ok(());
+        }
+        let mut d = self.new_device(kind, Some(bdf), ctx);
+        d.vendor = vendor;
+        d.device_id = device_id;
+        d.class = class;
+        d.link = status;
+        d.attach.switches = chain.to_vec();
+        match kind {
+            DeviceKind::Gpu => {
+                if let Some(g) = gpu_el {
+                    self.gpu(g, &mut d, bdf)?;
+                }
+            }
+            DeviceKind::Nic => {
+                if let Some(n) = nic_el {
+                    self.nets(n, &mut d)?;
+                }
+            }
+            DeviceKind::Nvme => {}
+        }
+        if d.name.is_none() {
+            if let (Some(v), Some(dev)) = (vendor, device_id) {
+                d.name = Some(format!("{v:04x}:{dev:04x}"));
+            }
+        }
+        self.devices.push(d);
+        Ok(())
+    }
+
+    fn gpu(&mut self, node: Node, d: &mut Device, bdf: PciAddr) -> Result<(), TopoError> {
+        let extra = node
+            .next_siblings()
+            .skip(1)
+            .filter(|n| n.has_tag_name("gpu"))
+            .count();
+        if extra > 0 {
+            self.notes.push(format!(
+                "GPU {bdf} has {} <gpu> elements (line {}): the first is used",
+                extra + 1,
+                self.a.line_of(node)
+            ));
+        }
+        let index = self.a.opt_u32(node, "dev")?;
+        let sm = self.a.opt_u32(node, "sm")?.filter(|s| *s > 0);
+        // Validated because NCCL reads them as numbers, but the model has no place for them.
+        self.a.opt_int(node, "rank")?;
+        self.a.opt_int(node, "gdr")?;
+        self.check_children(node, &["nvlink", "c2c"])?;
+        let mut links: Vec<NvLink> = Vec::new();
+        for child in node.children().filter(Node::is_element) {
+            let link = match child.tag_name().name() {
+                "nvlink" => self.nvlink(child, bdf)?,
+                "c2c" => {
+                    self.a.opt_int(child, "bw")?;
+                    Some(NvLink {
+                        target: NvLinkTarget::Cpu,
+                        count: self.a.req_u32(child, "count")?,
+                    })
+                }
+                _ => None,
+            };
+            let Some(link) = link.filter(|l| l.count > 0) else {
+                continue;
+            };
+            // NCCL adds up links to one target (real NVSwitch machines list each switch).
+            match links.iter_mut().find(|l| l.target == link.target) {
+                Some(l) => l.count = l.count.saturating_add(link.count),
+                None => links.push(link),
+            }
+        }
+        let info = d.gpu.get_or_insert_with(Default::default);
+        info.index = index;
+        info.compute_capability = sm.map(|s| format!("{}.{}", s / 10, s % 10));
+        info.nvlinks = links;
+        Ok(())
+    }
+
+    fn nvlink(&mut self, node: Node, owner: PciAddr) -> Result<Option<NvLink>, TopoError> {
+        let count = self.a.req_u32(node, "count")?;
+        let tclass = self.a.opt_hex(node, "tclass", 0xff_ffff)?;
+        let raw_target = node.attribute("target").map(str::trim).unwrap_or("");
+        let hidden = raw_target.is_empty() || raw_target.eq_ignore_ascii_case(HIDDEN_PEER);
+        let target = match tclass {
+            Some(c) if c >> 16 == 0x03 => {
+                let peer = self.a.bus_id(node, "target")?;
+                if peer == owner {
+                    self.self_targets.push(owner);
+                    return Ok(None);
+                }
+                NvLinkTarget::Gpu(peer)
+            }
+            Some(CLASS_NVLINK_CPU | CLASS_BRIDGE) => NvLinkTarget::Cpu,
+            Some(CLASS_NVSWITCH) => NvLinkTarget::NvSwitch,
+            Some(other) => {
+                self.notes.push(format!(
+                    "GPU {owner}: <nvlink tclass=\"{other:#08x}\"> (line {}) is no class NCCL \
+                     knows: taken as an NVSwitch, as NCCL does",
+                    self.a.line_of(node)
+                ));
+                NvLinkTarget::NvSwitch
+            }
+            None if hidden => NvLinkTarget::NvSwitch,
+            None => {
+                let peer = self.a.bus_id(node, "target")?;
+                if peer == owner {
+                    self.self_targets.push(owner);
+                    return Ok(None);
+                }
+                self.untyped.push(Untyped {
+                    owner,
+                    target: peer,
+                });
+                NvLinkTarget::Gpu(peer)
+            }
+        };
+        Ok(Some(NvLink { target, count }))
+    }
+
+    /// `<net>` children of a `<nic>` into the device's NIC facts.
+    fn nets(&mut self, nic: Node, d: &mut Device) -> Result<(), TopoError> {
+        self.check_children(nic, &["net"])?;
+        let mut names: Vec<String> = Vec::new();
+        let mut ports = Vec::new();
+        let mut speed_mbps = None;
+        for net in nic.children().filter(|n| n.has_tag_name("net")) {
+            self.a.opt_int(net, "dev")?;
+            self.a.opt_int(net, "gdr")?;
+            let speed = self.a.opt_u64(net, "speed")?.filter(|s| *s > 0);
+            let port = self.a.opt_u32(net, "port")?.unwrap_or(0);
+            if let Some(name) = net
+                .attribute("name")
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+            {
+                if !names.iter().any(|n| n == name) {
+                    names.push(name.to_string());
+                }
+            }
+            speed_mbps = speed_mbps.or(speed);
+            ports.push(NicPort {
+                port,
+                rate_gbps: speed.map(|s| s as f64 / 1000.0),
+                ..NicPort::default()
+            });
+        }
+        if names.len() > 1 {
+            self.notes.push(format!(
+                "<nic> (line {}) holds several net devices ({}): modelled as one NIC named {}",
+                self.a.line_of(nic),
+                names.join(", "),
+                names[0]
+            ));
+        }
+        let info = d.nic.get_or_insert_with(Default::default);
+        info.rdma_name = names.first().cloned();
+        if let Some(name) = names.first().filter(|n| is_netdev_name(n)) {
+            info.netdevs.push(name.clone());
+        }
+        info.ports = ports;
+        info.speed_mbps = speed_mbps;
+        d.name = info.rdma_name.clone().or(d.name.take());
+        Ok(())
+    }
+
+    /// A `<nic>` directly under `<cpu>`: a NIC NCCL knows only by its nets (no PCI address).
+    fn cpu_nic(&mut self, node: Node, ctx: &CpuCtx) -> Result<(), TopoError> {
+        if !node.children().any(|n| n.has_tag_name("net")) {
+            self.check_children(node, &["net"])?;
+            self.notes.push(format!(
+                "<nic> without <net> under <cpu> (line {}): ignored",
+                self.a.line_of(node)
+            ));
+            return Ok(());
+        }
+        let mut d = self.new_device(DeviceKind::Nic, None, ctx);
+        self.nets(node, &mut d)?;
+        self.devices.push(d);
+        Ok(())
+    }
+
+    fn finish(mut self, path: &Path) -> Topology {
+        // A GPU-class link given without tclass: NCCL would read the target's class from
+        // sysfs and take an unreadable one for an NVSwitch; in a file, a GPU listed in the
+        // same file is the best evidence there is.
+        let gpu_bdfs: HashSet<PciAddr> = self
+            .devices
+            .iter()
+            .filter(|d| d.kind == DeviceKind::Gpu)
+            .filter_map(|d| d.bdf)
+            .collect();
+        for u in &self.untyped {
+            if gpu_bdfs.contains(&u.target) {
+                continue;
+            }
+            let owner = self.devices.iter_mut().find(|d| d.bdf == Some(u.owner));
+            if let Some(info) = owner.and_then(|d| d.gpu.as_mut()) {
+                for l in &mut info.nvlinks {
+                    if l.target == NvLinkTarget::Gpu(u.target) {
+                        l.target = NvLinkTarget::NvSwitch;
+                    }
+                }
+            }
+        }
+        if !self.unknown_kind.is_empty() {
+            let n = self.unknown_kind.len();
+            let ids: Vec<String> = self.unknown_kind.iter().map(ToString::to_string).collect();
+            self.notes.push(format!(
+                "{n} PCI device{} without class or <gpu>/<nic> child: kind unknown (bus ids: {}); \
+                 NCCL fills these in from sysfs on the machine itself",
+                if n == 1 { "" } else { "s" },
+                ids.join(", ")
+            ));
+        }
+        if !self.untracked.is_empty() {
+            let ids: Vec<String> = self
+                .untracked
+                .iter()
+                .map(|(b, c)| format!("{b} class {c:#08x}"))
+                .collect();
+            self.notes.push(format!(
+                "PCI devices of classes gdx does not track left out: {}",
+                ids.join(", ")
+            ));
+        }
+        if !self.ignored.is_empty() {
+            self.notes.push(format!(
+                "elements NCCL does not define, ignored: {}",
+                self.ignored.join(", ")
+            ));
+        }
+        let mut topo = Topology {
+            source: Source::NcclXml(path.display().to_string()),
+            devices: self.devices,
+            switches: self.switches,
+            host_bridges: self.host_bridges,
+            numa_nodes: self.numa_nodes,
+            nvml_enriched: false,
+            notes: self.notes,
+        };
+        topo.assign_labels();
+        // Worded after labelling so the note names the GPU as every other view does.
+        let mut quirk = self.self_targets;
+        quirk.dedup();
+        for bdf in quirk {
+            let label = topo
+                .by_bdf(bdf)
+                .map_or_else(|| bdf.to_string(), |d| format!("{} ({bdf})", d.label));
+            topo.notes.push(format!(
+                "{label}: <nvlink target> is its own bus id (known quirk of Azure NC A100 v4 \
+                 files); NVLink peer unknown"
+            ));
+        }
+        topo
+    }
+}
+
+/// True for kernel interface names (`eth0`, `ens1f0`, `ib0`, `bond0`): NCCL's socket
+/// transport names its nets so, where the IB transport uses RDMA device names (`mlx5_0`).
+fn is_netdev_name(name: &str) -> bool {
+    const PREFIXES: [&str; 12] = [
+        "eth", "en", "ib", "bond", "team", "br", "lo", "wl", "vlan", "veth", "hsn", "docker",
+    ];
+    PREFIXES.iter().any(|p| name.starts_with(p))
+}

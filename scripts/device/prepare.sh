@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Build the release binary and every test binary here, and copy them into .devbin/ (ignored by
+# git through .git/info/exclude) so a device run can carry them: run(carry=[".devbin"]).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >>.git/info/exclude
+rm -rf .devbin && mkdir -p .devbin/tests
+cargo build --release -p gdx
+cp target/release/gdx .devbin/
+cargo test --workspace --release --no-run --message-format=json 2>/dev/null |
+  python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        exe = m["executable"]
+        shutil.copy(exe, os.path.join(".devbin/tests", os.path.basename(exe)))
+        print(os.path.basename(exe))
+'
+du -sh .devbin
