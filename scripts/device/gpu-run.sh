@@ -7,6 +7,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 OUT=${OUT:-/tmp/gdx-out}
 mkdir -p "$OUT"
 BIN=.devbin
+export CARGO_BIN_EXE_gdx="$PWD/$BIN/gdx"
 log() { echo "== $*" | tee -a "$OUT/log.txt"; }
 
 log "date: $(date -u +%FT%TZ) host: $(hostname) kernel: $(uname -r)"

@@ -7,7 +7,8 @@ grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >>.git/in
 rm -rf .devbin && mkdir -p .devbin/tests
 cargo build --release -p gdx
 cp target/release/gdx .devbin/
-cargo test --workspace --release --no-run --message-format=json 2>/dev/null |
+PKGS=${PKGS:---workspace}
+cargo test $PKGS --release --no-run --message-format=json 2>/dev/null |
   python3 -c '
 import json, sys, shutil, os
 for line in sys.stdin:
@@ -18,4 +19,5 @@ for line in sys.stdin:
         shutil.copy(exe, os.path.join(".devbin/tests", os.path.basename(exe)))
         print(os.path.basename(exe))
 '
+strip .devbin/gdx .devbin/tests/* 2>/dev/null || true
 du -sh .devbin

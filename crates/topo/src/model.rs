@@ -500,6 +500,45 @@ pub fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
     }
 }
 
+/// Parse a kernel CPU list (`0-31,64-95`) into CPU numbers; `None` if malformed.
+pub fn parse_cpulist(list: &str) -> Option<std::collections::BTreeSet<u32>> {
+    let mut set = std::collections::BTreeSet::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+                if b < a || b - a > 65_536 {
+                    return None;
+                }
+                set.extend(a..=b);
+            }
+            None => {
+                set.insert(part.trim().parse().ok()?);
+            }
+        }
+    }
+    Some(set)
+}
+
+impl Topology {
+    /// NUMA nodes a device is close to: its own `numa` when the platform says, else the nodes
+    /// whose CPUs overlap the device's CPU affinity (what `nvidia-smi topo -m` shows as "NUMA
+    /// Affinity" on VMs that report `numa_node` = -1).
+    pub fn numa_affinity(&self, dev: &Device) -> Vec<u32> {
+        if let Some(n) = dev.numa {
+            return vec![n];
+        }
+        let Some(cpus) = dev.cpu_affinity.as_deref().and_then(parse_cpulist) else {
+            return Vec::new();
+        };
+        self.numa_nodes
+            .iter()
+            .filter(|n| parse_cpulist(&n.cpus).is_some_and(|c| !c.is_disjoint(&cpus)))
+            .map(|n| n.id)
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -531,6 +570,18 @@ mod tests {
         assert_eq!(l.generation(), Some(5));
         let bw = l.raw_gbps().unwrap();
         assert!((bw - 63.015).abs() < 0.01, "{bw}");
+    }
+
+    #[test]
+    fn cpulists() {
+        let s = parse_cpulist("0-3,8,10-11").unwrap();
+        assert_eq!(
+            s.into_iter().collect::<Vec<_>>(),
+            vec![0, 1, 2, 3, 8, 10, 11]
+        );
+        assert!(parse_cpulist("3-1").is_none());
+        assert!(parse_cpulist("x").is_none());
+        assert_eq!(parse_cpulist("").unwrap().len(), 0);
     }
 
     #[test]

@@ -231,7 +231,15 @@ pub fn render(topo: &Topology) -> String {
                 );
             }
             r.push(a.cpu_affinity.clone().unwrap_or_else(|| "N/A".into()));
-            r.push(opt(&a.numa));
+            let numa = topo.numa_affinity(a);
+            r.push(if numa.is_empty() {
+                "N/A".to_string()
+            } else {
+                numa.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            });
             rows.push(r);
         }
         out.push('\n');
