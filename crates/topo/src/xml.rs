@@ -31,13 +31,21 @@
 //! [`to_nccl_xml`] writes what NCCL's own parser accepts (no XML declaration, space
 //! indentation, one element per line), so the model of a machine can be handed to NCCL as
 //! `NCCL_TOPO_FILE`. Facts the model does not know are left out, and NCCL fills those from
-//! sysfs and NVML on the machine it runs on.
+//! sysfs and NVML on the machine it runs on; the one exception is the CPU identity (`arch`,
+//! `vendor`, ...), which NCCL needs on CPUs it does not reach itself (see [`CpuIdentity`]).
+//! NCCL 2.28.9 loaded the exports of the reference files this way and ran an all-reduce.
+//! Models that did not come from NCCL XML lose what the format cannot say: host bridges
+//! (devices are grouped per NUMA node, so `NODE` pairs become `PHB`) and PCI devices of
+//! unknown kind.
 
 mod attrs;
+mod cpuid;
 mod cpumask;
 mod depth;
 mod export;
 mod parse;
+
+pub use cpuid::CpuIdentity;
 
 use crate::{TopoError, Topology};
 use std::path::Path;
@@ -59,7 +67,15 @@ pub fn parse_nccl_xml(text: &str, path: &Path) -> Result<Topology, TopoError> {
 /// what NCCL itself writes for them), switches as nested bridge `<pci>` elements, devices as
 /// leaf `<pci>` elements with `<gpu>`/`<nvlink>` and `<nic>`/`<net>` children. NVSwitch links
 /// use NCCL's "NVLink peer not visible" target `fffffff:ffff:ff` with the NVSwitch class.
-/// Devices grouped by NUMA node rather than by root complex: NCCL knows one CPU per node.
+/// Devices are grouped by NUMA node rather than by root complex: NCCL knows one CPU per node.
+/// Every `<cpu>` carries the identity of [`CpuIdentity::for_topology`], which NCCL needs on
+/// CPUs it does not fill itself; [`to_nccl_xml_with`] takes it from the caller instead.
 pub fn to_nccl_xml(topo: &Topology) -> String {
-    export::export(topo)
+    to_nccl_xml_with(topo, CpuIdentity::for_topology(topo).as_ref())
+}
+
+/// [`to_nccl_xml`] with the CPU identity given (`None`: no `arch`/`vendor`/`familyid`/
+/// `modelid` attributes, which suits NCCL only where it reaches every CPU itself).
+pub fn to_nccl_xml_with(topo: &Topology, cpu: Option<&CpuIdentity>) -> String {
+    export::export(topo, cpu)
 }

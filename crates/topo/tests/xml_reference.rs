@@ -2,6 +2,7 @@
 //! refused for the right reason), path classes match what the hardware is known to be, and
 //! parse → export → parse keeps the matrix and the devices.
 
+use gdx_topo::xml::to_nccl_xml_with;
 use gdx_topo::{
     from_nccl_xml, parse_nccl_xml, to_nccl_xml, DeviceKind, NvLinkTarget, PathClass, TopoError,
     Topology,
@@ -384,12 +385,27 @@ fn export_of_ndv5_is_what_nccl_reads() {
     let Some(t) = load("nccl_topo_azure_ndv5-topo.xml") else {
         return;
     };
-    let xml = to_nccl_xml(&t);
+    let xml = to_nccl_xml_with(&t, None);
     // NCCL's parser takes no XML declaration and no tabs.
     assert!(!xml.contains("<?xml"));
     assert!(!xml.contains('\t'));
     assert!(xml.contains("<system version=\"1\">"));
-    assert!(xml.contains("<cpu numaid=\"0\" affinity=\"0000ffff,ffffffff\">"));
+    // Every affinity attribute comes back exactly as the file had it.
+    let original = std::fs::read_to_string(
+        reference_dir()
+            .unwrap()
+            .join("nccl_topo_azure_ndv5-topo.xml"),
+    )
+    .unwrap();
+    for line in xml.lines().filter(|l| l.contains("affinity=")) {
+        let attr = line
+            .split_whitespace()
+            .nth(2)
+            .unwrap()
+            .trim_end_matches('>');
+        assert!(original.contains(attr), "{attr}");
+    }
+    assert!(xml.contains("<cpu numaid=\"0\" affinity=\"00000000,0000ffff,ffffffff\">"));
     assert!(xml.contains(
         "<pci busid=\"ffff:ff:01.0\" class=\"0x060400\" vendor=\"0x0000\" device=\"0x0000\" link_speed=\"32.0 GT/s PCIe\" link_width=\"16\">"
     ));
@@ -403,7 +419,7 @@ fn export_of_ncv4_keeps_nvlinks_and_nets() {
     let Some(t) = load("nccl_topo_azure_ncv4-topo_v2023-06_peer-targets.xml") else {
         return;
     };
-    let xml = to_nccl_xml(&t);
+    let xml = to_nccl_xml_with(&t, None);
     assert!(xml.contains("<gpu dev=\"0\" sm=\"80\">"), "{xml}");
     assert!(
         xml.contains("<nvlink target=\"0002:00:00.0\" count=\"12\" tclass=\"0x030200\"/>"),

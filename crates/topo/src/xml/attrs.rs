@@ -6,6 +6,7 @@ use crate::model::{Link, PciAddr};
 use roxmltree::{Document, Node};
 use std::path::Path;
 
+/// A roxmltree error as [`TopoError::Xml`], placed where the problem is.
 pub(super) fn syntax_error(text: &str, path: &Path, e: &roxmltree::Error) -> TopoError {
     let full = e.to_string();
     let (line, column, message) = match e {
@@ -17,6 +18,11 @@ pub(super) fn syntax_error(text: &str, path: &Path, e: &roxmltree::Error) -> Top
                 column,
                 format!("{full} (the file ends here: truncated?)"),
             )
+        }
+        // Refused so that entity expansion cannot blow up; NCCL files have no DTD.
+        roxmltree::Error::DtdDetected => {
+            let (line, column) = text_pos(text, text.find("<!DOCTYPE").unwrap_or(0));
+            (line, column, full)
         }
         _ => {
             let pos = e.pos();

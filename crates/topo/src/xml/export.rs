@@ -2,8 +2,10 @@
 //! hand-written parser (which knows no XML declaration, tabs or line breaks inside a tag)
 //! reads it.
 
-use super::cpumask;
-use crate::model::{kind_from_class, Device, DeviceKind, Link, NvLinkTarget, PciAddr, SwitchId, Topology};
+use super::{cpumask, CpuIdentity};
+use crate::model::{
+    kind_from_class, Device, DeviceKind, Link, NvLinkTarget, PciAddr, SwitchId, Topology,
+};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -112,7 +114,7 @@ struct Writer<'a> {
     next_net: u32,
 }
 
-pub(super) fn export(topo: &Topology) -> String {
+pub(super) fn export(topo: &Topology, identity: Option<&CpuIdentity>) -> String {
     // numaid -> CPU; -1 (NCCL's own "NUMA node unknown") for devices of no known node.
     let mut cpus: BTreeMap<i64, Cpu> = BTreeMap::new();
     for n in &topo.numa_nodes {
@@ -121,14 +123,18 @@ pub(super) fn export(topo: &Topology) -> String {
             cpu.cpus = Some(n.cpus.clone());
         }
     }
+    let numa_key = |d: &Device| -> i64 {
+        d.numa
+            .or_else(|| {
+                d.attach
+                    .host_bridge
+                    .as_deref()
+                    .and_then(|h| topo.host_bridge_numa(h))
+            })
+            .map_or(-1, i64::from)
+    };
     for (i, d) in topo.devices.iter().enumerate() {
-        let numa = d.numa.or_else(|| {
-            d.attach
-                .host_bridge
-                .as_deref()
-                .and_then(|h| topo.host_bridge_numa(h))
-        });
-        let cpu = cpus.entry(numa.map_or(-1, i64::from)).or_default();
+        let cpu = cpus.entry(numa_key(d)).or_default();
         if d.bdf.is_some() {
             // An id outside the switch table breaks the model's invariant; such a switch
             // cannot be written, so the device goes where the chain is still valid.
@@ -150,7 +156,7 @@ pub(super) fn export(topo: &Topology) -> String {
             let mut affinities = topo
                 .devices
                 .iter()
-                .filter(|d| d.numa.map_or(-1, i64::from) == *numa && d.cpu_affinity.is_some());
+                .filter(|d| numa_key(d) == *numa && d.cpu_affinity.is_some());
             if let Some(first) = affinities.next() {
                 if affinities.all(|d| d.cpu_affinity == first.cpu_affinity) {
                     cpu.cpus = first.cpu_affinity.clone();
@@ -159,12 +165,32 @@ pub(super) fn export(topo: &Topology) -> String {
         }
     }
 
+    // Masks of one width, as the kernel's cpumap files (and so NCCL's dumps) have them.
+    let masks: BTreeMap<i64, String> = cpus
+        .iter()
+        .filter_map(|(n, c)| Some((*n, cpumask::list_to_mask(c.cpus.as_deref()?)?)))
+        .collect();
+    let width = masks.values().map(|m| m.len()).max().unwrap_or(0);
+
     let mut w = Writer { topo, next_net: 0 };
     let mut system = Elem::new("system").attr("version", 1);
     for (numa, cpu) in &cpus {
         let mut el = Elem::new("cpu").attr("numaid", numa);
-        if let Some(mask) = cpu.cpus.as_deref().and_then(cpumask::list_to_mask) {
-            el = el.attr("affinity", mask);
+        if let Some(mask) = masks.get(numa) {
+            let pad = "00000000,".repeat((width - mask.len()) / 9);
+            el = el.attr("affinity", format!("{pad}{mask}"));
+        }
+        if let Some(id) = identity {
+            el = el.attr("arch", &id.arch);
+            if let Some(v) = &id.vendor {
+                el = el.attr("vendor", v);
+            }
+            if let Some(f) = id.family {
+                el = el.attr("familyid", f);
+            }
+            if let Some(m) = id.model {
+                el = el.attr("modelid", m);
+            }
         }
         el.children = w.tree(&cpu.tree);
         for &i in &cpu.bare_nics {

@@ -15,8 +15,9 @@ use std::path::Path;
 /// keeps the recursive walk's stack bounded whatever the input.
 const MAX_PCI_DEPTH: usize = 64;
 
-/// NCCL's stand-in for an NVLink peer it cannot see (typically an NVSwitch inside a VM).
-const HIDDEN_PEER: &str = "fffffff:ffff:ff";
+/// How NVLink targets that are no visible device start (typically an NVSwitch seen from a
+/// VM): a 7-digit all-ones domain no real PCI segment has.
+const HIDDEN_PREFIX: &str = "fffffff:";
 
 /// PCI class NCCL gives an NVSwitch and an NVLink-attached CPU (IBM NPU) as NVLink targets.
 const CLASS_NVSWITCH: u32 = 0x06_8000;
@@ -105,8 +106,6 @@ impl<'a, 'input> Parser<'a, 'input> {
             untyped: Vec::new(),
         }
     }
-
-    // ---- structure ----------------------------------------------------------------------
 
     /// Check the element children of `node`: those in `allowed` are the caller's to handle;
     /// NCCL elements in the wrong place are an error; anything else is noted and skipped
@@ -382,7 +381,10 @@ impl<'a, 'input> Parser<'a, 'input> {
         let count = self.a.req_u32(node, "count")?;
         let tclass = self.a.opt_hex(node, "tclass", 0xff_ffff)?;
         let raw_target = node.attribute("target").map(str::trim).unwrap_or("");
-        let hidden = raw_target.is_empty() || raw_target.eq_ignore_ascii_case(HIDDEN_PEER);
+        // NCCL writes "fffffff:ffff:ff" for a peer NVML cannot name; NVML's own answer for
+        // an NVSwitch outside the VM reads "fffffff:ff:ff.0". Neither is a real bus id.
+        let hidden =
+            raw_target.is_empty() || raw_target.to_ascii_lowercase().starts_with(HIDDEN_PREFIX);
         let target = match tclass {
             Some(c) if c >> 16 == 0x03 => {
                 let peer = self.a.bus_id(node, "target")?;
@@ -392,6 +394,9 @@ impl<'a, 'input> Parser<'a, 'input> {
                 }
                 NvLinkTarget::Gpu(peer)
             }
+            // 0x068001 is NCCL's CPU class (POWER's NPU). A plain bridge is no NVLink
+            // fabric either, so it counts as the CPU side too; NCCL's class table would
+            // make it a PCI node and join the link to a made-up NVSwitch instead.
             Some(CLASS_NVLINK_CPU | CLASS_BRIDGE) => NvLinkTarget::Cpu,
             Some(CLASS_NVSWITCH) => NvLinkTarget::NvSwitch,
             Some(other) => {
