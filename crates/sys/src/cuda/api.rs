@@ -2,16 +2,30 @@
 //!
 //! Prototypes copy `cuda.h` (CUDA 13.0), with two deliberate changes: `CUresult` is a plain
 //! `u32` and enum arguments are `c_int`, so that a status or value this build does not know
-//! (a newer driver) is a number, never an invalid Rust enum. The engine's later calls
-//! (allocations, streams, copies) are added here as fields, required or optional.
+//! (a newer driver) is a number, never an invalid Rust enum. Handles (`CUcontext`, `CUstream`,
+//! `CUevent`) are opaque pointers and `CUdeviceptr` is a `u64`.
+//!
+//! Required symbols exist in every driver since CUDA 11.0; symbols added later
+//! (`cuMemGetHandleForAddressRange` 11.7, `cuEventElapsedTime_v2` 12.8) are optional.
 
 use crate::loader::fn_table;
-use std::ffi::{c_char, c_int, c_uint};
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 
 /// `CUresult`, as the raw number the driver returns.
 pub(crate) type CuResult = u32;
 /// `CUdevice`: a device handle, an `int`.
 pub(crate) type CuDevice = c_int;
+
+/// `CUcontext`: an opaque context handle.
+pub(crate) type CuContext = *mut c_void;
+/// `CUstream`: an opaque stream handle.
+pub(crate) type CuStream = *mut c_void;
+/// `CUevent`: an opaque event handle.
+pub(crate) type CuEvent = *mut c_void;
+/// `CUdeviceptr`: a device address.
+pub(crate) type CuDevicePtr = u64;
+/// `CUhostFn`: a host function enqueued on a stream.
+pub(crate) type CuHostFn = Option<unsafe extern "C" fn(*mut c_void)>;
 
 /// `CUuuid`: 16 bytes.
 #[repr(C)]
@@ -25,6 +39,32 @@ pub(crate) const SUCCESS: CuResult = cudarc::driver::sys::CUresult::CUDA_SUCCESS
 /// `CUDA_ERROR_NOT_SUPPORTED`.
 pub(crate) const NOT_SUPPORTED: CuResult =
     cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_SUPPORTED as CuResult;
+/// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`.
+pub(crate) const PEER_ACCESS_ALREADY_ENABLED: CuResult =
+    cudarc::driver::sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED as CuResult;
+/// `CU_MEMHOSTALLOC_PORTABLE`: pinned memory usable from every context.
+pub(crate) const MEMHOSTALLOC_PORTABLE: c_uint = cudarc::driver::sys::CU_MEMHOSTALLOC_PORTABLE;
+/// `CU_MEMHOSTREGISTER_PORTABLE`: registered memory usable from every context.
+pub(crate) const MEMHOSTREGISTER_PORTABLE: c_uint =
+    cudarc::driver::sys::CU_MEMHOSTREGISTER_PORTABLE;
+/// `CU_STREAM_NON_BLOCKING`: no implicit synchronisation with the legacy default stream.
+pub(crate) const STREAM_NON_BLOCKING: c_uint =
+    cudarc::driver::sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint;
+/// `CU_EVENT_DEFAULT`: an event that records timestamps.
+pub(crate) const EVENT_DEFAULT: c_uint =
+    cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT as c_uint;
+/// `CU_EVENT_DISABLE_TIMING`: an event for ordering only (cheaper to record).
+pub(crate) const EVENT_DISABLE_TIMING: c_uint =
+    cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
+/// `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`.
+pub(crate) const MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: c_int =
+    cudarc::driver::sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD as c_int;
+/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`.
+pub(crate) const POINTER_ATTRIBUTE_MEMORY_TYPE: c_int =
+    cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE as c_int;
+/// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`.
+pub(crate) const POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int =
+    cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL as c_int;
 
 fn_table! {
     /// libcuda entry points; required ones exist in every driver since CUDA 11.
@@ -40,9 +80,47 @@ fn_table! {
         cuDeviceTotalMem_v2: fn(*mut usize, CuDevice) -> CuResult;
         cuDeviceGetAttribute: fn(*mut c_int, c_int, CuDevice) -> CuResult;
         cuDeviceCanAccessPeer: fn(*mut c_int, CuDevice, CuDevice) -> CuResult;
+        // Contexts.
+        cuDevicePrimaryCtxRetain: fn(*mut CuContext, CuDevice) -> CuResult;
+        cuDevicePrimaryCtxRelease_v2: fn(CuDevice) -> CuResult;
+        cuCtxGetCurrent: fn(*mut CuContext) -> CuResult;
+        cuCtxSetCurrent: fn(CuContext) -> CuResult;
+        cuCtxPushCurrent_v2: fn(CuContext) -> CuResult;
+        cuCtxPopCurrent_v2: fn(*mut CuContext) -> CuResult;
+        cuCtxEnablePeerAccess: fn(CuContext, c_uint) -> CuResult;
+        // Memory.
+        cuMemAlloc_v2: fn(*mut CuDevicePtr, usize) -> CuResult;
+        cuMemFree_v2: fn(CuDevicePtr) -> CuResult;
+        cuMemHostAlloc: fn(*mut *mut c_void, usize, c_uint) -> CuResult;
+        cuMemFreeHost: fn(*mut c_void) -> CuResult;
+        cuMemHostRegister_v2: fn(*mut c_void, usize, c_uint) -> CuResult;
+        cuMemHostUnregister: fn(*mut c_void) -> CuResult;
+        cuPointerGetAttribute: fn(*mut c_void, c_int, CuDevicePtr) -> CuResult;
+        // Streams and events.
+        cuStreamCreate: fn(*mut CuStream, c_uint) -> CuResult;
+        cuStreamDestroy_v2: fn(CuStream) -> CuResult;
+        cuStreamSynchronize: fn(CuStream) -> CuResult;
+        cuStreamWaitEvent: fn(CuStream, CuEvent, c_uint) -> CuResult;
+        cuEventCreate: fn(*mut CuEvent, c_uint) -> CuResult;
+        cuEventDestroy_v2: fn(CuEvent) -> CuResult;
+        cuEventRecord: fn(CuEvent, CuStream) -> CuResult;
+        cuEventSynchronize: fn(CuEvent) -> CuResult;
+        cuEventElapsedTime: fn(*mut f32, CuEvent, CuEvent) -> CuResult;
+        // Copies.
+        cuMemcpyHtoDAsync_v2: fn(CuDevicePtr, *const c_void, usize, CuStream) -> CuResult;
+        cuMemcpyDtoHAsync_v2: fn(*mut c_void, CuDevicePtr, usize, CuStream) -> CuResult;
+        cuMemcpyDtoDAsync_v2: fn(CuDevicePtr, CuDevicePtr, usize, CuStream) -> CuResult;
+        cuMemcpyPeerAsync: fn(CuDevicePtr, CuContext, CuDevicePtr, CuContext, usize, CuStream) -> CuResult;
+        cuMemsetD8Async: fn(CuDevicePtr, u8, usize, CuStream) -> CuResult;
     }
     optional {
         cuDeviceGetUuid_v2: fn(*mut CuUuid, CuDevice) -> CuResult;
         cuDeviceGetUuid: fn(*mut CuUuid, CuDevice) -> CuResult;
+        // CUDA 10.0; optional so that a driver without it only loses the launch gate.
+        cuLaunchHostFunc: fn(CuStream, CuHostFn, *mut c_void) -> CuResult;
+        // CUDA 12.8: the same as cuEventElapsedTime, preferred where present.
+        cuEventElapsedTime_v2: fn(*mut f32, CuEvent, CuEvent) -> CuResult;
+        // CUDA 11.7: export device memory as a dma-buf file descriptor.
+        cuMemGetHandleForAddressRange: fn(*mut c_void, CuDevicePtr, usize, c_int, c_ulonglong) -> CuResult;
     }
 }

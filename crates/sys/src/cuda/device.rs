@@ -130,6 +130,11 @@ impl Device {
         self.ordinal
     }
 
+    /// The loaded driver this device belongs to.
+    pub fn cuda(&self) -> &Cuda {
+        &self.cuda
+    }
+
     pub(super) fn raw(&self) -> CuDevice {
         self.raw
     }

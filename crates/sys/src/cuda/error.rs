@@ -35,6 +35,44 @@ pub enum CudaError {
         /// How many devices the driver reports.
         count: u32,
     },
+    /// A byte range outside a buffer; found before any driver call.
+    #[error("{len} byte(s) at offset {offset} do not fit in the {size}-byte {what}")]
+    OutOfBounds {
+        /// Which buffer, e.g. `destination device buffer`.
+        what: &'static str,
+        /// First byte of the range.
+        offset: usize,
+        /// Length of the range.
+        len: usize,
+        /// Size of the buffer.
+        size: usize,
+    },
+    /// A whole-buffer copy between buffers of different sizes; found before any driver call.
+    #[error("cannot copy a {src}-byte buffer into a {dst}-byte buffer: sizes differ")]
+    LengthMismatch {
+        /// Destination size in bytes.
+        dst: usize,
+        /// Source size in bytes.
+        src: usize,
+    },
+    /// An argument the call cannot take, found before calling the driver.
+    #[error("{call}: {reason}")]
+    InvalidArgument {
+        /// The call that was not made.
+        call: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The loaded driver lacks an optional entry point (it is older than the call).
+    #[error("{call} is not exported by the loaded libcuda (driver too old)")]
+    MissingSymbol {
+        /// The symbol.
+        call: &'static str,
+    },
+    /// A release in a destructor (`cuMemFree_v2`, `cuStreamDestroy_v2`, ...) failed earlier on
+    /// this context; reported once, by the next call that checks.
+    #[error("an earlier release failed: {0}")]
+    Earlier(Box<CudaError>),
 }
 
 impl CudaError {
@@ -43,7 +81,8 @@ impl CudaError {
         match self {
             CudaError::Call { code, .. } => Some(*code),
             CudaError::Unsupported { .. } => Some(super::api::NOT_SUPPORTED),
-            CudaError::NoSuchDevice { .. } => None,
+            CudaError::Earlier(e) => e.code(),
+            _ => None,
         }
     }
 }
@@ -92,5 +131,23 @@ mod tests {
             "no GPU 2: the CUDA driver reports 1 device(s)"
         );
         assert_eq!(e.code(), None);
+        let e = CudaError::OutOfBounds {
+            what: "source device buffer",
+            offset: 10,
+            len: 8,
+            size: 16,
+        };
+        assert_eq!(
+            e.to_string(),
+            "8 byte(s) at offset 10 do not fit in the 16-byte source device buffer"
+        );
+        let e = CudaError::Earlier(Box::new(CudaError::Unsupported {
+            call: "cuMemFree_v2".into(),
+            device: Some(0),
+        }));
+        assert!(e
+            .to_string()
+            .starts_with("an earlier release failed: cuMemFree_v2 on GPU 0"));
+        assert_eq!(e.code(), Some(801));
     }
 }

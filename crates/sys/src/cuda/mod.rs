@@ -6,18 +6,53 @@
 //! table (`api::Api`) without panicking; and calls `cuInit(0)`. Any failure is an [`Unavailable`] naming what was tried. The driver calls
 //! themselves return [`CudaError`].
 //!
-//! Layout: `api` (the function-pointer table), `error`, `device` (per-GPU queries). The
-//! engine's allocations, streams and copies belong in further files here (`mem`, `stream`,
-//! ...). Allocate with `cuMemAlloc_v2`, not the stream-ordered pool (`cuMemAllocAsync`):
-//! pool memory needs `cuMemPoolSetAccess` for peer access, and without it peer copies fall
-//! back to a slow path silently (37.7 vs 395.5 GB/s on the H200 test machine).
+//! Layout: `api` (the function-pointer table), `error`, `device` (per-GPU queries),
+//! `context` ([`Context`], a retained primary context), `memory` ([`DeviceBuffer`],
+//! [`PinnedHostBuffer`], [`RegisteredHost`], [`DmaBuf`]), `stream` ([`Stream`], [`Hold`]),
+//! `event` ([`Event`] and the buffers' last-use markers), `copy` (the [`Stream`] copy methods)
+//! and [`probe`] ([`probe::timed_copy`]). Device memory comes from `cuMemAlloc_v2`, not the
+//! stream-ordered pool (`cuMemAllocAsync`): pool memory needs `cuMemPoolSetAccess` for peer
+//! access, and without it peer copies fall back to a slow path silently (37.7 vs 395.5 GB/s
+//! on the H200 test machine).
+//!
+//! Every handle is owned by one type whose `Drop` releases it; children hold their
+//! [`Context`]. Drops never panic: a failed release is logged and returned once by the next
+//! checked call on that context ([`CudaError::Earlier`]). No method here needs `unsafe` from
+//! the caller:
+//!
+//! ```no_run
+//! use gdx_sys::cuda::{Context, Cuda, DeviceBuffer, PinnedHostBuffer, Stream};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let cuda = Cuda::load()?;
+//! let ctx = Context::new(&cuda.device(0)?)?;
+//! let stream = Stream::new(&ctx)?;
+//! let mut host = PinnedHostBuffer::new(&ctx, 4096)?;
+//! host.as_mut_slice()?.fill(7);
+//! let mut dev = DeviceBuffer::new(&ctx, 4096)?;
+//! stream.copy_to_device(&mut dev, &host)?;
+//! stream.copy_to_host(&mut host, &dev)?;
+//! assert!(host.as_slice()?.iter().all(|&b| b == 7)); // waits for the copy
+//! # Ok(()) }
+//! ```
 
 mod api;
+mod context;
+mod copy;
 mod device;
 mod error;
+mod event;
+mod memory;
+pub mod probe;
+mod stream;
 
+pub use context::{Context, CurrentGuard};
 pub use device::{Attribute, ComputeCapability, Device, DeviceInfo};
 pub use error::CudaError;
+pub use event::Event;
+pub use memory::{
+    DeviceBuffer, DmaBuf, HostBuffer, MemoryType, PinnedHostBuffer, PointerInfo, RegisteredHost,
+};
+pub use stream::{Hold, Stream, HOLD_LIMIT};
 
 use crate::loader::{self, Opened};
 use crate::Unavailable;
@@ -172,6 +207,11 @@ impl Cuda {
     /// Every device, in CUDA ordinal order.
     pub fn devices(&self) -> Result<Vec<Device>, CudaError> {
         (0..self.device_count()?).map(|i| self.device(i)).collect()
+    }
+
+    /// The retained primary context of GPU `ordinal` ([`Context::new`]).
+    pub fn context(&self, ordinal: u32) -> Result<Context, CudaError> {
+        Context::new(&self.device(ordinal)?)
     }
 
     /// Whether GPU `a` can map GPU `b`'s memory (`cuDeviceCanAccessPeer`).

@@ -8,13 +8,18 @@
 //! checks the symbols, and only then does [`devices`] call through the shim, where a null
 //! device list with `ENOSYS` or `EOPNOTSUPP` means "no RDMA devices".
 //!
+//! [`register_gpu_memory`] registers GPU memory with an RDMA device (dma-buf or peermem) through
+//! sideway's protection domain and memory region.
+//!
 //! sideway's port, speed, MTU and GID-type conversions panic on values they do not know, so
 //! ports and GIDs are queried here with the raw calls and converted by this module's own
 //! total functions (`port`).
 
 mod port;
+mod register;
 
 pub use port::{GidEntry, GidType, LinkLayer, Port, PortState};
+pub use register::{register_gpu_memory, GpuRegistration, RegMethod, RegisterError};
 
 use crate::loader;
 use crate::Unavailable;

@@ -1,0 +1,182 @@
+//! [`Event`]: a CUDA event for timing and ordering, and `Pending`, the last-use marker every
+//! buffer carries so that the host never touches (or frees) memory a copy may still use.
+//!
+//! Invariants of `Pending`:
+//! - Before a stream uses a buffer, the stream waits for the buffer's last use
+//!   (`cuStreamWaitEvent`), so uses on different streams are ordered.
+//! - After enqueueing, the buffer's marker event is recorded on that stream, so it covers this
+//!   use and, through the wait, every earlier one.
+//! - Host access and destruction synchronise the marker first.
+
+use super::api::{self, CuEvent};
+use super::{Context, CudaError, Stream};
+use std::fmt;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// A CUDA event (`CUevent`) of one context.
+pub struct Event {
+    ctx: Context,
+    raw: CuEvent,
+    timing: bool,
+}
+
+// SAFETY: event handles may be used from any thread; the driver serialises access to them.
+unsafe impl Send for Event {}
+// SAFETY: as above; `&Event` only passes the handle to thread-safe driver calls.
+unsafe impl Sync for Event {}
+
+impl fmt::Debug for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Event")
+            .field("gpu", &self.ctx.ordinal())
+            .field("timing", &self.timing)
+            .finish()
+    }
+}
+
+impl Event {
+    /// A timing event (`cuEventCreate` with `CU_EVENT_DEFAULT`).
+    pub fn new(ctx: &Context) -> Result<Event, CudaError> {
+        Event::create(ctx, true)
+    }
+
+    /// An ordering-only event (`CU_EVENT_DISABLE_TIMING`), cheaper to record.
+    pub fn without_timing(ctx: &Context) -> Result<Event, CudaError> {
+        Event::create(ctx, false)
+    }
+
+    fn create(ctx: &Context, timing: bool) -> Result<Event, CudaError> {
+        ctx.make_current()?;
+        let flags = if timing {
+            api::EVENT_DEFAULT
+        } else {
+            api::EVENT_DISABLE_TIMING
+        };
+        let mut raw: CuEvent = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer; the context is current on this thread.
+        let status = unsafe { (ctx.api().cuEventCreate)(&mut raw, flags) };
+        ctx.check(status, "cuEventCreate")?;
+        Ok(Event {
+            ctx: ctx.clone(),
+            raw,
+            timing,
+        })
+    }
+
+    /// The context the event belongs to.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The `CUevent`. Still owned by this value: do not destroy it.
+    pub fn as_raw(&self) -> *mut std::ffi::c_void {
+        self.raw
+    }
+
+    /// Record the event on `stream` (`cuEventRecord`). The stream must belong to the same
+    /// context.
+    pub fn record(&self, stream: &Stream) -> Result<(), CudaError> {
+        if !stream.context().same(&self.ctx) {
+            return Err(CudaError::InvalidArgument {
+                call: "cuEventRecord",
+                reason: format!(
+                    "the event belongs to GPU {} and the stream to GPU {}",
+                    self.ctx.ordinal(),
+                    stream.context().ordinal()
+                ),
+            });
+        }
+        // SAFETY: both handles are live and of the same context.
+        let status = unsafe { (self.ctx.api().cuEventRecord)(self.raw, stream.raw()) };
+        self.ctx.check(status, "cuEventRecord")
+    }
+
+    /// Wait on the host until the work recorded before the event is done
+    /// (`cuEventSynchronize`). An event never recorded is complete.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        // SAFETY: the handle is live.
+        let status = unsafe { (self.ctx.api().cuEventSynchronize)(self.raw) };
+        self.ctx.check(status, "cuEventSynchronize")
+    }
+
+    /// Time from `self` to `end`, both recorded and complete (`cuEventElapsedTime_v2`, else
+    /// `cuEventElapsedTime`; about 0.5 µs resolution). Both must be timing events.
+    pub fn elapsed(&self, end: &Event) -> Result<Duration, CudaError> {
+        if !self.timing || !end.timing {
+            return Err(CudaError::InvalidArgument {
+                call: "cuEventElapsedTime",
+                reason: "both events must be timing events (Event::new)".to_string(),
+            });
+        }
+        let api = self.ctx.api();
+        let (f, call) = match api.cuEventElapsedTime_v2 {
+            Some(f) => (f, "cuEventElapsedTime_v2"),
+            None => (api.cuEventElapsedTime, "cuEventElapsedTime"),
+        };
+        let mut ms: f32 = 0.0;
+        // SAFETY: `ms` is a valid out-pointer; both handles are live.
+        let status = unsafe { f(&mut ms, self.raw, end.raw) };
+        self.ctx.check(status, call)?;
+        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: this value owns the handle; destroying an event whose work is pending is
+        // allowed (the driver releases it once the work completes).
+        let status = unsafe { (self.ctx.api().cuEventDestroy_v2)(self.raw) };
+        if let Err(e) = self.ctx.check(status, "cuEventDestroy_v2") {
+            self.ctx.record_err(e);
+        }
+    }
+}
+
+/// The last use of a buffer by a stream (see the module docs). `pub` only so that the sealed
+/// host-memory trait can name it; not reachable from outside the crate.
+#[derive(Default)]
+pub struct Pending {
+    last: Mutex<Option<Event>>,
+}
+
+impl fmt::Debug for Pending {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Pending")
+    }
+}
+
+impl Pending {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Event>> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Make `stream` wait for the last use.
+    pub(crate) fn order_before(&self, stream: &Stream) -> Result<(), CudaError> {
+        if let Some(ev) = self.lock().as_ref() {
+            stream.wait_event(ev)?;
+        }
+        Ok(())
+    }
+
+    /// Record a use on `stream`, enqueued just now.
+    pub(crate) fn mark(&self, stream: &Stream) -> Result<(), CudaError> {
+        let mut last = self.lock();
+        let reuse = matches!(last.as_ref(), Some(ev) if ev.context().same(stream.context()));
+        if !reuse {
+            *last = Some(Event::without_timing(stream.context())?);
+        }
+        match last.as_ref() {
+            Some(ev) => ev.record(stream),
+            None => Ok(()),
+        }
+    }
+
+    /// Wait on the host for the last use.
+    pub(crate) fn synchronize(&self) -> Result<(), CudaError> {
+        match self.lock().as_ref() {
+            Some(ev) => ev.synchronize(),
+            None => Ok(()),
+        }
+    }
+}

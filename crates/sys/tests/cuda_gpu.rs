@@ -1,0 +1,330 @@
+//! GPU tests of the memory, stream and copy layer, through the public API only (no `unsafe`).
+//! All need a GPU: `cargo test -p gdx-sys --test cuda_gpu -- --ignored`. The GPU is
+//! `GDX_TEST_GPU` (default 0); the peer tests use the next GPU and print a skip without one.
+//! No test asserts a speed.
+
+use gdx_sys::cuda::probe::{self, fill_pattern, find_mismatch, Loc, POISON};
+use gdx_sys::cuda::{
+    Context, Cuda, CudaError, DeviceBuffer, Event, MemoryType, PinnedHostBuffer, RegisteredHost,
+    Stream,
+};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+fn test_gpu() -> u32 {
+    std::env::var("GDX_TEST_GPU")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn setup() -> (Cuda, Context, Stream) {
+    let cuda = Cuda::load().expect("libcuda");
+    let ctx = cuda.context(test_gpu()).expect("context");
+    let stream = Stream::new(&ctx).expect("stream");
+    (cuda, ctx, stream)
+}
+
+/// A seed that differs per run, printed so a failure can be replayed.
+fn seed() -> u64 {
+    let s = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    eprintln!("pattern seed {s:#x}");
+    s
+}
+
+/// The other GPU for peer tests, or `None` (with a printed skip).
+fn peer_gpu(cuda: &Cuda, test: &str) -> Option<u32> {
+    let n = cuda.device_count().unwrap();
+    if n < 2 {
+        eprintln!("{test}: skipped, needs 2 GPUs and the driver reports {n}");
+        return None;
+    }
+    Some((test_gpu() + 1) % n)
+}
+
+#[test]
+#[ignore = "requires a GPU; cargo test -- --ignored"]
+fn allocations_are_device_and_host_memory_of_the_right_gpu() {
+    let (cuda, ctx, _stream) = setup();
+    let dev = DeviceBuffer::new(&ctx, 1 << 20).unwrap();
+    let info = cuda.pointer_info(dev.as_raw()).unwrap();
+    assert_eq!(info.memory_type, MemoryType::Device);
+    assert_eq!(info.device_ordinal, Some(test_gpu()));
+    let host = PinnedHostBuffer::new(&ctx, 4096).unwrap();
+    assert!(host.as_slice().unwrap().iter().all(|&b| b == 0));
+    let addr = host.as_slice().unwrap().as_ptr() as u64;
+    assert_eq!(
+        cuda.pointer_info(addr).unwrap().memory_type,
+        MemoryType::Host
+    );
+    // An address CUDA never handed out: an error, not a crash.
+    let stack = 0u64;
+    assert!(cuda.pointer_info(&stack as *const u64 as u64).is_err());
+    assert!(DeviceBuffer::new(&ctx, 0).is_err());
+    drop(dev);
+    drop(host);
+    ctx.check_err().unwrap();
+}
+
+#[test]
+#[ignore = "requires a GPU; cargo test -- --ignored"]
+fn round_trips_keep_every_byte_at_any_size_and_offset() {
+    let (_cuda, ctx, stream) = setup();
+    let seed = seed();
+    for len in [1usize, 7, 4096 + 3, 64 << 20] {
+        let mut up = PinnedHostBuffer::new(&ctx, len).unwrap();
+        fill_pattern(up.as_mut_slice().unwrap(), seed);
+        let mut dev = DeviceBuffer::new(&ctx, len).unwrap();
+        stream.memset(&mut dev, 0, len, POISON).unwrap();
+        stream.copy_to_device(&mut dev, &up).unwrap();
+        let mut down = PinnedHostBuffer::new(&ctx, len).unwrap();
+        down.as_mut_slice().unwrap().fill(POISON);
+        stream.copy_to_host(&mut down, &dev).unwrap();
+        // as_slice waits for the copy.
+        assert_eq!(
+            find_mismatch(down.as_slice().unwrap(), seed),
+            None,
+            "{len} B"
+        );
+    }
+    // Unaligned offsets on both sides: 1000 bytes from host offset 3 to device offset 5,
+    // back from device offset 5 to host offset 11.
+    let mut up = PinnedHostBuffer::new(&ctx, 4096).unwrap();
+    fill_pattern(up.as_mut_slice().unwrap(), seed);
+    let mut dev = DeviceBuffer::new(&ctx, 4096).unwrap();
+    stream.memset(&mut dev, 0, 4096, POISON).unwrap();
+    stream.copy_to_device_at(&mut dev, 5, &up, 3, 1000).unwrap();
+    let mut down = PinnedHostBuffer::new(&ctx, 2048).unwrap();
+    stream
+        .copy_to_host_at(&mut down, 11, &dev, 5, 1000)
+        .unwrap();
+    stream.copy_to_host_at(&mut down, 1100, &dev, 0, 5).unwrap();
+    let got = down.as_slice().unwrap();
+    assert_eq!(&got[11..1011], &up.as_slice().unwrap()[3..1003]);
+    assert_eq!(&got[1100..1105], &[POISON; 5]);
+    assert!(got[..11].iter().all(|&b| b == 0));
+}
+
+#[test]
+#[ignore = "requires a GPU; cargo test -- --ignored"]
+fn bad_ranges_are_refused_and_leave_the_buffers_alone() {
+    let (_cuda, ctx, stream) = setup();
+    let mut host = PinnedHostBuffer::new(&ctx, 64).unwrap();
+    host.as_mut_slice().unwrap().fill(1);
+    let mut dev = DeviceBuffer::new(&ctx, 64).unwrap();
+    stream.memset(&mut dev, 0, 64, 2).unwrap();
+    let oob = |r: Result<(), CudaError>| matches!(r, Err(CudaError::OutOfBounds { .. }));
+    assert!(oob(stream.copy_to_device_at(&mut dev, 60, &host, 0, 5)));
+    assert!(oob(stream.copy_to_device_at(&mut dev, 0, &host, 60, 5)));
+    assert!(oob(stream.copy_to_host_at(
+        &mut host,
+        usize::MAX,
+        &dev,
+        0,
+        2
+    )));
+    assert!(oob(stream.memset(&mut dev, 64, 1, 0)));
+    let mut small = DeviceBuffer::new(&ctx, 32).unwrap();
+    assert!(oob(stream.copy_device(&mut small, 0, &dev, 0, 33)));
+    assert!(oob(stream.copy_peer(&mut small, 1, &dev, 0, 32)));
+    assert!(matches!(
+        stream.copy_to_device(&mut small, &host),
+        Err(CudaError::LengthMismatch { dst: 32, src: 64 })
+    ));
+    stream.copy_to_host(&mut host, &dev).unwrap();
+    assert!(host.as_slice().unwrap().iter().all(|&b| b == 2));
+    ctx.check_err().unwrap();
+}
+
+#[test]
+#[ignore = "requires a GPU; cargo test -- --ignored"]
+fn registered_caller_memory_round_trips() {
+    let (_cuda, ctx, stream) = setup();
+    let seed = seed();
+    let mut mine = vec![0u8; 1 << 20];
+    fill_pattern(&mut mine, seed);
+    let mut back = vec![POISON; 1 << 20];
+    {
+        let src = RegisteredHost::new(&ctx, &mut mine).unwrap();
+        let mut dst = RegisteredHost::new(&ctx, &mut back).unwrap();
+        let mut dev = DeviceBuffer::new(&ctx, 1 << 20).unwrap();
+        stream.copy_to_device(&mut dev, &src).unwrap();
+        stream.copy_to_host(&mut dst, &dev).unwrap();
+        assert_eq!(find_mismatch(dst.as_slice().unwrap(), seed), None);
+    }
+    assert_eq!(find_mismatch(&back, seed), None);
+}
+
+#[test]
+#[ignore = "requires a GPU; cargo test -- --ignored"]
+fn device_copies_and_events_work_on_one_gpu() {
+    let (_cuda, ctx, stream) = setup();
+    let seed = seed();
+    let len = 8 << 20;
+    let mut host = PinnedHostBuffer::new(&ctx, len).unwrap();
+    fill_pattern(host.as_mut_slice().unwrap(), seed);
+    let mut a = DeviceBuffer::new(&ctx, len).unwrap();
+    let mut b = DeviceBuffer::new(&ctx, len).unwrap();
+    stream.copy_to_device(&mut a, &host).unwrap();
+    stream.memset(&mut b, 0, len, POISON).unwrap();
+    let (start, end) = (Event::new(&ctx).unwrap(), Event::new(&ctx).unwrap());
+    start.record(&stream).unwrap();
+    stream.copy_device(&mut b, 0, &a, 0, len).unwrap();
+    end.record(&stream).unwrap();
+    end.synchronize().unwrap();
+    assert!(!start.elapsed(&end).unwrap().is_zero());
+    host.as_mut_slice().unwrap().fill(0);
+    stream.copy_to_host(&mut host, &b).unwrap();
+    assert_eq!(find_mismatch(host.as_slice().unwrap(), seed), None);
+    // Ordering-only events cannot time.
+    let plain = Event::without_timing(&ctx).unwrap();
+    assert!(plain.elapsed(&end).is_err());
+}
+
+#[test]
+#[ignore = "requires a GPU; cargo test -- --ignored"]
+fn a_hold_delays_the_stream_until_released() {
+    let (_cuda, ctx, stream) = setup();
+    if !stream.can_hold() {
+        eprintln!("skipped: the driver lacks cuLaunchHostFunc");
+        return;
+    }
+    let mut host = PinnedHostBuffer::new(&ctx, 4096).unwrap();
+    host.as_mut_slice().unwrap().fill(3);
+    let mut dev = DeviceBuffer::new(&ctx, 4096).unwrap();
+    let hold = stream.hold().unwrap();
+    stream.copy_to_device(&mut dev, &host).unwrap();
+    let done = Event::without_timing(&ctx).unwrap();
+    done.record(&stream).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    // Nothing ran while held (the event is still pending).
+    hold.release();
+    done.synchronize().unwrap();
+    host.as_mut_slice().unwrap().fill(0);
+    stream.copy_to_host(&mut host, &dev).unwrap();
+    assert!(host.as_slice().unwrap().iter().all(|&b| b == 3));
+}
+
+#[test]
+#[ignore = "requires a GPU; cargo test -- --ignored"]
+fn dma_buf_export_gives_a_descriptor_or_says_unsupported() {
+    let (_cuda, ctx, _stream) = setup();
+    let dev = DeviceBuffer::new(&ctx, 2 << 20).unwrap();
+    match dev.dma_buf() {
+        Ok(d) => {
+            use std::os::fd::AsRawFd;
+            assert!(d.fd().as_raw_fd() >= 0);
+            assert_eq!(d.len(), 2 << 20);
+            eprintln!("dma-buf fd {}", d.fd().as_raw_fd());
+        }
+        Err(e) => {
+            eprintln!("dma-buf export: {e}");
+            assert!(matches!(
+                e,
+                CudaError::Unsupported { .. } | CudaError::MissingSymbol { .. }
+            ));
+        }
+    }
+    let odd = DeviceBuffer::new(&ctx, 4097).unwrap();
+    assert!(matches!(
+        odd.dma_buf(),
+        Err(CudaError::InvalidArgument { .. } | CudaError::MissingSymbol { .. })
+    ));
+}
+
+#[test]
+#[ignore = "requires a GPU; cargo test -- --ignored"]
+fn peer_copy_between_two_gpus_is_verified() {
+    let (cuda, ctx, stream) = setup();
+    let Some(other) = peer_gpu(&cuda, "peer_copy_between_two_gpus_is_verified") else {
+        return;
+    };
+    let peer = cuda.context(other).unwrap();
+    eprintln!(
+        "GPU {} -> GPU {other}: can access peer = {}",
+        test_gpu(),
+        cuda.can_access_peer(test_gpu(), other).unwrap()
+    );
+    ctx.enable_peer_access(&peer).unwrap();
+    // Twice is fine (CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED is Ok).
+    ctx.enable_peer_access(&peer).unwrap();
+    let seed = seed();
+    let len = (64 << 20) + 13;
+    let mut host = PinnedHostBuffer::new(&ctx, len).unwrap();
+    fill_pattern(host.as_mut_slice().unwrap(), seed);
+    let mut src = DeviceBuffer::new(&ctx, len).unwrap();
+    let mut dst = DeviceBuffer::new(&peer, len).unwrap();
+    stream.copy_to_device(&mut src, &host).unwrap();
+    stream.memset(&mut dst, 0, len, POISON).unwrap();
+    stream.copy_peer(&mut dst, 0, &src, 0, len).unwrap();
+    host.as_mut_slice().unwrap().fill(0);
+    // Read back on a stream of the peer GPU: ordered after the copy by dst's marker.
+    let peer_stream = Stream::new(&peer).unwrap();
+    peer_stream.copy_to_host(&mut host, &dst).unwrap();
+    assert_eq!(find_mismatch(host.as_slice().unwrap(), seed), None);
+    assert_eq!(
+        cuda.pointer_info(dst.as_raw()).unwrap().device_ordinal,
+        Some(other)
+    );
+}
+
+#[test]
+#[ignore = "requires a GPU; cargo test -- --ignored"]
+fn timed_copy_verifies_and_times_every_direction() {
+    let cuda = Cuda::load().unwrap();
+    let g = test_gpu();
+    let mut pairs = vec![
+        (Loc::PinnedHost, Loc::Gpu(g)),
+        (Loc::Gpu(g), Loc::PinnedHost),
+        (Loc::Gpu(g), Loc::Gpu(g)),
+    ];
+    if let Some(o) = peer_gpu(&cuda, "timed_copy (peer pairs)") {
+        pairs.push((Loc::Gpu(g), Loc::Gpu(o)));
+        pairs.push((Loc::Gpu(o), Loc::Gpu(g)));
+    }
+    for (from, to) in pairs {
+        for bytes in [1usize, 4097, 8 << 20] {
+            let t = probe::timed_copy(&cuda, from, to, bytes, 3).unwrap();
+            assert!(t.verified, "{from} -> {to}, {bytes} B: {:?}", t.mismatch);
+            assert_eq!(t.samples.len(), 3);
+            assert!(t.samples.iter().all(|d| !d.is_zero()), "{:?}", t.samples);
+        }
+    }
+}
+
+/// Informational: prints the rates the probe measures (no thresholds).
+#[test]
+#[ignore = "requires a GPU; cargo test -- --ignored --nocapture"]
+fn timed_copy_rates_report() {
+    let cuda = Cuda::load().unwrap();
+    let g = test_gpu();
+    let mut pairs = vec![
+        (Loc::Gpu(g), Loc::PinnedHost),
+        (Loc::PinnedHost, Loc::Gpu(g)),
+    ];
+    if let Some(o) = peer_gpu(&cuda, "timed_copy_rates_report (peer pairs)") {
+        pairs.insert(0, (Loc::Gpu(g), Loc::Gpu(o)));
+        pairs.insert(1, (Loc::Gpu(o), Loc::Gpu(g)));
+    }
+    for (from, to) in pairs {
+        for bytes in [8usize << 20, 256 << 20, 1 << 30] {
+            let t = probe::timed_copy(&cuda, from, to, bytes, 10).unwrap();
+            let ms: Vec<String> = t
+                .samples
+                .iter()
+                .map(|d| format!("{:.3}", d.as_secs_f64() * 1e3))
+                .collect();
+            eprintln!(
+                "RATE {from} -> {to} {:>5} MiB: median {:.1} GB/s, held {}, verified {}, ms [{}]",
+                bytes >> 20,
+                t.median_gbps().unwrap_or(0.0),
+                t.held,
+                t.verified,
+                ms.join(" ")
+            );
+            assert!(t.verified);
+        }
+    }
+}
