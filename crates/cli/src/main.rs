@@ -14,7 +14,8 @@ use std::process::ExitCode;
 ///
 /// `gdx topo` shows GPUs, NICs, PCIe switches, NUMA nodes and the path class between every
 /// pair (the `nvidia-smi topo -m` legend), from the live machine, a captured machine or an
-/// NCCL topology file.
+/// NCCL topology file. `gdx doctor` checks every known GPUDirect P2P/RDMA/Storage
+/// prerequisite, with evidence and a fix, and proves paths with active probes.
 #[derive(Parser, Debug)]
 #[command(name = "gdx", version, about, long_about = None, propagate_version = true)]
 struct Cli {
@@ -25,12 +26,14 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     Topo(cmd::topo::TopoArgs),
+    Doctor(cmd::doctor::DoctorArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Topo(args) => cmd::topo::run(&args),
+        Command::Doctor(args) => cmd::doctor::run(&args),
     };
     match result {
         Ok(code) => code,

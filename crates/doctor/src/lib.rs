@@ -1,1 +1,247 @@
-//! gdx-doctor (being written).
+//! gdx-doctor: is this machine (or a captured one) ready for GPU-direct data movement? Checks
+//! with stable ids read sysfs/proc files, PCI config bytes and, on the live machine, facts from
+//! the vendor libraries; active probes prove paths by using them. The result is a [`Report`]:
+//! findings (`pass`/`warn`/`fail`/`skip`, each with evidence and a fix), per-path verdicts
+//! (which path GPU↔GPU and GPU↔NIC data will take, and which findings decide it), and an exit
+//! code. The library returns data; [`render`] turns it into text or JSON for the CLI.
+//!
+//! ```no_run
+//! use gdx_doctor::{live, run, Options};
+//! let (facts, probe) = (live::SystemFacts, live::SystemProbe);
+//! let mut opts = Options::new("/");
+//! opts.env = std::env::vars().collect();
+//! opts.live = Some(&facts); // consulted only when the root is this machine
+//! opts.probe = Some(&probe); // None for --no-probe
+//! let report = run(&opts).expect("root exists");
+//! print!("{}", gdx_doctor::render::render_text(&report, false));
+//! std::process::exit(report.exit_code().into());
+//! ```
+//!
+//! Layout: [`checks`] holds one module per check, all registered in [`checks::all_checks`];
+//! [`context`] is what checks see; [`facts`] the live-library trait and [`live`] its
+//! gdx-sys implementation; [`probe`] the active probes and their backend trait; [`verdict`] the per-path summary; [`pcicfg`] config-space
+//! parsing; [`rootfs`] and [`pci`] the file reading.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod checks;
+pub mod context;
+pub mod facts;
+pub mod finding;
+pub mod live;
+pub mod pci;
+pub mod pcicfg;
+pub mod probe;
+pub mod render;
+pub mod report;
+mod root;
+pub mod rootfs;
+#[cfg(test)]
+mod testutil;
+pub mod verdict;
+
+pub use context::Context;
+pub use facts::{LiveFacts, StaticFacts, Unavailable};
+pub use finding::{Finding, Status};
+pub use probe::{ProbeBackend, ProbePlan};
+pub use render::{render_json, render_text};
+pub use report::{DataPath, Report, Verdict, EXIT_DOCTOR_ERROR};
+
+use facts::Gathered;
+use probe::ProbeState;
+use report::{Header, HeaderDevice, Summary};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Why the doctor could not run at all (exit code 2).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DoctorError {
+    /// The root does not exist.
+    #[error("root {0}: no such file or directory")]
+    RootMissing(PathBuf),
+    /// The root is neither a folder nor a readable capture archive.
+    #[error("root {path}: {why}")]
+    RootUnusable {
+        /// The root given.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+/// What to examine and with what.
+pub struct Options<'a> {
+    /// `/` for this machine, or a captured tree (folder or `.tar.gz`).
+    pub root: PathBuf,
+    /// The environment the checks see (`NCCL_*`, `CUDA_VISIBLE_DEVICES`); the CLI passes
+    /// `std::env::vars()`.
+    pub env: BTreeMap<String, String>,
+    /// A topology already built by the caller (e.g. `gdx_topo::discover()` on the live
+    /// machine, which adds NVML's NVLinks); `None` builds one with `gdx_topo::from_root`.
+    pub topology: Option<gdx_topo::Topology>,
+    /// Live library facts. Consulted only when `root` is `/`: they describe this machine,
+    /// not a captured one.
+    pub live: Option<&'a dyn LiveFacts>,
+    /// Probe backend; `None` means `--no-probe`. Probes run only on the live machine, with a
+    /// GPU and working CUDA facts.
+    pub probe: Option<&'a dyn ProbeBackend>,
+    /// How much the probes do.
+    pub probe_plan: ProbePlan,
+    /// Whether `root` shows this machine, so live facts and probes apply to it. `None`
+    /// detects it (the root resolves to `/`); `Some(true)` for the host's sysfs mounted
+    /// elsewhere (a container's `/host`) or facts saved alongside a capture; `Some(false)`
+    /// never consults the libraries.
+    pub root_is_this_machine: Option<bool>,
+}
+
+impl<'a> Options<'a> {
+    /// Examine `root` with an empty environment, no live facts and no probes.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Options {
+            root: root.into(),
+            env: BTreeMap::new(),
+            topology: None,
+            live: None,
+            probe: None,
+            probe_plan: ProbePlan::default(),
+            root_is_this_machine: None,
+        }
+    }
+}
+
+/// Run every check (and the probes) and build the report.
+///
+/// # Errors
+/// [`DoctorError`] only when the root is missing or unusable; everything odd inside the tree
+/// becomes a `skip` finding instead.
+pub fn run(opts: &Options<'_>) -> Result<Report, DoctorError> {
+    let opened = root::open(&opts.root)?;
+    let dir = opened.dir().to_path_buf();
+    let is_live = opts.root_is_this_machine.unwrap_or_else(|| {
+        std::fs::canonicalize(&dir).is_ok_and(|p| p == std::path::Path::new("/"))
+    });
+
+    let mut topo: Result<gdx_topo::Topology, String> = match &opts.topology {
+        Some(t) => Ok(t.clone()),
+        None => gdx_topo::from_root(&dir).map_err(|e| e.to_string()),
+    };
+    // On this machine sysfs cannot see NVLinks: add NVML's view, as `gdx_topo::discover`
+    // does, unless the caller's topology or a capture's snapshot already has it.
+    if let (true, None, Some(src), Ok(t)) = (is_live, &opts.topology, opts.live, topo.as_mut()) {
+        if !t.nvml_enriched {
+            if let Some(snap) = src.nvml_snapshot() {
+                gdx_topo::enrich::apply(t, &snap);
+            }
+        }
+    }
+    let topo_desc = match &topo {
+        Ok(t) => match &t.source {
+            gdx_topo::Source::Sysfs(p) => format!(
+                "sysfs ({p}){}",
+                if t.nvml_enriched { " + NVML" } else { "" }
+            ),
+            gdx_topo::Source::NcclXml(p) => format!("NCCL XML ({p})"),
+        },
+        Err(e) => format!("unavailable: {e}"),
+    };
+    let live: Result<Gathered, String> = match (is_live, opts.live) {
+        (false, _) => Err(format!(
+            "--root {} is a captured machine: live libraries describe this machine, not that one",
+            opts.root.display()
+        )),
+        (true, None) => Err("no live library facts were provided".into()),
+        (true, Some(src)) => Ok(Gathered::from(src)),
+    };
+    let mut ctx = Context::new(dir, opts.env.clone(), topo, live);
+
+    let probes = match (opts.probe, is_live) {
+        (None, _) => ProbeState::NotRun("probes off (--no-probe)".into()),
+        (Some(_), false) => {
+            ProbeState::NotRun("probes run only on this machine, not on a captured root".into())
+        }
+        (Some(_), true) if ctx.gpus().is_empty() => ProbeState::NotRun(ctx.no_gpu_reason()),
+        (Some(b), true) => match ctx.live().map(|l| l.cuda.as_ref()) {
+            Err(why) => ProbeState::NotRun(format!("probes need CUDA: {why}")),
+            Ok(Err(u)) => ProbeState::NotRun(format!("probes need CUDA: {u}")),
+            Ok(Ok(_)) => ProbeState::Ran(probe::run(&ctx, b, &opts.probe_plan)),
+        },
+    };
+    let probe_desc = match &probes {
+        ProbeState::NotRun(why) => format!("not run: {why}"),
+        ProbeState::Ran(r) => format!(
+            "ran in {:.1} s ({} copies, {} registrations)",
+            r.elapsed_s,
+            r.copies.len(),
+            r.registrations.len()
+        ),
+    };
+    ctx.set_probes(probes);
+
+    let findings = checks::run_checks(&ctx, &checks::all_checks());
+    let verdicts = verdict::compute(&ctx, &findings);
+    let header = header(&ctx, opts, is_live, topo_desc, probe_desc);
+    Ok(Report {
+        schema_version: report::SCHEMA_VERSION,
+        header,
+        summary: Summary::of(&findings),
+        findings,
+        verdicts,
+    })
+}
+
+fn header(
+    ctx: &Context,
+    opts: &Options<'_>,
+    live: bool,
+    topology: String,
+    probes: String,
+) -> Header {
+    let gpus = ctx
+        .gpus()
+        .iter()
+        .map(|g| HeaderDevice {
+            label: g.label.clone(),
+            bdf: Some(g.bdf.to_string()),
+            name: ctx
+                .live()
+                .ok()
+                .and_then(|l| l.cuda_device(g.bdf))
+                .and_then(|d| d.name.clone())
+                .or_else(|| ctx.topo_device(g.bdf).and_then(|d| d.name.clone())),
+        })
+        .collect();
+    let rdma_devices = ctx
+        .rdma()
+        .iter()
+        .map(|d| HeaderDevice {
+            label: ctx.nic_label(d),
+            bdf: d.bdf.map(|b| b.to_string()),
+            name: Some(d.name.clone()),
+        })
+        .collect();
+    let mut notes = Vec::new();
+    if ctx.gpus().is_empty() {
+        notes.push(format!("{}: GPU checks are skipped", ctx.no_gpu_reason()));
+    }
+    if ctx.rdma().is_empty() {
+        notes.push("no RDMA devices: GPUDirect RDMA and RDMA checks do not apply; network traffic would be staged through host memory".into());
+    }
+    match ctx.topology() {
+        Ok(t) => notes.extend(t.notes.iter().take(10).map(|n| format!("topology: {n}"))),
+        Err(e) => notes.push(format!("no topology ({e}): path-class checks are skipped")),
+    }
+    if let Err(why) = ctx.live() {
+        notes.push(format!("library checks skipped: {why}"));
+    }
+    Header {
+        tool: format!("gdx-doctor {}", env!("CARGO_PKG_VERSION")),
+        root: opts.root.display().to_string(),
+        live,
+        topology,
+        gpus,
+        rdma_devices,
+        probes,
+        notes,
+    }
+}

@@ -1,0 +1,114 @@
+//! End-to-end tests of `gdx doctor` through the real binary.
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+use std::path::PathBuf;
+
+fn gdx() -> Command {
+    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
+}
+
+/// The real 2× H200 capture committed with the topo crate, found at run time.
+fn h200_capture() -> PathBuf {
+    let rel = "../topo/tests/data/h200x2-capture.tar.gz";
+    let base = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.join(rel).is_file())
+        .unwrap_or_else(|| PathBuf::from("crates/cli"));
+    base.join(rel)
+}
+
+#[test]
+fn list_names_the_stable_check_ids() {
+    let out = gdx().args(["doctor", "--list"]).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for id in [
+        "driver",
+        "cuda",
+        "nvml",
+        "rdma-devices",
+        "peermem",
+        "dmabuf",
+        "gpu-gdr-support",
+        "memlock",
+        "gpu-nic-distance",
+        "numa",
+        "acs",
+        "iommu",
+        "link-downtrain",
+        "bar1",
+        "mrrs",
+        "p2p",
+        "relaxed-ordering",
+        "roce-gid",
+        "mtu",
+        "nccl-env",
+        "cufile",
+        "fabric-manager",
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.split_whitespace().next() == Some(id)),
+            "check {id} missing from --list:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn runs_here_and_exits_0_or_1_as_documented() {
+    let out = gdx()
+        .args(["doctor", "--no-probe", "--json"])
+        .output()
+        .unwrap();
+    let code = out.status.code().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let findings = v["findings"].as_array().unwrap();
+    let any_fail = findings.iter().any(|f| f["status"] == "fail");
+    assert_eq!(
+        code,
+        i32::from(any_fail),
+        "exit code must be 1 exactly when a check fails"
+    );
+    for f in findings {
+        assert!(f["id"].is_string() && f["subject"].is_string());
+        assert!(["pass", "warn", "fail", "skip"].contains(&f["status"].as_str().unwrap()));
+    }
+    assert!(v["verdicts"].is_array());
+}
+
+#[test]
+fn captured_h200_machine_shows_p2p_over_nv18() {
+    let cap = h200_capture();
+    assert!(cap.is_file(), "{} missing", cap.display());
+    let out = gdx()
+        .args(["doctor", "--json", "--root"])
+        .arg(&cap)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let verdicts = v["verdicts"].as_array().unwrap();
+    let pair = verdicts
+        .iter()
+        .find(|x| x["subject"] == "GPU0-GPU1")
+        .expect("a GPU0-GPU1 verdict");
+    assert_eq!(pair["path"], "p2p");
+    assert_eq!(pair["class"], "NV18");
+    // Live libraries describe this machine, not the captured one: those checks skip.
+    let cuda = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == "cuda")
+        .unwrap();
+    assert_eq!(cuda["status"], "skip");
+}
+
+#[test]
+fn missing_root_exits_2() {
+    gdx()
+        .args(["doctor", "--root", "/definitely/not/here"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("/definitely/not/here"));
+}

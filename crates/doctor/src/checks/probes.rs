@@ -1,0 +1,175 @@
+//! `probe-copy` and `probe-register`: the active probes' results as findings. A copy that
+//! fails or returns wrong bytes fails; one below half the link ceiling warns (a silent slow
+//! path, like pool memory peer copies at 38 GB/s on a 478 GB/s NVLink). A GPU × RDMA device
+//! pair passes when at least one registration method works.
+
+use super::Check;
+use crate::context::{pair, Context};
+use crate::finding::Finding;
+use crate::probe::ProbeState;
+
+/// The `probe-copy` check.
+pub struct ProbeCopy;
+
+/// The `probe-register` check.
+pub struct ProbeRegister;
+
+impl Check for ProbeCopy {
+    fn id(&self) -> &'static str {
+        "probe-copy"
+    }
+    fn title(&self) -> &'static str {
+        "active probe: copies GPU<->GPU and GPU<->host verified and near the link ceiling"
+    }
+    fn run(&self, ctx: &Context) -> Vec<Finding> {
+        let id = self.id();
+        let r = match ctx.probes() {
+            ProbeState::NotRun(why) => return vec![Finding::skip(id, "host", why.clone())],
+            ProbeState::Ran(r) => r,
+        };
+        let mut out: Vec<Finding> = r
+            .copies
+            .iter()
+            .map(|c| {
+                let subject = format!("{}->{}", c.from, c.to);
+                let f = if let Some(e) = &c.error {
+                    Finding::fail(id, subject, format!("copy {} -> {} failed: {e}", c.from, c.to))
+                        .fix("run `gdx bench` for details; check dmesg for Xid errors")
+                } else if c.fraction().is_some_and(|f| f < super::p2p::SLOW_FRACTION) {
+                    Finding::warn(id, subject, format!("copy {} -> {} is slow: {}", c.from, c.to, c.describe()))
+                        .fix("compare with `gdx bench`; look for ACS redirect, a downtrained link, pageable or pool memory, or another job on the GPU")
+                } else {
+                    Finding::pass(id, subject, c.describe())
+                };
+                f.evidence(format!("{} bytes per copy", c.bytes))
+            })
+            .collect();
+        if r.skipped_for_time > 0 {
+            out.push(Finding::skip(
+                id,
+                "host",
+                format!(
+                    "{} probe(s) not run: the probe time budget ran out",
+                    r.skipped_for_time
+                ),
+            ));
+        }
+        out
+    }
+}
+
+impl Check for ProbeRegister {
+    fn id(&self) -> &'static str {
+        "probe-register"
+    }
+    fn title(&self) -> &'static str {
+        "active probe: GPU memory registers with each RDMA device via dma-buf or peermem"
+    }
+    fn run(&self, ctx: &Context) -> Vec<Finding> {
+        let id = self.id();
+        let r = match ctx.probes() {
+            ProbeState::NotRun(why) => return vec![Finding::skip(id, "host", why.clone())],
+            ProbeState::Ran(r) => r,
+        };
+        if let Some(why) = &r.registration_skipped {
+            return vec![Finding::skip(id, "host", why.clone())];
+        }
+        if r.registrations.is_empty() {
+            return vec![Finding::skip(
+                id,
+                "host",
+                "no RDMA device to register GPU memory with",
+            )];
+        }
+        r.registrations
+            .iter()
+            .map(|g| {
+                let subject = pair(&g.gpu, &g.nic);
+                let show = |e: &Option<String>| e.clone().unwrap_or_else(|| "ok".into());
+                let ev = [
+                    format!("dma-buf registration with {}: {}", g.rdma_device, show(&g.dmabuf_error)),
+                    format!("peermem registration with {}: {}", g.rdma_device, show(&g.peermem_error)),
+                ];
+                match (&g.dmabuf_error, &g.peermem_error) {
+                    (None, None) => Finding::pass(id, subject, format!("{} memory registers with {} via dma-buf and peermem", g.gpu, g.rdma_device)),
+                    (None, Some(_)) => Finding::pass(id, subject, format!("{} memory registers with {} via dma-buf (peermem does not work)", g.gpu, g.rdma_device)),
+                    (Some(_), None) => Finding::pass(id, subject, format!("{} memory registers with {} via peermem (dma-buf does not work)", g.gpu, g.rdma_device)),
+                    (Some(_), Some(_)) => Finding::fail(id, subject, format!("{} memory cannot be registered with {}: GPUDirect RDMA is impossible", g.gpu, g.rdma_device))
+                        .fix("see the dmabuf and peermem findings: load nvidia-peermem or use open kernel modules with kernel >= 5.12"),
+                }
+                .evidence_all(ev)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::{CopyProbe, ProbeResults, RegisterProbe};
+    use crate::testutil::{run, Tree};
+    use crate::Status;
+
+    fn results(gbps: f64, error: Option<&str>) -> ProbeState {
+        ProbeState::Ran(ProbeResults {
+            copies: vec![CopyProbe {
+                from: "GPU0".into(),
+                to: "host".into(),
+                bytes: 1 << 28,
+                gbps: Some(gbps),
+                ceiling_gbps: Some(63.0),
+                ceiling_basis: Some("PCIe Gen5 x16".into()),
+                verified: error.is_none(),
+                error: error.map(str::to_string),
+            }],
+            registrations: vec![RegisterProbe {
+                gpu: "GPU0".into(),
+                nic: "NIC0".into(),
+                rdma_device: "mlx5_0".into(),
+                dmabuf_error: error.map(str::to_string),
+                peermem_error: Some("ibv_reg_mr: Bad address (EFAULT)".into()),
+            }],
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn good_probe_passes_bad_probe_fails() {
+        let t = Tree::new();
+        let mut ctx = t.ctx().build();
+        ctx.set_probes(results(55.3, None));
+        assert_eq!(run(&ProbeCopy, &ctx)[0].status, Status::Pass);
+        let reg = run(&ProbeRegister, &ctx);
+        assert_eq!(reg[0].status, Status::Pass);
+        assert!(reg[0]
+            .message
+            .contains("via dma-buf (peermem does not work)"));
+        ctx.set_probes(results(0.0, Some("bytes differ after copy: offset 0")));
+        assert_eq!(run(&ProbeCopy, &ctx)[0].status, Status::Fail);
+        assert_eq!(run(&ProbeRegister, &ctx)[0].status, Status::Fail);
+        ctx.set_probes(results(14.1, None));
+        assert_eq!(run(&ProbeCopy, &ctx)[0].status, Status::Warn);
+    }
+
+    #[test]
+    fn backend_without_registration_skips_instead_of_failing() {
+        let t = Tree::new();
+        let mut ctx = t.ctx().build();
+        ctx.set_probes(ProbeState::Ran(ProbeResults {
+            registration_skipped: Some("cannot register yet".into()),
+            ..Default::default()
+        }));
+        let fs = run(&ProbeRegister, &ctx);
+        assert_eq!(fs[0].status, Status::Skip);
+        assert_eq!(fs[0].reason.as_deref(), Some("cannot register yet"));
+    }
+
+    #[test]
+    fn not_run_skips_with_reason() {
+        let t = Tree::new();
+        let mut ctx = t.ctx().build();
+        ctx.set_probes(ProbeState::NotRun("--no-probe".into()));
+        let fs = run(&ProbeCopy, &ctx);
+        assert_eq!(fs[0].reason.as_deref(), Some("--no-probe"));
+    }
+}

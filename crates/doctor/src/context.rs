@@ -1,0 +1,303 @@
+//! What every check sees: the root it reads files from, the topology, the environment (an
+//! injected map, so tests control `NCCL_*`), the live library facts (absent for a captured
+//! root), and the probe results. Built once per run; checks only read it.
+//!
+//! GPUs are the NVIDIA display/3D controllers of the PCI tree; their labels come from the
+//! topology when it has them (so `GPU0` means the same in `gdx topo` and `gdx doctor`), else
+//! from bus order. RDMA devices come from `sys/class/infiniband`.
+
+use crate::facts::Gathered;
+use crate::pci::{self, PciFn, RdmaDev};
+use crate::probe::ProbeState;
+use crate::rootfs::RootFs;
+use gdx_topo::{Device, PathClass, PciAddr, Topology};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// A GPU as the checks name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuRef {
+    /// `GPU0`.
+    pub label: String,
+    /// PCI address.
+    pub bdf: PciAddr,
+}
+
+/// The checks' view of the machine. See the module docs.
+#[derive(Debug)]
+pub struct Context {
+    /// Files under the root.
+    pub fs: RootFs,
+    env: BTreeMap<String, String>,
+    topo: Result<Topology, String>,
+    live: Result<Gathered, String>,
+    probes: ProbeState,
+    pci: Result<Vec<PciFn>, String>,
+    gpus: Vec<GpuRef>,
+    rdma: Vec<RdmaDev>,
+    nic_labels: BTreeMap<String, String>,
+}
+
+impl Context {
+    /// Build the context. `topo` is `Err(why)` when no topology could be built; `live` is
+    /// `Err(why)` when live facts are not consulted (captured root, no source).
+    pub fn new(
+        root: impl Into<PathBuf>,
+        env: BTreeMap<String, String>,
+        topo: Result<Topology, String>,
+        live: Result<Gathered, String>,
+    ) -> Self {
+        let fs = RootFs::new(root);
+        let pci = pci::scan(&fs).map_err(|e| e.to_string());
+        let rdma = pci::rdma_devices(&fs);
+        let mut ctx = Context {
+            fs,
+            env,
+            topo,
+            live,
+            probes: ProbeState::NotRun("probes not requested".into()),
+            pci,
+            gpus: Vec::new(),
+            rdma,
+            nic_labels: BTreeMap::new(),
+        };
+        ctx.gpus = ctx.find_gpus();
+        ctx.nic_labels = ctx.find_nic_labels();
+        ctx
+    }
+
+    fn find_gpus(&self) -> Vec<GpuRef> {
+        let bdfs: Vec<PciAddr> = match (&self.pci, &self.topo) {
+            (Ok(fns), _) => fns
+                .iter()
+                .filter(|f| f.is_nvidia_gpu())
+                .map(|f| f.bdf)
+                .collect(),
+            // No PCI tree to read: trust the topology's GPUs (NVIDIA or of unknown vendor).
+            (Err(_), Ok(t)) => t
+                .gpus()
+                .filter(|d| d.vendor.is_none_or(|v| v == pci::VENDOR_NVIDIA))
+                .filter_map(|d| d.bdf)
+                .collect(),
+            (Err(_), Err(_)) => Vec::new(),
+        };
+        let mut gpus: Vec<GpuRef> = bdfs
+            .iter()
+            .enumerate()
+            .map(|(i, &bdf)| GpuRef {
+                label: self
+                    .topo_device(bdf)
+                    .map(|d| d.label.clone())
+                    .unwrap_or_else(|| format!("GPU{i}")),
+                bdf,
+            })
+            .collect();
+        gpus.sort_by(|a, b| gdx_topo::natural_cmp(&a.label, &b.label));
+        gpus
+    }
+
+    fn find_nic_labels(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for (i, d) in self.rdma.iter().enumerate() {
+            let label = match (&self.topo, d.bdf) {
+                (Ok(_), Some(bdf)) => self.topo_device(bdf).map(|t| t.label.clone()),
+                _ => None,
+            };
+            let label = match (&self.topo, label) {
+                (_, Some(l)) => l,
+                // Same rule as the topology's own labels: RDMA name order.
+                (Err(_), None) => format!("NIC{i}"),
+                (Ok(_), None) => d.name.clone(),
+            };
+            out.insert(d.name.clone(), label);
+        }
+        out
+    }
+
+    /// Replace the probe state (the runner sets it after probing).
+    pub fn set_probes(&mut self, p: ProbeState) {
+        self.probes = p;
+    }
+
+    /// An environment variable from the injected environment.
+    pub fn env(&self, name: &str) -> Option<&str> {
+        self.env.get(name).map(String::as_str)
+    }
+
+    /// The whole injected environment.
+    pub fn env_all(&self) -> &BTreeMap<String, String> {
+        &self.env
+    }
+
+    /// The topology, or why there is none.
+    pub fn topology(&self) -> Result<&Topology, &str> {
+        self.topo.as_ref().map_err(String::as_str)
+    }
+
+    /// Live facts, or why they are not consulted.
+    pub fn live(&self) -> Result<&Gathered, &str> {
+        self.live.as_ref().map_err(String::as_str)
+    }
+
+    /// Probe results.
+    pub fn probes(&self) -> &ProbeState {
+        &self.probes
+    }
+
+    /// PCI functions, or why the PCI tree could not be read.
+    pub fn pci(&self) -> Result<&[PciFn], &str> {
+        self.pci.as_deref().map_err(String::as_str)
+    }
+
+    /// NVIDIA GPUs in label order.
+    pub fn gpus(&self) -> &[GpuRef] {
+        &self.gpus
+    }
+
+    /// RDMA devices.
+    pub fn rdma(&self) -> &[RdmaDev] {
+        &self.rdma
+    }
+
+    /// Why there is no GPU to check, for skip reasons.
+    pub fn no_gpu_reason(&self) -> String {
+        match &self.pci {
+            Ok(_) => "no NVIDIA GPU in the PCI tree".to_string(),
+            Err(e) => format!("PCI tree unreadable ({e})"),
+        }
+    }
+
+    /// `NIC3` for an RDMA device (or its name when the topology does not know it).
+    pub fn nic_label(&self, d: &RdmaDev) -> String {
+        self.nic_labels
+            .get(&d.name)
+            .cloned()
+            .unwrap_or_else(|| d.name.clone())
+    }
+
+    /// The topology device at an address.
+    pub fn topo_device(&self, bdf: PciAddr) -> Option<&Device> {
+        self.topo.as_ref().ok()?.by_bdf(bdf)
+    }
+
+    /// The label for any PCI address: a GPU/NIC label, else the address itself.
+    pub fn label(&self, bdf: PciAddr) -> String {
+        if let Some(g) = self.gpus.iter().find(|g| g.bdf == bdf) {
+            return g.label.clone();
+        }
+        if let Some(d) = self.rdma.iter().find(|d| d.bdf == Some(bdf)) {
+            return self.nic_label(d);
+        }
+        bdf.to_string()
+    }
+
+    /// The CUDA ordinal of a GPU, from live CUDA facts.
+    pub fn cuda_ordinal(&self, bdf: PciAddr) -> Option<u32> {
+        self.live.as_ref().ok()?.cuda_device(bdf).map(|d| d.ordinal)
+    }
+
+    /// The RDMA devices nearest to a GPU by PCIe path class. Without a topology every RDMA
+    /// device is returned with `None` as class.
+    pub fn nearest_rdma(&self, gpu: &GpuRef) -> Vec<(&RdmaDev, Option<PathClass>)> {
+        let (Ok(topo), Some(g)) = (&self.topo, self.topo_device(gpu.bdf)) else {
+            return self.rdma.iter().map(|d| (d, None)).collect();
+        };
+        let classed: Vec<(&RdmaDev, Option<PathClass>)> = self
+            .rdma
+            .iter()
+            .map(|d| {
+                let c = d
+                    .bdf
+                    .and_then(|b| topo.by_bdf(b))
+                    .map(|n| topo.pcie_class(g, n));
+                (d, c)
+            })
+            .collect();
+        let best = classed
+            .iter()
+            .filter_map(|(_, c)| c.map(|c| c.rank()))
+            .min();
+        classed
+            .into_iter()
+            .filter(|(_, c)| c.map(|c| c.rank()) == best)
+            .collect()
+    }
+
+    /// The class between a GPU and a device by address, when the topology knows both.
+    pub fn class_between(&self, a: PciAddr, b: PciAddr) -> Option<PathClass> {
+        let topo = self.topo.as_ref().ok()?;
+        Some(topo.path_class(topo.by_bdf(a)?, topo.by_bdf(b)?))
+    }
+
+    /// NVLinks between two GPUs when known (topology enriched by NVML or NCCL XML).
+    pub fn nvlinks_between(&self, a: PciAddr, b: PciAddr) -> Option<u32> {
+        let topo = self.topo.as_ref().ok()?;
+        let (da, db) = (topo.by_bdf(a)?, topo.by_bdf(b)?);
+        let known = topo.nvml_enriched
+            || [da, db]
+                .iter()
+                .any(|d| d.gpu.as_ref().is_some_and(|g| !g.nvlinks.is_empty()));
+        known.then(|| topo.nvlinks_between(da, db))
+    }
+
+    /// One-direction bandwidth of one NVLink of this GPU, GB/s, and whether it is assumed.
+    fn nvlink_gbps(&self, bdf: PciAddr) -> (f64, bool) {
+        if let Some(v) = self
+            .live
+            .as_ref()
+            .ok()
+            .and_then(|l| l.nvml_device(bdf))
+            .and_then(|d| d.nvlink_gbps_per_link)
+        {
+            return (v, false);
+        }
+        let cc = self
+            .topo_device(bdf)
+            .and_then(|d| d.gpu.as_ref())
+            .and_then(|g| g.compute_capability.clone());
+        // nvidia-smi's per-link figures: NVLink 2/3 25 GB/s, NVLink 4 26.5625, NVLink 5 twice.
+        match cc.as_deref().and_then(|c| c.split('.').next()) {
+            Some("7") | Some("8") => (25.0, false),
+            Some("9") => (26.5625, false),
+            Some("10") | Some("12") => (53.125, false),
+            _ => (26.5625, true),
+        }
+    }
+
+    fn pcie_max(&self, bdf: PciAddr) -> Option<(f64, String)> {
+        let l = pci::read_link(&self.fs, bdf).max;
+        let g = l.raw_gbps()?;
+        let gen = l
+            .generation()
+            .map(|g| format!("Gen{g}"))
+            .unwrap_or_else(|| format!("{} GT/s", l.speed_gts.unwrap_or(0.0)));
+        Some((g, format!("PCIe {gen} x{}", l.width.unwrap_or(0))))
+    }
+
+    /// The one-direction ceiling between two probe endpoints (GPU labels or `host`), GB/s,
+    /// with what it is based on.
+    pub fn ceiling(&self, from: &str, to: &str) -> Option<(f64, String)> {
+        let gpu = |l: &str| self.gpus.iter().find(|g| g.label == l).map(|g| g.bdf);
+        match (gpu(from), gpu(to)) {
+            (Some(g), None) | (None, Some(g)) => self.pcie_max(g),
+            (Some(a), Some(b)) => match self.nvlinks_between(a, b) {
+                Some(n) if n > 0 => {
+                    let (per, assumed) = self.nvlink_gbps(a);
+                    let note = if assumed { ", assumed" } else { "" };
+                    Some((f64::from(n) * per, format!("NV{n} x {per:.2} GB/s{note}")))
+                }
+                _ => {
+                    let (ca, ba) = self.pcie_max(a)?;
+                    let (cb, bb) = self.pcie_max(b)?;
+                    Some(if ca <= cb { (ca, ba) } else { (cb, bb) })
+                }
+            },
+            (None, None) => None,
+        }
+    }
+}
+
+/// `GPU0-NIC3`: the subject of a pair.
+pub fn pair(a: &str, b: &str) -> String {
+    format!("{a}-{b}")
+}

@@ -1,0 +1,338 @@
+//! The sysfs PCI facts the checks read directly: the device list with vendor and class, the
+//! chain of bridges above a device (from the `sys/bus/pci/devices/<bdf>` symlink), link
+//! speed/width, NUMA node, and the RDMA devices of `sys/class/infiniband`.
+//!
+//! These are read here rather than taken from the [`gdx_topo::Topology`] because the checks
+//! need the raw values and file names as evidence, and because they must work even when the
+//! topology could not be built.
+
+use crate::rootfs::{ReadError, RootFs};
+use gdx_topo::{Link, PciAddr};
+
+/// PCI vendor id of NVIDIA.
+pub const VENDOR_NVIDIA: u16 = 0x10de;
+
+/// The folder of a PCI function, relative to the root.
+pub fn dev_dir(bdf: PciAddr) -> String {
+    format!("sys/bus/pci/devices/{bdf}")
+}
+
+/// One PCI function from `sys/bus/pci/devices`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PciFn {
+    /// Address.
+    pub bdf: PciAddr,
+    /// `vendor`.
+    pub vendor: Option<u16>,
+    /// `device`.
+    pub device: Option<u16>,
+    /// `class` (24 bits).
+    pub class: Option<u32>,
+}
+
+impl PciFn {
+    /// An NVIDIA display/3D controller.
+    pub fn is_nvidia_gpu(&self) -> bool {
+        self.vendor == Some(VENDOR_NVIDIA) && self.class.is_some_and(|c| c >> 16 == 0x03)
+    }
+
+    /// An NVIDIA NVSwitch (bridge class "other", 0x0680).
+    pub fn is_nvswitch(&self) -> bool {
+        self.vendor == Some(VENDOR_NVIDIA) && self.class.is_some_and(|c| c >> 8 == 0x0680)
+    }
+
+    /// A PCI-to-PCI bridge (class 0x0604).
+    pub fn is_bridge(&self) -> bool {
+        self.class.is_some_and(|c| c >> 8 == 0x0604)
+    }
+}
+
+fn hex_u32(s: &str) -> Option<u32> {
+    u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok()
+}
+
+/// Read one function's ids.
+pub fn read_fn(fs: &RootFs, bdf: PciAddr) -> PciFn {
+    let dir = dev_dir(bdf);
+    let read = |f: &str| fs.text(&format!("{dir}/{f}")).and_then(|s| hex_u32(&s));
+    PciFn {
+        bdf,
+        vendor: read("vendor").and_then(|v| u16::try_from(v).ok()),
+        device: read("device").and_then(|v| u16::try_from(v).ok()),
+        class: read("class"),
+    }
+}
+
+/// Every PCI function under `sys/bus/pci/devices`, in address order. Entries whose name is
+/// not a PCI address are ignored.
+pub fn scan(fs: &RootFs) -> Result<Vec<PciFn>, ReadError> {
+    let mut out: Vec<PciFn> = fs
+        .list("sys/bus/pci/devices")?
+        .iter()
+        .filter_map(|n| n.parse::<PciAddr>().ok())
+        .map(|bdf| read_fn(fs, bdf))
+        .collect();
+    out.sort_by_key(|f| f.bdf);
+    Ok(out)
+}
+
+/// Where a device hangs: its host bridge and the bridges from the root port down to (not
+/// including) the device itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    /// `pci0000:00`.
+    pub host_bridge: String,
+    /// Bridges, outermost first.
+    pub bridges: Vec<PciAddr>,
+}
+
+/// The chain above a device, from the realpath of `sys/bus/pci/devices/<bdf>`
+/// (`sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/...`).
+pub fn chain(fs: &RootFs, bdf: PciAddr) -> Result<Chain, String> {
+    let rel = dev_dir(bdf);
+    let real = fs.canonical_rel(&rel).ok_or_else(|| {
+        format!(
+            "{} does not resolve into sys/devices, so the bridges above it are unknown",
+            fs.show(&rel)
+        )
+    })?;
+    let mut comps = real
+        .components()
+        .filter_map(|c| c.as_os_str().to_str())
+        .skip_while(|c| !c.starts_with("pci"));
+    let host_bridge = comps
+        .next()
+        .ok_or_else(|| format!("{}: no pciDDDD:BB component in its path", fs.show(&rel)))?
+        .to_string();
+    let mut addrs: Vec<PciAddr> = comps.filter_map(|c| c.parse().ok()).collect();
+    if addrs.last() != Some(&bdf) {
+        return Err(format!(
+            "{}: resolves to {}, which does not end in the device",
+            fs.show(&rel),
+            real.display()
+        ));
+    }
+    addrs.pop();
+    Ok(Chain {
+        host_bridge,
+        bridges: addrs,
+    })
+}
+
+/// The bridges that sit between two devices: those of each chain below their deepest common
+/// bridge (the ports whose ACS settings can redirect traffic between them). Both chains must
+/// be known.
+pub fn bridges_between(a: &Chain, b: &Chain) -> Vec<PciAddr> {
+    let common = if a.host_bridge == b.host_bridge {
+        a.bridges
+            .iter()
+            .zip(&b.bridges)
+            .take_while(|(x, y)| x == y)
+            .count()
+    } else {
+        0
+    };
+    let mut out: Vec<PciAddr> = a.bridges[common..]
+        .iter()
+        .chain(&b.bridges[common..])
+        .copied()
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Parse a sysfs link speed: `16.0 GT/s PCIe`, `8 GT/s`, `2.5 GT/s`; `None` for `Unknown`.
+pub fn parse_speed(s: &str) -> Option<f64> {
+    let v: f64 = s.split_whitespace().next()?.parse().ok()?;
+    (v > 0.0).then_some(v)
+}
+
+/// Raw and parsed link values of a device.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LinkRead {
+    /// Current link.
+    pub current: Link,
+    /// Maximum link.
+    pub max: Link,
+    /// `file: value` lines for evidence.
+    pub evidence: Vec<String>,
+}
+
+/// Read `current_link_speed/width` and `max_link_speed/width`.
+pub fn read_link(fs: &RootFs, bdf: PciAddr) -> LinkRead {
+    let dir = dev_dir(bdf);
+    let mut ev = Vec::new();
+    let mut get = |f: &str| {
+        let rel = format!("{dir}/{f}");
+        let v = fs.text(&rel);
+        if let Some(v) = &v {
+            ev.push(format!("{}: {v}", fs.show(&rel)));
+        }
+        v
+    };
+    let cs = get("current_link_speed").and_then(|s| parse_speed(&s));
+    let cw = get("current_link_width").and_then(|s| s.parse().ok());
+    let ms = get("max_link_speed").and_then(|s| parse_speed(&s));
+    let mw = get("max_link_width").and_then(|s| s.parse().ok());
+    LinkRead {
+        current: Link {
+            speed_gts: cs,
+            width: cw,
+        },
+        max: Link {
+            speed_gts: ms,
+            width: mw,
+        },
+        evidence: ev,
+    }
+}
+
+/// `numa_node` of a device: `Ok(None)` for -1 (firmware or VM does not say).
+pub fn numa_node(fs: &RootFs, bdf: PciAddr) -> Result<Option<u32>, ReadError> {
+    let rel = format!("{}/numa_node", dev_dir(bdf));
+    let t = fs.read_text(&rel)?;
+    Ok(t.parse::<i64>().ok().and_then(|n| u32::try_from(n).ok()))
+}
+
+/// One port of an RDMA device, from `sys/class/infiniband/<dev>/ports/<n>`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RdmaPort {
+    /// Port number.
+    pub port: u32,
+    /// `state`, e.g. `4: ACTIVE`.
+    pub state: Option<String>,
+    /// `phys_state`, e.g. `5: LinkUp`.
+    pub phys_state: Option<String>,
+    /// `link_layer`: `InfiniBand` or `Ethernet`.
+    pub link_layer: Option<String>,
+    /// `rate`.
+    pub rate: Option<String>,
+}
+
+impl RdmaPort {
+    /// Logical state ACTIVE.
+    pub fn is_active(&self) -> bool {
+        self.state.as_deref().is_some_and(|s| s.contains("ACTIVE"))
+    }
+
+    /// RoCE (Ethernet link layer).
+    pub fn is_ethernet(&self) -> bool {
+        self.link_layer
+            .as_deref()
+            .is_some_and(|l| l.eq_ignore_ascii_case("ethernet"))
+    }
+}
+
+/// One RDMA device.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RdmaDev {
+    /// `mlx5_0`.
+    pub name: String,
+    /// PCI function it sits on, from the `device` symlink.
+    pub bdf: Option<PciAddr>,
+    /// Ports.
+    pub ports: Vec<RdmaPort>,
+    /// Netdevs on the same PCI function (`device/net/*`).
+    pub netdevs: Vec<String>,
+}
+
+impl RdmaDev {
+    /// The folder of a port, relative to the root.
+    pub fn port_dir(&self, port: u32) -> String {
+        format!("sys/class/infiniband/{}/ports/{port}", self.name)
+    }
+}
+
+/// RDMA devices under `sys/class/infiniband`; `Ok(empty)` when the folder is missing (no
+/// RDMA stack loaded is the same as no devices).
+pub fn rdma_devices(fs: &RootFs) -> Vec<RdmaDev> {
+    let base = "sys/class/infiniband";
+    fs.list_or_empty(base)
+        .into_iter()
+        .map(|name| {
+            let dir = format!("{base}/{name}");
+            let bdf = fs
+                .link_name(&format!("{dir}/device"))
+                .and_then(|n| n.parse().ok());
+            let ports = fs
+                .list_or_empty(&format!("{dir}/ports"))
+                .into_iter()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .map(|port| {
+                    let pd = format!("{dir}/ports/{port}");
+                    RdmaPort {
+                        port,
+                        state: fs.text(&format!("{pd}/state")),
+                        phys_state: fs.text(&format!("{pd}/phys_state")),
+                        link_layer: fs.text(&format!("{pd}/link_layer")),
+                        rate: fs.text(&format!("{pd}/rate")),
+                    }
+                })
+                .collect();
+            let netdevs = fs.list_or_empty(&format!("{dir}/device/net"));
+            RdmaDev {
+                name,
+                bdf,
+                ports,
+                netdevs,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::Tree;
+
+    #[test]
+    fn chain_and_bridges_between() {
+        let t = Tree::new();
+        t.bridge("pci0000:00", &[], "0000:00:01.0");
+        t.bridge("pci0000:00", &["0000:00:01.0"], "0000:01:00.0");
+        t.bridge(
+            "pci0000:00",
+            &["0000:00:01.0", "0000:01:00.0"],
+            "0000:02:01.0",
+        );
+        t.bridge(
+            "pci0000:00",
+            &["0000:00:01.0", "0000:01:00.0"],
+            "0000:02:02.0",
+        );
+        let up = ["0000:00:01.0", "0000:01:00.0"];
+        t.gpu(
+            "pci0000:00",
+            &[&up[..], &["0000:02:01.0"]].concat(),
+            "0000:03:00.0",
+        );
+        t.nic(
+            "pci0000:00",
+            &[&up[..], &["0000:02:02.0"]].concat(),
+            "0000:04:00.0",
+        );
+        let fs = RootFs::new(t.root());
+        let g = chain(&fs, "0000:03:00.0".parse().unwrap()).unwrap();
+        assert_eq!(g.host_bridge, "pci0000:00");
+        assert_eq!(g.bridges.len(), 3);
+        let n = chain(&fs, "0000:04:00.0".parse().unwrap()).unwrap();
+        let between: Vec<String> = bridges_between(&g, &n)
+            .iter()
+            .map(|b| b.to_string())
+            .collect();
+        assert_eq!(between, ["0000:02:01.0", "0000:02:02.0"]);
+        assert!(chain(&fs, "0000:09:00.0".parse().unwrap()).is_err());
+        let fns = scan(&fs).unwrap();
+        assert_eq!(fns.iter().filter(|f| f.is_nvidia_gpu()).count(), 1);
+        assert_eq!(fns.iter().filter(|f| f.is_bridge()).count(), 4);
+    }
+
+    #[test]
+    fn speeds_parse() {
+        assert_eq!(parse_speed("16.0 GT/s PCIe"), Some(16.0));
+        assert_eq!(parse_speed("2.5 GT/s"), Some(2.5));
+        assert_eq!(parse_speed("Unknown"), None);
+        assert_eq!(parse_speed(""), None);
+    }
+}
