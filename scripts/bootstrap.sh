@@ -17,6 +17,9 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libclang\(-[0-9.]*\)\?\.so' &&
   need+=(libclang-dev)
 fi
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# Not needed to build: gdx loads libibverbs at run time. Installed so the tests exercise the
+# real library with zero devices, which is what GPU servers without an RDMA NIC look like.
+ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1' || need+=(libibverbs1 ibverbs-providers)
 
 if ((${#need[@]})); then
   echo "bootstrap: installing ${need[*]}" >&2

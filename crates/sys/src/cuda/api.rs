@@ -6,7 +6,7 @@
 //! `CUevent`) are opaque pointers and `CUdeviceptr` is a `u64`.
 //!
 //! Required symbols exist in every driver since CUDA 11.0; symbols added later
-//! (`cuMemGetHandleForAddressRange` 11.7, `cuEventElapsedTime_v2` 12.8) are optional.
+//! (the memory-pool calls 11.2, `cuMemGetHandleForAddressRange` 11.7, `cuEventElapsedTime_v2` 12.8) are optional.
 
 use crate::loader::fn_table;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
@@ -26,6 +26,57 @@ pub(crate) type CuEvent = *mut c_void;
 pub(crate) type CuDevicePtr = u64;
 /// `CUhostFn`: a host function enqueued on a stream.
 pub(crate) type CuHostFn = Option<unsafe extern "C" fn(*mut c_void)>;
+
+/// `CUmemoryPool`: an opaque memory-pool handle.
+pub(crate) type CuMemPool = *mut c_void;
+
+/// `CUipcMemHandle`: 64 opaque bytes naming an allocation across processes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CuIpcMemHandle {
+    pub(crate) reserved: [u8; 64],
+}
+
+/// `CUmemLocation`: where memory lives (type, id).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CuMemLocation {
+    pub(crate) kind: c_int,
+    pub(crate) id: c_int,
+}
+
+/// `CUmemAccessDesc`: an access right for one location.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CuMemAccessDesc {
+    pub(crate) location: CuMemLocation,
+    pub(crate) flags: c_int,
+}
+
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+pub(crate) const MEM_LOCATION_TYPE_DEVICE: c_int =
+    cudarc::driver::sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE as c_int;
+/// `CU_MEM_ACCESS_FLAGS_PROT_NONE`.
+pub(crate) const MEM_ACCESS_FLAGS_PROT_NONE: c_int =
+    cudarc::driver::sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE as c_int;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READ`.
+pub(crate) const MEM_ACCESS_FLAGS_PROT_READ: c_int =
+    cudarc::driver::sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ as c_int;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+pub(crate) const MEM_ACCESS_FLAGS_PROT_READWRITE: c_int =
+    cudarc::driver::sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE as c_int;
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`.
+pub(crate) const IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint =
+    cudarc::driver::sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as c_uint;
+/// `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`.
+pub(crate) const POINTER_ATTRIBUTE_MEMPOOL_HANDLE: c_int =
+    cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE as c_int;
+/// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`.
+pub(crate) const POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int =
+    cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR as c_int;
+/// `CU_POINTER_ATTRIBUTE_RANGE_SIZE`.
+pub(crate) const POINTER_ATTRIBUTE_RANGE_SIZE: c_int =
+    cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE as c_int;
 
 /// `CUuuid`: 16 bytes.
 #[repr(C)]
@@ -112,6 +163,10 @@ fn_table! {
         cuMemcpyDtoDAsync_v2: fn(CuDevicePtr, CuDevicePtr, usize, CuStream) -> CuResult;
         cuMemcpyPeerAsync: fn(CuDevicePtr, CuContext, CuDevicePtr, CuContext, usize, CuStream) -> CuResult;
         cuMemsetD8Async: fn(CuDevicePtr, u8, usize, CuStream) -> CuResult;
+        // Cross-process sharing (legacy IPC, every driver since CUDA 4.1).
+        cuIpcGetMemHandle: fn(*mut CuIpcMemHandle, CuDevicePtr) -> CuResult;
+        cuIpcOpenMemHandle_v2: fn(*mut CuDevicePtr, CuIpcMemHandle, c_uint) -> CuResult;
+        cuIpcCloseMemHandle: fn(CuDevicePtr) -> CuResult;
     }
     optional {
         cuDeviceGetUuid_v2: fn(*mut CuUuid, CuDevice) -> CuResult;
@@ -122,5 +177,10 @@ fn_table! {
         cuEventElapsedTime_v2: fn(*mut f32, CuEvent, CuEvent) -> CuResult;
         // CUDA 11.7: export device memory as a dma-buf file descriptor.
         cuMemGetHandleForAddressRange: fn(*mut c_void, CuDevicePtr, usize, c_int, c_ulonglong) -> CuResult;
+        // CUDA 11.2: stream-ordered memory pools.
+        cuDeviceGetDefaultMemPool: fn(*mut CuMemPool, CuDevice) -> CuResult;
+        cuMemPoolSetAccess: fn(CuMemPool, *const CuMemAccessDesc, usize) -> CuResult;
+        cuMemPoolGetAccess: fn(*mut c_int, CuMemPool, *mut CuMemLocation) -> CuResult;
+        cuMemAllocFromPoolAsync: fn(*mut CuDevicePtr, usize, CuMemPool, CuStream) -> CuResult;
     }
 }

@@ -14,6 +14,11 @@
 //! | [`Stream::copy_device`] | `cuMemcpyDtoDAsync_v2` |
 //! | [`Stream::copy_peer`] | `cuMemcpyPeerAsync` |
 //! | [`Stream::memset`] | `cuMemsetD8Async` |
+//! | [`Stream::copy_from_pageable`], [`Stream::copy_to_pageable`] | `cuMemcpyHtoDAsync_v2`, `cuMemcpyDtoHAsync_v2`, then `cuStreamSynchronize` |
+//!
+//! The two pageable copies take ordinary Rust memory (`&[u8]`, `&mut [u8]`), which the driver
+//! stages through its own pinned buffers; they return only when the copy is done, so the
+//! borrow covers it. They are the slow path a plain program takes, kept for baselines.
 //!
 //! [`PinnedHostBuffer::as_slice`]: super::PinnedHostBuffer::as_slice
 
@@ -173,7 +178,7 @@ impl Stream {
     }
 
     /// Order `op` after the last uses of `uses`, enqueue it, and mark `uses` as used here.
-    fn tracked(&self, uses: &[&Pending], op: RawCopy) -> Result<(), CudaError> {
+    pub(crate) fn tracked(&self, uses: &[&Pending], op: RawCopy) -> Result<(), CudaError> {
         if op.len() == 0 {
             return Ok(());
         }
@@ -333,6 +338,75 @@ impl Stream {
             len,
         };
         self.tracked(&[&dst.pending, &src.pending], op)
+    }
+
+    /// Copy all of `src`, ordinary (pageable) host memory, to `dst` at `dst_off`, and wait
+    /// until it is done (`cuMemcpyHtoDAsync_v2`, `cuStreamSynchronize`). The driver stages the
+    /// bytes through its own pinned memory: this is what a plain `cudaMemcpy` does.
+    pub fn copy_from_pageable(
+        &self,
+        dst: &mut DeviceBuffer,
+        dst_off: usize,
+        src: &[u8],
+    ) -> Result<(), CudaError> {
+        let len = src.len();
+        let d = device_at(
+            "destination device buffer",
+            dst.as_raw(),
+            dst.len(),
+            dst_off,
+            len,
+        )?;
+        self.pageable(
+            &dst.pending,
+            RawCopy::HtoD {
+                dst: d,
+                src: src.as_ptr(),
+                len,
+            },
+        )
+    }
+
+    /// Copy `dst.len()` bytes of `src` at `src_off` into `dst`, ordinary (pageable) host
+    /// memory, and wait until it is done (`cuMemcpyDtoHAsync_v2`, `cuStreamSynchronize`).
+    pub fn copy_to_pageable(
+        &self,
+        dst: &mut [u8],
+        src: &DeviceBuffer,
+        src_off: usize,
+    ) -> Result<(), CudaError> {
+        let len = dst.len();
+        let s = device_at(
+            "source device buffer",
+            src.as_raw(),
+            src.len(),
+            src_off,
+            len,
+        )?;
+        self.pageable(
+            &src.pending,
+            RawCopy::DtoH {
+                dst: dst.as_mut_ptr(),
+                src: s,
+                len,
+            },
+        )
+    }
+
+    /// Order `op` after the device buffer's last use, enqueue it, and wait for the stream.
+    fn pageable(&self, device: &Pending, op: RawCopy) -> Result<(), CudaError> {
+        if op.len() == 0 {
+            return Ok(());
+        }
+        self.context().make_current()?;
+        device.order_before(self)?;
+        // SAFETY: the public callers built `op` from a live device buffer and a host slice they
+        // borrow (the destination `&mut`) after checking the ranges; the stream is synchronised
+        // below, before either borrow ends, so no copy outlives them; the context is current.
+        let queued = unsafe { self.enqueue_raw(op) };
+        let waited = self.synchronize();
+        queued?;
+        waited
     }
 
     /// Set `len` bytes of `dst` at `offset` to `value` (`cuMemsetD8Async`).

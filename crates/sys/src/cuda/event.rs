@@ -137,7 +137,13 @@ impl Drop for Event {
 /// host-memory trait can name it; not reachable from outside the crate.
 #[derive(Default)]
 pub struct Pending {
-    last: Mutex<Option<Event>>,
+    last: Mutex<Option<Last>>,
+}
+
+/// The marker event and the stream it was last recorded on.
+struct Last {
+    event: Event,
+    stream: usize,
 }
 
 impl fmt::Debug for Pending {
@@ -147,14 +153,17 @@ impl fmt::Debug for Pending {
 }
 
 impl Pending {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Event>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Last>> {
         self.last.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Make `stream` wait for the last use.
+    /// Make `stream` wait for the last use. Nothing to do when the last use was on `stream`
+    /// itself: a stream runs its work in order.
     pub(crate) fn order_before(&self, stream: &Stream) -> Result<(), CudaError> {
-        if let Some(ev) = self.lock().as_ref() {
-            stream.wait_event(ev)?;
+        if let Some(last) = self.lock().as_ref() {
+            if last.stream != stream.raw() as usize {
+                stream.wait_event(&last.event)?;
+            }
         }
         Ok(())
     }
@@ -162,12 +171,18 @@ impl Pending {
     /// Record a use on `stream`, enqueued just now.
     pub(crate) fn mark(&self, stream: &Stream) -> Result<(), CudaError> {
         let mut last = self.lock();
-        let reuse = matches!(last.as_ref(), Some(ev) if ev.context().same(stream.context()));
+        let reuse = matches!(last.as_ref(), Some(l) if l.event.context().same(stream.context()));
         if !reuse {
-            *last = Some(Event::without_timing(stream.context())?);
+            *last = Some(Last {
+                event: Event::without_timing(stream.context())?,
+                stream: 0,
+            });
         }
-        match last.as_ref() {
-            Some(ev) => ev.record(stream),
+        match last.as_mut() {
+            Some(l) => {
+                l.stream = stream.raw() as usize;
+                l.event.record(stream)
+            }
             None => Ok(()),
         }
     }
@@ -175,7 +190,7 @@ impl Pending {
     /// Wait on the host for the last use.
     pub(crate) fn synchronize(&self) -> Result<(), CudaError> {
         match self.lock().as_ref() {
-            Some(ev) => ev.synchronize(),
+            Some(l) => l.event.synchronize(),
             None => Ok(()),
         }
     }

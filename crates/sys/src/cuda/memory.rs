@@ -22,12 +22,27 @@ use std::marker::PhantomData;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 
-/// Device memory of one GPU (`cuMemAlloc_v2`), freed with `cuMemFree_v2`.
+/// Device memory of one GPU: allocated here (`cuMemAlloc_v2`, freed with `cuMemFree_v2`), taken
+/// from the device's stream-ordered pool ([`DeviceBuffer::from_pool`]), imported from another
+/// process ([`DeviceBuffer::open_ipc`], closed with `cuIpcCloseMemHandle`), or borrowed from a
+/// caller ([`DeviceBuffer::from_raw_parts`], never freed here).
 pub struct DeviceBuffer {
-    ctx: Context,
-    ptr: CuDevicePtr,
-    len: usize,
+    pub(crate) ctx: Context,
+    pub(crate) ptr: CuDevicePtr,
+    pub(crate) len: usize,
     pub(crate) pending: Pending,
+    pub(crate) release: Release,
+}
+
+/// How a [`DeviceBuffer`] gives its memory back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Release {
+    /// `cuMemFree_v2` (also right for pool memory: the driver synchronises).
+    Free,
+    /// `cuIpcCloseMemHandle`.
+    IpcClose,
+    /// Nothing: the caller owns the memory.
+    Borrowed,
 }
 
 impl fmt::Debug for DeviceBuffer {
@@ -64,6 +79,7 @@ impl DeviceBuffer {
             ptr,
             len,
             pending: Pending::default(),
+            release: Release::Free,
         })
     }
 
@@ -75,6 +91,12 @@ impl DeviceBuffer {
     /// Always false: buffers have at least one byte.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Whether this value frees or closes the memory when dropped (false for
+    /// [`DeviceBuffer::from_raw_parts`]).
+    pub fn is_owned(&self) -> bool {
+        self.release != Release::Borrowed
     }
 
     /// The context (and GPU) the memory belongs to.
@@ -151,9 +173,17 @@ impl Drop for DeviceBuffer {
             );
             return;
         }
-        // SAFETY: this value owns the allocation and no queued work uses it any more.
-        let status = unsafe { (self.ctx.api().cuMemFree_v2)(self.ptr) };
-        if let Err(e) = self.ctx.check(status, "cuMemFree_v2") {
+        let (status, call) = match self.release {
+            Release::Borrowed => return,
+            // SAFETY: this value owns the allocation and no queued work uses it any more.
+            Release::Free => (unsafe { (self.ctx.api().cuMemFree_v2)(self.ptr) }, "cuMemFree_v2"),
+            Release::IpcClose => (
+                // SAFETY: this value opened the mapping and no queued work uses it any more.
+                unsafe { (self.ctx.api().cuIpcCloseMemHandle)(self.ptr) },
+                "cuIpcCloseMemHandle",
+            ),
+        };
+        if let Err(e) = self.ctx.check(status, call) {
             self.ctx.record_err(e);
         }
     }

@@ -9,7 +9,9 @@
 //! Layout: `api` (the function-pointer table), `error`, `device` (per-GPU queries),
 //! `context` ([`Context`], a retained primary context), `memory` ([`DeviceBuffer`],
 //! [`PinnedHostBuffer`], [`RegisteredHost`], [`DmaBuf`]), `stream` ([`Stream`], [`Hold`]),
-//! `event` ([`Event`] and the buffers' last-use markers), `copy` (the [`Stream`] copy methods)
+//! `event` ([`Event`] and the buffers' last-use markers), `copy` (the [`Stream`] copy methods),
+//! `endpoint` (copies between any two ends: [`Src`], [`Dst`]), `share` (pool memory, IPC
+//! handles, caller pointers: [`MemPool`], [`IpcHandle`])
 //! and [`probe`] ([`probe::timed_copy`]). Device memory comes from `cuMemAlloc_v2`, not the
 //! stream-ordered pool (`cuMemAllocAsync`): pool memory needs `cuMemPoolSetAccess` for peer
 //! access, and without it peer copies fall back to a slow path silently (37.7 vs 395.5 GB/s
@@ -39,19 +41,23 @@ mod api;
 mod context;
 mod copy;
 mod device;
+mod endpoint;
 mod error;
 mod event;
 mod memory;
 pub mod probe;
+mod share;
 mod stream;
 
 pub use context::{Context, CurrentGuard};
 pub use device::{Attribute, ComputeCapability, Device, DeviceInfo};
+pub use endpoint::{Dst, Src};
 pub use error::CudaError;
 pub use event::Event;
 pub use memory::{
     DeviceBuffer, DmaBuf, HostBuffer, MemoryType, PinnedHostBuffer, PointerInfo, RegisteredHost,
 };
+pub use share::{IpcHandle, MemPool, PoolAccess};
 pub use stream::{Hold, Stream, HOLD_LIMIT};
 
 use crate::loader::{self, Opened};

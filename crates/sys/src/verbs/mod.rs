@@ -11,14 +11,33 @@
 //! [`register_gpu_memory`] registers GPU memory with an RDMA device (dma-buf or peermem) through
 //! sideway's protection domain and memory region.
 //!
+//! The data path's objects are owned here, each releasing its handle on drop and logging (never
+//! panicking) when that fails: [`RdmaContext`] (device + protection domain, sideway's types),
+//! [`MemoryRegion`] (`ibv_reg_mr` / `ibv_reg_dmabuf_mr`), [`CompletionQueue`] and [`QueuePair`]
+//! (raw calls: sideway's completion and queue-pair types panic on unknown codes and on a failed
+//! destroy). [`RdmaContext::dmabuf_probe`] / [`dmabuf_kernel_support`] run NCCL's kernel-side
+//! dma-buf probe; [`interface_addresses`] lists the IP addresses RoCE GIDs are matched against.
+//!
 //! sideway's port, speed, MTU and GID-type conversions panic on values they do not know, so
 //! ports and GIDs are queried here with the raw calls and converted by this module's own
 //! total functions (`port`).
 
+mod context;
+mod cq;
+mod error;
+mod mr;
+mod netdev;
 mod port;
+mod qp;
 mod register;
 
+pub use context::{dmabuf_kernel_support, DeviceCaps, DmabufSupport, RdmaContext};
+pub use cq::{wc_status_str, CompletionQueue, WorkCompletion};
+pub use error::{Errno, VerbsError};
+pub use mr::{Access, MemoryRegion};
+pub use netdev::{interface_addresses, InterfaceAddress};
 pub use port::{GidEntry, GidType, LinkLayer, Port, PortState};
+pub use qp::{mtu_code, PostError, QpCaps, QueuePair, RdmaOp, RtrAttr, RtsAttr, SendWr};
 pub use register::{register_gpu_memory, GpuRegistration, RegMethod, RegisterError};
 
 use crate::loader;
@@ -38,6 +57,8 @@ pub struct VerbsLibrary {
     /// rdma-core release read from the real file name (`libibverbs.so.1.14.50.0` is rdma-core
     /// 50.0); `None` when the name does not have that form.
     pub rdma_core_version: Option<String>,
+    /// Whether the library exports `ibv_reg_dmabuf_mr` (rdma-core v34 and later).
+    pub has_reg_dmabuf_mr: bool,
 }
 
 /// One RDMA device.
@@ -87,7 +108,15 @@ pub fn probe_from<S: AsRef<str>>(candidates: &[S]) -> Result<VerbsLibrary, Unava
     Ok(VerbsLibrary {
         path,
         rdma_core_version,
+        has_reg_dmabuf_mr: table.ibv_reg_dmabuf_mr.is_some(),
     })
+}
+
+/// Whether the cached libibverbs ([`probe`]) exports `ibv_reg_dmabuf_mr`; false when
+/// libibverbs is unavailable. Without it, rdma-mummy-sys's shim answers every dma-buf
+/// registration with `EOPNOTSUPP`, which must not be mistaken for the kernel's answer.
+pub fn has_reg_dmabuf_mr() -> bool {
+    probe().is_ok_and(|l| l.has_reg_dmabuf_mr)
 }
 
 loader::fn_table! {
@@ -102,7 +131,9 @@ loader::fn_table! {
         ibv_query_port: fn(*mut c_void, u8, *mut c_void) -> c_int;
         ibv_query_gid: fn(*mut c_void, u8, c_int, *mut c_void) -> c_int;
     }
-    optional {}
+    optional {
+        ibv_reg_dmabuf_mr: fn(*mut c_void, u64, usize, u64, c_int, c_int) -> *mut c_void;
+    }
 }
 
 /// `50.0` from `libibverbs.so.1.14.50.0`.

@@ -145,6 +145,8 @@ pub struct Port {
     pub link_layer: LinkLayer,
     /// Active MTU in bytes (256 to 4096); `None` for an unknown code.
     pub active_mtu_bytes: Option<u32>,
+    /// Largest MTU the port supports, in bytes; `None` for an unknown code.
+    pub max_mtu_bytes: Option<u32>,
     /// Active width in lanes (1, 2, 4, 8 or 12); `None` for an unknown code.
     pub active_width_lanes: Option<u8>,
     /// Active speed name per lane: `SDR`, `DDR`, `QDR`, `FDR10`, `FDR`, `EDR`, `HDR`, `NDR`,
@@ -211,6 +213,7 @@ fn from_attr(number: u8, a: &ibv_port_attr) -> Port {
         state: PortState::from_raw(a.state),
         link_layer: LinkLayer::from_raw(a.link_layer),
         active_mtu_bytes: mtu_bytes(a.active_mtu),
+        max_mtu_bytes: mtu_bytes(a.max_mtu),
         active_width_lanes: lanes,
         active_speed: speed.map(|s| s.0),
         rate_gbps: lanes.zip(speed).map(|(l, s)| f64::from(l) * s.1),
@@ -321,6 +324,7 @@ mod tests {
         a.state = 4;
         a.link_layer = 1;
         a.active_mtu = 5;
+        a.max_mtu = 5;
         a.active_width = 2;
         a.active_speed = 32;
         a.lid = 7;
@@ -329,6 +333,7 @@ mod tests {
         assert_eq!(p.state.to_string(), "PORT_ACTIVE");
         assert_eq!(p.link_layer, LinkLayer::InfiniBand);
         assert_eq!(p.active_mtu_bytes, Some(4096));
+        assert_eq!(p.max_mtu_bytes, Some(4096));
         assert_eq!(p.active_width_lanes, Some(4));
         assert_eq!(p.active_speed, Some("EDR"));
         assert_eq!(p.rate_gbps, Some(100.0));
