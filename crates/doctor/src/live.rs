@@ -10,8 +10,8 @@
 //! libibverbs' `ibv_reg_dmabuf_mr` symbol and NCCL's dma-buf probe; `cuFileDriverOpen`.
 
 use crate::facts::{
-    CudaDevice, CudaFacts, CufileFacts, LiveFacts, NvmlDevice, NvmlFacts, NvmlP2p, Unavailable,
-    UnavailableKind, VerbsDevice, VerbsFacts, VerbsPort,
+    CudaDevice, CudaFacts, CufileFacts, DmabufProbe, LiveFacts, NvmlDevice, NvmlFacts, NvmlP2p,
+    Unavailable, UnavailableKind, VerbsDevice, VerbsFacts, VerbsPort,
 };
 use crate::probe::{CopySamples, Endpoint, ProbeBackend, RegMethod};
 
@@ -159,6 +159,21 @@ impl LiveFacts for SystemFacts {
 
     fn verbs(&self) -> Result<VerbsFacts, Unavailable> {
         let devs = gdx_sys::verbs::devices().map_err(convert)?;
+        // NCCL's kernel-side dma-buf probe (fd -1: EBADF means supported), on the first device.
+        let dmabuf_probe = devs.first().map(|d| {
+            use gdx_sys::verbs::DmabufSupport as S;
+            match gdx_sys::verbs::dmabuf_kernel_support(&d.name) {
+                S::Supported => DmabufProbe::Supported,
+                S::NotSupported(errno) => DmabufProbe::NotSupported(errno.to_string()),
+                S::LibraryTooOld => DmabufProbe::NotSupported(
+                    "libibverbs has no ibv_reg_dmabuf_mr (rdma-core older than v34)".into(),
+                ),
+                S::Error(e) => DmabufProbe::Error(e),
+            }
+        });
+        let has_reg_dmabuf_mr = gdx_sys::verbs::probe()
+            .ok()
+            .map(|lib| lib.has_reg_dmabuf_mr);
         Ok(VerbsFacts {
             devices: devs
                 .into_iter()
@@ -170,13 +185,13 @@ impl LiveFacts for SystemFacts {
                         .map(|p| VerbsPort {
                             port: u32::from(p.number),
                             active_mtu: p.active_mtu_bytes,
-                            max_mtu: None,
+                            max_mtu: p.max_mtu_bytes,
                         })
                         .collect(),
                 })
                 .collect(),
-            has_reg_dmabuf_mr: None,
-            dmabuf_probe: None,
+            has_reg_dmabuf_mr,
+            dmabuf_probe,
         })
     }
 

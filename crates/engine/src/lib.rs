@@ -1,1 +1,84 @@
-//! gdx-engine (being written).
+//! gdx-engine: register memory, exchange descriptors, post batched one-sided reads and writes, poll
+//! statuses — and every op says which path it took and why.
+//!
+//! # Model
+//!
+//! - An [`Agent`] (one per process, configured by [`AgentConfig`] and `GDX_*` variables) owns the
+//!   registered memory and serves peers.
+//! - A [`Region`] is registered memory with [`Access`] rights: owned (allocated by the agent,
+//!   shareable with a same-host peer) or borrowed (a caller's buffer, inside [`Agent::scope`], whose
+//!   lifetime the type system enforces). Its [`RegionDesc`] is what a peer needs to target it: id,
+//!   length, location, access, and an unguessable 128-bit key — never a raw pointer.
+//! - A [`Peer`] is a connected remote agent ([`Agent::connect`]); the handshake exchanges identity,
+//!   host id and transports, and the peer hands out region descriptors on request ([`Peer::region`]).
+//! - A [`Transfer`] is a batch of write/read ops; [`Peer::submit`] returns a [`TransferHandle`] with
+//!   [`TransferHandle::status`], [`TransferHandle::wait`] and per-op [`OpResult`]s carrying the
+//!   [`Plan`] (path + reason).
+//! - A notification ([`Transfer::notify`]) reaches the peer's [`Agent::wait_notification`] after the
+//!   transfer's bytes are in place.
+//!
+//! # Paths
+//!
+//! `shm` for a peer on the same kernel (memfd passing; one copy into agent-allocated regions, two
+//! through a bounce buffer for borrowed ones), `tcp` otherwise (several streams, chunked, payloads
+//! received straight into registered memory). The wire protocol is in `docs/wire-protocol.md`.
+//!
+//! # GPU memory
+//!
+//! [`LocalPeer`] moves bytes among this process's GPUs and pinned host memory, and into GPU
+//! regions imported from another process ([`LocalPeer::import_ipc`]): `p2p` over the direct
+//! link when peer access works, `ipc` for imported regions, `staged` (a chunked pipeline through
+//! pinned bounce buffers) otherwise, `host-to-gpu`/`gpu-to-host` on the copy engines. The
+//! [`planner`] picks per op and says why; [`Policy::strict`] (`GDX_STRICT=1`) turns a departure
+//! from the direct path into an error; a [`Calibration`] (`GDX_CALIBRATION`) tunes crossovers.
+//! CUDA is loaded at run time: without it, [`LocalPeer::open`] returns [`Error::Unavailable`].
+//!
+//! # Failure
+//!
+//! Every wait has a timeout. A peer that dies mid-transfer yields `Failed { reason: PeerLost }`,
+//! never a success for unconfirmed bytes; [`Peer::reconnect`] recovers.
+//!
+//! # Quick start
+//!
+//! See `examples/pingpong.rs` (two processes, a write, a read back, notifications).
+
+#![deny(missing_docs)]
+#![deny(
+    unsafe_op_in_unsafe_fn,
+    clippy::undocumented_unsafe_blocks,
+    clippy::missing_safety_doc
+)]
+
+mod agent;
+mod calibration;
+mod config;
+mod conn;
+mod desc;
+mod error;
+mod gpu;
+mod mem;
+mod peer;
+mod plan;
+pub mod planner;
+mod region;
+pub mod serve;
+mod server;
+mod transfer;
+mod transport;
+pub mod wire;
+
+pub use agent::{Agent, Notification, PeerInfo};
+pub use calibration::{Calibration, Crossover, CALIBRATION_ENV};
+pub use gpu::{
+    DeviceOrigin, DeviceRegion, IpcDesc, LocalPeer, LocalTransfer, Mem, Ordering, PinnedRegion,
+    StagedTuning,
+};
+pub use planner::Policy;
+pub use config::{AgentConfig, Transports};
+pub use error::{Error, Result};
+pub use peer::Peer;
+pub use plan::{Path, PeerRoute, Plan};
+pub use region::{
+    Access, Location, Region, RegionDesc, RegionKey, RegionMut, RegionRef, RegionScope,
+};
+pub use transfer::{OpKind, OpResult, OpStatus, Status, Transfer, TransferHandle, TransferReport};

@@ -1,3 +1,7 @@
 //! One module per subcommand.
+pub mod bench;
+pub mod calibrate;
+pub mod cp;
 pub mod doctor;
+pub mod serve;
 pub mod topo;

@@ -158,7 +158,11 @@ impl Stream {
         let queued = unsafe { self.enqueue_raw(op) };
         let waited = self.synchronize();
         queued?;
-        waited
+        waited?;
+        // Both last uses are complete now: later copies on this stream skip the wait.
+        dst.pending().completed_on(self);
+        src.pending().completed_on(self);
+        Ok(())
     }
 
     /// Copy like [`Stream::copy`], cut into `helpers.len() + 1` contiguous pieces: the first on

@@ -187,6 +187,15 @@ impl Pending {
         }
     }
 
+    /// Note that the host has waited for `stream` after ordering it behind the last use (see
+    /// [`Pending::order_before`]): the last use is complete, so `stream` need not wait for it
+    /// again.
+    pub(crate) fn completed_on(&self, stream: &Stream) {
+        if let Some(l) = self.lock().as_mut() {
+            l.stream = stream.raw() as usize;
+        }
+    }
+
     /// Wait on the host for the last use.
     pub(crate) fn synchronize(&self) -> Result<(), CudaError> {
         match self.lock().as_ref() {

@@ -1,0 +1,577 @@
+//! `gdx cp SRC DST`: copy between a file and GPU or host memory over the fastest path that works
+//! here (gdx-storage's planner), with a progress bar, an optional CRC-32 check, the path taken,
+//! GB/s and the ceiling; and `gdx cp --bench FILE`, the storage benchmark. Parsing and
+//! rendering only: the copies, checksums, ceilings and benchmark are gdx-storage's.
+//!
+//! A `gpu:N` or `host` source is this process's own memory, which starts empty: gdx fills it
+//! with a seeded pattern first, so `--length` is required for it.
+
+mod bench;
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Args, ValueEnum};
+use gdx_storage::ceiling::Ceiling;
+use gdx_storage::{
+    checksum_bytes, checksum_file, checksum_gpu, copy_file_to_gpu, copy_file_to_host,
+    copy_gpu_to_file, copy_host_to_file, human_bytes, Checksum, CopyOptions, CopyReport, FileRange,
+    PathChoice, ProgressFn, StorageError,
+};
+use gdx_sys::cuda::{probe, Context, Cuda, DeviceBuffer, PinnedHostBuffer, Stream};
+use serde_json::json;
+use std::io::{IsTerminal, Write as _};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Copy a file into or out of GPU (or host) memory over the fastest path that works here:
+/// cuFile (GPUDirect Storage) or gdx's O_DIRECT pipeline through pinned buffers. Reports the
+/// path taken and why, GB/s, and the ceiling (the disk's or the GPU's PCIe link, whichever is
+/// lower).
+#[derive(Args, Debug)]
+#[command(after_help = "Locations:
+  file:PATH          a file (or block device); --skip/--seek/--length pick a range
+  gpu:N[:OFFSET]     GPU N's memory (CUDA ordinal), at OFFSET bytes into a fresh buffer
+  host               host memory (a fresh buffer)
+A gpu: or host source starts empty, so gdx fills it with a seeded pattern; give --length.
+
+Examples:
+  gdx cp file:ckpt.bin gpu:0 --verify         load a file into GPU 0 and check every byte
+  gdx cp gpu:1 file:out.bin --length 4G       write 4 GiB from GPU 1 (a pattern) to a file
+  gdx cp file:data.bin host --skip 1M --length 64M
+  gdx cp file:ckpt.bin gpu:0 --path gds       cuFile, or an error saying why it cannot run
+  gdx cp --bench /nvme/scratch.bin --gpu 0    every path vs read()+cudaMemcpy, page cache bypassed
+Exit status: 0 copied (and verified), 1 the copy or the verification failed, 2 gdx could not run.")]
+pub struct CpArgs {
+    /// Source: file:PATH, gpu:N[:OFFSET] or host.
+    #[arg(value_name = "SRC", required_unless_present = "bench")]
+    src: Option<String>,
+
+    /// Destination: file:PATH, gpu:N[:OFFSET] or host.
+    #[arg(value_name = "DST", required_unless_present = "bench")]
+    dst: Option<String>,
+
+    /// Which path: auto (the planner), gds (cuFile), file-staged (O_DIRECT pipeline) or
+    /// buffered (the pipeline through the page cache).
+    #[arg(long, value_enum, default_value_t = PathArg::Auto)]
+    path: PathArg,
+
+    /// After the copy, compare CRC-32 checksums of the source and the destination.
+    #[arg(long)]
+    verify: bool,
+
+    /// Bytes to copy (K, M, G, T suffixes are powers of 1024). Default: the rest of the source
+    /// file; required for gpu: and host sources.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    length: Option<u64>,
+
+    /// Start reading the source file at this byte.
+    #[arg(long, value_name = "BYTES", default_value = "0", value_parser = parse_size)]
+    skip: u64,
+
+    /// Write into the destination file at this byte, keeping the rest of the file. Without it
+    /// the destination file is replaced (truncated at the end of the copy).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    seek: Option<u64>,
+
+    /// Bytes per chunk (bounce buffer, O_DIRECT request, cuFile call); a multiple of 4 KiB.
+    #[arg(long, value_name = "BYTES", default_value = "16M", value_parser = parse_size)]
+    chunk: u64,
+
+    /// Chunks in flight (reads or writes at once).
+    #[arg(long, value_name = "N", default_value_t = gdx_storage::DEFAULT_DEPTH)]
+    depth: usize,
+
+    /// fdatasync a destination file before reporting (inside the timing).
+    #[arg(long)]
+    sync: bool,
+
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+
+    /// Benchmark file -> GPU and GPU -> file on every path against read() + cudaMemcpy, using
+    /// FILE as scratch (created or overwritten), instead of copying.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["src", "dst", "verify", "seek", "length"])]
+    bench: Option<PathBuf>,
+
+    /// --bench: the GPU (CUDA ordinal).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "bench")]
+    gpu: u32,
+
+    /// --bench: bytes per transfer.
+    #[arg(long, value_name = "BYTES", default_value = "1G", value_parser = parse_size, requires = "bench")]
+    size: u64,
+
+    /// --bench: also write the results as JSON to FILE (`-` for stdout).
+    #[arg(long, value_name = "FILE", requires = "bench")]
+    export_json: Option<PathBuf>,
+
+    /// --bench: samples per row (the median is reported).
+    #[arg(long, value_name = "N", default_value_t = 3, requires = "bench")]
+    samples: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PathArg {
+    Auto,
+    Gds,
+    FileStaged,
+    Buffered,
+}
+
+impl From<PathArg> for PathChoice {
+    fn from(p: PathArg) -> Self {
+        match p {
+            PathArg::Auto => PathChoice::Auto,
+            PathArg::Gds => PathChoice::Gds,
+            PathArg::FileStaged => PathChoice::FileStaged,
+            PathArg::Buffered => PathChoice::Buffered,
+        }
+    }
+}
+
+/// A location on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Loc {
+    File(PathBuf),
+    Gpu { ordinal: u32, offset: u64 },
+    Host,
+}
+
+impl std::fmt::Display for Loc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Loc::File(p) => write!(f, "file:{}", p.display()),
+            Loc::Gpu { ordinal, offset: 0 } => write!(f, "gpu:{ordinal}"),
+            Loc::Gpu { ordinal, offset } => write!(f, "gpu:{ordinal}:{offset}"),
+            Loc::Host => f.write_str("host"),
+        }
+    }
+}
+
+const LOC_SYNTAX: &str = "expected file:PATH, gpu:N[:OFFSET] or host";
+
+fn parse_loc(s: &str) -> Result<Loc> {
+    if s == "host" {
+        return Ok(Loc::Host);
+    }
+    if let Some(path) = s.strip_prefix("file:") {
+        if path.is_empty() {
+            bail!("bad location '{s}': the file path is empty ({LOC_SYNTAX})");
+        }
+        return Ok(Loc::File(PathBuf::from(path)));
+    }
+    if let Some(rest) = s.strip_prefix("gpu:") {
+        let (n, off) = match rest.split_once(':') {
+            Some((n, off)) => (n, Some(off)),
+            None => (rest, None),
+        };
+        let ordinal: u32 = n.parse().map_err(|_| {
+            anyhow::anyhow!("bad location '{s}': '{n}' is not a GPU number ({LOC_SYNTAX})")
+        })?;
+        let offset = match off {
+            Some(o) => parse_size(o)
+                .map_err(|e| anyhow::anyhow!("bad location '{s}': offset {e} ({LOC_SYNTAX})"))?,
+            None => 0,
+        };
+        return Ok(Loc::Gpu { ordinal, offset });
+    }
+    bail!("bad location '{s}': {LOC_SYNTAX} (a peer location comes with the engine)")
+}
+
+/// `4096`, `16M`, `1G`, `1GiB`, `512k`: bytes, with binary suffixes.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a byte count (e.g. 4096, 16M, 1G)"))?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" | "kb" => 10,
+        "m" | "mib" | "mb" => 20,
+        "g" | "gib" | "gb" => 30,
+        "t" | "tib" | "tb" => 40,
+        _ => return Err(format!("'{s}' has an unknown unit (use K, M, G or T)")),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("'{s}' is too large"))
+}
+
+/// Run `gdx cp`.
+pub fn run(args: &CpArgs) -> Result<ExitCode> {
+    if let Some(file) = &args.bench {
+        return bench::run(args, file);
+    }
+    let (Some(src), Some(dst)) = (&args.src, &args.dst) else {
+        bail!("SRC and DST are required (or --bench FILE)");
+    };
+    let src = parse_loc(src).context("SRC")?;
+    let dst = parse_loc(dst).context("DST")?;
+    let opts = CopyOptions {
+        path: args.path.into(),
+        chunk_bytes: usize::try_from(args.chunk).context("--chunk")?,
+        depth: args.depth,
+        truncate: args.seek.is_none(),
+        sync: args.sync,
+        progress: None,
+    };
+    opts.validate()?;
+    let bar = (!args.quiet && !args.json && std::io::stderr().is_terminal()).then(Bar::new);
+    let opts = CopyOptions {
+        progress: bar.as_ref().map(Bar::callback),
+        ..opts
+    };
+    let outcome = match (&src, &dst) {
+        (Loc::File(p), Loc::Gpu { ordinal, offset }) => file_to_gpu(args, p, *ordinal, *offset, &opts),
+        (Loc::Gpu { ordinal, offset }, Loc::File(p)) => gpu_to_file(args, *ordinal, *offset, p, &opts),
+        (Loc::File(p), Loc::Host) => file_to_host(args, p, &opts),
+        (Loc::Host, Loc::File(p)) => host_to_file(args, p, &opts),
+        (Loc::File(_), Loc::File(_)) => bail!(
+            "file -> file is not what gdx cp is for (use cp(1)); it moves files into and out of GPU or host memory"
+        ),
+        _ => bail!(
+            "{src} -> {dst} is not supported: one side must be a file (GPU <-> GPU and host <-> GPU copies come with the engine's peer locations)"
+        ),
+    };
+    if let Some(b) = &bar {
+        b.finish();
+    }
+    let done = match outcome {
+        Ok(done) => done,
+        // A copy that started and failed is exit 1; anything before it (no GPU, a missing or
+        // unwritable file, a bad range) is an environment or usage error, exit 2.
+        Err(e) => match e.downcast_ref::<StorageError>() {
+            Some(
+                StorageError::Shrunk { .. }
+                | StorageError::Read { .. }
+                | StorageError::Write { .. }
+                | StorageError::File { .. }
+                | StorageError::Internal(_),
+            ) => {
+                eprintln!("gdx: error: {src} -> {dst}: {e:#}");
+                return Ok(ExitCode::from(1));
+            }
+            _ => return Err(e.context(format!("{src} -> {dst}"))),
+        },
+    };
+    render(&src, &dst, &done, args.json)
+}
+
+/// A finished copy, its ceiling and its check.
+struct Done {
+    report: CopyReport,
+    ceiling: Ceiling,
+    verify: Option<(Checksum, Checksum)>,
+}
+
+fn cuda_context(ordinal: u32) -> Result<Context> {
+    let cuda = Cuda::load().with_context(|| format!("gpu:{ordinal} needs the CUDA driver"))?;
+    cuda.context(ordinal)
+        .with_context(|| format!("gpu:{ordinal}"))
+}
+
+fn gpu_buffer(ctx: &Context, len: u64) -> Result<DeviceBuffer> {
+    let n = usize::try_from(len.max(1)).context("the GPU buffer size")?;
+    DeviceBuffer::new(ctx, n)
+        .with_context(|| format!("allocating {} on GPU {}", human_bytes(len), ctx.ordinal()))
+}
+
+fn source_range(args: &CpArgs, path: &std::path::Path) -> FileRange {
+    FileRange {
+        path: path.to_path_buf(),
+        offset: args.skip,
+        len: args.length,
+    }
+}
+
+fn dest_range(args: &CpArgs, path: &std::path::Path, len: u64) -> FileRange {
+    FileRange::new(path, args.seek.unwrap_or(0), len)
+}
+
+fn need_length(args: &CpArgs, what: &str) -> Result<u64> {
+    args.length.with_context(|| {
+        format!("a {what} source needs --length: it is this process's own memory, filled with a seeded pattern")
+    })
+}
+
+fn file_len(range: &FileRange) -> Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    use std::os::unix::fs::FileTypeExt;
+    if let Some(l) = range.len {
+        return Ok(l);
+    }
+    let open_err = |source| StorageError::Open {
+        path: range.path.clone(),
+        purpose: "reading",
+        source,
+    };
+    let mut f = std::fs::File::open(&range.path).map_err(open_err)?;
+    let meta = f.metadata().map_err(open_err)?;
+    // A block device's size is where its end is, not its metadata length.
+    let size = if meta.file_type().is_block_device() {
+        f.seek(SeekFrom::End(0)).map_err(open_err)?
+    } else {
+        meta.len()
+    };
+    Ok(size.saturating_sub(range.offset))
+}
+
+fn file_to_gpu(
+    args: &CpArgs,
+    path: &std::path::Path,
+    gpu: u32,
+    offset: u64,
+    opts: &CopyOptions,
+) -> Result<Done> {
+    let ctx = cuda_context(gpu)?;
+    let range = source_range(args, path);
+    let len = file_len(&range)?;
+    let mut dev = gpu_buffer(&ctx, offset + len)?;
+    let off = usize::try_from(offset).context("the GPU offset")?;
+    let report = copy_file_to_gpu(&range, &mut dev, off, opts)?;
+    let verify = if args.verify {
+        let got = usize::try_from(report.bytes).context("the copy size")?;
+        Some((checksum_file(&range)?, checksum_gpu(&dev, off, got)?))
+    } else {
+        None
+    };
+    let ceiling = Ceiling::find(path, ctx.device().pci_bus_id().ok().as_deref());
+    Ok(Done {
+        report,
+        ceiling,
+        verify,
+    })
+}
+
+fn gpu_to_file(
+    args: &CpArgs,
+    gpu: u32,
+    offset: u64,
+    path: &std::path::Path,
+    opts: &CopyOptions,
+) -> Result<Done> {
+    let len = need_length(args, "gpu:")?;
+    let ctx = cuda_context(gpu)?;
+    let mut dev = gpu_buffer(&ctx, offset + len)?;
+    let off = usize::try_from(offset).context("the GPU offset")?;
+    fill_gpu(&ctx, &mut dev, off, len as usize)?;
+    let range = dest_range(args, path, len);
+    let report = copy_gpu_to_file(&dev, off, len, &range, opts)?;
+    let verify = if args.verify {
+        Some((
+            checksum_gpu(&dev, off, len as usize)?,
+            checksum_file(&range)?,
+        ))
+    } else {
+        None
+    };
+    let ceiling = Ceiling::find(path, ctx.device().pci_bus_id().ok().as_deref());
+    Ok(Done {
+        report,
+        ceiling,
+        verify,
+    })
+}
+
+fn file_to_host(args: &CpArgs, path: &std::path::Path, opts: &CopyOptions) -> Result<Done> {
+    let range = source_range(args, path);
+    let len = file_len(&range)?;
+    let mut buf = vec![0u8; usize::try_from(len).context("the host buffer size")?];
+    let report = copy_file_to_host(&range, &mut buf, opts)?;
+    let verify = if args.verify {
+        Some((
+            checksum_file(&range)?,
+            checksum_bytes(&buf[..report.bytes as usize]),
+        ))
+    } else {
+        None
+    };
+    Ok(Done {
+        report,
+        ceiling: Ceiling::find(path, None),
+        verify,
+    })
+}
+
+fn host_to_file(args: &CpArgs, path: &std::path::Path, opts: &CopyOptions) -> Result<Done> {
+    let len = need_length(args, "host")?;
+    let mut buf = vec![0u8; usize::try_from(len).context("the host buffer size")?];
+    probe::fill_pattern(&mut buf, probe::SEED);
+    let range = dest_range(args, path, len);
+    let report = copy_host_to_file(&buf, &range, opts)?;
+    let verify = if args.verify {
+        Some((checksum_bytes(&buf), checksum_file(&range)?))
+    } else {
+        None
+    };
+    Ok(Done {
+        report,
+        ceiling: Ceiling::find(path, None),
+        verify,
+    })
+}
+
+/// Fill `len` bytes of `dev` at `off` with the seeded pattern, through a pinned buffer.
+fn fill_gpu(ctx: &Context, dev: &mut DeviceBuffer, off: usize, len: usize) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let piece = len.min(16 << 20);
+    let stream = Stream::new(ctx)?;
+    let mut host = PinnedHostBuffer::new(ctx, piece)?;
+    let mut done = 0;
+    while done < len {
+        let n = piece.min(len - done);
+        probe::fill_pattern(&mut host.as_mut_slice()?[..n], probe::SEED ^ done as u64);
+        stream.copy_to_device_at(dev, off + done, &host, 0, n)?;
+        done += n;
+    }
+    stream.synchronize()?;
+    Ok(())
+}
+
+fn render(src: &Loc, dst: &Loc, done: &Done, json: bool) -> Result<ExitCode> {
+    let r = &done.report;
+    let verified = done.verify.map(|(a, b)| a == b);
+    let mut out = std::io::stdout().lock();
+    if json {
+        let v = json!({
+            "src": src.to_string(),
+            "dst": dst.to_string(),
+            "direction": r.direction,
+            "bytes": r.bytes,
+            "path": r.path,
+            "reason": r.reason,
+            "elapsed_s": r.elapsed.as_secs_f64(),
+            "gbps": r.gbps(),
+            "ceiling": { "gbps": done.ceiling.gbps, "bound": done.ceiling.bound, "text": done.ceiling.describe() },
+            "verify": done.verify.map(|(s, d)| json!({ "ok": s == d, "source": s, "destination": d })),
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        let rate = match r.gbps() {
+            Some(g) => format!("{g:.2} GB/s"),
+            None => "no bytes to time".to_string(),
+        };
+        writeln!(out, "gdx cp: {src} -> {dst}")?;
+        writeln!(
+            out,
+            "  copied   {} ({} bytes) in {:.3} s: {rate}",
+            human_bytes(r.bytes),
+            r.bytes,
+            r.elapsed.as_secs_f64()
+        )?;
+        writeln!(out, "  path     {}: {}", r.path, r.reason)?;
+        let share = match (r.gbps(), done.ceiling.gbps) {
+            (Some(g), Some(c)) if c > 0.0 => format!(" -> {:.0}% of it", g / c * 100.0),
+            _ => String::new(),
+        };
+        writeln!(out, "  ceiling  {}{share}", done.ceiling.describe())?;
+        match done.verify {
+            Some((s, d)) if s == d => writeln!(out, "  verify   ok: {s} on both sides")?,
+            Some((s, d)) => writeln!(
+                out,
+                "  verify   FAILED: the source has {s}, the destination {d}"
+            )?,
+            None => {}
+        }
+    }
+    if verified == Some(false) {
+        eprintln!("gdx: error: {src} -> {dst}: verification failed: the checksums differ");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A one-line progress bar on stderr, redrawn at most every 100 ms.
+struct Bar {
+    state: Arc<Mutex<(Instant, Instant)>>,
+}
+
+impl Bar {
+    fn new() -> Bar {
+        let now = Instant::now();
+        Bar {
+            state: Arc::new(Mutex::new((now, now - Duration::from_secs(1)))),
+        }
+    }
+
+    fn callback(&self) -> ProgressFn {
+        let state = Arc::clone(&self.state);
+        Arc::new(move |done, total| {
+            let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            if done < total && now.duration_since(s.1) < Duration::from_millis(100) {
+                return;
+            }
+            s.1 = now;
+            let frac = if total == 0 {
+                1.0
+            } else {
+                done as f64 / total as f64
+            };
+            let filled = (frac * 30.0).round() as usize;
+            let secs = now.duration_since(s.0).as_secs_f64().max(1e-9);
+            eprint!(
+                "\r[{}{}] {:3.0}% {} / {}  {:.2} GB/s",
+                "#".repeat(filled.min(30)),
+                ".".repeat(30 - filled.min(30)),
+                frac * 100.0,
+                human_bytes(done),
+                human_bytes(total),
+                done as f64 / secs / 1e9
+            );
+        })
+    }
+
+    fn finish(&self) {
+        eprint!("\r\x1b[K");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_parse_or_explain() {
+        assert_eq!(parse_loc("host").unwrap(), Loc::Host);
+        assert_eq!(parse_loc("file:/a:b").unwrap(), Loc::File("/a:b".into()));
+        assert_eq!(
+            parse_loc("gpu:1").unwrap(),
+            Loc::Gpu {
+                ordinal: 1,
+                offset: 0
+            }
+        );
+        assert_eq!(
+            parse_loc("gpu:0:4K").unwrap(),
+            Loc::Gpu {
+                ordinal: 0,
+                offset: 4096
+            }
+        );
+        for bad in ["gpu:x", "file:", "disk:/a", "gpu:0:z", "/tmp/a"] {
+            let e = parse_loc(bad).unwrap_err().to_string();
+            assert!(e.contains(LOC_SYNTAX), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("16M"), Ok(16 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("2k"), Ok(2048));
+        assert!(parse_size("1.5G").is_err());
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+}

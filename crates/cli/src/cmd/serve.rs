@@ -1,0 +1,110 @@
+//! `gdx serve`: a target agent. It registers one region of a given size, prints the address and
+//! the region's descriptor, and serves peers (their writes, reads and notifications) until
+//! stopped. Pair it with `gdx bench --peer` or an embedding program on another process or host.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use gdx_engine::serve::{self, ServeConfig};
+use gdx_engine::{Access, AgentConfig};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+
+/// Serve one registered memory region to peers (a target for transfers and benchmarks).
+///
+/// Prints a line `GDX_SERVE addr=<ip:port> region=gdx1:<hex> len=<bytes>` that peers (and
+/// scripts) use to connect, then serves until killed. Notifications from peers are printed to
+/// stderr.
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:
+  gdx serve                           64 MiB read/write region on 0.0.0.0:7447
+  gdx serve --size 1GiB --listen 127.0.0.1:0
+  gdx serve --read-only --name weights
+
+Environment: GDX_TRANSPORTS (tcp,shm), GDX_TCP_STREAMS, GDX_CHUNK_BYTES, GDX_IO_TIMEOUT_MS,
+GDX_TIMEOUT_MS, GDX_AGENT_NAME, GDX_HOST_ID configure the agent.")]
+pub struct ServeArgs {
+    /// Address to accept peers on (port 0 picks a free port).
+    #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:7447")]
+    listen: SocketAddr,
+
+    /// Size of the served region: bytes, or with a unit (KiB, MiB, GiB, KB, MB, GB).
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    size: u64,
+
+    /// Name peers look the region up by.
+    #[arg(long, default_value = "serve")]
+    name: String,
+
+    /// Let peers read but not write the region.
+    #[arg(long)]
+    read_only: bool,
+}
+
+/// Parse `1GiB`, `64MiB`, `4096`, `1.5GB`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: expected a number with an optional unit"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        other => {
+            return Err(format!(
+                "invalid size {s:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, KB, MB, GB)"
+            ))
+        }
+    };
+    let v = n * mult;
+    if !v.is_finite() || v < 0.0 || v.fract() != 0.0 || v > u64::MAX as f64 {
+        return Err(format!("invalid size {s:?}: not a whole number of bytes"));
+    }
+    Ok(v as u64)
+}
+
+/// Run `gdx serve`.
+pub fn run(args: &ServeArgs) -> Result<ExitCode> {
+    let mut agent = AgentConfig::from_env().context("reading GDX_* settings")?;
+    agent.listen = Some(args.listen);
+    let cfg = ServeConfig {
+        agent,
+        region_len: args.size,
+        region_name: args.name.clone(),
+        access: if args.read_only {
+            Access::READ
+        } else {
+            Access::READ_WRITE
+        },
+    };
+    let handle = serve::run(cfg).with_context(|| format!("serving on {}", args.listen))?;
+    println!("{}", handle.banner());
+    let stop = AtomicBool::new(false);
+    handle.serve_forever(Some(&stop))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("1.5GB"), Ok(1_500_000_000));
+        assert!(parse_size("12XB").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("0.5").is_err());
+    }
+}

@@ -1,0 +1,227 @@
+//! End-to-end tests of `gdx cp` through the real binary (no GPU needed; the GPU cases are
+//! `#[ignore]`d).
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+
+fn gdx() -> Command {
+    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
+}
+
+fn random(n: usize) -> Vec<u8> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn file_to_host_with_verify_reports_path_rate_ceiling_and_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("data.bin");
+    std::fs::write(&p, random(3 << 20)).unwrap();
+    gdx()
+        .args([
+            "cp",
+            &format!("file:{}", p.display()),
+            "host",
+            "--verify",
+            "--chunk",
+            "64K",
+        ])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("copied   3 MiB (3145728 bytes)"))
+        .stdout(predicate::str::contains("GB/s"))
+        .stdout(predicate::str::is_match("path     (file-staged|buffered): ").unwrap())
+        .stdout(predicate::str::contains("  ceiling  "))
+        .stdout(predicate::str::contains("verify   ok: crc32 "));
+}
+
+#[test]
+fn host_to_file_and_back_round_trips_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("out.bin");
+    let out = gdx()
+        .args([
+            "cp",
+            "host",
+            &format!("file:{}", p.display()),
+            "--length",
+            "1M",
+            "--verify",
+            "--json",
+        ])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["bytes"], 1 << 20);
+    assert_eq!(v["direction"], "host_to_file");
+    assert_eq!(v["verify"]["ok"], true);
+    assert!(v["reason"].as_str().unwrap().contains("O_DIRECT"), "{v}");
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), 1 << 20);
+    gdx()
+        .args([
+            "cp",
+            &format!("file:{}", p.display()),
+            "host",
+            "--skip",
+            "4095",
+            "--length",
+            "5000",
+            "--verify",
+            "--path",
+            "buffered",
+        ])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("path     buffered: "))
+        .stdout(predicate::str::contains("verify   ok: crc32 "));
+}
+
+#[test]
+fn bad_locations_are_usage_errors_naming_the_syntax() {
+    for (src, dst, what) in [
+        ("disk:/x", "host", "SRC: bad location 'disk:/x'"),
+        ("host", "gpu:x", "DST: bad location 'gpu:x'"),
+        ("file:", "host", "SRC: bad location 'file:'"),
+    ] {
+        gdx()
+            .args(["cp", src, dst])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::starts_with("gdx: error: "))
+            .stderr(predicate::str::contains(what))
+            .stderr(predicate::str::contains(
+                "expected file:PATH, gpu:N[:OFFSET] or host",
+            ));
+    }
+    gdx()
+        .args(["cp", "file:/a", "file:/b"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("use cp(1)"));
+    gdx()
+        .args(["cp", "host", "file:/tmp/x"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("needs --length"));
+}
+
+#[test]
+fn a_missing_source_and_a_read_only_destination_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.bin");
+    gdx()
+        .args(["cp", &format!("file:{}", missing.display()), "host"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("No such file or directory"))
+        .stderr(predicate::str::contains("missing.bin"));
+    // Root may write a 0444 file; a read-only sysfs attribute refuses everyone.
+    use std::os::unix::fs::PermissionsExt;
+    let ro = dir.path().join("ro.bin");
+    std::fs::write(&ro, b"keep").unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let target = [ro.clone(), "/sys/kernel/uevent_seqnum".into()]
+        .into_iter()
+        .find(|c| c.exists() && std::fs::OpenOptions::new().write(true).open(c).is_err());
+    let Some(target) = target else {
+        eprintln!("skipped the read-only case: nothing here refuses writing");
+        return;
+    };
+    gdx()
+        .args([
+            "cp",
+            "host",
+            &format!("file:{}", target.display()),
+            "--length",
+            "4K",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("for writing: "))
+        .stderr(
+            predicate::str::contains("Permission denied")
+                .or(predicate::str::contains("Read-only file system")),
+        );
+}
+
+#[test]
+fn gpu_without_a_usable_gpu_is_a_clear_environment_error() {
+    if gdx_has_gpu() {
+        eprintln!("skipped: this machine has a GPU");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("data.bin");
+    std::fs::write(&p, b"hello").unwrap();
+    gdx()
+        .args(["cp", &format!("file:{}", p.display()), "gpu:0"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::starts_with("gdx: error: "))
+        .stderr(predicate::str::contains("gpu:0 needs the CUDA driver"));
+}
+
+/// Whether libcuda loads and reports a device (then the no-GPU case does not apply).
+fn gdx_has_gpu() -> bool {
+    std::path::Path::new("/dev/nvidiactl").exists()
+}
+
+#[test]
+fn help_lists_locations_and_the_bench() {
+    gdx()
+        .args(["cp", "--help"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("gpu:N[:OFFSET]"))
+        .stdout(predicate::str::contains("--bench"))
+        .stdout(predicate::str::contains("--verify"));
+}
+
+#[test]
+#[ignore = "requires a GPU; cargo test -- --ignored"]
+fn file_to_gpu_and_back_verified() {
+    let gpu = std::env::var("GDX_TEST_GPU").unwrap_or_else(|_| "0".into());
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("data.bin");
+    std::fs::write(&p, random((8 << 20) + 5)).unwrap();
+    for path in ["auto", "file-staged", "gds"] {
+        gdx()
+            .args([
+                "cp",
+                &format!("file:{}", p.display()),
+                &format!("gpu:{gpu}:3"),
+                "--verify",
+                "--path",
+                path,
+            ])
+            .assert()
+            .success()
+            .stdout(predicate::str::contains("verify   ok"));
+        let out = dir.path().join(format!("out-{path}.bin"));
+        gdx()
+            .args([
+                "cp",
+                &format!("gpu:{gpu}:5"),
+                &format!("file:{}", out.display()),
+                "--length",
+                "3M",
+                "--verify",
+                "--path",
+                path,
+            ])
+            .assert()
+            .success()
+            .stdout(predicate::str::contains("verify   ok"));
+    }
+}

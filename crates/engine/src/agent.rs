@@ -1,0 +1,393 @@
+//! The [`Agent`]: one per process. Owns the region registry, the listeners that serve peers, the
+//! inbound notification queue, and creates [`Peer`]s.
+//!
+//! Threads: one accept thread per listener (tcp, and an abstract unix socket for shm) and one thread
+//! per inbound connection. Dropping the agent stops the listeners and shuts every inbound connection
+//! down; outbound [`Peer`]s keep working until dropped.
+
+use std::collections::{HashMap, VecDeque};
+use std::marker::PhantomData;
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::UnixListener;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::config::{boot_host_id, AgentConfig, Transports};
+use crate::conn::Sock;
+use crate::error::{Error, Result};
+use crate::peer::Peer;
+use crate::region::{Access, Region, RegionScope, Registry};
+
+/// A small message a peer delivered after a transfer's data was in place (or sent on its own with
+/// [`Peer::notify`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notification {
+    /// Name of the sending agent.
+    pub from: String,
+    /// The sender's transfer id (0 for a standalone notification).
+    pub xfer: u64,
+    /// The message.
+    pub data: Vec<u8>,
+}
+
+/// What a peer said about itself in the handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// Agent name.
+    pub name: String,
+    /// Agent id (random per process).
+    pub agent_id: u128,
+    /// Host id (kernel boot id unless overridden).
+    pub host_id: u128,
+    /// Transports the peer offers.
+    pub transports: Transports,
+    /// Where the peer accepts connections, if it listens.
+    pub listen: Option<String>,
+}
+
+/// A FIFO with a blocking, timed pop.
+#[derive(Debug)]
+pub(crate) struct Queue<T> {
+    q: Mutex<VecDeque<T>>,
+    cv: Condvar,
+}
+
+impl<T> Default for Queue<T> {
+    fn default() -> Self {
+        Queue {
+            q: Mutex::new(VecDeque::new()),
+            cv: Condvar::new(),
+        }
+    }
+}
+
+impl<T> Queue<T> {
+    pub(crate) fn push(&self, v: T) {
+        let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() >= 65536 {
+            q.pop_front(); // bounded: a flood of notifications cannot exhaust memory
+        }
+        q.push_back(v);
+        drop(q);
+        self.cv.notify_all();
+    }
+
+    fn pop(&self, timeout: Duration) -> Result<T> {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(v) = q.pop_front() {
+                return Ok(v);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout(timeout));
+            }
+            q = self
+                .cv
+                .wait_timeout(q, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn try_pop(&self) -> Option<T> {
+        self.q.lock().unwrap_or_else(|p| p.into_inner()).pop_front()
+    }
+}
+
+/// State shared by the agent handle, its server threads and its peers.
+#[derive(Debug)]
+pub(crate) struct AgentInner {
+    pub(crate) cfg: AgentConfig,
+    pub(crate) id: u128,
+    pub(crate) host_id: u128,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) listen_addr: Option<SocketAddr>,
+    pub(crate) shm_name: Option<String>,
+    /// session id → (token, peer agent name), for data streams and shm connections joining a
+    /// control session.
+    pub(crate) sessions: Mutex<HashMap<u128, (u128, String)>>,
+    pub(crate) notes: Queue<Notification>,
+    pub(crate) inbound: Queue<PeerInfo>,
+    conns: Mutex<HashMap<u64, Sock>>,
+    next_conn: AtomicU64,
+    pub(crate) next_xfer: AtomicU64,
+    pub(crate) shutdown: AtomicBool,
+}
+
+impl AgentInner {
+    /// Remembers an inbound socket so that dropping the agent can shut it down.
+    pub(crate) fn track(&self, s: Sock) -> u64 {
+        let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        self.conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, s);
+        id
+    }
+
+    pub(crate) fn untrack(&self, id: u64) {
+        self.conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+
+    /// The peer name of `session` if `token` is its token.
+    pub(crate) fn session_peer(&self, session: u128, token: u128) -> Option<String> {
+        let s = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        s.get(&session)
+            .filter(|(t, _)| crate::region::RegionKey(*t).ct_eq(&crate::region::RegionKey(token)))
+            .map(|(_, n)| n.clone())
+    }
+}
+
+/// One per process: registers memory, serves peers, connects to peers.
+///
+/// ```no_run
+/// use gdx_engine::{Access, Agent, AgentConfig, Transfer};
+/// use std::time::Duration;
+/// let agent = Agent::new(AgentConfig::from_env()?)?;
+/// let mut src = agent.alloc(1 << 20, Access::LOCAL, None)?;
+/// src.bytes_mut()?.fill(7);
+/// let peer = agent.connect("127.0.0.1:7447")?;
+/// let dst = peer.region("serve")?;
+/// let mut t = Transfer::new();
+/// t.write(&src, 0, &dst, 0, 1 << 20).notify("ready");
+/// let report = peer.submit(t)?.wait(Duration::from_secs(10))?;
+/// println!("{} via {}", report.bytes, report.ops[0].plan);
+/// # Ok::<(), gdx_engine::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Agent {
+    pub(crate) inner: Arc<AgentInner>,
+}
+
+impl Agent {
+    /// Starts an agent: binds its listeners (if `cfg.listen` is set) and starts serving.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad config, [`Error::Os`] if a listener cannot be bound.
+    pub fn new(cfg: AgentConfig) -> Result<Agent> {
+        cfg.validate()?;
+        let id = crate::mem::random_u128()?;
+        let host_id = cfg.host_id.unwrap_or_else(boot_host_id);
+        let (tcp, listen_addr) = match cfg.listen {
+            Some(addr) => {
+                let l = TcpListener::bind(addr).map_err(|e| Error::os("bind", e))?;
+                let a = l.local_addr().map_err(|e| Error::os("getsockname", e))?;
+                (Some(l), Some(a))
+            }
+            None => (None, None),
+        };
+        let (unix, shm_name) = if cfg.transports.shm && tcp.is_some() {
+            let name = format!("gdx-{id:032x}");
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+                .map_err(|e| Error::os("socket address", e))?;
+            match UnixListener::bind_addr(&addr) {
+                Ok(l) => (Some(l), Some(name)),
+                Err(e) => {
+                    log::warn!("shm listener unavailable, serving tcp only: {e}");
+                    (None, None)
+                }
+            }
+        } else {
+            (None, None)
+        };
+        let inner = Arc::new(AgentInner {
+            cfg,
+            id,
+            host_id,
+            registry: Arc::new(Registry::default()),
+            listen_addr,
+            shm_name,
+            sessions: Mutex::new(HashMap::new()),
+            notes: Queue::default(),
+            inbound: Queue::default(),
+            conns: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(1),
+            next_xfer: AtomicU64::new(1),
+            shutdown: AtomicBool::new(false),
+        });
+        if let Some(l) = tcp {
+            let a = Arc::clone(&inner);
+            std::thread::Builder::new()
+                .name("gdx-accept".into())
+                .spawn(move || crate::server::accept_tcp(a, l))
+                .map_err(|e| Error::os("spawn", e))?;
+        }
+        if let Some(l) = unix {
+            let a = Arc::clone(&inner);
+            std::thread::Builder::new()
+                .name("gdx-accept-shm".into())
+                .spawn(move || crate::server::accept_unix(a, l))
+                .map_err(|e| Error::os("spawn", e))?;
+        }
+        Ok(Agent { inner })
+    }
+
+    /// [`Agent::new`] with [`AgentConfig::from_env`].
+    ///
+    /// # Errors
+    /// As [`AgentConfig::from_env`] and [`Agent::new`].
+    pub fn from_env() -> Result<Agent> {
+        Agent::new(AgentConfig::from_env()?)
+    }
+
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        &self.inner.cfg.name
+    }
+
+    /// The agent's random id.
+    pub fn id(&self) -> u128 {
+        self.inner.id
+    }
+
+    /// The host id peers compare to decide on shared memory.
+    pub fn host_id(&self) -> u128 {
+        self.inner.host_id
+    }
+
+    /// The address peers connect to (with the real port when 0 was asked for).
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.inner.listen_addr
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &AgentConfig {
+        &self.inner.cfg
+    }
+
+    /// Allocates `len` zeroed bytes of host memory owned by the agent (memfd-backed, so a same-host
+    /// peer can map it and copy once), registered with `access`, and published under `name` if given
+    /// (peers find it with [`Peer::region`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for `len == 0` or a name in use; [`Error::Os`] if allocation fails.
+    pub fn alloc(&self, len: u64, access: Access, name: Option<&str>) -> Result<Region<'static>> {
+        let inner = self
+            .inner
+            .registry
+            .alloc(len, access, name.map(str::to_string))?;
+        Ok(Region::new(
+            inner,
+            Arc::clone(&self.inner.registry),
+            self.inner.cfg.transfer_timeout,
+        ))
+    }
+
+    /// Runs `f` with a [`RegionScope`] in which caller-owned buffers can be registered. Every region
+    /// registered in the scope is deregistered (waiting for running remote accesses) before `scope`
+    /// returns, so the buffers are never touched after their borrow ends.
+    ///
+    /// ```no_run
+    /// # use gdx_engine::{Access, Agent};
+    /// # let agent = Agent::from_env()?;
+    /// let mut buf = vec![0u8; 4096];
+    /// agent.scope(|s| -> gdx_engine::Result<()> {
+    ///     let r = s.register(&mut buf, Access::READ_WRITE, Some("kv"))?;
+    ///     println!("{}", r.desc());
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), gdx_engine::Error>(())
+    /// ```
+    pub fn scope<'env, F, T>(&self, f: F) -> T
+    where
+        F: for<'scope> FnOnce(&'scope RegionScope<'scope, 'env>) -> T,
+    {
+        struct End<'a, 'b, 'c>(&'a RegionScope<'b, 'c>);
+        impl Drop for End<'_, '_, '_> {
+            fn drop(&mut self) {
+                self.0.end();
+            }
+        }
+        let scope = RegionScope {
+            registry: Arc::clone(&self.inner.registry),
+            timeout: self.inner.cfg.transfer_timeout,
+            regions: Mutex::new(Vec::new()),
+            _scope: PhantomData,
+            _env: PhantomData,
+        };
+        let _end = End(&scope);
+        f(&scope)
+    }
+
+    /// The descriptors of the regions this agent publishes by name.
+    pub fn published(&self) -> Vec<crate::RegionDesc> {
+        self.inner.registry.published()
+    }
+
+    /// Connects to the agent at `addr` and performs the handshake; picks shm for a same-host peer and
+    /// tcp otherwise ([`Peer::route`] says which and why).
+    ///
+    /// # Errors
+    /// [`Error::PeerLost`] if the connection or the handshake fails.
+    pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Peer> {
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| Error::InvalidArgument(format!("address: {e}")))?
+            .collect();
+        let mut last = Error::InvalidArgument("address resolves to nothing".into());
+        for a in addrs {
+            match TcpStream::connect_timeout(&a, self.inner.cfg.io_timeout) {
+                Ok(s) => return Peer::handshake(Arc::clone(&self.inner), s, a),
+                Err(e) => last = Error::PeerLost(format!("connect {a}: {e}")),
+            }
+        }
+        Err(last)
+    }
+
+    /// Waits up to `timeout` for the next notification from any peer.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] if none arrives in time.
+    pub fn wait_notification(&self, timeout: Duration) -> Result<Notification> {
+        self.inner.notes.pop(timeout)
+    }
+
+    /// The next notification if one is queued.
+    pub fn try_notification(&self) -> Option<Notification> {
+        self.inner.notes.try_pop()
+    }
+
+    /// Waits up to `timeout` for the next peer to connect in, and says who it is.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] if no peer connects in time.
+    pub fn accept(&self, timeout: Duration) -> Result<PeerInfo> {
+        self.inner.inbound.pop(timeout)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.inner.shutdown.store(true, Ordering::SeqCst);
+        // Wake the accept threads: they check the flag after every accept.
+        if let Some(a) = self.inner.listen_addr {
+            let wake = if a.ip().is_unspecified() {
+                SocketAddr::from(([127, 0, 0, 1], a.port()))
+            } else {
+                a
+            };
+            let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
+        }
+        if let Some(n) = &self.inner.shm_name {
+            if let Ok(addr) = std::os::unix::net::SocketAddr::from_abstract_name(n.as_bytes()) {
+                let _ = std::os::unix::net::UnixStream::connect_addr(&addr);
+            }
+        }
+        for (_, s) in self
+            .inner
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+        {
+            s.shutdown();
+        }
+    }
+}

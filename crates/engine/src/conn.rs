@@ -1,0 +1,345 @@
+//! A framed connection over a TCP or unix stream socket.
+//!
+//! Headers and bodies are read through a small fixed buffer (64 KiB, allocated once per connection);
+//! payloads bypass it and are received straight into registered memory. File descriptors passed with
+//! `SCM_RIGHTS` (unix sockets) are collected on every receive and handed out in order.
+//! Every I/O error, EOF and receive timeout becomes [`Error::PeerLost`].
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::mem::{recv_exact_raw, send_all_raw};
+use crate::wire::{self, Msg, HEADER_LEN};
+
+const BUF: usize = 64 << 10;
+const MAX_FDS: usize = 4;
+
+/// The socket under a [`Conn`].
+#[derive(Debug)]
+pub(crate) enum Sock {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Sock {
+    fn fd(&self) -> RawFd {
+        match self {
+            Sock::Tcp(s) => s.as_raw_fd(),
+            Sock::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+/// A framed, buffered connection.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    sock: Sock,
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+    fds: VecDeque<OwnedFd>,
+    what: &'static str,
+}
+
+impl Conn {
+    pub(crate) fn new(sock: Sock, what: &'static str) -> Self {
+        if let Sock::Tcp(s) = &sock {
+            let _ = s.set_nodelay(true);
+        }
+        Conn {
+            sock,
+            buf: vec![0u8; BUF].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            fds: VecDeque::new(),
+            what,
+        }
+    }
+
+    /// Sets the send and receive timeout (`None`: block forever).
+    pub(crate) fn set_timeout(&self, t: Option<Duration>) -> Result<()> {
+        let r = match &self.sock {
+            Sock::Tcp(s) => s.set_read_timeout(t).and_then(|_| s.set_write_timeout(t)),
+            Sock::Unix(s) => s.set_read_timeout(t).and_then(|_| s.set_write_timeout(t)),
+        };
+        r.map_err(|e| Error::os("setsockopt", e))
+    }
+
+    /// A second handle on the socket, used to shut it down from another thread.
+    pub(crate) fn shutdown_handle(&self) -> Result<Sock> {
+        Ok(match &self.sock {
+            Sock::Tcp(s) => Sock::Tcp(s.try_clone().map_err(|e| Error::os("dup", e))?),
+            Sock::Unix(s) => Sock::Unix(s.try_clone().map_err(|e| Error::os("dup", e))?),
+        })
+    }
+
+    fn lost(&self, e: io::Error) -> Error {
+        let what = self.what;
+        if matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ) {
+            Error::PeerLost(format!("{what}: no answer within the I/O timeout"))
+        } else {
+            Error::from_peer_io(what, e)
+        }
+    }
+
+    /// One `recvmsg` into the free tail of the buffer; collects passed fds. Returns bytes read.
+    fn fill(&mut self) -> io::Result<usize> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        } else if self.end == self.buf.len() {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let mut iov = libc::iovec {
+            // SAFETY: end <= buf.len(), so the pointer stays within the buffer.
+            iov_base: unsafe { self.buf.as_mut_ptr().add(self.end) }.cast(),
+            iov_len: self.buf.len() - self.end,
+        };
+        // A u64 array keeps the control buffer aligned for cmsghdr.
+        let mut cbuf = [0u64; 16];
+        // SAFETY: zeroed msghdr is valid; we fill the fields we use below.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+        let n = loop {
+            // SAFETY: iov points into our buffer's free tail, control into cbuf; both outlive the call.
+            let n = unsafe { libc::recvmsg(self.sock.fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            break n as usize;
+        };
+        // SAFETY: msg was filled by recvmsg; the CMSG_* walk stays within msg_controllen.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                    let bytes = (*c).cmsg_len as usize - (data as usize - c as usize);
+                    for i in 0..bytes / std::mem::size_of::<RawFd>() {
+                        let fd = data.add(i).read_unaligned();
+                        self.fds.push_back(OwnedFd::from_raw_fd(fd));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed by peer",
+            ));
+        }
+        self.end += n;
+        Ok(n)
+    }
+
+    fn ensure(&mut self, n: usize, idle_ok: bool) -> Result<()> {
+        while self.end - self.start < n {
+            match self.fill() {
+                Ok(_) => {}
+                Err(e)
+                    if idle_ok
+                        && self.start == self.end
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) => {}
+                Err(e) => return Err(self.lost(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Receives one frame: its message and the length of the payload that follows (which the caller
+    /// must consume with [`Conn::recv_payload`] or [`Conn::discard_payload`]). With `idle_ok`, a
+    /// receive timeout before the first byte of the frame is not an error (the server side waits
+    /// for requests indefinitely, but never for the rest of a started frame).
+    pub(crate) fn recv_frame(&mut self, idle_ok: bool) -> Result<(Msg, u32)> {
+        self.ensure(HEADER_LEN, idle_ok)?;
+        let mut h = [0u8; HEADER_LEN];
+        h.copy_from_slice(&self.buf[self.start..self.start + HEADER_LEN]);
+        let hdr = wire::decode_header(&h)?;
+        let total = HEADER_LEN + hdr.body_len as usize;
+        if total > self.buf.len() {
+            // Bodies larger than the buffer (big region lists, big batches) take a one-off buffer.
+            let mut body = vec![0u8; hdr.body_len as usize];
+            let have = self.end - self.start - HEADER_LEN;
+            let have = have.min(body.len());
+            body[..have].copy_from_slice(
+                &self.buf[self.start + HEADER_LEN..self.start + HEADER_LEN + have],
+            );
+            self.start += HEADER_LEN + have;
+            if have < body.len() {
+                // SAFETY: body[have..] is a live, exclusively owned Vec span.
+                unsafe {
+                    recv_exact_raw(
+                        self.sock.fd(),
+                        body.as_mut_ptr().add(have),
+                        body.len() - have,
+                    )
+                }
+                .map_err(|e| self.lost(e))?;
+            }
+            return Ok((wire::decode_body(hdr.kind, &body)?, hdr.payload_len));
+        }
+        self.ensure(total, false)?;
+        let msg = wire::decode_body(
+            hdr.kind,
+            &self.buf[self.start + HEADER_LEN..self.start + total],
+        );
+        self.start += total;
+        Ok((msg?, hdr.payload_len))
+    }
+
+    /// Receives `len` payload bytes into `ptr` (buffered bytes first, then straight from the socket).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be valid for writes for the duration of the call.
+    pub(crate) unsafe fn recv_payload(&mut self, ptr: *mut u8, len: usize) -> Result<()> {
+        let have = (self.end - self.start).min(len);
+        // SAFETY: the source is within our buffer, the destination within the caller's span.
+        unsafe { std::ptr::copy_nonoverlapping(self.buf.as_ptr().add(self.start), ptr, have) };
+        self.start += have;
+        if have < len {
+            // SAFETY: ptr+have..ptr+len is within the caller's span.
+            unsafe { recv_exact_raw(self.sock.fd(), ptr.add(have), len - have) }
+                .map_err(|e| self.lost(e))?;
+        }
+        Ok(())
+    }
+
+    /// Reads and drops `len` payload bytes (after a rejected write), through the fixed buffer.
+    pub(crate) fn discard_payload(&mut self, mut len: usize) -> Result<()> {
+        while len > 0 {
+            if self.start == self.end {
+                self.fill().map_err(|e| self.lost(e))?;
+            }
+            let n = (self.end - self.start).min(len);
+            self.start += n;
+            len -= n;
+        }
+        Ok(())
+    }
+
+    /// Sends a frame without payload.
+    pub(crate) fn send(&mut self, msg: &Msg) -> Result<()> {
+        let head = wire::encode(msg, 0);
+        // SAFETY: head is a live Vec.
+        unsafe { send_all_raw(self.sock.fd(), &[(head.as_ptr(), head.len())]) }
+            .map_err(|e| self.lost(e))
+    }
+
+    /// Sends a frame followed by `len` payload bytes read from `ptr`, in one `sendmsg` where possible.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be valid for reads for the duration of the call.
+    pub(crate) unsafe fn send_with_payload(
+        &mut self,
+        msg: &Msg,
+        ptr: *const u8,
+        len: u32,
+    ) -> Result<()> {
+        let head = wire::encode(msg, len);
+        // SAFETY: head is live; the payload span is guaranteed by the caller.
+        unsafe {
+            send_all_raw(
+                self.sock.fd(),
+                &[(head.as_ptr(), head.len()), (ptr, len as usize)],
+            )
+        }
+        .map_err(|e| self.lost(e))
+    }
+
+    /// Sends a frame with `fd` attached (`SCM_RIGHTS`; unix sockets only).
+    pub(crate) fn send_with_fd(&mut self, msg: &Msg, fd: RawFd) -> Result<()> {
+        let head = wire::encode(msg, 0);
+        let mut iov = libc::iovec {
+            iov_base: head.as_ptr() as *mut libc::c_void,
+            iov_len: head.len(),
+        };
+        let mut cbuf = [0u64; 4];
+        // SAFETY: zeroed msghdr is valid; fields are set below and point at live locals.
+        let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+        m.msg_iov = &mut iov;
+        m.msg_iovlen = 1;
+        m.msg_control = cbuf.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE is a pure size computation.
+        m.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as _;
+        // SAFETY: the control buffer is large enough for one fd (checked by CMSG_SPACE above).
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&m);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+            libc::CMSG_DATA(c).cast::<RawFd>().write_unaligned(fd);
+        }
+        loop {
+            // SAFETY: m describes live buffers; the kernel duplicates fd into the peer.
+            let n = unsafe { libc::sendmsg(self.sock.fd(), &m, libc::MSG_NOSIGNAL) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(self.lost(e));
+            }
+            if (n as usize) < head.len() {
+                // The fd went with the first bytes; send the rest plainly.
+                let rest = &head[n as usize..];
+                // SAFETY: rest is a live slice.
+                unsafe { send_all_raw(self.sock.fd(), &[(rest.as_ptr(), rest.len())]) }
+                    .map_err(|e| self.lost(e))?;
+            }
+            return Ok(());
+        }
+    }
+
+    /// The next fd received with `SCM_RIGHTS`, if any.
+    pub(crate) fn take_fd(&mut self) -> Option<OwnedFd> {
+        self.fds.pop_front()
+    }
+
+    /// Sends a request and receives the reply; a `Msg::Err` reply becomes `Err`.
+    pub(crate) fn request(&mut self, msg: &Msg) -> Result<Msg> {
+        self.send(msg)?;
+        match self.recv_frame(false)? {
+            (Msg::Err(e), _) => Err(e),
+            (_, p) if p > 0 => Err(Error::Protocol("unexpected payload on a reply".into())),
+            (m, _) => Ok(m),
+        }
+    }
+}
+
+impl Sock {
+    /// Shuts the socket down both ways, waking any thread blocked on it.
+    pub(crate) fn shutdown(&self) {
+        let _ = match self {
+            Sock::Tcp(s) => s.shutdown(Shutdown::Both),
+            Sock::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+}
+
+/// Bounded number of fds collected before the oldest are dropped (a peer cannot make us hoard fds).
+pub(crate) fn trim_fds(c: &mut Conn) {
+    while c.fds.len() > MAX_FDS {
+        c.fds.pop_front();
+    }
+}

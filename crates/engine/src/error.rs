@@ -1,0 +1,250 @@
+//! The engine's one error type.
+//!
+//! Every rejection the wire protocol can produce has a named variant, and the same variant is used on
+//! both sides: the target rejects an op with [`Error::BadKey`], the wire carries the code
+//! ([`Error::code`]), and the initiator's per-op result carries [`Error::BadKey`] again
+//! ([`Error::from_code`]). `Display` is lowercase with no trailing period.
+
+use std::io;
+use std::time::Duration;
+
+/// Result alias used throughout the engine.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the engine.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// The connection to the peer broke (reset, EOF, no answer within the I/O timeout); the bytes of
+    /// any op not yet acknowledged did not provably arrive.
+    #[error("peer lost: {0}")]
+    PeerLost(String),
+    /// A wait or an operation ran out of time.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// The 128-bit key presented for a region does not match.
+    #[error("bad key for region {region}")]
+    BadKey {
+        /// Region id the key was presented for.
+        region: u64,
+    },
+    /// No region with this id is registered (never was, or already dropped).
+    #[error("no such region {region}")]
+    NoSuchRegion {
+        /// Region id asked for.
+        region: u64,
+    },
+    /// No region is published under this name.
+    #[error("no region named {0:?}")]
+    NoSuchName(String),
+    /// `offset + len` lies outside the region.
+    #[error("out of bounds: offset {offset} + len {len} > region length {region_len}")]
+    OutOfBounds {
+        /// Byte offset of the access.
+        offset: u64,
+        /// Length of the access in bytes.
+        len: u64,
+        /// Length of the region in bytes.
+        region_len: u64,
+    },
+    /// A write was aimed at a region not registered for remote write.
+    #[error("region {region} is read-only for remote peers")]
+    ReadOnly {
+        /// Region id.
+        region: u64,
+    },
+    /// A read was aimed at a region not registered for remote read.
+    #[error("region {region} is not readable by remote peers")]
+    NotReadable {
+        /// Region id.
+        region: u64,
+    },
+    /// A frame announced a body or payload larger than the protocol allows.
+    #[error("frame too large: {len} bytes > limit {limit}")]
+    FrameTooLarge {
+        /// Announced size.
+        len: u64,
+        /// Limit that applies.
+        limit: u64,
+    },
+    /// The frame's protocol version is not one this build speaks.
+    #[error("unknown protocol version {0}")]
+    UnknownVersion(u8),
+    /// The frame does not start with the protocol magic.
+    #[error("bad frame magic {0:#06x}")]
+    BadMagic(u16),
+    /// The frame type is not known.
+    #[error("unknown frame type {0}")]
+    UnknownFrame(u8),
+    /// The frame body could not be decoded.
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+    /// The peer sent something the protocol does not allow at this point.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    /// The region is being dropped (or its scope ended) and accepts no new accesses.
+    #[error("region {region} is gone")]
+    RegionGone {
+        /// Region id.
+        region: u64,
+    },
+    /// An argument given by the caller is invalid.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The requested path or transport is not available (with the reason).
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// A CUDA driver call failed.
+    #[error("{0}")]
+    Cuda(#[from] gdx_sys::cuda::CudaError),
+    /// Strict mode refused a plan that leaves the direct path; the message is the plan's reason.
+    #[error("strict mode: {0}")]
+    Strict(String),
+    /// An operating-system call failed.
+    #[error("{call} failed: {message}")]
+    Os {
+        /// The call that failed (`memfd_create`, `mmap`, `connect` ...).
+        call: &'static str,
+        /// The error text (`strerror`), with the errno name where known.
+        message: String,
+    },
+    /// The peer reported an error code this build does not know.
+    #[error("remote error {code}: {message}")]
+    Remote {
+        /// Wire code.
+        code: u16,
+        /// Text sent by the peer.
+        message: String,
+    },
+}
+
+impl Error {
+    /// Wraps an OS error with the name of the call that failed.
+    pub fn os(call: &'static str, err: io::Error) -> Self {
+        Error::Os {
+            call,
+            message: err.to_string(),
+        }
+    }
+
+    /// Maps an I/O error on a peer connection: timeouts and broken connections become
+    /// [`Error::PeerLost`], since the peer did not answer.
+    pub(crate) fn from_peer_io(what: &str, err: io::Error) -> Self {
+        Error::PeerLost(format!("{what}: {err}"))
+    }
+
+    /// The code this error travels as on the wire (see `docs/wire-protocol.md`).
+    pub fn code(&self) -> u16 {
+        match self {
+            Error::PeerLost(_) => 1,
+            Error::Timeout(_) => 2,
+            Error::BadKey { .. } => 3,
+            Error::NoSuchRegion { .. } => 4,
+            Error::NoSuchName(_) => 5,
+            Error::OutOfBounds { .. } => 6,
+            Error::ReadOnly { .. } => 7,
+            Error::NotReadable { .. } => 8,
+            Error::FrameTooLarge { .. } => 9,
+            Error::UnknownVersion(_) => 10,
+            Error::BadMagic(_) => 11,
+            Error::UnknownFrame(_) => 12,
+            Error::Malformed(_) => 13,
+            Error::Protocol(_) => 14,
+            Error::RegionGone { .. } => 15,
+            Error::InvalidArgument(_) => 16,
+            Error::Unavailable(_) => 17,
+            Error::Os { .. } => 18,
+            Error::Cuda(_) => 19,
+            Error::Strict(_) => 20,
+            Error::Remote { code, .. } => *code,
+        }
+    }
+
+    /// Rebuilds an error from its wire code, the numeric argument and the message the peer sent.
+    /// Codes carrying structured data keep it (`region`, offsets); unknown codes become
+    /// [`Error::Remote`].
+    pub fn from_wire(code: u16, a: u64, b: u64, c: u64, message: String) -> Self {
+        match code {
+            1 => Error::PeerLost(message),
+            2 => Error::Timeout(Duration::from_millis(a)),
+            3 => Error::BadKey { region: a },
+            4 => Error::NoSuchRegion { region: a },
+            5 => Error::NoSuchName(message),
+            6 => Error::OutOfBounds {
+                offset: a,
+                len: b,
+                region_len: c,
+            },
+            7 => Error::ReadOnly { region: a },
+            8 => Error::NotReadable { region: a },
+            9 => Error::FrameTooLarge { len: a, limit: b },
+            10 => Error::UnknownVersion(a as u8),
+            11 => Error::BadMagic(a as u16),
+            12 => Error::UnknownFrame(a as u8),
+            13 => Error::Malformed(message),
+            14 => Error::Protocol(message),
+            15 => Error::RegionGone { region: a },
+            16 => Error::InvalidArgument(message),
+            17 => Error::Unavailable(message),
+            18 => Error::Os {
+                call: "remote",
+                message,
+            },
+            20 => Error::Strict(message),
+            code => Error::Remote { code, message },
+        }
+    }
+
+    /// The numeric arguments that travel with [`Error::code`] (see [`Error::from_wire`]).
+    pub fn wire_args(&self) -> (u64, u64, u64) {
+        match self {
+            Error::Timeout(d) => (d.as_millis() as u64, 0, 0),
+            Error::BadKey { region }
+            | Error::NoSuchRegion { region }
+            | Error::ReadOnly { region }
+            | Error::NotReadable { region }
+            | Error::RegionGone { region } => (*region, 0, 0),
+            Error::OutOfBounds {
+                offset,
+                len,
+                region_len,
+            } => (*offset, *len, *region_len),
+            Error::FrameTooLarge { len, limit } => (*len, *limit, 0),
+            Error::UnknownVersion(v) => (u64::from(*v), 0, 0),
+            Error::BadMagic(m) => (u64::from(*m), 0, 0),
+            Error::UnknownFrame(k) => (u64::from(*k), 0, 0),
+            _ => (0, 0, 0),
+        }
+    }
+
+    /// The text that travels with [`Error::code`]: the inner string for string-carrying variants
+    /// (so they round-trip), the display text otherwise.
+    pub fn wire_message(&self) -> String {
+        match self {
+            Error::PeerLost(s)
+            | Error::NoSuchName(s)
+            | Error::Malformed(s)
+            | Error::Protocol(s)
+            | Error::InvalidArgument(s)
+            | Error::Unavailable(s)
+            | Error::Strict(s) => s.clone(),
+            Error::Os { message, .. } | Error::Remote { message, .. } => message.clone(),
+            other => other.to_string(),
+        }
+    }
+
+    /// True for errors after which the connection cannot be trusted to stay in sync (the stream is
+    /// closed rather than answered).
+    pub(crate) fn is_fatal_for_stream(&self) -> bool {
+        matches!(
+            self,
+            Error::PeerLost(_)
+                | Error::FrameTooLarge { .. }
+                | Error::UnknownVersion(_)
+                | Error::BadMagic(_)
+                | Error::UnknownFrame(_)
+                | Error::Malformed(_)
+                | Error::Protocol(_)
+        )
+    }
+}

@@ -1,0 +1,206 @@
+//! Raw host memory: memfd-backed shared mappings (shareable with a same-host peer by passing the fd),
+//! plain mappings of a received fd, and raw socket I/O straight into / out of such memory.
+//!
+//! Invariant: a [`Mapping`] owns its `ptr..ptr+len` mapping until it is dropped; nobody else unmaps it.
+//! The socket helpers take raw pointers so that the kernel, not a Rust reference, writes the bytes:
+//! no `&mut [u8]` is ever formed over memory a peer may also be touching.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+
+use crate::error::{Error, Result};
+
+/// An `mmap`ed span, unmapped on drop; optionally backed by a memfd that can be shared.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+    fd: Option<OwnedFd>,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; access through the raw pointer is
+// coordinated by the region lease protocol (region.rs), not by this type.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; `&Mapping` only hands out the pointer and the fd.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Allocates `len` bytes of zeroed memory in a fresh memfd, mapped shared and pre-faulted.
+    pub(crate) fn memfd(len: usize, name: &str) -> Result<Self> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("region length must be > 0".into()));
+        }
+        let cname = std::ffi::CString::new(format!("gdx:{name}")).unwrap_or_default();
+        // SAFETY: cname is a valid NUL-terminated string; flags are valid memfd flags.
+        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(Error::os("memfd_create", io::Error::last_os_error()));
+        }
+        // SAFETY: raw is a freshly created fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: fd is a valid memfd.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(Error::os("ftruncate", io::Error::last_os_error()));
+        }
+        let mut m = Self::map_fd(fd.as_raw_fd(), len, true)?;
+        m.fd = Some(fd);
+        Ok(m)
+    }
+
+    /// Maps `len` bytes of `fd` shared, writable if `write`, pre-faulted (`MAP_POPULATE`).
+    /// The returned mapping does not own `fd` (the mapping keeps the file alive by itself).
+    pub(crate) fn map_fd(fd: RawFd, len: usize, write: bool) -> Result<Self> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("mapping length must be > 0".into()));
+        }
+        let prot = if write {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: a fresh mapping at a kernel-chosen address; it aliases no Rust object.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::os("mmap", io::Error::last_os_error()));
+        }
+        let ptr = NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| Error::os("mmap", io::Error::other("null")))?;
+        Ok(Mapping { ptr, len, fd: None })
+    }
+
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn fd(&self) -> Option<RawFd> {
+        self.fd.as_ref().map(|f| f.as_raw_fd())
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len describe a mapping created by `map_fd` and owned solely by self.
+        let rc = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        if rc != 0 {
+            log::warn!(
+                "munmap of {} bytes failed: {}",
+                self.len,
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// Receives exactly `len` bytes from socket `fd` into `ptr`. EOF, reset and `SO_RCVTIMEO` expiry are
+/// returned as `io::Error`s.
+///
+/// # Safety
+/// - `ptr..ptr+len` must be valid for writes for the whole call and not be freed or unmapped during it.
+pub(crate) unsafe fn recv_exact_raw(fd: RawFd, mut ptr: *mut u8, mut len: usize) -> io::Result<()> {
+    while len > 0 {
+        // SAFETY: the caller guarantees ptr..ptr+len is writable.
+        let n = unsafe { libc::recv(fd, ptr.cast(), len, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed by peer",
+            ));
+        }
+        let n = n as usize;
+        // SAFETY: n <= len, so the result stays within the caller's span.
+        ptr = unsafe { ptr.add(n) };
+        len -= n;
+    }
+    Ok(())
+}
+
+/// Sends `parts` (raw spans) completely on socket `fd`, using `sendmsg` with an iovec so that a
+/// small header and a large payload go out in one call.
+///
+/// # Safety
+/// - every `(ptr, len)` in `parts` must be valid for reads for the whole call.
+pub(crate) unsafe fn send_all_raw(fd: RawFd, parts: &[(*const u8, usize)]) -> io::Result<()> {
+    let mut iov: Vec<libc::iovec> = parts
+        .iter()
+        .filter(|p| p.1 > 0)
+        .map(|&(p, l)| libc::iovec {
+            iov_base: p as *mut libc::c_void,
+            iov_len: l,
+        })
+        .collect();
+    let mut start = 0;
+    while start < iov.len() {
+        // SAFETY: zeroed msghdr is a valid "no name, no control" header.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov[start..].as_mut_ptr();
+        msg.msg_iovlen = (iov.len() - start) as _;
+        // SAFETY: the iovecs point at spans the caller guarantees readable.
+        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let mut n = n as usize;
+        while n > 0 && start < iov.len() {
+            if n >= iov[start].iov_len {
+                n -= iov[start].iov_len;
+                start += 1;
+            } else {
+                // SAFETY: advancing within the span by n < iov_len.
+                iov[start].iov_base = unsafe { iov[start].iov_base.cast::<u8>().add(n) }.cast();
+                iov[start].iov_len -= n;
+                n = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Fills `buf` from the kernel's random source (`getrandom(2)`).
+pub(crate) fn random_bytes(buf: &mut [u8]) -> Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: writes at most buf.len()-done bytes into buf[done..].
+        let n = unsafe { libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(Error::os("getrandom", e));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// A fresh random 128-bit value.
+pub(crate) fn random_u128() -> Result<u128> {
+    let mut b = [0u8; 16];
+    random_bytes(&mut b)?;
+    Ok(u128::from_le_bytes(b))
+}

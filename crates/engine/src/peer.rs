@@ -1,0 +1,297 @@
+//! [`Peer`]: a connection to a remote agent, made by [`crate::Agent::connect`].
+//!
+//! The handshake exchanges `Hello` frames (agent name and id, host id, transports, shm socket, listen
+//! address); the acceptor's reply carries a session id and a random token that every further
+//! connection of this peer (tcp data streams, the shm socket) must present. The route (shm or tcp) is
+//! fixed here and reported by [`Peer::route`].
+
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
+
+use crate::agent::{AgentInner, PeerInfo};
+use crate::config::Transports;
+use crate::conn::{Conn, Sock};
+use crate::error::{Error, Result};
+use crate::plan::{plan_op, Path, PeerRoute};
+use crate::region::RegionDesc;
+use crate::transfer::{Transfer, TransferHandle, XferState};
+use crate::transport::{shm::ShmTransport, tcp::TcpTransport, Transport};
+use crate::wire::{Hello, Msg};
+
+#[derive(Debug)]
+struct PeerInner {
+    agent: Arc<AgentInner>,
+    addr: SocketAddr,
+    info: PeerInfo,
+    route: PeerRoute,
+    tcp_detail: String,
+    control: Arc<Mutex<Conn>>,
+    transport: Box<dyn Transport>,
+}
+
+impl Drop for PeerInner {
+    fn drop(&mut self) {
+        if let Ok(mut c) = self.control.lock() {
+            let _ = c.send(&Msg::Bye);
+        }
+    }
+}
+
+/// A connected remote agent. Cheap to clone; the connection closes when the last clone drops
+/// (transfers already submitted still run to completion).
+#[derive(Debug, Clone)]
+pub struct Peer {
+    inner: Arc<PeerInner>,
+}
+
+fn short(id: u128) -> String {
+    format!("{:08x}…", (id >> 96) as u32)
+}
+
+impl Peer {
+    pub(crate) fn handshake(
+        agent: Arc<AgentInner>,
+        s: TcpStream,
+        addr: SocketAddr,
+    ) -> Result<Peer> {
+        let cfg = &agent.cfg;
+        let mut control = Conn::new(Sock::Tcp(s), "control connection");
+        control.set_timeout(Some(cfg.io_timeout))?;
+        let hello = Hello {
+            agent_name: cfg.name.clone(),
+            agent_id: agent.id,
+            host_id: agent.host_id,
+            transports: cfg.transports.bits(),
+            shm_socket: agent.shm_name.clone(),
+            listen: agent.listen_addr.map(|a| a.to_string()),
+            session: 0,
+            token: 0,
+            streams: cfg.tcp_streams as u16,
+        };
+        let h = match control.request(&Msg::Hello(hello))? {
+            Msg::Hello(h) => h,
+            m => {
+                return Err(Error::Protocol(format!(
+                    "expected Hello, got frame type {}",
+                    m.kind()
+                )))
+            }
+        };
+        let info = PeerInfo {
+            name: h.agent_name.clone(),
+            agent_id: h.agent_id,
+            host_id: h.host_id,
+            transports: Transports {
+                tcp: h.transports & 1 != 0,
+                shm: h.transports & 2 != 0,
+            },
+            listen: h.listen.clone(),
+        };
+        let control = Arc::new(Mutex::new(control));
+        let tcp_detail = format!(
+            "{} stream(s), chunks of up to {} KiB",
+            cfg.tcp_streams,
+            cfg.chunk_bytes / 1024
+        );
+        let shm_reason = if !cfg.transports.shm {
+            Err("tcp: shm disabled on this agent (GDX_TRANSPORTS)".to_string())
+        } else if !info.transports.shm || h.shm_socket.is_none() {
+            Err("tcp: peer does not offer shm".to_string())
+        } else if h.host_id != agent.host_id {
+            Err(format!(
+                "tcp: peer is on another host (host id {} vs ours {})",
+                short(h.host_id),
+                short(agent.host_id)
+            ))
+        } else {
+            let name = h.shm_socket.as_deref().unwrap_or_default();
+            ShmTransport::connect(name, h.session, h.token, cfg.io_timeout)
+                .map_err(|e| format!("tcp: same host but the shm socket did not connect ({e})"))
+        };
+        let (route, transport): (PeerRoute, Box<dyn Transport>) = match shm_reason {
+            Ok(t) => (
+                PeerRoute {
+                    transport: Path::Shm,
+                    reason: format!("shm: peer on the same host (host id {})", short(h.host_id)),
+                },
+                Box::new(t),
+            ),
+            Err(reason) => {
+                let mut streams = Vec::with_capacity(cfg.tcp_streams);
+                for i in 0..cfg.tcp_streams {
+                    let s = TcpStream::connect_timeout(&addr, cfg.io_timeout)
+                        .map_err(|e| Error::PeerLost(format!("data stream {i} to {addr}: {e}")))?;
+                    let mut c = Conn::new(Sock::Tcp(s), "tcp data stream");
+                    c.set_timeout(Some(cfg.io_timeout))?;
+                    match c.request(&Msg::Join {
+                        session: h.session,
+                        token: h.token,
+                        stream: i as u16,
+                    })? {
+                        Msg::Ok => streams.push(c),
+                        m => {
+                            return Err(Error::Protocol(format!(
+                                "expected Ok to Join, got frame type {}",
+                                m.kind()
+                            )))
+                        }
+                    }
+                }
+                let t = TcpTransport::new(
+                    streams,
+                    Arc::clone(&control),
+                    cfg.chunk_bytes,
+                    cfg.io_timeout,
+                )?;
+                (
+                    PeerRoute {
+                        transport: Path::Tcp,
+                        reason,
+                    },
+                    Box::new(t),
+                )
+            }
+        };
+        Ok(Peer {
+            inner: Arc::new(PeerInner {
+                agent,
+                addr,
+                info,
+                route,
+                tcp_detail,
+                control,
+                transport,
+            }),
+        })
+    }
+
+    /// Who the peer is (from its handshake).
+    pub fn info(&self) -> &PeerInfo {
+        &self.inner.info
+    }
+
+    /// The transport this connection uses and why.
+    pub fn route(&self) -> &PeerRoute {
+        &self.inner.route
+    }
+
+    /// The address connected to.
+    pub fn addr(&self) -> SocketAddr {
+        self.inner.addr
+    }
+
+    /// False once a connection of this peer broke; [`Peer::reconnect`] then gives a fresh one.
+    pub fn is_alive(&self) -> bool {
+        self.inner.transport.is_alive()
+    }
+
+    fn request(&self, m: &Msg) -> Result<Msg> {
+        self.inner
+            .control
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .request(m)
+    }
+
+    /// Asks the peer for the descriptor of the region it publishes under `name`.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchName`] if there is none; [`Error::PeerLost`] if the peer does not answer.
+    pub fn region(&self, name: &str) -> Result<RegionDesc> {
+        match self.request(&Msg::GetRegion {
+            name: name.to_string(),
+        })? {
+            Msg::Region(d) => Ok(d),
+            m => Err(Error::Protocol(format!(
+                "expected Region, got frame type {}",
+                m.kind()
+            ))),
+        }
+    }
+
+    /// Asks the peer for every region it publishes.
+    ///
+    /// # Errors
+    /// [`Error::PeerLost`] if the peer does not answer.
+    pub fn regions(&self) -> Result<Vec<RegionDesc>> {
+        match self.request(&Msg::ListRegions)? {
+            Msg::Regions(d) => Ok(d),
+            m => Err(Error::Protocol(format!(
+                "expected Regions, got frame type {}",
+                m.kind()
+            ))),
+        }
+    }
+
+    /// Sends a standalone notification (no data movement).
+    ///
+    /// # Errors
+    /// [`Error::PeerLost`] if the peer does not acknowledge it.
+    pub fn notify(&self, data: impl Into<Vec<u8>>) -> Result<()> {
+        match self.request(&Msg::Notify {
+            xfer: 0,
+            data: data.into(),
+        })? {
+            Msg::Ok => Ok(()),
+            m => Err(Error::Protocol(format!(
+                "expected Ok, got frame type {}",
+                m.kind()
+            ))),
+        }
+    }
+
+    /// Validates, plans and starts a batch; returns at once. Each op's [`crate::Plan`] is in the
+    /// handle's results.
+    ///
+    /// # Errors
+    /// Before anything is sent: [`Error::InvalidArgument`] (empty batch, zero-length op),
+    /// [`Error::OutOfBounds`] (local or remote span), [`Error::ReadOnly`] / [`Error::NotReadable`]
+    /// (per the remote descriptor), [`Error::PeerLost`] if this connection already broke.
+    pub fn submit(&self, t: Transfer) -> Result<TransferHandle> {
+        t.validate()?;
+        if !self.is_alive() {
+            return Err(Error::PeerLost(format!(
+                "connection to {} broke earlier; reconnect",
+                self.inner.addr
+            )));
+        }
+        let plans = t
+            .ops
+            .iter()
+            .map(|op| plan_op(&self.inner.route, &op.remote, &self.inner.tcp_detail))
+            .collect();
+        let id = self
+            .inner
+            .agent
+            .next_xfer
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let state = Arc::new(XferState::new(
+            id,
+            t,
+            plans,
+            self.inner.agent.cfg.transfer_timeout,
+        ));
+        self.inner.transport.submit(Arc::clone(&state));
+        Ok(TransferHandle { state })
+    }
+
+    /// Opens a fresh connection to the same address (after a failure).
+    ///
+    /// # Errors
+    /// As [`crate::Agent::connect`].
+    pub fn reconnect(&self) -> Result<Peer> {
+        let s = TcpStream::connect_timeout(&self.inner.addr, self.inner.agent.cfg.io_timeout)
+            .map_err(|e| Error::PeerLost(format!("connect {}: {e}", self.inner.addr)))?;
+        Peer::handshake(Arc::clone(&self.inner.agent), s, self.inner.addr)
+    }
+
+    /// Closes the connection now; transfers still running fail with [`Error::PeerLost`].
+    pub fn close(&self) {
+        self.inner.transport.close();
+        if let Ok(c) = self.inner.control.lock() {
+            if let Ok(h) = c.shutdown_handle() {
+                h.shutdown();
+            }
+        }
+    }
+}

@@ -1,0 +1,422 @@
+//! Transfers: a batch of one-sided ops, the handle returned by submit, statuses and per-op results.
+//!
+//! Invariants: an op is `Completed` only after the target confirmed its bytes are in place (tcp: a
+//! per-chunk ack sent after the payload landed; shm: the end-of-batch reply). A transfer is
+//! `Completed` only when every op is, and its notification (if any) was delivered. Anything else ends
+//! as `Failed { reason }`, the first error seen.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::plan::Plan;
+use crate::region::{check_bounds, Region, RegionDesc, RegionInner};
+
+/// Direction of an op, seen from the initiator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpKind {
+    /// Local region → remote region.
+    Write,
+    /// Remote region → local region.
+    Read,
+}
+
+/// One op of a batch.
+#[derive(Debug, Clone)]
+pub(crate) struct Op {
+    pub(crate) kind: OpKind,
+    pub(crate) local: Arc<RegionInner>,
+    pub(crate) local_offset: u64,
+    pub(crate) remote: RegionDesc,
+    pub(crate) remote_offset: u64,
+    pub(crate) len: u64,
+}
+
+/// A batch of ops to one peer, built with [`Transfer::write`] / [`Transfer::read`] and handed to
+/// [`crate::Peer::submit`].
+#[derive(Debug, Default)]
+pub struct Transfer {
+    pub(crate) ops: Vec<Op>,
+    pub(crate) notify: Option<Vec<u8>>,
+    pub(crate) timeout: Option<Duration>,
+}
+
+impl Transfer {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Transfer::default()
+    }
+
+    /// Adds an op that copies `len` bytes from `local[local_offset..]` to `remote[remote_offset..]`.
+    pub fn write(
+        &mut self,
+        local: &Region<'_>,
+        local_offset: u64,
+        remote: &RegionDesc,
+        remote_offset: u64,
+        len: u64,
+    ) -> &mut Self {
+        self.push(
+            OpKind::Write,
+            local,
+            local_offset,
+            remote,
+            remote_offset,
+            len,
+        )
+    }
+
+    /// Adds an op that copies `len` bytes from `remote[remote_offset..]` to `local[local_offset..]`.
+    pub fn read(
+        &mut self,
+        local: &Region<'_>,
+        local_offset: u64,
+        remote: &RegionDesc,
+        remote_offset: u64,
+        len: u64,
+    ) -> &mut Self {
+        self.push(
+            OpKind::Read,
+            local,
+            local_offset,
+            remote,
+            remote_offset,
+            len,
+        )
+    }
+
+    fn push(
+        &mut self,
+        kind: OpKind,
+        local: &Region<'_>,
+        lo: u64,
+        remote: &RegionDesc,
+        ro: u64,
+        len: u64,
+    ) -> &mut Self {
+        self.ops.push(Op {
+            kind,
+            local: Arc::clone(&local.inner),
+            local_offset: lo,
+            remote: remote.clone(),
+            remote_offset: ro,
+            len,
+        });
+        self
+    }
+
+    /// Delivers `msg` (≤ 64 KiB) to the peer's agent after every op's bytes are in place; see
+    /// [`crate::Agent::wait_notification`].
+    pub fn notify(&mut self, msg: impl Into<Vec<u8>>) -> &mut Self {
+        self.notify = Some(msg.into());
+        self
+    }
+
+    /// Overrides the agent's default transfer deadline.
+    pub fn timeout(&mut self, t: Duration) -> &mut Self {
+        self.timeout = Some(t);
+        self
+    }
+
+    /// Number of ops.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// True when no op was added.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Checks every op against what the initiator knows (local region, remote descriptor) before
+    /// anything is sent; the target checks again.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.ops.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a transfer needs at least one op".into(),
+            ));
+        }
+        if self.notify.as_ref().is_some_and(|n| n.len() > 64 << 10) {
+            return Err(Error::InvalidArgument(
+                "notification larger than 64 KiB".into(),
+            ));
+        }
+        for op in &self.ops {
+            if op.len == 0 {
+                return Err(Error::InvalidArgument("op of length 0".into()));
+            }
+            check_bounds(op.local_offset, op.len, op.local.len)?;
+            check_bounds(op.remote_offset, op.len, op.remote.len)?;
+            match op.kind {
+                OpKind::Write if !op.remote.access.remote_write => {
+                    return Err(Error::ReadOnly {
+                        region: op.remote.id,
+                    })
+                }
+                OpKind::Read if !op.remote.access.remote_read => {
+                    return Err(Error::NotReadable {
+                        region: op.remote.id,
+                    })
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a transfer stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Status {
+    /// Still running.
+    Pending,
+    /// Every op completed and the notification (if any) was delivered.
+    Completed,
+    /// At least one op failed; `reason` is the first error seen.
+    Failed {
+        /// The first error.
+        reason: Error,
+    },
+}
+
+/// The outcome of one op.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpStatus {
+    /// Not finished yet.
+    Pending,
+    /// The bytes are in place.
+    Completed,
+    /// The op failed; its bytes may be partly written.
+    Failed(Error),
+}
+
+/// Per-op result: the path taken, why, and the outcome.
+#[derive(Debug, Clone)]
+pub struct OpResult {
+    /// Write or read.
+    pub kind: OpKind,
+    /// Length in bytes.
+    pub len: u64,
+    /// Path and reason.
+    pub plan: Plan,
+    /// Outcome.
+    pub status: OpStatus,
+}
+
+/// What a completed transfer did.
+#[derive(Debug, Clone)]
+pub struct TransferReport {
+    /// Bytes moved (sum of op lengths).
+    pub bytes: u64,
+    /// Time from submit to completion.
+    pub elapsed: Duration,
+    /// One entry per op, in submission order.
+    pub ops: Vec<OpResult>,
+}
+
+impl TransferReport {
+    /// Throughput in bytes per second.
+    pub fn bytes_per_sec(&self) -> f64 {
+        self.bytes as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+#[derive(Debug)]
+struct Progress {
+    ops: Vec<OpResult>,
+    pending_chunks: Vec<u32>,
+    first_error: Option<Error>,
+    done: Option<Instant>,
+}
+
+/// State shared between a [`TransferHandle`] and the transport running the transfer.
+#[derive(Debug)]
+pub(crate) struct XferState {
+    pub(crate) id: u64,
+    pub(crate) ops: Vec<Op>,
+    pub(crate) notify: Option<Vec<u8>>,
+    pub(crate) started: Instant,
+    pub(crate) deadline: Instant,
+    bytes_done: AtomicU64,
+    progress: Mutex<Progress>,
+    cv: Condvar,
+}
+
+impl XferState {
+    pub(crate) fn new(id: u64, t: Transfer, plans: Vec<Plan>, timeout: Duration) -> Self {
+        let started = Instant::now();
+        let n = t.ops.len();
+        let results = t
+            .ops
+            .iter()
+            .zip(plans)
+            .map(|(op, plan)| OpResult {
+                kind: op.kind,
+                len: op.len,
+                plan,
+                status: OpStatus::Pending,
+            })
+            .collect();
+        XferState {
+            id,
+            ops: t.ops,
+            notify: t.notify,
+            started,
+            deadline: started + t.timeout.unwrap_or(timeout),
+            bytes_done: AtomicU64::new(0),
+            progress: Mutex::new(Progress {
+                ops: results,
+                pending_chunks: vec![1; n],
+                first_error: None,
+                done: None,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Progress> {
+        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Declares how many chunks op `i` is cut into (default 1).
+    pub(crate) fn set_chunks(&self, counts: Vec<u32>) {
+        self.lock().pending_chunks = counts;
+    }
+
+    /// Records one chunk of op `i`: on success the op completes when its last chunk does; a failure
+    /// fails the op (first error wins).
+    pub(crate) fn chunk_done(&self, i: usize, bytes: u64, res: Result<()>) {
+        let mut p = self.lock();
+        match res {
+            Ok(()) => {
+                self.bytes_done.fetch_add(bytes, Ordering::Relaxed);
+                let left = &mut p.pending_chunks[i];
+                *left = left.saturating_sub(1);
+                if *left == 0 && p.ops[i].status == OpStatus::Pending {
+                    p.ops[i].status = OpStatus::Completed;
+                }
+            }
+            Err(e) => {
+                if p.ops[i].status == OpStatus::Pending {
+                    p.ops[i].status = OpStatus::Failed(e.clone());
+                }
+                p.first_error.get_or_insert(e);
+            }
+        }
+    }
+
+    /// Fails every op not yet completed with `e` (peer lost, notification failed ...).
+    pub(crate) fn fail_pending(&self, e: &Error) {
+        let mut p = self.lock();
+        for op in p.ops.iter_mut() {
+            if op.status == OpStatus::Pending {
+                op.status = OpStatus::Failed(e.clone());
+            }
+        }
+        p.first_error.get_or_insert_with(|| e.clone());
+    }
+
+    /// Marks the transfer failed without touching op statuses (e.g. the notification was lost).
+    pub(crate) fn fail_transfer(&self, e: Error) {
+        self.lock().first_error.get_or_insert(e);
+    }
+
+    /// The plan of every op.
+    pub(crate) fn plans(&self) -> Vec<Plan> {
+        self.lock().ops.iter().map(|o| o.plan.clone()).collect()
+    }
+
+    /// True if some op failed so far.
+    pub(crate) fn has_failed(&self) -> bool {
+        self.lock().first_error.is_some()
+    }
+
+    /// Ends the transfer: ops still pending fail (they were never confirmed), waiters wake.
+    pub(crate) fn finish(&self) {
+        let mut p = self.lock();
+        let unconfirmed = Error::Protocol("op was never confirmed by the peer".into());
+        let mut err = None;
+        for op in p.ops.iter_mut() {
+            if op.status == OpStatus::Pending {
+                op.status = OpStatus::Failed(unconfirmed.clone());
+                err = Some(unconfirmed.clone());
+            }
+        }
+        if let Some(e) = err {
+            p.first_error.get_or_insert(e);
+        }
+        p.done = Some(Instant::now());
+        drop(p);
+        self.cv.notify_all();
+    }
+
+    pub(crate) fn expired(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+
+    pub(crate) fn timeout_error(&self) -> Error {
+        Error::Timeout(self.deadline - self.started)
+    }
+}
+
+/// The handle [`crate::Peer::submit`] returns. Cheap to clone; dropping it does not cancel.
+#[derive(Debug, Clone)]
+pub struct TransferHandle {
+    pub(crate) state: Arc<XferState>,
+}
+
+impl TransferHandle {
+    /// Where the transfer stands now.
+    pub fn status(&self) -> Status {
+        let p = self.state.lock();
+        match (p.done, &p.first_error) {
+            (None, _) => Status::Pending,
+            (Some(_), None) => Status::Completed,
+            (Some(_), Some(e)) => Status::Failed { reason: e.clone() },
+        }
+    }
+
+    /// Bytes confirmed in place so far.
+    pub fn bytes_done(&self) -> u64 {
+        self.state.bytes_done.load(Ordering::Relaxed)
+    }
+
+    /// Per-op results so far (path, reason, outcome).
+    pub fn op_results(&self) -> Vec<OpResult> {
+        self.state.lock().ops.clone()
+    }
+
+    /// Waits up to `timeout` for the transfer to end.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] if it is still pending after `timeout` (it keeps running; wait again or
+    /// drop the handle), or the transfer's failure reason.
+    pub fn wait(&self, timeout: Duration) -> Result<TransferReport> {
+        let deadline = Instant::now() + timeout;
+        let mut p = self.state.lock();
+        while p.done.is_none() {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout(timeout));
+            }
+            p = self
+                .state
+                .cv
+                .wait_timeout(p, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        if let Some(e) = &p.first_error {
+            return Err(e.clone());
+        }
+        Ok(TransferReport {
+            bytes: p.ops.iter().map(|o| o.len).sum(),
+            elapsed: p.done.map(|d| d - self.state.started).unwrap_or_default(),
+            ops: p.ops.clone(),
+        })
+    }
+}

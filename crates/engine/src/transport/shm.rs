@@ -1,0 +1,347 @@
+//! The shm transport (initiator side) for a peer on the same kernel.
+//!
+//! Set-up: connect to the peer's abstract unix socket, present the session token and pass the fd of
+//! an 8 MiB memfd bounce buffer. Per remote agent-allocated region: ask once for its memfd (`ShmMap`;
+//! read-only regions come back as a read-only fd) and map it. Per transfer: `ShmBegin` lists the ops,
+//! the target checks and leases them; then the initiator copies — once, straight between its local
+//! region and the mapped remote region (`Shm`), or twice through the bounce buffer for borrowed
+//! remote regions (`ShmStaged`, one `ShmStaged` request per bounce-sized chunk); `ShmEnd` releases the
+//! leases and carries the notification. Only the small control frames cross the socket.
+//!
+//! Ops are confirmed by the `ShmEnd` reply: if the target dies, every op of the batch fails with
+//! `PeerLost` even if its copy into the (still mapped) memory had finished.
+
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::conn::{Conn, Sock};
+use crate::error::{Error, Result};
+use crate::mem::Mapping;
+use crate::plan::Path;
+use crate::region::LeaseKind;
+use crate::transfer::{OpKind, XferState};
+use crate::transport::Transport;
+use crate::wire::{Msg, ShmOp};
+
+/// Size of the bounce buffer used for borrowed remote regions.
+pub(crate) const BOUNCE_BYTES: usize = 8 << 20;
+/// Most ops per `ShmBegin` frame (keeps the frame under the body limit).
+const MAX_OPS_PER_BEGIN: usize = 8192;
+
+/// Runs transfers over one shm connection, one transfer at a time, on a worker thread.
+#[derive(Debug)]
+pub(crate) struct ShmTransport {
+    tx: Mutex<Option<Sender<Arc<XferState>>>>,
+    sock: Sock,
+    alive: Arc<AtomicBool>,
+}
+
+struct Worker {
+    conn: Conn,
+    bounce: Mapping,
+    maps: HashMap<u64, (Mapping, bool)>,
+    wait: Duration,
+}
+
+impl ShmTransport {
+    /// Connects to the peer's shm socket and joins the control session.
+    pub(crate) fn connect(
+        socket_name: &str,
+        session: u128,
+        token: u128,
+        io_timeout: Duration,
+    ) -> Result<Self> {
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(socket_name.as_bytes())
+            .map_err(|e| Error::os("socket address", e))?;
+        let s =
+            UnixStream::connect_addr(&addr).map_err(|e| Error::os("connect (shm socket)", e))?;
+        let mut conn = Conn::new(Sock::Unix(s), "shm connection");
+        conn.set_timeout(Some(io_timeout))?;
+        let bounce = Mapping::memfd(BOUNCE_BYTES, "bounce")?;
+        let fd = bounce
+            .fd()
+            .ok_or_else(|| Error::Unavailable("bounce buffer has no fd".into()))?;
+        conn.send_with_fd(&Msg::ShmJoin { session, token }, fd)?;
+        match conn.recv_frame(false)? {
+            (Msg::Ok, 0) => {}
+            (Msg::Err(e), _) => return Err(e),
+            (m, _) => {
+                return Err(Error::Protocol(format!(
+                    "expected Ok to ShmJoin, got frame type {}",
+                    m.kind()
+                )))
+            }
+        }
+        let sock = conn.shutdown_handle()?;
+        let alive = Arc::new(AtomicBool::new(true));
+        let (tx, rx) = channel();
+        let a = Arc::clone(&alive);
+        let w = Worker {
+            conn,
+            bounce,
+            maps: HashMap::new(),
+            wait: io_timeout,
+        };
+        std::thread::Builder::new()
+            .name("gdx-shm".into())
+            .spawn(move || worker(w, rx, a))
+            .map_err(|e| Error::os("spawn", e))?;
+        Ok(ShmTransport {
+            tx: Mutex::new(Some(tx)),
+            sock,
+            alive,
+        })
+    }
+}
+
+impl Transport for ShmTransport {
+    fn submit(&self, xfer: Arc<XferState>) {
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let rejected = match tx {
+            Some(tx) => tx.send(xfer).err().map(|e| e.0),
+            None => Some(xfer),
+        };
+        if let Some(x) = rejected {
+            x.fail_pending(&Error::PeerLost("peer connection closed".into()));
+            x.finish();
+        }
+    }
+
+    fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+
+    fn close(&self) {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.sock.shutdown();
+        self.alive.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for ShmTransport {
+    fn drop(&mut self) {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
+fn worker(mut w: Worker, rx: Receiver<Arc<XferState>>, alive: Arc<AtomicBool>) {
+    let mut broken: Option<Error> = None;
+    for xfer in rx {
+        if let Some(e) = &broken {
+            xfer.fail_pending(e);
+        } else if let Err(e) = w.run(&xfer) {
+            xfer.fail_pending(&e);
+            alive.store(false, Ordering::SeqCst);
+            broken = Some(e);
+        }
+        xfer.finish();
+    }
+    if broken.is_none() {
+        let _ = w.conn.send(&Msg::Bye);
+    }
+}
+
+impl Worker {
+    /// Runs one transfer; `Err` means the connection is unusable.
+    fn run(&mut self, xfer: &XferState) -> Result<()> {
+        let plans: Vec<Path> = xfer.plans().into_iter().map(|p| p.path).collect();
+        let mut ok = vec![true; xfer.ops.len()];
+        // Map every agent-allocated remote region once.
+        for (i, op) in xfer.ops.iter().enumerate() {
+            if plans[i] == Path::Shm && !self.maps.contains_key(&op.remote.id) {
+                if let Err(e) = self.map(op.remote.id, op.remote.key, op.remote.access.remote_write)
+                {
+                    if e.is_fatal_for_stream() {
+                        return Err(e);
+                    }
+                    xfer.chunk_done(i, 0, Err(e));
+                    ok[i] = false;
+                }
+            }
+        }
+        let idx: Vec<usize> = (0..xfer.ops.len()).filter(|&i| ok[i]).collect();
+        for batch in idx.chunks(MAX_OPS_PER_BEGIN) {
+            let ops = batch
+                .iter()
+                .map(|&i| {
+                    let op = &xfer.ops[i];
+                    ShmOp {
+                        write: op.kind == OpKind::Write,
+                        region: op.remote.id,
+                        key: op.remote.key,
+                        offset: op.remote_offset,
+                        len: op.len,
+                    }
+                })
+                .collect();
+            let begin = self.conn.request(&Msg::ShmBegin { xfer: xfer.id, ops })?;
+            let Msg::ShmBeginResult { errors } = begin else {
+                return Err(Error::Protocol("expected ShmBeginResult".into()));
+            };
+            let mut batch_ok = vec![true; batch.len()];
+            for (j, e) in errors {
+                let j = j as usize;
+                if j >= batch.len() {
+                    return Err(Error::Protocol("ShmBeginResult index out of range".into()));
+                }
+                batch_ok[j] = false;
+                xfer.chunk_done(batch[j], 0, Err(e));
+            }
+            let mut done = Vec::new();
+            for (j, &i) in batch.iter().enumerate() {
+                if !batch_ok[j] {
+                    continue;
+                }
+                if xfer.expired() {
+                    xfer.chunk_done(i, 0, Err(xfer.timeout_error()));
+                    continue;
+                }
+                let r = if plans[i] == Path::Shm {
+                    self.copy_direct(xfer, i)
+                } else {
+                    self.copy_staged(xfer, i)
+                };
+                match r {
+                    Ok(()) => done.push(i),
+                    Err(e) if e.is_fatal_for_stream() => return Err(e),
+                    Err(e) => xfer.chunk_done(i, 0, Err(e)),
+                }
+            }
+            let last = batch.last() == idx.last();
+            let notify = if last && !xfer.has_failed() {
+                xfer.notify.clone()
+            } else {
+                None
+            };
+            match self.conn.request(&Msg::ShmEnd {
+                xfer: xfer.id,
+                notify,
+            })? {
+                Msg::Ok => {}
+                m => {
+                    return Err(Error::Protocol(format!(
+                        "expected Ok to ShmEnd, got frame type {}",
+                        m.kind()
+                    )))
+                }
+            }
+            for i in done {
+                xfer.chunk_done(i, xfer.ops[i].len, Ok(()));
+            }
+        }
+        Ok(())
+    }
+
+    fn map(&mut self, region: u64, key: crate::region::RegionKey, write: bool) -> Result<()> {
+        let (len, writable) = match self.conn.request(&Msg::ShmMap { region, key, write })? {
+            Msg::ShmMapped { len, writable } => (len, writable),
+            m => {
+                return Err(Error::Protocol(format!(
+                    "expected ShmMapped, got frame type {}",
+                    m.kind()
+                )))
+            }
+        };
+        let fd = self
+            .conn
+            .take_fd()
+            .ok_or_else(|| Error::Protocol("ShmMapped without an fd".into()))?;
+        let len = usize::try_from(len).map_err(|_| Error::Protocol("mapping too large".into()))?;
+        let m = Mapping::map_fd(fd.as_raw_fd(), len, writable)?;
+        self.maps.insert(region, (m, writable));
+        Ok(())
+    }
+
+    fn copy_direct(&mut self, xfer: &XferState, i: usize) -> Result<()> {
+        let op = &xfer.ops[i];
+        let (m, writable) = self.maps.get(&op.remote.id).ok_or(Error::NoSuchRegion {
+            region: op.remote.id,
+        })?;
+        crate::region::check_bounds(op.remote_offset, op.len, m.len() as u64)?;
+        // SAFETY: remote_offset + len <= m.len() (checked above).
+        let remote = unsafe { m.ptr().add(op.remote_offset as usize) };
+        match op.kind {
+            OpKind::Write => {
+                if !writable {
+                    return Err(Error::ReadOnly {
+                        region: op.remote.id,
+                    });
+                }
+                let lease = op.local.lease(LeaseKind::Source, self.wait)?;
+                // SAFETY: local span bounds-checked at submit and held by the lease; remote span
+                // checked above and mapped writable; distinct mappings do not overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        lease.ptr_at(op.local_offset),
+                        remote,
+                        op.len as usize,
+                    )
+                };
+            }
+            OpKind::Read => {
+                let lease = op.local.lease(LeaseKind::Sink, self.wait)?;
+                // SAFETY: as above, in the other direction.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        remote,
+                        lease.ptr_at(op.local_offset),
+                        op.len as usize,
+                    )
+                };
+            }
+        }
+        Ok(())
+    }
+
+    fn copy_staged(&mut self, xfer: &XferState, i: usize) -> Result<()> {
+        let op = &xfer.ops[i];
+        let write = op.kind == OpKind::Write;
+        let lease = op.local.lease(
+            if write {
+                LeaseKind::Source
+            } else {
+                LeaseKind::Sink
+            },
+            self.wait,
+        )?;
+        let mut off = 0u64;
+        while off < op.len {
+            let len = (op.len - off).min(BOUNCE_BYTES as u64);
+            let local = lease.ptr_at(op.local_offset + off);
+            if write {
+                // SAFETY: len <= bounce size; local span within the leased, bounds-checked op span.
+                unsafe { std::ptr::copy_nonoverlapping(local, self.bounce.ptr(), len as usize) };
+            }
+            let msg = Msg::ShmStaged {
+                xfer: xfer.id,
+                op: i as u32,
+                write,
+                region: op.remote.id,
+                key: op.remote.key,
+                offset: op.remote_offset + off,
+                len,
+            };
+            match self.conn.request(&msg)? {
+                Msg::Ok => {}
+                m => {
+                    return Err(Error::Protocol(format!(
+                        "expected Ok to ShmStaged, got frame type {}",
+                        m.kind()
+                    )))
+                }
+            }
+            if !write {
+                // SAFETY: as above, from the bounce buffer into the local span.
+                unsafe { std::ptr::copy_nonoverlapping(self.bounce.ptr(), local, len as usize) };
+            }
+            off += len;
+        }
+        Ok(())
+    }
+}

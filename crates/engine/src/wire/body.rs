@@ -1,0 +1,456 @@
+//! Body encoding and decoding for every [`Msg`]: little-endian fixed-width integers, length-prefixed
+//! strings and byte strings, counted vectors. The reader is bounds-checked and refuses counts larger
+//! than the bytes left, so a hostile body cannot make it allocate.
+
+use super::{Hello, Msg, ShmOp, MAX_STR};
+use crate::error::{Error, Result};
+use crate::region::{Access, Location, RegionDesc, RegionKey};
+
+/// A bounds-checked little-endian reader over a body.
+pub(crate) struct Reader<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(b: &'a [u8]) -> Self {
+        Reader { b }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.b.len() < n {
+            return Err(Error::Malformed(format!(
+                "truncated: need {n} bytes, have {}",
+                self.b.len()
+            )));
+        }
+        let (h, t) = self.b.split_at(n);
+        self.b = t;
+        Ok(h)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn bool(&mut self) -> Result<bool> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(Error::Malformed(format!("bad bool {v}"))),
+        }
+    }
+    fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(
+            self.take(2)?
+                .try_into()
+                .map_err(|_| Error::Malformed("u16".into()))?,
+        ))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?
+                .try_into()
+                .map_err(|_| Error::Malformed("u32".into()))?,
+        ))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?
+                .try_into()
+                .map_err(|_| Error::Malformed("u64".into()))?,
+        ))
+    }
+    fn u128(&mut self) -> Result<u128> {
+        Ok(u128::from_le_bytes(
+            self.take(16)?
+                .try_into()
+                .map_err(|_| Error::Malformed("u128".into()))?,
+        ))
+    }
+    fn bytes(&mut self) -> Result<Vec<u8>> {
+        let n = self.u32()? as usize;
+        Ok(self.take(n)?.to_vec())
+    }
+    fn string(&mut self) -> Result<String> {
+        let n = self.u16()? as usize;
+        if n > MAX_STR {
+            return Err(Error::Malformed(format!("string of {n} bytes > {MAX_STR}")));
+        }
+        String::from_utf8(self.take(n)?.to_vec())
+            .map_err(|_| Error::Malformed("string is not UTF-8".into()))
+    }
+    fn opt_string(&mut self) -> Result<Option<String>> {
+        if self.bool()? {
+            Ok(Some(self.string()?))
+        } else {
+            Ok(None)
+        }
+    }
+    /// A count of items each at least `min_item` bytes long, checked against the bytes left so a
+    /// hostile count cannot make us allocate.
+    fn count(&mut self, min_item: usize) -> Result<usize> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(min_item) > self.b.len() {
+            return Err(Error::Malformed(format!("count {n} exceeds body")));
+        }
+        Ok(n)
+    }
+    pub(crate) fn finish(&self) -> Result<()> {
+        if self.b.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Malformed(format!("{} trailing bytes", self.b.len())))
+        }
+    }
+}
+
+fn put_u16(o: &mut Vec<u8>, v: u16) {
+    o.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u32(o: &mut Vec<u8>, v: u32) {
+    o.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u64(o: &mut Vec<u8>, v: u64) {
+    o.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u128(o: &mut Vec<u8>, v: u128) {
+    o.extend_from_slice(&v.to_le_bytes());
+}
+fn put_bytes(o: &mut Vec<u8>, v: &[u8]) {
+    put_u32(o, v.len() as u32);
+    o.extend_from_slice(v);
+}
+fn put_str(o: &mut Vec<u8>, s: &str) {
+    let s = &s.as_bytes()[..s.len().min(MAX_STR)];
+    put_u16(o, s.len() as u16);
+    o.extend_from_slice(s);
+}
+fn put_opt_str(o: &mut Vec<u8>, s: &Option<String>) {
+    match s {
+        Some(s) => {
+            o.push(1);
+            put_str(o, s);
+        }
+        None => o.push(0),
+    }
+}
+
+pub(crate) fn put_desc(o: &mut Vec<u8>, d: &RegionDesc) {
+    put_u64(o, d.id);
+    put_u128(o, d.key.0);
+    put_u64(o, d.len);
+    let (tag, n) = d.location.to_wire();
+    o.push(tag);
+    put_u32(o, n);
+    o.push(d.access.bits());
+    o.push(u8::from(d.shareable));
+    put_opt_str(o, &d.name);
+}
+
+pub(crate) fn get_desc(r: &mut Reader<'_>) -> Result<RegionDesc> {
+    let id = r.u64()?;
+    let key = RegionKey(r.u128()?);
+    let len = r.u64()?;
+    let tag = r.u8()?;
+    let n = r.u32()?;
+    let location = Location::from_wire(tag, n)?;
+    let bits = r.u8()?;
+    if bits > 3 {
+        return Err(Error::Malformed(format!("bad access bits {bits}")));
+    }
+    let access = Access::from_bits(bits);
+    let shareable = r.bool()?;
+    let name = r.opt_string()?;
+    Ok(RegionDesc {
+        id,
+        key,
+        len,
+        location,
+        access,
+        shareable,
+        name,
+    })
+}
+
+fn put_err(o: &mut Vec<u8>, e: &Error) {
+    put_u16(o, e.code());
+    let (a, b, c) = e.wire_args();
+    put_u64(o, a);
+    put_u64(o, b);
+    put_u64(o, c);
+    put_str(o, &e.wire_message());
+}
+
+fn get_err(r: &mut Reader<'_>) -> Result<Error> {
+    let code = r.u16()?;
+    let (a, b, c) = (r.u64()?, r.u64()?, r.u64()?);
+    let msg = r.string()?;
+    Ok(Error::from_wire(code, a, b, c, msg))
+}
+
+pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
+    match msg {
+        Msg::Hello(h) => {
+            put_str(o, &h.agent_name);
+            put_u128(o, h.agent_id);
+            put_u128(o, h.host_id);
+            put_u32(o, h.transports);
+            put_opt_str(o, &h.shm_socket);
+            put_opt_str(o, &h.listen);
+            put_u128(o, h.session);
+            put_u128(o, h.token);
+            put_u16(o, h.streams);
+        }
+        Msg::Join {
+            session,
+            token,
+            stream,
+        } => {
+            put_u128(o, *session);
+            put_u128(o, *token);
+            put_u16(o, *stream);
+        }
+        Msg::Ok | Msg::ListRegions | Msg::Bye => {}
+        Msg::Err(e) => put_err(o, e),
+        Msg::GetRegion { name } => put_str(o, name),
+        Msg::Region(d) => put_desc(o, d),
+        Msg::Regions(ds) => {
+            put_u32(o, ds.len() as u32);
+            ds.iter().for_each(|d| put_desc(o, d));
+        }
+        Msg::Write {
+            xfer,
+            op,
+            chunk,
+            region,
+            key,
+            offset,
+        } => {
+            put_u64(o, *xfer);
+            put_u32(o, *op);
+            put_u32(o, *chunk);
+            put_u64(o, *region);
+            put_u128(o, key.0);
+            put_u64(o, *offset);
+        }
+        Msg::WriteAck { xfer, op, chunk } | Msg::ReadData { xfer, op, chunk } => {
+            put_u64(o, *xfer);
+            put_u32(o, *op);
+            put_u32(o, *chunk);
+        }
+        Msg::Read {
+            xfer,
+            op,
+            chunk,
+            region,
+            key,
+            offset,
+            len,
+        } => {
+            put_u64(o, *xfer);
+            put_u32(o, *op);
+            put_u32(o, *chunk);
+            put_u64(o, *region);
+            put_u128(o, key.0);
+            put_u64(o, *offset);
+            put_u32(o, *len);
+        }
+        Msg::OpErr {
+            xfer,
+            op,
+            chunk,
+            err,
+        } => {
+            put_u64(o, *xfer);
+            put_u32(o, *op);
+            put_u32(o, *chunk);
+            put_err(o, err);
+        }
+        Msg::Notify { xfer, data } => {
+            put_u64(o, *xfer);
+            put_bytes(o, data);
+        }
+        Msg::ShmJoin { session, token } => {
+            put_u128(o, *session);
+            put_u128(o, *token);
+        }
+        Msg::ShmMap { region, key, write } => {
+            put_u64(o, *region);
+            put_u128(o, key.0);
+            o.push(u8::from(*write));
+        }
+        Msg::ShmMapped { len, writable } => {
+            put_u64(o, *len);
+            o.push(u8::from(*writable));
+        }
+        Msg::ShmBegin { xfer, ops } => {
+            put_u64(o, *xfer);
+            put_u32(o, ops.len() as u32);
+            for op in ops {
+                o.push(u8::from(op.write));
+                put_u64(o, op.region);
+                put_u128(o, op.key.0);
+                put_u64(o, op.offset);
+                put_u64(o, op.len);
+            }
+        }
+        Msg::ShmBeginResult { errors } => {
+            put_u32(o, errors.len() as u32);
+            for (i, e) in errors {
+                put_u32(o, *i);
+                put_err(o, e);
+            }
+        }
+        Msg::ShmStaged {
+            xfer,
+            op,
+            write,
+            region,
+            key,
+            offset,
+            len,
+        } => {
+            put_u64(o, *xfer);
+            put_u32(o, *op);
+            o.push(u8::from(*write));
+            put_u64(o, *region);
+            put_u128(o, key.0);
+            put_u64(o, *offset);
+            put_u64(o, *len);
+        }
+        Msg::ShmEnd { xfer, notify } => {
+            put_u64(o, *xfer);
+            match notify {
+                Some(d) => {
+                    o.push(1);
+                    put_bytes(o, d);
+                }
+                None => o.push(0),
+            }
+        }
+    }
+}
+
+/// Decodes the body of a frame of type `kind`. Rejects truncated bodies and trailing bytes.
+pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
+    let mut r = Reader::new(body);
+    let msg = match kind {
+        1 => Msg::Hello(Hello {
+            agent_name: r.string()?,
+            agent_id: r.u128()?,
+            host_id: r.u128()?,
+            transports: r.u32()?,
+            shm_socket: r.opt_string()?,
+            listen: r.opt_string()?,
+            session: r.u128()?,
+            token: r.u128()?,
+            streams: r.u16()?,
+        }),
+        2 => Msg::Join {
+            session: r.u128()?,
+            token: r.u128()?,
+            stream: r.u16()?,
+        },
+        3 => Msg::Ok,
+        4 => Msg::Err(get_err(&mut r)?),
+        5 => Msg::GetRegion { name: r.string()? },
+        6 => Msg::Region(get_desc(&mut r)?),
+        7 => Msg::ListRegions,
+        8 => {
+            let n = r.count(39)?;
+            let mut v = Vec::with_capacity(n);
+            for _ in 0..n {
+                v.push(get_desc(&mut r)?);
+            }
+            Msg::Regions(v)
+        }
+        9 => Msg::Write {
+            xfer: r.u64()?,
+            op: r.u32()?,
+            chunk: r.u32()?,
+            region: r.u64()?,
+            key: RegionKey(r.u128()?),
+            offset: r.u64()?,
+        },
+        10 => Msg::WriteAck {
+            xfer: r.u64()?,
+            op: r.u32()?,
+            chunk: r.u32()?,
+        },
+        11 => Msg::Read {
+            xfer: r.u64()?,
+            op: r.u32()?,
+            chunk: r.u32()?,
+            region: r.u64()?,
+            key: RegionKey(r.u128()?),
+            offset: r.u64()?,
+            len: r.u32()?,
+        },
+        12 => Msg::ReadData {
+            xfer: r.u64()?,
+            op: r.u32()?,
+            chunk: r.u32()?,
+        },
+        13 => Msg::OpErr {
+            xfer: r.u64()?,
+            op: r.u32()?,
+            chunk: r.u32()?,
+            err: get_err(&mut r)?,
+        },
+        14 => Msg::Notify {
+            xfer: r.u64()?,
+            data: r.bytes()?,
+        },
+        15 => Msg::ShmJoin {
+            session: r.u128()?,
+            token: r.u128()?,
+        },
+        16 => Msg::ShmMap {
+            region: r.u64()?,
+            key: RegionKey(r.u128()?),
+            write: r.bool()?,
+        },
+        17 => Msg::ShmMapped {
+            len: r.u64()?,
+            writable: r.bool()?,
+        },
+        18 => {
+            let xfer = r.u64()?;
+            let n = r.count(41)?;
+            let mut ops = Vec::with_capacity(n);
+            for _ in 0..n {
+                ops.push(ShmOp {
+                    write: r.bool()?,
+                    region: r.u64()?,
+                    key: RegionKey(r.u128()?),
+                    offset: r.u64()?,
+                    len: r.u64()?,
+                });
+            }
+            Msg::ShmBegin { xfer, ops }
+        }
+        19 => {
+            let n = r.count(32)?;
+            let mut errors = Vec::with_capacity(n);
+            for _ in 0..n {
+                errors.push((r.u32()?, get_err(&mut r)?));
+            }
+            Msg::ShmBeginResult { errors }
+        }
+        20 => Msg::ShmStaged {
+            xfer: r.u64()?,
+            op: r.u32()?,
+            write: r.bool()?,
+            region: r.u64()?,
+            key: RegionKey(r.u128()?),
+            offset: r.u64()?,
+            len: r.u64()?,
+        },
+        21 => {
+            let xfer = r.u64()?;
+            let notify = if r.bool()? { Some(r.bytes()?) } else { None };
+            Msg::ShmEnd { xfer, notify }
+        }
+        22 => Msg::Bye,
+        k => return Err(Error::UnknownFrame(k)),
+    };
+    r.finish()?;
+    Ok(msg)
+}

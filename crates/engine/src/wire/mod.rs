@@ -1,0 +1,270 @@
+//! The wire protocol: versioned, length-prefixed frames (see `docs/wire-protocol.md`).
+//!
+//! A frame is a 16-byte header, a body of `body_len` bytes (one [`Msg`]) and, for data frames, a raw
+//! payload of `payload_len` bytes that the receiver moves straight into registered memory.
+//! This module is a pure codec: [`decode_header`] and [`decode_body`] never panic and never allocate
+//! more than the input justifies, whatever bytes they are given (fuzzed and property-tested).
+
+use crate::error::{Error, Result};
+use crate::region::{RegionDesc, RegionKey};
+
+/// First two bytes of every frame: `"GX"`.
+pub const MAGIC: u16 = 0x4758;
+/// The protocol version this build speaks.
+pub const VERSION: u8 = 1;
+/// Size of the fixed frame header.
+pub const HEADER_LEN: usize = 16;
+/// Largest frame body accepted (1 MiB).
+pub const MAX_BODY: u32 = 1 << 20;
+/// Largest payload accepted after one frame (64 MiB); larger ops are chunked.
+pub const MAX_PAYLOAD: u32 = 64 << 20;
+/// Largest string inside a body.
+pub(crate) const MAX_STR: usize = 4096;
+
+/// A decoded frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Message type.
+    pub kind: u8,
+    /// Body length in bytes (≤ [`MAX_BODY`]).
+    pub body_len: u32,
+    /// Raw payload length after the body (≤ [`MAX_PAYLOAD`]).
+    pub payload_len: u32,
+}
+
+/// What a peer said in its handshake.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Hello {
+    /// Agent name.
+    pub agent_name: String,
+    /// Random agent id (fresh per process).
+    pub agent_id: u128,
+    /// Host id (same value means same kernel: shared memory can work).
+    pub host_id: u128,
+    /// Transports enabled, bit 0 tcp, bit 1 shm.
+    pub transports: u32,
+    /// Abstract unix socket name for shm, if shm is enabled.
+    pub shm_socket: Option<String>,
+    /// Address the agent accepts connections on, if it listens.
+    pub listen: Option<String>,
+    /// Session id (set in the acceptor's reply).
+    pub session: u128,
+    /// Session token data streams must present (set in the acceptor's reply).
+    pub token: u128,
+    /// Number of tcp data streams the initiator will open.
+    pub streams: u16,
+}
+
+/// One op inside an [`Msg::ShmBegin`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmOp {
+    /// True when bytes go into the target region.
+    pub write: bool,
+    /// Target region id.
+    pub region: u64,
+    /// Key presented.
+    pub key: RegionKey,
+    /// Offset in the target region.
+    pub offset: u64,
+    /// Length.
+    pub len: u64,
+}
+
+/// Every message of the protocol. Frame type numbers are listed in `docs/wire-protocol.md`.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(missing_docs)]
+pub enum Msg {
+    Hello(Hello),
+    Join {
+        session: u128,
+        token: u128,
+        stream: u16,
+    },
+    Ok,
+    Err(Error),
+    GetRegion {
+        name: String,
+    },
+    Region(RegionDesc),
+    ListRegions,
+    Regions(Vec<RegionDesc>),
+    Write {
+        xfer: u64,
+        op: u32,
+        chunk: u32,
+        region: u64,
+        key: RegionKey,
+        offset: u64,
+    },
+    WriteAck {
+        xfer: u64,
+        op: u32,
+        chunk: u32,
+    },
+    Read {
+        xfer: u64,
+        op: u32,
+        chunk: u32,
+        region: u64,
+        key: RegionKey,
+        offset: u64,
+        len: u32,
+    },
+    ReadData {
+        xfer: u64,
+        op: u32,
+        chunk: u32,
+    },
+    OpErr {
+        xfer: u64,
+        op: u32,
+        chunk: u32,
+        err: Error,
+    },
+    Notify {
+        xfer: u64,
+        data: Vec<u8>,
+    },
+    ShmJoin {
+        session: u128,
+        token: u128,
+    },
+    ShmMap {
+        region: u64,
+        key: RegionKey,
+        write: bool,
+    },
+    ShmMapped {
+        len: u64,
+        writable: bool,
+    },
+    ShmBegin {
+        xfer: u64,
+        ops: Vec<ShmOp>,
+    },
+    ShmBeginResult {
+        errors: Vec<(u32, Error)>,
+    },
+    ShmStaged {
+        xfer: u64,
+        op: u32,
+        write: bool,
+        region: u64,
+        key: RegionKey,
+        offset: u64,
+        len: u64,
+    },
+    ShmEnd {
+        xfer: u64,
+        notify: Option<Vec<u8>>,
+    },
+    Bye,
+}
+
+impl Msg {
+    /// The frame type number.
+    pub fn kind(&self) -> u8 {
+        match self {
+            Msg::Hello(_) => 1,
+            Msg::Join { .. } => 2,
+            Msg::Ok => 3,
+            Msg::Err(_) => 4,
+            Msg::GetRegion { .. } => 5,
+            Msg::Region(_) => 6,
+            Msg::ListRegions => 7,
+            Msg::Regions(_) => 8,
+            Msg::Write { .. } => 9,
+            Msg::WriteAck { .. } => 10,
+            Msg::Read { .. } => 11,
+            Msg::ReadData { .. } => 12,
+            Msg::OpErr { .. } => 13,
+            Msg::Notify { .. } => 14,
+            Msg::ShmJoin { .. } => 15,
+            Msg::ShmMap { .. } => 16,
+            Msg::ShmMapped { .. } => 17,
+            Msg::ShmBegin { .. } => 18,
+            Msg::ShmBeginResult { .. } => 19,
+            Msg::ShmStaged { .. } => 20,
+            Msg::ShmEnd { .. } => 21,
+            Msg::Bye => 22,
+        }
+    }
+
+    /// Whether a frame of this type may carry a payload.
+    fn allows_payload(kind: u8) -> bool {
+        kind == 9 || kind == 12
+    }
+}
+
+/// Decodes and validates a header: magic, version, type range and both size limits.
+pub fn decode_header(b: &[u8; HEADER_LEN]) -> Result<Header> {
+    let magic = u16::from_le_bytes([b[0], b[1]]);
+    if magic != MAGIC {
+        return Err(Error::BadMagic(magic));
+    }
+    if b[2] != VERSION {
+        return Err(Error::UnknownVersion(b[2]));
+    }
+    let kind = b[3];
+    if !(1..=22).contains(&kind) {
+        return Err(Error::UnknownFrame(kind));
+    }
+    let body_len = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+    let payload_len = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+    if body_len > MAX_BODY {
+        return Err(Error::FrameTooLarge {
+            len: body_len.into(),
+            limit: MAX_BODY.into(),
+        });
+    }
+    if payload_len > MAX_PAYLOAD {
+        return Err(Error::FrameTooLarge {
+            len: payload_len.into(),
+            limit: MAX_PAYLOAD.into(),
+        });
+    }
+    if payload_len > 0 && !Msg::allows_payload(kind) {
+        return Err(Error::Malformed(format!(
+            "frame type {kind} cannot carry a payload"
+        )));
+    }
+    Ok(Header {
+        kind,
+        body_len,
+        payload_len,
+    })
+}
+
+/// Encodes `msg` as header + body, announcing `payload_len` payload bytes to follow.
+pub fn encode(msg: &Msg, payload_len: u32) -> Vec<u8> {
+    let mut out = vec![0u8; HEADER_LEN];
+    put_body(&mut out, msg);
+    let body_len = (out.len() - HEADER_LEN) as u32;
+    out[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+    out[2] = VERSION;
+    out[3] = msg.kind();
+    out[4..8].copy_from_slice(&body_len.to_le_bytes());
+    out[8..12].copy_from_slice(&payload_len.to_le_bytes());
+    out
+}
+
+/// Decodes a whole frame from `buf`: `Ok(None)` if more bytes are needed, else the message, the
+/// payload length that follows, and the bytes consumed (header + body).
+pub fn decode_frame(buf: &[u8]) -> Result<Option<(Msg, u32, usize)>> {
+    let Some(h) = buf.first_chunk::<HEADER_LEN>() else {
+        return Ok(None);
+    };
+    let h = decode_header(h)?;
+    let end = HEADER_LEN + h.body_len as usize;
+    if buf.len() < end {
+        return Ok(None);
+    }
+    let msg = decode_body(h.kind, &buf[HEADER_LEN..end])?;
+    Ok(Some((msg, h.payload_len, end)))
+}
+
+mod body;
+
+pub use body::decode_body;
+use body::put_body;
+pub(crate) use body::{get_desc, put_desc, Reader};

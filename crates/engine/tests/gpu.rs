@@ -1,0 +1,279 @@
+//! GPU tests of [`LocalPeer`]: random data, destination poisoned first, bytes verified after.
+//!
+//! Convention: these tests run everywhere and skip at run time with a printed reason
+//! (`skipped: ...`) where there is no CUDA driver or not enough GPUs, so one test binary built
+//! on a CI machine runs for real on the GPU machine. `GDX_TEST_MAX_BYTES` caps the largest size
+//! (default 1 GiB).
+
+use gdx_engine::{
+    DeviceOrigin, DeviceRegion, Error, LocalPeer, Mem, Ordering, Path, PinnedRegion, Policy,
+};
+use gdx_sys::cuda::{Event, Stream};
+
+const POISON: u8 = 0xA5;
+
+fn open(policy: Policy, gpus: u32, test: &str) -> Option<LocalPeer> {
+    match LocalPeer::open(policy, Default::default()) {
+        Ok(p) if p.gpu_count() >= gpus => Some(p),
+        Ok(p) => {
+            eprintln!("skipped {test}: needs {gpus} GPUs, found {}", p.gpu_count());
+            None
+        }
+        Err(e) => {
+            assert!(matches!(e, Error::Unavailable(_) | Error::Cuda(_)), "{e:?}");
+            eprintln!("skipped {test}: {e}");
+            None
+        }
+    }
+}
+
+fn random(len: usize, mut seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    for c in v.chunks_mut(8) {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        c.copy_from_slice(&seed.to_le_bytes()[..c.len()]);
+    }
+    v
+}
+
+fn max_bytes() -> u64 {
+    std::env::var("GDX_TEST_MAX_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(1 << 30)
+}
+
+/// Sizes 1 B … 1 GiB (capped), with unaligned offsets.
+fn cases() -> Vec<(u64, u64, u64)> {
+    let sizes = [1u64, 8, 4099, (1 << 20) + 5, 64 << 20, 1 << 30];
+    sizes
+        .iter()
+        .filter(|&&s| s <= max_bytes())
+        .enumerate()
+        .map(|(i, &s)| (s, (i as u64 * 3) % 7, (i as u64 * 5) % 11))
+        .collect()
+}
+
+/// Fill `src` with random bytes and `dst` with the poison, copy, check the copied range and
+/// that the bytes around it are still poison.
+fn check_copy(peer: &LocalPeer, dst: &DeviceRegion, src: Mem<'_>, len: u64, d_off: u64, s_off: u64, blocking: bool) -> Path {
+    let data = random((len + s_off) as usize, len ^ 0x9e37_79b9);
+    match src {
+        Mem::Gpu(r) => peer.upload(r, 0, &data).unwrap(),
+        Mem::Pinned(p) => p.with_bytes_mut(|b| b[..data.len()].copy_from_slice(&data)).unwrap(),
+    }
+    peer.upload(dst, 0, &vec![POISON; dst.len() as usize]).unwrap();
+    let plan = if blocking {
+        peer.copy_blocking(dst, d_off, src, s_off, len).unwrap()
+    } else {
+        peer.transfer(dst, d_off, src, s_off, len).unwrap().wait().unwrap()
+    };
+    let mut out = vec![0u8; dst.len() as usize];
+    peer.download(dst, 0, &mut out).unwrap();
+    let got = &out[d_off as usize..(d_off + len) as usize];
+    if let Some(i) = got.iter().zip(&data[s_off as usize..]).position(|(a, b)| a != b) {
+        panic!("{len} bytes on {plan}: byte {i} differs");
+    }
+    assert!(out[..d_off as usize].iter().all(|&b| b == POISON));
+    assert!(out[(d_off + len) as usize..].iter().all(|&b| b == POISON));
+    plan.path
+}
+
+#[test]
+fn p2p_copies_every_size_and_offset() {
+    let Some(peer) = open(Policy::default(), 2, "p2p") else { return };
+    for (len, d, s) in cases() {
+        let src = peer.alloc_device(0, len + s).unwrap();
+        let dst = peer.alloc_device(1, len + d + 3).unwrap();
+        let path = check_copy(&peer, &dst, Mem::Gpu(&src), len, d, s, len <= 4099);
+        let link = peer.link(0, 1).unwrap();
+        eprintln!("{len} B: {path} ({link:?})");
+        if link.peer == gdx_engine::planner::PeerStatus::Enabled {
+            assert_eq!(path, Path::P2p);
+        }
+    }
+}
+
+#[test]
+fn forced_staged_copies_every_size_and_offset() {
+    let policy = Policy { force: Some(Path::Staged), ..Policy::default() };
+    let Some(peer) = open(policy, 2, "staged") else { return };
+    for (len, d, s) in cases() {
+        let src = peer.alloc_device(0, len + s).unwrap();
+        let dst = peer.alloc_device(1, len + d).unwrap();
+        assert_eq!(check_copy(&peer, &dst, Mem::Gpu(&src), len, d, s, false), Path::Staged);
+    }
+}
+
+#[test]
+fn strict_mode_refuses_forced_staged_with_the_reason() {
+    let policy = Policy { strict: true, force: Some(Path::Staged), ..Policy::default() };
+    let Some(peer) = open(policy, 2, "strict") else { return };
+    if peer.link(0, 1).unwrap().peer != gdx_engine::planner::PeerStatus::Enabled {
+        eprintln!("skipped strict: no P2P between GPU0 and GPU1, staged is the best path");
+        return;
+    }
+    let src = peer.alloc_device(0, 4096).unwrap();
+    let dst = peer.alloc_device(1, 4096).unwrap();
+    let e = peer.transfer(&dst, 0, &src, 0, 4096).unwrap_err();
+    let msg = e.to_string();
+    eprintln!("{msg}");
+    assert!(matches!(e, Error::Strict(_)));
+    assert!(msg.contains("forced by policy") && msg.contains("p2p GPU0→GPU1"), "{msg}");
+}
+
+#[test]
+fn host_to_gpu_and_back() {
+    let Some(peer) = open(Policy::default(), 1, "host<->gpu") else { return };
+    for (len, d, s) in cases() {
+        let host: PinnedRegion = peer.alloc_pinned(len + s).unwrap();
+        let dev = peer.alloc_device(0, len + d).unwrap();
+        assert_eq!(check_copy(&peer, &dev, Mem::Pinned(&host), len, d, s, len <= 8), Path::HostToGpu);
+        // And back into a poisoned pinned buffer.
+        let back = peer.alloc_pinned(len).unwrap();
+        back.with_bytes_mut(|b| b.fill(POISON)).unwrap();
+        let plan = peer.transfer(&back, 0, &dev, d, len).unwrap().wait().unwrap();
+        assert_eq!(plan.path, Path::GpuToHost);
+        let want = host.with_bytes(|b| b[s as usize..(s + len) as usize].to_vec()).unwrap();
+        assert!(back.with_bytes(|b| b == &want[..]).unwrap(), "{len} bytes back differ");
+    }
+}
+
+#[test]
+fn pool_memory_is_granted_access_or_reported_unmapped() {
+    let Some(strict_free) = open(Policy { no_pool_grant: true, ..Policy::default() }, 2, "pool") else { return };
+    if strict_free.link(0, 1).unwrap().peer != gdx_engine::planner::PeerStatus::Enabled {
+        eprintln!("skipped pool: no P2P between GPU0 and GPU1");
+        return;
+    }
+    let len = 8 << 20;
+    // Without the grant: the driver leaves the pool unmapped for GPU0; the region says so and
+    // the planner takes the staged path (with the reason), never the driver's slow fallback.
+    let dst = strict_free.alloc_device_from_pool(1, len).unwrap();
+    let src = strict_free.alloc_device(0, len).unwrap();
+    assert_eq!(dst.origin(), &DeviceOrigin::Pool);
+    match dst.peer_mapped(0) {
+        Err(why) => {
+            eprintln!("pool without grant: {why}");
+            let plan = strict_free.plan(Mem::Gpu(&dst), Mem::Gpu(&src), len).unwrap();
+            assert_eq!(plan.path, Path::Staged, "{plan}");
+            assert!(plan.reason.contains("pool memory"), "{plan}");
+            assert_eq!(check_copy(&strict_free, &dst, Mem::Gpu(&src), len, 0, 0, false), Path::Staged);
+        }
+        Ok(()) => eprintln!("pool without grant: the driver already maps it for GPU0 (granted earlier in this process)"),
+    }
+    drop(dst);
+    // With the grant (the default policy): mapped, p2p, bytes verified.
+    let peer = open(Policy::default(), 2, "pool").unwrap();
+    let dst = peer.alloc_device_from_pool(1, len).unwrap();
+    assert_eq!(dst.peer_mapped(0), Ok(()));
+    let src = peer.alloc_device(0, len).unwrap();
+    assert_eq!(check_copy(&peer, &dst, Mem::Gpu(&src), len, 0, 0, false), Path::P2p);
+}
+
+#[test]
+fn stream_ordering_waits_and_signals() {
+    let Some(peer) = open(Policy::default(), 2, "ordering") else { return };
+    let len = 4 << 20;
+    let src = peer.alloc_device(0, len).unwrap();
+    let dst = peer.alloc_device(1, len).unwrap();
+    let data = random(len as usize, 7);
+    peer.upload(&src, 0, &data).unwrap();
+    peer.upload(&dst, 0, &vec![POISON; len as usize]).unwrap();
+    let ctx0 = peer.context(0).unwrap();
+    let caller = Stream::new(&ctx0).unwrap();
+    let before = Event::without_timing(&ctx0).unwrap();
+    before.record(&caller).unwrap();
+    let ctx1 = peer.context(1).unwrap();
+    let signal = Event::without_timing(&ctx1).unwrap();
+    let t = peer
+        .transfer_with(&dst, 0, &src, 0, len, Ordering { after: Some(&before), stream: Some(&caller), signal: Some(&signal) })
+        .unwrap();
+    signal.synchronize().unwrap();
+    caller.synchronize().unwrap();
+    let mut out = vec![0u8; len as usize];
+    peer.download(&dst, 0, &mut out).unwrap();
+    assert!(out == data);
+    t.wait().unwrap();
+}
+
+#[test]
+fn raw_device_pointers_register_and_never_free() {
+    let Some(peer) = open(Policy::default(), 2, "raw pointer") else { return };
+    let owner = peer.alloc_device(1, 1 << 20).unwrap();
+    // SAFETY: `owner` outlives `foreign` and nothing else touches the memory.
+    let foreign = unsafe { peer.register_device_ptr(owner.device_ptr() + 16, 1000) }.unwrap();
+    assert_eq!(foreign.gpu(), 1);
+    assert_eq!(foreign.origin(), &DeviceOrigin::Foreign);
+    // SAFETY: as above; the range runs past the allocation, so registration must fail.
+    assert!(unsafe { peer.register_device_ptr(owner.device_ptr() + 16, 1 << 20) }.is_err());
+    let src = peer.alloc_device(0, 1000).unwrap();
+    check_copy(&peer, &foreign, Mem::Gpu(&src), 1000, 0, 0, true);
+    drop(foreign);
+    owner.synchronize().unwrap();
+}
+
+/// The exporting side of the ipc test, run as a child process of `ipc_across_two_processes`.
+#[test]
+fn ipc_child() {
+    if std::env::var("GDX_IPC_CHILD").is_err() {
+        return;
+    }
+    let peer = LocalPeer::open(Policy::default(), Default::default()).unwrap();
+    let len: u64 = std::env::var("GDX_IPC_LEN").unwrap().parse().unwrap();
+    let r = peer.alloc_device(1, len).unwrap();
+    peer.upload(&r, 0, &random(len as usize, 42)).unwrap();
+    println!("\nIPCDESC {}", serde_json::to_string(&peer.export_ipc(&r).unwrap()).unwrap());
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    let mut out = vec![0u8; len as usize];
+    peer.download(&r, 0, &mut out).unwrap();
+    println!("\nCHILDSUM {}", out.iter().map(|&b| u64::from(b)).sum::<u64>());
+}
+
+#[test]
+fn ipc_across_two_processes() {
+    use std::io::{BufRead, Write};
+    let Some(peer) = open(Policy::default(), 2, "ipc") else { return };
+    let len: u64 = (64 << 20) + 3;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "ipc_child", "--nocapture", "--test-threads=1"])
+        .env("GDX_IPC_CHILD", "1")
+        .env("GDX_IPC_LEN", len.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let desc = loop {
+        let l = lines.next().expect("child ended without a descriptor").unwrap();
+        // libtest prints "test ipc_child ... " without a newline before the child's output.
+        if let Some(j) = l.find("IPCDESC ").map(|i| &l[i + 8..]) {
+            break serde_json::from_str::<gdx_engine::IpcDesc>(j).unwrap();
+        }
+    };
+    let remote = peer.import_ipc(&desc).unwrap();
+    let again = peer.import_ipc(&desc).unwrap();
+    assert_eq!(remote.id(), again.id(), "mapped once, cached per region");
+    // Read the child's bytes GPU1 → GPU0, no host copy.
+    let local = peer.alloc_device(0, len).unwrap();
+    peer.upload(&local, 0, &vec![POISON; len as usize]).unwrap();
+    let plan = peer.transfer(&local, 0, &remote, 0, len).unwrap().wait().unwrap();
+    assert_eq!(plan.path, Path::Ipc, "{plan}");
+    let mut out = vec![0u8; len as usize];
+    peer.download(&local, 0, &mut out).unwrap();
+    assert!(out == random(len as usize, 42), "ipc read differs");
+    // Write new bytes into the child's memory; the child sums what it sees.
+    let data = random(len as usize, 99);
+    peer.upload(&local, 0, &data).unwrap();
+    peer.copy_blocking(&remote, 0, &local, 0, len).unwrap();
+    drop((remote, again));
+    writeln!(child.stdin.as_mut().unwrap(), "done").unwrap();
+    let sum = loop {
+        let l = lines.next().expect("child ended without a sum").unwrap();
+        if let Some(s) = l.find("CHILDSUM ").map(|i| &l[i + 9..]) {
+            break s.parse::<u64>().unwrap();
+        }
+    };
+    assert_eq!(sum, data.iter().map(|&b| u64::from(b)).sum::<u64>());
+    assert!(child.wait().unwrap().success());
+}

@@ -1,0 +1,400 @@
+//! Two processes: this test binary re-executes itself (`std::env::current_exe()`) with
+//! `GDX_TEST_ROLE=server`, which runs `gdx_engine::serve` and prints its `GDX_SERVE` line. Nothing
+//! depends on build-time paths, so the binary can be copied to another machine and still run.
+//!
+//! Also: the peer-death test (`kill -9` the server mid-transfer → `PeerLost` within the timeout,
+//! then a fresh connection works), and the veth test (two network namespaces, run as root with
+//! `ip netns`; skipped with a printed reason otherwise).
+
+mod common;
+
+use common::*;
+use gdx_engine::serve::{self, ServeConfig};
+use gdx_engine::{Access, AgentConfig, Error, Path, RegionDesc, Status, Transfer};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Large tests take this lock so that at most one 1 GiB pair lives at a time.
+static BIG: Mutex<()> = Mutex::new(());
+
+const GIB: u64 = 1 << 30;
+
+/// The server role: serve a region filled with `fill_pattern(seed)` until stdin closes.
+#[test]
+fn role_server() {
+    if std::env::var("GDX_TEST_ROLE").as_deref() != Ok("server") {
+        return;
+    }
+    let len: u64 = std::env::var("GDX_TEST_LEN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64 << 20);
+    let seed: u64 = std::env::var("GDX_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let mut agent = AgentConfig::from_env().unwrap();
+    agent.name = "server".into();
+    let mut h = serve::run(ServeConfig {
+        agent,
+        region_len: len,
+        ..ServeConfig::default()
+    })
+    .unwrap();
+    fill_pattern(&mut h.region().bytes_mut().unwrap(), seed);
+    println!("{}", h.summary_line());
+    // Serve until the parent closes our stdin (or kills us).
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+}
+
+/// The client role (used inside a network namespace): write, read back, verify.
+#[test]
+fn role_client() {
+    if std::env::var("GDX_TEST_ROLE").as_deref() != Ok("client") {
+        return;
+    }
+    let addr = std::env::var("GDX_TEST_ADDR").unwrap();
+    let len: u64 = std::env::var("GDX_TEST_LEN").unwrap().parse().unwrap();
+    let seed: u64 = std::env::var("GDX_TEST_SEED").unwrap().parse().unwrap();
+    let mut cfg = AgentConfig::from_env().unwrap();
+    cfg.listen = None;
+    let agent = gdx_engine::Agent::new(cfg).unwrap();
+    let peer = agent.connect(addr.as_str()).unwrap();
+    assert_eq!(peer.route().transport, Path::Tcp, "{:?}", peer.route());
+    let remote = peer.region("serve").unwrap();
+    verify_remote(&agent, &peer, &remote, len, seed, Path::Tcp);
+    println!("GDX_CLIENT ok route={}", peer.route().reason);
+}
+
+struct Server {
+    child: Child,
+    addr: String,
+    desc: RegionDesc,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn role_command(role: &str, test: &str) -> Command {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut c = Command::new(exe);
+    c.args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env("GDX_TEST_ROLE", role);
+    c
+}
+
+fn read_serve_line(child: &mut Child) -> (String, RegionDesc) {
+    let out = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(out).lines();
+    let line = loop {
+        match lines.next() {
+            // The harness may print "test role_server ... " before our line.
+            Some(Ok(l)) if l.contains("GDX_SERVE ") => {
+                break l[l.find("GDX_SERVE ").unwrap_or(0)..].to_string()
+            }
+            Some(Ok(_)) => continue,
+            other => panic!("server ended before printing its address: {other:?}"),
+        }
+    };
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap_or_else(|| panic!("{k} in {line}"))
+            .to_string()
+    };
+    (field("addr="), field("region=").parse().unwrap())
+}
+
+fn spawn_server(len: u64, seed: u64, wrap: Option<&[&str]>) -> Server {
+    let mut c = match wrap {
+        None => role_command("server", "role_server"),
+        Some(prefix) => {
+            let mut c = Command::new(prefix[0]);
+            c.args(&prefix[1..])
+                .arg(std::env::current_exe().unwrap())
+                .args(["--exact", "role_server", "--nocapture", "--test-threads=1"])
+                .env("GDX_TEST_ROLE", "server");
+            c
+        }
+    };
+    let mut child = c
+        .env("GDX_TEST_LEN", len.to_string())
+        .env("GDX_TEST_SEED", seed.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn server");
+    let (addr, desc) = read_serve_line(&mut child);
+    Server { child, addr, desc }
+}
+
+/// Reads the whole remote region (filled with `fill_pattern(seed)` by the server) and checks it,
+/// then writes fresh random data over it, reads it back and checks again.
+fn verify_remote(
+    agent: &gdx_engine::Agent,
+    peer: &gdx_engine::Peer,
+    remote: &RegionDesc,
+    len: u64,
+    seed: u64,
+    path: Path,
+) {
+    let mut expect = vec![0u8; len as usize];
+    fill_pattern(&mut expect, seed);
+    let back = agent.alloc(len, Access::LOCAL, None).unwrap();
+    let mut t = Transfer::new();
+    t.read(&back, 0, remote, 0, len);
+    let rep = peer.submit(t).unwrap().wait(WAIT).unwrap();
+    assert_eq!(rep.ops[0].plan.path, path, "{}", rep.ops[0].plan);
+    assert_eq!(
+        first_diff(&back.bytes().unwrap(), &expect),
+        None,
+        "read of {len} bytes differs"
+    );
+
+    fill_pattern(&mut expect, seed + 1000);
+    let mut src = agent.alloc(len, Access::LOCAL, None).unwrap();
+    src.bytes_mut().unwrap().copy_from_slice(&expect);
+    drop(expect);
+    let mut t = Transfer::new();
+    t.write(&src, 0, remote, 0, len);
+    let rep = peer.submit(t).unwrap().wait(WAIT).unwrap();
+    assert_eq!(rep.ops[0].plan.path, path);
+    let mut t = Transfer::new();
+    t.read(&back, 0, remote, 0, len);
+    peer.submit(t).unwrap().wait(WAIT).unwrap();
+    assert_eq!(
+        first_diff(&back.bytes().unwrap(), &src.bytes().unwrap()),
+        None,
+        "written bytes differ"
+    );
+}
+
+fn two_process(shm: bool, len: u64) {
+    let _big = BIG.lock().unwrap_or_else(|p| p.into_inner());
+    let server = spawn_server(len, 42, None);
+    let agent = agent("client", shm);
+    let peer = agent.connect(server.addr.as_str()).unwrap();
+    let remote = peer.region("serve").unwrap();
+    assert_eq!(remote, server.desc);
+    let path = if shm { Path::Shm } else { Path::Tcp };
+    assert_eq!(peer.route().transport, path, "{:?}", peer.route());
+    verify_remote(&agent, &peer, &remote, len, 42, path);
+    // Unaligned small ops against the same process.
+    let src = agent.alloc(4096, Access::LOCAL, None).unwrap();
+    let mut t = Transfer::new();
+    t.write(&src, 1, &remote, len - 4095, 4095).notify("done");
+    peer.submit(t).unwrap().wait(WAIT).unwrap();
+}
+
+#[test]
+fn two_processes_tcp_1gib() {
+    two_process(false, GIB);
+}
+
+#[test]
+fn two_processes_shm_1gib() {
+    two_process(true, GIB);
+}
+
+fn kill_mid_transfer(shm: bool) {
+    let _big = BIG.lock().unwrap_or_else(|p| p.into_inner());
+    let len = 256 << 20;
+    let mut server = spawn_server(len, 7, None);
+    let mut cfg = config("client", shm);
+    cfg.io_timeout = Duration::from_secs(5);
+    let agent = gdx_engine::Agent::new(cfg).unwrap();
+    let peer = agent.connect(server.addr.as_str()).unwrap();
+    let remote = peer.region("serve").unwrap();
+    let src = agent.alloc(len, Access::LOCAL, None).unwrap();
+    let timeout = Duration::from_secs(10);
+
+    // Transfers back to back; kill -9 the server while one is running.
+    let mut killed_at = None;
+    let mut completed = 0;
+    let (err, failed_handle) = loop {
+        let mut t = Transfer::new();
+        for i in 0..4 {
+            t.write(&src, i * (len / 4), &remote, i * (len / 4), len / 4);
+        }
+        let h = match peer.submit(t) {
+            Ok(h) => h,
+            Err(e) => break (e, None),
+        };
+        if completed == 2 && killed_at.is_none() {
+            std::thread::sleep(Duration::from_millis(20));
+            server.child.kill().unwrap(); // SIGKILL
+            killed_at = Some(Instant::now());
+        }
+        match h.wait(timeout) {
+            Ok(_) => completed += 1,
+            Err(e) => break (e, Some(h)),
+        }
+        assert!(completed < 1000, "server never died");
+    };
+    let killed_at = killed_at.expect("failure before the kill");
+    let took = killed_at.elapsed();
+    assert!(
+        matches!(err, Error::PeerLost(_)),
+        "expected PeerLost, got {err:?}"
+    );
+    assert!(took < timeout, "PeerLost took {took:?}");
+    let h =
+        failed_handle.expect("the failure should come from the running transfer, not from submit");
+    assert!(matches!(
+        h.status(),
+        Status::Failed {
+            reason: Error::PeerLost(_)
+        }
+    ));
+    assert!(h
+        .op_results()
+        .iter()
+        .any(|o| matches!(o.status, gdx_engine::OpStatus::Failed(_))));
+    eprintln!("PeerLost {took:?} after kill -9, after {completed} completed transfers");
+
+    // The peer stays failed; a fresh server and a fresh connection work.
+    assert!(!peer.is_alive() || peer.submit(Transfer::new()).is_err());
+    drop(server);
+    let server = spawn_server(1 << 20, 8, None);
+    let peer = agent.connect(server.addr.as_str()).unwrap();
+    let remote = peer.region("serve").unwrap();
+    verify_remote(
+        &agent,
+        &peer,
+        &remote,
+        1 << 20,
+        8,
+        if shm { Path::Shm } else { Path::Tcp },
+    );
+}
+
+#[test]
+fn kill_server_mid_transfer_tcp() {
+    kill_mid_transfer(false);
+}
+
+#[test]
+fn kill_server_mid_transfer_shm() {
+    kill_mid_transfer(true);
+}
+
+/// Two network namespaces joined by a veth pair; server in one, client in the other, tcp between.
+#[test]
+fn veth_between_network_namespaces() {
+    if std::env::var("GDX_TEST_ROLE").is_ok() {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc_geteuid() } != 0 {
+        eprintln!("SKIPPED veth_between_network_namespaces: not running as root");
+        return;
+    }
+    let ok = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("SKIPPED veth_between_network_namespaces: `ip netns` is not available");
+        return;
+    }
+    let _big = BIG.lock().unwrap_or_else(|p| p.into_inner());
+    let pid = std::process::id();
+    let (a, b) = (format!("gdxa{pid}"), format!("gdxb{pid}"));
+    let (va, vb) = (
+        format!("gva{}", pid % 100_000),
+        format!("gvb{}", pid % 100_000),
+    );
+    struct Cleanup(Vec<String>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            for ns in &self.0 {
+                let _ = Command::new("ip").args(["netns", "del", ns]).status();
+            }
+        }
+    }
+    let _cleanup = Cleanup(vec![a.clone(), b.clone()]);
+    let sh = |args: &[&str]| {
+        let st = Command::new("ip").args(args).status().expect("ip");
+        st.success()
+    };
+    let setup = sh(&["netns", "add", &a])
+        && sh(&["netns", "add", &b])
+        && sh(&["link", "add", &va, "type", "veth", "peer", "name", &vb])
+        && sh(&["link", "set", &va, "netns", &a])
+        && sh(&["link", "set", &vb, "netns", &b])
+        && sh(&["-n", &a, "addr", "add", "10.213.7.1/30", "dev", &va])
+        && sh(&["-n", &b, "addr", "add", "10.213.7.2/30", "dev", &vb])
+        && sh(&["-n", &a, "link", "set", &va, "up"])
+        && sh(&["-n", &b, "link", "set", &vb, "up"])
+        && sh(&["-n", &a, "link", "set", "lo", "up"])
+        && sh(&["-n", &b, "link", "set", "lo", "up"]);
+    if !setup {
+        eprintln!("SKIPPED veth_between_network_namespaces: could not create namespaces/veth (no permission?)");
+        return;
+    }
+    let len = 64 << 20;
+    let exe = std::env::current_exe().unwrap();
+    let mut server = Command::new("ip");
+    server
+        .args(["netns", "exec", &a])
+        .arg(&exe)
+        .args(["--exact", "role_server", "--nocapture", "--test-threads=1"])
+        .env("GDX_TEST_ROLE", "server")
+        .env("GDX_LISTEN", "10.213.7.1:0")
+        .env("GDX_TEST_LEN", len.to_string())
+        .env("GDX_TEST_SEED", "77")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    let mut child = server.spawn().unwrap();
+    let (addr, _) = read_serve_line(&mut child);
+    let server = Server {
+        child,
+        addr: addr.clone(),
+        desc: "gdx1:".parse().unwrap_or_else(|_| dummy_desc()),
+    };
+    let out = Command::new("ip")
+        .args(["netns", "exec", &b])
+        .arg(&exe)
+        .args(["--exact", "role_client", "--nocapture", "--test-threads=1"])
+        .env("GDX_TEST_ROLE", "client")
+        .env("GDX_TEST_ADDR", &addr)
+        .env("GDX_TEST_LEN", len.to_string())
+        .env("GDX_TEST_SEED", "77")
+        .output()
+        .unwrap();
+    drop(server);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if let Some(l) = stdout.lines().find(|l| l.contains("GDX_CLIENT")) {
+        eprintln!("veth: {l}");
+    }
+    assert!(
+        out.status.success() && stdout.contains("GDX_CLIENT ok"),
+        "client failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn dummy_desc() -> RegionDesc {
+    RegionDesc {
+        id: 0,
+        key: gdx_engine::RegionKey(0),
+        len: 0,
+        location: gdx_engine::Location::Host,
+        access: Access::LOCAL,
+        shareable: false,
+        name: None,
+    }
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}

@@ -1,0 +1,222 @@
+//! Hostile bytes on real sockets: each header rejection comes back as the named error in an `Err`
+//! frame and the connection is closed; a forged data stream without the session token is refused;
+//! a write frame aimed at a read-only region never touches its memory.
+
+mod common;
+
+use common::*;
+use gdx_engine::wire::{decode_frame, encode, Hello, Msg, HEADER_LEN, MAX_BODY, MAX_PAYLOAD};
+use gdx_engine::{Access, Error, RegionKey};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+fn read_reply(s: &mut TcpStream) -> Option<Msg> {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 4096];
+    loop {
+        if let Ok(Some((m, _, _))) = decode_frame(&buf) {
+            return Some(m);
+        }
+        match s.read(&mut tmp) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+        }
+    }
+}
+
+fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(s.read(&mut b), Ok(0) | Err(_))
+}
+
+fn header(version: u8, kind: u8, body: u32, payload: u32) -> Vec<u8> {
+    let mut h = vec![0u8; HEADER_LEN];
+    h[0..2].copy_from_slice(&gdx_engine::wire::MAGIC.to_le_bytes());
+    h[2] = version;
+    h[3] = kind;
+    h[4..8].copy_from_slice(&body.to_le_bytes());
+    h[8..12].copy_from_slice(&payload.to_le_bytes());
+    h
+}
+
+fn expect_rejection(bytes: &[u8], want: impl Fn(&Error) -> bool) {
+    let target = agent("target", false);
+    let mut s = TcpStream::connect(target.listen_addr().unwrap()).unwrap();
+    s.write_all(bytes).unwrap();
+    match read_reply(&mut s) {
+        Some(Msg::Err(e)) => assert!(want(&e), "got {e:?}"),
+        other => panic!("expected an Err frame, got {other:?}"),
+    }
+    assert!(
+        closed(&mut s),
+        "connection should be closed after a fatal frame"
+    );
+}
+
+#[test]
+fn unknown_version_is_rejected() {
+    expect_rejection(&header(9, 1, 0, 0), |e| *e == Error::UnknownVersion(9));
+}
+
+#[test]
+fn oversize_body_is_rejected() {
+    expect_rejection(&header(1, 1, MAX_BODY + 1, 0), |e| {
+        matches!(e, Error::FrameTooLarge { .. })
+    });
+}
+
+#[test]
+fn oversize_payload_is_rejected() {
+    expect_rejection(&header(1, 9, 0, MAX_PAYLOAD + 1), |e| {
+        matches!(e, Error::FrameTooLarge { .. })
+    });
+}
+
+#[test]
+fn unknown_frame_type_is_rejected() {
+    expect_rejection(&header(1, 99, 0, 0), |e| *e == Error::UnknownFrame(99));
+}
+
+#[test]
+fn bad_magic_is_rejected() {
+    expect_rejection(&[0u8; HEADER_LEN], |e| matches!(e, Error::BadMagic(0)));
+}
+
+#[test]
+fn data_stream_without_token_is_refused() {
+    let bytes = encode(
+        &Msg::Join {
+            session: 1,
+            token: 2,
+            stream: 0,
+        },
+        0,
+    );
+    expect_rejection(&bytes, |e| matches!(e, Error::Protocol(_)));
+}
+
+/// Joins a real session by hand, then sends raw Write frames.
+#[test]
+fn raw_writes_are_checked_before_memory_is_touched() {
+    let target = agent("target", false);
+    let mut ro = target.alloc(4096, Access::READ, Some("ro")).unwrap();
+    ro.bytes_mut().unwrap().fill(0x11);
+    let mut rw = target.alloc(4096, Access::READ_WRITE, Some("rw")).unwrap();
+    rw.bytes_mut().unwrap().fill(0x22);
+    let (ro_d, rw_d) = (ro.desc(), rw.desc());
+    let addr = target.listen_addr().unwrap();
+
+    let mut control = TcpStream::connect(addr).unwrap();
+    control
+        .write_all(&encode(
+            &Msg::Hello(Hello {
+                agent_name: "raw".into(),
+                ..Hello::default()
+            }),
+            0,
+        ))
+        .unwrap();
+    let Some(Msg::Hello(h)) = read_reply(&mut control) else {
+        panic!("no Hello")
+    };
+    let mut data = TcpStream::connect(addr).unwrap();
+    data.write_all(&encode(
+        &Msg::Join {
+            session: h.session,
+            token: h.token,
+            stream: 0,
+        },
+        0,
+    ))
+    .unwrap();
+    assert_eq!(read_reply(&mut data), Some(Msg::Ok));
+
+    let send_write =
+        |s: &mut TcpStream, region: u64, key: RegionKey, offset: u64, payload: &[u8]| {
+            let m = Msg::Write {
+                xfer: 1,
+                op: 0,
+                chunk: 0,
+                region,
+                key,
+                offset,
+            };
+            let mut f = encode(&m, payload.len() as u32);
+            f.extend_from_slice(payload);
+            s.write_all(&f).unwrap();
+            read_reply(s)
+        };
+    let junk = [0xFFu8; 64];
+    let cases: Vec<(u64, RegionKey, u64, Error)> = vec![
+        (ro_d.id, ro_d.key, 0, Error::ReadOnly { region: ro_d.id }),
+        (
+            rw_d.id,
+            RegionKey(rw_d.key.0 ^ (1 << 100)),
+            0,
+            Error::BadKey { region: rw_d.id },
+        ),
+        (
+            rw_d.id,
+            rw_d.key,
+            4095,
+            Error::OutOfBounds {
+                offset: 4095,
+                len: 64,
+                region_len: 4096,
+            },
+        ),
+        (
+            rw_d.id,
+            rw_d.key,
+            u64::MAX - 10,
+            Error::OutOfBounds {
+                offset: u64::MAX - 10,
+                len: 64,
+                region_len: 4096,
+            },
+        ),
+        (12345, rw_d.key, 0, Error::NoSuchRegion { region: 12345 }),
+    ];
+    for (region, key, offset, want) in cases {
+        match send_write(&mut data, region, key, offset, &junk) {
+            Some(Msg::OpErr { err, .. }) => assert_eq!(err, want),
+            other => panic!("expected OpErr({want:?}), got {other:?}"),
+        }
+    }
+    // The stream stayed in sync through the rejected payloads: a valid write still works.
+    assert_eq!(
+        send_write(&mut data, rw_d.id, rw_d.key, 100, &junk),
+        Some(Msg::WriteAck {
+            xfer: 1,
+            op: 0,
+            chunk: 0
+        })
+    );
+    assert!(ro.bytes().unwrap().iter().all(|&b| b == 0x11));
+    let rw_bytes = rw.bytes().unwrap();
+    assert!(rw_bytes[..100]
+        .iter()
+        .chain(&rw_bytes[164..])
+        .all(|&b| b == 0x22));
+    assert!(rw_bytes[100..164].iter().all(|&b| b == 0xFF));
+}
+
+#[test]
+fn reconnect_after_close() {
+    let target = agent("target", true);
+    let init = agent("init", false);
+    let _r = target.alloc(4096, Access::READ_WRITE, Some("r")).unwrap();
+    let peer = init.connect(target.listen_addr().unwrap()).unwrap();
+    let remote = peer.region("r").unwrap();
+    peer.close();
+    let src = init.alloc(16, Access::LOCAL, None).unwrap();
+    let mut t = gdx_engine::Transfer::new();
+    t.write(&src, 0, &remote, 0, 16);
+    assert!(matches!(peer.submit(t), Err(Error::PeerLost(_))));
+    let peer = peer.reconnect().unwrap();
+    let mut t = gdx_engine::Transfer::new();
+    t.write(&src, 0, &remote, 0, 16);
+    peer.submit(t).unwrap().wait(WAIT).unwrap();
+}

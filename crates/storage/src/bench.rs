@@ -1,0 +1,530 @@
+//! [`bench_file`]: file → GPU and GPU → file over every path that runs here, against the naive
+//! baseline (`read()` of the whole file into a `Vec`, then one synchronous copy from pageable
+//! memory; and the mirror for writes), plus the two ceilings measured: the disk alone
+//! (`O_DIRECT` reads into host memory) and PCIe (pinned host → GPU copy engine).
+//!
+//! Protocol: the file is written once from a seeded pattern on the GPU; every read sample starts
+//! with the page cache dropped for the file (`fdatasync`, then `posix_fadvise(DONTNEED)`) or
+//! bypassed (`O_DIRECT`), each row says which; every write sample truncates the file and
+//! includes `fdatasync`, so the bytes are on the disk. The median of `samples` runs is reported
+//! with every sample. The first sample of each file → GPU row is verified against the pattern's
+//! checksum, and the first of each GPU → file row by reading the file back. One row's error
+//! never stops the others.
+
+use crate::ceiling::Ceiling;
+use crate::fileio::FileIo;
+use crate::plan::{cufile_status, CufileStatus};
+use crate::{
+    checksum_file, checksum_gpu, copy_file_to_gpu, copy_gpu_to_file, read_file, Checksum,
+    CopyOptions, CopyReport, Direction, FileRange, PathChoice, StorageError, StoragePath,
+    DEFAULT_CHUNK_BYTES, DEFAULT_DEPTH,
+};
+use gdx_sys::cuda::probe::{self, Loc};
+use gdx_sys::cuda::{Context, Cuda, DeviceBuffer, PinnedHostBuffer, Stream};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// The scratch file: created or overwritten with `size` bytes (kept afterwards).
+    pub file: PathBuf,
+    /// CUDA ordinal of the GPU.
+    pub gpu: u32,
+    /// Bytes per transfer; 1 GiB by default.
+    pub size: u64,
+    /// Samples per row (at least 1); 3 by default.
+    pub samples: usize,
+    /// Chunk size for the pipelined paths.
+    pub chunk_bytes: usize,
+    /// Chunks in flight for the pipelined paths.
+    pub depth: usize,
+}
+
+impl BenchOptions {
+    /// Defaults for `file` on GPU `gpu`.
+    pub fn new(file: impl Into<PathBuf>, gpu: u32) -> BenchOptions {
+        BenchOptions {
+            file: file.into(),
+            gpu,
+            size: 1 << 30,
+            samples: 3,
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            depth: DEFAULT_DEPTH,
+        }
+    }
+}
+
+/// How a row ended.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "status", content = "reason", rename_all = "snake_case")]
+pub enum BenchStatus {
+    /// Measured (and verified).
+    Passed,
+    /// Not runnable here, and why.
+    Waived(String),
+    /// Failed, with the message.
+    Error(String),
+}
+
+/// One measured row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BenchRow {
+    /// `<src>_to_<dst>_<path>`, e.g. `file_to_gpu_file_staged`.
+    pub key: String,
+    /// Which way.
+    pub direction: Direction,
+    /// `gds`, `file-staged`, `buffered`, `naive`, or `copy-engine`.
+    pub path: String,
+    /// How it was measured, including what happened to the page cache.
+    pub method: String,
+    /// Bytes per sample.
+    pub bytes: u64,
+    /// Every sample, GB/s (1e9 B/s).
+    pub samples_gbps: Vec<f64>,
+    /// The median sample, GB/s.
+    pub median_gbps: Option<f64>,
+    /// The copy's own account of its path (the last sample's), empty for the baselines.
+    pub detail: String,
+    /// Outcome.
+    #[serde(flatten)]
+    pub status: BenchStatus,
+}
+
+/// Everything [`bench_file`] measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BenchReport {
+    /// The scratch file.
+    pub file: PathBuf,
+    /// Its file system.
+    pub fs: String,
+    /// Bytes per transfer.
+    pub size: u64,
+    /// The GPU.
+    pub gpu: u32,
+    /// Samples per row.
+    pub samples: usize,
+    /// cuFile's state: its mode, or why it cannot run.
+    pub cufile: String,
+    /// The links' ceiling (sysfs).
+    pub ceiling: Ceiling,
+    /// The rows, in a fixed order.
+    pub rows: Vec<BenchRow>,
+}
+
+impl BenchReport {
+    /// The median of the naive row of `direction`, for ratios.
+    pub fn naive_gbps(&self, direction: Direction) -> Option<f64> {
+        self.rows
+            .iter()
+            .find(|r| r.direction == direction && r.path == "naive")
+            .and_then(|r| r.median_gbps)
+    }
+}
+
+const SEED: u64 = 0x6764_785f_7374_6f72; // "gdx_stor"
+
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// GPU buffers and helpers shared by the rows.
+struct Rig {
+    ctx: Context,
+    stream: Stream,
+    /// The pattern, the source of every write.
+    src: DeviceBuffer,
+    /// The destination of every read.
+    dst: DeviceBuffer,
+    expected: Checksum,
+}
+
+impl Rig {
+    fn new(cuda: &Cuda, gpu: u32, size: usize) -> Result<Rig, StorageError> {
+        let e = |what: &str| StorageError::cuda(format!("{what} on GPU {gpu}"));
+        let ctx = cuda.context(gpu).map_err(e("retaining the context"))?;
+        let stream = Stream::new(&ctx).map_err(e("creating a stream"))?;
+        let mut src = DeviceBuffer::new(&ctx, size).map_err(e("allocating the source"))?;
+        let dst = DeviceBuffer::new(&ctx, size).map_err(e("allocating the destination"))?;
+        let piece = size.min(16 << 20);
+        let mut host = PinnedHostBuffer::new(&ctx, piece).map_err(e("allocating pinned memory"))?;
+        let mut hasher = crc32fast::Hasher::new();
+        let mut done = 0usize;
+        while done < size {
+            let n = piece.min(size - done);
+            let bytes = host.as_mut_slice().map_err(e("waiting for an upload"))?;
+            probe::fill_pattern(&mut bytes[..n], SEED ^ done as u64);
+            hasher.update(&bytes[..n]);
+            stream
+                .copy_to_device_at(&mut src, done, &host, 0, n)
+                .map_err(e("uploading the pattern"))?;
+            done += n;
+        }
+        stream.synchronize().map_err(e("uploading the pattern"))?;
+        Ok(Rig {
+            ctx,
+            stream,
+            src,
+            dst,
+            expected: Checksum {
+                crc32: hasher.finalize(),
+                len: size as u64,
+            },
+        })
+    }
+
+    fn poison(&mut self) -> Result<(), StorageError> {
+        let n = self.dst.len();
+        self.stream
+            .memset(&mut self.dst, 0, n, probe::POISON)
+            .and_then(|()| self.stream.synchronize())
+            .map_err(StorageError::cuda("poisoning the destination"))
+    }
+}
+
+/// Flush and drop the file's pages from the page cache.
+fn drop_cache(file: &std::path::Path) -> Result<(), StorageError> {
+    let io = FileIo::open_read(file, false)?;
+    io.sync()?;
+    io.drop_cache()
+}
+
+const DROPPED: &str = "page cache dropped via posix_fadvise(DONTNEED) before each sample";
+const BYPASSED: &str = "page cache bypassed via O_DIRECT";
+
+fn cache_note(r: &CopyReport) -> &'static str {
+    match r.path {
+        StoragePath::FileStaged => BYPASSED,
+        _ => DROPPED,
+    }
+}
+
+/// Measure every path (see the module docs). `log` gets a line as each row starts. Fails only
+/// when the GPU or the scratch file cannot be set up; a row that fails is reported in its row.
+pub fn bench_file(
+    opts: &BenchOptions,
+    log: &mut dyn FnMut(&str),
+) -> Result<BenchReport, StorageError> {
+    let size = usize::try_from(opts.size)
+        .ok()
+        .filter(|&s| s > 0)
+        .ok_or_else(|| StorageError::InvalidOption(format!("bad size {}", opts.size)))?;
+    let samples = opts.samples.max(1);
+    let cuda = Cuda::load()?;
+    let mut rig = Rig::new(&cuda, opts.gpu, size)?;
+    let (cufile, _driver) = cufile_status();
+    let cufile_text = match &cufile {
+        CufileStatus::Available(mode) => mode.to_string(),
+        CufileStatus::Unavailable(why) => format!("unavailable: {why}"),
+        CufileStatus::NotNeeded => "not looked at".to_string(),
+    };
+    let copy = |path: PathChoice, sync: bool| CopyOptions {
+        path,
+        chunk_bytes: opts.chunk_bytes,
+        depth: opts.depth,
+        truncate: true,
+        sync,
+        progress: None,
+    };
+    let file = FileRange::whole(&opts.file);
+    log(&format!(
+        "writing the {size}-byte scratch file {}",
+        opts.file.display()
+    ));
+    copy_gpu_to_file(
+        &rig.src,
+        0,
+        opts.size,
+        &file,
+        &copy(PathChoice::FileStaged, true),
+    )?;
+    let fs = FileIo::open_read(&opts.file, false)?.fs().to_string();
+    let bus_id = rig.ctx.device().pci_bus_id().ok();
+    let ceiling = Ceiling::find(&opts.file, bus_id.as_deref());
+    let gds_waived = match &cufile {
+        CufileStatus::Available(_) => None,
+        CufileStatus::Unavailable(why) => Some(why.clone()),
+        CufileStatus::NotNeeded => Some("cuFile was not looked at".to_string()),
+    };
+    let mut rows = Vec::new();
+    let row = |key: &str, direction, path: &str, method: &str| BenchRow {
+        key: key.to_string(),
+        direction,
+        path: path.to_string(),
+        method: method.to_string(),
+        bytes: opts.size,
+        samples_gbps: Vec::new(),
+        median_gbps: None,
+        detail: String::new(),
+        status: BenchStatus::Passed,
+    };
+
+    // The disk alone.
+    let mut r = row(
+        "file_to_host_file_staged",
+        Direction::FileToHost,
+        "file-staged",
+        &format!(
+            "O_DIRECT reads into aligned host memory, nothing else: the disk's rate; {BYPASSED}"
+        ),
+    );
+    log(&r.key);
+    run_samples(&mut r, samples, |_| {
+        drop_cache(&opts.file)?;
+        let rep = read_file(&file, &copy(PathChoice::FileStaged, false), |_, _| Ok(()))?;
+        Ok((rep.gbps(), rep.reason.clone(), cache_note(&rep)))
+    });
+    rows.push(r);
+
+    // File -> GPU.
+    for (path, choice) in [
+        ("gds", PathChoice::Gds),
+        ("file-staged", PathChoice::FileStaged),
+    ] {
+        let key = format!("file_to_gpu_{}", path.replace('-', "_"));
+        let mut r = row(&key, Direction::FileToGpu, path, "");
+        log(&r.key);
+        if let (Some(why), "gds") = (&gds_waived, path) {
+            r.status = BenchStatus::Waived(why.clone());
+            rows.push(r);
+            continue;
+        }
+        run_samples(&mut r, samples, |i| {
+            drop_cache(&opts.file)?;
+            if i == 0 {
+                rig.poison()?;
+            }
+            let rep = copy_file_to_gpu(&file, &mut rig.dst, 0, &copy(choice, false))?;
+            if i == 0 {
+                verify(
+                    checksum_gpu(&rig.dst, 0, size)?,
+                    rig.expected,
+                    "the GPU copy",
+                )?;
+            }
+            let note = if choice == PathChoice::Gds {
+                "cuFile on an O_DIRECT descriptor (compatibility mode reads it with POSIX I/O); \
+                 page cache also dropped via posix_fadvise(DONTNEED) before each sample"
+            } else {
+                cache_note(&rep)
+            };
+            Ok((rep.gbps(), rep.reason.clone(), note))
+        });
+        rows.push(r);
+    }
+    let mut r = row("file_to_gpu_naive", Direction::FileToGpu, "naive",
+        &format!("read() of the whole file into a Vec, then one synchronous copy from pageable memory (cudaMemcpy); {DROPPED}"));
+    log(&r.key);
+    run_samples(&mut r, samples, |i| {
+        drop_cache(&opts.file)?;
+        if i == 0 {
+            rig.poison()?;
+        }
+        let start = Instant::now();
+        let data = std::fs::read(&opts.file).map_err(|source| StorageError::Read {
+            path: opts.file.clone(),
+            offset: 0,
+            len: opts.size,
+            source,
+        })?;
+        rig.stream
+            .copy_from_pageable(&mut rig.dst, 0, &data[..size.min(data.len())])
+            .map_err(StorageError::cuda("the naive copy to the GPU"))?;
+        let t = start.elapsed().as_secs_f64();
+        if i == 0 {
+            verify(
+                checksum_gpu(&rig.dst, 0, size)?,
+                rig.expected,
+                "the GPU copy",
+            )?;
+        }
+        Ok((Some(opts.size as f64 / t / 1e9), String::new(), DROPPED))
+    });
+    rows.push(r);
+
+    // GPU -> file.
+    for (path, choice) in [
+        ("gds", PathChoice::Gds),
+        ("file-staged", PathChoice::FileStaged),
+    ] {
+        let key = format!("gpu_to_file_{}", path.replace('-', "_"));
+        let mut r = row(&key, Direction::GpuToFile, path, "");
+        log(&r.key);
+        if let (Some(why), "gds") = (&gds_waived, path) {
+            r.status = BenchStatus::Waived(why.clone());
+            rows.push(r);
+            continue;
+        }
+        run_samples(&mut r, samples, |i| {
+            let rep = copy_gpu_to_file(&rig.src, 0, opts.size, &file, &copy(choice, true))?;
+            if i == 0 {
+                verify(checksum_file(&file)?, rig.expected, "the file")?;
+            }
+            let note = match rep.path {
+                StoragePath::Gds => "cuFile writes on an O_DIRECT descriptor; fdatasync included",
+                StoragePath::FileStaged => {
+                    "O_DIRECT writes (page cache bypassed); fdatasync included"
+                }
+                StoragePath::Buffered => {
+                    "buffered writes; fdatasync included, so the bytes are on the disk"
+                }
+            };
+            Ok((rep.gbps(), rep.reason.clone(), note))
+        });
+        rows.push(r);
+    }
+    let mut r = row("gpu_to_file_naive", Direction::GpuToFile, "naive",
+        "one synchronous copy into a pageable Vec, then write() of it and fdatasync (inside the timing, so the bytes are on the disk)");
+    log(&r.key);
+    run_samples(&mut r, samples, |i| {
+        let start = Instant::now();
+        let mut data = vec![0u8; size];
+        rig.stream
+            .copy_to_pageable(&mut data, &rig.src, 0)
+            .map_err(StorageError::cuda("the naive copy from the GPU"))?;
+        let werr = |source| StorageError::Write {
+            path: opts.file.clone(),
+            offset: 0,
+            len: opts.size,
+            source,
+        };
+        std::fs::write(&opts.file, &data).map_err(werr)?;
+        std::fs::File::open(&opts.file)
+            .and_then(|f| f.sync_data())
+            .map_err(werr)?;
+        let t = start.elapsed().as_secs_f64();
+        if i == 0 {
+            verify(checksum_file(&file)?, rig.expected, "the file")?;
+        }
+        Ok((Some(opts.size as f64 / t / 1e9), String::new(), ""))
+    });
+    rows.push(r);
+
+    // PCIe, measured.
+    let mut r = row("host_to_gpu_copy_engine", Direction::FileToGpu, "copy-engine",
+        "pinned host -> GPU copies (256 MiB, events, warm-up excluded): the PCIe ceiling as measured");
+    log(&r.key);
+    match probe::timed_copy(
+        &cuda,
+        Loc::PinnedHost,
+        Loc::Gpu(opts.gpu),
+        size.min(256 << 20),
+        samples as u32,
+    ) {
+        Ok(t) => {
+            r.samples_gbps = t
+                .samples
+                .iter()
+                .map(|d| t.bytes as f64 / d.as_secs_f64().max(1e-12) / 1e9)
+                .collect();
+            r.median_gbps = t.median_gbps();
+            if !t.verified {
+                r.status = BenchStatus::Error(format!("copy not verified: {:?}", t.mismatch));
+            }
+        }
+        Err(e) => r.status = BenchStatus::Error(e.to_string()),
+    }
+    rows.push(r);
+    drop(rig);
+
+    Ok(BenchReport {
+        file: opts.file.clone(),
+        fs,
+        size: opts.size,
+        gpu: opts.gpu,
+        samples,
+        cufile: cufile_text,
+        ceiling,
+        rows,
+    })
+}
+
+fn verify(got: Checksum, expected: Checksum, what: &str) -> Result<(), StorageError> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(StorageError::Internal(format!(
+            "verification failed: {what} has {got}, the pattern has {expected}"
+        )))
+    }
+}
+
+/// Run `samples` samples of `one` (given the sample number) into `row`; the first error ends
+/// the row with [`BenchStatus::Error`].
+fn run_samples(
+    row: &mut BenchRow,
+    samples: usize,
+    mut one: impl FnMut(usize) -> Result<(Option<f64>, String, &'static str), StorageError>,
+) {
+    for i in 0..samples {
+        match one(i) {
+            Ok((gbps, detail, note)) => {
+                row.samples_gbps.push(gbps.unwrap_or(f64::NAN));
+                if !detail.is_empty() {
+                    row.detail = detail;
+                }
+                if row.method.is_empty() {
+                    row.method = note.to_string();
+                }
+            }
+            Err(e) => {
+                row.status = BenchStatus::Error(e.to_string());
+                break;
+            }
+        }
+    }
+    row.median_gbps = median(&row.samples_gbps);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(&[f64::NAN, 1.0]), Some(1.0));
+    }
+
+    #[test]
+    fn rows_serialise_status_flat() {
+        let r = BenchRow {
+            key: "file_to_gpu_gds".into(),
+            direction: Direction::FileToGpu,
+            path: "gds".into(),
+            method: "m".into(),
+            bytes: 1,
+            samples_gbps: vec![],
+            median_gbps: None,
+            detail: String::new(),
+            status: BenchStatus::Waived("libcufile.so.0 unavailable".into()),
+        };
+        let j = serde_json::to_value(&r).unwrap();
+        assert_eq!(j["status"], "waived");
+        assert_eq!(j["reason"], "libcufile.so.0 unavailable");
+        assert_eq!(j["median_gbps"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn without_a_gpu_the_bench_is_an_error_not_a_panic() {
+        if Cuda::load().is_ok() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let e = bench_file(&BenchOptions::new(dir.path().join("b"), 0), &mut |_| {}).unwrap_err();
+        assert!(e.to_string().contains("libcuda.so.1 unavailable"), "{e}");
+    }
+}

@@ -1,0 +1,278 @@
+//! The hardware ceiling of a copy: the PCIe link of the disk behind a file and of the GPU,
+//! read from sysfs; the lower one bounds the copy.
+//!
+//! The disk is found from the file's device number (`/sys/dev/block/MAJ:MIN`, then up the
+//! device tree to the first PCI function with `current_link_speed`). A file on tmpfs or
+//! overlayfs has no block device, and a virtio disk has no meaningful link: those are reported
+//! as unknown, with the reason, never guessed. Throughput per lane: 8b/10b encoding up to
+//! 5 GT/s (PCIe 1 and 2), 128b/130b above (PCIe 3 to 5), 242/256 FLIT for 64 GT/s (PCIe 6).
+
+use serde::Serialize;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+/// A PCIe link.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PciLink {
+    /// Transfer rate per lane, GT/s.
+    pub gts: f64,
+    /// Lanes.
+    pub width: u32,
+}
+
+impl PciLink {
+    /// Parse sysfs's `current_link_speed` (`32.0 GT/s PCIe`) and `current_link_width` (`16`).
+    pub fn parse(speed: &str, width: &str) -> Option<PciLink> {
+        let gts: f64 = speed.split_whitespace().next()?.parse().ok()?;
+        let width: u32 = width.trim().parse().ok()?;
+        (gts > 0.0 && width > 0).then_some(PciLink { gts, width })
+    }
+
+    /// Data rate in GB/s (1e9 bytes per second), one direction, after line encoding.
+    pub fn gbps(&self) -> f64 {
+        let efficiency = if self.gts <= 5.0 {
+            0.8
+        } else if self.gts < 64.0 {
+            128.0 / 130.0
+        } else {
+            242.0 / 256.0
+        };
+        self.gts * efficiency / 8.0 * f64::from(self.width)
+    }
+
+    /// PCIe generation, from the rate.
+    pub fn generation(&self) -> Option<u32> {
+        [
+            (2.5, 1),
+            (5.0, 2),
+            (8.0, 3),
+            (16.0, 4),
+            (32.0, 5),
+            (64.0, 6),
+        ]
+        .iter()
+        .find(|(r, _)| (self.gts - r).abs() < 0.01)
+        .map(|(_, g)| *g)
+    }
+}
+
+impl std::fmt::Display for PciLink {
+    /// `PCIe Gen5 x16 (63.02 GB/s)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.generation() {
+            Some(g) => write!(f, "PCIe Gen{g} x{} ({:.2} GB/s)", self.width, self.gbps()),
+            None => write!(
+                f,
+                "PCIe {} GT/s x{} ({:.2} GB/s)",
+                self.gts,
+                self.width,
+                self.gbps()
+            ),
+        }
+    }
+}
+
+/// The link of the PCI function in sysfs directory `dir`.
+fn link_in(dir: &Path) -> Option<PciLink> {
+    let speed = std::fs::read_to_string(dir.join("current_link_speed")).ok()?;
+    let width = std::fs::read_to_string(dir.join("current_link_width")).ok()?;
+    PciLink::parse(&speed, &width)
+}
+
+/// The PCIe link of the GPU at `bus_id` (CUDA's `0000:06:00.0` or NVML's `00000000:06:00.0`)
+/// on the machine whose root is `root`.
+pub fn gpu_link(root: &Path, bus_id: &str) -> Result<PciLink, String> {
+    let id = bus_id.trim().to_ascii_lowercase();
+    let id = match id.split_once(':') {
+        Some((domain, rest)) if domain.len() > 4 => {
+            format!("{}:{rest}", &domain[domain.len() - 4..])
+        }
+        _ => id,
+    };
+    let dir = root.join("sys/bus/pci/devices").join(&id);
+    link_in(&dir).ok_or_else(|| format!("no PCIe link speed for GPU {id} in {}", dir.display()))
+}
+
+/// The disk behind `file`: its name and PCIe link.
+pub fn disk_link(root: &Path, file: &Path) -> Result<(String, PciLink), String> {
+    let meta = std::fs::metadata(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let dev = if meta.file_type().is_block_device() {
+        meta.rdev()
+    } else {
+        meta.dev()
+    };
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    if major == 0 {
+        return Err(format!(
+            "{} is on a file system without a block device (device {major}:{minor}, e.g. tmpfs or overlayfs)",
+            file.display()
+        ));
+    }
+    let link = root.join(format!("sys/dev/block/{major}:{minor}"));
+    let dir = std::fs::canonicalize(&link).map_err(|e| format!("{}: {e}", link.display()))?;
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| format!("{major}:{minor}"));
+    let devices = root.join("sys/devices");
+    let mut at: Option<PathBuf> = Some(dir.clone());
+    while let Some(d) = at {
+        if !d.starts_with(&devices) {
+            break;
+        }
+        if d.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("virtio"))
+        {
+            return Err(format!(
+                "{name} is a virtio disk: its link speed says nothing about the storage behind it"
+            ));
+        }
+        if let Some(l) = link_in(&d) {
+            return Ok((name, l));
+        }
+        at = d.parent().map(Path::to_path_buf);
+    }
+    Err(format!(
+        "{name}: no PCIe link found above {}",
+        dir.display()
+    ))
+}
+
+/// The ceiling of a copy between `file` and, when given, the GPU at `gpu_bus_id`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Ceiling {
+    /// The lower of the known links, GB/s; `None` when neither is known.
+    pub gbps: Option<f64>,
+    /// Which bounds it: `disk` or `pcie`; `None` when unknown.
+    pub bound: Option<&'static str>,
+    /// The disk's link, or why it is unknown.
+    pub disk: Result<(String, PciLink), String>,
+    /// The GPU's link, or why it is unknown; `None` for host-memory copies.
+    pub gpu: Option<Result<PciLink, String>>,
+}
+
+impl Ceiling {
+    /// Look both links up on this machine.
+    pub fn find(file: &Path, gpu_bus_id: Option<&str>) -> Ceiling {
+        Ceiling::from_links(
+            disk_link(Path::new("/"), file),
+            gpu_bus_id.map(|id| gpu_link(Path::new("/"), id)),
+        )
+    }
+
+    /// The ceiling from the two links.
+    pub fn from_links(
+        disk: Result<(String, PciLink), String>,
+        gpu: Option<Result<PciLink, String>>,
+    ) -> Ceiling {
+        let d = disk.as_ref().ok().map(|(_, l)| l.gbps());
+        let g = gpu
+            .as_ref()
+            .and_then(|g| g.as_ref().ok())
+            .map(PciLink::gbps);
+        let (gbps, bound) = match (d, g) {
+            (Some(d), Some(g)) if d <= g => (Some(d), Some("disk")),
+            (Some(_), Some(g)) => (Some(g), Some("pcie")),
+            (Some(d), None) => (Some(d), Some("disk")),
+            (None, Some(g)) => (Some(g), Some("pcie")),
+            (None, None) => (None, None),
+        };
+        Ceiling {
+            gbps,
+            bound,
+            disk,
+            gpu,
+        }
+    }
+
+    /// One line: `63.02 GB/s, bound by the GPU's PCIe Gen5 x16 (63.02 GB/s); disk: unknown (...)`.
+    pub fn describe(&self) -> String {
+        let disk = match &self.disk {
+            Ok((name, l)) => format!("disk {name}: {l}"),
+            Err(why) => format!("disk link unknown: {why}"),
+        };
+        let gpu = match &self.gpu {
+            Some(Ok(l)) => Some(format!("GPU: {l}")),
+            Some(Err(why)) => Some(format!("GPU link unknown: {why}")),
+            None => None,
+        };
+        let parts = match gpu {
+            Some(g) => format!("{g}; {disk}"),
+            None => disk,
+        };
+        match (self.gbps, self.bound) {
+            (Some(v), Some(b)) => format!("{v:.2} GB/s ({b}); {parts}"),
+            _ => format!("unknown; {parts}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_parse_and_convert() {
+        let l = PciLink::parse("32.0 GT/s PCIe\n", "16\n").unwrap();
+        assert_eq!(l.generation(), Some(5));
+        assert!((l.gbps() - 63.015).abs() < 0.01, "{}", l.gbps());
+        assert_eq!(l.to_string(), "PCIe Gen5 x16 (63.02 GB/s)");
+        let l = PciLink::parse("5.0 GT/s PCIe", "4").unwrap();
+        assert!((l.gbps() - 2.0).abs() < 1e-9);
+        assert!(PciLink::parse("Unknown", "16").is_none());
+        assert!(PciLink::parse("8.0 GT/s", "0").is_none());
+    }
+
+    #[test]
+    fn gpu_links_come_from_sysfs_by_bus_id() {
+        let root = tempfile::tempdir().unwrap();
+        let dev = root.path().join("sys/bus/pci/devices/0000:06:00.0");
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::write(dev.join("current_link_speed"), "32.0 GT/s PCIe\n").unwrap();
+        std::fs::write(dev.join("current_link_width"), "16\n").unwrap();
+        assert_eq!(gpu_link(root.path(), "00000000:06:00.0").unwrap().width, 16);
+        assert_eq!(
+            gpu_link(root.path(), "0000:06:00.0").unwrap().generation(),
+            Some(5)
+        );
+        assert!(gpu_link(root.path(), "0000:07:00.0").is_err());
+    }
+
+    #[test]
+    fn the_lower_link_bounds_and_unknowns_are_said() {
+        let gen5 = PciLink {
+            gts: 32.0,
+            width: 16,
+        };
+        let gen4x4 = PciLink {
+            gts: 16.0,
+            width: 4,
+        };
+        let c = Ceiling::from_links(Ok(("nvme0n1".into(), gen4x4)), Some(Ok(gen5)));
+        assert_eq!(c.bound, Some("disk"));
+        assert!((c.gbps.unwrap() - gen4x4.gbps()).abs() < 1e-9);
+        let c = Ceiling::from_links(Err("vda is a virtio disk".into()), Some(Ok(gen5)));
+        assert_eq!(c.bound, Some("pcie"));
+        assert!(
+            c.describe()
+                .contains("disk link unknown: vda is a virtio disk"),
+            "{}",
+            c.describe()
+        );
+        let c = Ceiling::from_links(Err("tmpfs".into()), None);
+        assert_eq!(c.gbps, None);
+        assert!(c.describe().starts_with("unknown; "));
+    }
+
+    #[test]
+    fn this_machine_disk_is_found_or_explained() {
+        let exe = std::env::current_exe().unwrap();
+        match disk_link(Path::new("/"), &exe) {
+            Ok((name, l)) => eprintln!("{name}: {l}"),
+            Err(why) => {
+                eprintln!("{why}");
+                assert!(!why.is_empty());
+            }
+        }
+    }
+}

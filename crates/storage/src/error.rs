@@ -1,0 +1,206 @@
+//! [`StorageError`]: what went wrong in a copy, with the file, the byte range and the call.
+
+use crate::StoragePath;
+use gdx_sys::cuda::CudaError;
+use gdx_sys::cufile::CufileError;
+use gdx_sys::Unavailable;
+use std::path::PathBuf;
+
+/// A copy between a file and GPU or host memory that failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StorageError {
+    /// The file could not be opened.
+    #[error("cannot open {} for {purpose}: {source}", path.display())]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// `reading` or `writing`.
+        purpose: &'static str,
+        /// The system error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The path names something that is neither a regular file nor a block device.
+    #[error("{} is not a regular file or block device ({kind})", path.display())]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is, e.g. `a directory`.
+        kind: &'static str,
+    },
+    /// A read failed.
+    #[error("reading {len} byte(s) of {} at offset {offset} failed: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Where the read started.
+        offset: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// The system error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A write failed.
+    #[error("writing {len} byte(s) of {} at offset {offset} failed: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Where the write started.
+        offset: u64,
+        /// Bytes to write.
+        len: u64,
+        /// The system error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Flushing the file to the disk (`fdatasync`) or changing its length failed.
+    #[error("{call} on {} failed: {source}", path.display())]
+    File {
+        /// `fdatasync`, `ftruncate` or `fstat`.
+        call: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The system error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The requested range does not lie inside the file.
+    #[error(
+        "{} is {size} byte(s) long: the range of {len} byte(s) at offset {offset} is past its end",
+        path.display()
+    )]
+    RangePastEnd {
+        /// The file.
+        path: PathBuf,
+        /// Start of the range.
+        offset: u64,
+        /// Length of the range.
+        len: u64,
+        /// The file's size.
+        size: u64,
+    },
+    /// The file ended before the range did, although the range fitted when the copy started:
+    /// the file shrank during the copy.
+    #[error(
+        "{} ended at byte {eof} during the copy, which needs bytes up to {expected_end} \
+         (the file was {size_at_start} byte(s) when the copy started): it shrank during the copy",
+        path.display()
+    )]
+    Shrunk {
+        /// The file.
+        path: PathBuf,
+        /// Where reading hit the end of the file.
+        eof: u64,
+        /// The end of the range being copied.
+        expected_end: u64,
+        /// The file's size when the copy started.
+        size_at_start: u64,
+    },
+    /// A byte range outside a memory buffer.
+    #[error("{len} byte(s) at offset {offset} do not fit in the {size}-byte {what}")]
+    OutOfBounds {
+        /// Which buffer, e.g. `destination GPU buffer`.
+        what: &'static str,
+        /// Start of the range.
+        offset: u64,
+        /// Length of the range.
+        len: u64,
+        /// Size of the buffer.
+        size: u64,
+    },
+    /// The destination range's length differs from the source's.
+    #[error("the destination range of {} is {dst} byte(s) but the source has {src}", path.display())]
+    LengthMismatch {
+        /// The destination file.
+        path: PathBuf,
+        /// Destination range length.
+        dst: u64,
+        /// Source length.
+        src: u64,
+    },
+    /// An option out of range, found before any I/O.
+    #[error("invalid option: {0}")]
+    InvalidOption(String),
+    /// The requested path cannot run here.
+    #[error("the {path} path is unavailable: {reason}")]
+    PathUnavailable {
+        /// The path asked for.
+        path: StoragePath,
+        /// Why it cannot run.
+        reason: String,
+    },
+    /// A CUDA driver call failed.
+    #[error("{context}: {source}")]
+    Cuda {
+        /// What gdx was doing, e.g. `copying a chunk to GPU 0`.
+        context: String,
+        /// The driver error.
+        #[source]
+        source: CudaError,
+    },
+    /// A cuFile call failed.
+    #[error("{context}: {source}")]
+    Cufile {
+        /// What gdx was doing.
+        context: String,
+        /// The cuFile error.
+        #[source]
+        source: CufileError,
+    },
+    /// A vendor library is missing.
+    #[error(transparent)]
+    Unavailable(#[from] Unavailable),
+    /// An I/O thread stopped without reporting (a bug in gdx).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl StorageError {
+    /// A [`StorageError::Cuda`] with `context`.
+    pub(crate) fn cuda(context: impl Into<String>) -> impl FnOnce(CudaError) -> StorageError {
+        let context = context.into();
+        move |source| StorageError::Cuda { context, source }
+    }
+
+    /// A [`StorageError::Cufile`] with `context`.
+    pub(crate) fn cufile(context: impl Into<String>) -> impl FnOnce(CufileError) -> StorageError {
+        let context = context.into();
+        move |source| StorageError::Cufile { context, source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_the_file_and_the_bytes() {
+        let e = StorageError::Open {
+            path: "/d/x.bin".into(),
+            purpose: "reading",
+            source: std::io::Error::from_raw_os_error(2),
+        };
+        assert!(
+            e.to_string()
+                .starts_with("cannot open /d/x.bin for reading: No such file or directory"),
+            "{e}"
+        );
+        let e = StorageError::Shrunk {
+            path: "/d/x.bin".into(),
+            eof: 4096,
+            expected_end: 1 << 20,
+            size_at_start: 1 << 20,
+        };
+        assert!(e.to_string().contains("shrank during the copy"), "{e}");
+        let e = StorageError::PathUnavailable {
+            path: StoragePath::Gds,
+            reason: "libcufile.so.0 unavailable".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "the gds path is unavailable: libcufile.so.0 unavailable"
+        );
+    }
+}
