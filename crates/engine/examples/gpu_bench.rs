@@ -16,10 +16,20 @@ fn emit(key: &str, value: f64, unit: &str, note: &str) {
 }
 
 /// Best-of-3 GB/s of `reps` back-to-back copies per batch; pairs copy concurrently.
-fn bandwidth(peer: &LocalPeer, pairs: &[(&DeviceRegion, &DeviceRegion)], len: u64, reps: u32) -> (f64, String) {
+fn bandwidth(
+    peer: &LocalPeer,
+    pairs: &[(&DeviceRegion, &DeviceRegion)],
+    len: u64,
+    reps: u32,
+) -> (f64, String) {
     let mut plan = String::new();
     for &(d, s) in pairs {
-        plan = peer.transfer(d, 0, s, 0, len).unwrap().wait().unwrap().to_string();
+        plan = peer
+            .transfer(d, 0, s, 0, len)
+            .unwrap()
+            .wait()
+            .unwrap()
+            .to_string();
     }
     let mut best = f64::MAX;
     for _ in 0..3 {
@@ -38,13 +48,19 @@ fn bandwidth(peer: &LocalPeer, pairs: &[(&DeviceRegion, &DeviceRegion)], len: u6
         }
         best = best.min(t.elapsed().as_secs_f64());
     }
-    (pairs.len() as f64 * len as f64 * f64::from(reps) / best / 1e9, plan)
+    (
+        pairs.len() as f64 * len as f64 * f64::from(reps) / best / 1e9,
+        plan,
+    )
 }
 
 fn ipc_child(len: u64) {
     let peer = LocalPeer::open(Policy::default(), Calibration::default()).unwrap();
     let r = peer.alloc_device(1, len).unwrap();
-    println!("IPCDESC {}", serde_json::to_string(&peer.export_ipc(&r).unwrap()).unwrap());
+    println!(
+        "IPCDESC {}",
+        serde_json::to_string(&peer.export_ipc(&r).unwrap()).unwrap()
+    );
     std::io::stdout().flush().ok();
     let mut line = String::new();
     std::io::stdin().read_line(&mut line).ok();
@@ -63,7 +79,11 @@ fn main() {
     };
     let a = peer.alloc_device(0, GIB).unwrap();
     let b = peer.alloc_device(1, GIB).unwrap();
-    for (len, reps, key) in [(8u64 << 20, 400, "p2p_8MiB"), (64 << 20, 100, "p2p_64MiB"), (GIB, 10, "p2p_1GiB")] {
+    for (len, reps, key) in [
+        (8u64 << 20, 400, "p2p_8MiB"),
+        (64 << 20, 100, "p2p_64MiB"),
+        (GIB, 10, "p2p_1GiB"),
+    ] {
         let (gbps, plan) = bandwidth(&peer, &[(&b, &a)], len, reps);
         emit(key, gbps, "GB/s", &plan);
     }
@@ -84,8 +104,18 @@ fn main() {
         }
     }
     lat.sort_by(f64::total_cmp);
-    emit("p2p_8B_latency_p50", lat[lat.len() / 2], "us", "copy_blocking");
-    emit("p2p_8B_latency_p99", lat[lat.len() * 99 / 100], "us", "copy_blocking");
+    emit(
+        "p2p_8B_latency_p50",
+        lat[lat.len() / 2],
+        "us",
+        "copy_blocking",
+    );
+    emit(
+        "p2p_8B_latency_p99",
+        lat[lat.len() * 99 / 100],
+        "us",
+        "copy_blocking",
+    );
 
     // Pool memory (cuMemAllocAsync-style) with access granted by gdx.
     let pa = peer.alloc_device_from_pool(0, GIB).unwrap();
@@ -118,14 +148,41 @@ fn main() {
 
     // Staged: tune the chunk, then 1 GiB forced through pinned host memory.
     let tune = peer
-        .tune_staged(0, 1, 256 << 20, &[4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20], 4)
+        .tune_staged(
+            0,
+            1,
+            256 << 20,
+            &[4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20],
+            4,
+        )
         .unwrap();
     for (c, g) in &tune.results {
-        emit(&format!("staged_tune_chunk_{}MiB", c >> 20), *g, "GB/s", "256 MiB, depth 4");
+        emit(
+            &format!("staged_tune_chunk_{}MiB", c >> 20),
+            *g,
+            "GB/s",
+            "256 MiB, depth 4",
+        );
     }
-    let cal = Calibration { staged_chunk_bytes: Some(tune.best_chunk_bytes), staged_depth: Some(4), ..Calibration::default() };
-    let staged = LocalPeer::open(Policy { force: Some(Path::Staged), ..Policy::default() }, cal).unwrap();
+    let cal = Calibration {
+        staged_chunk_bytes: Some(tune.best_chunk_bytes),
+        staged_depth: Some(4),
+        ..Calibration::default()
+    };
+    let staged = LocalPeer::open(
+        Policy {
+            force: Some(Path::Staged),
+            ..Policy::default()
+        },
+        cal,
+    )
+    .unwrap();
     let (gbps, plan) = bandwidth(&staged, &[(&b, &a)], GIB, 4);
-    emit("staged_1GiB", gbps, "GB/s", &format!("chunk {} MiB; {plan}", tune.best_chunk_bytes >> 20));
+    emit(
+        "staged_1GiB",
+        gbps,
+        "GB/s",
+        &format!("chunk {} MiB; {plan}", tune.best_chunk_bytes >> 20),
+    );
     let _ = Mem::Gpu(&a);
 }

@@ -118,7 +118,9 @@ impl Calibration {
 
     /// Staged pipeline depth (2 to 16).
     pub fn staged_depth(&self) -> u32 {
-        self.staged_depth.unwrap_or(DEFAULT_STAGED_DEPTH).clamp(2, 16)
+        self.staged_depth
+            .unwrap_or(DEFAULT_STAGED_DEPTH)
+            .clamp(2, 16)
     }
 
     /// Streams to split a `len`-byte p2p copy over (1 to 8).
@@ -152,7 +154,10 @@ mod tests {
         .unwrap();
         let cal = Calibration::load(&f).unwrap();
         assert_eq!(cal.crossovers.len(), 1);
-        assert_eq!(cal.source.as_deref(), Some(f.display().to_string().as_str()));
+        assert_eq!(
+            cal.source.as_deref(),
+            Some(f.display().to_string().as_str())
+        );
         assert_eq!(cal.staged_chunk(), DEFAULT_STAGED_CHUNK);
         assert_eq!(cal.staged_depth(), DEFAULT_STAGED_DEPTH);
         assert!(cal.prefers(Path::Staged, Path::P2p, 100).is_some());
@@ -169,9 +174,15 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("new.json");
         std::fs::write(&f, r#"{"schema_version": 99}"#).unwrap();
-        assert!(Calibration::load(&f).unwrap_err().to_string().contains("schema version 99"));
+        assert!(Calibration::load(&f)
+            .unwrap_err()
+            .to_string()
+            .contains("schema version 99"));
         std::fs::write(&f, "not json").unwrap();
-        assert!(Calibration::load(&f).unwrap_err().to_string().contains("new.json"));
+        assert!(Calibration::load(&f)
+            .unwrap_err()
+            .to_string()
+            .contains("new.json"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -69,15 +69,15 @@ pub mod wire;
 
 pub use agent::{Agent, Notification, PeerInfo};
 pub use calibration::{Calibration, Crossover, CALIBRATION_ENV};
+pub use config::{AgentConfig, Transports};
+pub use error::{Error, Result};
 pub use gpu::{
     DeviceOrigin, DeviceRegion, IpcDesc, LocalPeer, LocalTransfer, Mem, Ordering, PinnedRegion,
     StagedTuning,
 };
-pub use planner::Policy;
-pub use config::{AgentConfig, Transports};
-pub use error::{Error, Result};
 pub use peer::Peer;
 pub use plan::{Path, PeerRoute, Plan};
+pub use planner::Policy;
 pub use region::{
     Access, Location, Region, RegionDesc, RegionKey, RegionMut, RegionRef, RegionScope,
 };

@@ -39,7 +39,10 @@ fn random(len: usize, mut seed: u64) -> Vec<u8> {
 }
 
 fn max_bytes() -> u64 {
-    std::env::var("GDX_TEST_MAX_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(1 << 30)
+    std::env::var("GDX_TEST_MAX_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1 << 30)
 }
 
 /// Sizes 1 B … 1 GiB (capped), with unaligned offsets.
@@ -55,22 +58,40 @@ fn cases() -> Vec<(u64, u64, u64)> {
 
 /// Fill `src` with random bytes and `dst` with the poison, copy, check the copied range and
 /// that the bytes around it are still poison.
-fn check_copy(peer: &LocalPeer, dst: &DeviceRegion, src: Mem<'_>, len: u64, d_off: u64, s_off: u64, blocking: bool) -> Path {
+fn check_copy(
+    peer: &LocalPeer,
+    dst: &DeviceRegion,
+    src: Mem<'_>,
+    len: u64,
+    d_off: u64,
+    s_off: u64,
+    blocking: bool,
+) -> Path {
     let data = random((len + s_off) as usize, len ^ 0x9e37_79b9);
     match src {
         Mem::Gpu(r) => peer.upload(r, 0, &data).unwrap(),
-        Mem::Pinned(p) => p.with_bytes_mut(|b| b[..data.len()].copy_from_slice(&data)).unwrap(),
+        Mem::Pinned(p) => p
+            .with_bytes_mut(|b| b[..data.len()].copy_from_slice(&data))
+            .unwrap(),
     }
-    peer.upload(dst, 0, &vec![POISON; dst.len() as usize]).unwrap();
+    peer.upload(dst, 0, &vec![POISON; dst.len() as usize])
+        .unwrap();
     let plan = if blocking {
         peer.copy_blocking(dst, d_off, src, s_off, len).unwrap()
     } else {
-        peer.transfer(dst, d_off, src, s_off, len).unwrap().wait().unwrap()
+        peer.transfer(dst, d_off, src, s_off, len)
+            .unwrap()
+            .wait()
+            .unwrap()
     };
     let mut out = vec![0u8; dst.len() as usize];
     peer.download(dst, 0, &mut out).unwrap();
     let got = &out[d_off as usize..(d_off + len) as usize];
-    if let Some(i) = got.iter().zip(&data[s_off as usize..]).position(|(a, b)| a != b) {
+    if let Some(i) = got
+        .iter()
+        .zip(&data[s_off as usize..])
+        .position(|(a, b)| a != b)
+    {
         panic!("{len} bytes on {plan}: byte {i} differs");
     }
     assert!(out[..d_off as usize].iter().all(|&b| b == POISON));
@@ -80,7 +101,9 @@ fn check_copy(peer: &LocalPeer, dst: &DeviceRegion, src: Mem<'_>, len: u64, d_of
 
 #[test]
 fn p2p_copies_every_size_and_offset() {
-    let Some(peer) = open(Policy::default(), 2, "p2p") else { return };
+    let Some(peer) = open(Policy::default(), 2, "p2p") else {
+        return;
+    };
     for (len, d, s) in cases() {
         let src = peer.alloc_device(0, len + s).unwrap();
         let dst = peer.alloc_device(1, len + d + 3).unwrap();
@@ -95,19 +118,33 @@ fn p2p_copies_every_size_and_offset() {
 
 #[test]
 fn forced_staged_copies_every_size_and_offset() {
-    let policy = Policy { force: Some(Path::Staged), ..Policy::default() };
-    let Some(peer) = open(policy, 2, "staged") else { return };
+    let policy = Policy {
+        force: Some(Path::Staged),
+        ..Policy::default()
+    };
+    let Some(peer) = open(policy, 2, "staged") else {
+        return;
+    };
     for (len, d, s) in cases() {
         let src = peer.alloc_device(0, len + s).unwrap();
         let dst = peer.alloc_device(1, len + d).unwrap();
-        assert_eq!(check_copy(&peer, &dst, Mem::Gpu(&src), len, d, s, false), Path::Staged);
+        assert_eq!(
+            check_copy(&peer, &dst, Mem::Gpu(&src), len, d, s, false),
+            Path::Staged
+        );
     }
 }
 
 #[test]
 fn strict_mode_refuses_forced_staged_with_the_reason() {
-    let policy = Policy { strict: true, force: Some(Path::Staged), ..Policy::default() };
-    let Some(peer) = open(policy, 2, "strict") else { return };
+    let policy = Policy {
+        strict: true,
+        force: Some(Path::Staged),
+        ..Policy::default()
+    };
+    let Some(peer) = open(policy, 2, "strict") else {
+        return;
+    };
     if peer.link(0, 1).unwrap().peer != gdx_engine::planner::PeerStatus::Enabled {
         eprintln!("skipped strict: no P2P between GPU0 and GPU1, staged is the best path");
         return;
@@ -118,29 +155,55 @@ fn strict_mode_refuses_forced_staged_with_the_reason() {
     let msg = e.to_string();
     eprintln!("{msg}");
     assert!(matches!(e, Error::Strict(_)));
-    assert!(msg.contains("forced by policy") && msg.contains("p2p GPU0→GPU1"), "{msg}");
+    assert!(
+        msg.contains("forced by policy") && msg.contains("p2p GPU0→GPU1"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn host_to_gpu_and_back() {
-    let Some(peer) = open(Policy::default(), 1, "host<->gpu") else { return };
+    let Some(peer) = open(Policy::default(), 1, "host<->gpu") else {
+        return;
+    };
     for (len, d, s) in cases() {
         let host: PinnedRegion = peer.alloc_pinned(len + s).unwrap();
         let dev = peer.alloc_device(0, len + d).unwrap();
-        assert_eq!(check_copy(&peer, &dev, Mem::Pinned(&host), len, d, s, len <= 8), Path::HostToGpu);
+        assert_eq!(
+            check_copy(&peer, &dev, Mem::Pinned(&host), len, d, s, len <= 8),
+            Path::HostToGpu
+        );
         // And back into a poisoned pinned buffer.
         let back = peer.alloc_pinned(len).unwrap();
         back.with_bytes_mut(|b| b.fill(POISON)).unwrap();
-        let plan = peer.transfer(&back, 0, &dev, d, len).unwrap().wait().unwrap();
+        let plan = peer
+            .transfer(&back, 0, &dev, d, len)
+            .unwrap()
+            .wait()
+            .unwrap();
         assert_eq!(plan.path, Path::GpuToHost);
-        let want = host.with_bytes(|b| b[s as usize..(s + len) as usize].to_vec()).unwrap();
-        assert!(back.with_bytes(|b| b == &want[..]).unwrap(), "{len} bytes back differ");
+        let want = host
+            .with_bytes(|b| b[s as usize..(s + len) as usize].to_vec())
+            .unwrap();
+        assert!(
+            back.with_bytes(|b| b == &want[..]).unwrap(),
+            "{len} bytes back differ"
+        );
     }
 }
 
 #[test]
 fn pool_memory_is_granted_access_or_reported_unmapped() {
-    let Some(strict_free) = open(Policy { no_pool_grant: true, ..Policy::default() }, 2, "pool") else { return };
+    let Some(strict_free) = open(
+        Policy {
+            no_pool_grant: true,
+            ..Policy::default()
+        },
+        2,
+        "pool",
+    ) else {
+        return;
+    };
     if strict_free.link(0, 1).unwrap().peer != gdx_engine::planner::PeerStatus::Enabled {
         eprintln!("skipped pool: no P2P between GPU0 and GPU1");
         return;
@@ -167,12 +230,17 @@ fn pool_memory_is_granted_access_or_reported_unmapped() {
     let dst = peer.alloc_device_from_pool(1, len).unwrap();
     assert_eq!(dst.peer_mapped(0), Ok(()));
     let src = peer.alloc_device(0, len).unwrap();
-    assert_eq!(check_copy(&peer, &dst, Mem::Gpu(&src), len, 0, 0, false), Path::P2p);
+    assert_eq!(
+        check_copy(&peer, &dst, Mem::Gpu(&src), len, 0, 0, false),
+        Path::P2p
+    );
 }
 
 #[test]
 fn stream_ordering_waits_and_signals() {
-    let Some(peer) = open(Policy::default(), 2, "ordering") else { return };
+    let Some(peer) = open(Policy::default(), 2, "ordering") else {
+        return;
+    };
     let len = 4 << 20;
     let src = peer.alloc_device(0, len).unwrap();
     let dst = peer.alloc_device(1, len).unwrap();
@@ -186,7 +254,18 @@ fn stream_ordering_waits_and_signals() {
     let ctx1 = peer.context(1).unwrap();
     let signal = Event::without_timing(&ctx1).unwrap();
     let t = peer
-        .transfer_with(&dst, 0, &src, 0, len, Ordering { after: Some(&before), stream: Some(&caller), signal: Some(&signal) })
+        .transfer_with(
+            &dst,
+            0,
+            &src,
+            0,
+            len,
+            Ordering {
+                after: Some(&before),
+                stream: Some(&caller),
+                signal: Some(&signal),
+            },
+        )
         .unwrap();
     signal.synchronize().unwrap();
     caller.synchronize().unwrap();
@@ -198,7 +277,9 @@ fn stream_ordering_waits_and_signals() {
 
 #[test]
 fn raw_device_pointers_register_and_never_free() {
-    let Some(peer) = open(Policy::default(), 2, "raw pointer") else { return };
+    let Some(peer) = open(Policy::default(), 2, "raw pointer") else {
+        return;
+    };
     let owner = peer.alloc_device(1, 1 << 20).unwrap();
     // SAFETY: `owner` outlives `foreign` and nothing else touches the memory.
     let foreign = unsafe { peer.register_device_ptr(owner.device_ptr() + 16, 1000) }.unwrap();
@@ -222,18 +303,26 @@ fn ipc_child() {
     let len: u64 = std::env::var("GDX_IPC_LEN").unwrap().parse().unwrap();
     let r = peer.alloc_device(1, len).unwrap();
     peer.upload(&r, 0, &random(len as usize, 42)).unwrap();
-    println!("\nIPCDESC {}", serde_json::to_string(&peer.export_ipc(&r).unwrap()).unwrap());
+    println!(
+        "\nIPCDESC {}",
+        serde_json::to_string(&peer.export_ipc(&r).unwrap()).unwrap()
+    );
     let mut line = String::new();
     std::io::stdin().read_line(&mut line).unwrap();
     let mut out = vec![0u8; len as usize];
     peer.download(&r, 0, &mut out).unwrap();
-    println!("\nCHILDSUM {}", out.iter().map(|&b| u64::from(b)).sum::<u64>());
+    println!(
+        "\nCHILDSUM {}",
+        out.iter().map(|&b| u64::from(b)).sum::<u64>()
+    );
 }
 
 #[test]
 fn ipc_across_two_processes() {
     use std::io::{BufRead, Write};
-    let Some(peer) = open(Policy::default(), 2, "ipc") else { return };
+    let Some(peer) = open(Policy::default(), 2, "ipc") else {
+        return;
+    };
     let len: u64 = (64 << 20) + 3;
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "ipc_child", "--nocapture", "--test-threads=1"])
@@ -245,7 +334,10 @@ fn ipc_across_two_processes() {
         .unwrap();
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
     let desc = loop {
-        let l = lines.next().expect("child ended without a descriptor").unwrap();
+        let l = lines
+            .next()
+            .expect("child ended without a descriptor")
+            .unwrap();
         // libtest prints "test ipc_child ... " without a newline before the child's output.
         if let Some(j) = l.find("IPCDESC ").map(|i| &l[i + 8..]) {
             break serde_json::from_str::<gdx_engine::IpcDesc>(j).unwrap();
@@ -257,7 +349,11 @@ fn ipc_across_two_processes() {
     // Read the child's bytes GPU1 → GPU0, no host copy.
     let local = peer.alloc_device(0, len).unwrap();
     peer.upload(&local, 0, &vec![POISON; len as usize]).unwrap();
-    let plan = peer.transfer(&local, 0, &remote, 0, len).unwrap().wait().unwrap();
+    let plan = peer
+        .transfer(&local, 0, &remote, 0, len)
+        .unwrap()
+        .wait()
+        .unwrap();
     assert_eq!(plan.path, Path::Ipc, "{plan}");
     let mut out = vec![0u8; len as usize];
     peer.download(&local, 0, &mut out).unwrap();

@@ -83,7 +83,11 @@ impl LocalTransfer {
 impl Drop for LocalTransfer {
     fn drop(&mut self) {
         if let Some(ev) = self.done.take() {
-            self.gpu.events.lock().unwrap_or_else(|p| p.into_inner()).push(ev);
+            self.gpu
+                .events
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(ev);
         }
     }
 }
@@ -243,9 +247,13 @@ impl LocalPeer {
         }
         let (first, _) = self.streams_for(&plan, dst, src)?;
         let (mut d, s) = lock_pair(dst, src)?;
-        first
-            .stream
-            .copy_blocking(d.dst(), dst_off as usize, s.src(), src_off as usize, len as usize)?;
+        first.stream.copy_blocking(
+            d.dst(),
+            dst_off as usize,
+            s.src(),
+            src_off as usize,
+            len as usize,
+        )?;
         Ok(plan)
     }
 
@@ -258,7 +266,12 @@ impl LocalPeer {
 
     /// Copy `out.len()` bytes of `region` at `offset` into ordinary host memory, after the
     /// copies queued on it, and wait.
-    pub fn download(&self, region: &super::DeviceRegion, offset: u64, out: &mut [u8]) -> Result<()> {
+    pub fn download(
+        &self,
+        region: &super::DeviceRegion,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
         let g = self.gpu(region.gpu())?;
         region.read_to_host(&g.stream, offset, out)
     }
@@ -306,7 +319,9 @@ impl LocalPeer {
             Path::Staged => {
                 let (chunk, depth) = staged.unwrap_or((cal.staged_chunk(), cal.staged_depth()));
                 let (Guard::D(sbuf), dbuf) = (&s, d.device()?) else {
-                    return Err(Error::InvalidArgument("staged needs two GPU ends".to_string()));
+                    return Err(Error::InvalidArgument(
+                        "staged needs two GPU ends".to_string(),
+                    ));
                 };
                 self.staged(first, last, dbuf, dst_off, sbuf, src_off, len, chunk, depth)
             }
@@ -322,9 +337,13 @@ impl LocalPeer {
                     len as usize,
                 )?)
             }
-            _ => Ok(first
-                .stream
-                .copy(d.dst(), dst_off as usize, s.src(), src_off as usize, len as usize)?),
+            _ => Ok(first.stream.copy(
+                d.dst(),
+                dst_off as usize,
+                s.src(),
+                src_off as usize,
+                len as usize,
+            )?),
         }
     }
 
@@ -364,10 +383,20 @@ impl LocalPeer {
         while off < len {
             let n = chunk.min(len - off) as usize;
             let b = &mut bounce[k % want];
-            from.stream
-                .copy(Dst::Host(b), 0, Src::Device(src), (src_off + off) as usize, n)?;
-            to.stream
-                .copy(Dst::Device(dst), (dst_off + off) as usize, Src::Host(&*b), 0, n)?;
+            from.stream.copy(
+                Dst::Host(b),
+                0,
+                Src::Device(src),
+                (src_off + off) as usize,
+                n,
+            )?;
+            to.stream.copy(
+                Dst::Device(dst),
+                (dst_off + off) as usize,
+                Src::Host(&*b),
+                0,
+                n,
+            )?;
             off += n as u64;
             k += 1;
         }
@@ -377,7 +406,14 @@ impl LocalPeer {
     /// Measure the staged pipeline from GPU `a` to GPU `b` with `len`-byte copies at several
     /// chunk sizes (`depth` bounce buffers), best of 3 each; the caller keeps the best in a
     /// [`crate::Calibration`]. Allocates its own buffers.
-    pub fn tune_staged(&self, a: u32, b: u32, len: u64, chunks: &[u64], depth: u32) -> Result<StagedTuning> {
+    pub fn tune_staged(
+        &self,
+        a: u32,
+        b: u32,
+        len: u64,
+        chunks: &[u64],
+        depth: u32,
+    ) -> Result<StagedTuning> {
         let src = self.alloc_device(a, len)?;
         let dst = self.alloc_device(b, len)?;
         let (ga, gb) = (self.gpu(a)?, self.gpu(b)?);
@@ -390,7 +426,17 @@ impl LocalPeer {
             let mut best = Duration::MAX;
             for _ in 0..4 {
                 let t = Instant::now();
-                self.enqueue(&plan, &ga, &gb, Mem::Gpu(&dst), 0, Mem::Gpu(&src), 0, len, Some((chunk, depth)))?;
+                self.enqueue(
+                    &plan,
+                    &ga,
+                    &gb,
+                    Mem::Gpu(&dst),
+                    0,
+                    Mem::Gpu(&src),
+                    0,
+                    len,
+                    Some((chunk, depth)),
+                )?;
                 dst.synchronize()?;
                 best = best.min(t.elapsed());
             }

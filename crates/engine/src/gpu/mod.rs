@@ -84,7 +84,9 @@ impl LocalPeer {
         let cuda = Cuda::load().map_err(|e| Error::Unavailable(e.to_string()))?;
         let count = cuda.device_count()?;
         if count == 0 {
-            return Err(Error::Unavailable("the CUDA driver reports no GPU".to_string()));
+            return Err(Error::Unavailable(
+                "the CUDA driver reports no GPU".to_string(),
+            ));
         }
         Ok(LocalPeer {
             shared: Arc::new(Shared {
@@ -159,23 +161,38 @@ impl LocalPeer {
     /// ways on first use.
     pub fn link(&self, a: u32, b: u32) -> Result<GpuLink> {
         let key = (a.min(b), a.max(b));
-        if let Some(l) = self.shared.links.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        if let Some(l) = self
+            .shared
+            .links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
             return Ok(l.clone());
         }
         let (ga, gb) = (self.gpu(a)?, self.gpu(b)?);
-        let peer = if self.shared.cuda.can_access_peer(a, b)? && self.shared.cuda.can_access_peer(b, a)? {
-            match ga.ctx.enable_peer_access(&gb.ctx).and_then(|()| gb.ctx.enable_peer_access(&ga.ctx)) {
-                Ok(()) => PeerStatus::Enabled,
-                Err(e) => PeerStatus::Failed(e.to_string()),
-            }
-        } else {
-            PeerStatus::NotSupported
-        };
+        let peer =
+            if self.shared.cuda.can_access_peer(a, b)? && self.shared.cuda.can_access_peer(b, a)? {
+                match ga
+                    .ctx
+                    .enable_peer_access(&gb.ctx)
+                    .and_then(|()| gb.ctx.enable_peer_access(&ga.ctx))
+                {
+                    Ok(()) => PeerStatus::Enabled,
+                    Err(e) => PeerStatus::Failed(e.to_string()),
+                }
+            } else {
+                PeerStatus::NotSupported
+            };
         let class = self.topo_class(a, b);
         let link = GpuLink {
             class_expects_p2p: matches!(
                 class,
-                Some(gdx_topo::PathClass::Nv(_) | gdx_topo::PathClass::Pix | gdx_topo::PathClass::Pxb)
+                Some(
+                    gdx_topo::PathClass::Nv(_)
+                        | gdx_topo::PathClass::Pix
+                        | gdx_topo::PathClass::Pxb
+                )
             ),
             class: class.map(|c| c.to_string()),
             peer,
@@ -243,7 +260,9 @@ impl LocalPeer {
         let cuda = &self.shared.cuda;
         let info = cuda.pointer_info(ptr)?;
         let Some(gpu) = info.device_ordinal else {
-            return Err(Error::InvalidArgument(format!("{ptr:#x}: the driver names no GPU for it")));
+            return Err(Error::InvalidArgument(format!(
+                "{ptr:#x}: the driver names no GPU for it"
+            )));
         };
         if info.memory_type != gdx_sys::cuda::MemoryType::Device {
             return Err(Error::InvalidArgument(format!(
@@ -371,7 +390,11 @@ impl LocalPeer {
             )));
         }
         let key = (desc.pid, desc.region);
-        let mut imports = self.shared.imports.lock().unwrap_or_else(|p| p.into_inner());
+        let mut imports = self
+            .shared
+            .imports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if let Some(inner) = imports.get(&key).and_then(Weak::upgrade) {
             return Ok(DeviceRegion { inner });
         }
@@ -384,7 +407,10 @@ impl LocalPeer {
                     .is_ok_and(|b| b.eq_ignore_ascii_case(&desc.pci_bus_id))
             })
             .ok_or_else(|| {
-                Error::Unavailable(format!("GPU {} is not visible to this process", desc.pci_bus_id))
+                Error::Unavailable(format!(
+                    "GPU {} is not visible to this process",
+                    desc.pci_bus_id
+                ))
             })?;
         let g = self.gpu(gpu)?;
         let handle = region::handle_from_hex(&desc.handle)?;
@@ -407,16 +433,30 @@ impl LocalPeer {
     /// The plan for copying `len` bytes from `src` to `dst`, or the strict-mode error.
     pub fn plan(&self, dst: Mem<'_>, src: Mem<'_>, len: u64) -> Result<Plan> {
         let cal = &self.shared.calibration;
-        let bucket = cal.crossovers.iter().filter(|c| len < c.below_bytes).count();
+        let bucket = cal
+            .crossovers
+            .iter()
+            .filter(|c| len < c.below_bytes)
+            .count();
         let key = (src.id(), dst.id(), bucket);
         {
-            let mut last = self.shared.last_plan.lock().unwrap_or_else(|p| p.into_inner());
+            let mut last = self
+                .shared
+                .last_plan
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             if let Some((k, p)) = last.as_ref() {
                 if *k == key {
                     return Ok(p.clone());
                 }
             }
-            if let Some(p) = self.shared.plans.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            if let Some(p) = self
+                .shared
+                .plans
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&key)
+            {
                 *last = Some((key, p.clone()));
                 return Ok(p.clone());
             }
@@ -458,5 +498,6 @@ fn gpu_of(m: Mem<'_>) -> Option<u32> {
 }
 
 fn to_usize(len: u64) -> Result<usize> {
-    usize::try_from(len).map_err(|_| Error::InvalidArgument(format!("{len} bytes do not fit in memory")))
+    usize::try_from(len)
+        .map_err(|_| Error::InvalidArgument(format!("{len} bytes do not fit in memory")))
 }

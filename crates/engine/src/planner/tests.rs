@@ -33,7 +33,10 @@ fn no_p2p_means_staged_with_the_topology_in_the_reason() {
     let f = gpus(0, 2, 1 << 20, link("SYS", false, PeerStatus::NotSupported));
     let p = plan_local(&f, &Policy::default(), &Calibration::default()).unwrap();
     assert_eq!(p.path, Path::Staged);
-    assert_eq!(p.reason, "staged: P2P not supported between GPU0 and GPU2 (SYS)");
+    assert_eq!(
+        p.reason,
+        "staged: P2P not supported between GPU0 and GPU2 (SYS)"
+    );
     // Strict mode accepts it: the topology says no direct path exists.
     let p = plan_local(&f, &Policy::strict(), &Calibration::default()).unwrap();
     assert_eq!(p.path, Path::Staged);
@@ -51,9 +54,20 @@ fn strict_mode_refuses_a_forced_staged_copy_with_the_reason() {
     let Error::Strict(msg) = &e else {
         panic!("{e:?}")
     };
-    assert!(msg.starts_with("staged: forced by policy (GDX_FORCE_PATH=staged)"), "{msg}");
+    assert!(
+        msg.starts_with("staged: forced by policy (GDX_FORCE_PATH=staged)"),
+        "{msg}"
+    );
     assert!(msg.contains("strict mode refuses to leave the direct path (p2p GPU0→GPU1 NV18)"));
-    let p = plan_local(&f, &Policy { strict: false, ..policy }, &Calibration::default()).unwrap();
+    let p = plan_local(
+        &f,
+        &Policy {
+            strict: false,
+            ..policy
+        },
+        &Calibration::default(),
+    )
+    .unwrap();
     assert_eq!(p.path, Path::Staged);
 }
 
@@ -61,7 +75,9 @@ fn strict_mode_refuses_a_forced_staged_copy_with_the_reason() {
 fn a_topology_that_promises_p2p_the_driver_refuses_fails_in_strict_mode() {
     let f = gpus(0, 1, 64, link("PIX", true, PeerStatus::NotSupported));
     assert_eq!(
-        plan_local(&f, &Policy::default(), &Calibration::default()).unwrap().path,
+        plan_local(&f, &Policy::default(), &Calibration::default())
+            .unwrap()
+            .path,
         Path::Staged
     );
     assert!(matches!(
@@ -103,7 +119,10 @@ fn host_and_same_gpu_copies() {
     };
     let p = plan_local(&f, &Policy::strict(), &Calibration::default()).unwrap();
     assert_eq!(p.path, Path::HostToGpu);
-    assert_eq!(p.reason, "host-to-gpu: pinned host → GPU1 on GPU1's copy engine");
+    assert_eq!(
+        p.reason,
+        "host-to-gpu: pinned host → GPU1 on GPU1's copy engine"
+    );
     let f = OpFacts {
         src: EndFacts::at(Location::Gpu(1)),
         dst: EndFacts::at(Location::PinnedHost),
@@ -111,12 +130,16 @@ fn host_and_same_gpu_copies() {
         link: None,
     };
     assert_eq!(
-        plan_local(&f, &Policy::default(), &Calibration::default()).unwrap().path,
+        plan_local(&f, &Policy::default(), &Calibration::default())
+            .unwrap()
+            .path,
         Path::GpuToHost
     );
     let f = gpus(1, 1, 8, None);
     assert_eq!(
-        plan_local(&f, &Policy::default(), &Calibration::default()).unwrap().path,
+        plan_local(&f, &Policy::default(), &Calibration::default())
+            .unwrap()
+            .path,
         Path::DeviceLocal
     );
     let f = OpFacts {

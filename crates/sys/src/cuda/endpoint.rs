@@ -212,7 +212,11 @@ impl Stream {
             if done >= len {
                 break;
             }
-            let this = if i + 1 == n { len - done } else { piece.min(len - done) };
+            let this = if i + 1 == n {
+                len - done
+            } else {
+                piece.min(len - done)
+            };
             let stream = if i == 0 { self } else { helpers[i - 1] };
             let step = (|| {
                 if i > 0 {
@@ -243,7 +247,10 @@ impl Stream {
             .and_then(|()| src.pending().mark(self));
         if let Err(e) = marked {
             // Nothing would wait for the pieces already queued: wait for them here.
-            for s in std::iter::once(self).chain(helpers.iter().copied()).take(queued.max(1)) {
+            for s in std::iter::once(self)
+                .chain(helpers.iter().copied())
+                .take(queued.max(1))
+            {
                 if let Err(sync) = s.synchronize() {
                     self.context().record_err(sync);
                 }

@@ -176,7 +176,10 @@ impl Drop for DeviceBuffer {
         let (status, call) = match self.release {
             Release::Borrowed => return,
             // SAFETY: this value owns the allocation and no queued work uses it any more.
-            Release::Free => (unsafe { (self.ctx.api().cuMemFree_v2)(self.ptr) }, "cuMemFree_v2"),
+            Release::Free => (
+                unsafe { (self.ctx.api().cuMemFree_v2)(self.ptr) },
+                "cuMemFree_v2",
+            ),
             Release::IpcClose => (
                 // SAFETY: this value opened the mapping and no queued work uses it any more.
                 unsafe { (self.ctx.api().cuIpcCloseMemHandle)(self.ptr) },

@@ -201,7 +201,11 @@ impl DeviceBuffer {
     /// (`cuMemAllocFromPoolAsync`, the allocation cudarc's `alloc_zeros` makes), and wait for
     /// the allocation. Freed with `cuMemFree_v2`. For tests and baselines of the pool trap:
     /// gdx's own allocations use [`DeviceBuffer::new`].
-    pub fn from_pool(ctx: &Context, len: usize, stream: &Stream) -> Result<DeviceBuffer, CudaError> {
+    pub fn from_pool(
+        ctx: &Context,
+        len: usize,
+        stream: &Stream,
+    ) -> Result<DeviceBuffer, CudaError> {
         const CALL: &str = "cuMemAllocFromPoolAsync";
         let Some(f) = ctx.api().cuMemAllocFromPoolAsync else {
             return Err(CudaError::MissingSymbol { call: CALL });
@@ -274,7 +278,11 @@ impl DeviceBuffer {
     /// that holds the memory; `len` must not exceed the exported allocation (the driver cannot
     /// check it: a larger `len` makes copies fail with an illegal-address error on the GPU, never
     /// a host memory error).
-    pub fn open_ipc(ctx: &Context, handle: &IpcHandle, len: usize) -> Result<DeviceBuffer, CudaError> {
+    pub fn open_ipc(
+        ctx: &Context,
+        handle: &IpcHandle,
+        len: usize,
+    ) -> Result<DeviceBuffer, CudaError> {
         ctx.make_current()?;
         let mut ptr: CuDevicePtr = 0;
         let h = CuIpcMemHandle { reserved: handle.0 };
@@ -316,6 +324,9 @@ mod tests {
     fn ipc_handles_print_a_short_prefix() {
         let mut b = [0u8; 64];
         b[0] = 0xab;
-        assert_eq!(format!("{:?}", IpcHandle(b)), "IpcHandle(ab00000000000000..)");
+        assert_eq!(
+            format!("{:?}", IpcHandle(b)),
+            "IpcHandle(ab00000000000000..)"
+        );
     }
 }
