@@ -28,6 +28,8 @@ enum Command {
     Topo(cmd::topo::TopoArgs),
     Doctor(cmd::doctor::DoctorArgs),
     Serve(cmd::serve::ServeArgs),
+    Bench(cmd::bench::BenchArgs),
+    Calibrate(cmd::calibrate::CalibrateArgs),
     Cp(cmd::cp::CpArgs),
 }
 
@@ -37,6 +39,8 @@ fn main() -> ExitCode {
         Command::Topo(args) => cmd::topo::run(&args),
         Command::Doctor(args) => cmd::doctor::run(&args),
         Command::Serve(args) => cmd::serve::run(&args),
+        Command::Bench(args) => cmd::bench::run(&args),
+        Command::Calibrate(args) => cmd::calibrate::run(&args),
         Command::Cp(args) => cmd::cp::run(&args),
     };
     match result {

@@ -1,4 +1,6 @@
 //! One module per subcommand.
+pub mod bench;
+pub mod calibrate;
 pub mod cp;
 pub mod doctor;
 pub mod serve;

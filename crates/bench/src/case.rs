@@ -1,0 +1,230 @@
+//! One bench case is one small unit (nvbandwidth's testcase): a [`CaseSpec`] saying what it
+//! moves where, [`BenchCase::applicable`] saying whether it can run here (or [`Waived`] with
+//! the reason), and [`BenchCase::run`] measuring every requested size and handing each
+//! [`Row`] to a sink as soon as it is measured, so a later failure keeps the earlier rows.
+//!
+//! Invariant: a case never panics on purpose and never aborts the run; every failure is an
+//! `Err(String)` with the message, which the runner records as that case's error.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::report::Row;
+use crate::Ctx;
+
+/// Which path a case measures (the `path` field of a result).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PathKind {
+    /// Single-thread host `memcpy` between two buffers (a baseline, not a transport).
+    Memcpy,
+    /// Copy engine between pinned host memory and a GPU.
+    PinnedCe,
+    /// Copy engine between pageable host memory and a GPU (the driver stages it).
+    PageableCe,
+    /// Copy engine between two GPUs over their direct link (peer access enabled).
+    P2p,
+    /// GPU → pinned host bounce buffers → GPU, chunked and pipelined.
+    Staged,
+    /// Like p2p, across two processes (CUDA IPC).
+    Ipc,
+    /// Same-host shared memory between two agents.
+    Shm,
+    /// Kernel TCP between two agents.
+    Tcp,
+    /// The deterministic mock backend (tests only).
+    Mock,
+}
+
+impl PathKind {
+    /// The name used in keys, tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            PathKind::Memcpy => "memcpy",
+            PathKind::PinnedCe => "pinned-ce",
+            PathKind::PageableCe => "pageable-ce",
+            PathKind::P2p => "p2p",
+            PathKind::Staged => "staged",
+            PathKind::Ipc => "ipc",
+            PathKind::Shm => "shm",
+            PathKind::Tcp => "tcp",
+            PathKind::Mock => "mock",
+        }
+    }
+}
+
+impl fmt::Display for PathKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One end of a transfer.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum End {
+    /// Host memory of this process (or of the loopback agent).
+    Host,
+    /// The GPU with this CUDA ordinal.
+    Gpu(u32),
+    /// Host memory of a `gdx serve` agent at this address.
+    Remote(String),
+}
+
+impl End {
+    /// `host`, `gpu0`, `remote:HOST:PORT`: the spelling used in keys and the `src`/`dst` fields.
+    pub fn name(&self) -> String {
+        match self {
+            End::Host => "host".into(),
+            End::Gpu(n) => format!("gpu{n}"),
+            End::Remote(a) => format!("remote:{a}"),
+        }
+    }
+
+    /// The topology label (`GPU0`), for GPUs.
+    pub fn topo_label(&self) -> Option<String> {
+        match self {
+            End::Gpu(n) => Some(format!("GPU{n}")),
+            _ => None,
+        }
+    }
+}
+
+/// What a case measures. Keys follow nvbandwidth: `<src>_to_<dst>_<transport>[_bidir]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaseSpec {
+    /// Stable key, e.g. `gpu0_to_gpu1_p2p`.
+    pub key: String,
+    /// One line: what is measured, which direction, what is only interference.
+    pub description: String,
+    /// The path.
+    pub path: PathKind,
+    /// Source.
+    pub src: End,
+    /// Destination.
+    pub dst: End,
+    /// Both directions at once (bandwidth is the sum of both).
+    pub bidir: bool,
+}
+
+/// Why a case cannot run here. The reason is shown to the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waived(pub String);
+
+impl fmt::Display for Waived {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The measurement protocol's knobs (see `docs/bench/README.md`, "Method").
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    /// Transfer sizes in bytes, ascending.
+    pub sizes: Vec<u64>,
+    /// Untimed runs before the timed loop, per size.
+    pub warmup: u32,
+    /// Target duration of the timed loop, per size (the iteration count follows from it).
+    pub duration: Duration,
+    /// Fewest timed samples per size.
+    pub min_samples: u32,
+    /// Most timed samples per size (and most latency samples).
+    pub max_samples: u32,
+    /// A fixed iteration count instead of `duration` (still within the bounds above).
+    pub iters: Option<u32>,
+    /// Check the destination against the source after the timed loop.
+    pub verify: bool,
+    /// Chunk of the staged pipeline in bytes.
+    pub staged_chunk: u64,
+}
+
+/// The default sweep: 8 B to 1 GiB in steps of ×4, plus 1 GiB.
+pub fn default_sizes() -> Vec<u64> {
+    let mut v: Vec<u64> = (0..14).map(|i| 8u64 << (2 * i)).collect();
+    v.push(1 << 30);
+    v
+}
+
+/// Bytes the buffers rotate over for sizes below it, so caches cannot serve repeats.
+pub const ROTATE_BYTES: u64 = 256 << 20;
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            sizes: default_sizes(),
+            warmup: 2,
+            duration: Duration::from_millis(200),
+            min_samples: 3,
+            max_samples: 1000,
+            iters: None,
+            verify: true,
+            staged_chunk: 16 << 20,
+        }
+    }
+}
+
+impl Params {
+    /// The largest size requested (0 when none).
+    pub fn max_size(&self) -> u64 {
+        self.sizes.iter().copied().max().unwrap_or(0)
+    }
+
+    /// How many timed iterations to run when one takes about `per_op`: `iters` when fixed,
+    /// else what fits in `duration`, within `min_samples..=max_samples`.
+    pub fn plan_iters(&self, per_op: Duration) -> u32 {
+        let lo = self.min_samples.max(1);
+        let hi = self.max_samples.max(lo);
+        if let Some(n) = self.iters {
+            return n.clamp(lo, hi);
+        }
+        let per = per_op.as_secs_f64().max(1e-7);
+        let n = (self.duration.as_secs_f64() / per).floor();
+        (n.min(f64::from(hi)) as u32).clamp(lo, hi)
+    }
+}
+
+/// A benchmark case (see the module docs).
+pub trait BenchCase: Send + Sync {
+    /// What it measures.
+    fn spec(&self) -> &CaseSpec;
+
+    /// `Ok` when it can run here, else the reason it is waived.
+    ///
+    /// # Errors
+    /// [`Waived`] with a reason the user can act on.
+    fn applicable(&self, ctx: &Ctx) -> Result<(), Waived>;
+
+    /// Measure every size in `params`, giving each row to `sink` as soon as it is measured.
+    ///
+    /// # Errors
+    /// The message of the failure that stopped the case; rows already given stay.
+    fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), String>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_sizes_span_8_bytes_to_1_gib() {
+        let s = default_sizes();
+        assert_eq!(s.first(), Some(&8));
+        assert_eq!(s.last(), Some(&(1 << 30)));
+        assert!(s.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn iterations_follow_the_duration_within_bounds() {
+        let p = Params::default();
+        assert_eq!(p.plan_iters(Duration::from_millis(100)), 3);
+        assert_eq!(p.plan_iters(Duration::from_nanos(1)), 1000);
+        assert_eq!(p.plan_iters(Duration::from_millis(1)), 200);
+        let fixed = Params {
+            iters: Some(7),
+            ..Params::default()
+        };
+        assert_eq!(fixed.plan_iters(Duration::from_secs(1)), 7);
+    }
+}

@@ -1,0 +1,162 @@
+//! The GPU measurement protocol.
+//!
+//! - **Bandwidth** ([`event_batches`]): per sample, each stream is held
+//!   ([`gdx_sys::cuda::Stream::hold`]), a start event is recorded, a batch of `b` copies and an
+//!   end event are queued, the holds are released and the streams synchronised; the sample is
+//!   the slowest stream's event time divided by `b`. `b` is sized from a trial batch so a
+//!   batch lasts about [`BATCH_TARGET`] (at most [`MAX_BATCH`] copies, so the queue never
+//!   fills behind a hold). Enqueue cost is thus excluded and launch gaps are not measured.
+//! - **Latency** ([`latency`]): host wall time of one copy enqueued and synchronised.
+//!
+//! The op closure is told a running op index so buffers rotate across every copy.
+
+use std::time::{Duration, Instant};
+
+use gdx_sys::cuda::{CudaError, Event, Stream};
+
+use crate::case::Params;
+use crate::stats::CpuClock;
+
+/// How long one timed batch should last on the device.
+pub const BATCH_TARGET: Duration = Duration::from_micros(200);
+
+/// Most copies in one batch.
+pub const MAX_BATCH: u64 = 64;
+
+/// Copies in the trial batch that sizes the real ones.
+const TRIAL_BATCH: u64 = 8;
+
+/// Bandwidth samples from device events.
+#[derive(Debug, Default)]
+pub struct EventTimed {
+    /// Device time per copy, one per batch.
+    pub samples: Vec<Duration>,
+    /// Copies per batch.
+    pub batch: u64,
+    /// CPU seconds per GB during the timed batches.
+    pub cpu_s_per_gb: Option<f64>,
+    /// Whether the streams were held while queueing (false when the driver lacks
+    /// `cuLaunchHostFunc`: enqueue cost may then leak into small sizes).
+    pub held: bool,
+}
+
+/// Running op counter shared by the warm-up, the batches and the latency loop.
+#[derive(Debug, Default)]
+pub struct OpCounter(pub u64);
+
+impl OpCounter {
+    /// The next op index.
+    pub fn take(&mut self) -> u64 {
+        self.0 += 1;
+        self.0 - 1
+    }
+}
+
+fn cuda(e: CudaError) -> String {
+    e.to_string()
+}
+
+/// One batch of `b` copies on `streams`; returns the slowest stream's device time.
+fn batch(
+    streams: &[&Stream],
+    events: &[(Event, Event)],
+    b: u64,
+    ops: &mut OpCounter,
+    enqueue: &mut dyn FnMut(u64) -> Result<(), CudaError>,
+) -> Result<(Duration, bool), String> {
+    let mut holds = Vec::new();
+    let mut held = true;
+    for s in streams {
+        if s.can_hold() {
+            holds.push(s.hold().map_err(cuda)?);
+        } else {
+            held = false;
+        }
+    }
+    for (s, (start, _)) in streams.iter().zip(events) {
+        start.record(s).map_err(cuda)?;
+    }
+    for _ in 0..b {
+        enqueue(ops.take()).map_err(cuda)?;
+    }
+    for (s, (_, end)) in streams.iter().zip(events) {
+        end.record(s).map_err(cuda)?;
+    }
+    drop(holds);
+    for s in streams {
+        s.synchronize().map_err(cuda)?;
+    }
+    let mut worst = Duration::ZERO;
+    for (start, end) in events {
+        worst = worst.max(start.elapsed(end).map_err(cuda)?);
+    }
+    Ok((worst, held))
+}
+
+/// Warm up, size the batches, then take the bandwidth samples (see the module docs).
+/// `bytes_per_op` is what one enqueue moves in all (both directions for a bidirectional op).
+pub fn event_batches(
+    params: &Params,
+    streams: &[&Stream],
+    bytes_per_op: f64,
+    ops: &mut OpCounter,
+    enqueue: &mut dyn FnMut(u64) -> Result<(), CudaError>,
+) -> Result<EventTimed, String> {
+    if streams.is_empty() {
+        return Err("no stream".into());
+    }
+    let events = streams
+        .iter()
+        .map(|s| Ok((Event::new(s.context())?, Event::new(s.context())?)))
+        .collect::<Result<Vec<_>, CudaError>>()
+        .map_err(cuda)?;
+    for _ in 0..params.warmup.max(1) {
+        enqueue(ops.take()).map_err(cuda)?;
+    }
+    for s in streams {
+        s.synchronize().map_err(cuda)?;
+    }
+    let (trial, _) = batch(streams, &events, TRIAL_BATCH, ops, enqueue)?;
+    let per = (trial / TRIAL_BATCH as u32).max(Duration::from_nanos(100));
+    let b = (BATCH_TARGET.as_nanos() / per.as_nanos()).clamp(1, u128::from(MAX_BATCH)) as u64;
+    let n = params.plan_iters(per * b as u32);
+    let cpu = CpuClock::now();
+    let mut out = EventTimed {
+        batch: b,
+        held: true,
+        ..EventTimed::default()
+    };
+    for _ in 0..n {
+        let (d, held) = batch(streams, &events, b, ops, enqueue)?;
+        out.held &= held;
+        out.samples.push(d / b as u32);
+    }
+    out.cpu_s_per_gb = cpu.per_gb_since(bytes_per_op * (u64::from(n) * b) as f64);
+    Ok(out)
+}
+
+/// Latency samples: one op enqueued and every stream synchronised, timed on the host.
+/// About half the duration is spent here, within the sample bounds (at most 200).
+pub fn latency(
+    params: &Params,
+    streams: &[&Stream],
+    ops: &mut OpCounter,
+    enqueue: &mut dyn FnMut(u64) -> Result<(), CudaError>,
+) -> Result<Vec<Duration>, String> {
+    let mut one = || -> Result<Duration, String> {
+        let t = Instant::now();
+        enqueue(ops.take()).map_err(cuda)?;
+        for s in streams {
+            s.synchronize().map_err(cuda)?;
+        }
+        Ok(t.elapsed())
+    };
+    let est = one()?;
+    let half = Params {
+        duration: params.duration / 2,
+        max_samples: params.max_samples.min(200),
+        ..params.clone()
+    };
+    let n = half.plan_iters(est);
+    (0..n).map(|_| one()).collect()
+}

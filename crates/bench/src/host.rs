@@ -1,0 +1,440 @@
+//! Host cases: `host_to_host_memcpy` (the baseline), and `host_to_host_shm` /
+//! `host_to_host_tcp` between two gdx agents — a loopback agent this process starts, or a
+//! `gdx serve` elsewhere (`--peer HOST:PORT`, perftest style).
+//!
+//! Every op is timed with a monotonic clock around submit + wait, so bandwidth and latency
+//! come from the same samples. The source rotates over a window of up to
+//! [`crate::ROTATE_BYTES`]; after the timed loop the touched part of the destination is
+//! compared with the source (read back from the peer; in loopback read directly).
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+use gdx_engine::{
+    Access, Agent, AgentConfig, Path, Peer, Region, RegionDesc, Transfer, Transports,
+};
+use gdx_sys::cuda::probe::fill_pattern;
+
+use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived, ROTATE_BYTES};
+use crate::report::Row;
+use crate::stats::{fill_row, CpuClock};
+use crate::Ctx;
+
+/// What one timed loop measured.
+#[derive(Debug)]
+pub(crate) struct Timed {
+    /// Wall time of each timed op.
+    pub samples: Vec<Duration>,
+    /// CPU seconds per GB during the timed ops.
+    pub cpu_s_per_gb: Option<f64>,
+}
+
+/// The wall-clock protocol: the warm-up ops (all on slot 0) estimate the time per op (their
+/// fastest), `prepare(n)` is told how many timed ops follow, then timed op `i` (0..n) does
+/// the `i`-th transfer of `bytes` bytes through `op(i)`; slot 0 must hold the pattern before
+/// the call, `prepare` fills the rest.
+pub(crate) fn wall_loop(
+    params: &Params,
+    bytes: f64,
+    mut prepare: impl FnMut(u64) -> Result<(), String>,
+    mut op: impl FnMut(u64) -> Result<(), String>,
+) -> Result<Timed, String> {
+    let mut est = Duration::MAX;
+    for _ in 0..params.warmup.max(1) {
+        let t = Instant::now();
+        op(0)?;
+        est = est.min(t.elapsed());
+    }
+    let iters = u64::from(params.plan_iters(est));
+    prepare(iters)?;
+    let cpu = CpuClock::now();
+    let mut samples = Vec::with_capacity(iters as usize);
+    for i in 0..iters {
+        let t = Instant::now();
+        op(i)?;
+        samples.push(t.elapsed());
+    }
+    Ok(Timed {
+        samples,
+        cpu_s_per_gb: cpu.per_gb_since(bytes * iters as f64),
+    })
+}
+
+/// Fill a row from wall-clock samples: bandwidth and latency come from the same samples, so
+/// `lat_samples_s` stays empty (see `samples_s`).
+pub(crate) fn fill_wall_row(row: &mut Row, bytes: f64, t: &Timed) {
+    fill_row(row, bytes, &t.samples, &t.samples, t.samples.len() as u64);
+    row.lat_samples_s.clear();
+    row.cpu_s_per_gb = t.cpu_s_per_gb;
+}
+
+/// Slots of `size` bytes the buffers rotate over inside a `window`-byte buffer.
+pub(crate) fn slots(size: u64, window: u64) -> u64 {
+    (window.min(ROTATE_BYTES.max(size)) / size.max(1)).max(1)
+}
+
+/// Bytes from offset 0 that `ops` rotating ops of `size` bytes touched.
+pub(crate) fn touched(size: u64, window: u64, ops: u64) -> u64 {
+    slots(size, window).min(ops) * size
+}
+
+/// A per-size seed, so a later size cannot pass on bytes an earlier one left.
+pub(crate) fn seed_for(size: u64) -> u64 {
+    0x6764_785f_6265_6e63 ^ size.rotate_left(17)
+}
+
+/// The first differing offset of two equal-length slices, as a message.
+pub(crate) fn compare(got: &[u8], want: &[u8]) -> Option<String> {
+    let pos = got.iter().zip(want).position(|(a, b)| a != b)?;
+    Some(format!(
+        "verification failed: byte {pos}: expected {:#04x}, found {:#04x}",
+        want[pos], got[pos]
+    ))
+}
+
+struct Memcpy {
+    spec: CaseSpec,
+}
+
+impl BenchCase for Memcpy {
+    fn spec(&self) -> &CaseSpec {
+        &self.spec
+    }
+
+    fn applicable(&self, _ctx: &Ctx) -> Result<(), Waived> {
+        Ok(())
+    }
+
+    fn run(&self, _ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), String> {
+        let window = params.max_size().max(1);
+        let mut src = vec![0u8; window as usize];
+        let mut dst = vec![0u8; window as usize];
+        for &size in &params.sizes {
+            let n = slots(size, window);
+            let s = size as usize;
+            fill_pattern(&mut src[..s], seed_for(size));
+            dst.fill(0);
+            let mut total = 0;
+            let cell = RefCell::new(&mut src);
+            let timed = wall_loop(
+                params,
+                size as f64,
+                |t| {
+                    total = t;
+                    let tb = touched(size, window, t) as usize;
+                    fill_pattern(&mut cell.borrow_mut()[..tb], seed_for(size));
+                    Ok(())
+                },
+                |i| {
+                    let off = ((i % n) * size) as usize;
+                    let src = cell.borrow();
+                    dst[off..off + s].copy_from_slice(std::hint::black_box(&src[off..off + s]));
+                    std::hint::black_box(&mut dst);
+                    Ok(())
+                },
+            )?;
+            let mut row = Row::new(&self.spec, size);
+            fill_wall_row(&mut row, size as f64, &timed);
+            row.cpu_s_per_gb = timed.cpu_s_per_gb;
+            if params.verify {
+                let tb = touched(size, window, total) as usize;
+                let bad = compare(&dst[..tb], &src[..tb]);
+                row.verified = Some(bad.is_none());
+                if let Some(b) = bad {
+                    row.add_note(b);
+                }
+            }
+            sink(row);
+        }
+        Ok(())
+    }
+}
+
+/// shm or tcp between two agents.
+struct AgentCase {
+    spec: CaseSpec,
+    peer: Option<String>,
+    region: String,
+}
+
+/// The loopback target: an agent in this process serving one region.
+struct Loopback {
+    region: Region<'static>,
+    agent: Agent,
+}
+
+impl AgentCase {
+    fn want(&self) -> Path {
+        if self.spec.path == PathKind::Shm {
+            Path::Shm
+        } else {
+            Path::Tcp
+        }
+    }
+
+    fn connect(&self, window: u64) -> Result<(Agent, Peer, RegionDesc, Option<Loopback>), String> {
+        let base = AgentConfig::from_env().map_err(|e| format!("GDX_* settings: {e}"))?;
+        let shm = self.spec.path == PathKind::Shm;
+        let client_cfg = AgentConfig {
+            name: format!("gdx-bench-{}", std::process::id()),
+            transports: Transports { tcp: true, shm },
+            ..base.clone()
+        };
+        let client =
+            Agent::new(client_cfg).map_err(|e| format!("starting the client agent: {e}"))?;
+        let (addr, lb) = match &self.peer {
+            Some(a) => (a.clone(), None),
+            None => {
+                let server = Agent::new(AgentConfig {
+                    name: format!("gdx-bench-target-{}", std::process::id()),
+                    listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+                    transports: Transports {
+                        tcp: true,
+                        shm: true,
+                    },
+                    ..base
+                })
+                .map_err(|e| format!("starting the loopback agent: {e}"))?;
+                let region = server
+                    .alloc(window, Access::READ_WRITE, Some(&self.region))
+                    .map_err(|e| format!("allocating {window} bytes on the loopback agent: {e}"))?;
+                let addr = server
+                    .listen_addr()
+                    .ok_or("the loopback agent has no address")?
+                    .to_string();
+                (
+                    addr,
+                    Some(Loopback {
+                        region,
+                        agent: server,
+                    }),
+                )
+            }
+        };
+        let peer = client
+            .connect(addr.as_str())
+            .map_err(|e| format!("connecting to {addr}: {e}"))?;
+        let route = peer.route();
+        if route.transport != self.want() {
+            return Err(format!(
+                "the peer at {addr} is reached over {} ({}), not {}",
+                route.transport,
+                route.reason,
+                self.want()
+            ));
+        }
+        let desc = peer
+            .region(&self.region)
+            .map_err(|e| format!("looking up region {:?} on {addr}: {e}", self.region))?;
+        Ok((client, peer, desc, lb))
+    }
+}
+
+impl BenchCase for AgentCase {
+    fn spec(&self) -> &CaseSpec {
+        &self.spec
+    }
+
+    fn applicable(&self, _ctx: &Ctx) -> Result<(), Waived> {
+        Ok(())
+    }
+
+    fn run(&self, _ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), String> {
+        let want = params
+            .max_size()
+            .max(ROTATE_BYTES.min(params.max_size().max(1) * 64));
+        let (client, peer, remote, lb) = self.connect(want)?;
+        let window = remote.len.min(want);
+        let mut local = client
+            .alloc(window, Access::LOCAL, None)
+            .map_err(|e| format!("allocating {window} bytes: {e}"))?;
+        let scratch = if params.verify && lb.is_none() {
+            Some(
+                client
+                    .alloc(window, Access::LOCAL, None)
+                    .map_err(|e| e.to_string())?,
+            )
+        } else {
+            None
+        };
+        let timeout = Duration::from_secs(120);
+        let xfer = |t: Transfer| -> Result<(), String> {
+            let rep = peer
+                .submit(t)
+                .and_then(|h| h.wait(timeout))
+                .map_err(|e| e.to_string())?;
+            match rep.ops.first().map(|o| o.plan.path) {
+                Some(p)
+                    if p != self.want() && !(p == Path::ShmStaged && self.want() == Path::Shm) =>
+                {
+                    Err(format!("the engine took {p}, not {}", self.want()))
+                }
+                _ => Ok(()),
+            }
+        };
+        for &size in &params.sizes {
+            if size > window {
+                sink(Row::failed(
+                    &self.spec,
+                    size,
+                    format!(
+                        "the peer's region is {window} bytes (start `gdx serve --size` larger)"
+                    ),
+                ));
+                continue;
+            }
+            let n = slots(size, window);
+            let seed = seed_for(size);
+            {
+                let mut b = local.bytes_mut().map_err(|e| e.to_string())?;
+                fill_pattern(&mut b[..size as usize], seed);
+            }
+            let mut total = 0;
+            let cell = RefCell::new(&mut local);
+            let timed = wall_loop(
+                params,
+                size as f64,
+                |t| {
+                    total = t;
+                    let tb = touched(size, window, t) as usize;
+                    let mut l = cell.borrow_mut();
+                    let mut b = l.bytes_mut().map_err(|e| e.to_string())?;
+                    fill_pattern(&mut b[..tb], seed);
+                    Ok(())
+                },
+                |i| {
+                    let off = (i % n) * size;
+                    let mut t = Transfer::new();
+                    t.write(&cell.borrow(), off, &remote, off, size);
+                    xfer(t)
+                },
+            );
+            let timed = match timed {
+                Ok(t) => t,
+                Err(e) => {
+                    sink(Row::failed(&self.spec, size, e));
+                    continue;
+                }
+            };
+            let mut row = Row::new(&self.spec, size);
+            fill_wall_row(&mut row, size as f64, &timed);
+            row.cpu_s_per_gb = timed.cpu_s_per_gb;
+            if lb.is_some() {
+                row.add_note("cpu includes both agents (loopback, one process)");
+            }
+            if params.verify {
+                let tb = touched(size, window, total);
+                let want = local.bytes().map_err(|e| e.to_string())?;
+                let bad = match (&lb, &scratch) {
+                    (Some(l), _) => {
+                        let got = l.region.bytes().map_err(|e| e.to_string())?;
+                        compare(&got[..tb as usize], &want[..tb as usize])
+                    }
+                    (None, Some(s)) => {
+                        let mut t = Transfer::new();
+                        t.read(s, 0, &remote, 0, tb);
+                        xfer(t)?;
+                        let got = s.bytes().map_err(|e| e.to_string())?;
+                        compare(&got[..tb as usize], &want[..tb as usize])
+                    }
+                    (None, None) => None,
+                };
+                row.verified = Some(bad.is_none());
+                if let Some(b) = bad {
+                    row.add_note(b);
+                }
+            }
+            sink(row);
+        }
+        drop(peer);
+        if let Some(l) = lb {
+            drop(l.region);
+            drop(l.agent);
+        }
+        Ok(())
+    }
+}
+
+/// The host cases, against `peer` (a `gdx serve` address) or a loopback agent.
+pub fn cases_for(peer: Option<&str>, region: &str) -> Vec<Box<dyn BenchCase>> {
+    let dst = peer.map_or(End::Host, |p| End::Remote(p.to_string()));
+    let where_ = peer.map_or("a loopback agent in this process".to_string(), |p| {
+        format!("the gdx serve agent at {p}")
+    });
+    let mk = |path: PathKind, how: &str| -> Box<dyn BenchCase> {
+        let key = match &dst {
+            End::Remote(_) => format!("host_to_remote_{}", path.name()),
+            _ => format!("host_to_host_{}", path.name()),
+        };
+        Box::new(AgentCase {
+            spec: CaseSpec {
+                key,
+                description: format!("write from host memory into {where_}'s region over {how}"),
+                path,
+                src: End::Host,
+                dst: dst.clone(),
+                bidir: false,
+            },
+            peer: peer.map(str::to_string),
+            region: region.to_string(),
+        })
+    };
+    vec![
+        Box::new(Memcpy {
+            spec: CaseSpec {
+                key: "host_to_host_memcpy".into(),
+                description: "single-thread memcpy between two host buffers (baseline)".into(),
+                path: PathKind::Memcpy,
+                src: End::Host,
+                dst: End::Host,
+                bidir: false,
+            },
+        }),
+        mk(
+            PathKind::Shm,
+            "shared memory (one copy into the mapped region)",
+        ),
+        mk(PathKind::Tcp, "TCP (kernel sockets)"),
+    ]
+}
+
+/// The host cases against a loopback agent.
+pub fn cases() -> Vec<Box<dyn BenchCase>> {
+    cases_for(None, "bench")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotation_stays_inside_the_window() {
+        assert_eq!(slots(8, 1 << 30), ROTATE_BYTES / 8);
+        assert_eq!(slots(1 << 30, 1 << 30), 1);
+        assert_eq!(slots(1 << 20, 4 << 20), 4);
+        assert_eq!(touched(1 << 20, 4 << 20, 10), 4 << 20);
+        assert_eq!(touched(1 << 20, 4 << 20, 2), 2 << 20);
+    }
+
+    #[test]
+    fn loopback_shm_and_tcp_measure_and_verify() {
+        let ctx = Ctx::without_devices();
+        let params = Params {
+            sizes: vec![8, 65536],
+            duration: Duration::from_millis(20),
+            max_samples: 20,
+            ..Params::default()
+        };
+        for case in cases() {
+            let mut rows = Vec::new();
+            case.run(&ctx, &params, &mut |r| rows.push(r))
+                .unwrap_or_else(|e| panic!("{}: {e}", case.spec().key));
+            assert_eq!(rows.len(), 2, "{}", case.spec().key);
+            for r in rows {
+                assert_eq!(r.verified, Some(true), "{} {:?}", r.key, r.note);
+                assert!(r.bw_gbps.is_some_and(|b| b > 0.0));
+                assert!(r.iters >= 3);
+            }
+        }
+    }
+}

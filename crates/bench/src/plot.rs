@@ -1,0 +1,197 @@
+//! `--plot FILE.svg`: bandwidth (top) and p50 latency (bottom) against transfer size, one line
+//! per case, both axes logarithmic, each case's ceiling as a dashed line in its colour.
+//! Drawn with plotters' SVG backend only (no font or bitmap dependencies); PNG is made from
+//! the SVG by the CLI with `rsvg-convert` when it is installed.
+
+use plotters::prelude::*;
+
+use crate::report::{Report, Status};
+
+/// SI-style axis labels: `8`, `1k`, `10M`, `1G` (bytes) or plain numbers.
+fn si(v: f64) -> String {
+    if v < 1.0 {
+        return if v >= 0.001 {
+            format!("{v:.3}").trim_end_matches('0').to_string()
+        } else {
+            format!("{v:.0e}")
+        };
+    }
+    let (d, u) = if v >= 1e9 {
+        (v / 1e9, "G")
+    } else if v >= 1e6 {
+        (v / 1e6, "M")
+    } else if v >= 1e3 {
+        (v / 1e3, "k")
+    } else {
+        (v, "")
+    };
+    if d >= 10.0 || (d - d.round()).abs() < 1e-9 {
+        format!("{d:.0}{u}")
+    } else {
+        format!("{d:.1}{u}")
+    }
+}
+
+/// One line: key, points (size, value), ceiling.
+struct Series {
+    key: String,
+    bw: Vec<(f64, f64)>,
+    lat: Vec<(f64, f64)>,
+    ceiling: Option<f64>,
+}
+
+fn series(report: &Report) -> Vec<Series> {
+    let mut out: Vec<Series> = Vec::new();
+    for r in report.results.iter().filter(|r| r.status == Status::Passed) {
+        let i = match out.iter().position(|s| s.key == r.key) {
+            Some(i) => i,
+            None => {
+                out.push(Series {
+                    key: r.key.clone(),
+                    bw: Vec::new(),
+                    lat: Vec::new(),
+                    ceiling: r.ceiling_gbps,
+                });
+                out.len() - 1
+            }
+        };
+        let x = r.size_bytes.max(1) as f64;
+        if let Some(b) = r.bw_gbps.filter(|b| *b > 0.0) {
+            out[i].bw.push((x, b));
+        }
+        if let Some(l) = r.lat_p50_us.filter(|l| *l > 0.0) {
+            out[i].lat.push((x, l));
+        }
+    }
+    out
+}
+
+fn bounds(pts: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    pts.fold(None, |acc, v| match acc {
+        None => Some((v, v)),
+        Some((lo, hi)) => Some((lo.min(v), hi.max(v))),
+    })
+}
+
+/// Render the report as an SVG document.
+///
+/// # Errors
+/// When there is nothing to plot, or plotters fails.
+pub fn svg(report: &Report, title: &str) -> Result<String, String> {
+    let all = series(report);
+    let (xmin, xmax) = bounds(all.iter().flat_map(|s| s.bw.iter().map(|p| p.0)))
+        .ok_or("nothing to plot: no measured rows")?;
+    let (bmin, bmax) = bounds(
+        all.iter()
+            .flat_map(|s| s.bw.iter().map(|p| p.1).chain(s.ceiling)),
+    )
+    .ok_or("nothing to plot")?;
+    let (lmin, lmax) =
+        bounds(all.iter().flat_map(|s| s.lat.iter().map(|p| p.1))).unwrap_or((1.0, 10.0));
+    let xr = (xmin / 1.5)..(xmax * 1.5);
+    let err = |e: DrawingAreaErrorKind<_>| format!("plotting: {e:?}");
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, (1280, 1100)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let root = root
+            .titled(title, ("sans-serif", 22))
+            .map_err(|e| format!("plotting: {e:?}"))?;
+        let (top, bottom) = root.split_vertically(620);
+        let mut bw = ChartBuilder::on(&top)
+            .caption(
+                "bandwidth, GB/s (1e9 B/s); dashed: ceiling",
+                ("sans-serif", 18),
+            )
+            .margin(14)
+            .x_label_area_size(42)
+            .y_label_area_size(70)
+            .build_cartesian_2d(
+                xr.clone().log_scale(),
+                ((bmin / 2.0).max(1e-6)..bmax * 2.0).log_scale(),
+            )
+            .map_err(|e| format!("plotting: {e:?}"))?;
+        bw.configure_mesh()
+            .x_desc("transfer size, bytes")
+            .y_desc("GB/s")
+            .x_label_formatter(&|v| si(*v))
+            .y_label_formatter(&|v| si(*v))
+            .draw()
+            .map_err(|e| format!("plotting: {e:?}"))?;
+        for (i, s) in all.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            bw.draw_series(LineSeries::new(s.bw.clone(), color.stroke_width(2)))
+                .map_err(|e| format!("plotting: {e:?}"))?
+                .label(s.key.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            bw.draw_series(PointSeries::of_element(
+                s.bw.clone(),
+                3,
+                color.filled(),
+                &|c, sz, st| Circle::new(c, sz, st),
+            ))
+            .map_err(|e| format!("plotting: {e:?}"))?;
+            if let Some(c) = s.ceiling {
+                bw.draw_series(DashedLineSeries::new(
+                    vec![(xr.start, c), (xr.end, c)],
+                    8,
+                    5,
+                    color.stroke_width(1),
+                ))
+                .map_err(|e| format!("plotting: {e:?}"))?;
+            }
+        }
+        bw.configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 13))
+            .draw()
+            .map_err(|e| format!("plotting: {e:?}"))?;
+
+        let mut lat = ChartBuilder::on(&bottom)
+            .caption(
+                "latency p50, µs (one transfer and its completion, host clock)",
+                ("sans-serif", 18),
+            )
+            .margin(14)
+            .x_label_area_size(42)
+            .y_label_area_size(70)
+            .build_cartesian_2d(
+                xr.log_scale(),
+                ((lmin / 2.0).max(1e-3)..lmax * 2.0).log_scale(),
+            )
+            .map_err(|e| format!("plotting: {e:?}"))?;
+        lat.configure_mesh()
+            .x_desc("transfer size, bytes")
+            .y_desc("µs")
+            .x_label_formatter(&|v| si(*v))
+            .y_label_formatter(&|v| si(*v))
+            .draw()
+            .map_err(|e| format!("plotting: {e:?}"))?;
+        for (i, s) in all.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            lat.draw_series(LineSeries::new(s.lat.clone(), color.stroke_width(2)))
+                .map_err(|e| format!("plotting: {e:?}"))?;
+        }
+        root.present().map_err(|e| format!("plotting: {e:?}"))?;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_short() {
+        assert_eq!(si(8.0), "8");
+        assert_eq!(si(1000.0), "1k");
+        assert_eq!(si(1.5e6), "1.5M");
+        assert_eq!(si(1e9), "1G");
+        assert_eq!(si(0.01), "0.01");
+        assert_eq!(si(0.0001), "1e-4");
+    }
+}

@@ -1,0 +1,349 @@
+//! The result data and its stable exports: [`Report`] (header, per-case outcomes, per-size
+//! rows) serialised as JSON (schema in `docs/bench/README.md`, [`SCHEMA_VERSION`]) and CSV.
+//!
+//! JSON uses numbers and `null`, never "N/A" strings. Units are in the field names: bytes,
+//! seconds (`_s`), microseconds (`_us`), GB/s (`_gbps`, 1e9 bytes per second).
+
+use serde::{Deserialize, Serialize};
+
+use crate::case::{CaseSpec, End, PathKind};
+
+/// The version of the JSON shape; bumped on any incompatible change.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Outcome of a case or of one size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Measured (and verified, unless verification was off).
+    Passed,
+    /// Not runnable here; the reason is in `reason` / `note`.
+    Waived,
+    /// Failed; the message is in `reason` / `note`.
+    Error,
+}
+
+/// One measured size of one case.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// Case key, e.g. `gpu0_to_gpu1_p2p`.
+    pub key: String,
+    /// Path name, e.g. `p2p`.
+    pub path: PathKind,
+    /// Source (`host`, `gpu0`, `remote:HOST:PORT`).
+    pub src: String,
+    /// Destination.
+    pub dst: String,
+    /// Both directions at once; `bw_gbps` is then the total.
+    pub bidir: bool,
+    /// Bytes per transfer (per direction when `bidir`).
+    pub size_bytes: u64,
+    /// Median bandwidth, GB/s (1e9 B/s).
+    pub bw_gbps: Option<f64>,
+    /// Lowest and highest bandwidth of the samples.
+    pub bw_min_gbps: Option<f64>,
+    /// Highest bandwidth of the samples.
+    pub bw_max_gbps: Option<f64>,
+    /// Median latency of one transfer as the host sees it, µs.
+    pub lat_p50_us: Option<f64>,
+    /// 99th percentile latency, µs.
+    pub lat_p99_us: Option<f64>,
+    /// Process CPU time (user + system) per GB moved during the timed loop, seconds.
+    pub cpu_s_per_gb: Option<f64>,
+    /// Highest NVML GPU utilisation of the GPUs involved, sampled after the timed loop, %.
+    pub gpu_util_pct: Option<f64>,
+    /// The topology ceiling for this path, GB/s.
+    pub ceiling_gbps: Option<f64>,
+    /// What the ceiling is based on (`NV18 x 26.56 GB/s`, `PCIe Gen5 x16`).
+    pub ceiling_basis: Option<String>,
+    /// `bw_gbps` as a percentage of `ceiling_gbps`.
+    pub pct_of_ceiling: Option<f64>,
+    /// Timed iterations (transfers) behind the bandwidth figure.
+    pub iters: u64,
+    /// Seconds per transfer of each bandwidth sample.
+    pub samples_s: Vec<f64>,
+    /// Seconds of each latency sample.
+    pub lat_samples_s: Vec<f64>,
+    /// `Some(true)` verified, `Some(false)` mismatch, `None` not checked.
+    pub verified: Option<bool>,
+    /// Passed, or Error (this size failed).
+    pub status: Status,
+    /// Method details, warnings and likely causes.
+    pub note: Option<String>,
+}
+
+impl Row {
+    /// An empty row for `spec` at `size` (status passed, no figures yet).
+    pub fn new(spec: &CaseSpec, size: u64) -> Row {
+        Row {
+            key: spec.key.clone(),
+            path: spec.path,
+            src: spec.src.name(),
+            dst: spec.dst.name(),
+            bidir: spec.bidir,
+            size_bytes: size,
+            bw_gbps: None,
+            bw_min_gbps: None,
+            bw_max_gbps: None,
+            lat_p50_us: None,
+            lat_p99_us: None,
+            cpu_s_per_gb: None,
+            gpu_util_pct: None,
+            ceiling_gbps: None,
+            ceiling_basis: None,
+            pct_of_ceiling: None,
+            iters: 0,
+            samples_s: Vec::new(),
+            lat_samples_s: Vec::new(),
+            verified: None,
+            status: Status::Passed,
+            note: None,
+        }
+    }
+
+    /// An error row for one size.
+    pub fn failed(spec: &CaseSpec, size: u64, msg: impl Into<String>) -> Row {
+        Row {
+            status: Status::Error,
+            note: Some(msg.into()),
+            ..Row::new(spec, size)
+        }
+    }
+
+    /// Append a note, separated by `; `.
+    pub fn add_note(&mut self, text: impl AsRef<str>) {
+        let t = text.as_ref();
+        match &mut self.note {
+            Some(n) if !n.is_empty() => {
+                n.push_str("; ");
+                n.push_str(t);
+            }
+            _ => self.note = Some(t.to_string()),
+        }
+    }
+
+    /// Whether the row counts as a failure for the exit code.
+    pub fn is_failure(&self) -> bool {
+        self.status == Status::Error || self.verified == Some(false)
+    }
+}
+
+/// Outcome of one case.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaseOutcome {
+    /// Case key.
+    pub key: String,
+    /// What it measures.
+    pub description: String,
+    /// Path name.
+    pub path: PathKind,
+    /// Source.
+    pub src: String,
+    /// Destination.
+    pub dst: String,
+    /// Passed, Waived or Error.
+    pub status: Status,
+    /// The waiver's reason or the error's message.
+    pub reason: Option<String>,
+    /// Wall time the case took, seconds.
+    pub elapsed_s: f64,
+}
+
+impl CaseOutcome {
+    /// The outcome skeleton for `spec`.
+    pub fn new(spec: &CaseSpec, status: Status, reason: Option<String>, elapsed_s: f64) -> Self {
+        CaseOutcome {
+            key: spec.key.clone(),
+            description: spec.description.clone(),
+            path: spec.path,
+            src: End::name(&spec.src),
+            dst: End::name(&spec.dst),
+            status,
+            reason,
+            elapsed_s,
+        }
+    }
+}
+
+/// How the figures were taken.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Method {
+    /// The protocol in words.
+    pub description: String,
+    /// Untimed warm-up transfers per size.
+    pub warmup: u32,
+    /// Target timed duration per size, seconds.
+    pub duration_s: f64,
+    /// Fewest samples per size.
+    pub min_samples: u32,
+    /// Most samples per size.
+    pub max_samples: u32,
+    /// Fixed iteration count, when given.
+    pub iters: Option<u32>,
+    /// Whether destinations were verified.
+    pub verify: bool,
+    /// Buffers rotate over this many bytes for smaller sizes.
+    pub rotate_bytes: u64,
+    /// Unit of bandwidth figures.
+    pub bandwidth_unit: String,
+}
+
+/// One device named in the header.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceDesc {
+    /// `GPU0`.
+    pub label: String,
+    /// Product name.
+    pub name: Option<String>,
+    /// PCI address.
+    pub bdf: Option<String>,
+    /// NUMA node.
+    pub numa: Option<u32>,
+}
+
+/// Where and how the run happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    /// Always `gdx`.
+    pub tool: String,
+    /// gdx version.
+    pub gdx_version: String,
+    /// Git commit the binary was built from, when known.
+    pub git_hash: Option<String>,
+    /// Host name.
+    pub host: String,
+    /// CPU model and logical CPU count.
+    pub cpu: String,
+    /// Kernel release.
+    pub kernel: Option<String>,
+    /// Start time, seconds since the Unix epoch (UTC).
+    pub started_unix_s: u64,
+    /// The command line.
+    pub command_line: Vec<String>,
+    /// CUDA driver version and library, or why CUDA is unavailable.
+    pub cuda: Option<String>,
+    /// NVIDIA driver version (NVML), when available.
+    pub driver: Option<String>,
+    /// GPUs and NICs.
+    pub devices: Vec<DeviceDesc>,
+    /// The measurement protocol.
+    pub method: Method,
+    /// Anything else worth knowing (topology notes, mock backend in use).
+    pub notes: Vec<String>,
+}
+
+/// A whole run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// [`SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// Machine, version, command line, method.
+    pub header: Header,
+    /// One per selected case, in run order.
+    pub cases: Vec<CaseOutcome>,
+    /// One per case and size.
+    pub results: Vec<Row>,
+}
+
+impl Report {
+    /// Pretty JSON.
+    ///
+    /// # Errors
+    /// Only if serialisation fails (it does not for these types).
+    pub fn to_json(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string_pretty(self)
+    }
+
+    /// Parse a report written by [`Report::to_json`].
+    ///
+    /// # Errors
+    /// The parse error, or a schema version this build does not read.
+    pub fn from_json(text: &str) -> Result<Report, String> {
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        let ver = v.get("schema_version").and_then(serde_json::Value::as_u64);
+        match ver {
+            Some(n) if n == u64::from(SCHEMA_VERSION) => {}
+            Some(n) => {
+                return Err(format!(
+                    "schema_version {n} is not {SCHEMA_VERSION}, the one this gdx reads"
+                ))
+            }
+            None => return Err("no schema_version: not a gdx bench report".into()),
+        }
+        serde_json::from_value(v).map_err(|e| format!("not a gdx bench report: {e}"))
+    }
+
+    /// CSV with a header line; one line per row, no raw samples.
+    pub fn to_csv(&self) -> String {
+        let mut out = String::from(CSV_HEADER);
+        out.push('\n');
+        for r in &self.results {
+            let f = |v: Option<f64>| v.map(|x| format!("{x:.6}")).unwrap_or_default();
+            let fields = [
+                r.key.clone(),
+                r.path.name().to_string(),
+                r.src.clone(),
+                r.dst.clone(),
+                r.bidir.to_string(),
+                r.size_bytes.to_string(),
+                f(r.bw_gbps),
+                f(r.lat_p50_us),
+                f(r.lat_p99_us),
+                f(r.cpu_s_per_gb),
+                f(r.gpu_util_pct),
+                f(r.ceiling_gbps),
+                f(r.pct_of_ceiling),
+                r.iters.to_string(),
+                r.verified.map(|b| b.to_string()).unwrap_or_default(),
+                format!("{:?}", r.status).to_lowercase(),
+                r.note.clone().unwrap_or_default(),
+            ];
+            let line: Vec<String> = fields.iter().map(|s| csv_field(s)).collect();
+            out.push_str(&line.join(","));
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Whether any case or row failed (exit code 1).
+    pub fn has_failures(&self) -> bool {
+        self.cases.iter().any(|c| c.status == Status::Error)
+            || self.results.iter().any(Row::is_failure)
+    }
+}
+
+/// The CSV columns, in order.
+pub const CSV_HEADER: &str = "key,path,src,dst,bidir,size_bytes,bw_gbps,lat_p50_us,lat_p99_us,cpu_s_per_gb,gpu_util_pct,ceiling_gbps,pct_of_ceiling,iters,verified,status,note";
+
+/// Quote a CSV field when it needs it (RFC 4180).
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_quotes_only_when_needed() {
+        assert_eq!(csv_field("abc"), "abc");
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("say \"x\""), "\"say \"\"x\"\"\"");
+    }
+
+    #[test]
+    fn reports_without_a_known_schema_are_refused() {
+        assert!(Report::from_json("{}")
+            .unwrap_err()
+            .contains("schema_version"));
+        assert!(Report::from_json("{\"schema_version\": 99}")
+            .unwrap_err()
+            .contains("99"));
+        assert!(Report::from_json("nope").unwrap_err().contains("not JSON"));
+    }
+}

@@ -1,0 +1,122 @@
+//! Sample statistics and process CPU time: medians and percentiles of durations, filling a
+//! [`Row`]'s figures from raw samples, and [`CpuClock`] (user + system time of the whole
+//! process, from `getrusage`).
+
+use std::time::Duration;
+
+use nix::sys::resource::{getrusage, UsageWho};
+
+use crate::report::Row;
+
+/// The `q`-quantile (0..=1) of sorted `v` by linear interpolation; `None` when empty.
+pub fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let pos = q.clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
+    let lo = pos.floor() as usize;
+    let hi = pos.ceil() as usize;
+    let frac = pos - lo as f64;
+    Some(sorted[lo] + (sorted[hi] - sorted[lo]) * frac)
+}
+
+/// Seconds of each duration, sorted ascending.
+pub fn sorted_secs(v: &[Duration]) -> Vec<f64> {
+    let mut s: Vec<f64> = v.iter().map(Duration::as_secs_f64).collect();
+    s.sort_by(f64::total_cmp);
+    s
+}
+
+/// Fill `row`'s bandwidth figures from per-transfer durations of `bytes_per_op` bytes each
+/// (median, min, max), and its latency figures from `lat` (p50, p99). `iters` is the count of
+/// timed transfers behind `bw`.
+pub fn fill_row(row: &mut Row, bytes_per_op: f64, bw: &[Duration], lat: &[Duration], iters: u64) {
+    let s = sorted_secs(bw);
+    let rate = |sec: f64| (sec > 0.0).then(|| bytes_per_op / sec / 1e9);
+    row.bw_gbps = quantile(&s, 0.5).and_then(rate);
+    row.bw_max_gbps = s.first().copied().and_then(rate);
+    row.bw_min_gbps = s.last().copied().and_then(rate);
+    let l = sorted_secs(lat);
+    row.lat_p50_us = quantile(&l, 0.5).map(|x| x * 1e6);
+    row.lat_p99_us = quantile(&l, 0.99).map(|x| x * 1e6);
+    row.iters = iters;
+    row.samples_s = bw.iter().map(Duration::as_secs_f64).collect();
+    row.lat_samples_s = lat.iter().map(Duration::as_secs_f64).collect();
+}
+
+/// Process CPU time (user + system, all threads) at one moment.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuClock(Option<Duration>);
+
+impl CpuClock {
+    /// Read the clock now (`getrusage(RUSAGE_SELF)`); unreadable gives a clock that yields
+    /// no figure.
+    pub fn now() -> CpuClock {
+        CpuClock(getrusage(UsageWho::RUSAGE_SELF).ok().map(|u| {
+            let t = |tv: nix::sys::time::TimeVal| {
+                Duration::from_secs(tv.tv_sec().max(0) as u64)
+                    + Duration::from_micros(tv.tv_usec().max(0) as u64)
+            };
+            t(u.user_time()) + t(u.system_time())
+        }))
+    }
+
+    /// CPU seconds per GB (1e9 bytes) for `bytes` moved since `self`.
+    pub fn per_gb_since(self, bytes: f64) -> Option<f64> {
+        let (Some(a), Some(b)) = (self.0, CpuClock::now().0) else {
+            return None;
+        };
+        (bytes > 0.0).then(|| b.saturating_sub(a).as_secs_f64() / (bytes / 1e9))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::case::{CaseSpec, End, PathKind};
+
+    #[test]
+    fn quantiles_interpolate() {
+        let v = [1.0, 2.0, 3.0, 4.0];
+        assert_eq!(quantile(&v, 0.5), Some(2.5));
+        assert_eq!(quantile(&v, 0.0), Some(1.0));
+        assert_eq!(quantile(&v, 1.0), Some(4.0));
+        assert_eq!(quantile(&[], 0.5), None);
+    }
+
+    #[test]
+    fn rows_get_median_bandwidth_and_latency_percentiles() {
+        let spec = CaseSpec {
+            key: "k".into(),
+            description: String::new(),
+            path: PathKind::Mock,
+            src: End::Host,
+            dst: End::Host,
+            bidir: false,
+        };
+        let mut row = Row::new(&spec, 1000);
+        let ms = Duration::from_micros;
+        fill_row(
+            &mut row,
+            1000.0,
+            &[ms(1), ms(2), ms(4)],
+            &[ms(10), ms(20)],
+            3,
+        );
+        assert!((row.bw_gbps.unwrap() - 0.5).abs() < 1e-9);
+        assert!((row.bw_max_gbps.unwrap() - 1.0).abs() < 1e-9);
+        assert!((row.lat_p50_us.unwrap() - 15.0).abs() < 1e-9);
+        assert_eq!(row.samples_s.len(), 3);
+    }
+
+    #[test]
+    fn cpu_clock_reads() {
+        let c = CpuClock::now();
+        let mut x = 0u64;
+        for i in 0..1_000_000u64 {
+            x = x.wrapping_add(i * i);
+        }
+        std::hint::black_box(x);
+        assert!(c.per_gb_since(1e9).is_some());
+    }
+}

@@ -1,0 +1,523 @@
+//! `gdx bench`: every data path, every size, judged against the topology's ceiling. Argument
+//! parsing and rendering only; the measurements live in `gdx-bench`.
+//!
+//! stdout carries the results (tables, or `--json` / `--csv`); progress (only when stderr is
+//! a terminal), warnings and errors go to stderr. Export files are created before the first
+//! case (a bad path fails at once) and rewritten after every case, so partial results
+//! survive. Exit code: 0 when every case passed or was waived, 1 when a case or a size failed
+//! (or did not verify), 2 for bad flags or an unusable environment.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _, Result};
+use clap::Args;
+use gdx_bench::{
+    all_cases, compare, filter_pair, header, render, select, BenchCase, CaseOutcome, CaseSpec, Ctx,
+    Observer, Params, Report, Row,
+};
+
+use super::serve::parse_size;
+
+/// Measure every data path at every size and judge it against the hardware's ceiling.
+///
+/// GB/s are decimal (1e9 bytes per second). Bandwidth is the median over the timed samples;
+/// latency is one transfer and its completion wait, as a program sees it. See
+/// docs/bench/README.md for the method and the JSON schema.
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:
+  gdx bench                                   host paths (and GPU paths where present), 8 B … 1 GiB
+  gdx bench --list                            the cases, with index and key
+  gdx bench --path p2p --size 4KiB:1GiB       p2p cases only, 4 KiB to 1 GiB in ×4 steps
+  gdx bench --path host_to_host_tcp --peer 10.0.0.2:7447   against `gdx serve` on another host
+  gdx bench --export-json run.json --plot run.svg
+  gdx bench --compare old.json                ratio to an earlier run, drops flagged")]
+pub struct BenchArgs {
+    /// List the cases (index, key, path, description) and exit.
+    #[arg(long)]
+    list: bool,
+
+    /// Cases to run: a key, an index from --list, a key prefix, or a path name (p2p, staged,
+    /// pinned-ce, pageable-ce, shm, tcp, memcpy). Repeat or separate with commas.
+    #[arg(short = 'p', long = "path", value_name = "SEL", value_delimiter = ',')]
+    paths: Vec<String>,
+
+    /// Sizes: a list (`8,4KiB,1MiB`) and/or ranges `LO:HI` in ×4 steps, `LO:HI:xN` in ×N steps.
+    #[arg(short = 's', long, value_name = "SIZES", default_value = "8:1GiB", value_parser = parse_sizes)]
+    size: SizeList,
+
+    /// Timed iterations per size (instead of --duration).
+    #[arg(long, value_name = "N", conflicts_with = "duration", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    iters: Option<u32>,
+
+    /// Target time of the timed loop per size: `200ms`, `1s`, `0.5`.
+    #[arg(long, value_name = "TIME", default_value = "200ms", value_parser = parse_duration)]
+    duration: Duration,
+
+    /// Untimed warm-up transfers per size.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    warmup: u32,
+
+    /// Fewest timed samples per size.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    min_samples: u32,
+
+    /// Most timed samples per size.
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    max_samples: u32,
+
+    /// Only GPU cases between these two GPUs (and host ↔ those GPUs): `0,1`.
+    #[arg(long, value_name = "A,B", value_parser = parse_pair)]
+    pair: Option<(u32, u32)>,
+
+    /// Run the shm/tcp cases against a `gdx serve` agent at this address instead of a
+    /// loopback agent.
+    #[arg(long, value_name = "HOST:PORT")]
+    peer: Option<String>,
+
+    /// Region name the peer serves (`gdx serve --name`).
+    #[arg(long, value_name = "NAME", default_value = "serve", requires = "peer")]
+    peer_region: String,
+
+    /// Chunk of the staged GPU → host → GPU pipeline.
+    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = parse_size)]
+    staged_chunk: u64,
+
+    /// Skip checking the destination after the timed loop.
+    #[arg(long)]
+    no_verify: bool,
+
+    /// Print the JSON report to stdout instead of tables.
+    #[arg(long, conflicts_with = "csv")]
+    json: bool,
+
+    /// Print CSV to stdout instead of tables.
+    #[arg(long)]
+    csv: bool,
+
+    /// Write the JSON report to FILE (`-` for stdout), rewritten after every case.
+    #[arg(long, value_name = "FILE")]
+    export_json: Option<PathBuf>,
+
+    /// Write CSV to FILE (`-` for stdout), rewritten after every case.
+    #[arg(long, value_name = "FILE")]
+    export_csv: Option<PathBuf>,
+
+    /// Draw bandwidth and latency against size to FILE.svg (or FILE.png, through
+    /// rsvg-convert).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+
+    /// Compare with an earlier `--export-json` file: ratio per case and size, drops flagged.
+    #[arg(long, value_name = "OLD.json")]
+    compare: Option<PathBuf>,
+
+    /// A ratio to the earlier run below this is flagged as a drop.
+    #[arg(long, value_name = "RATIO", default_value_t = compare::DEFAULT_DROP_RATIO, requires = "compare")]
+    drop_below: f64,
+
+    /// No progress on stderr.
+    #[arg(short, long)]
+    quiet: bool,
+
+    /// Use the deterministic mock backend (for tests of the output).
+    #[arg(long, hide = true)]
+    mock: bool,
+}
+
+/// Parsed `--size`.
+#[derive(Debug, Clone)]
+pub struct SizeList(pub Vec<u64>);
+
+/// Parse `8,4KiB,1MiB`, `8:1GiB`, `4KiB:1GiB:x2` (sorted, deduplicated).
+pub fn parse_sizes(s: &str) -> Result<SizeList, String> {
+    let mut v = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let parts: Vec<&str> = item.split(':').collect();
+        match parts.as_slice() {
+            [one] => v.push(parse_size(one)?),
+            [lo, hi] | [lo, hi, _] => {
+                let (lo, hi) = (parse_size(lo)?, parse_size(hi)?);
+                let step = match parts.get(2) {
+                    Some(st) => st
+                        .trim_start_matches(['x', 'X'])
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|n| *n >= 2)
+                        .ok_or_else(|| {
+                            format!("invalid step {st:?} in {item:?}: use x2, x4, ...")
+                        })?,
+                    None => 4,
+                };
+                if lo == 0 || lo > hi {
+                    return Err(format!("invalid range {item:?}: need 0 < LO <= HI"));
+                }
+                let mut x = lo;
+                while x < hi {
+                    v.push(x);
+                    x = x.saturating_mul(step);
+                }
+                v.push(hi);
+            }
+            _ => {
+                return Err(format!(
+                    "invalid size item {item:?}: use SIZE or LO:HI[:xN]"
+                ))
+            }
+        }
+    }
+    if v.is_empty() {
+        return Err("no sizes given".into());
+    }
+    if v.contains(&0) {
+        return Err("a size of 0 bytes cannot be measured".into());
+    }
+    if let Some(big) = v.iter().find(|&&b| b > 16 << 30) {
+        return Err(format!("{big} bytes is over the 16 GiB limit per transfer"));
+    }
+    v.sort_unstable();
+    v.dedup();
+    Ok(SizeList(v))
+}
+
+/// Parse `200ms`, `1s`, `0.5` (seconds), `500us`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (num, mult) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = t.strip_suffix("us") {
+        (n, 1e-6)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        (t, 1.0)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: use e.g. 200ms, 1s, 0.5"))?;
+    let secs = v * mult;
+    if !secs.is_finite() || secs <= 0.0 || secs > 3600.0 {
+        return Err(format!(
+            "invalid duration {s:?}: must be > 0 and at most an hour"
+        ));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parse `0,1` into two different GPU ordinals.
+pub fn parse_pair(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("invalid pair {s:?}: use two GPU ordinals, e.g. 0,1");
+    let (a, b) = s.split_once([',', '-', ':']).ok_or_else(bad)?;
+    let (a, b): (u32, u32) = (
+        a.trim().parse().map_err(|_| bad())?,
+        b.trim().parse().map_err(|_| bad())?,
+    );
+    if a == b {
+        return Err(format!("invalid pair {s:?}: the two GPUs must differ"));
+    }
+    Ok((a, b))
+}
+
+/// Writes `text` to `path`, or stdout for `-`.
+fn write_out(path: &Path, text: &str) -> Result<()> {
+    if path.as_os_str() == "-" {
+        let mut out = std::io::stdout().lock();
+        out.write_all(text.as_bytes())?;
+        return Ok(out.flush()?);
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Renders `report` as an SVG or PNG plot at `path`.
+pub fn write_plot(path: &Path, report: &Report) -> Result<()> {
+    let title = format!(
+        "gdx bench on {} ({}), gdx {}",
+        report.header.host, report.header.cpu, report.header.gdx_version
+    );
+    let svg = gdx_bench::plot::svg(report, &title).map_err(anyhow::Error::msg)?;
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("svg") => write_out(path, &svg),
+        Some("png") => {
+            let tmp = path.with_extension("svg.tmp");
+            std::fs::write(&tmp, &svg).with_context(|| format!("writing {}", tmp.display()))?;
+            let st = std::process::Command::new("rsvg-convert")
+                .arg("-o")
+                .arg(path)
+                .arg(&tmp)
+                .status();
+            let _ = std::fs::remove_file(&tmp);
+            match st {
+                Ok(s) if s.success() => Ok(()),
+                Ok(s) => bail!("rsvg-convert failed ({s}) writing {}", path.display()),
+                Err(e) => bail!(
+                    "writing a PNG needs rsvg-convert ({e}; apt-get install librsvg2-bin), or give a .svg file"
+                ),
+            }
+        }
+        _ => bail!(
+            "--plot {}: the file must end in .svg or .png",
+            path.display()
+        ),
+    }
+}
+
+/// Progress, streaming tables and incremental exports.
+struct Cli<'a> {
+    args: &'a BenchArgs,
+    progress: bool,
+    tables: bool,
+    key: String,
+    index: usize,
+    total: usize,
+}
+
+impl Cli<'_> {
+    fn clear(&self) {
+        if self.progress {
+            eprint!("\r\x1b[2K");
+        }
+    }
+
+    fn export(&self, report: &Report) {
+        let write = |p: &Option<PathBuf>, text: Result<String, String>| {
+            if let Some(p) = p {
+                if p.as_os_str() == "-" {
+                    return; // stdout exports are written once, at the end
+                }
+                if let Err(e) = text
+                    .map_err(anyhow::Error::msg)
+                    .and_then(|t| write_out(p, &t))
+                {
+                    eprintln!("gdx: warning: {e:#}");
+                }
+            }
+        };
+        write(
+            &self.args.export_json,
+            report.to_json().map_err(|e| e.to_string()),
+        );
+        write(&self.args.export_csv, Ok(report.to_csv()));
+        // An SVG plot is redrawn too (cheap); a PNG only at the end (it runs rsvg-convert).
+        if let Some(p) = &self.args.plot {
+            if p.extension().and_then(|e| e.to_str()) == Some("svg") && !report.results.is_empty() {
+                let _ = write_plot(p, report);
+            }
+        }
+    }
+}
+
+impl Observer for Cli<'_> {
+    fn case_started(&mut self, spec: &CaseSpec, index: usize, total: usize) {
+        self.key = spec.key.clone();
+        self.index = index;
+        self.total = total;
+        if self.progress {
+            eprint!("\r\x1b[2K[{}/{}] {}", index + 1, total, spec.key);
+        }
+    }
+
+    fn row(&mut self, row: &Row, done: usize, total: usize) {
+        if self.progress {
+            eprint!(
+                "\r\x1b[2K[{}/{}] {} {} ({done}/{total})",
+                self.index + 1,
+                self.total,
+                self.key,
+                render::human_size(row.size_bytes)
+            );
+        }
+    }
+
+    fn case_finished(&mut self, outcome: &CaseOutcome, report: &Report) {
+        self.clear();
+        if self.tables {
+            let rows: Vec<&Row> = report
+                .results
+                .iter()
+                .filter(|r| r.key == outcome.key)
+                .collect();
+            print!("{}", render::case(outcome, &rows));
+            let _ = std::io::stdout().flush();
+        }
+        self.export(report);
+    }
+}
+
+fn list(cases: &[Box<dyn BenchCase>]) -> String {
+    let mut s = String::from("index  key                              path         description\n");
+    for (i, c) in cases.iter().enumerate() {
+        let sp = c.spec();
+        s.push_str(&format!(
+            "{i:>5}  {:<32} {:<12} {}\n",
+            sp.key,
+            sp.path.name(),
+            sp.description
+        ));
+    }
+    s
+}
+
+/// Run `gdx bench`.
+pub fn run(args: &BenchArgs) -> Result<ExitCode> {
+    let mut ctx = if args.mock { Ctx::mock() } else { Ctx::live() };
+    if let Some(p) = &args.peer {
+        ctx.peer = Some((p.clone(), args.peer_region.clone()));
+    }
+    let cases = all_cases(&ctx);
+    if args.list {
+        print!("{}", list(&cases));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut cases = select(cases, &args.paths).map_err(anyhow::Error::msg)?;
+    if let Some((a, b)) = args.pair {
+        cases = filter_pair(cases, a, b);
+    }
+    if cases.is_empty() {
+        bail!("no case left to run after --path/--pair");
+    }
+    if args.min_samples > args.max_samples {
+        bail!(
+            "--min-samples {} is above --max-samples {}",
+            args.min_samples,
+            args.max_samples
+        );
+    }
+    if let Some(p) = &args.plot {
+        if !matches!(p.extension().and_then(|e| e.to_str()), Some("svg" | "png")) {
+            bail!("--plot {}: the file must end in .svg or .png", p.display());
+        }
+    }
+    let old = match &args.compare {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            Some(Report::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?)
+        }
+        None => None,
+    };
+    // Create the export files now, so a bad path fails before any measuring.
+    for p in [&args.export_json, &args.export_csv, &args.plot]
+        .into_iter()
+        .flatten()
+    {
+        if p.as_os_str() != "-" {
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
+        }
+    }
+    let params = Params {
+        sizes: args.size.0.clone(),
+        warmup: args.warmup,
+        duration: args.duration,
+        min_samples: args.min_samples,
+        max_samples: args.max_samples,
+        iters: args.iters,
+        verify: !args.no_verify,
+        staged_chunk: args.staged_chunk,
+    };
+    let uses_gpu = cases.iter().any(|c| {
+        let s = c.spec();
+        matches!(s.src, gdx_bench::End::Gpu(_)) || matches!(s.dst, gdx_bench::End::Gpu(_))
+    });
+    let hdr = if args.mock {
+        header::mock_header(&params)
+    } else {
+        header::live_header(&ctx, &params, std::env::args().collect(), uses_gpu)
+    };
+    let stdout_taken = args.json
+        || args.csv
+        || [&args.export_json, &args.export_csv]
+            .into_iter()
+            .flatten()
+            .any(|p| p.as_os_str() == "-");
+    if !stdout_taken {
+        print!("{}", render::header(&hdr));
+        println!();
+    }
+    let mut obs = Cli {
+        args,
+        progress: !args.quiet && std::io::stderr().is_terminal(),
+        tables: !stdout_taken,
+        key: String::new(),
+        index: 0,
+        total: 0,
+    };
+    let report = gdx_bench::run(&cases, &ctx, &params, hdr, &mut obs);
+    obs.clear();
+    if args.json {
+        println!("{}", report.to_json()?);
+    } else if args.csv {
+        print!("{}", report.to_csv());
+    }
+    for (p, text) in [
+        (&args.export_json, report.to_json()?),
+        (&args.export_csv, report.to_csv()),
+    ] {
+        if let Some(p) = p {
+            write_out(p, &text)?;
+        }
+    }
+    if let Some(p) = &args.plot {
+        if let Err(e) = write_plot(p, &report) {
+            eprintln!("gdx: warning: no plot: {e:#}");
+        }
+    }
+    let out_or_err = |s: String| {
+        if stdout_taken {
+            eprint!("{s}");
+        } else {
+            print!("{s}");
+        }
+    };
+    if let Some(old) = &old {
+        let name = args
+            .compare
+            .as_deref()
+            .map_or(String::new(), |p| p.display().to_string());
+        let cmp = compare::compare(&report, old, args.drop_below);
+        out_or_err(compare::render(&cmp, &name, args.drop_below));
+    }
+    out_or_err(format!("{}\n", render::summary(&report)));
+    Ok(if report.has_failures() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_lists_and_ranges() {
+        assert_eq!(parse_sizes("8,4KiB").unwrap().0, vec![8, 4096]);
+        assert_eq!(
+            parse_sizes("1KiB:16KiB").unwrap().0,
+            vec![1024, 4096, 16384]
+        );
+        assert_eq!(
+            parse_sizes("1KiB:8KiB:x2").unwrap().0,
+            vec![1024, 2048, 4096, 8192]
+        );
+        assert_eq!(parse_sizes("8:1GiB").unwrap().0.len(), 15);
+        assert!(parse_sizes("0").is_err());
+        assert!(parse_sizes("8KiB:1KiB").is_err());
+        assert!(parse_sizes("1:8:x1").is_err());
+        assert!(parse_sizes("").is_err());
+    }
+
+    #[test]
+    fn durations_and_pairs() {
+        assert_eq!(parse_duration("200ms").unwrap(), Duration::from_millis(200));
+        assert_eq!(parse_duration("1s").unwrap(), Duration::from_secs(1));
+        assert_eq!(parse_duration("0.5").unwrap(), Duration::from_millis(500));
+        assert!(parse_duration("0").is_err());
+        assert!(parse_duration("fast").is_err());
+        assert_eq!(parse_pair("0,1").unwrap(), (0, 1));
+        assert!(parse_pair("1,1").is_err());
+        assert!(parse_pair("x").is_err());
+    }
+}

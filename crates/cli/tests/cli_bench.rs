@@ -1,0 +1,284 @@
+//! End-to-end tests of `gdx bench` and `gdx calibrate` through the real binary. The mock
+//! backend (`--mock`) makes the output deterministic: these tests check shape, flags and exit
+//! codes, never speed. One test runs the real loopback host paths at two tiny sizes.
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+use serde_json::Value;
+
+fn gdx() -> Command {
+    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
+}
+
+/// The fields every result row has, per docs/bench/README.md.
+const ROW_FIELDS: &[&str] = &[
+    "key",
+    "path",
+    "src",
+    "dst",
+    "bidir",
+    "size_bytes",
+    "bw_gbps",
+    "lat_p50_us",
+    "lat_p99_us",
+    "cpu_s_per_gb",
+    "gpu_util_pct",
+    "ceiling_gbps",
+    "ceiling_basis",
+    "pct_of_ceiling",
+    "iters",
+    "samples_s",
+    "lat_samples_s",
+    "verified",
+    "status",
+    "note",
+];
+
+fn mock_json(extra: &[&str]) -> (Value, i32) {
+    let mut args = vec!["bench", "--mock", "--json", "--size", "8,4KiB,1MiB"];
+    args.extend_from_slice(extra);
+    let out = gdx().args(&args).output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON document");
+    (v, out.status.code().unwrap_or(-1))
+}
+
+#[test]
+fn json_has_the_documented_shape() {
+    let (v, code) = mock_json(&["--path", "mock_host_to_host_fast,mock_gpu0_to_gpu1_p2p"]);
+    assert_eq!(code, 0);
+    assert_eq!(v["schema_version"], 1);
+    for f in [
+        "tool",
+        "gdx_version",
+        "host",
+        "command_line",
+        "method",
+        "devices",
+    ] {
+        assert!(v["header"].get(f).is_some(), "header.{f} missing");
+    }
+    assert_eq!(
+        v["header"]["method"]["bandwidth_unit"],
+        "GB/s = 1e9 bytes/s"
+    );
+    let rows = v["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 6);
+    for r in rows {
+        for f in ROW_FIELDS {
+            assert!(r.get(*f).is_some(), "results[].{f} missing in {r}");
+        }
+        assert_eq!(r["status"], "passed");
+        assert_eq!(r["verified"], true);
+        assert!(r["bw_gbps"].as_f64().unwrap() > 0.0);
+        assert!(r["ceiling_gbps"].as_f64().is_some());
+    }
+    let big = rows
+        .iter()
+        .find(|r| r["key"] == "mock_gpu0_to_gpu1_p2p" && r["size_bytes"] == 1048576)
+        .unwrap();
+    // 40 GB/s peak, half at 1 MiB: 20 GB/s, 40% of the 50 GB/s mock ceiling.
+    assert!((big["bw_gbps"].as_f64().unwrap() - 20.0).abs() < 1e-3);
+    assert!((big["pct_of_ceiling"].as_f64().unwrap() - 40.0).abs() < 1e-3);
+    assert_eq!(v["cases"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn waived_and_failed_cases_are_reported_and_set_the_exit_code() {
+    let (v, code) = mock_json(&[]);
+    assert_eq!(code, 1, "a failed case makes the exit code 1");
+    let cases = v["cases"].as_array().unwrap();
+    let by = |k: &str| cases.iter().find(|c| c["key"] == k).unwrap().clone();
+    assert_eq!(by("mock_waived")["status"], "waived");
+    assert!(by("mock_waived")["reason"]
+        .as_str()
+        .unwrap()
+        .contains("always waived"));
+    assert_eq!(by("mock_error")["status"], "error");
+    assert!(by("mock_error")["reason"]
+        .as_str()
+        .unwrap()
+        .contains("injected failure"));
+    assert_eq!(by("mock_host_to_host_fast")["status"], "passed");
+    // The failing case keeps the row it measured before failing.
+    assert!(v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["key"] == "mock_error" && r["size_bytes"] == 8));
+}
+
+#[test]
+fn table_csv_and_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("r.csv");
+    let svg = dir.path().join("r.svg");
+    let json = dir.path().join("r.json");
+    let out = gdx()
+        .args(["bench", "--mock", "--path", "mock_host", "--size", "8:1MiB"])
+        .arg("--export-csv")
+        .arg(&csv)
+        .arg("--export-json")
+        .arg(&json)
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("gdx bench"));
+    assert!(text.contains("GB/s = 1e9 bytes/s"));
+    assert!(text.contains("mock_host_to_host_fast [mock, host → host]"));
+    assert!(text.contains("#bytes"));
+    assert!(text.contains("ceiling 50.00 GB/s (mock ceiling)"));
+    assert!(text.contains("1 passed, 0 waived, 0 failed"));
+    let csv = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = csv.lines();
+    assert!(lines
+        .next()
+        .unwrap()
+        .starts_with("key,path,src,dst,bidir,size_bytes,bw_gbps"));
+    assert_eq!(lines.count(), 10);
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("mock_host_to_host_fast"));
+    assert!(serde_json::from_str::<Value>(&std::fs::read_to_string(&json).unwrap()).is_ok());
+}
+
+#[test]
+fn compare_shows_ratios_and_flags_drops() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old.json");
+    let (mut v, _) = mock_json(&["--path", "mock_host"]);
+    for r in v["results"].as_array_mut().unwrap() {
+        let bw = r["bw_gbps"].as_f64().unwrap();
+        r["bw_gbps"] = Value::from(bw * 2.0);
+    }
+    std::fs::write(&old, v.to_string()).unwrap();
+    gdx()
+        .args([
+            "bench",
+            "--mock",
+            "--path",
+            "mock_host",
+            "--size",
+            "8,4KiB,1MiB",
+            "--compare",
+        ])
+        .arg(&old)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("0.50x  DROP"))
+        .stdout(predicate::str::contains("3 of 3 figures dropped"));
+}
+
+#[test]
+fn list_names_the_cases() {
+    gdx()
+        .args(["bench", "--list"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("host_to_host_shm"))
+        .stdout(predicate::str::contains("host_to_host_tcp"))
+        .stdout(predicate::str::contains("gpu0_to_gpu1_p2p"))
+        .stdout(predicate::str::contains("gpu0_gpu1_p2p_bidir"))
+        .stdout(predicate::str::contains("host_to_gpu0_pinned_ce"));
+}
+
+#[test]
+fn bad_flags_get_clear_errors() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--size", "0"], "0 bytes"),
+        (&["--size", "8KiB:1KiB"], "0 < LO <= HI"),
+        (&["--size", "12XB"], "unknown unit"),
+        (&["--duration", "fast"], "invalid duration"),
+        (&["--pair", "1,1"], "must differ"),
+        (&["--path", "nope"], "matches no case"),
+        (&["--plot", "x.pdf"], ".svg or .png"),
+        (&["--json", "--csv"], "cannot be used with"),
+        (&["--iters", "5", "--duration", "1s"], "cannot be used with"),
+        (
+            &["--compare", "/nonexistent/old.json"],
+            "reading /nonexistent/old.json",
+        ),
+        (
+            &["--export-json", "/nonexistent/dir/x.json"],
+            "creating /nonexistent/dir/x.json",
+        ),
+    ];
+    for (args, msg) in cases {
+        gdx()
+            .args(["bench", "--mock"])
+            .args(*args)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(*msg));
+    }
+}
+
+#[test]
+fn compare_refuses_a_file_that_is_not_a_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("x.json");
+    std::fs::write(&f, "{\"a\": 1}").unwrap();
+    gdx()
+        .args(["bench", "--mock", "--compare"])
+        .arg(&f)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("schema_version"));
+}
+
+#[test]
+fn loopback_host_paths_run_and_verify() {
+    let out = gdx()
+        .args([
+            "bench",
+            "--path",
+            "shm,tcp",
+            "--size",
+            "8,64KiB",
+            "--duration",
+            "20ms",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    assert!(rows
+        .iter()
+        .all(|r| r["verified"] == true && r["status"] == "passed"));
+}
+
+#[test]
+fn calibrate_show_prints_a_calibration_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("cal.json");
+    std::fs::write(
+        &f,
+        r#"{"schema_version":1,"source":"test","crossovers":[{"below_bytes":65536,"prefer":"staged","over":"p2p"}],"staged_chunk_bytes":8388608}"#,
+    )
+    .unwrap();
+    gdx()
+        .args(["calibrate", "--show", "-o"])
+        .arg(&f)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("staged   over p2p"))
+        .stdout(predicate::str::contains("65536 bytes"))
+        .stdout(predicate::str::contains("chunk 8388608 bytes"));
+    gdx()
+        .args(["calibrate", "--show", "-o", "/nonexistent/cal.json"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("/nonexistent/cal.json"));
+}
