@@ -14,12 +14,14 @@ step() {
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   echo "   rc=$rc in $(( $(date +%s) - t0 ))s" | tee -a "$FINAL_OUT/summary.txt"
+  # Re-pack after every step, so a run cut short still brings back what finished.
+  tar czf "$FINAL_OUT/results.tgz" -C "$OUT" . 2>/dev/null
 }
-step topo-doctor-tests 150 bash scripts/device/gpu-run.sh
-[ -f scripts/device/storage-gpu.sh ] && step storage 130 bash scripts/device/storage-gpu.sh
-[ -f scripts/device/gpu-engine-bench.sh ] && step engine-bench 150 bash scripts/device/gpu-engine-bench.sh
-[ -f scripts/device/bench-gpu.sh ] && step bench 170 bash scripts/device/bench-gpu.sh
-if [ -x .devbin/rdma_info ]; then step rdma-info 20 .devbin/rdma_info; fi
+step topo-doctor-tests 170 bash scripts/device/gpu-run.sh
+[ -f scripts/device/storage-gpu.sh ] && step storage 110 bash scripts/device/storage-gpu.sh
+[ -f scripts/device/gpu-engine-bench.sh ] && step engine-bench 120 bash scripts/device/gpu-engine-bench.sh .devbin
+[ -f scripts/device/bench-gpu.sh ] && step bench 150 bash scripts/device/bench-gpu.sh
+if [ -x .devbin/rdma_info ]; then step rdma-info 15 .devbin/rdma_info; fi
 grep -hE "^test result|FAILED|panicked" "$OUT"/*.txt "$OUT"/*.log 2>/dev/null | sort | uniq -c | sort -rn | head -40 >>"$FINAL_OUT/summary.txt"
 tar czf "$FINAL_OUT/results.tgz" -C "$OUT" . && rm -rf "$OUT"
 ls -la "$FINAL_OUT"

@@ -7,6 +7,9 @@ grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >>.git/in
 rm -rf .devbin && mkdir -p .devbin/tests
 cargo build --release -p gdx
 cp target/release/gdx .devbin/
+# Examples the device scripts run: the engine's GPU bench and the RDMA discovery report.
+cargo build --release -p gdx-engine --example gpu_bench -p gdx-rdma --example rdma_info
+cp target/release/examples/gpu_bench target/release/examples/rdma_info .devbin/
 PKGS=${PKGS:---workspace}
 cargo test $PKGS --release --no-run --message-format=json 2>/dev/null |
   python3 -c '

@@ -39,6 +39,21 @@ log "date $(date -u +%FT%TZ) host $(hostname) kernel $(uname -r)"
   df -T "$SCRATCH"; findmnt -T "$SCRATCH" 2>&1; lsblk -o NAME,SIZE,ROTA,TYPE,MOUNTPOINT 2>&1
 } >"$OUT/storage-env.txt" 2>&1
 
+# The GPU machine is a Firecracker VM without a udev database: cuFile (even in compatibility
+# mode) refuses to register a file when udev has no ID_FS_USAGE/ID_FS_TYPE for its block device
+# ("udev property not found: ID_FS_USAGE vda" in cuFile's log, then CU_FILE_HANDLE_NOT_REGISTERED).
+# A real host has these from udev's blkid rule; here we write the same two properties for the
+# scratch file system's device, and say so. GDX_NO_UDEV_FIX=1 skips it (to reproduce the failure).
+if [ -z "${GDX_NO_UDEV_FIX:-}" ]; then
+  SRC=$(findmnt -no SOURCE -T "$SCRATCH" 2>/dev/null); FSTYPE=$(findmnt -no FSTYPE -T "$SCRATCH" 2>/dev/null)
+  MAJMIN=$(lsblk -no MAJ:MIN "$SRC" 2>/dev/null | head -1 | tr -d ' ')
+  UDEV=/run/udev/data/b$MAJMIN
+  if [ -n "$MAJMIN" ] && ! grep -qs ID_FS_USAGE "$UDEV"; then
+    mkdir -p /run/udev/data && printf 'E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=%s\n' "$FSTYPE" >>"$UDEV"
+    log "udev had no ID_FS_USAGE for $SRC ($MAJMIN): wrote ID_FS_USAGE=filesystem ID_FS_TYPE=$FSTYPE to $UDEV for cuFile"
+  fi
+fi
+
 # 1. Tests: storage (GPU and CI), the cuFile bindings in gdx-sys, gdx cp end to end.
 log "tests"
 for pat in storage_gpu storage_file_host gdx_storage gdx_sys cli_cp; do

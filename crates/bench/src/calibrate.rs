@@ -152,7 +152,26 @@ pub fn decide(
             "{scope}: {} is faster below {} bytes, {} from there on",
             c.prefer, c.below_bytes, c.over
         ),
-        None => format!("{scope}: {} is faster at every size measured", name(large)),
+        None => {
+            // The same path wins at both ends; say so honestly if the other wins in between
+            // (a crossover can only say "below N bytes", so a middle band is not recorded).
+            let others: Vec<u64> = evidence
+                .iter()
+                .filter(|e| winner(e) != large)
+                .map(|e| e.0)
+                .collect();
+            match (others.first(), others.last()) {
+                (Some(lo), Some(hi)) => format!(
+                    "{scope}: {} is faster at the smallest and largest sizes; {} wins at {} \
+                     size(s) between {lo} and {hi} bytes (a middle band: not recorded as a \
+                     crossover)",
+                    name(large),
+                    name(if large == a { b } else { a }),
+                    others.len()
+                ),
+                _ => format!("{scope}: {} is faster at every size measured", name(large)),
+            }
+        }
     };
     Some((
         Decision {

@@ -98,8 +98,18 @@ fn size_of(file: &File, path: &Path) -> Result<u64, StorageError> {
 }
 
 fn register(driver: &Driver, file: File, path: &Path) -> Result<FileHandle, GdsError> {
-    FileHandle::register(driver, file, path.display().to_string())
-        .map_err(|e| GdsError::Setup(StorageError::cufile("registering the file with cuFile")(e)))
+    FileHandle::register(driver, file, path.display().to_string()).map_err(|e| {
+        // cuFile identifies the file system through udev; machines without a udev database
+        // (containers, microVMs) make it refuse every file, even in compatibility mode.
+        let context = if e.to_string().contains("CU_FILE_HANDLE_NOT_REGISTERED") {
+            "registering the file with cuFile (cuFile could not identify the file system: \
+             check its log for \"udev property not found: ID_FS_USAGE\"; without udev data \
+             for the block device cuFile refuses every file; --path file-staged needs no cuFile)"
+        } else {
+            "registering the file with cuFile"
+        };
+        GdsError::Setup(StorageError::cufile(context)(e))
+    })
 }
 
 fn parallel(opts: &CopyOptions) -> ParallelIo {
