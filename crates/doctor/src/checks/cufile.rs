@@ -49,6 +49,65 @@ impl Check for Cufile {
         if ctx.gpus().is_empty() {
             return vec![Finding::skip(id, "host", ctx.no_gpu_reason())];
         }
+        let mut out = self.mode(ctx);
+        // Only where cuFile is there at all: the udev data matters to nobody else.
+        if out.iter().any(|f| f.status != crate::finding::Status::Skip) {
+            out.extend(udev_finding(id, ctx));
+        }
+        out
+    }
+}
+
+/// cuFile identifies a file's file system through udev (`ID_FS_USAGE`, `ID_FS_TYPE` of the
+/// block device). Where the udev database lacks them — containers and microVMs without udevd,
+/// such as the GPU test machine — cuFile refuses to register every file, even in compatibility
+/// mode (`CU_FILE_HANDLE_NOT_REGISTERED`). Read from the root file system's device number in
+/// `proc/self/mountinfo` and `run/udev/data/b<major>:<minor>`; nothing when mountinfo is absent
+/// (a capture does not hold it).
+fn udev_finding(id: &str, ctx: &Context) -> Option<Finding> {
+    let info = ctx.fs.text("proc/self/mountinfo")?;
+    let (majmin, source) = info.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // Fields: id parent major:minor root mountpoint ... - fstype source options
+        if f.get(4) != Some(&"/") {
+            return None;
+        }
+        let dash = f.iter().position(|x| *x == "-")?;
+        Some((
+            f.get(2)?.to_string(),
+            f.get(dash + 2).copied().unwrap_or("?").to_string(),
+        ))
+    })?;
+    if majmin.starts_with("0:") {
+        // Not a block device (overlayfs, tmpfs): cuFile has nothing to look up there.
+        return None;
+    }
+    let rel = format!("run/udev/data/b{majmin}");
+    let evidence = format!("proc/self/mountinfo: / is on {source} ({majmin})");
+    Some(match ctx.fs.text(&rel) {
+        Some(t) if t.contains("ID_FS_USAGE=") => Finding::pass(
+            id,
+            "udev",
+            format!("udev describes {source}'s file system: cuFile can register files on /"),
+        )
+        .evidence(evidence)
+        .evidence(format!("{}: ID_FS_USAGE present", ctx.fs.show(&rel))),
+        _ => Finding::warn(
+            id,
+            "udev",
+            format!(
+                "udev has no ID_FS_USAGE for {source} ({majmin}): cuFile will refuse to register files on / (CU_FILE_HANDLE_NOT_REGISTERED), even in compatibility mode"
+            ),
+        )
+        .evidence(evidence)
+        .evidence(format!("{}: missing or without ID_FS_USAGE", ctx.fs.show(&rel)))
+        .fix("run udevd (or `udevadm trigger --subsystem-match=block`) so blkid properties exist; in a container, bind-mount the host's /run/udev; or use `gdx cp --path file-staged`, which needs no cuFile"),
+    })
+}
+
+impl Cufile {
+    fn mode(&self, ctx: &Context) -> Vec<Finding> {
+        let id = "cufile";
         let mut ev = Vec::new();
         let nvfs = ctx.fs.exists("sys/module/nvidia_fs");
         let nvfs_ver = ctx
@@ -216,5 +275,44 @@ mod tests {
         let fs = run(&Cufile, &t.ctx().live(f).build());
         assert_eq!(fs[0].status, Status::Warn);
         assert_eq!(run(&Cufile, &t.ctx().build())[0].status, Status::Skip);
+    }
+
+    const MOUNTINFO: &str = "22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n";
+
+    #[test]
+    fn udev_without_fs_usage_warns_and_with_it_passes() {
+        let t = tree();
+        t.file("usr/local/cuda/targets/x86_64-linux/lib/libcufile.so.0", "");
+        t.file("proc/self/mountinfo", MOUNTINFO);
+        let fs = run(&Cufile, &t.ctx().build());
+        let u = fs
+            .iter()
+            .find(|f| f.subject == "udev")
+            .expect("a udev finding");
+        assert_eq!(u.status, Status::Warn);
+        assert!(u.message.contains("/dev/vda"), "{}", u.message);
+        t.file(
+            "run/udev/data/b254:0",
+            "E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=ext4\n",
+        );
+        let fs = run(&Cufile, &t.ctx().build());
+        let u = fs.iter().find(|f| f.subject == "udev").unwrap();
+        assert_eq!(u.status, Status::Pass);
+    }
+
+    #[test]
+    fn udev_is_not_judged_without_mountinfo_cufile_or_a_block_device() {
+        let t = tree();
+        t.file("proc/self/mountinfo", MOUNTINFO);
+        // No cuFile installed: the cufile check skips, and says nothing about udev.
+        let fs = run(&Cufile, &t.ctx().build());
+        assert!(fs.iter().all(|f| f.subject != "udev"));
+        t.file("usr/local/cuda/targets/x86_64-linux/lib/libcufile.so.0", "");
+        t.file(
+            "proc/self/mountinfo",
+            "22 1 0:31 / / rw - overlay overlay rw\n",
+        );
+        let fs = run(&Cufile, &t.ctx().build());
+        assert!(fs.iter().all(|f| f.subject != "udev"));
     }
 }
