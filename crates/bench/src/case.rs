@@ -36,6 +36,9 @@ pub enum PathKind {
     Tcp,
     /// The deterministic mock backend (tests only).
     Mock,
+    /// Between a file and GPU or host memory through `gdx-storage` (`gds`, `file-staged`, the
+    /// naive baseline; the key says which). Opt-in: `--path file`.
+    File,
 }
 
 impl PathKind {
@@ -51,6 +54,7 @@ impl PathKind {
             PathKind::Shm => "shm",
             PathKind::Tcp => "tcp",
             PathKind::Mock => "mock",
+            PathKind::File => "file",
         }
     }
 }
@@ -71,6 +75,8 @@ pub enum End {
     Gpu(u32),
     /// Host memory of a `gdx serve` agent at this address.
     Remote(String),
+    /// A scratch file (`gdx bench --path file`).
+    File,
 }
 
 impl End {
@@ -80,6 +86,7 @@ impl End {
             End::Host => "host".into(),
             End::Gpu(n) => format!("gpu{n}"),
             End::Remote(a) => format!("remote:{a}"),
+            End::File => "file".into(),
         }
     }
 
@@ -201,6 +208,12 @@ pub trait BenchCase: Send + Sync {
     /// # Errors
     /// The message of the failure that stopped the case; rows already given stay.
     fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), String>;
+
+    /// Whether the case runs only when asked for by name (see [`crate::select`]): `false` by
+    /// default; the file cases, which write large scratch files, say `true`.
+    fn opt_in(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -22,6 +22,9 @@ pub struct Ctx {
     pub peer: Option<(String, String)>,
     /// Why the topology is missing, or other notes for the header.
     pub notes: Vec<String>,
+    /// Directory for the file cases' scratch files (`--file-dir`); `None`: `GDX_BENCH_DIR`,
+    /// else the system temp dir (see [`crate::file::scratch_dir`]).
+    pub file_dir: Option<std::path::PathBuf>,
     cuda: OnceLock<Result<Cuda, String>>,
     nvml: OnceLock<Option<Nvml>>,
     memcpy: OnceLock<Option<f64>>,

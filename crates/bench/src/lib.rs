@@ -24,6 +24,7 @@ pub mod case;
 pub mod ceiling;
 pub mod compare;
 mod ctx;
+pub mod file;
 pub mod gpu;
 pub mod header;
 pub mod host;
@@ -52,11 +53,14 @@ pub fn all_cases(ctx: &Ctx) -> Vec<Box<dyn BenchCase>> {
         None => host::cases(),
     };
     v.extend(gpu::cases(ctx.gpu_count().max(2)));
+    v.extend(file::cases(ctx.gpu_count().max(1)));
     v
 }
 
 /// Keep the cases matching any of `selectors`: a key, an index into `cases` (as `--list`
-/// prints it), a key prefix, or a path name (`p2p`, `shm`). Empty selectors keep all.
+/// prints it), a key prefix, or a path name (`p2p`, `shm`). Empty selectors keep all but the
+/// opt-in cases ([`BenchCase::opt_in`]: the `file` cases), which a selector keeps only when it
+/// is their key, their index, their path name (`file`) or a key prefix that names `file`.
 ///
 /// # Errors
 /// The selector that matched nothing, with the keys to choose from.
@@ -65,13 +69,13 @@ pub fn select(
     selectors: &[String],
 ) -> Result<Vec<Box<dyn BenchCase>>, String> {
     if selectors.is_empty() {
-        return Ok(cases);
+        return Ok(cases.into_iter().filter(|c| !c.opt_in()).collect());
     }
     let matches = |i: usize, c: &dyn BenchCase, s: &str| {
         let spec = c.spec();
         s.parse::<usize>().ok() == Some(i)
             || spec.key == s
-            || spec.key.starts_with(s)
+            || (spec.key.starts_with(s) && (!c.opt_in() || s.contains("file")))
             || spec.path.name() == s
     };
     for s in selectors {

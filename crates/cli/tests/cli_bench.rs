@@ -282,3 +282,39 @@ fn calibrate_show_prints_a_calibration_file() {
         .code(2)
         .stderr(predicate::str::contains("/nonexistent/cal.json"));
 }
+
+#[test]
+fn ipc_child_speaks_one_json_line_and_exits() {
+    use gdx_bench::gpu::ipc::{child_args, parse_child_line, CHILD_FLAG};
+    // A bad argument: the error line, exit 2.
+    let out = gdx().args(["bench", CHILD_FLAG, "zz"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let line = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(line.lines().count(), 1, "{line}");
+    let e = parse_child_line(&line).unwrap_err();
+    assert!(
+        e.starts_with("ipc child: ") && e.contains("want GPU:LEN"),
+        "{e}"
+    );
+    // A real request: without CUDA (or GPU 1) the error line and exit 2; with it the
+    // descriptor, then exit 0 once stdin closes (empty stdin here).
+    let out = gdx().args(child_args(1, 4096)).output().unwrap();
+    let line = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(line.lines().count(), 1, "{line}");
+    match parse_child_line(&line) {
+        Ok(d) => {
+            assert_eq!(d.len, 4096);
+            assert_eq!(out.status.code(), Some(0));
+        }
+        Err(e) => {
+            assert!(e.starts_with("ipc child: "), "{e}");
+            assert_eq!(out.status.code(), Some(2));
+        }
+    }
+    // Hidden from --help.
+    gdx()
+        .args(["bench", "--help"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("ipc-child").not());
+}

@@ -18,7 +18,9 @@ pub enum Location {
     PinnedHost,
     /// Memory of GPU `n` (CUDA ordinal); not yet implemented.
     Gpu(u32),
-    /// A file; not yet implemented.
+    /// A file, or a byte range of one ([`crate::file::FileRange`]): the source or destination
+    /// of file copies ([`crate::file`], [`crate::LocalPeer::copy_file_to`]); agents do not
+    /// register or publish file regions.
     File,
 }
 

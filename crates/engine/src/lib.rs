@@ -55,6 +55,7 @@ mod config;
 mod conn;
 mod desc;
 mod error;
+pub mod file;
 mod gpu;
 mod mem;
 mod peer;

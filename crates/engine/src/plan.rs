@@ -13,7 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::region::RegionDesc;
 
-/// A data path. Later issues add RDMA and file paths.
+/// A data path. Later issues add RDMA paths.
+///
+/// Wire-safe: a path travels as its kebab-case name (serde), never as a number; new variants
+/// add names and leave the existing ones unchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
@@ -39,6 +42,15 @@ pub enum Path {
     GpuToHost,
     /// Within the memory of one GPU.
     DeviceLocal,
+    /// Between a file and GPU memory through cuFile (GPUDirect Storage, or cuFile's
+    /// compatibility mode: the reason says which); see [`crate::file`].
+    Gds,
+    /// Between a file and GPU or host memory: `O_DIRECT` I/O through aligned (pinned, for a GPU)
+    /// bounce buffers, pipelined with the host↔GPU copies.
+    FileStaged,
+    /// Like `FileStaged` through the page cache (the file system refused `O_DIRECT`, or it was
+    /// asked for).
+    Buffered,
 }
 
 impl fmt::Display for Path {
@@ -53,6 +65,9 @@ impl fmt::Display for Path {
             Path::HostToGpu => "host-to-gpu",
             Path::GpuToHost => "gpu-to-host",
             Path::DeviceLocal => "device-local",
+            Path::Gds => "gds",
+            Path::FileStaged => "file-staged",
+            Path::Buffered => "buffered",
         })
     }
 }

@@ -258,158 +258,17 @@ pub fn bench_file(
         CufileStatus::NotNeeded => Some("cuFile was not looked at".to_string()),
     };
     let mut rows = Vec::new();
-    let row = |key: &str, direction, path: &str, method: &str| BenchRow {
-        key: key.to_string(),
-        direction,
-        path: path.to_string(),
-        method: method.to_string(),
-        bytes: opts.size,
-        samples_gbps: Vec::new(),
-        median_gbps: None,
-        detail: String::new(),
-        status: BenchStatus::Passed,
+    let row = |key: &str, direction, path: &str, method: &str| {
+        new_row(opts, key, direction, path, method)
     };
 
-    // The disk alone.
-    let mut r = row(
-        "file_to_host_file_staged",
-        Direction::FileToHost,
-        "file-staged",
-        &format!(
-            "O_DIRECT reads into aligned host memory, nothing else: the disk's rate; {BYPASSED}"
-        ),
-    );
-    log(&r.key);
-    run_samples(&mut r, samples, |_| {
-        drop_cache(&opts.file)?;
-        let rep = read_file(&file, &copy(PathChoice::FileStaged, false), |_, _| Ok(()))?;
-        Ok((rep.gbps(), rep.reason.clone(), cache_note(&rep)))
-    });
-    rows.push(r);
-
-    // File -> GPU.
-    for (path, choice) in [
-        ("gds", PathChoice::Gds),
-        ("file-staged", PathChoice::FileStaged),
-    ] {
-        let key = format!("file_to_gpu_{}", path.replace('-', "_"));
-        let mut r = row(&key, Direction::FileToGpu, path, "");
-        log(&r.key);
-        if let (Some(why), "gds") = (&gds_waived, path) {
-            r.status = BenchStatus::Waived(why.clone());
-            rows.push(r);
-            continue;
-        }
-        run_samples(&mut r, samples, |i| {
-            drop_cache(&opts.file)?;
-            if i == 0 {
-                rig.poison()?;
-            }
-            let rep = copy_file_to_gpu(&file, &mut rig.dst, 0, &copy(choice, false))?;
-            if i == 0 {
-                verify(
-                    checksum_gpu(&rig.dst, 0, size)?,
-                    rig.expected,
-                    "the GPU copy",
-                )?;
-            }
-            let note = if choice == PathChoice::Gds {
-                "cuFile on an O_DIRECT descriptor (compatibility mode reads it with POSIX I/O); \
-                 page cache also dropped via posix_fadvise(DONTNEED) before each sample"
-            } else {
-                cache_note(&rep)
-            };
-            Ok((rep.gbps(), rep.reason.clone(), note))
+    for kind in BenchKind::ALL {
+        log(kind.key());
+        rows.push(match kind {
+            BenchKind::FileToHostStaged => file_to_host_row(opts, samples, rig.expected),
+            _ => gpu_row(&mut rig, opts, kind, samples, gds_waived.as_deref()),
         });
-        rows.push(r);
     }
-    let mut r = row("file_to_gpu_naive", Direction::FileToGpu, "naive",
-        &format!("read() of the whole file into a Vec, then one synchronous copy from pageable memory (cudaMemcpy); {DROPPED}"));
-    log(&r.key);
-    run_samples(&mut r, samples, |i| {
-        drop_cache(&opts.file)?;
-        if i == 0 {
-            rig.poison()?;
-        }
-        let start = Instant::now();
-        let data = std::fs::read(&opts.file).map_err(|source| StorageError::Read {
-            path: opts.file.clone(),
-            offset: 0,
-            len: opts.size,
-            source,
-        })?;
-        rig.stream
-            .copy_from_pageable(&mut rig.dst, 0, &data[..size.min(data.len())])
-            .map_err(StorageError::cuda("the naive copy to the GPU"))?;
-        let t = start.elapsed().as_secs_f64();
-        if i == 0 {
-            verify(
-                checksum_gpu(&rig.dst, 0, size)?,
-                rig.expected,
-                "the GPU copy",
-            )?;
-        }
-        Ok((Some(opts.size as f64 / t / 1e9), String::new(), DROPPED))
-    });
-    rows.push(r);
-
-    // GPU -> file.
-    for (path, choice) in [
-        ("gds", PathChoice::Gds),
-        ("file-staged", PathChoice::FileStaged),
-    ] {
-        let key = format!("gpu_to_file_{}", path.replace('-', "_"));
-        let mut r = row(&key, Direction::GpuToFile, path, "");
-        log(&r.key);
-        if let (Some(why), "gds") = (&gds_waived, path) {
-            r.status = BenchStatus::Waived(why.clone());
-            rows.push(r);
-            continue;
-        }
-        run_samples(&mut r, samples, |i| {
-            let rep = copy_gpu_to_file(&rig.src, 0, opts.size, &file, &copy(choice, true))?;
-            if i == 0 {
-                verify(checksum_file(&file)?, rig.expected, "the file")?;
-            }
-            let note = match rep.path {
-                StoragePath::Gds => "cuFile writes on an O_DIRECT descriptor; fdatasync included",
-                StoragePath::FileStaged => {
-                    "O_DIRECT writes (page cache bypassed); fdatasync included"
-                }
-                StoragePath::Buffered => {
-                    "buffered writes; fdatasync included, so the bytes are on the disk"
-                }
-            };
-            Ok((rep.gbps(), rep.reason.clone(), note))
-        });
-        rows.push(r);
-    }
-    let mut r = row("gpu_to_file_naive", Direction::GpuToFile, "naive",
-        "one synchronous copy into a pageable Vec, then write() of it and fdatasync (inside the timing, so the bytes are on the disk)");
-    log(&r.key);
-    run_samples(&mut r, samples, |i| {
-        let start = Instant::now();
-        let mut data = vec![0u8; size];
-        rig.stream
-            .copy_to_pageable(&mut data, &rig.src, 0)
-            .map_err(StorageError::cuda("the naive copy from the GPU"))?;
-        let werr = |source| StorageError::Write {
-            path: opts.file.clone(),
-            offset: 0,
-            len: opts.size,
-            source,
-        };
-        std::fs::write(&opts.file, &data).map_err(werr)?;
-        std::fs::File::open(&opts.file)
-            .and_then(|f| f.sync_data())
-            .map_err(werr)?;
-        let t = start.elapsed().as_secs_f64();
-        if i == 0 {
-            verify(checksum_file(&file)?, rig.expected, "the file")?;
-        }
-        Ok((Some(opts.size as f64 / t / 1e9), String::new(), ""))
-    });
-    rows.push(r);
 
     // PCIe, measured.
     let mut r = row("host_to_gpu_copy_engine", Direction::FileToGpu, "copy-engine",
@@ -448,6 +307,333 @@ pub fn bench_file(
         ceiling,
         rows,
     })
+}
+
+/// One row of [`bench_file`], to measure on its own ([`bench_file_row`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BenchKind {
+    /// `O_DIRECT` reads into host memory: the disk alone (no GPU needed).
+    FileToHostStaged,
+    /// File → GPU through cuFile.
+    FileToGpuGds,
+    /// File → GPU through the `O_DIRECT` pipeline.
+    FileToGpuStaged,
+    /// File → GPU: `read()` into a `Vec`, then one pageable copy (the baseline).
+    FileToGpuNaive,
+    /// GPU → file through cuFile.
+    GpuToFileGds,
+    /// GPU → file through the `O_DIRECT` pipeline.
+    GpuToFileStaged,
+    /// GPU → file: one pageable copy, then `write()` and `fdatasync` (the baseline).
+    GpuToFileNaive,
+}
+
+impl BenchKind {
+    /// Every row, in [`bench_file`]'s order.
+    pub const ALL: [BenchKind; 7] = [
+        BenchKind::FileToHostStaged,
+        BenchKind::FileToGpuGds,
+        BenchKind::FileToGpuStaged,
+        BenchKind::FileToGpuNaive,
+        BenchKind::GpuToFileGds,
+        BenchKind::GpuToFileStaged,
+        BenchKind::GpuToFileNaive,
+    ];
+
+    /// The row's key in [`BenchReport`] (`file_to_gpu_file_staged`).
+    pub fn key(self) -> &'static str {
+        match self {
+            BenchKind::FileToHostStaged => "file_to_host_file_staged",
+            BenchKind::FileToGpuGds => "file_to_gpu_gds",
+            BenchKind::FileToGpuStaged => "file_to_gpu_file_staged",
+            BenchKind::FileToGpuNaive => "file_to_gpu_naive",
+            BenchKind::GpuToFileGds => "gpu_to_file_gds",
+            BenchKind::GpuToFileStaged => "gpu_to_file_file_staged",
+            BenchKind::GpuToFileNaive => "gpu_to_file_naive",
+        }
+    }
+
+    /// Which way it moves.
+    pub fn direction(self) -> Direction {
+        match self {
+            BenchKind::FileToHostStaged => Direction::FileToHost,
+            BenchKind::FileToGpuGds | BenchKind::FileToGpuStaged | BenchKind::FileToGpuNaive => {
+                Direction::FileToGpu
+            }
+            _ => Direction::GpuToFile,
+        }
+    }
+
+    /// `gds`, `file-staged` or `naive`.
+    pub fn path(self) -> &'static str {
+        match self {
+            BenchKind::FileToGpuGds | BenchKind::GpuToFileGds => "gds",
+            BenchKind::FileToGpuNaive | BenchKind::GpuToFileNaive => "naive",
+            _ => "file-staged",
+        }
+    }
+
+    /// Whether it needs a GPU (all but [`BenchKind::FileToHostStaged`]).
+    pub fn needs_gpu(self) -> bool {
+        self != BenchKind::FileToHostStaged
+    }
+}
+
+fn new_row(
+    opts: &BenchOptions,
+    key: &str,
+    direction: Direction,
+    path: &str,
+    method: &str,
+) -> BenchRow {
+    BenchRow {
+        key: key.to_string(),
+        direction,
+        path: path.to_string(),
+        method: method.to_string(),
+        bytes: opts.size,
+        samples_gbps: Vec::new(),
+        median_gbps: None,
+        detail: String::new(),
+        status: BenchStatus::Passed,
+    }
+}
+
+fn copy_opts(opts: &BenchOptions, path: PathChoice, sync: bool) -> CopyOptions {
+    CopyOptions {
+        path,
+        chunk_bytes: opts.chunk_bytes,
+        depth: opts.depth,
+        truncate: true,
+        sync,
+        progress: None,
+    }
+}
+
+/// Measure one row on its own, with the same protocol as [`bench_file`]: the scratch file is
+/// written first (from a host pattern for [`BenchKind::FileToHostStaged`], which needs no GPU;
+/// from a pattern on GPU `opts.gpu` for the others), and the first sample is verified. A GPU
+/// row fails here when CUDA or the GPU cannot be set up; a `gds` row is returned
+/// [`BenchStatus::Waived`] with cuFile's reason when cuFile cannot run. `log` gets a line as
+/// the scratch file is written.
+pub fn bench_file_row(
+    opts: &BenchOptions,
+    kind: BenchKind,
+    log: &mut dyn FnMut(&str),
+) -> Result<BenchRow, StorageError> {
+    let size = usize::try_from(opts.size)
+        .ok()
+        .filter(|&s| s > 0)
+        .ok_or_else(|| StorageError::InvalidOption(format!("bad size {}", opts.size)))?;
+    let samples = opts.samples.max(1);
+    let file = FileRange::whole(&opts.file);
+    log(&format!(
+        "writing the {size}-byte scratch file {}",
+        opts.file.display()
+    ));
+    if !kind.needs_gpu() {
+        let mut data = vec![0u8; size];
+        probe::fill_pattern(&mut data, SEED);
+        let expected = crate::checksum_bytes(&data);
+        crate::copy_host_to_file(&data, &file, &copy_opts(opts, PathChoice::FileStaged, true))?;
+        drop(data);
+        return Ok(file_to_host_row(opts, samples, expected));
+    }
+    let cuda = Cuda::load()?;
+    let mut rig = Rig::new(&cuda, opts.gpu, size)?;
+    copy_gpu_to_file(
+        &rig.src,
+        0,
+        opts.size,
+        &file,
+        &copy_opts(opts, PathChoice::FileStaged, true),
+    )?;
+    let gds_waived = match kind.path() {
+        "gds" => match cufile_status().0 {
+            CufileStatus::Available(_) => None,
+            CufileStatus::Unavailable(why) => Some(why),
+            CufileStatus::NotNeeded => Some("cuFile was not looked at".to_string()),
+        },
+        _ => None,
+    };
+    Ok(gpu_row(
+        &mut rig,
+        opts,
+        kind,
+        samples,
+        gds_waived.as_deref(),
+    ))
+}
+
+/// The disk alone: `O_DIRECT` reads into host memory, the first sample checked against
+/// `expected` (the file's checksum).
+fn file_to_host_row(opts: &BenchOptions, samples: usize, expected: Checksum) -> BenchRow {
+    let kind = BenchKind::FileToHostStaged;
+    let file = FileRange::whole(&opts.file);
+    let mut r = new_row(
+        opts,
+        kind.key(),
+        kind.direction(),
+        kind.path(),
+        &format!(
+            "O_DIRECT reads into aligned host memory, nothing else: the disk's rate; {BYPASSED}"
+        ),
+    );
+    run_samples(&mut r, samples, |i| {
+        drop_cache(&opts.file)?;
+        let mut hasher = (i == 0).then(crc32fast::Hasher::new);
+        let mut len = 0u64;
+        let rep = read_file(
+            &file,
+            &copy_opts(opts, PathChoice::FileStaged, false),
+            |_, b| {
+                if let Some(h) = hasher.as_mut() {
+                    h.update(b);
+                }
+                len += b.len() as u64;
+                Ok(())
+            },
+        )?;
+        if let Some(h) = hasher {
+            let got = Checksum {
+                crc32: h.finalize(),
+                len,
+            };
+            verify(got, expected, "the bytes read")?;
+        }
+        Ok((rep.gbps(), rep.reason.clone(), cache_note(&rep)))
+    });
+    r
+}
+
+/// One GPU row of [`bench_file`] on `rig` (the scratch file already holds the pattern).
+fn gpu_row(
+    rig: &mut Rig,
+    opts: &BenchOptions,
+    kind: BenchKind,
+    samples: usize,
+    gds_waived: Option<&str>,
+) -> BenchRow {
+    let size = opts.size as usize;
+    let file = FileRange::whole(&opts.file);
+    let mut r = new_row(opts, kind.key(), kind.direction(), kind.path(), "");
+    if let (Some(why), "gds") = (gds_waived, kind.path()) {
+        r.status = BenchStatus::Waived(why.to_string());
+        return r;
+    }
+    let choice = match kind.path() {
+        "gds" => PathChoice::Gds,
+        _ => PathChoice::FileStaged,
+    };
+    match kind {
+        BenchKind::FileToGpuGds | BenchKind::FileToGpuStaged => {
+            run_samples(&mut r, samples, |i| {
+                drop_cache(&opts.file)?;
+                if i == 0 {
+                    rig.poison()?;
+                }
+                let rep =
+                    copy_file_to_gpu(&file, &mut rig.dst, 0, &copy_opts(opts, choice, false))?;
+                if i == 0 {
+                    verify(
+                        checksum_gpu(&rig.dst, 0, size)?,
+                        rig.expected,
+                        "the GPU copy",
+                    )?;
+                }
+                let note = if choice == PathChoice::Gds {
+                    "cuFile on an O_DIRECT descriptor (compatibility mode reads it with POSIX I/O); \
+                     page cache also dropped via posix_fadvise(DONTNEED) before each sample"
+                } else {
+                    cache_note(&rep)
+                };
+                Ok((rep.gbps(), rep.reason.clone(), note))
+            });
+        }
+        BenchKind::FileToGpuNaive => {
+            r.method = format!("read() of the whole file into a Vec, then one synchronous copy from pageable memory (cudaMemcpy); {DROPPED}");
+            run_samples(&mut r, samples, |i| {
+                drop_cache(&opts.file)?;
+                if i == 0 {
+                    rig.poison()?;
+                }
+                let start = Instant::now();
+                let data = std::fs::read(&opts.file).map_err(|source| StorageError::Read {
+                    path: opts.file.clone(),
+                    offset: 0,
+                    len: opts.size,
+                    source,
+                })?;
+                rig.stream
+                    .copy_from_pageable(&mut rig.dst, 0, &data[..size.min(data.len())])
+                    .map_err(StorageError::cuda("the naive copy to the GPU"))?;
+                let t = start.elapsed().as_secs_f64();
+                if i == 0 {
+                    verify(
+                        checksum_gpu(&rig.dst, 0, size)?,
+                        rig.expected,
+                        "the GPU copy",
+                    )?;
+                }
+                Ok((Some(opts.size as f64 / t / 1e9), String::new(), DROPPED))
+            });
+        }
+        BenchKind::GpuToFileGds | BenchKind::GpuToFileStaged => {
+            run_samples(&mut r, samples, |i| {
+                let rep = copy_gpu_to_file(
+                    &rig.src,
+                    0,
+                    opts.size,
+                    &file,
+                    &copy_opts(opts, choice, true),
+                )?;
+                if i == 0 {
+                    verify(checksum_file(&file)?, rig.expected, "the file")?;
+                }
+                let note = match rep.path {
+                    StoragePath::Gds => {
+                        "cuFile writes on an O_DIRECT descriptor; fdatasync included"
+                    }
+                    StoragePath::FileStaged => {
+                        "O_DIRECT writes (page cache bypassed); fdatasync included"
+                    }
+                    StoragePath::Buffered => {
+                        "buffered writes; fdatasync included, so the bytes are on the disk"
+                    }
+                };
+                Ok((rep.gbps(), rep.reason.clone(), note))
+            });
+        }
+        BenchKind::GpuToFileNaive => {
+            r.method = "one synchronous copy into a pageable Vec, then write() of it and fdatasync (inside the timing, so the bytes are on the disk)".to_string();
+            run_samples(&mut r, samples, |i| {
+                let start = Instant::now();
+                let mut data = vec![0u8; size];
+                rig.stream
+                    .copy_to_pageable(&mut data, &rig.src, 0)
+                    .map_err(StorageError::cuda("the naive copy from the GPU"))?;
+                let werr = |source| StorageError::Write {
+                    path: opts.file.clone(),
+                    offset: 0,
+                    len: opts.size,
+                    source,
+                };
+                std::fs::write(&opts.file, &data).map_err(werr)?;
+                std::fs::File::open(&opts.file)
+                    .and_then(|f| f.sync_data())
+                    .map_err(werr)?;
+                let t = start.elapsed().as_secs_f64();
+                if i == 0 {
+                    verify(checksum_file(&file)?, rig.expected, "the file")?;
+                }
+                Ok((Some(opts.size as f64 / t / 1e9), String::new(), ""))
+            });
+        }
+        BenchKind::FileToHostStaged => {
+            return file_to_host_row(opts, samples, rig.expected);
+        }
+    }
+    r
 }
 
 fn verify(got: Checksum, expected: Checksum, what: &str) -> Result<(), StorageError> {

@@ -37,7 +37,9 @@ mod plan;
 mod verify;
 
 pub use align::ALIGN;
-pub use bench::{bench_file, BenchOptions, BenchReport, BenchRow, BenchStatus};
+pub use bench::{
+    bench_file, bench_file_row, BenchKind, BenchOptions, BenchReport, BenchRow, BenchStatus,
+};
 pub use error::StorageError;
 pub use gpu::{copy_file_to_gpu, copy_gpu_to_file};
 pub use host::{copy_file_to_host, copy_host_to_file, human_bytes, read_file};

@@ -1,7 +1,9 @@
 //! The GPU cases' bodies, through `gdx_sys::cuda` directly: copy-engine copies host ↔ GPU
 //! (pinned: device events; pageable: the driver's synchronous staging, host clock), GPU ↔ GPU
 //! p2p one way and both ways at once (device events), and a staged pipeline GPU → pinned
-//! bounce buffers → GPU on two streams (host clock, the streams being on two contexts).
+//! bounce buffers → GPU on two streams (host clock, the streams being on two contexts). The
+//! `gpuA_to_gpuB_staged` case no longer uses [`Kind::Staged`]: it measures the engine's staged
+//! transfers ([`super::engine`]); the gdx-sys pipeline stays here as a reference body.
 //!
 //! Buffers: one window per case (the largest size, or up to [`ROTATE_BYTES`] for small
 //! sweeps), filled with a seeded pattern once; each size rotates over slots of the window;
@@ -20,7 +22,7 @@ use crate::stats::fill_row;
 use crate::Ctx;
 
 /// The seed of each case's source pattern.
-const SEED: u64 = 0x6764_785f_6770_7531;
+pub(crate) const SEED: u64 = 0x6764_785f_6770_7531;
 
 /// What a GPU case copies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,7 +110,7 @@ fn check_device(s: &Stream, d: &DeviceBuffer, want: &[u8]) -> Result<Option<Stri
     Ok(compare(&got, want))
 }
 
-fn finish(row: &mut Row, params: &Params, bad: Option<Option<String>>) {
+pub(crate) fn finish(row: &mut Row, params: &Params, bad: Option<Option<String>>) {
     if !params.verify {
         return;
     }
@@ -120,7 +122,7 @@ fn finish(row: &mut Row, params: &Params, bad: Option<Option<String>>) {
     }
 }
 
-fn event_row(
+pub(crate) fn event_row(
     spec: &CaseSpec,
     size: u64,
     bytes: f64,

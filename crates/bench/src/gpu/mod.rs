@@ -1,17 +1,17 @@
 //! GPU cases: host ↔ GPU on the copy engines (pinned and pageable), GPU ↔ GPU p2p for each
 //! ordered pair and both directions at once, staged through pinned host memory, and ipc.
 //!
-//! The bodies ([`copy`]) use `gdx_sys::cuda` directly, because the engine's GPU paths were
-//! being written alongside this crate. **Engine-based cases go here**: `ipc` needs a second
-//! process importing an exported allocation (CUDA IPC) and is waived until the engine's
-//! `LocalPeer::export_ipc` / `import_ipc` are used for it; `staged` is measured with a
-//! gdx-sys pipeline of the same shape as the engine's (chunked, [`copy::STAGED_DEPTH`]
-//! bounce buffers), and should switch to the engine's staged transfers to measure what
-//! users get.
+//! The copy-engine and p2p bodies ([`copy`]) use `gdx_sys::cuda` directly. The staged and ipc
+//! cases go through the engine ([`engine`]): `staged` is the engine's staged transfer
+//! (`LocalPeer` with staged forced), so the figure is what users get; `ipc` starts a second
+//! process ([`ipc`]: `gdx bench --ipc-child`) that exports GPU B memory, imports it here and
+//! copies GPU A → that memory. Both are timed like p2p (device events around batches).
 //!
 //! Without a CUDA driver every case is waived with the loader's reason.
 
 pub mod copy;
+pub mod engine;
+pub mod ipc;
 pub mod timing;
 
 use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived};
@@ -19,10 +19,21 @@ use crate::report::Row;
 use crate::Ctx;
 use copy::Kind;
 
-/// A GPU case: a spec and what it copies (`None` for ipc, not measurable yet).
+/// What a GPU case runs.
+#[derive(Debug, Clone, Copy)]
+enum Body {
+    /// A gdx-sys body ([`copy::run`]).
+    Copy(Kind),
+    /// The engine's staged transfer from GPU `src` to GPU `dst` ([`engine::run_staged`]).
+    Staged { src: u32, dst: u32 },
+    /// GPU `src` here → GPU `dst` memory of a second process ([`engine::run_ipc`]).
+    Ipc { src: u32, dst: u32 },
+}
+
+/// A GPU case: a spec and what it runs.
 struct GpuCase {
     spec: CaseSpec,
-    kind: Option<Kind>,
+    body: Body,
 }
 
 impl GpuCase {
@@ -58,14 +69,12 @@ impl BenchCase for GpuCase {
                 )));
             }
         }
-        let Some(kind) = self.kind else {
-            return Err(Waived(
-                "ipc (a second process importing a CUDA IPC handle) is not wired into gdx bench yet; \
-                 p2p measures the same link within one process"
-                    .into(),
-            ));
+        let peer = match self.body {
+            Body::Copy(Kind::P2p { src: a, dst: b } | Kind::Bidir { a, b })
+            | Body::Ipc { src: a, dst: b } => Some((a, b)),
+            _ => None,
         };
-        if let Kind::P2p { src: a, dst: b } | Kind::Bidir { a, b } = kind {
+        if let Some((a, b)) = peer {
             match cuda.can_access_peer(a, b) {
                 Ok(true) => {}
                 Ok(false) => {
@@ -80,9 +89,12 @@ impl BenchCase for GpuCase {
     }
 
     fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), String> {
-        match self.kind {
-            Some(kind) => copy::run(ctx, &self.spec, kind, params, sink),
-            None => Err("ipc is not measurable yet".into()),
+        match self.body {
+            Body::Copy(kind) => copy::run(ctx, &self.spec, kind, params, sink),
+            Body::Staged { src, dst } => {
+                engine::run_staged(ctx, &self.spec, src, dst, params, sink)
+            }
+            Body::Ipc { src, dst } => engine::run_ipc(ctx, &self.spec, src, dst, params, sink),
         }
     }
 }
@@ -94,7 +106,7 @@ fn case(
     src: End,
     dst: End,
     bidir: bool,
-    kind: Option<Kind>,
+    body: Body,
 ) -> Box<dyn BenchCase> {
     Box::new(GpuCase {
         spec: CaseSpec {
@@ -105,7 +117,7 @@ fn case(
             dst,
             bidir,
         },
-        kind,
+        body,
     })
 }
 
@@ -126,7 +138,7 @@ pub fn cases(n: u32) -> Vec<Box<dyn BenchCase>> {
                 End::Host,
                 End::Gpu(g),
                 false,
-                Some(Kind::ToGpu { gpu: g, pinned }),
+                Body::Copy(Kind::ToGpu { gpu: g, pinned }),
             ));
             v.push(case(
                 format!("gpu{g}_to_host_{mem}_ce"),
@@ -135,7 +147,7 @@ pub fn cases(n: u32) -> Vec<Box<dyn BenchCase>> {
                 End::Gpu(g),
                 End::Host,
                 false,
-                Some(Kind::ToHost { gpu: g, pinned }),
+                Body::Copy(Kind::ToHost { gpu: g, pinned }),
             ));
         }
     }
@@ -151,7 +163,7 @@ pub fn cases(n: u32) -> Vec<Box<dyn BenchCase>> {
                 End::Gpu(a),
                 End::Gpu(b),
                 false,
-                Some(Kind::P2p { src: a, dst: b }),
+                Body::Copy(Kind::P2p { src: a, dst: b }),
             ));
             if a < b {
                 v.push(case(
@@ -161,26 +173,26 @@ pub fn cases(n: u32) -> Vec<Box<dyn BenchCase>> {
                     End::Gpu(a),
                     End::Gpu(b),
                     true,
-                    Some(Kind::Bidir { a, b }),
+                    Body::Copy(Kind::Bidir { a, b }),
                 ));
             }
             v.push(case(
                 format!("gpu{a}_to_gpu{b}_staged"),
-                format!("GPU{a} → pinned host bounce buffers → GPU{b}, chunked and pipelined on two streams"),
+                format!("engine staged transfer (staged forced): GPU{a} → pinned host bounce buffers → GPU{b}, chunked and pipelined"),
                 PathKind::Staged,
                 End::Gpu(a),
                 End::Gpu(b),
                 false,
-                Some(Kind::Staged { src: a, dst: b }),
+                Body::Staged { src: a, dst: b },
             ));
             v.push(case(
                 format!("gpu{a}_to_gpu{b}_ipc"),
-                format!("GPU{a} in this process → GPU{b} memory of a second process (CUDA IPC)"),
+                format!("engine ipc: GPU{a} in this process → GPU{b} memory exported by a second process it starts (CUDA IPC)"),
                 PathKind::Ipc,
                 End::Gpu(a),
                 End::Gpu(b),
                 false,
-                None,
+                Body::Ipc { src: a, dst: b },
             ));
         }
     }

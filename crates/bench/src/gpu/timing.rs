@@ -8,8 +8,11 @@
 //!   fills behind a hold). Enqueue cost is thus excluded and launch gaps are not measured.
 //! - **Latency** ([`latency`]): host wall time of one copy enqueued and synchronised.
 //!
-//! The op closure is told a running op index so buffers rotate across every copy.
+//! The op closure is told a running op index so buffers rotate across every copy; its error is
+//! any displayable one (a `CudaError` for the gdx-sys bodies, the engine's error for the
+//! engine-driven ones).
 
+use std::fmt::Display;
 use std::time::{Duration, Instant};
 
 use gdx_sys::cuda::{CudaError, Event, Stream};
@@ -57,12 +60,12 @@ fn cuda(e: CudaError) -> String {
 }
 
 /// One batch of `b` copies on `streams`; returns the slowest stream's device time.
-fn batch(
+fn batch<E: Display>(
     streams: &[&Stream],
     events: &[(Event, Event)],
     b: u64,
     ops: &mut OpCounter,
-    enqueue: &mut dyn FnMut(u64) -> Result<(), CudaError>,
+    enqueue: &mut dyn FnMut(u64) -> Result<(), E>,
 ) -> Result<(Duration, bool), String> {
     let mut holds = Vec::new();
     let mut held = true;
@@ -77,7 +80,7 @@ fn batch(
         start.record(s).map_err(cuda)?;
     }
     for _ in 0..b {
-        enqueue(ops.take()).map_err(cuda)?;
+        enqueue(ops.take()).map_err(|e| e.to_string())?;
     }
     for (s, (_, end)) in streams.iter().zip(events) {
         end.record(s).map_err(cuda)?;
@@ -95,12 +98,12 @@ fn batch(
 
 /// Warm up, size the batches, then take the bandwidth samples (see the module docs).
 /// `bytes_per_op` is what one enqueue moves in all (both directions for a bidirectional op).
-pub fn event_batches(
+pub fn event_batches<E: Display>(
     params: &Params,
     streams: &[&Stream],
     bytes_per_op: f64,
     ops: &mut OpCounter,
-    enqueue: &mut dyn FnMut(u64) -> Result<(), CudaError>,
+    enqueue: &mut dyn FnMut(u64) -> Result<(), E>,
 ) -> Result<EventTimed, String> {
     if streams.is_empty() {
         return Err("no stream".into());
@@ -111,7 +114,7 @@ pub fn event_batches(
         .collect::<Result<Vec<_>, CudaError>>()
         .map_err(cuda)?;
     for _ in 0..params.warmup.max(1) {
-        enqueue(ops.take()).map_err(cuda)?;
+        enqueue(ops.take()).map_err(|e| e.to_string())?;
     }
     for s in streams {
         s.synchronize().map_err(cuda)?;
@@ -137,15 +140,15 @@ pub fn event_batches(
 
 /// Latency samples: one op enqueued and every stream synchronised, timed on the host.
 /// About half the duration is spent here, within the sample bounds (at most 200).
-pub fn latency(
+pub fn latency<E: Display>(
     params: &Params,
     streams: &[&Stream],
     ops: &mut OpCounter,
-    enqueue: &mut dyn FnMut(u64) -> Result<(), CudaError>,
+    enqueue: &mut dyn FnMut(u64) -> Result<(), E>,
 ) -> Result<Vec<Duration>, String> {
     let mut one = || -> Result<Duration, String> {
         let t = Instant::now();
-        enqueue(ops.take()).map_err(cuda)?;
+        enqueue(ops.take()).map_err(|e| e.to_string())?;
         for s in streams {
             s.synchronize().map_err(cuda)?;
         }

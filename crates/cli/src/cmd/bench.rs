@@ -31,6 +31,7 @@ use super::serve::parse_size;
   gdx bench                                   host paths (and GPU paths where present), 8 B … 1 GiB
   gdx bench --list                            the cases, with index and key
   gdx bench --path p2p --size 4KiB:1GiB       p2p cases only, 4 KiB to 1 GiB in ×4 steps
+  gdx bench --path file --size 1GiB --file-dir /mnt/nvme   file ↔ GPU/host (opt-in), page cache dropped
   gdx bench --path host_to_host_tcp --peer 10.0.0.2:7447   against `gdx serve` on another host
   gdx bench --export-json run.json --plot run.svg
   gdx bench --compare old.json                ratio to an earlier run, drops flagged")]
@@ -40,9 +41,15 @@ pub struct BenchArgs {
     list: bool,
 
     /// Cases to run: a key, an index from --list, a key prefix, or a path name (p2p, staged,
-    /// pinned-ce, pageable-ce, shm, tcp, memcpy). Repeat or separate with commas.
+    /// pinned-ce, pageable-ce, shm, tcp, memcpy, file). Repeat or separate with commas. The
+    /// `file` cases (file ↔ GPU/host through gdx-storage) run only when named.
     #[arg(short = 'p', long = "path", value_name = "SEL", value_delimiter = ',')]
     paths: Vec<String>,
+
+    /// Directory for the `file` cases' scratch files (default: $GDX_BENCH_DIR, else the system
+    /// temp dir). Put it on the disk to measure.
+    #[arg(long, value_name = "DIR")]
+    file_dir: Option<PathBuf>,
 
     /// Sizes: a list (`8,4KiB,1MiB`) and/or ranges `LO:HI` in ×4 steps, `LO:HI:xN` in ×N steps.
     #[arg(short = 's', long, value_name = "SIZES", default_value = "8:1GiB", value_parser = parse_sizes)]
@@ -125,6 +132,11 @@ pub struct BenchArgs {
     /// Use the deterministic mock backend (for tests of the output).
     #[arg(long, hide = true)]
     mock: bool,
+
+    /// Internal: run as the second process of the ipc cases (allocate LEN bytes on GPU,
+    /// print the IPC descriptor as one JSON line, hold it until stdin closes).
+    #[arg(long = "ipc-child", hide = true, value_name = "GPU:LEN")]
+    ipc_child: Option<String>,
 }
 
 /// Parsed `--size`.
@@ -362,10 +374,21 @@ fn list(cases: &[Box<dyn BenchCase>]) -> String {
 
 /// Run `gdx bench`.
 pub fn run(args: &BenchArgs) -> Result<ExitCode> {
+    if let Some(spec) = &args.ipc_child {
+        // The second process of the ipc cases: its protocol is its stdout line and exit code.
+        return Ok(match gdx_bench::gpu::ipc::child_main(spec) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("gdx bench {}: {e}", gdx_bench::gpu::ipc::CHILD_FLAG);
+                ExitCode::from(2)
+            }
+        });
+    }
     let mut ctx = if args.mock { Ctx::mock() } else { Ctx::live() };
     if let Some(p) = &args.peer {
         ctx.peer = Some((p.clone(), args.peer_region.clone()));
     }
+    ctx.file_dir.clone_from(&args.file_dir);
     let cases = all_cases(&ctx);
     if args.list {
         print!("{}", list(&cases));

@@ -14,6 +14,7 @@
 //!   planned path or fails.
 
 mod exec;
+mod file;
 mod region;
 
 pub use exec::{LocalTransfer, Ordering, StagedTuning};

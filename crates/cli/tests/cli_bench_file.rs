@@ -1,0 +1,97 @@
+//! `gdx bench --path file` through the real binary: the file cases are opt-in, file → host runs
+//! anywhere (and verifies), and without a GPU the GPU rows are waived with a reason.
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+fn gdx() -> Command {
+    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
+}
+
+fn has_gpu() -> bool {
+    gdx_sys::cuda::Cuda::load()
+        .ok()
+        .and_then(|c| c.device_count().ok())
+        .is_some_and(|n| n > 0)
+}
+
+#[test]
+fn file_bench_runs_file_to_host_and_waives_gpu_rows_without_a_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = gdx()
+        .args([
+            "bench",
+            "--path",
+            "file",
+            "--size",
+            "1MiB",
+            "--json",
+            "--file-dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is one JSON document ({e}); stderr: {stderr}"));
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+
+    let results = v["results"].as_array().unwrap();
+    let host = results
+        .iter()
+        .find(|r| r["key"] == "file_to_host_file_staged")
+        .expect("the file → host row");
+    assert_eq!(host["path"], "file");
+    assert_eq!(host["src"], "file");
+    assert_eq!(host["dst"], "host");
+    assert_eq!(host["size_bytes"], 1 << 20);
+    assert_eq!(host["status"], "passed", "{host}");
+    assert_eq!(host["verified"], true);
+    assert!(host["bw_gbps"].as_f64().unwrap() > 0.0);
+    let note = host["note"].as_str().unwrap();
+    assert!(note.contains("page cache"), "{note}");
+
+    let cases = v["cases"].as_array().unwrap();
+    assert!(cases.iter().all(|c| c["path"] == "file"), "only file cases");
+    for key in [
+        "file_to_gpu0_gds",
+        "file_to_gpu0_file_staged",
+        "file_to_gpu0_naive",
+        "gpu0_to_file_gds",
+        "gpu0_to_file_file_staged",
+        "gpu0_to_file_naive",
+    ] {
+        let c = cases
+            .iter()
+            .find(|c| c["key"] == key)
+            .unwrap_or_else(|| panic!("case {key} listed"));
+        if !has_gpu() {
+            assert_eq!(c["status"], "waived", "{c}");
+            let reason = c["reason"].as_str().unwrap_or_default();
+            assert!(reason.contains("no GPU"), "{key}: {reason}");
+        }
+    }
+    // The scratch files are removed.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn plain_bench_list_shows_file_cases_but_a_default_run_leaves_them_out() {
+    let out = gdx().args(["bench", "--list"]).output().unwrap();
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert!(list.contains("file_to_host_file_staged"), "{list}");
+    assert!(list.contains("opt-in"), "{list}");
+
+    // A GPU-prefix selection does not pull in the file cases.
+    let out = gdx()
+        .args(["bench", "--path", "memcpy", "--size", "4KiB", "--json"])
+        .args(["--iters", "3"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["path"] != "file"));
+}
