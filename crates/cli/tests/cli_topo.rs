@@ -8,26 +8,8 @@ fn gdx() -> Command {
     Command::cargo_bin("gdx").expect("gdx binary built by cargo")
 }
 
-/// The shared NCCL topology files, found at run time (never a build-time absolute path).
 fn topologies() -> Option<PathBuf> {
-    let start = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::current_dir().ok())?;
-    for dir in start.ancestors() {
-        let cand = dir.join("../shared/reference/topologies");
-        if cand.is_dir() {
-            return Some(cand);
-        }
-        let cand = dir.join("shared/reference/topologies");
-        if cand.is_dir() {
-            return Some(cand);
-        }
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("CI is set but shared/reference/topologies was not found");
-    }
-    eprintln!("skipping: shared/reference/topologies not found");
-    None
+    gdx_topo::fixture::reference_topologies()
 }
 
 #[test]

@@ -9,29 +9,8 @@ use gdx_topo::{
 };
 use std::path::{Path, PathBuf};
 
-/// The reference folder, found from the crate upwards at run time. `None` (after saying so)
-/// when absent, unless `CI` is set: there a missing folder is a failure.
 fn reference_dir() -> Option<PathBuf> {
-    let start = std::env::var("CARGO_MANIFEST_DIR").map(PathBuf::from).ok();
-    let found = start.as_deref().and_then(|start| {
-        start
-            .ancestors()
-            .flat_map(|a| {
-                [
-                    a.join("shared/reference/topologies"),
-                    a.join("../shared/reference/topologies"),
-                ]
-            })
-            .find(|p| p.is_dir())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "shared/reference/topologies not found above {start:?}"
-        );
-        eprintln!("skipping: shared/reference/topologies not found");
-    }
-    found
+    gdx_topo::fixture::reference_topologies()
 }
 
 fn load(name: &str) -> Option<Topology> {

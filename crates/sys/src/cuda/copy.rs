@@ -23,6 +23,7 @@
 //! [`PinnedHostBuffer::as_slice`]: super::PinnedHostBuffer::as_slice
 
 use super::api::{CuContext, CuDevicePtr};
+use super::endpoint::{Dst, Src};
 use super::event::Pending;
 use super::memory::HostBuffer;
 use super::{CudaError, DeviceBuffer, Stream};
@@ -55,7 +56,7 @@ pub(crate) fn check_same_len(dst: usize, src: usize) -> Result<(), CudaError> {
 }
 
 /// The device address `offset` bytes into `base`, after [`check_range`].
-fn device_at(
+pub(crate) fn device_at(
     what: &'static str,
     base: CuDevicePtr,
     size: usize,
@@ -66,8 +67,33 @@ fn device_at(
     Ok(base + offset as u64)
 }
 
+/// The device addresses of a device-to-device copy's two ends, ranges checked.
+fn device_ends(
+    dst: &DeviceBuffer,
+    dst_off: usize,
+    src: &DeviceBuffer,
+    src_off: usize,
+    len: usize,
+) -> Result<(CuDevicePtr, CuDevicePtr), CudaError> {
+    let d = device_at(
+        "destination device buffer",
+        dst.as_raw(),
+        dst.len(),
+        dst_off,
+        len,
+    )?;
+    let s = device_at(
+        "source device buffer",
+        src.as_raw(),
+        src.len(),
+        src_off,
+        len,
+    )?;
+    Ok((d, s))
+}
+
 /// The host address `offset` bytes into `base`, after [`check_range`].
-fn host_at(
+pub(crate) fn host_at(
     what: &'static str,
     (base, size): (*mut u8, usize),
     offset: usize,
@@ -221,20 +247,7 @@ impl Stream {
         src_off: usize,
         len: usize,
     ) -> Result<(), CudaError> {
-        let d = device_at(
-            "destination device buffer",
-            dst.as_raw(),
-            dst.len(),
-            dst_off,
-            len,
-        )?;
-        let s = host_at("source host buffer", src.host_range(), src_off, len)?;
-        let op = RawCopy::HtoD {
-            dst: d,
-            src: s,
-            len,
-        };
-        self.tracked(&[&dst.pending, src.pending()], op)
+        self.copy(Dst::Device(dst), dst_off, Src::Host(src), src_off, len)
     }
 
     /// Copy all of `src` (device) into all of `dst` (host); the sizes must be equal.
@@ -256,20 +269,7 @@ impl Stream {
         src_off: usize,
         len: usize,
     ) -> Result<(), CudaError> {
-        let d = host_at("destination host buffer", dst.host_range(), dst_off, len)?;
-        let s = device_at(
-            "source device buffer",
-            src.as_raw(),
-            src.len(),
-            src_off,
-            len,
-        )?;
-        let op = RawCopy::DtoH {
-            dst: d,
-            src: s,
-            len,
-        };
-        self.tracked(&[dst.pending(), &src.pending], op)
+        self.copy(Dst::Host(dst), dst_off, Src::Device(src), src_off, len)
     }
 
     /// Copy `len` bytes between device buffers (`cuMemcpyDtoDAsync_v2`; through unified
@@ -282,20 +282,7 @@ impl Stream {
         src_off: usize,
         len: usize,
     ) -> Result<(), CudaError> {
-        let d = device_at(
-            "destination device buffer",
-            dst.as_raw(),
-            dst.len(),
-            dst_off,
-            len,
-        )?;
-        let s = device_at(
-            "source device buffer",
-            src.as_raw(),
-            src.len(),
-            src_off,
-            len,
-        )?;
+        let (d, s) = device_ends(dst, dst_off, src, src_off, len)?;
         let op = RawCopy::DtoD {
             dst: d,
             src: s,
@@ -316,20 +303,7 @@ impl Stream {
         src_off: usize,
         len: usize,
     ) -> Result<(), CudaError> {
-        let d = device_at(
-            "destination device buffer",
-            dst.as_raw(),
-            dst.len(),
-            dst_off,
-            len,
-        )?;
-        let s = device_at(
-            "source device buffer",
-            src.as_raw(),
-            src.len(),
-            src_off,
-            len,
-        )?;
+        let (d, s) = device_ends(dst, dst_off, src, src_off, len)?;
         let op = RawCopy::Peer {
             dst: d,
             dst_ctx: dst.context().as_raw(),

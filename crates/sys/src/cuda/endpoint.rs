@@ -12,7 +12,7 @@
 //! - [`Stream::copy_split`]: one copy cut into contiguous pieces over several streams of one
 //!   context (fork and join through events), to use more copy engines.
 
-use super::copy::{check_range, RawCopy};
+use super::copy::{device_at, host_at, RawCopy};
 use super::memory::HostBuffer;
 use super::{CudaError, DeviceBuffer, Event, Stream};
 
@@ -77,15 +77,8 @@ fn build(
     src_off: usize,
     len: usize,
 ) -> Result<RawCopy, CudaError> {
-    let dev = |what, b: &DeviceBuffer, off: usize| -> Result<u64, CudaError> {
-        check_range(what, off, len, b.len())?;
-        Ok(b.as_raw() + off as u64)
-    };
-    let host = |what, b: &dyn HostBuffer, off: usize| -> Result<*mut u8, CudaError> {
-        let (base, size) = b.host_range();
-        check_range(what, off, len, size)?;
-        Ok(base.wrapping_add(off))
-    };
+    let dev = |what, b: &DeviceBuffer, off: usize| device_at(what, b.as_raw(), b.len(), off, len);
+    let host = |what, b: &dyn HostBuffer, off: usize| host_at(what, b.host_range(), off, len);
     const D: &str = "destination device buffer";
     const S: &str = "source device buffer";
     Ok(match (dst, src) {
