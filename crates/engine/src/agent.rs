@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use crate::config::{boot_host_id, AgentConfig, Transports};
 use crate::conn::Sock;
 use crate::error::{Error, Result};
+use crate::gpu::{AgentGpu, DeviceOrigin, DeviceRegion, LocalPeer};
 use crate::peer::Peer;
 use crate::region::{Access, Region, RegionScope, Registry};
 
@@ -116,6 +117,8 @@ pub(crate) struct AgentInner {
     next_conn: AtomicU64,
     pub(crate) next_xfer: AtomicU64,
     pub(crate) shutdown: AtomicBool,
+    /// Strict mode for GPU regions ([`Agent::set_strict`]; `GDX_STRICT` at start).
+    pub(crate) strict: AtomicBool,
 }
 
 impl AgentInner {
@@ -211,6 +214,7 @@ impl Agent {
             next_conn: AtomicU64::new(1),
             next_xfer: AtomicU64::new(1),
             shutdown: AtomicBool::new(false),
+            strict: AtomicBool::new(crate::planner::strict_from_env()?),
         });
         if let Some(l) = tcp {
             let a = Arc::clone(&inner);
@@ -273,6 +277,63 @@ impl Agent {
             .inner
             .registry
             .alloc(len, access, name.map(str::to_string))?;
+        Ok(Region::new(
+            inner,
+            Arc::clone(&self.inner.registry),
+            self.inner.cfg.transfer_timeout,
+        ))
+    }
+
+    /// Strict mode for ops with GPU memory on both ends: an op between two agents of one host
+    /// that cannot take the `ipc` path, or one that would be staged through host memory to
+    /// another host, fails with [`Error::Strict`] and the plan's reason instead of running.
+    /// Starts as `GDX_STRICT` says.
+    pub fn set_strict(&self, on: bool) {
+        self.inner.strict.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether strict mode is on (see [`Agent::set_strict`]).
+    pub fn strict(&self) -> bool {
+        self.inner.strict.load(Ordering::Relaxed)
+    }
+
+    /// Registers GPU memory of `gpu` so that peers can write into it and read from it, published
+    /// under `name` if given. Its descriptor says `Location::Gpu(n)` and, for memory gdx
+    /// allocated ([`LocalPeer::alloc_device`]), carries the CUDA IPC handle: a same-host peer
+    /// whose own region is GPU memory then copies GPU to GPU (`ipc`), with no host copy. Other
+    /// peers reach it through pinned bounce buffers on both ends (`tcp-staged`, or
+    /// `shm-staged` on one host). The region keeps the memory alive; it has no host view
+    /// ([`Region::bytes`] refuses), copy with `gpu` instead.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a name already in use; [`Error::Cuda`] if the IPC handle
+    /// of an allocated region cannot be made.
+    pub fn register_gpu(
+        &self,
+        gpu: &LocalPeer,
+        region: &DeviceRegion,
+        access: Access,
+        name: Option<&str>,
+    ) -> Result<Region<'static>> {
+        let ipc = match region.origin() {
+            DeviceOrigin::Allocated => Some(gpu.export_ipc(region)?),
+            other => {
+                log::info!(
+                    "GPU region {} ({other:?}) has no legacy IPC handle: same-host peers stage it",
+                    region.id()
+                );
+                None
+            }
+        };
+        let dev = AgentGpu {
+            region: region.clone(),
+            peer: gpu.clone(),
+            ipc,
+        };
+        let inner = self
+            .inner
+            .registry
+            .register_device(dev, access, name.map(str::to_string))?;
         Ok(Region::new(
             inner,
             Arc::clone(&self.inner.registry),

@@ -225,6 +225,23 @@ impl Conn {
         Ok(())
     }
 
+    /// Whether a frame's first bytes are already here (buffered, or readable on the socket now),
+    /// so that receiving would not block. Lets a server defer replies while more requests are
+    /// queued, and send them before it would wait.
+    pub(crate) fn has_input(&self) -> bool {
+        if self.end > self.start {
+            return true;
+        }
+        let mut p = libc::pollfd {
+            fd: self.sock.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n > 0
+    }
+
     /// Reads and drops `len` payload bytes (after a rejected write), through the fixed buffer.
     pub(crate) fn discard_payload(&mut self, mut len: usize) -> Result<()> {
         while len > 0 {

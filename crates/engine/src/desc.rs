@@ -16,7 +16,8 @@ pub enum Location {
     Host,
     /// Page-locked host memory (registered with the GPU driver); not yet implemented.
     PinnedHost,
-    /// Memory of GPU `n` (CUDA ordinal); not yet implemented.
+    /// Memory of GPU `n` (the exporting process's CUDA ordinal): a region registered with
+    /// [`crate::Agent::register_gpu`].
     Gpu(u32),
     /// A file, or a byte range of one ([`crate::file::FileRange`]): the source or destination
     /// of file copies ([`crate::file`], [`crate::LocalPeer::copy_file_to`]); agents do not
@@ -155,6 +156,10 @@ pub struct RegionDesc {
     pub shareable: bool,
     /// The name it is published under, if any.
     pub name: Option<String>,
+    /// For GPU memory gdx allocated: the CUDA IPC handle a same-host peer maps to copy GPU to
+    /// GPU with no host copy (the `ipc` path). `None` for host memory and for GPU memory that
+    /// legacy IPC cannot export (a caller's pointer, pool memory).
+    pub ipc: Option<crate::gpu::IpcDesc>,
 }
 
 impl fmt::Display for RegionDesc {

@@ -255,11 +255,24 @@ impl Peer {
                 self.inner.addr
             )));
         }
+        let strict = self
+            .inner
+            .agent
+            .strict
+            .load(std::sync::atomic::Ordering::Relaxed);
         let plans = t
             .ops
             .iter()
-            .map(|op| plan_op(&self.inner.route, &op.remote, &self.inner.tcp_detail))
-            .collect();
+            .map(|op| {
+                plan_op(
+                    &self.inner.route,
+                    &op.local,
+                    &op.remote,
+                    &self.inner.tcp_detail,
+                    strict,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
         let id = self
             .inner
             .agent

@@ -11,7 +11,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::region::RegionDesc;
+use crate::error::{Error, Result};
+use crate::region::{Location, RegionDesc, RegionInner};
 
 /// A data path. Later issues add RDMA paths.
 ///
@@ -25,8 +26,13 @@ pub enum Path {
     Tcp,
     /// Same-host shared memory, one copy into/out of the peer's mapped region.
     Shm,
-    /// Same-host shared memory through a bounce buffer (two copies), for borrowed remote regions.
+    /// Same-host shared memory through a bounce buffer (two copies), for borrowed remote regions
+    /// and for GPU regions the IPC path cannot serve.
     ShmStaged,
+    /// Kernel TCP sockets with GPU memory on one or both ends, staged through pinned bounce
+    /// buffers: device-to-host copies of the next chunks overlap the send of the current one,
+    /// and the receiver's host-to-device copy of a chunk overlaps the receipt of the next.
+    TcpStaged,
     /// GPU to GPU of one process over the direct link (NVLink or PCIe peer-to-peer), on the
     /// copy engines.
     P2p,
@@ -59,6 +65,7 @@ impl fmt::Display for Path {
             Path::Tcp => "tcp",
             Path::Shm => "shm",
             Path::ShmStaged => "shm-staged",
+            Path::TcpStaged => "tcp-staged",
             Path::P2p => "p2p",
             Path::Ipc => "ipc",
             Path::Staged => "staged",
@@ -96,19 +103,111 @@ pub struct PeerRoute {
     pub reason: String,
 }
 
-/// Plans one op on a peer reached through `route`.
-pub(crate) fn plan_op(route: &PeerRoute, remote: &RegionDesc, tcp_detail: &str) -> Plan {
-    match route.transport {
-        Path::Tcp => Plan { path: Path::Tcp, reason: format!("{}; {tcp_detail}", route.reason) },
-        _ if remote.shareable => Plan {
-            path: Path::Shm,
-            reason: format!("{}; remote region is agent-allocated (memfd), mapped once, one copy", route.reason),
+/// Plans one op on a peer reached through `route`: `local` is the initiator's region, `remote`
+/// the target's descriptor. With `strict`, a GPU-to-GPU op between two agents of one host that
+/// cannot take the IPC path is refused ([`Error::Strict`]) instead of staged.
+pub(crate) fn plan_op(
+    route: &PeerRoute,
+    local: &RegionInner,
+    remote: &RegionDesc,
+    tcp_detail: &str,
+    strict: bool,
+) -> Result<Plan> {
+    let local_gpu = local.device().map(|d| d.region.gpu());
+    let remote_gpu = match remote.location {
+        Location::Gpu(n) => Some(n),
+        _ => None,
+    };
+    let ends = match (local_gpu, remote_gpu) {
+        (Some(a), Some(b)) => format!("GPU{a} here and the peer's GPU{b}"),
+        (Some(a), None) => format!("GPU{a} here"),
+        (None, Some(b)) => format!("the peer's GPU{b}"),
+        (None, None) => String::new(),
+    };
+    let plan = match route.transport {
+        Path::Tcp if ends.is_empty() => Plan {
+            path: Path::Tcp,
+            reason: format!("{}; {tcp_detail}", route.reason),
         },
-        _ => Plan {
+        Path::Tcp => Plan {
+            path: Path::TcpStaged,
+            reason: format!(
+                "{}; {ends} staged through pinned bounce buffers (device-to-host of the next \
+                 chunks overlaps the send, the receiver's host-to-device overlaps the next \
+                 receive); no GPU-direct transport to this peer; {tcp_detail}",
+                route.reason
+            ),
+        },
+        _ => plan_shm(route, local_gpu, remote, remote_gpu, &ends),
+    };
+    if strict && local_gpu.is_some() && remote_gpu.is_some() && plan.path != Path::Ipc {
+        return Err(Error::Strict(plan.reason));
+    }
+    Ok(plan)
+}
+
+fn plan_shm(
+    route: &PeerRoute,
+    local_gpu: Option<u32>,
+    remote: &RegionDesc,
+    remote_gpu: Option<u32>,
+    ends: &str,
+) -> Plan {
+    let r = &route.reason;
+    let same_process = remote
+        .ipc
+        .as_ref()
+        .is_some_and(|i| i.pid == std::process::id());
+    match (local_gpu, remote_gpu) {
+        (Some(_), Some(_)) if same_process => Plan {
             path: Path::ShmStaged,
             reason: format!(
-                "{}; remote region is a borrowed buffer (not shareable), two copies through the bounce buffer",
-                route.reason
+                "{r}; the peer agent is in this very process, and legacy CUDA IPC cannot map a \
+                 process's own allocation, so {ends} are staged through the bounce buffer"
+            ),
+        },
+        (Some(a), Some(b)) if remote.ipc.is_some() => Plan {
+            path: Path::Ipc,
+            reason: format!(
+                "ipc: peer on the same host; its GPU{b} region mapped once through its CUDA IPC \
+                 handle, copied GPU{a}<->GPU{b} on the copy engines, no host copy"
+            ),
+        },
+        (Some(_), Some(_)) => Plan {
+            path: Path::ShmStaged,
+            reason: format!(
+                "{r}; the peer's GPU region has no CUDA IPC handle (not gdx-allocated memory), \
+                 so {ends} are staged through the bounce buffer"
+            ),
+        },
+        (None, Some(_)) => Plan {
+            path: Path::ShmStaged,
+            reason: format!(
+                "{r}; {ends}: the target copies between the bounce buffer and its GPU (this \
+                 end is host memory, so no IPC mapping applies)"
+            ),
+        },
+        (Some(_), None) if remote.shareable => Plan {
+            path: Path::Shm,
+            reason: format!(
+                "{r}; remote region is agent-allocated (memfd), mapped once; one copy from \
+                 {ends} by the driver's pageable copy"
+            ),
+        },
+        (Some(_), None) => Plan {
+            path: Path::ShmStaged,
+            reason: format!(
+                "{r}; remote region is a borrowed buffer; {ends} copied through the bounce buffer"
+            ),
+        },
+        (None, None) if remote.shareable => Plan {
+            path: Path::Shm,
+            reason: format!("{r}; remote region is agent-allocated (memfd), mapped once, one copy"),
+        },
+        (None, None) => Plan {
+            path: Path::ShmStaged,
+            reason: format!(
+                "{r}; remote region is a borrowed buffer (not shareable), two copies through the bounce buffer"
             ),
         },
     }

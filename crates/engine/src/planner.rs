@@ -26,6 +26,23 @@ pub const STRICT_ENV: &str = "GDX_STRICT";
 /// The variable that forces a path for GPU-to-GPU copies (`staged`).
 pub const FORCE_PATH_ENV: &str = "GDX_FORCE_PATH";
 
+/// `GDX_STRICT` read as a switch (`1`, `true`, `yes` / `0`, `false`, `no`, empty); unset is off.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for any other value, so a typo never silently means "off".
+pub(crate) fn strict_from_env() -> Result<bool> {
+    match std::env::var(STRICT_ENV) {
+        Err(_) => Ok(false),
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(true),
+            "" | "0" | "false" | "no" | "off" => Ok(false),
+            other => Err(Error::InvalidArgument(format!(
+                "{STRICT_ENV}={other:?}: want 1/true/yes or 0/false/no"
+            ))),
+        },
+    }
+}
+
 /// How the planner may choose.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Policy {
@@ -51,8 +68,8 @@ impl Policy {
 
     /// `self` with `GDX_STRICT` and `GDX_FORCE_PATH` applied.
     pub fn with_env(mut self) -> Result<Policy> {
-        if let Ok(v) = std::env::var(STRICT_ENV) {
-            self.strict = matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes");
+        if std::env::var_os(STRICT_ENV).is_some() {
+            self.strict = strict_from_env()?;
         }
         match std::env::var(FORCE_PATH_ENV) {
             Ok(v) if v.trim() == "staged" => self.force = Some(Path::Staged),

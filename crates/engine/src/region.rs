@@ -63,7 +63,12 @@ impl LeaseState {
 
 enum Backing {
     Owned(Mapping),
-    Borrowed { ptr: *mut u8 },
+    Borrowed {
+        ptr: *mut u8,
+    },
+    /// GPU memory ([`crate::Agent::register_gpu`]): never dereferenced on the host; transports
+    /// copy through [`crate::gpu::AgentGpu`].
+    Device(crate::gpu::AgentGpu),
 }
 
 /// The shared state of one registered region.
@@ -100,10 +105,20 @@ impl RegionInner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn ptr(&self) -> *mut u8 {
+    /// The host address of the region's bytes; `None` for GPU memory.
+    pub(crate) fn host_ptr(&self) -> Option<*mut u8> {
         match &self.backing {
-            Backing::Owned(m) => m.ptr(),
-            Backing::Borrowed { ptr } => *ptr,
+            Backing::Owned(m) => Some(m.ptr()),
+            Backing::Borrowed { ptr } => Some(*ptr),
+            Backing::Device(_) => None,
+        }
+    }
+
+    /// The GPU memory behind a region registered with [`crate::Agent::register_gpu`].
+    pub(crate) fn device(&self) -> Option<&crate::gpu::AgentGpu> {
+        match &self.backing {
+            Backing::Device(d) => Some(d),
+            _ => None,
         }
     }
 
@@ -111,8 +126,16 @@ impl RegionInner {
     pub(crate) fn fd(&self) -> Option<std::os::fd::RawFd> {
         match &self.backing {
             Backing::Owned(m) => m.fd(),
-            Backing::Borrowed { .. } => None,
+            Backing::Borrowed { .. } | Backing::Device(_) => None,
         }
+    }
+
+    fn not_host(&self) -> Error {
+        Error::InvalidArgument(format!(
+            "region {} is {} memory: it has no host bytes (copy it with the LocalPeer it was \
+             registered from)",
+            self.id, self.location
+        ))
     }
 
     pub(crate) fn desc(&self) -> RegionDesc {
@@ -124,6 +147,7 @@ impl RegionInner {
             access: self.access,
             shareable: self.fd().is_some(),
             name: self.name.clone(),
+            ipc: self.device().and_then(|d| d.ipc.clone()),
         }
     }
 
@@ -181,11 +205,22 @@ impl Lease {
         &self.region
     }
 
-    /// Pointer to byte `offset`; the caller has bounds-checked `offset + len <= region.len`.
-    pub(crate) fn ptr_at(&self, offset: u64) -> *mut u8 {
+    /// Host pointer to byte `offset`; the caller has bounds-checked `offset + len <=
+    /// region.len`. An error for GPU memory, which transports reach through
+    /// [`Lease::device`] instead.
+    pub(crate) fn ptr_at(&self, offset: u64) -> Result<*mut u8> {
         debug_assert!(offset <= self.region.len);
+        let base = self
+            .region
+            .host_ptr()
+            .ok_or_else(|| self.region.not_host())?;
         // SAFETY: offset <= len, so the result is within (or one past) the region's span.
-        unsafe { self.region.ptr().add(offset as usize) }
+        Ok(unsafe { base.add(offset as usize) })
+    }
+
+    /// The GPU memory of a GPU region (see [`crate::Agent::register_gpu`]).
+    pub(crate) fn device(&self) -> Option<&crate::gpu::AgentGpu> {
+        self.region.device()
     }
 }
 
@@ -232,12 +267,16 @@ impl Registry {
         name: Option<String>,
     ) -> Result<Arc<RegionInner>> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let location = match &backing {
+            Backing::Device(d) => d.region.location(),
+            _ => Location::Host,
+        };
         let inner = Arc::new(RegionInner {
             id,
             key: RegionKey(crate::mem::random_u128()?),
             len,
             access,
-            location: Location::Host,
+            location,
             name: name.clone(),
             backing,
             state: Mutex::new(LeaseState::default()),
@@ -363,6 +402,18 @@ impl Registry {
         }
         self.insert(Backing::Borrowed { ptr }, len, access, name)
     }
+
+    /// Registers GPU memory; peers reach it through the transports' staging or, on the same
+    /// host, through its IPC handle.
+    pub(crate) fn register_device(
+        &self,
+        gpu: crate::gpu::AgentGpu,
+        access: Access,
+        name: Option<String>,
+    ) -> Result<Arc<RegionInner>> {
+        let len = gpu.region.len();
+        self.insert(Backing::Device(gpu), len, access, name)
+    }
 }
 
 /// A registered span of memory. `Region<'static>` owns its memory (allocated by the agent);
@@ -414,12 +465,28 @@ impl<'a> Region<'a> {
         self.inner.id
     }
 
+    /// Where the bytes live (`Location::Gpu(n)` for a region from
+    /// [`crate::Agent::register_gpu`]).
+    pub fn location(&self) -> Location {
+        self.inner.location
+    }
+
+    /// The GPU memory of a region from [`crate::Agent::register_gpu`]: copy into and out of it
+    /// with its `LocalPeer`. `None` for host memory.
+    pub fn device(&self) -> Option<&crate::DeviceRegion> {
+        self.inner.device().map(|d| &d.region)
+    }
+
     /// A shared view of the bytes. Waits (up to the agent's timeout) for incoming remote writes to
     /// finish and holds them off while the view lives; remote reads proceed.
     ///
     /// # Errors
-    /// [`Error::Timeout`] if a remote write does not finish in time.
+    /// [`Error::Timeout`] if a remote write does not finish in time; [`Error::InvalidArgument`]
+    /// for GPU memory, which has no host view (see [`Region::device`]).
     pub fn bytes(&self) -> Result<RegionRef<'_>> {
+        if self.inner.host_ptr().is_none() {
+            return Err(self.inner.not_host());
+        }
         let lease = self.inner.lease(LeaseKind::UserRead, self.timeout)?;
         Ok(RegionRef {
             lease,
@@ -430,8 +497,12 @@ impl<'a> Region<'a> {
     /// A mutable view of the bytes; excludes every remote access while it lives.
     ///
     /// # Errors
-    /// [`Error::Timeout`] if remote accesses do not finish in time.
+    /// [`Error::Timeout`] if remote accesses do not finish in time; [`Error::InvalidArgument`]
+    /// for GPU memory (see [`Region::device`]).
     pub fn bytes_mut(&mut self) -> Result<RegionMut<'_>> {
+        if self.inner.host_ptr().is_none() {
+            return Err(self.inner.not_host());
+        }
         let lease = self.inner.lease(LeaseKind::UserWrite, self.timeout)?;
         Ok(RegionMut {
             lease,
@@ -457,9 +528,13 @@ impl Deref for RegionRef<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         let r = self.lease.region();
+        let Some(ptr) = r.host_ptr() else {
+            // Views of GPU regions are refused when they are made (Region::bytes).
+            return &[];
+        };
         // SAFETY: the UserRead lease excludes every writer (local and remote) while self lives, and
         // the region's memory is valid for `len` bytes until it is retired, which waits for us.
-        unsafe { std::slice::from_raw_parts(r.ptr(), r.len as usize) }
+        unsafe { std::slice::from_raw_parts(ptr, r.len as usize) }
     }
 }
 
@@ -473,16 +548,22 @@ impl Deref for RegionMut<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         let r = self.lease.region();
+        let Some(ptr) = r.host_ptr() else {
+            return &[];
+        };
         // SAFETY: the UserWrite lease excludes every other access while self lives.
-        unsafe { std::slice::from_raw_parts(r.ptr(), r.len as usize) }
+        unsafe { std::slice::from_raw_parts(ptr, r.len as usize) }
     }
 }
 
 impl DerefMut for RegionMut<'_> {
     fn deref_mut(&mut self) -> &mut [u8] {
         let r = self.lease.region();
+        let Some(ptr) = r.host_ptr() else {
+            return &mut [];
+        };
         // SAFETY: the UserWrite lease is exclusive, and `&mut self` makes this the only view.
-        unsafe { std::slice::from_raw_parts_mut(r.ptr(), r.len as usize) }
+        unsafe { std::slice::from_raw_parts_mut(ptr, r.len as usize) }
     }
 }
 
@@ -535,66 +616,4 @@ impl<'scope, 'env> RegionScope<'scope, 'env> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lease_compatibility_and_retire() {
-        let reg = Arc::new(Registry::default());
-        let r = reg.alloc(64, Access::READ_WRITE, Some("t".into())).unwrap();
-        let short = Duration::from_millis(20);
-        let read = r.lease(LeaseKind::UserRead, short).unwrap();
-        // A local shared view holds off incoming writes but lets data leave.
-        assert_eq!(
-            r.lease(LeaseKind::Sink, short).unwrap_err(),
-            Error::Timeout(short)
-        );
-        drop(r.lease(LeaseKind::Source, short).unwrap());
-        drop(read);
-        let sink = r.lease(LeaseKind::Sink, short).unwrap();
-        let sink2 = r.lease(LeaseKind::Sink, short).unwrap(); // concurrent streams into one region
-        assert!(r.lease(LeaseKind::UserWrite, short).is_err());
-        drop((sink, sink2));
-        let w = r.lease(LeaseKind::UserWrite, short).unwrap();
-        assert!(r.lease(LeaseKind::Source, short).is_err());
-        drop(w);
-        // Retire waits for a running lease, then refuses new ones.
-        let l = r.lease(LeaseKind::Source, short).unwrap();
-        let r2 = Arc::clone(&r);
-        let t = std::thread::spawn(move || r2.retire());
-        std::thread::sleep(Duration::from_millis(30));
-        assert!(!t.is_finished());
-        drop(l);
-        t.join().unwrap();
-        assert_eq!(
-            r.lease(LeaseKind::Source, short).unwrap_err(),
-            Error::RegionGone { region: r.id }
-        );
-    }
-
-    #[test]
-    fn remote_checks_in_order() {
-        let reg = Registry::default();
-        let r = reg.alloc(100, Access::READ, None).unwrap();
-        let t = Duration::from_millis(10);
-        let bad = RegionKey(r.key.0.wrapping_add(1));
-        assert_eq!(
-            reg.check_remote(77, r.key, 0, 1, false, t).unwrap_err(),
-            Error::NoSuchRegion { region: 77 }
-        );
-        assert_eq!(
-            reg.check_remote(r.id, bad, 0, 1, false, t).unwrap_err(),
-            Error::BadKey { region: r.id }
-        );
-        assert_eq!(
-            reg.check_remote(r.id, r.key, 0, 1, true, t).unwrap_err(),
-            Error::ReadOnly { region: r.id }
-        );
-        assert!(matches!(
-            reg.check_remote(r.id, r.key, u64::MAX, 2, false, t)
-                .unwrap_err(),
-            Error::OutOfBounds { .. }
-        ));
-        assert!(reg.check_remote(r.id, r.key, 99, 1, false, t).is_ok());
-    }
-}
+mod tests;

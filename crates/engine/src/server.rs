@@ -5,10 +5,16 @@
 //! in order. Shm connection: `ShmJoin` with the token and the initiator's bounce-buffer fd, then region
 //! mappings, batch begin/end and staged chunks.
 //!
+//! GPU regions on a data stream: a write's payload lands in a pinned slot, its copy to the GPU is
+//! queued and the next frame is received meanwhile; the `WriteAck` goes out once the copy is done
+//! (before the server would block, or when the slots run out), so acknowledgements keep request
+//! order. A read is copied to a pinned slot and sent from there.
+//!
 //! Every op is checked by [`Registry::check_remote`] (id, key, access, bounds) before memory is
 //! touched; a rejected write's payload is drained through the connection's fixed buffer. Decode errors
 //! and protocol violations close the connection after an `Err` frame.
 
+use std::collections::VecDeque;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -19,6 +25,7 @@ use crate::agent::{AgentInner, Notification, PeerInfo};
 use crate::config::Transports;
 use crate::conn::{trim_fds, Conn, Sock};
 use crate::error::{Error, Result};
+use crate::gpu::{copy_span, Dir, Stager, Ticket, DEPTH};
 use crate::mem::Mapping;
 use crate::region::{Lease, Registry};
 use crate::wire::{Hello, Msg};
@@ -160,11 +167,48 @@ fn serve_control(agent: &AgentInner, c: &mut Conn, h: Hello) -> Result<()> {
     r
 }
 
+/// A GPU write whose host-to-device copy is queued: acknowledged once the copy is done.
+struct Landing {
+    ticket: Ticket,
+    ack: (u64, u32, u32),
+    _lease: Lease,
+}
+
+/// Acknowledges queued GPU writes, oldest first, until at most `keep` remain.
+fn land(c: &mut Conn, stager: &Stager, q: &mut VecDeque<Landing>, keep: usize) -> Result<()> {
+    while q.len() > keep {
+        let Some(l) = q.pop_front() else { break };
+        let (xfer, op, chunk) = l.ack;
+        match stager.wait(l.ticket) {
+            Ok(()) => c.send(&Msg::WriteAck { xfer, op, chunk })?,
+            Err(err) => c.send(&Msg::OpErr {
+                xfer,
+                op,
+                chunk,
+                err,
+            })?,
+        }
+    }
+    Ok(())
+}
+
 fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
     let reg: &Registry = &agent.registry;
     let lease_wait = agent.cfg.io_timeout;
+    let mut stager = Stager::default();
+    let mut landing: VecDeque<Landing> = VecDeque::new();
     loop {
+        // Replies go out in request order: acknowledge queued GPU writes before waiting for
+        // more requests, and before answering any other frame.
+        if !landing.is_empty() && !c.has_input() {
+            land(c, &stager, &mut landing, 0)?;
+        }
         let (msg, payload) = c.recv_frame(true)?;
+        let gpu_write = matches!(&msg, Msg::Write { region, .. }
+            if reg.get(*region).is_ok_and(|r| r.device().is_some()));
+        if !gpu_write {
+            land(c, &stager, &mut landing, 0)?;
+        }
         match msg {
             Msg::Write {
                 xfer,
@@ -174,16 +218,53 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
                 key,
                 offset,
             } => {
-                match reg.check_remote(region, key, offset, u64::from(payload), true, lease_wait) {
-                    Ok(lease) => {
-                        // SAFETY: the Sink lease was granted for offset..offset+payload, which
-                        // check_remote bounds-checked; the region stays mapped while it is held.
-                        unsafe { c.recv_payload(lease.ptr_at(offset), payload as usize)? };
-                        drop(lease);
-                        c.send(&Msg::WriteAck { xfer, op, chunk })?;
-                    }
+                let lease = match reg.check_remote(
+                    region,
+                    key,
+                    offset,
+                    u64::from(payload),
+                    true,
+                    lease_wait,
+                ) {
+                    Ok(lease) => lease,
                     Err(err) => {
                         c.discard_payload(payload as usize)?;
+                        land(c, &stager, &mut landing, 0)?;
+                        c.send(&Msg::OpErr {
+                            xfer,
+                            op,
+                            chunk,
+                            err,
+                        })?;
+                        continue;
+                    }
+                };
+                let Some(dev) = lease.device().cloned() else {
+                    // SAFETY: the Sink lease was granted for offset..offset+payload, which
+                    // check_remote bounds-checked; the region stays mapped while it is held.
+                    unsafe { c.recv_payload(lease.ptr_at(offset)?, payload as usize)? };
+                    drop(lease);
+                    c.send(&Msg::WriteAck { xfer, op, chunk })?;
+                    continue;
+                };
+                // GPU memory: receive into a pinned slot, queue its copy to the GPU, go on.
+                land(c, &stager, &mut landing, DEPTH - 2)?;
+                let ticket = match stager.fill(&dev, payload as usize) {
+                    Ok((t, buf)) => {
+                        // SAFETY: `buf` is a live pinned slot of exactly `payload` bytes.
+                        unsafe { c.recv_payload(buf.as_mut_ptr(), buf.len())? };
+                        stager.queue_to_device(t, &dev, offset).map(|()| t)
+                    }
+                    Err(e) => c.discard_payload(payload as usize).and(Err(e)),
+                };
+                match ticket {
+                    Ok(ticket) => landing.push_back(Landing {
+                        ticket,
+                        ack: (xfer, op, chunk),
+                        _lease: lease,
+                    }),
+                    Err(err) => {
+                        land(c, &stager, &mut landing, 0)?;
                         c.send(&Msg::OpErr {
                             xfer,
                             op,
@@ -218,13 +299,40 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
                     })?;
                     continue;
                 }
-                match reg.check_remote(region, key, offset, u64::from(len), false, lease_wait) {
-                    Ok(lease) => {
+                let staged = |lease: &Lease, stager: &mut Stager| -> Result<Option<Ticket>> {
+                    match lease.device() {
+                        Some(dev) => stager
+                            .queue_from_device(dev, offset, len as usize)
+                            .map(Some),
+                        None => Ok(None),
+                    }
+                };
+                let r = reg
+                    .check_remote(region, key, offset, u64::from(len), false, lease_wait)
+                    .and_then(|lease| Ok((staged(&lease, &mut stager)?, lease)));
+                match r {
+                    Ok((Some(t), _lease)) => match stager.bytes(t) {
+                        // SAFETY: `bytes` is the staged copy, `len` bytes of a live pinned slot.
+                        Ok(bytes) => unsafe {
+                            c.send_with_payload(
+                                &Msg::ReadData { xfer, op, chunk },
+                                bytes.as_ptr(),
+                                len,
+                            )?
+                        },
+                        Err(err) => c.send(&Msg::OpErr {
+                            xfer,
+                            op,
+                            chunk,
+                            err,
+                        })?,
+                    },
+                    Ok((None, lease)) => {
                         // SAFETY: the Source lease covers offset..offset+len (bounds-checked).
                         unsafe {
                             c.send_with_payload(
                                 &Msg::ReadData { xfer, op, chunk },
-                                lease.ptr_at(offset),
+                                lease.ptr_at(offset)?,
                                 len,
                             )?
                         };
@@ -325,19 +433,21 @@ fn serve_shm_loop(agent: &AgentInner, c: &mut Conn, bounce: &Mapping, from: &str
                     }))?;
                     continue;
                 }
-                match reg.check_remote(region, key, offset, len, write, wait) {
-                    Ok(lease) => {
-                        let (src, dst) = if write {
-                            (bounce.ptr() as *const u8, lease.ptr_at(offset))
-                        } else {
-                            (lease.ptr_at(offset) as *const u8, bounce.ptr())
-                        };
-                        // SAFETY: both spans are len bytes inside live mappings (bounce: len <=
-                        // bounce.len(); region: bounds-checked under the lease); they are distinct
-                        // allocations, so they do not overlap.
-                        unsafe { std::ptr::copy_nonoverlapping(src, dst, len as usize) };
-                        c.send(&Msg::Ok)?;
-                    }
+                let dir = if write {
+                    Dir::IntoRegion
+                } else {
+                    Dir::OutOfRegion
+                };
+                let r = reg
+                    .check_remote(region, key, offset, len, write, wait)
+                    .and_then(|lease| {
+                        // SAFETY: both spans are len bytes of live memory (bounce: len <=
+                        // bounce.len(); region: bounds-checked under the lease); they are
+                        // distinct allocations, so they do not overlap.
+                        unsafe { copy_span(&lease, offset, bounce.ptr(), len as usize, dir) }
+                    });
+                match r {
+                    Ok(()) => c.send(&Msg::Ok)?,
                     Err(e) => c.send(&Msg::Err(e))?,
                 }
             }

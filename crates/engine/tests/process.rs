@@ -391,6 +391,7 @@ fn dummy_desc() -> RegionDesc {
         access: Access::LOCAL,
         shareable: false,
         name: None,
+        ipc: None,
     }
 }
 

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use gdx_engine::wire::{decode_frame, encode, Hello, Msg, HEADER_LEN, MAX_BODY, MAX_PAYLOAD};
+use gdx_engine::wire::{self, decode_frame, encode, Hello, Msg, HEADER_LEN, MAX_BODY, MAX_PAYLOAD};
 use gdx_engine::{Access, Error, RegionKey};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -62,21 +62,23 @@ fn unknown_version_is_rejected() {
 
 #[test]
 fn oversize_body_is_rejected() {
-    expect_rejection(&header(1, 1, MAX_BODY + 1, 0), |e| {
+    expect_rejection(&header(wire::VERSION, 1, MAX_BODY + 1, 0), |e| {
         matches!(e, Error::FrameTooLarge { .. })
     });
 }
 
 #[test]
 fn oversize_payload_is_rejected() {
-    expect_rejection(&header(1, 9, 0, MAX_PAYLOAD + 1), |e| {
+    expect_rejection(&header(wire::VERSION, 9, 0, MAX_PAYLOAD + 1), |e| {
         matches!(e, Error::FrameTooLarge { .. })
     });
 }
 
 #[test]
 fn unknown_frame_type_is_rejected() {
-    expect_rejection(&header(1, 99, 0, 0), |e| *e == Error::UnknownFrame(99));
+    expect_rejection(&header(wire::VERSION, 99, 0, 0), |e| {
+        *e == Error::UnknownFrame(99)
+    });
 }
 
 #[test]

@@ -17,24 +17,35 @@ fn arb_desc() -> impl Strategy<Value = RegionDesc> {
         0u8..4,
         any::<bool>(),
         proptest::option::of("[a-z]{0,12}"),
+        proptest::option::of((any::<u32>(), any::<u64>(), any::<u64>(), "[0-9a-f]{0,128}")),
     )
-        .prop_map(|(id, key, len, loc, n, acc, shareable, name)| RegionDesc {
-            id,
-            key: RegionKey(key),
-            len,
-            location: match loc {
-                0 => Location::Host,
-                1 => Location::PinnedHost,
-                2 => Location::Gpu(n),
-                _ => Location::File,
+        .prop_map(
+            |(id, key, len, loc, n, acc, shareable, name, ipc)| RegionDesc {
+                id,
+                key: RegionKey(key),
+                len,
+                location: match loc {
+                    0 => Location::Host,
+                    1 => Location::PinnedHost,
+                    2 => Location::Gpu(n),
+                    _ => Location::File,
+                },
+                access: Access {
+                    remote_read: acc & 1 != 0,
+                    remote_write: acc & 2 != 0,
+                },
+                shareable,
+                name,
+                ipc: ipc.map(|(pid, region, len, handle)| gdx_engine::IpcDesc {
+                    host_id: format!("{region:032x}"),
+                    pid,
+                    region,
+                    pci_bus_id: "00000000:07:00.0".into(),
+                    len,
+                    handle,
+                }),
             },
-            access: Access {
-                remote_read: acc & 1 != 0,
-                remote_write: acc & 2 != 0,
-            },
-            shareable,
-            name,
-        })
+        )
 }
 
 fn arb_err() -> impl Strategy<Value = Error> {
@@ -271,9 +282,12 @@ proptest! {
 #[test]
 fn named_header_rejections() {
     let good = encode(&Msg::Ok, 0);
-    let mut f = good.clone();
-    f[2] = 2;
-    assert_eq!(decode_frame(&f), Err(Error::UnknownVersion(2)));
+    // Version 1 (before descriptors carried IPC handles) and the next, unknown one.
+    for v in [1, wire::VERSION + 1] {
+        let mut f = good.clone();
+        f[2] = v;
+        assert_eq!(decode_frame(&f), Err(Error::UnknownVersion(v)));
+    }
     let mut f = good.clone();
     f[3] = 200;
     assert_eq!(decode_frame(&f), Err(Error::UnknownFrame(200)));

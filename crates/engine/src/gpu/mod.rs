@@ -16,9 +16,11 @@
 mod exec;
 mod file;
 mod region;
+mod stage;
 
 pub use exec::{LocalTransfer, Ordering, StagedTuning};
 pub use region::{DeviceOrigin, DeviceRegion, IpcDesc, Mem, PinnedRegion};
+pub(crate) use stage::{copy_span, AgentGpu, Dir, Stager, Ticket, DEPTH};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};

@@ -8,6 +8,11 @@
 //! remote regions (`ShmStaged`, one `ShmStaged` request per bounce-sized chunk); `ShmEnd` releases the
 //! leases and carries the notification. Only the small control frames cross the socket.
 //!
+//! GPU regions: an op between a local GPU region and a remote one that carries a CUDA IPC handle
+//! takes the `ipc` path (the remote memory mapped once, copied GPU to GPU, between `ShmBegin` and
+//! `ShmEnd` so the target's leases cover it); otherwise GPU memory moves by the driver's pageable
+//! copies into the mapped region or the bounce buffer, on whichever side holds the GPU.
+//!
 //! Ops are confirmed by the `ShmEnd` reply: if the target dies, every op of the batch fails with
 //! `PeerLost` even if its copy into the (still mapped) memory had finished.
 
@@ -22,6 +27,7 @@ use std::time::Duration;
 
 use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
+use crate::gpu::{copy_span, Dir};
 use crate::mem::Mapping;
 use crate::plan::Path;
 use crate::region::LeaseKind;
@@ -202,10 +208,10 @@ impl Worker {
                     xfer.chunk_done(i, 0, Err(xfer.timeout_error()));
                     continue;
                 }
-                let r = if plans[i] == Path::Shm {
-                    self.copy_direct(xfer, i)
-                } else {
-                    self.copy_staged(xfer, i)
+                let r = match plans[i] {
+                    Path::Shm => self.copy_direct(xfer, i),
+                    Path::Ipc => self.copy_ipc(xfer, i),
+                    _ => self.copy_staged(xfer, i),
                 };
                 match r {
                     Ok(()) => done.push(i),
@@ -266,36 +272,55 @@ impl Worker {
         crate::region::check_bounds(op.remote_offset, op.len, m.len() as u64)?;
         // SAFETY: remote_offset + len <= m.len() (checked above).
         let remote = unsafe { m.ptr().add(op.remote_offset as usize) };
+        let (kind, dir) = match op.kind {
+            OpKind::Write if !writable => {
+                return Err(Error::ReadOnly {
+                    region: op.remote.id,
+                })
+            }
+            OpKind::Write => (LeaseKind::Source, Dir::OutOfRegion),
+            OpKind::Read => (LeaseKind::Sink, Dir::IntoRegion),
+        };
+        let lease = op.local.lease(kind, self.wait)?;
+        // SAFETY: the remote span is checked above, mapped (writable for a write) and leased by
+        // the target since ShmBegin; the local span was bounds-checked at submit and is held by
+        // the lease; distinct mappings do not overlap.
+        unsafe { copy_span(&lease, op.local_offset, remote, op.len as usize, dir) }
+    }
+
+    /// The `ipc` path: the remote GPU region mapped through its CUDA IPC handle (once per region,
+    /// cached by the local peer), copied GPU to GPU and waited for, while the target holds the
+    /// leases taken by `ShmBegin`.
+    fn copy_ipc(&mut self, xfer: &XferState, i: usize) -> Result<()> {
+        let op = &xfer.ops[i];
+        let dev = op.local.device().ok_or_else(|| {
+            Error::InvalidArgument("an ipc op needs a GPU region on this side".into())
+        })?;
+        let ipc = op.remote.ipc.as_ref().ok_or_else(|| {
+            Error::Unavailable(format!("remote region {} has no IPC handle", op.remote.id))
+        })?;
+        let remote = dev.peer.import_ipc(ipc)?;
+        let kind = match op.kind {
+            OpKind::Write => LeaseKind::Source,
+            OpKind::Read => LeaseKind::Sink,
+        };
+        let _lease = op.local.lease(kind, self.wait)?;
         match op.kind {
-            OpKind::Write => {
-                if !writable {
-                    return Err(Error::ReadOnly {
-                        region: op.remote.id,
-                    });
-                }
-                let lease = op.local.lease(LeaseKind::Source, self.wait)?;
-                // SAFETY: local span bounds-checked at submit and held by the lease; remote span
-                // checked above and mapped writable; distinct mappings do not overlap.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        lease.ptr_at(op.local_offset),
-                        remote,
-                        op.len as usize,
-                    )
-                };
-            }
-            OpKind::Read => {
-                let lease = op.local.lease(LeaseKind::Sink, self.wait)?;
-                // SAFETY: as above, in the other direction.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        remote,
-                        lease.ptr_at(op.local_offset),
-                        op.len as usize,
-                    )
-                };
-            }
-        }
+            OpKind::Write => dev.peer.copy_blocking(
+                &remote,
+                op.remote_offset,
+                &dev.region,
+                op.local_offset,
+                op.len,
+            )?,
+            OpKind::Read => dev.peer.copy_blocking(
+                &dev.region,
+                op.local_offset,
+                &remote,
+                op.remote_offset,
+                op.len,
+            )?,
+        };
         Ok(())
     }
 
@@ -313,10 +338,19 @@ impl Worker {
         let mut off = 0u64;
         while off < op.len {
             let len = (op.len - off).min(BOUNCE_BYTES as u64);
-            let local = lease.ptr_at(op.local_offset + off);
+            let local_off = op.local_offset + off;
             if write {
-                // SAFETY: len <= bounce size; local span within the leased, bounds-checked op span.
-                unsafe { std::ptr::copy_nonoverlapping(local, self.bounce.ptr(), len as usize) };
+                // SAFETY: len <= bounce size; the bounce buffer is this worker's own mapping; the
+                // local span lies within the leased, bounds-checked op span.
+                unsafe {
+                    copy_span(
+                        &lease,
+                        local_off,
+                        self.bounce.ptr(),
+                        len as usize,
+                        Dir::OutOfRegion,
+                    )?
+                };
             }
             let msg = Msg::ShmStaged {
                 xfer: xfer.id,
@@ -338,7 +372,15 @@ impl Worker {
             }
             if !write {
                 // SAFETY: as above, from the bounce buffer into the local span.
-                unsafe { std::ptr::copy_nonoverlapping(self.bounce.ptr(), local, len as usize) };
+                unsafe {
+                    copy_span(
+                        &lease,
+                        local_off,
+                        self.bounce.ptr(),
+                        len as usize,
+                        Dir::IntoRegion,
+                    )?
+                };
             }
             off += len;
         }

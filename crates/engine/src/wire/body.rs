@@ -142,6 +142,18 @@ pub(crate) fn put_desc(o: &mut Vec<u8>, d: &RegionDesc) {
     o.push(d.access.bits());
     o.push(u8::from(d.shareable));
     put_opt_str(o, &d.name);
+    match &d.ipc {
+        None => o.push(0),
+        Some(i) => {
+            o.push(1);
+            put_str(o, &i.host_id);
+            put_u32(o, i.pid);
+            put_u64(o, i.region);
+            put_str(o, &i.pci_bus_id);
+            put_u64(o, i.len);
+            put_str(o, &i.handle);
+        }
+    }
 }
 
 pub(crate) fn get_desc(r: &mut Reader<'_>) -> Result<RegionDesc> {
@@ -158,6 +170,18 @@ pub(crate) fn get_desc(r: &mut Reader<'_>) -> Result<RegionDesc> {
     let access = Access::from_bits(bits);
     let shareable = r.bool()?;
     let name = r.opt_string()?;
+    let ipc = if r.bool()? {
+        Some(crate::gpu::IpcDesc {
+            host_id: r.string()?,
+            pid: r.u32()?,
+            region: r.u64()?,
+            pci_bus_id: r.string()?,
+            len: r.u64()?,
+            handle: r.string()?,
+        })
+    } else {
+        None
+    };
     Ok(RegionDesc {
         id,
         key,
@@ -166,6 +190,7 @@ pub(crate) fn get_desc(r: &mut Reader<'_>) -> Result<RegionDesc> {
         access,
         shareable,
         name,
+        ipc,
     })
 }
 

@@ -11,7 +11,7 @@ use crate::region::{RegionDesc, RegionKey};
 /// First two bytes of every frame: `"GX"`.
 pub const MAGIC: u16 = 0x4758;
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Size of the fixed frame header.
 pub const HEADER_LEN: usize = 16;
 /// Largest frame body accepted (1 MiB).

@@ -6,7 +6,9 @@
 //! `CUevent`) are opaque pointers and `CUdeviceptr` is a `u64`.
 //!
 //! Required symbols exist in every driver since CUDA 11.0; symbols added later
-//! (the memory-pool calls 11.2, `cuMemGetHandleForAddressRange` 11.7, `cuEventElapsedTime_v2` 12.8) are optional.
+//! (the memory-pool calls 11.2, `cuMemGetHandleForAddressRange` 11.7, `cuEventElapsedTime_v2`
+//! 12.8) are optional, and so are the virtual memory management calls (`cuMemCreate` and its
+//! kin, CUDA 10.2, used by `vmm`), so that a driver without them loses only that feature.
 
 use crate::loader::fn_table;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
@@ -77,6 +79,48 @@ pub(crate) const POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int =
 /// `CU_POINTER_ATTRIBUTE_RANGE_SIZE`.
 pub(crate) const POINTER_ATTRIBUTE_RANGE_SIZE: c_int =
     cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE as c_int;
+
+/// `CUmemGenericAllocationHandle`: a VMM allocation handle (`unsigned long long`).
+pub(crate) type CuMemGenericAllocationHandle = c_ulonglong;
+
+/// `CUmemAllocationProp::allocFlags`: the anonymous struct of allocation flags.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CuMemAllocFlags {
+    /// `compressionType` (`CU_MEM_ALLOCATION_COMP_NONE` = 0).
+    pub(crate) compression_type: u8,
+    /// `gpuDirectRDMACapable`: 1 to make the allocation usable for GPUDirect RDMA.
+    pub(crate) gpu_direct_rdma_capable: u8,
+    /// `usage` (`CU_MEM_CREATE_USAGE_*` bits; 0 for none).
+    pub(crate) usage: u16,
+    /// `reserved`, must be zero.
+    pub(crate) reserved: [u8; 4],
+}
+
+/// `CUmemAllocationProp` (`CUmemAllocationProp_v1`): what `cuMemCreate` allocates.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CuMemAllocationProp {
+    /// `type` (`CUmemAllocationType`).
+    pub(crate) kind: c_int,
+    /// `requestedHandleTypes` (`CUmemAllocationHandleType` bits).
+    pub(crate) requested_handle_types: c_int,
+    /// `location`.
+    pub(crate) location: CuMemLocation,
+    /// `win32HandleMetaData`: null on Linux.
+    pub(crate) win32_handle_meta_data: *mut c_void,
+    /// `allocFlags`.
+    pub(crate) alloc_flags: CuMemAllocFlags,
+}
+
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`: device memory that is never migrated.
+pub(crate) const MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: a shareable handle that is a file descriptor.
+pub(crate) const MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
+/// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`: the granularity `cuMemCreate` requires.
+pub(crate) const MEM_ALLOC_GRANULARITY_MINIMUM: c_int = 0;
+/// `CU_MEM_ALLOC_GRANULARITY_RECOMMENDED`: the granularity for best performance.
+pub(crate) const MEM_ALLOC_GRANULARITY_RECOMMENDED: c_int = 1;
 
 /// `CUuuid`: 16 bytes.
 #[repr(C)]
@@ -182,5 +226,17 @@ fn_table! {
         cuMemPoolSetAccess: fn(CuMemPool, *const CuMemAccessDesc, usize) -> CuResult;
         cuMemPoolGetAccess: fn(*mut c_int, CuMemPool, *mut CuMemLocation) -> CuResult;
         cuMemAllocFromPoolAsync: fn(*mut CuDevicePtr, usize, CuMemPool, CuStream) -> CuResult;
+        // CUDA 10.2: virtual memory management (allocation handles, address ranges, mappings,
+        // shareable handles).
+        cuMemGetAllocationGranularity: fn(*mut usize, *const CuMemAllocationProp, c_int) -> CuResult;
+        cuMemCreate: fn(*mut CuMemGenericAllocationHandle, usize, *const CuMemAllocationProp, c_ulonglong) -> CuResult;
+        cuMemRelease: fn(CuMemGenericAllocationHandle) -> CuResult;
+        cuMemAddressReserve: fn(*mut CuDevicePtr, usize, usize, CuDevicePtr, c_ulonglong) -> CuResult;
+        cuMemAddressFree: fn(CuDevicePtr, usize) -> CuResult;
+        cuMemMap: fn(CuDevicePtr, usize, usize, CuMemGenericAllocationHandle, c_ulonglong) -> CuResult;
+        cuMemUnmap: fn(CuDevicePtr, usize) -> CuResult;
+        cuMemSetAccess: fn(CuDevicePtr, usize, *const CuMemAccessDesc, usize) -> CuResult;
+        cuMemExportToShareableHandle: fn(*mut c_void, CuMemGenericAllocationHandle, c_int, c_ulonglong) -> CuResult;
+        cuMemImportFromShareableHandle: fn(*mut CuMemGenericAllocationHandle, *mut c_void, c_int) -> CuResult;
     }
 }

@@ -118,6 +118,12 @@ impl Context {
     /// `cuCtxSetCurrent` when another one is current). Also reports a recorded release failure.
     pub fn make_current(&self) -> Result<(), CudaError> {
         self.check_err()?;
+        self.bind()
+    }
+
+    /// Make this context current on the calling thread, like [`Context::make_current`], but
+    /// leave a recorded release failure for a later check (for destructors).
+    pub(crate) fn bind(&self) -> Result<(), CudaError> {
         let mut current: CuContext = std::ptr::null_mut();
         // SAFETY: `current` is a valid out-pointer.
         let status = unsafe { (self.api().cuCtxGetCurrent)(&mut current) };

@@ -14,11 +14,14 @@ use std::fmt;
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// A CUDA event (`CUevent`) of one context.
+/// A CUDA event (`CUevent`) of one context: created here (destroyed when dropped), or borrowed
+/// from another framework ([`Event::from_raw`], never destroyed here).
 pub struct Event {
     ctx: Context,
     raw: CuEvent,
     timing: bool,
+    /// Whether dropping the value destroys the handle.
+    owned: bool,
 }
 
 // SAFETY: event handles may be used from any thread; the driver serialises access to them.
@@ -31,6 +34,7 @@ impl fmt::Debug for Event {
         f.debug_struct("Event")
             .field("gpu", &self.ctx.ordinal())
             .field("timing", &self.timing)
+            .field("owned", &self.owned)
             .finish()
     }
 }
@@ -61,7 +65,33 @@ impl Event {
             ctx: ctx.clone(),
             raw,
             timing,
+            owned: true,
         })
+    }
+
+    /// Borrow a `CUevent` another framework created (e.g. the handle of a PyTorch
+    /// `torch.cuda.Event`). Every method works on it as on an owned event; dropping the value
+    /// leaves the event alone (no `cuEventDestroy_v2`). Whether it records timestamps is not
+    /// known here: [`Event::elapsed`] leaves that to the driver, which refuses an event created
+    /// with `CU_EVENT_DISABLE_TIMING`.
+    ///
+    /// # Safety
+    ///
+    /// - `raw` is a live event created in `ctx`'s context (for PyTorch: on `ctx`'s GPU, whose
+    ///   primary context PyTorch uses).
+    /// - The event stays alive (not destroyed by its owner) for as long as the returned value.
+    pub unsafe fn from_raw(ctx: &Context, raw: *mut std::ffi::c_void) -> Event {
+        Event {
+            ctx: ctx.clone(),
+            raw,
+            timing: true,
+            owned: false,
+        }
+    }
+
+    /// Whether dropping the value destroys the event (false for [`Event::from_raw`]).
+    pub fn is_owned(&self) -> bool {
+        self.owned
     }
 
     /// The context the event belongs to.
@@ -87,6 +117,7 @@ impl Event {
                 ),
             });
         }
+        stream.enter()?;
         // SAFETY: both handles are live and of the same context.
         let status = unsafe { (self.ctx.api().cuEventRecord)(self.raw, stream.raw()) };
         self.ctx.check(status, "cuEventRecord")
@@ -124,6 +155,9 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: this value owns the handle; destroying an event whose work is pending is
         // allowed (the driver releases it once the work completes).
         let status = unsafe { (self.ctx.api().cuEventDestroy_v2)(self.raw) };
@@ -143,7 +177,8 @@ pub struct Pending {
 /// The marker event and the stream it was last recorded on.
 struct Last {
     event: Event,
-    stream: usize,
+    /// [`Stream::key`] of the stream.
+    stream: (usize, usize),
 }
 
 impl fmt::Debug for Pending {
@@ -161,7 +196,7 @@ impl Pending {
     /// itself: a stream runs its work in order.
     pub(crate) fn order_before(&self, stream: &Stream) -> Result<(), CudaError> {
         if let Some(last) = self.lock().as_ref() {
-            if last.stream != stream.raw() as usize {
+            if last.stream != stream.key() {
                 stream.wait_event(&last.event)?;
             }
         }
@@ -175,12 +210,12 @@ impl Pending {
         if !reuse {
             *last = Some(Last {
                 event: Event::without_timing(stream.context())?,
-                stream: 0,
+                stream: (0, 0),
             });
         }
         match last.as_mut() {
             Some(l) => {
-                l.stream = stream.raw() as usize;
+                l.stream = stream.key();
                 l.event.record(stream)
             }
             None => Ok(()),
@@ -192,7 +227,7 @@ impl Pending {
     /// again.
     pub(crate) fn completed_on(&self, stream: &Stream) {
         if let Some(l) = self.lock().as_mut() {
-            l.stream = stream.raw() as usize;
+            l.stream = stream.key();
         }
     }
 

@@ -1,6 +1,7 @@
-//! Owned memory: [`DeviceBuffer`] (`cuMemAlloc_v2`), [`PinnedHostBuffer`] (`cuMemHostAlloc`,
-//! portable), [`RegisteredHost`] (`cuMemHostRegister_v2` over caller memory), [`DmaBuf`]
-//! (`cuMemGetHandleForAddressRange`), and pointer queries (`cuPointerGetAttribute`).
+//! Owned memory: [`DeviceBuffer`] (`cuMemAlloc_v2`; VMM allocations are in `vmm`),
+//! [`PinnedHostBuffer`] (`cuMemHostAlloc`, portable), [`RegisteredHost`]
+//! (`cuMemHostRegister_v2` over caller memory), [`DmaBuf`] (`cuMemGetHandleForAddressRange`),
+//! and pointer queries (`cuPointerGetAttribute`).
 //!
 //! Device memory never comes from the stream-ordered pool (`cuMemAllocAsync`): pool memory
 //! needs `cuMemPoolSetAccess` for peer access, and without it peer copies silently take a slow
@@ -15,7 +16,7 @@
 
 use super::api::{self, CuDevicePtr};
 use super::event::Pending;
-use super::{Context, Cuda, CudaError};
+use super::{mapping, Context, Cuda, CudaError};
 use std::ffi::{c_int, c_uint, c_void};
 use std::fmt;
 use std::marker::PhantomData;
@@ -24,8 +25,9 @@ use std::ptr::NonNull;
 
 /// Device memory of one GPU: allocated here (`cuMemAlloc_v2`, freed with `cuMemFree_v2`), taken
 /// from the device's stream-ordered pool ([`DeviceBuffer::from_pool`]), imported from another
-/// process ([`DeviceBuffer::open_ipc`], closed with `cuIpcCloseMemHandle`), or borrowed from a
-/// caller ([`DeviceBuffer::from_raw_parts`], never freed here).
+/// process ([`DeviceBuffer::open_ipc`], closed with `cuIpcCloseMemHandle`), a VMM allocation
+/// shareable as a file descriptor ([`DeviceBuffer::new_shareable`], [`DeviceBuffer::import_fd`]),
+/// or borrowed from a caller ([`DeviceBuffer::from_raw_parts`], never freed here).
 pub struct DeviceBuffer {
     pub(crate) ctx: Context,
     pub(crate) ptr: CuDevicePtr,
@@ -43,6 +45,14 @@ pub(crate) enum Release {
     IpcClose,
     /// Nothing: the caller owns the memory.
     Borrowed,
+    /// A VMM mapping (see `vmm`): `cuMemUnmap` and `cuMemAddressFree` of the `reserved_len`
+    /// bytes at the pointer, then `cuMemRelease` of `handle`.
+    Vmm {
+        /// The allocation handle (`cuMemCreate` or `cuMemImportFromShareableHandle`).
+        handle: api::CuMemGenericAllocationHandle,
+        /// Bytes reserved and mapped at the pointer: the whole allocation.
+        reserved_len: usize,
+    },
 }
 
 impl fmt::Debug for DeviceBuffer {
@@ -55,7 +65,7 @@ impl fmt::Debug for DeviceBuffer {
     }
 }
 
-fn refuse_empty(call: &'static str, len: usize) -> Result<(), CudaError> {
+pub(crate) fn refuse_empty(call: &'static str, len: usize) -> Result<(), CudaError> {
     if len == 0 {
         return Err(CudaError::InvalidArgument {
             call,
@@ -185,6 +195,19 @@ impl Drop for DeviceBuffer {
                 unsafe { (self.ctx.api().cuIpcCloseMemHandle)(self.ptr) },
                 "cuIpcCloseMemHandle",
             ),
+            Release::Vmm {
+                handle,
+                reserved_len,
+            } => {
+                // SAFETY: this value mapped `reserved_len` bytes at `ptr` and owns one
+                // reference to `handle`; no queued work uses the mapping any more.
+                let r =
+                    unsafe { mapping::release(&self.ctx, self.ptr, reserved_len, true, handle) };
+                if let Err(e) = r {
+                    self.ctx.record_err(e);
+                }
+                return;
+            }
         };
         if let Err(e) = self.ctx.check(status, call) {
             self.ctx.record_err(e);

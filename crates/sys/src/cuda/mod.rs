@@ -11,7 +11,9 @@
 //! [`PinnedHostBuffer`], [`RegisteredHost`], [`DmaBuf`]), `stream` ([`Stream`], [`Hold`]),
 //! `event` ([`Event`] and the buffers' last-use markers), `copy` (the [`Stream`] copy methods),
 //! `endpoint` (copies between any two ends: [`Src`], [`Dst`]), `share` (pool memory, IPC
-//! handles, caller pointers: [`MemPool`], [`IpcHandle`])
+//! handles, caller pointers: [`MemPool`], [`IpcHandle`]), `vmm` (virtual-memory-management
+//! allocations shareable as a file descriptor: [`DeviceBuffer::new_shareable`],
+//! [`DeviceBuffer::export_fd`], [`DeviceBuffer::import_fd`])
 //! and [`probe`] ([`probe::timed_copy`]). Device memory comes from `cuMemAlloc_v2`, not the
 //! stream-ordered pool (`cuMemAllocAsync`): pool memory needs `cuMemPoolSetAccess` for peer
 //! access, and without it peer copies fall back to a slow path silently (37.7 vs 395.5 GB/s
@@ -44,10 +46,12 @@ mod device;
 mod endpoint;
 mod error;
 mod event;
+mod mapping;
 mod memory;
 pub mod probe;
 mod share;
 mod stream;
+mod vmm;
 
 pub use context::{Context, CurrentGuard};
 pub use device::{Attribute, ComputeCapability, Device, DeviceInfo};

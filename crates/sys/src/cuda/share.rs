@@ -255,13 +255,21 @@ impl DeviceBuffer {
     }
 
     /// The legacy IPC handle of this allocation (`cuIpcGetMemHandle`). The buffer must be a
-    /// whole `cuMemAlloc_v2` allocation: pool and VMM memory need other handle types, and a
-    /// handle names the allocation's start, so a sub-range would be opened at the wrong place.
+    /// whole `cuMemAlloc_v2` allocation: pool and VMM memory need other handle types (a VMM
+    /// buffer is refused here: see [`DeviceBuffer::export_fd`]), and a handle names the
+    /// allocation's start, so a sub-range would be opened at the wrong place.
     pub fn ipc_handle(&self) -> Result<IpcHandle, CudaError> {
         if self.release == Release::IpcClose {
             return Err(CudaError::InvalidArgument {
                 call: "cuIpcGetMemHandle",
                 reason: "the buffer is itself an IPC import".to_string(),
+            });
+        }
+        if self.is_shareable_vmm() {
+            return Err(CudaError::InvalidArgument {
+                call: "cuIpcGetMemHandle",
+                reason: "the buffer is a VMM allocation: export it with DeviceBuffer::export_fd"
+                    .to_string(),
             });
         }
         self.ctx.make_current()?;

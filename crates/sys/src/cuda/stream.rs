@@ -13,10 +13,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A CUDA stream (`cuStreamCreate` with `CU_STREAM_NON_BLOCKING`).
+/// A CUDA stream: created here (`cuStreamCreate` with `CU_STREAM_NON_BLOCKING`, destroyed when
+/// dropped), or borrowed from another framework ([`Stream::from_raw`], never destroyed here).
 pub struct Stream {
     ctx: Context,
     raw: CuStream,
+    /// Whether dropping the value destroys the handle.
+    owned: bool,
 }
 
 // SAFETY: stream handles may be used from any thread; the driver serialises work submission.
@@ -29,6 +32,7 @@ impl fmt::Debug for Stream {
         f.debug_struct("Stream")
             .field("gpu", &self.ctx.ordinal())
             .field("raw", &self.raw)
+            .field("owned", &self.owned)
             .finish()
     }
 }
@@ -44,7 +48,34 @@ impl Stream {
         Ok(Stream {
             ctx: ctx.clone(),
             raw,
+            owned: true,
         })
+    }
+
+    /// Borrow a `CUstream` another framework created (e.g. PyTorch's
+    /// `torch.cuda.current_stream().cuda_stream`). Every method works on it as on an owned
+    /// stream; dropping the value leaves the stream alone (no `cuStreamDestroy_v2`).
+    ///
+    /// # Safety
+    ///
+    /// - `raw` is a stream of `ctx`'s context (for PyTorch: of `ctx`'s GPU, whose primary
+    ///   context PyTorch uses), or null, the context's legacy default stream.
+    /// - It is not `CU_STREAM_PER_THREAD` (its meaning changes with the calling thread, so
+    ///   buffers could not tell its uses apart).
+    /// - The stream stays alive (not destroyed by its owner) for as long as the returned
+    ///   value. Buffers used on it need only the context afterwards: they wait for events
+    ///   recorded on the stream, not for the stream.
+    pub unsafe fn from_raw(ctx: &Context, raw: *mut c_void) -> Stream {
+        Stream {
+            ctx: ctx.clone(),
+            raw,
+            owned: false,
+        }
+    }
+
+    /// Whether dropping the value destroys the stream (false for [`Stream::from_raw`]).
+    pub fn is_owned(&self) -> bool {
+        self.owned
     }
 
     /// The context the stream belongs to.
@@ -61,9 +92,27 @@ impl Stream {
         self.raw
     }
 
+    /// What tells this stream's uses apart from other streams' (for buffers' last-use
+    /// markers): the context and the handle, since a null handle names the default stream of
+    /// whichever context is current.
+    pub(crate) fn key(&self) -> (usize, usize) {
+        (self.ctx.as_raw() as usize, self.raw as usize)
+    }
+
+    /// Make the stream's context current when the handle is one of the special ones (null,
+    /// `CU_STREAM_LEGACY`), which the driver resolves against the current context. Real
+    /// handles carry their context.
+    pub(crate) fn enter(&self) -> Result<(), CudaError> {
+        if (self.raw as usize) <= CU_STREAM_LEGACY {
+            self.ctx.make_current()?;
+        }
+        Ok(())
+    }
+
     /// Wait on the host until all work queued on the stream is done (`cuStreamSynchronize`).
     pub fn synchronize(&self) -> Result<(), CudaError> {
-        // SAFETY: the handle is live.
+        self.enter()?;
+        // SAFETY: the handle is live (or the current context's default stream).
         let status = unsafe { (self.ctx.api().cuStreamSynchronize)(self.raw) };
         self.ctx.check(status, "cuStreamSynchronize")
     }
@@ -71,6 +120,7 @@ impl Stream {
     /// Make work queued later on this stream wait for `event` (`cuStreamWaitEvent`); the
     /// event may belong to another context.
     pub fn wait_event(&self, event: &Event) -> Result<(), CudaError> {
+        self.enter()?;
         // SAFETY: both handles are live; flags must be 0.
         let status = unsafe { (self.ctx.api().cuStreamWaitEvent)(self.raw, event.as_raw(), 0) };
         self.ctx.check(status, "cuStreamWaitEvent")
@@ -90,6 +140,7 @@ impl Stream {
                 call: "cuLaunchHostFunc",
             });
         };
+        self.enter()?;
         let flag = Arc::new(AtomicBool::new(false));
         let data = Arc::into_raw(Arc::clone(&flag)) as *mut c_void;
         // SAFETY: `wait_for_release` takes back the Arc reference passed as `data` exactly
@@ -107,6 +158,9 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: this value owns the handle. Destroying a stream with queued work is allowed:
         // the call returns at once and the driver frees the stream once the work is done.
         let status = unsafe { (self.ctx.api().cuStreamDestroy_v2)(self.raw) };
@@ -115,6 +169,10 @@ impl Drop for Stream {
         }
     }
 }
+
+/// `CU_STREAM_LEGACY`, the largest of the special stream handles that name a context's default
+/// stream (null is the other one gdx accepts).
+const CU_STREAM_LEGACY: usize = 0x1;
 
 /// The longest a [`Hold`] blocks its stream, so a forgotten hold cannot block it for ever.
 pub const HOLD_LIMIT: Duration = Duration::from_secs(10);
