@@ -316,7 +316,7 @@ impl Agent {
         name: Option<&str>,
     ) -> Result<Region<'static>> {
         let ipc = match region.origin() {
-            DeviceOrigin::Allocated => Some(gpu.export_ipc(region)?),
+            DeviceOrigin::Allocated | DeviceOrigin::Shareable => Some(gpu.export_ipc(region)?),
             other => {
                 log::info!(
                     "GPU region {} ({other:?}) has no legacy IPC handle: same-host peers stage it",

@@ -492,10 +492,16 @@ fn map_fd_for(
     if !r.access.remote_read && !r.access.remote_write {
         return Err(Error::NotReadable { region: id });
     }
+    let writable = r.access.remote_write;
+    if let Some(dev) = r.device() {
+        // A VMM GPU region: its POSIX fd, for the peer to map (the access rights are enforced
+        // by the leases of ShmBegin, which every ipc op goes through).
+        let fd = dev.peer.export_fd(&dev.region)?;
+        return Ok((fd, r.len, writable));
+    }
     let fd = r
         .fd()
         .ok_or_else(|| Error::Unavailable(format!("region {id} is not shareable")))?;
-    let writable = r.access.remote_write;
     let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).unwrap_or_default();
     let flags = if writable {
         libc::O_RDWR

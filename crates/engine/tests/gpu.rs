@@ -373,3 +373,100 @@ fn ipc_across_two_processes() {
     assert_eq!(sum, data.iter().map(|&b| u64::from(b)).sum::<u64>());
     assert!(child.wait().unwrap().success());
 }
+
+#[test]
+fn shareable_vmm_memory_copies_p2p_and_exports_a_posix_fd() {
+    let Some(peer) = open(Policy::default(), 1, "vmm") else {
+        return;
+    };
+    let len = (8 << 20) + 3;
+    let vmm = match peer.alloc_device_shareable(0, len) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("skipped vmm: this GPU/driver cannot make fd-shareable memory: {e}");
+            return;
+        }
+    };
+    assert_eq!(vmm.origin(), &DeviceOrigin::Shareable);
+    let other = peer.alloc_device(peer.gpu_count() - 1, len).unwrap();
+    let path = check_copy(&peer, &other, Mem::Gpu(&vmm), len - 9, 4, 5, false);
+    if peer.gpu_count() > 1 {
+        assert_eq!(
+            path,
+            Path::P2p,
+            "VMM memory is granted access to the other GPU"
+        );
+    }
+    let path = check_copy(&peer, &vmm, Mem::Gpu(&other), len - 9, 5, 4, true);
+    if peer.gpu_count() > 1 {
+        assert_eq!(path, Path::P2p);
+    }
+    let desc = peer.export_ipc(&vmm).unwrap();
+    assert!(desc.handle.is_empty() && desc.posix_fd_alloc_len.is_some());
+    assert!(desc.posix_fd_alloc_len.unwrap() >= len);
+    match peer.import_ipc(&desc) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("import_fd"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let fd = peer.export_fd(&vmm).unwrap();
+    // Legacy memory has no fd to give.
+    assert!(peer.export_fd(&other).is_err());
+    drop(fd);
+}
+
+/// A framework's stream and events (PyTorch's `cuda_stream` is a raw `CUstream`): borrowed
+/// with `from_raw`, used for ordering, and left alive when the borrowed values drop.
+#[test]
+fn stream_ordering_with_borrowed_raw_handles() {
+    let Some(peer) = open(Policy::default(), 1, "raw ordering") else {
+        return;
+    };
+    let dst_gpu = peer.gpu_count() - 1;
+    let len = (4 << 20) + 1;
+    let src = peer.alloc_device(0, len).unwrap();
+    let dst = peer.alloc_device(dst_gpu, len).unwrap();
+    let data = random(len as usize, 8);
+    peer.upload(&src, 0, &data).unwrap();
+    peer.upload(&dst, 0, &vec![POISON; len as usize]).unwrap();
+    let ctx0 = peer.context(0).unwrap();
+    let ctx_dst = peer.context(dst_gpu).unwrap();
+    // The "framework" owns these; gdx only borrows their raw handles.
+    let owned_stream = Stream::new(&ctx0).unwrap();
+    let owned_before = Event::without_timing(&ctx0).unwrap();
+    let owned_signal = Event::without_timing(&ctx_dst).unwrap();
+    owned_before.record(&owned_stream).unwrap();
+    {
+        // SAFETY: the handles belong to these contexts and outlive the borrowed values.
+        let (stream, before, signal) = unsafe {
+            (
+                Stream::from_raw(&ctx0, owned_stream.as_raw()),
+                Event::from_raw(&ctx0, owned_before.as_raw()),
+                Event::from_raw(&ctx_dst, owned_signal.as_raw()),
+            )
+        };
+        assert!(!stream.is_owned() && !before.is_owned());
+        let t = peer
+            .transfer_with(
+                &dst,
+                0,
+                &src,
+                0,
+                len,
+                Ordering {
+                    after: Some(&before),
+                    stream: Some(&stream),
+                    signal: Some(&signal),
+                },
+            )
+            .unwrap();
+        signal.synchronize().unwrap();
+        t.wait().unwrap();
+    }
+    // The framework's handles still work after the borrowed values dropped.
+    owned_signal.synchronize().unwrap();
+    owned_before.record(&owned_stream).unwrap();
+    owned_stream.synchronize().unwrap();
+    let mut out = vec![0u8; len as usize];
+    peer.download(&dst, 0, &mut out).unwrap();
+    assert!(out == data);
+}

@@ -294,7 +294,12 @@ fn gpu_peer_child() {
     }
     let lp = LocalPeer::open(Policy::default(), Default::default()).unwrap();
     let len: u64 = std::env::var("GDX_GPU_PEER_LEN").unwrap().parse().unwrap();
-    let r = lp.alloc_device(lp.gpu_count() - 1, len).unwrap();
+    let gpu = lp.gpu_count() - 1;
+    let r = if std::env::var("GDX_GPU_PEER_VMM").is_ok() {
+        lp.alloc_device_shareable(gpu, len).unwrap()
+    } else {
+        lp.alloc_device(gpu, len).unwrap()
+    };
     lp.upload(&r, 0, &random_vec(len as usize, 42)).unwrap();
     let agent = agent("child", true);
     let _served = agent
@@ -322,12 +327,29 @@ fn child_line(lines: &mut impl Iterator<Item = std::io::Result<String>>, prefix:
 
 #[test]
 fn ipc_through_a_peer_and_tcp_staged_across_two_processes() {
+    two_processes(false);
+}
+
+#[test]
+fn vmm_memory_shared_as_a_posix_fd_through_a_peer() {
+    two_processes(true);
+}
+
+fn two_processes(vmm: bool) {
     use std::io::{BufRead, Write};
-    let Some(lp) = open("ipc_through_a_peer") else {
+    let Some(lp) = open(if vmm {
+        "vmm_through_a_peer"
+    } else {
+        "ipc_through_a_peer"
+    }) else {
         return;
     };
     let len: u64 = (64 << 20) + 3;
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    if vmm {
+        cmd.env("GDX_GPU_PEER_VMM", "1");
+    }
+    let mut child = cmd
         .args([
             "--exact",
             "gpu_peer_child",
@@ -353,6 +375,9 @@ fn ipc_through_a_peer_and_tcp_staged_across_two_processes() {
     let desc = peer.region("gpu").unwrap();
     let ipc = desc.ipc.clone().expect("an IPC handle in the descriptor");
     assert_ne!(ipc.pid, std::process::id());
+    // A VMM region says "ask for my fd"; a cuMemAlloc one carries the legacy handle.
+    assert_eq!(ipc.posix_fd_alloc_len.is_some(), vmm, "{ipc:?}");
+    assert_eq!(ipc.handle.is_empty(), vmm);
 
     // ipc read: the child's GPU bytes straight into ours.
     lp.upload(&local_dev, 0, &vec![POISON; len as usize])

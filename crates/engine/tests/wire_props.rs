@@ -42,6 +42,7 @@ fn arb_desc() -> impl Strategy<Value = RegionDesc> {
                     region,
                     pci_bus_id: "00000000:07:00.0".into(),
                     len,
+                    posix_fd_alloc_len: handle.is_empty().then_some(len | 0xfff),
                     handle,
                 }),
             },

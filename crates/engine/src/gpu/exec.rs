@@ -24,6 +24,11 @@ use crate::region::check_bounds;
 /// Stream ordering for [`LocalPeer::transfer_with`] (GPUDirect Async): the copy can wait for a
 /// caller's event, be ordered inside a caller's stream (it starts after the work queued there
 /// so far, and work queued there later starts after it), and record a caller's event when done.
+///
+/// Another framework's handles (PyTorch's `torch.cuda.current_stream().cuda_stream`, a raw
+/// `CUstream`, or a `CUevent`) are borrowed with `gdx_sys::cuda::Stream::from_raw` /
+/// `Event::from_raw` (the one `unsafe` step: gdx cannot check that a raw handle is live) and
+/// are never destroyed by gdx.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Ordering<'a> {
     /// Start only after this event (`cuStreamWaitEvent`); any GPU's event.

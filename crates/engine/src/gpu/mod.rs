@@ -16,6 +16,7 @@
 mod exec;
 mod file;
 mod region;
+mod share;
 mod stage;
 
 pub use exec::{LocalTransfer, Ordering, StagedTuning};
@@ -358,79 +359,6 @@ impl LocalPeer {
                 buf: Mutex::new(buf),
             }),
         })
-    }
-
-    /// Describe `region` for another process on this host (`cuIpcGetMemHandle`). Only regions
-    /// gdx allocated ([`LocalPeer::alloc_device`]) can be exported.
-    pub fn export_ipc(&self, region: &DeviceRegion) -> Result<IpcDesc> {
-        if region.inner.origin != DeviceOrigin::Allocated {
-            return Err(Error::InvalidArgument(format!(
-                "region {} ({:?}) cannot be exported: legacy IPC needs a whole cuMemAlloc allocation",
-                region.id(),
-                region.inner.origin
-            )));
-        }
-        let handle = region.inner.lock().ipc_handle()?;
-        Ok(IpcDesc {
-            host_id: format!("{:032x}", crate::config::boot_host_id()),
-            pid: std::process::id(),
-            region: region.id(),
-            pci_bus_id: self.shared.cuda.device(region.gpu())?.pci_bus_id()?,
-            len: region.len(),
-            handle: region::handle_to_hex(&handle),
-        })
-    }
-
-    /// Map a region another process exported ([`LocalPeer::export_ipc`]): once per exported
-    /// region (later imports return the same mapping while one is alive); unmapped when the last
-    /// clone is dropped. Copies to and from it plan as `ipc`, GPU to GPU with no host copy.
-    pub fn import_ipc(&self, desc: &IpcDesc) -> Result<DeviceRegion> {
-        let here = format!("{:032x}", crate::config::boot_host_id());
-        if desc.host_id != here {
-            return Err(Error::Unavailable(format!(
-                "ipc needs one host: the region is on host {} and this is {here}",
-                desc.host_id
-            )));
-        }
-        let key = (desc.pid, desc.region);
-        let mut imports = self
-            .shared
-            .imports
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(inner) = imports.get(&key).and_then(Weak::upgrade) {
-            return Ok(DeviceRegion { inner });
-        }
-        let gpu = (0..self.shared.count)
-            .find(|&o| {
-                self.shared
-                    .cuda
-                    .device(o)
-                    .and_then(|d| d.pci_bus_id())
-                    .is_ok_and(|b| b.eq_ignore_ascii_case(&desc.pci_bus_id))
-            })
-            .ok_or_else(|| {
-                Error::Unavailable(format!(
-                    "GPU {} is not visible to this process",
-                    desc.pci_bus_id
-                ))
-            })?;
-        let g = self.gpu(gpu)?;
-        let handle = region::handle_from_hex(&desc.handle)?;
-        let buf = DeviceBuffer::open_ipc(&g.ctx, &handle, to_usize(desc.len)?)?;
-        let r = self.device_region(
-            gpu,
-            desc.len,
-            DeviceOrigin::Imported {
-                pid: desc.pid,
-                region: desc.region,
-            },
-            BTreeMap::new(),
-            buf,
-        );
-        imports.retain(|_, w| w.strong_count() > 0);
-        imports.insert(key, Arc::downgrade(&r.inner));
-        Ok(r)
     }
 
     /// The plan for copying `len` bytes from `src` to `dst`, or the strict-mode error.

@@ -31,6 +31,8 @@ pub enum DeviceOrigin {
     Foreign,
     /// Stream-ordered pool memory (`cuMemAllocAsync`), the caller's or gdx's.
     Pool,
+    /// A VMM allocation made by gdx (`cuMemCreate`), shareable as a POSIX file descriptor.
+    Shareable,
     /// Mapped from another process through CUDA IPC.
     Imported {
         /// The exporting process.
@@ -244,8 +246,13 @@ pub struct IpcDesc {
     pub pci_bus_id: String,
     /// Length in bytes.
     pub len: u64,
-    /// The `cuIpcGetMemHandle` handle, hex.
+    /// The `cuIpcGetMemHandle` handle, hex; empty for a region shared as a POSIX fd.
     pub handle: String,
+    /// For a VMM region shared as a POSIX fd ([`LocalPeer::export_fd`](super::LocalPeer::export_fd)):
+    /// the size of the allocation to map (a multiple of the granularity). The fd itself travels
+    /// over a unix socket, never inside the descriptor.
+    #[serde(default)]
+    pub posix_fd_alloc_len: Option<u64>,
 }
 
 pub(crate) fn handle_to_hex(h: &IpcHandle) -> String {

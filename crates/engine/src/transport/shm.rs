@@ -17,7 +17,7 @@
 //! `PeerLost` even if its copy into the (still mapped) memory had finished.
 
 use std::collections::HashMap;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -244,6 +244,28 @@ impl Worker {
         Ok(())
     }
 
+    /// The fd of a remote VMM GPU region (`ShmMap` answered with its POSIX fd).
+    fn request_fd(
+        &mut self,
+        region: u64,
+        key: crate::region::RegionKey,
+    ) -> Result<std::os::fd::OwnedFd> {
+        match self.conn.request(&Msg::ShmMap {
+            region,
+            key,
+            write: false,
+        })? {
+            Msg::ShmMapped { .. } => self
+                .conn
+                .take_fd()
+                .ok_or_else(|| Error::Protocol("ShmMapped without an fd".into())),
+            m => Err(Error::Protocol(format!(
+                "expected ShmMapped, got frame type {}",
+                m.kind()
+            ))),
+        }
+    }
+
     fn map(&mut self, region: u64, key: crate::region::RegionKey, write: bool) -> Result<()> {
         let (len, writable) = match self.conn.request(&Msg::ShmMap { region, key, write })? {
             Msg::ShmMapped { len, writable } => (len, writable),
@@ -299,7 +321,17 @@ impl Worker {
         let ipc = op.remote.ipc.as_ref().ok_or_else(|| {
             Error::Unavailable(format!("remote region {} has no IPC handle", op.remote.id))
         })?;
-        let remote = dev.peer.import_ipc(ipc)?;
+        let remote = match ipc.posix_fd_alloc_len {
+            None => dev.peer.import_ipc(ipc)?,
+            Some(_) => match dev.peer.imported(ipc) {
+                Some(r) => r,
+                None => {
+                    // A VMM region: ask the target for its fd (once while the mapping lives).
+                    let fd = self.request_fd(op.remote.id, op.remote.key)?;
+                    dev.peer.import_fd(ipc, fd.as_fd())?
+                }
+            },
+        };
         let kind = match op.kind {
             OpKind::Write => LeaseKind::Source,
             OpKind::Read => LeaseKind::Sink,

@@ -152,6 +152,13 @@ pub(crate) fn put_desc(o: &mut Vec<u8>, d: &RegionDesc) {
             put_str(o, &i.pci_bus_id);
             put_u64(o, i.len);
             put_str(o, &i.handle);
+            match i.posix_fd_alloc_len {
+                None => o.push(0),
+                Some(n) => {
+                    o.push(1);
+                    put_u64(o, n);
+                }
+            }
         }
     }
 }
@@ -178,6 +185,7 @@ pub(crate) fn get_desc(r: &mut Reader<'_>) -> Result<RegionDesc> {
             pci_bus_id: r.string()?,
             len: r.u64()?,
             handle: r.string()?,
+            posix_fd_alloc_len: if r.bool()? { Some(r.u64()?) } else { None },
         })
     } else {
         None
