@@ -69,7 +69,11 @@ fn main() -> Result<(), Error> {
     for shm in [false, true] {
         let cfg = AgentConfig {
             name: "bench-client".into(),
-            transports: Transports { tcp: true, shm },
+            transports: Transports {
+                tcp: true,
+                shm,
+                rdma: true,
+            },
             ..AgentConfig::from_env()?
         };
         let agent = Agent::new(cfg)?;

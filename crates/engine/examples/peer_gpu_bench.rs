@@ -29,7 +29,11 @@ fn emit(key: &str, value: f64, unit: &str, note: &str) {
 fn config(name: &str, shm: bool) -> AgentConfig {
     AgentConfig {
         name: name.into(),
-        transports: Transports { tcp: true, shm },
+        transports: Transports {
+            tcp: true,
+            shm,
+            rdma: true,
+        },
         tcp_streams: 4,
         ..AgentConfig::default()
     }

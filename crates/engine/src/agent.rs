@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{AgentGpu, DeviceOrigin, DeviceRegion, LocalPeer};
 use crate::peer::Peer;
 use crate::region::{Access, Region, RegionScope, Registry};
+use crate::transport::rdma::RdmaNode;
 
 /// A small message a peer delivered after a transfer's data was in place (or sent on its own with
 /// [`Peer::notify`]).
@@ -119,6 +120,10 @@ pub(crate) struct AgentInner {
     pub(crate) shutdown: AtomicBool,
     /// Strict mode for GPU regions ([`Agent::set_strict`]; `GDX_STRICT` at start).
     pub(crate) strict: AtomicBool,
+    /// The RDMA endpoint, or why this agent does not offer rdma.
+    pub(crate) rdma: std::result::Result<Arc<RdmaNode>, String>,
+    /// Queue pairs of inbound rdma connections, per control session.
+    pub(crate) rdma_qps: Mutex<HashMap<u128, gdx_rdma::Qp>>,
 }
 
 impl AgentInner {
@@ -137,6 +142,14 @@ impl AgentInner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
+    }
+
+    /// The transports this agent offers in its `Hello`: the configured ones, less rdma when no
+    /// RDMA device port opened.
+    pub(crate) fn offered(&self) -> u32 {
+        let mut t = self.cfg.transports;
+        t.rdma &= self.rdma.is_ok();
+        t.bits()
     }
 
     /// The peer name of `session` if `token` is its token.
@@ -200,6 +213,11 @@ impl Agent {
         } else {
             (None, None)
         };
+        let rdma = if cfg.transports.rdma {
+            RdmaNode::open().map(Arc::new)
+        } else {
+            Err("rdma disabled on this agent (GDX_TRANSPORTS)".to_string())
+        };
         let inner = Arc::new(AgentInner {
             cfg,
             id,
@@ -215,7 +233,12 @@ impl Agent {
             next_xfer: AtomicU64::new(1),
             shutdown: AtomicBool::new(false),
             strict: AtomicBool::new(crate::planner::strict_from_env()?),
+            rdma,
+            rdma_qps: Mutex::new(HashMap::new()),
         });
+        if let Ok(node) = &inner.rdma {
+            let _ = inner.registry.rdma.set(Arc::clone(node));
+        }
         if let Some(l) = tcp {
             let a = Arc::clone(&inner);
             std::thread::Builder::new()
@@ -290,6 +313,15 @@ impl Agent {
     /// Starts as `GDX_STRICT` says.
     pub fn set_strict(&self, on: bool) {
         self.inner.strict.store(on, Ordering::Relaxed);
+    }
+
+    /// The RDMA device port this agent offers to peers ("mlx5_0 port 1 (Ethernet, GID index
+    /// 3)"), or why it offers none ("no RDMA device: ...", "rdma disabled ...").
+    pub fn rdma_status(&self) -> std::result::Result<String, String> {
+        match &self.inner.rdma {
+            Ok(n) => Ok(n.describe()),
+            Err(e) => Err(e.clone()),
+        }
     }
 
     /// Whether strict mode is on (see [`Agent::set_strict`]).

@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `GDX_AGENT_NAME` | [`AgentConfig::name`] | `trainer-3` |
 //! | `GDX_LISTEN` | [`AgentConfig::listen`] | `0.0.0.0:7447`, `none` |
-//! | `GDX_TRANSPORTS` | [`AgentConfig::transports`] | `tcp,shm`, `tcp` |
+//! | `GDX_TRANSPORTS` | [`AgentConfig::transports`] | `tcp,shm,rdma` (default), `tcp` |
 //! | `GDX_TCP_STREAMS` | [`AgentConfig::tcp_streams`] | `2` |
 //! | `GDX_CHUNK_BYTES` | [`AgentConfig::chunk_bytes`] | `8388608` |
 //! | `GDX_IO_TIMEOUT_MS` | [`AgentConfig::io_timeout`] | `10000` |
@@ -24,11 +24,22 @@ pub struct Transports {
     pub tcp: bool,
     /// Shared memory between processes of one host.
     pub shm: bool,
+    /// RDMA verbs between hosts (offered only when this host has an RDMA device; see
+    /// [`crate::Agent::rdma_status`]).
+    pub rdma: bool,
 }
 
 impl Transports {
     pub(crate) fn bits(self) -> u32 {
-        u32::from(self.tcp) | (u32::from(self.shm) << 1)
+        u32::from(self.tcp) | (u32::from(self.shm) << 1) | (u32::from(self.rdma) << 2)
+    }
+
+    pub(crate) fn from_bits(b: u32) -> Transports {
+        Transports {
+            tcp: b & 1 != 0,
+            shm: b & 2 != 0,
+            rdma: b & 4 != 0,
+        }
     }
 }
 
@@ -62,6 +73,7 @@ impl Default for AgentConfig {
             transports: Transports {
                 tcp: true,
                 shm: true,
+                rdma: true,
             },
             tcp_streams: 2,
             chunk_bytes: 8 << 20,
@@ -110,11 +122,13 @@ impl AgentConfig {
             let mut t = Transports {
                 tcp: false,
                 shm: false,
+                rdma: false,
             };
             for part in v.split(',').map(str::trim) {
                 match part {
                     "tcp" => t.tcp = true,
                     "shm" => t.shm = true,
+                    "rdma" => t.rdma = true,
                     other => {
                         return Err(Error::InvalidArgument(format!(
                             "GDX_TRANSPORTS: unknown transport {other:?}"

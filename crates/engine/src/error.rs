@@ -100,6 +100,10 @@ pub enum Error {
     /// Strict mode refused a plan that leaves the direct path; the message is the plan's reason.
     #[error("strict mode: {0}")]
     Strict(String),
+    /// An RDMA verbs step failed (registration, connection, a work completion error by name:
+    /// remote access, retry exceeded, local protection, flushed ...).
+    #[error("rdma: {0}")]
+    Rdma(String),
     /// An operating-system call failed.
     #[error("{call} failed: {message}")]
     Os {
@@ -156,6 +160,7 @@ impl Error {
             Error::Os { .. } => 18,
             Error::Cuda(_) => 19,
             Error::Strict(_) => 20,
+            Error::Rdma(_) => 21,
             Error::Remote { code, .. } => *code,
         }
     }
@@ -191,6 +196,7 @@ impl Error {
                 message,
             },
             20 => Error::Strict(message),
+            21 => Error::Rdma(message),
             code => Error::Remote { code, message },
         }
     }
@@ -227,7 +233,8 @@ impl Error {
             | Error::Protocol(s)
             | Error::InvalidArgument(s)
             | Error::Unavailable(s)
-            | Error::Strict(s) => s.clone(),
+            | Error::Strict(s)
+            | Error::Rdma(s) => s.clone(),
             Error::Os { message, .. } | Error::Remote { message, .. } => message.clone(),
             other => other.to_string(),
         }

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::plan::{plan_op, Path, PeerRoute};
 use crate::region::RegionDesc;
 use crate::transfer::{Transfer, TransferHandle, XferState};
-use crate::transport::{shm::ShmTransport, tcp::TcpTransport, Transport};
+use crate::transport::{rdma::RdmaTransport, shm::ShmTransport, tcp::TcpTransport, Transport};
 use crate::wire::{Hello, Msg};
 
 #[derive(Debug)]
@@ -44,6 +44,44 @@ pub struct Peer {
     inner: Arc<PeerInner>,
 }
 
+/// The rdma route when both agents offer it and the queue pairs connect; otherwise why not.
+fn rdma_route(
+    agent: &Arc<AgentInner>,
+    info: &PeerInfo,
+    control: &Arc<Mutex<Conn>>,
+    why_not_shm: &str,
+) -> std::result::Result<(PeerRoute, Box<dyn Transport>), String> {
+    let node = agent
+        .rdma
+        .as_ref()
+        .map_err(|why| format!("not offered here ({why})"))?;
+    if !info.transports.rdma {
+        return Err("the peer offers none (no RDMA device there, or disabled)".into());
+    }
+    let qp = node
+        .connect(&mut control.lock().unwrap_or_else(|p| p.into_inner()))
+        .map_err(|e| format!("offered by both, but the queue pairs did not connect: {e}"))?;
+    let t = RdmaTransport::new(
+        Arc::clone(node),
+        qp,
+        Arc::clone(control),
+        agent.cfg.io_timeout,
+    )
+    .map_err(|e| e.to_string())?;
+    let reason = format!(
+        "rdma: {}; both agents offer RDMA; RC queue pairs on {}",
+        why_not_shm.trim_start_matches("tcp: "),
+        node.describe()
+    );
+    Ok((
+        PeerRoute {
+            transport: Path::Rdma,
+            reason,
+        },
+        Box::new(t),
+    ))
+}
+
 fn short(id: u128) -> String {
     format!("{:08x}…", (id >> 96) as u32)
 }
@@ -61,7 +99,7 @@ impl Peer {
             agent_name: cfg.name.clone(),
             agent_id: agent.id,
             host_id: agent.host_id,
-            transports: cfg.transports.bits(),
+            transports: agent.offered(),
             shm_socket: agent.shm_name.clone(),
             listen: agent.listen_addr.map(|a| a.to_string()),
             session: 0,
@@ -81,10 +119,7 @@ impl Peer {
             name: h.agent_name.clone(),
             agent_id: h.agent_id,
             host_id: h.host_id,
-            transports: Transports {
-                tcp: h.transports & 1 != 0,
-                shm: h.transports & 2 != 0,
-            },
+            transports: Transports::from_bits(h.transports),
             listen: h.listen.clone(),
         };
         let control = Arc::new(Mutex::new(control));
@@ -116,41 +151,46 @@ impl Peer {
                 },
                 Box::new(t),
             ),
-            Err(reason) => {
-                let mut streams = Vec::with_capacity(cfg.tcp_streams);
-                for i in 0..cfg.tcp_streams {
-                    let s = TcpStream::connect_timeout(&addr, cfg.io_timeout)
-                        .map_err(|e| Error::PeerLost(format!("data stream {i} to {addr}: {e}")))?;
-                    let mut c = Conn::new(Sock::Tcp(s), "tcp data stream");
-                    c.set_timeout(Some(cfg.io_timeout))?;
-                    match c.request(&Msg::Join {
-                        session: h.session,
-                        token: h.token,
-                        stream: i as u16,
-                    })? {
-                        Msg::Ok => streams.push(c),
-                        m => {
-                            return Err(Error::Protocol(format!(
-                                "expected Ok to Join, got frame type {}",
-                                m.kind()
-                            )))
+            Err(reason) => match rdma_route(&agent, &info, &control, &reason) {
+                Ok(r) => r,
+                Err(rdma_why) => {
+                    let reason = format!("{reason}; rdma: {rdma_why}");
+                    let mut streams = Vec::with_capacity(cfg.tcp_streams);
+                    for i in 0..cfg.tcp_streams {
+                        let s = TcpStream::connect_timeout(&addr, cfg.io_timeout).map_err(|e| {
+                            Error::PeerLost(format!("data stream {i} to {addr}: {e}"))
+                        })?;
+                        let mut c = Conn::new(Sock::Tcp(s), "tcp data stream");
+                        c.set_timeout(Some(cfg.io_timeout))?;
+                        match c.request(&Msg::Join {
+                            session: h.session,
+                            token: h.token,
+                            stream: i as u16,
+                        })? {
+                            Msg::Ok => streams.push(c),
+                            m => {
+                                return Err(Error::Protocol(format!(
+                                    "expected Ok to Join, got frame type {}",
+                                    m.kind()
+                                )))
+                            }
                         }
                     }
+                    let t = TcpTransport::new(
+                        streams,
+                        Arc::clone(&control),
+                        cfg.chunk_bytes,
+                        cfg.io_timeout,
+                    )?;
+                    (
+                        PeerRoute {
+                            transport: Path::Tcp,
+                            reason,
+                        },
+                        Box::new(t),
+                    )
                 }
-                let t = TcpTransport::new(
-                    streams,
-                    Arc::clone(&control),
-                    cfg.chunk_bytes,
-                    cfg.io_timeout,
-                )?;
-                (
-                    PeerRoute {
-                        transport: Path::Tcp,
-                        reason,
-                    },
-                    Box::new(t),
-                )
-            }
+            },
         };
         Ok(Peer {
             inner: Arc::new(PeerInner {

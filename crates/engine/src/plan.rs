@@ -29,6 +29,12 @@ pub enum Path {
     /// Same-host shared memory through a bounce buffer (two copies), for borrowed remote regions
     /// and for GPU regions the IPC path cannot serve.
     ShmStaged,
+    /// RDMA WRITE/READ between host memory on both ends (RC queue pairs, kernel bypass, zero
+    /// copy).
+    Rdma,
+    /// GPUDirect RDMA: RDMA with GPU memory on one or both ends, which the NIC reads or writes
+    /// directly (registered through dma-buf or nvidia-peermem).
+    Gdr,
     /// Kernel TCP sockets with GPU memory on one or both ends, staged through pinned bounce
     /// buffers: device-to-host copies of the next chunks overlap the send of the current one,
     /// and the receiver's host-to-device copy of a chunk overlaps the receipt of the next.
@@ -66,6 +72,8 @@ impl fmt::Display for Path {
             Path::Shm => "shm",
             Path::ShmStaged => "shm-staged",
             Path::TcpStaged => "tcp-staged",
+            Path::Rdma => "rdma",
+            Path::Gdr => "gdr",
             Path::P2p => "p2p",
             Path::Ipc => "ipc",
             Path::Staged => "staged",
@@ -125,6 +133,18 @@ pub(crate) fn plan_op(
         (None, None) => String::new(),
     };
     let plan = match route.transport {
+        Path::Rdma if ends.is_empty() => Plan {
+            path: Path::Rdma,
+            reason: format!("{}; one-sided RDMA between host memory", route.reason),
+        },
+        Path::Rdma => Plan {
+            path: Path::Gdr,
+            reason: format!(
+                "gdr: {}; the NIC reads/writes {ends} directly (dma-buf or nvidia-peermem \
+                 registration; an op whose GPU memory cannot be registered fails, never staged)",
+                route.reason.trim_start_matches("rdma: ")
+            ),
+        },
         Path::Tcp if ends.is_empty() => Plan {
             path: Path::Tcp,
             reason: format!("{}; {tcp_detail}", route.reason),
@@ -140,7 +160,11 @@ pub(crate) fn plan_op(
         },
         _ => plan_shm(route, local_gpu, remote, remote_gpu, &ends),
     };
-    if strict && local_gpu.is_some() && remote_gpu.is_some() && plan.path != Path::Ipc {
+    if strict
+        && local_gpu.is_some()
+        && remote_gpu.is_some()
+        && !matches!(plan.path, Path::Ipc | Path::Gdr)
+    {
         return Err(Error::Strict(plan.reason));
     }
     Ok(plan)

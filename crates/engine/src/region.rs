@@ -253,6 +253,8 @@ pub(crate) fn check_bounds(offset: u64, len: u64, region_len: u64) -> Result<()>
 /// The agent's table of registered regions.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
+    /// The agent's RDMA side, told when a region goes so it deregisters it first.
+    pub(crate) rdma: std::sync::OnceLock<Arc<crate::transport::rdma::RdmaNode>>,
     next_id: AtomicU64,
     regions: Mutex<HashMap<u64, Arc<RegionInner>>>,
     names: Mutex<HashMap<String, u64>>,
@@ -299,6 +301,9 @@ impl Registry {
     }
 
     fn remove(&self, inner: &RegionInner) {
+        if let Some(node) = self.rdma.get() {
+            node.forget(inner.id);
+        }
         self.regions
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -110,7 +110,7 @@ fn serve_control(agent: &AgentInner, c: &mut Conn, h: Hello) -> Result<()> {
         agent_name: agent.cfg.name.clone(),
         agent_id: agent.id,
         host_id: agent.host_id,
-        transports: agent.cfg.transports.bits(),
+        transports: agent.offered(),
         shm_socket: agent.shm_name.clone(),
         listen: agent.listen_addr.map(|a| a.to_string()),
         session,
@@ -122,10 +122,7 @@ fn serve_control(agent: &AgentInner, c: &mut Conn, h: Hello) -> Result<()> {
         name: h.agent_name,
         agent_id: h.agent_id,
         host_id: h.host_id,
-        transports: Transports {
-            tcp: h.transports & 1 != 0,
-            shm: h.transports & 2 != 0,
-        },
+        transports: Transports::from_bits(h.transports),
         listen: h.listen,
     });
     let r = (|| {
@@ -149,6 +146,39 @@ fn serve_control(agent: &AgentInner, c: &mut Conn, h: Hello) -> Result<()> {
                     });
                     c.send(&Msg::Ok)?;
                 }
+                Msg::RdmaConnect { data } => {
+                    let r = agent
+                        .rdma
+                        .as_ref()
+                        .map_err(|why| Error::Unavailable(format!("rdma: {why}")))
+                        .and_then(|node| node.accept(&data));
+                    match r {
+                        Ok((qp, mine)) => {
+                            agent
+                                .rdma_qps
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .insert(session, qp);
+                            c.send(&Msg::RdmaConnect { data: mine })?;
+                        }
+                        Err(e) => c.send(&Msg::Err(e))?,
+                    }
+                }
+                Msg::RdmaRegion {
+                    region,
+                    key,
+                    write: _,
+                } => {
+                    let r = agent
+                        .rdma
+                        .as_ref()
+                        .map_err(|why| Error::Unavailable(format!("rdma: {why}")))
+                        .and_then(|node| node.expose(&agent.registry, region, key));
+                    match r {
+                        Ok(m) => c.send(&m)?,
+                        Err(e) => c.send(&Msg::Err(e))?,
+                    }
+                }
                 Msg::Bye => return Ok(()),
                 m => {
                     return Err(Error::Protocol(format!(
@@ -161,6 +191,11 @@ fn serve_control(agent: &AgentInner, c: &mut Conn, h: Hello) -> Result<()> {
     })();
     agent
         .sessions
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&session);
+    agent
+        .rdma_qps
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&session);

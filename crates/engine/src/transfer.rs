@@ -358,6 +358,11 @@ impl XferState {
         Instant::now() >= self.deadline
     }
 
+    /// Time until the deadline (zero once it passed).
+    pub(crate) fn time_left(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
     pub(crate) fn timeout_error(&self) -> Error {
         Error::Timeout(self.deadline - self.started)
     }

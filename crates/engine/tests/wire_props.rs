@@ -202,11 +202,25 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
             proptest::option::of(proptest::collection::vec(any::<u8>(), 0..50))
         )
             .prop_map(|(xfer, notify)| Msg::ShmEnd { xfer, notify }),
-        (any::<u64>(), key, any::<bool>()).prop_map(|(region, key, write)| Msg::ShmMap {
+        (any::<u64>(), key.clone(), any::<bool>()).prop_map(|(region, key, write)| Msg::ShmMap {
             region,
             key,
             write
         }),
+        proptest::collection::vec(any::<u8>(), 0..300).prop_map(|data| Msg::RdmaConnect { data }),
+        (any::<u64>(), key, any::<bool>()).prop_map(|(region, key, write)| Msg::RdmaRegion {
+            region,
+            key,
+            write
+        }),
+        (any::<u64>(), any::<u64>(), any::<u32>(), "[a-z -]{0,30}").prop_map(
+            |(addr, len, rkey, mechanism)| Msg::RdmaRegionInfo {
+                addr,
+                len,
+                rkey,
+                mechanism
+            }
+        ),
     ]
 }
 

@@ -2,13 +2,14 @@
 //!
 //! A transport runs whole transfers for one peer connection: it receives the transfer's shared state
 //! (ops already planned and validated), moves the bytes, reports each op through
-//! `XferState::chunk_done` / `fail_pending`, delivers the notification and calls `finish`. Later
-//! issues add the CUDA (staged/p2p/ipc), RDMA and file backends here.
+//! `XferState::chunk_done` / `fail_pending`, delivers the notification and calls `finish`: tcp
+//! (with GPU staging), shm (with the GPU ipc path) and rdma.
 
 use std::sync::Arc;
 
 use crate::transfer::XferState;
 
+pub(crate) mod rdma;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 

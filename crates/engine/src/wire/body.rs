@@ -358,6 +358,23 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
                 None => o.push(0),
             }
         }
+        Msg::RdmaConnect { data } => put_bytes(o, data),
+        Msg::RdmaRegion { region, key, write } => {
+            put_u64(o, *region);
+            put_u128(o, key.0);
+            o.push(u8::from(*write));
+        }
+        Msg::RdmaRegionInfo {
+            addr,
+            len,
+            rkey,
+            mechanism,
+        } => {
+            put_u64(o, *addr);
+            put_u64(o, *len);
+            put_u32(o, *rkey);
+            put_str(o, mechanism);
+        }
     }
 }
 
@@ -482,6 +499,18 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             Msg::ShmEnd { xfer, notify }
         }
         22 => Msg::Bye,
+        23 => Msg::RdmaConnect { data: r.bytes()? },
+        24 => Msg::RdmaRegion {
+            region: r.u64()?,
+            key: RegionKey(r.u128()?),
+            write: r.bool()?,
+        },
+        25 => Msg::RdmaRegionInfo {
+            addr: r.u64()?,
+            len: r.u64()?,
+            rkey: r.u32()?,
+            mechanism: r.string()?,
+        },
         k => return Err(Error::UnknownFrame(k)),
     };
     r.finish()?;

@@ -159,6 +159,25 @@ pub enum Msg {
         notify: Option<Vec<u8>>,
     },
     Bye,
+    /// The initiator's RDMA connection data (`gdx_rdma::ConnData` bytes); the target answers
+    /// with its own in the same message, or `Err`.
+    RdmaConnect {
+        data: Vec<u8>,
+    },
+    /// Asks for the RDMA address and rkey of a region (checked like any op: key and access).
+    RdmaRegion {
+        region: u64,
+        key: RegionKey,
+        write: bool,
+    },
+    /// The answer to `RdmaRegion`: where the region is in the target's registration, its rkey
+    /// and the registration mechanism (host ibv_reg_mr, dma-buf, peermem).
+    RdmaRegionInfo {
+        addr: u64,
+        len: u64,
+        rkey: u32,
+        mechanism: String,
+    },
 }
 
 impl Msg {
@@ -187,6 +206,9 @@ impl Msg {
             Msg::ShmStaged { .. } => 20,
             Msg::ShmEnd { .. } => 21,
             Msg::Bye => 22,
+            Msg::RdmaConnect { .. } => 23,
+            Msg::RdmaRegion { .. } => 24,
+            Msg::RdmaRegionInfo { .. } => 25,
         }
     }
 
@@ -206,7 +228,7 @@ pub fn decode_header(b: &[u8; HEADER_LEN]) -> Result<Header> {
         return Err(Error::UnknownVersion(b[2]));
     }
     let kind = b[3];
-    if !(1..=22).contains(&kind) {
+    if !(1..=25).contains(&kind) {
         return Err(Error::UnknownFrame(kind));
     }
     let body_len = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);

@@ -31,7 +31,11 @@ pub fn random_vec(len: usize, seed: u64) -> Vec<u8> {
 pub fn config(name: &str, shm: bool) -> AgentConfig {
     AgentConfig {
         name: name.into(),
-        transports: Transports { tcp: true, shm },
+        transports: Transports {
+            tcp: true,
+            shm,
+            rdma: true,
+        },
         io_timeout: Duration::from_secs(20),
         ..AgentConfig::default()
     }
