@@ -177,7 +177,12 @@ impl AgentCase {
         let shm = self.spec.path == PathKind::Shm;
         let client_cfg = AgentConfig {
             name: format!("gdx-bench-{}", std::process::id()),
-            transports: Transports { tcp: true, shm },
+            // The tcp/shm cases measure those paths: rdma stays off even where a NIC exists.
+            transports: Transports {
+                tcp: true,
+                shm,
+                rdma: false,
+            },
             ..base.clone()
         };
         let client =
@@ -191,6 +196,7 @@ impl AgentCase {
                     transports: Transports {
                         tcp: true,
                         shm: true,
+                        rdma: false,
                     },
                     ..base
                 })

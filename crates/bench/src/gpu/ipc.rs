@@ -251,6 +251,7 @@ mod tests {
             pci_bus_id: "0000:1b:00.0".into(),
             len: 1 << 20,
             handle: "ab".repeat(64),
+            posix_fd_alloc_len: None,
         }
     }
 
