@@ -7,9 +7,10 @@ grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >>.git/in
 rm -rf .devbin && mkdir -p .devbin/tests
 cargo build --release -p gdx
 cp target/release/gdx .devbin/
-# Examples the device scripts run: the engine's GPU bench and the RDMA discovery report.
-cargo build --release -p gdx-engine --example gpu_bench -p gdx-rdma --example rdma_info
-cp target/release/examples/gpu_bench target/release/examples/rdma_info .devbin/
+# Examples the device scripts run: the engine's GPU benches and the RDMA discovery report.
+cargo build --release -p gdx-engine --example gpu_bench --example peer_gpu_bench \
+  -p gdx-rdma --example rdma_info
+cp target/release/examples/{gpu_bench,peer_gpu_bench,rdma_info} .devbin/
 PKGS=${PKGS:---workspace}
 cargo test $PKGS --release --no-run --message-format=json 2>/dev/null |
   python3 -c '
@@ -22,5 +23,6 @@ for line in sys.stdin:
         shutil.copy(exe, os.path.join(".devbin/tests", os.path.basename(exe)))
         print(os.path.basename(exe))
 '
-strip .devbin/gdx .devbin/tests/* 2>/dev/null || true
+strip .devbin/gdx .devbin/gpu_bench .devbin/peer_gpu_bench .devbin/rdma_info .devbin/tests/* \
+  2>/dev/null || true
 du -sh .devbin

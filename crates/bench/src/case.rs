@@ -39,6 +39,9 @@ pub enum PathKind {
     /// Between a file and GPU or host memory through `gdx-storage` (`gds`, `file-staged`, the
     /// naive baseline; the key says which). Opt-in: `--path file`.
     File,
+    /// RDMA WRITE or READ through `gdx-rdma`, host or GPU memory on either side, against
+    /// `gdx serve --rdma-listen` or a loopback server in this process. Opt-in: `--path rdma`.
+    Rdma,
 }
 
 impl PathKind {
@@ -55,6 +58,7 @@ impl PathKind {
             PathKind::Tcp => "tcp",
             PathKind::Mock => "mock",
             PathKind::File => "file",
+            PathKind::Rdma => "rdma",
         }
     }
 }
@@ -75,17 +79,21 @@ pub enum End {
     Gpu(u32),
     /// Host memory of a `gdx serve` agent at this address.
     Remote(String),
+    /// GPU memory (this CUDA ordinal there) of a `gdx serve` at this address (rdma cases).
+    RemoteGpu(String, u32),
     /// A scratch file (`gdx bench --path file`).
     File,
 }
 
 impl End {
-    /// `host`, `gpu0`, `remote:HOST:PORT`: the spelling used in keys and the `src`/`dst` fields.
+    /// `host`, `gpu0`, `remote:HOST:PORT`, `remote:HOST:PORT/gpu0`: the spelling used in the
+    /// `src`/`dst` fields.
     pub fn name(&self) -> String {
         match self {
             End::Host => "host".into(),
             End::Gpu(n) => format!("gpu{n}"),
             End::Remote(a) => format!("remote:{a}"),
+            End::RemoteGpu(a, n) => format!("remote:{a}/gpu{n}"),
             End::File => "file".into(),
         }
     }
@@ -210,7 +218,8 @@ pub trait BenchCase: Send + Sync {
     fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), String>;
 
     /// Whether the case runs only when asked for by name (see [`crate::select`]): `false` by
-    /// default; the file cases, which write large scratch files, say `true`.
+    /// default; the file cases, which write large scratch files, and the rdma cases, which
+    /// have never run on hardware, say `true`.
     fn opt_in(&self) -> bool {
         false
     }

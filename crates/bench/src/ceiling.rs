@@ -8,6 +8,7 @@
 //! | GPU → host → GPU (staged) | the slower of the two GPUs' PCIe links |
 //! | host ↔ host (shm, tcp loopback, memcpy) | single-thread `memcpy`, measured once per run |
 //! | tcp to a remote peer | the fastest NIC's link rate |
+//! | rdma | the fastest RDMA port's rate |
 //!
 //! Bidirectional cases double the one-direction ceiling. A figure under
 //! [`FAR_BELOW_PCT`] % of its ceiling at [`JUDGE_MIN_BYTES`] or more gets a note with the
@@ -122,6 +123,28 @@ pub fn ceiling(ctx: &Ctx, spec: &CaseSpec) -> Option<Ceiling> {
                 caveat: None,
             })
         }
+        (PathKind::Rdma, _, _) => {
+            let topo = ctx.topo.as_ref()?;
+            let best = topo
+                .nics()
+                .filter_map(|n| {
+                    let info = n.nic.as_ref()?;
+                    info.rdma_name.as_ref()?;
+                    let rate = info
+                        .ports
+                        .iter()
+                        .filter_map(|p| p.rate_gbps)
+                        .reduce(f64::max)?;
+                    Some((n, rate))
+                })
+                .max_by(|a, b| a.1.total_cmp(&b.1))?;
+            Some(Ceiling {
+                gbps: best.1 / 8.0,
+                basis: format!("{} RDMA port {:.0} Gb/s", best.0.label, best.1),
+                class: None,
+                caveat: None,
+            })
+        }
         (PathKind::PinnedCe | PathKind::PageableCe, a, b) => {
             let topo = ctx.topo.as_ref()?;
             let g = gpu(topo, a).or_else(|| gpu(topo, b))?;
@@ -206,6 +229,7 @@ fn likely_cause(spec: &CaseSpec, c: &Ceiling, row: &Row) -> String {
             None => "no topology class known".into(),
         },
         PathKind::Staged => "staged crosses host memory twice; the pipeline depth or chunk may be too small".into(),
+        PathKind::Rdma => "check `gdx doctor` (gpu-nic-distance, peermem/dmabuf, mtu, relaxed-ordering) and the registration mechanism in the note".into(),
         PathKind::Shm | PathKind::Tcp | PathKind::Memcpy => match row.cpu_s_per_gb {
             Some(cpu) => format!("CPU-bound host copies ({cpu:.2} CPU s per GB moved)"),
             None => "CPU-bound host copies".into(),

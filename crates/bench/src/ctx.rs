@@ -22,12 +22,18 @@ pub struct Ctx {
     pub peer: Option<(String, String)>,
     /// Why the topology is missing, or other notes for the header.
     pub notes: Vec<String>,
+    /// Address of a `gdx serve --rdma-listen` for the rdma cases (a loopback server in this
+    /// process when `None`).
+    pub rdma_peer: Option<String>,
+    /// RDMA device for the rdma cases (`None`: the NIC nearest to the local memory).
+    pub rdma_device: Option<String>,
     /// Directory for the file cases' scratch files (`--file-dir`); `None`: `GDX_BENCH_DIR`,
     /// else the system temp dir (see [`crate::file::scratch_dir`]).
     pub file_dir: Option<std::path::PathBuf>,
     cuda: OnceLock<Result<Cuda, String>>,
     nvml: OnceLock<Option<Nvml>>,
     memcpy: OnceLock<Option<f64>>,
+    rdma: OnceLock<Result<(), String>>,
 }
 
 impl Ctx {
@@ -58,6 +64,9 @@ impl Ctx {
             .cuda
             .set(Err("GPU cases disabled in this context".into()));
         let _ = ctx.nvml.set(None);
+        let _ = ctx
+            .rdma
+            .set(Err("RDMA cases disabled in this context".into()));
         ctx
     }
 
@@ -90,6 +99,44 @@ impl Ctx {
             .ok()
             .and_then(|c| c.device_count().ok())
             .unwrap_or(0)
+    }
+
+    /// Whether this machine can run RDMA, asked of gdx-rdma's discovery once per run: `Err`
+    /// with the reason ("no RDMA device: libibverbs lists no devices and ...", "no
+    /// libibverbs: ...", or no ACTIVE port) when it cannot.
+    ///
+    /// # Errors
+    /// The reason, for the rdma cases' waiver.
+    pub fn rdma(&self) -> Result<(), String> {
+        self.rdma
+            .get_or_init(|| {
+                let devices = gdx_rdma::discover().map_err(|u| u.to_string())?;
+                let active = devices.iter().any(|d| {
+                    d.ports
+                        .iter()
+                        .any(|p| p.state == gdx_sys::verbs::PortState::Active)
+                });
+                if active {
+                    return Ok(());
+                }
+                let ports: Vec<String> = devices
+                    .iter()
+                    .flat_map(|d| {
+                        d.ports
+                            .iter()
+                            .map(move |p| format!("{} port {} {}", d.name, p.number, p.state))
+                    })
+                    .collect();
+                Err(format!(
+                    "no ACTIVE RDMA port ({})",
+                    if ports.is_empty() {
+                        "no ports".to_string()
+                    } else {
+                        ports.join(", ")
+                    }
+                ))
+            })
+            .clone()
     }
 
     /// NVML, when it loads.

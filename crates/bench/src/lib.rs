@@ -30,6 +30,7 @@ pub mod header;
 pub mod host;
 pub mod mock;
 pub mod plot;
+pub mod rdma;
 pub mod render;
 pub mod report;
 pub mod stats;
@@ -54,13 +55,18 @@ pub fn all_cases(ctx: &Ctx) -> Vec<Box<dyn BenchCase>> {
     };
     v.extend(gpu::cases(ctx.gpu_count().max(2)));
     v.extend(file::cases(ctx.gpu_count().max(1)));
+    v.extend(rdma::cases(
+        ctx.rdma_peer.as_deref(),
+        ctx.gpu_count().max(1),
+    ));
     v
 }
 
 /// Keep the cases matching any of `selectors`: a key, an index into `cases` (as `--list`
 /// prints it), a key prefix, or a path name (`p2p`, `shm`). Empty selectors keep all but the
-/// opt-in cases ([`BenchCase::opt_in`]: the `file` cases), which a selector keeps only when it
-/// is their key, their index, their path name (`file`) or a key prefix that names `file`.
+/// opt-in cases ([`BenchCase::opt_in`]: the `file` and `rdma` cases), which a selector keeps
+/// only when it is their key, their index, their path name (`file`, `rdma`) or a key prefix
+/// that names their path.
 ///
 /// # Errors
 /// The selector that matched nothing, with the keys to choose from.
@@ -75,7 +81,7 @@ pub fn select(
         let spec = c.spec();
         s.parse::<usize>().ok() == Some(i)
             || spec.key == s
-            || (spec.key.starts_with(s) && (!c.opt_in() || s.contains("file")))
+            || (spec.key.starts_with(s) && (!c.opt_in() || s.contains(spec.path.name())))
             || spec.path.name() == s
     };
     for s in selectors {

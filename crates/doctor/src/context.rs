@@ -11,6 +11,7 @@ use crate::pci::{self, PciFn, RdmaDev};
 use crate::probe::ProbeState;
 use crate::rootfs::RootFs;
 use gdx_topo::{Device, PathClass, PciAddr, Topology};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -132,6 +133,21 @@ impl Context {
     /// The topology, or why there is none.
     pub fn topology(&self) -> Result<&Topology, &str> {
         self.topo.as_ref().map_err(String::as_str)
+    }
+
+    /// The topology as sysfs under the root shows it, for checks that need what only sysfs
+    /// holds (RDMA ports' GID tables): the context's own when it was read from sysfs, else
+    /// one read from the root now (the context's came from NCCL XML, or there is none).
+    ///
+    /// # Errors
+    /// Why no topology could be read from the root.
+    pub fn sysfs_topology(&self) -> Result<Cow<'_, Topology>, String> {
+        match &self.topo {
+            Ok(t) if matches!(t.source, gdx_topo::Source::Sysfs(_)) => Ok(Cow::Borrowed(t)),
+            _ => gdx_topo::from_root(self.fs.root())
+                .map(Cow::Owned)
+                .map_err(|e| e.to_string()),
+        }
     }
 
     /// Live facts, or why they are not consulted.

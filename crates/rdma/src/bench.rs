@@ -3,10 +3,12 @@
 //!
 //! The two sides talk over a [`Control`] channel (a TCP stream in practice, [`TcpControl`]):
 //! JSON messages carrying each side's [`ConnData`] and the server's buffer as a
-//! [`RemoteRegion`]. The client then drives one-sided operations only.
+//! [`RemoteRegion`]. The client then drives one-sided operations only. [`serve_bench_on`]
+//! answers clients on a TCP listener one after another (`gdx serve --rdma-listen`);
+//! [`bench_loopback`] runs both sides in this process (`gdx bench --path rdma` without a peer).
 //!
 //! Method, per message size: `warmup` operations, then `samples` samples of `iterations`
-//! operations with `window` of them in flight (bandwidth = bytes / elapsed), then
+//! operations (fewer for large sizes when `max_bytes_per_sample` is set) with `window` of them in flight (bandwidth = bytes / elapsed), then
 //! `iterations` single operations each timed from post to completion (latency: this is
 //! post-to-completion, i.e. one round trip, not perftest's half round trip). Host buffers are
 //! filled with a seeded pattern and checked at the end (GPU buffers are not checked).
@@ -22,7 +24,7 @@ use crate::RdmaOp;
 use gdx_sys::cuda::{Context, Cuda, DeviceBuffer};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,10 +54,11 @@ pub enum BenchMem {
 }
 
 impl BenchMem {
-    fn key(self) -> &'static str {
+    /// `host` or `gpu<n>`, as bench keys spell it.
+    pub fn name(self) -> String {
         match self {
-            BenchMem::Host => "host",
-            BenchMem::Gpu(_) => "gpu",
+            BenchMem::Host => "host".into(),
+            BenchMem::Gpu(n) => format!("gpu{n}"),
         }
     }
 }
@@ -85,6 +88,23 @@ pub struct BenchParams {
     pub config: EndpointConfig,
     /// Wait limit for any single step.
     pub timeout: Duration,
+    /// At most this many bytes per bandwidth sample (and latency run): large sizes then run
+    /// fewer than `iterations` operations (at least one). `None`: `iterations` at every size.
+    pub max_bytes_per_sample: Option<u64>,
+}
+
+impl BenchParams {
+    /// Operations per sample at `size` bytes: `iterations`, capped by `max_bytes_per_sample`.
+    pub fn iterations_for(&self, size: u64) -> u32 {
+        let n = self.iterations.max(1);
+        match self.max_bytes_per_sample {
+            Some(b) => {
+                let fit = b / size.max(1);
+                u32::try_from(fit).unwrap_or(u32::MAX).clamp(1, n)
+            }
+            None => n,
+        }
+    }
 }
 
 impl Default for BenchParams {
@@ -101,6 +121,7 @@ impl Default for BenchParams {
             device: None,
             config: EndpointConfig::default(),
             timeout: Duration::from_secs(30),
+            max_bytes_per_sample: None,
         }
     }
 }
@@ -110,6 +131,8 @@ impl Default for BenchParams {
 pub struct BenchRow {
     /// Message size in bytes.
     pub size: u64,
+    /// Operations per bandwidth sample (and latency samples taken).
+    pub iterations: u32,
     /// Bandwidth samples in B/s.
     pub bandwidth_samples: Vec<f64>,
     /// Median bandwidth in B/s.
@@ -123,7 +146,7 @@ pub struct BenchRow {
 /// A finished bench.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BenchReport {
-    /// `<src>_to_<dst>_rdma_<op>`, e.g. `gpu_to_remote_host_rdma_write`.
+    /// `<src>_to_<dst>_rdma_<op>`, e.g. `gpu0_to_remote_host_rdma_write`.
     pub key: String,
     /// Local device and port.
     pub local_device: String,
@@ -144,8 +167,8 @@ pub struct BenchReport {
 /// The bench key for an operation between two memories.
 pub fn bench_key(op: BenchOp, local: BenchMem, remote: BenchMem) -> String {
     match op {
-        BenchOp::Write => format!("{}_to_remote_{}_rdma_write", local.key(), remote.key()),
-        BenchOp::Read => format!("remote_{}_to_{}_rdma_read", remote.key(), local.key()),
+        BenchOp::Write => format!("{}_to_remote_{}_rdma_write", local.name(), remote.name()),
+        BenchOp::Read => format!("remote_{}_to_{}_rdma_read", remote.name(), local.name()),
     }
 }
 
@@ -397,21 +420,23 @@ pub fn bench_rdma(ctrl: &mut dyn Control, p: &BenchParams) -> Result<BenchReport
         let item = WorkItem::between(&mr, 0, &region, 0, size)?;
         let warm: Vec<WorkItem<'_>> = (0..p.warmup).map(|_| item.clone()).collect();
         qp.run(op, &warm, p.timeout)?;
+        let iterations = p.iterations_for(size);
         let mut bw = Vec::new();
         for _ in 0..p.samples.max(1) {
-            let items: Vec<WorkItem<'_>> = (0..p.iterations.max(1)).map(|_| item.clone()).collect();
+            let items: Vec<WorkItem<'_>> = (0..iterations).map(|_| item.clone()).collect();
             let t = Instant::now();
             let bytes = qp.run(op, &items, p.timeout)?;
             bw.push(bytes as f64 / t.elapsed().as_secs_f64());
         }
         let mut lat = Vec::new();
-        for _ in 0..p.iterations.max(1) {
+        for _ in 0..iterations {
             let t = Instant::now();
             qp.run(op, std::slice::from_ref(&item), p.timeout)?;
             lat.push(t.elapsed().as_secs_f64());
         }
         rows.push(BenchRow {
             size,
+            iterations,
             bandwidth_median: median(&mut bw.clone()),
             bandwidth_samples: bw,
             latency_median: median(&mut lat.clone()),
@@ -527,6 +552,52 @@ pub fn serve_bench(
     }
 }
 
+/// Run [`bench_rdma`] against a [`serve_bench`] in a thread of this process, over a TCP
+/// control connection on 127.0.0.1 (the RDMA traffic loops through the NIC). Without RDMA this
+/// fails with [`RdmaError::Unavailable`] before anything is sent.
+pub fn bench_loopback(p: &BenchParams) -> Result<BenchReport, RdmaError> {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).map_err(io)?;
+    let addr = listener.local_addr().map_err(io)?;
+    let (device, config, timeout) = (p.device.clone(), p.config.clone(), p.timeout);
+    let server = std::thread::Builder::new()
+        .name("gdx-rdma-bench-serve".into())
+        .spawn(move || {
+            let (s, _) = listener.accept().map_err(io)?;
+            serve_bench(&mut TcpControl(s), device.as_deref(), &config, timeout)
+        })
+        .map_err(io)?;
+    // Connected before the client starts, so the server's accept returns whatever happens;
+    // dropping the stream afterwards ends the server's wait.
+    let mut ctrl = TcpControl(TcpStream::connect(addr).map_err(io)?);
+    let result = bench_rdma(&mut ctrl, p);
+    drop(ctrl);
+    let served = server
+        .join()
+        .unwrap_or_else(|_| Err(RdmaError::Control("the serving thread panicked".into())));
+    match (result, served) {
+        (Ok(r), Ok(())) => Ok(r),
+        (Ok(_), Err(e)) => Err(RdmaError::Control(format!("loopback server: {e}"))),
+        (Err(e), _) => Err(e),
+    }
+}
+
+/// Answer bench clients on `listener`, one after another, until accepting fails: each
+/// connection is one [`serve_bench`]. `done` hears each client's address and how its run
+/// ended (a client without RDMA on this side gets the reason as an error message first).
+pub fn serve_bench_on(
+    listener: &TcpListener,
+    device: Option<&str>,
+    config: &EndpointConfig,
+    timeout: Duration,
+    done: &mut dyn FnMut(SocketAddr, Result<(), RdmaError>),
+) -> std::io::Result<()> {
+    loop {
+        let (stream, peer) = listener.accept()?;
+        let r = serve_bench(&mut TcpControl(stream), device, config, timeout);
+        done(peer, r);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -535,11 +606,11 @@ mod tests {
     fn keys_follow_the_bench_naming() {
         assert_eq!(
             bench_key(BenchOp::Write, BenchMem::Gpu(0), BenchMem::Host),
-            "gpu_to_remote_host_rdma_write"
+            "gpu0_to_remote_host_rdma_write"
         );
         assert_eq!(
             bench_key(BenchOp::Read, BenchMem::Host, BenchMem::Gpu(1)),
-            "remote_gpu_to_host_rdma_read"
+            "remote_gpu1_to_host_rdma_read"
         );
     }
 
@@ -600,5 +671,35 @@ mod tests {
             bench_rdma(&mut Never, &p),
             Err(RdmaError::Unavailable(_))
         ));
+    }
+
+    #[test]
+    fn large_sizes_run_fewer_iterations() {
+        let p = BenchParams {
+            iterations: 1000,
+            max_bytes_per_sample: Some(1 << 30),
+            ..BenchParams::default()
+        };
+        assert_eq!(p.iterations_for(4096), 1000);
+        assert_eq!(p.iterations_for(1 << 26), 16);
+        assert_eq!(p.iterations_for(1 << 32), 1);
+        let fixed = BenchParams {
+            iterations: 7,
+            ..BenchParams::default()
+        };
+        assert_eq!(fixed.iterations_for(1 << 32), 7);
+    }
+
+    #[test]
+    fn loopback_without_rdma_fails_typed_and_returns() {
+        if crate::discovery::discover().is_ok() {
+            return; // a machine with RDMA: the hardware tests cover it
+        }
+        let p = BenchParams {
+            sizes: vec![4096],
+            timeout: Duration::from_secs(5),
+            ..BenchParams::default()
+        };
+        assert!(matches!(bench_loopback(&p), Err(RdmaError::Unavailable(_))));
     }
 }

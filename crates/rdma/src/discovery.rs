@@ -88,24 +88,37 @@ fn list_dir(p: &Path) -> Vec<String> {
     v
 }
 
+/// The RDMA devices the kernel lists under `root` (`sys/class/infiniband`), sorted.
+pub fn kernel_devices(root: &Path) -> Vec<String> {
+    list_dir(&root.join("sys/class/infiniband"))
+}
+
+/// Why the kernel under `root` has no RDMA device, from its loaded modules: "the kernel has
+/// none (...); this kernel has no RDMA stack loaded" and the like. Meant for a root whose
+/// [`kernel_devices`] is empty; works on a captured `--root`.
+pub fn explain_no_kernel_device(root: &Path) -> String {
+    let ib_core = root.join("sys/module/ib_core").exists();
+    let mlx =
+        root.join("sys/module/mlx5_ib").exists() || root.join("sys/module/mlx5_core").exists();
+    let mut s = String::from("the kernel has none (sys/class/infiniband is empty or absent)");
+    if mlx {
+        s.push_str("; mlx5 modules are loaded, but no RDMA function is bound to them");
+    } else if ib_core {
+        s.push_str("; ib_core is loaded, but no RDMA driver has registered a device");
+    } else {
+        s.push_str("; this kernel has no RDMA stack loaded");
+    }
+    s
+}
+
 /// Why libibverbs lists no device, from sysfs and `/dev` under `root`.
 pub fn explain_none(root: &Path) -> String {
-    let kernel = list_dir(&root.join("sys/class/infiniband"));
+    let kernel = kernel_devices(root);
     if kernel.is_empty() {
-        let ib_core = root.join("sys/module/ib_core").exists();
-        let mlx =
-            root.join("sys/module/mlx5_ib").exists() || root.join("sys/module/mlx5_core").exists();
-        let mut s = String::from(
-            "libibverbs lists no devices and the kernel has none (sys/class/infiniband is empty or absent)",
+        return format!(
+            "libibverbs lists no devices and {}",
+            explain_no_kernel_device(root)
         );
-        if mlx {
-            s.push_str("; mlx5 modules are loaded, but no RDMA function is bound to them");
-        } else if ib_core {
-            s.push_str("; ib_core is loaded, but no RDMA driver has registered a device");
-        } else {
-            s.push_str("; this kernel has no RDMA stack loaded");
-        }
-        return s;
     }
     let uverbs = list_dir(&root.join("dev/infiniband"))
         .into_iter()

@@ -5,20 +5,24 @@
 //! |---|---|
 //! | `rdma-devices` | [`rdma_devices`] (libibverbs), or `Topology` NICs for a `--root` |
 //! | `dmabuf` | [`has_reg_dmabuf_mr`] + [`dmabuf_kernel_support`] per device |
-//! | `roce-gid` | [`roce_gids`] (sysfs GID tables, works under `--root`) |
-//! | `mtu` | [`port_mtus`] (verbs active/max MTU + netdev MTU from sysfs) |
+//! | `roce-gid` | [`roce_gids_with`] (sysfs GID tables, works under `--root`; the doctor passes its own environment's `GDX_IB_GID_INDEX`) |
+//! | `mtu` | [`port_mtus_at_root`] (sysfs ports and netdev MTU under `--root`, verbs active/max MTU when the caller has them); [`port_mtus`] for libibverbs devices |
+//! | skip reasons | [`no_rdma_port_reason`] (no RDMA device in the kernel and why, or software-only devices) |
 //! | active probe | [`probe_gpu_registration`] (registers a GPU buffer on each NIC) |
+//!
+//! Everything that reads under a root reads sysfs as the kernel lays it out (`/` or a
+//! `gdx topo --capture` tree); a link that resolves outside the root is not followed.
 
 use crate::cache::Registrar;
 use crate::discovery::{self, RdmaUnavailable};
 use crate::error::RdmaError;
-use crate::gid::{self, GidCandidate, GidChoice, GidError, LinkKind, NetdevView};
+use crate::gid::{self, GidCandidate, GidChoice, GidError, GidKind, LinkKind, NetdevView};
 use crate::register::{Mechanism, Memory, RegPolicy, VerbsRegistrar};
 pub use gdx_sys::verbs::{dmabuf_kernel_support, DmabufSupport};
 use gdx_sys::verbs::{Access, RdmaContext, VerbsDevice};
 use gdx_topo::Topology;
 use serde::Serialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// RDMA devices through the real libibverbs, or why there are none.
@@ -45,9 +49,45 @@ pub struct PortGid {
     pub state: Option<String>,
     /// The populated GID table.
     pub gids: Vec<GidCandidate>,
+    /// The port's network interface (RoCE): see [`roce_netdev`].
+    pub netdev: Option<String>,
     /// The GID gdx would use, or why none.
     #[serde(serialize_with = "ser_choice")]
     pub choice: Result<GidChoice, GidError>,
+}
+
+impl PortGid {
+    /// Whether the port is ACTIVE.
+    pub fn is_active(&self) -> bool {
+        state_is_active(self.state.as_deref())
+    }
+
+    /// The populated entry at `index`.
+    pub fn gid(&self, index: u32) -> Option<&GidCandidate> {
+        self.gids.iter().find(|g| g.index == index)
+    }
+
+    /// The lowest-index RoCE v2 GID that carries an IP address (IPv4-mapped or global IPv6):
+    /// what NCCL and gdx send RoCE v2 traffic from. `None` means RoCE v2 connections cannot
+    /// be made from this port.
+    pub fn routable_v2(&self) -> Option<&GidCandidate> {
+        self.gids.iter().find(|g| g.is_routable_v2())
+    }
+}
+
+/// Whether a port state text is active: sysfs `4: ACTIVE`, verbs `PORT_ACTIVE`.
+pub fn state_is_active(state: Option<&str>) -> bool {
+    state.is_some_and(|s| s.contains("ACTIVE"))
+}
+
+/// The network interface of a RoCE port: the netdev of its first RoCE v2 GID, else of any
+/// GID, else the first of `fallback` (the interfaces on the NIC's PCI function).
+pub fn roce_netdev(gids: &[GidCandidate], fallback: &[String]) -> Option<String> {
+    gids.iter()
+        .filter(|g| g.kind == GidKind::RoceV2)
+        .chain(gids.iter())
+        .find_map(|g| g.netdev.clone())
+        .or_else(|| fallback.first().cloned())
 }
 
 fn ser_choice<S: serde::Serializer>(
@@ -64,9 +104,20 @@ fn ser_choice<S: serde::Serializer>(
 }
 
 /// GID choice for every port of every RDMA NIC in `topo` (sysfs GID tables, so this works on
-/// a captured `--root`), with `GDX_IB_GID_INDEX` honoured (a bad value is reported per port).
+/// a captured `--root`), with `GDX_IB_GID_INDEX` from the process environment honoured (a
+/// bad value is reported per port).
 pub fn roce_gids(topo: &Topology, netdevs: &dyn NetdevView) -> Vec<PortGid> {
-    let over = gid::override_from_env();
+    roce_gids_with(topo, netdevs, gid::override_from_env())
+}
+
+/// [`roce_gids`] with the `GDX_IB_GID_INDEX` override given by the caller ([`gid::parse_override`]
+/// of the value, `Ok(None)` when unset): the doctor passes the environment it examines,
+/// which is not always its own.
+pub fn roce_gids_with(
+    topo: &Topology,
+    netdevs: &dyn NetdevView,
+    override_index: Result<Option<u32>, GidError>,
+) -> Vec<PortGid> {
     let mut out = Vec::new();
     for nic in topo.nics() {
         let Some(info) = &nic.nic else { continue };
@@ -74,21 +125,61 @@ pub fn roce_gids(topo: &Topology, netdevs: &dyn NetdevView) -> Vec<PortGid> {
             continue;
         };
         for p in &info.ports {
-            let choice = match &over {
+            let choice = match &override_index {
                 Err(e) => Err(e.clone()),
                 Ok(o) => gid::select_gid_for_port(name, p, netdevs, *o),
             };
+            let gids = gid::candidates_from_topo(p);
+            let link = LinkKind::from_text(p.link_layer.as_deref());
+            let netdev = (link == LinkKind::Ethernet)
+                .then(|| roce_netdev(&gids, &info.netdevs))
+                .flatten();
             out.push(PortGid {
                 device: name.clone(),
                 port: p.port,
-                link: LinkKind::from_text(p.link_layer.as_deref()),
+                link,
                 state: p.state.clone(),
-                gids: gid::candidates_from_topo(p),
+                gids,
+                netdev,
                 choice,
             });
         }
     }
     out
+}
+
+/// Why `topo` (read from sysfs under `root`) has no RDMA port to check, in words; `None`
+/// when it has one. "no RDMA device: the kernel has none (...); this kernel has no RDMA stack
+/// loaded", or kernel devices without a PCI function (software RDMA: rxe, siw).
+pub fn no_rdma_port_reason(topo: &Topology, root: &Path) -> Option<String> {
+    let nics: Vec<(&String, usize)> = topo
+        .nics()
+        .filter_map(|n| {
+            let i = n.nic.as_ref()?;
+            Some((i.rdma_name.as_ref()?, i.ports.len()))
+        })
+        .collect();
+    if nics.iter().any(|(_, ports)| *ports > 0) {
+        return None;
+    }
+    if !nics.is_empty() {
+        let names: Vec<&str> = nics.iter().map(|(n, _)| n.as_str()).collect();
+        return Some(format!(
+            "RDMA device(s) {} have no ports in sys/class/infiniband/*/ports",
+            names.join(", ")
+        ));
+    }
+    let kernel = discovery::kernel_devices(root);
+    if kernel.is_empty() {
+        return Some(format!(
+            "no RDMA device: {}",
+            discovery::explain_no_kernel_device(root)
+        ));
+    }
+    Some(format!(
+        "no RDMA device on a PCI function: {} (software RDMA such as rxe or siw is not checked)",
+        kernel.join(", ")
+    ))
 }
 
 /// The MTUs of one port.
@@ -100,6 +191,8 @@ pub struct PortMtu {
     pub port: u32,
     /// Link layer.
     pub link: LinkKind,
+    /// Port state text: sysfs `4: ACTIVE` or verbs `PORT_ACTIVE`.
+    pub state: Option<String>,
     /// Verbs active MTU in bytes.
     pub active_mtu: Option<u32>,
     /// Verbs largest MTU in bytes.
@@ -120,6 +213,95 @@ pub fn roce_mtu_for_netdev(netdev_mtu: u32) -> Option<u32> {
         .find(|m| *m <= room)
 }
 
+impl PortMtu {
+    /// Whether the port is ACTIVE.
+    pub fn is_active(&self) -> bool {
+        state_is_active(self.state.as_deref())
+    }
+
+    /// The path MTU this port runs: the verbs active MTU when known, else (RoCE) what the
+    /// netdev MTU allows.
+    pub fn effective_mtu(&self) -> Option<u32> {
+        self.active_mtu.or(self.roce_mtu_for_netdev)
+    }
+}
+
+/// `root/rel` when it exists and resolves inside `root` (a captured tree's link must not
+/// lead to this machine's own files).
+fn in_root(root: &Path, rel: &Path) -> Option<PathBuf> {
+    let p = root.join(rel).canonicalize().ok()?;
+    let r = root.canonicalize().ok()?;
+    p.starts_with(&r).then_some(p)
+}
+
+/// A plain interface name (no path separators or dot names).
+fn plain_name(n: &str) -> bool {
+    !n.is_empty() && !n.contains('/') && !n.starts_with('.')
+}
+
+/// A netdev's MTU from `sys/class/net/<netdev>/mtu` under `root`; `None` when unreadable.
+pub fn netdev_mtu(root: &Path, netdev: &str) -> Option<u32> {
+    if !plain_name(netdev) {
+        return None;
+    }
+    let p = in_root(root, &Path::new("sys/class/net").join(netdev).join("mtu"))?;
+    std::fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+/// The interfaces on an RDMA device's PCI function (`sys/class/infiniband/<dev>/device/net`
+/// under `root`), sorted.
+fn device_netdevs(root: &Path, device: &str) -> Vec<String> {
+    if !plain_name(device) {
+        return Vec::new();
+    }
+    let Some(dir) = in_root(
+        root,
+        &Path::new("sys/class/infiniband")
+            .join(device)
+            .join("device/net"),
+    ) else {
+        return Vec::new();
+    };
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| plain_name(n))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_by(|a, b| gdx_topo::natural_cmp(a, b));
+    v
+}
+
+fn port_mtu(
+    device: &str,
+    port: u32,
+    link: LinkKind,
+    state: Option<String>,
+    verbs: (Option<u32>, Option<u32>),
+    netdev: Option<String>,
+    root: &Path,
+) -> PortMtu {
+    let netdev = netdev.map(|n| {
+        let mtu = netdev_mtu(root, &n);
+        (n, mtu)
+    });
+    let roce = netdev
+        .as_ref()
+        .and_then(|(_, m)| m.and_then(roce_mtu_for_netdev));
+    PortMtu {
+        device: device.to_string(),
+        port,
+        link,
+        state,
+        active_mtu: verbs.0,
+        max_mtu: verbs.1,
+        netdev,
+        roce_mtu_for_netdev: roce,
+    }
+}
+
 /// Active/max MTU of every port of `devices` (from [`rdma_devices`]), with the RoCE netdev's
 /// MTU read under `root`.
 pub fn port_mtus(devices: &[VerbsDevice], root: &Path) -> Vec<PortMtu> {
@@ -128,27 +310,55 @@ pub fn port_mtus(devices: &[VerbsDevice], root: &Path) -> Vec<PortMtu> {
         for p in &d.ports {
             let link = LinkKind::from_text(Some(&p.link_layer.to_string()));
             let netdev = (link == LinkKind::Ethernet)
-                .then(|| p.gids.iter().find_map(|g| g.netdev.clone()))
-                .flatten()
-                .map(|n| {
-                    let mtu =
-                        std::fs::read_to_string(root.join("sys/class/net").join(&n).join("mtu"))
-                            .ok()
-                            .and_then(|s| s.trim().parse().ok());
-                    (n, mtu)
-                });
-            let roce = netdev
-                .as_ref()
-                .and_then(|(_, m)| m.and_then(roce_mtu_for_netdev));
-            out.push(PortMtu {
-                device: d.name.clone(),
-                port: u32::from(p.number),
+                .then(|| roce_netdev(&gid::candidates_from_verbs(p), &[]))
+                .flatten();
+            out.push(port_mtu(
+                &d.name,
+                u32::from(p.number),
                 link,
-                active_mtu: p.active_mtu_bytes,
-                max_mtu: p.max_mtu_bytes,
+                Some(p.state.to_string()),
+                (p.active_mtu_bytes, p.max_mtu_bytes),
                 netdev,
-                roce_mtu_for_netdev: roce,
-            });
+                root,
+            ));
+        }
+    }
+    out
+}
+
+/// Verbs `(active_mtu, max_mtu)` in bytes of `(device, port)`, where the caller has them.
+pub type VerbsMtuLookup<'a> = dyn Fn(&str, u32) -> (Option<u32>, Option<u32>) + 'a;
+
+/// The MTUs of every port of every RDMA NIC in `topo`, read from sysfs under `root` (`/` or a
+/// captured `--root`): state and link layer from the topology, the RoCE netdev
+/// ([`roce_netdev`], falling back to the interfaces on the NIC's PCI function) and its MTU.
+/// `verbs(device, port)` gives the verbs `(active_mtu, max_mtu)` in bytes where the caller
+/// has them (libibverbs on the live machine); return `(None, None)` otherwise.
+pub fn port_mtus_at_root(topo: &Topology, root: &Path, verbs: &VerbsMtuLookup<'_>) -> Vec<PortMtu> {
+    let mut out = Vec::new();
+    for nic in topo.nics() {
+        let Some(info) = &nic.nic else { continue };
+        let Some(name) = &info.rdma_name else {
+            continue;
+        };
+        for p in &info.ports {
+            let link = LinkKind::from_text(p.link_layer.as_deref());
+            let netdev = (link == LinkKind::Ethernet)
+                .then(|| {
+                    let mut fallback = info.netdevs.clone();
+                    fallback.extend(device_netdevs(root, name));
+                    roce_netdev(&gid::candidates_from_topo(p), &fallback)
+                })
+                .flatten();
+            out.push(port_mtu(
+                name,
+                p.port,
+                link,
+                p.state.clone(),
+                verbs(name, p.port),
+                netdev,
+                root,
+            ));
         }
     }
     out

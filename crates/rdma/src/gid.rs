@@ -107,6 +107,11 @@ impl GidCandidate {
         }
         (!self.is_link_local() && !self.gid.is_unspecified()).then_some(IpAddr::V6(self.gid))
     }
+
+    /// A RoCE v2 GID carrying an IP address: routable RoCE v2 traffic can be sent from it.
+    pub fn is_routable_v2(&self) -> bool {
+        self.kind == GidKind::RoceV2 && self.ip().is_some()
+    }
 }
 
 /// Parse a sysfs GID (`0000:0000:0000:0000:0000:ffff:0a00:0001`).

@@ -257,3 +257,74 @@ fn verbs_gid_tables_map_like_sysfs_ones() {
     .unwrap();
     assert_eq!(g.index, 3);
 }
+
+#[test]
+fn the_doctor_view_names_the_netdev_and_the_routable_gid() {
+    use gdx_rdma::doctor::roce_gids_with;
+    let m = machine(&[RdmaPort::roce(1, "ens1f0", [10, 0, 0, 1])], |_| {});
+    let nd = SysfsNetdevs::at_root(&m.root);
+    let v = roce_gids_with(&m.topo, &nd, Ok(None));
+    assert!(v[0].is_active());
+    assert_eq!(v[0].netdev.as_deref(), Some("ens1f0"));
+    assert_eq!(v[0].routable_v2().map(|g| g.index), Some(3));
+    assert!(v[0].gid(0).is_some_and(|g| !g.is_routable_v2()));
+    // The override comes from the caller, not from this process's environment.
+    let v = roce_gids_with(&m.topo, &nd, Ok(Some(2)));
+    assert_eq!(v[0].choice.as_ref().unwrap().index, 2);
+    let v = roce_gids_with(&m.topo, &nd, parse_override("x").map(Some));
+    assert!(matches!(v[0].choice, Err(GidError::BadOverride { .. })));
+}
+
+#[test]
+fn port_mtus_under_a_root_read_the_netdev_and_take_verbs_when_given() {
+    use gdx_rdma::doctor::{no_rdma_port_reason, port_mtus_at_root};
+    let m = machine(
+        &[
+            RdmaPort::roce(1, "ens1f0", [10, 0, 0, 1]),
+            RdmaPort::infiniband(2),
+        ],
+        |f| {
+            f.file("sys/class/net/ens1f0/mtu", "1500\n");
+        },
+    );
+    assert_eq!(no_rdma_port_reason(&m.topo, &m.root), None);
+    let none = |_: &str, _: u32| (None, None);
+    let v = port_mtus_at_root(&m.topo, &m.root, &none);
+    assert_eq!(v.len(), 2);
+    assert_eq!(v[0].netdev, Some(("ens1f0".to_string(), Some(1500))));
+    assert_eq!(v[0].roce_mtu_for_netdev, Some(1024));
+    assert_eq!(v[0].effective_mtu(), Some(1024));
+    assert!(v[0].is_active());
+    assert_eq!(v[1].link, LinkKind::InfiniBand);
+    assert_eq!(v[1].netdev, None);
+    assert_eq!(v[1].effective_mtu(), None);
+    let verbs = |d: &str, p: u32| {
+        assert_eq!(d, "mlx5_0");
+        (Some(if p == 1 { 2048 } else { 4096 }), Some(4096))
+    };
+    let v = port_mtus_at_root(&m.topo, &m.root, &verbs);
+    assert_eq!(v[0].effective_mtu(), Some(2048));
+    assert_eq!(v[1].effective_mtu(), Some(4096));
+    assert_eq!(v[1].max_mtu, Some(4096));
+}
+
+#[test]
+fn no_rdma_port_is_explained_from_the_root() {
+    use gdx_rdma::doctor::no_rdma_port_reason;
+    let dir = tempfile::tempdir().unwrap();
+    let mut f = SysfsFixture::new(dir.path());
+    let rp = f.root_port("0000:00", "0000:00:01.0", Some(0));
+    let _nic = f.nic(&rp, "0000:01:00.0");
+    f.module("ib_core", None, &[]);
+    let topo = gdx_topo::from_root(dir.path()).unwrap();
+    let why = no_rdma_port_reason(&topo, dir.path()).unwrap();
+    assert!(
+        why.starts_with("no RDMA device: the kernel has none") && why.contains("ib_core"),
+        "{why}"
+    );
+    // A software device (no PCI function) is named, not silently ignored.
+    std::fs::create_dir_all(dir.path().join("sys/class/infiniband/rxe0")).unwrap();
+    let topo = gdx_topo::from_root(dir.path()).unwrap();
+    let why = no_rdma_port_reason(&topo, dir.path()).unwrap();
+    assert!(why.contains("rxe0") && why.contains("software"), "{why}");
+}

@@ -33,6 +33,9 @@ use super::serve::parse_size;
   gdx bench --path p2p --size 4KiB:1GiB       p2p cases only, 4 KiB to 1 GiB in ×4 steps
   gdx bench --path file --size 1GiB --file-dir /mnt/nvme   file ↔ GPU/host (opt-in), page cache dropped
   gdx bench --path host_to_host_tcp --peer 10.0.0.2:7447   against `gdx serve` on another host
+  gdx bench --path rdma --peer 10.0.0.2:7448  RDMA WRITE/READ against `gdx serve --rdma-listen 0.0.0.0:7448`
+  gdx bench --path rdma                       RDMA loopback through this machine's NIC (opt-in; waived
+                                              with the reason where there is no RDMA device)
   gdx bench --export-json run.json --plot run.svg
   gdx bench --compare old.json                ratio to an earlier run, drops flagged")]
 pub struct BenchArgs {
@@ -41,8 +44,9 @@ pub struct BenchArgs {
     list: bool,
 
     /// Cases to run: a key, an index from --list, a key prefix, or a path name (p2p, staged,
-    /// pinned-ce, pageable-ce, shm, tcp, memcpy, file). Repeat or separate with commas. The
-    /// `file` cases (file ↔ GPU/host through gdx-storage) run only when named.
+    /// pinned-ce, pageable-ce, shm, tcp, memcpy, file, rdma). Repeat or separate with commas.
+    /// The `file` cases (file ↔ GPU/host through gdx-storage) and the `rdma` cases (RDMA
+    /// WRITE/READ through gdx-rdma, never run on hardware) run only when named.
     #[arg(short = 'p', long = "path", value_name = "SEL", value_delimiter = ',')]
     paths: Vec<String>,
 
@@ -80,9 +84,20 @@ pub struct BenchArgs {
     pair: Option<(u32, u32)>,
 
     /// Run the shm/tcp cases against a `gdx serve` agent at this address instead of a
-    /// loopback agent.
+    /// loopback agent. With `--path rdma` (and no --rdma-peer), the address of a
+    /// `gdx serve --rdma-listen` to run the rdma cases against.
     #[arg(long, value_name = "HOST:PORT")]
     peer: Option<String>,
+
+    /// Run the rdma cases against the `gdx serve --rdma-listen` at this address (default:
+    /// --peer, else a loopback server in this process). Needed when the shm/tcp cases run
+    /// against --peer in the same run: the two listen on different ports.
+    #[arg(long, value_name = "HOST:PORT")]
+    rdma_peer: Option<String>,
+
+    /// RDMA device for the rdma cases (default: the NIC nearest to the local memory).
+    #[arg(long, value_name = "NAME")]
+    rdma_device: Option<String>,
 
     /// Region name the peer serves (`gdx serve --name`).
     #[arg(long, value_name = "NAME", default_value = "serve", requires = "peer")]
@@ -388,6 +403,8 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     if let Some(p) = &args.peer {
         ctx.peer = Some((p.clone(), args.peer_region.clone()));
     }
+    ctx.rdma_peer = args.rdma_peer.clone().or_else(|| args.peer.clone());
+    ctx.rdma_device.clone_from(&args.rdma_device);
     ctx.file_dir.clone_from(&args.file_dir);
     let cases = all_cases(&ctx);
     if args.list {
@@ -400,6 +417,20 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     }
     if cases.is_empty() {
         bail!("no case left to run after --path/--pair");
+    }
+    let path_in = |k: &[gdx_bench::PathKind]| cases.iter().any(|c| k.contains(&c.spec().path));
+    if args.peer.is_some()
+        && args.rdma_peer.is_none()
+        && path_in(&[gdx_bench::PathKind::Rdma])
+        && path_in(&[gdx_bench::PathKind::Shm, gdx_bench::PathKind::Tcp])
+    {
+        bail!(
+            "--peer is the gdx serve agent's address for the shm/tcp cases; give the rdma cases \
+             theirs with --rdma-peer HOST:PORT (gdx serve --rdma-listen), or run them separately"
+        );
+    }
+    if path_in(&[gdx_bench::PathKind::Rdma]) {
+        ctx.notes.push(gdx_bench::rdma::METHOD_NOTE.into());
     }
     if args.min_samples > args.max_samples {
         bail!(

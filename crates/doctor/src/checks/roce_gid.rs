@@ -1,92 +1,109 @@
 //! `roce-gid`: every active RoCE (Ethernet link layer) port has a RoCE v2 GID carrying an IP
 //! address. NCCL auto-selects a v2 GID matching its address family; no IP on the netdev means
 //! no such GID, hence connection failures or a fallback to v1 (gdr-checks D1).
+//!
+//! The GID tables, the port's netdev and the GID gdx itself would send from all come from
+//! gdx-rdma ([`gdx_rdma::doctor::roce_gids_with`]) over the sysfs topology of the root, so
+//! this works on a captured `--root`. `NCCL_IB_GID_INDEX` and `GDX_IB_GID_INDEX` are read
+//! from the environment the doctor examines.
 
 use super::Check;
 use crate::context::Context;
 use crate::finding::Finding;
-use crate::pci::{RdmaDev, RdmaPort};
+use gdx_rdma::doctor::{no_rdma_port_reason, roce_gids_with, PortGid};
+use gdx_rdma::gid::{self, GidError, LinkKind, SysfsNetdevs, GID_INDEX_ENV};
 
 /// The `roce-gid` check.
 pub struct RoceGid;
 
-/// One non-empty GID table entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GidEntry {
-    /// Index.
-    pub index: u32,
-    /// The GID text.
-    pub gid: String,
-    /// `RoCE v2`, `IB/RoCE v1`, when readable.
-    pub gid_type: Option<String>,
-    /// Netdev, when readable.
-    pub ndev: Option<String>,
+/// `NCCL_IB_GID_INDEX` as NCCL reads it: a number, else not set.
+fn nccl_forced(ctx: &Context) -> Option<u32> {
+    ctx.env("NCCL_IB_GID_INDEX")
+        .and_then(|v| v.trim().parse().ok())
 }
 
-impl GidEntry {
-    /// RoCE v2.
-    pub fn is_v2(&self) -> bool {
-        self.gid_type.as_deref().is_some_and(|t| t.contains("v2"))
-    }
-
-    /// The IP address the GID carries: IPv4-mapped (`::ffff:a.b.c.d`) or a global IPv6;
-    /// `None` for link-local (`fe80::`) GIDs, which are made from the MAC, not an IP.
-    pub fn ip(&self) -> Option<String> {
-        let groups: Vec<u16> = self
-            .gid
-            .split(':')
-            .map(|g| u16::from_str_radix(g, 16))
-            .collect::<Result<_, _>>()
-            .ok()?;
-        if groups.len() != 8 || groups.iter().all(|g| *g == 0) {
-            return None;
-        }
-        if groups[..5].iter().all(|g| *g == 0) && groups[5] == 0xffff {
-            let (a, b) = (groups[6], groups[7]);
-            return Some(format!("{}.{}.{}.{}", a >> 8, a & 0xff, b >> 8, b & 0xff));
-        }
-        if groups[0] & 0xffc0 == 0xfe80 {
-            return None;
-        }
-        Some(
-            std::net::Ipv6Addr::new(
-                groups[0], groups[1], groups[2], groups[3], groups[4], groups[5], groups[6],
-                groups[7],
-            )
-            .to_string(),
-        )
+/// `GDX_IB_GID_INDEX` from the examined environment.
+fn gdx_override(ctx: &Context) -> Result<Option<u32>, GidError> {
+    match ctx.env(GID_INDEX_ENV) {
+        Some(v) if !v.trim().is_empty() => gid::parse_override(v).map(Some),
+        _ => Ok(None),
     }
 }
 
-/// Non-empty GIDs of a port.
-pub fn gids(ctx: &Context, dev: &RdmaDev, port: u32) -> Vec<GidEntry> {
-    let pd = dev.port_dir(port);
-    ctx.fs
-        .list_or_empty(&format!("{pd}/gids"))
-        .into_iter()
-        .filter_map(|i| i.parse::<u32>().ok())
-        .filter_map(|index| {
-            let gid = ctx.fs.text(&format!("{pd}/gids/{index}"))?;
-            if gid.split(':').all(|g| g.trim_start_matches('0').is_empty()) {
-                return None;
-            }
-            Some(GidEntry {
-                index,
-                gid,
-                gid_type: ctx.fs.text(&format!("{pd}/gid_attrs/types/{index}")),
-                ndev: ctx.fs.text(&format!("{pd}/gid_attrs/ndevs/{index}")),
-            })
-        })
-        .collect()
-}
-
-/// Active Ethernet ports of every RDMA device.
-pub fn roce_ports(ctx: &Context) -> Vec<(&RdmaDev, &RdmaPort)> {
-    ctx.rdma()
+/// One evidence line per populated GID, and the GID gdx would use.
+fn evidence(ctx: &Context, p: &PortGid) -> Vec<String> {
+    let dir = ctx.fs.show(&format!(
+        "sys/class/infiniband/{}/ports/{}",
+        p.device, p.port
+    ));
+    let mut ev: Vec<String> = p
+        .gids
         .iter()
-        .flat_map(|d| d.ports.iter().map(move |p| (d, p)))
-        .filter(|(_, p)| p.is_ethernet() && p.is_active())
-        .collect()
+        .map(|g| {
+            format!(
+                "{dir}/gids/{}: {} ({}, {})",
+                g.index,
+                g.gid,
+                g.kind,
+                g.netdev.as_deref().unwrap_or("ndev ?")
+            )
+        })
+        .collect();
+    ev.push(match &p.choice {
+        Ok(c) => format!("gdx sends from GID {} ({})", c.index, c.reason),
+        Err(e) => format!("gdx: {e}"),
+    });
+    ev
+}
+
+fn port_finding(ctx: &Context, id: &str, p: &PortGid, forced: Option<u32>) -> Finding {
+    let subject = format!("{}/{}", p.device, p.port);
+    let netdev = p.netdev.as_deref().unwrap_or("<netdev>");
+    let fix = format!("assign an IP address to {netdev} (`ip addr add <addr>/<len> dev {netdev}`); keep GID indices consistent across nodes or let NCCL auto-select");
+    let f = match forced {
+        Some(ix) => match p.gid(ix) {
+            Some(g) if g.is_routable_v2() => Finding::pass(
+                id,
+                subject.clone(),
+                format!(
+                    "{subject}: NCCL_IB_GID_INDEX={ix} is RoCE v2 with IP {}",
+                    g.ip().map(|a| a.to_string()).unwrap_or_default()
+                ),
+            ),
+            _ => Finding::fail(
+                id,
+                subject.clone(),
+                format!("{subject}: NCCL_IB_GID_INDEX={ix} is not a RoCE v2 GID with an IP"),
+            )
+            .fix("unset NCCL_IB_GID_INDEX (NCCL picks a v2 GID itself) or point it at a v2 entry listed in the evidence"),
+        },
+        None => match p.routable_v2() {
+            Some(g) => Finding::pass(
+                id,
+                subject.clone(),
+                format!(
+                    "{subject}: RoCE v2 GID {} carries IP {}",
+                    g.index,
+                    g.ip().map(|a| a.to_string()).unwrap_or_default()
+                ),
+            ),
+            None => Finding::fail(
+                id,
+                subject.clone(),
+                format!("{subject}: no RoCE v2 GID with an IP address: RoCE v2 connections cannot be made"),
+            )
+            .fix(fix),
+        },
+    };
+    // A GDX_IB_GID_INDEX gdx cannot use breaks gdx's own connections even when NCCL's are fine.
+    let f = match (&p.choice, f.status) {
+        (Err(e @ (GidError::BadOverride { .. } | GidError::OverrideNotFound { .. })), crate::Status::Pass) => {
+            Finding::warn(id, subject.clone(), format!("{subject}: {e}"))
+                .fix(format!("unset {GID_INDEX_ENV} (gdx then picks a RoCE v2 GID itself) or point it at an index listed in the evidence"))
+        }
+        _ => f,
+    };
+    f.evidence_all(evidence(ctx, p))
 }
 
 impl Check for RoceGid {
@@ -98,7 +115,25 @@ impl Check for RoceGid {
     }
     fn run(&self, ctx: &Context) -> Vec<Finding> {
         let id = self.id();
-        let ports = roce_ports(ctx);
+        let topo = match ctx.sysfs_topology() {
+            Ok(t) => t,
+            Err(why) => {
+                return vec![Finding::skip(
+                    id,
+                    "host",
+                    format!("RDMA ports unreadable: {why}"),
+                )]
+            }
+        };
+        let root = ctx.fs.root();
+        let all = roce_gids_with(&topo, &SysfsNetdevs::at_root(root), gdx_override(ctx));
+        if let Some(why) = no_rdma_port_reason(&topo, root) {
+            return vec![Finding::skip(id, "host", why)];
+        }
+        let ports: Vec<&PortGid> = all
+            .iter()
+            .filter(|p| p.link == LinkKind::Ethernet && p.is_active())
+            .collect();
         if ports.is_empty() {
             return vec![Finding::skip(
                 id,
@@ -106,60 +141,10 @@ impl Check for RoceGid {
                 "no active RoCE (Ethernet link layer) port",
             )];
         }
-        let forced: Option<u32> = ctx
-            .env("NCCL_IB_GID_INDEX")
-            .and_then(|v| v.trim().parse().ok());
+        let forced = nccl_forced(ctx);
         ports
             .into_iter()
-            .map(|(d, p)| {
-                let subject = format!("{}/{}", d.name, p.port);
-                let gs = gids(ctx, d, p.port);
-                let ev: Vec<String> = gs
-                    .iter()
-                    .map(|g| {
-                        format!(
-                            "{}/gids/{}: {} ({}, {})",
-                            ctx.fs.show(&d.port_dir(p.port)),
-                            g.index,
-                            g.gid,
-                            g.gid_type.as_deref().unwrap_or("type ?"),
-                            g.ndev.as_deref().unwrap_or("ndev ?")
-                        )
-                    })
-                    .collect();
-                let good: Vec<&GidEntry> = gs.iter().filter(|g| g.is_v2() && g.ip().is_some()).collect();
-                let netdev = d.netdevs.first().cloned().unwrap_or_else(|| "<netdev>".into());
-                let fix = format!("assign an IP address to {netdev} (`ip addr add <addr>/<len> dev {netdev}`); keep GID indices consistent across nodes or let NCCL auto-select");
-                let f = match forced {
-                    Some(ix) => match gs.iter().find(|g| g.index == ix) {
-                        Some(g) if g.is_v2() && g.ip().is_some() => Finding::pass(
-                            id,
-                            subject.clone(),
-                            format!("{subject}: NCCL_IB_GID_INDEX={ix} is RoCE v2 with IP {}", g.ip().unwrap_or_default()),
-                        ),
-                        _ => Finding::fail(
-                            id,
-                            subject.clone(),
-                            format!("{subject}: NCCL_IB_GID_INDEX={ix} is not a RoCE v2 GID with an IP"),
-                        )
-                        .fix("unset NCCL_IB_GID_INDEX (NCCL picks a v2 GID itself) or point it at a v2 entry listed in the evidence"),
-                    },
-                    None => match good.first() {
-                        Some(g) => Finding::pass(
-                            id,
-                            subject.clone(),
-                            format!("{subject}: RoCE v2 GID {} carries IP {}", g.index, g.ip().unwrap_or_default()),
-                        ),
-                        None => Finding::fail(
-                            id,
-                            subject.clone(),
-                            format!("{subject}: no RoCE v2 GID with an IP address: RoCE v2 connections cannot be made"),
-                        )
-                        .fix(fix),
-                    },
-                };
-                f.evidence_all(ev)
-            })
+            .map(|p| port_finding(ctx, id, p, forced))
             .collect()
     }
 }
@@ -209,7 +194,19 @@ mod tests {
         let fs = run(&RoceGid, &tree(true).ctx().build());
         assert_eq!(fs[0].status, Status::Pass, "{fs:#?}");
         assert!(fs[0].message.contains("GID 3 carries IP 192.168.242.56"));
-        assert_eq!(fs[0].evidence.len(), 4, "the all-zero entry is not listed");
+        let gids = fs[0]
+            .evidence
+            .iter()
+            .filter(|e| e.contains("/gids/"))
+            .count();
+        assert_eq!(gids, 4, "the all-zero entry is not listed: {fs:#?}");
+        assert!(
+            fs[0]
+                .evidence
+                .iter()
+                .any(|e| e.starts_with("gdx sends from GID 3")),
+            "{fs:#?}"
+        );
     }
 
     #[test]
@@ -243,5 +240,35 @@ mod tests {
             None,
         );
         assert_eq!(run(&RoceGid, &t.ctx().build())[0].status, Status::Skip);
+    }
+
+    #[test]
+    fn a_gdx_gid_index_the_port_lacks_is_a_warning() {
+        let t = tree(true);
+        let fs = run(&RoceGid, &t.ctx().env("GDX_IB_GID_INDEX", "7").build());
+        assert_eq!(fs[0].status, Status::Warn, "{fs:#?}");
+        assert!(fs[0].message.contains("GDX_IB_GID_INDEX=7"), "{fs:#?}");
+        assert!(fs[0]
+            .fix
+            .as_deref()
+            .unwrap()
+            .contains("unset GDX_IB_GID_INDEX"));
+        let fs = run(&RoceGid, &t.ctx().env("GDX_IB_GID_INDEX", "3").build());
+        assert_eq!(fs[0].status, Status::Pass, "{fs:#?}");
+    }
+
+    #[test]
+    fn no_rdma_device_is_skipped_with_the_reason() {
+        let t = Tree::new();
+        t.nic("pci0000:00", &[], "0000:00:03.0");
+        t.dir("sys/module/mlx5_core");
+        let fs = run(&RoceGid, &t.ctx().build());
+        assert_eq!(fs.len(), 1);
+        assert_eq!(fs[0].status, Status::Skip);
+        let why = fs[0].reason.as_deref().unwrap();
+        assert!(
+            why.starts_with("no RDMA device: the kernel has none") && why.contains("mlx5"),
+            "{why}"
+        );
     }
 }

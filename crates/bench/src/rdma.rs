@@ -1,0 +1,385 @@
+//! RDMA cases (`gdx bench --path rdma`, opt-in): perftest-style RDMA WRITE and READ bandwidth
+//! and latency through gdx-rdma's bench ([`gdx_rdma::bench`]), with host or GPU memory here
+//! and host or GPU 0 memory on the other side.
+//!
+//! The other side is `gdx serve --rdma-listen` at the address given (`--peer`, or
+//! `--rdma-peer` when the shm/tcp cases run against the engine agent in the same run), or,
+//! without one, a loopback server in this process whose traffic loops through the NIC.
+//!
+//! Without libibverbs, without an RDMA device or without an ACTIVE port, every case is waived
+//! with gdx-rdma's discovery reason ("no RDMA device: libibverbs lists no devices and ...").
+//!
+//! Method (gdx-rdma's, not the wall-clock loop of the other cases): per size, `--warmup`
+//! operations, then `--min-samples` bandwidth samples of `--iters` operations (default
+//! `--max-samples`, fewer for large sizes so one sample stays near `--duration` at
+//! [`ASSUMED_BYTES_PER_S`]) with a window of operations in flight, then as many single
+//! operations timed from post to completion: the latency is one round trip, not perftest's
+//! half. Host ↔ host runs are pattern-checked; GPU memory is not. These cases have never run
+//! on hardware (see `docs/rdma.md`).
+
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use gdx_rdma::bench::{
+    bench_key, bench_loopback, bench_rdma, BenchMem, BenchOp, BenchParams, BenchReport, TcpControl,
+};
+use gdx_rdma::RdmaError;
+
+use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived};
+use crate::report::Row;
+use crate::stats::quantile;
+use crate::Ctx;
+
+/// The rate a bandwidth sample is sized for (NIC ports run up to 400 Gb/s = 50 GB/s), so a
+/// sample of a large size stays near `--duration`.
+pub const ASSUMED_BYTES_PER_S: f64 = 25e9;
+
+/// The header note of a run with rdma cases: their method differs from the other cases'.
+pub const METHOD_NOTE: &str = "rdma cases: gdx-rdma's method: per size, warm-up operations, then --min-samples bandwidth samples of --iters operations (default --max-samples; fewer for large sizes) with 64 in flight, median reported; latency = post to completion of one operation (a round trip, not perftest's half); never run on hardware";
+
+/// The name of the other side when there is no peer.
+pub const LOOPBACK: &str = "loopback";
+
+/// One RDMA case: an operation between memory here and memory there.
+struct RdmaCase {
+    spec: CaseSpec,
+    op: BenchOp,
+    local: BenchMem,
+    remote: BenchMem,
+    peer: Option<String>,
+}
+
+fn describe(mem: BenchMem) -> String {
+    match mem {
+        BenchMem::Host => "host memory".into(),
+        BenchMem::Gpu(n) => format!("GPU{n} memory"),
+    }
+}
+
+fn end(mem: BenchMem, remote: Option<&str>) -> End {
+    match (mem, remote) {
+        (BenchMem::Host, None) => End::Host,
+        (BenchMem::Gpu(n), None) => End::Gpu(n),
+        (BenchMem::Host, Some(a)) => End::Remote(a.to_string()),
+        (BenchMem::Gpu(n), Some(a)) => End::RemoteGpu(a.to_string(), n),
+    }
+}
+
+/// gdx-rdma's parameters for one case under the run's `params`.
+pub fn bench_params(
+    ctx: &Ctx,
+    params: &Params,
+    op: BenchOp,
+    local: BenchMem,
+    remote: BenchMem,
+) -> BenchParams {
+    let iterations = params.iters.unwrap_or(params.max_samples).max(1);
+    BenchParams {
+        op,
+        local,
+        remote,
+        sizes: params.sizes.clone(),
+        iterations,
+        warmup: params.warmup,
+        samples: params.min_samples.max(1),
+        device: ctx.rdma_device.clone(),
+        // A fixed --iters is taken as given; otherwise large sizes run fewer operations.
+        max_bytes_per_sample: params
+            .iters
+            .is_none()
+            .then_some((params.duration.as_secs_f64() * ASSUMED_BYTES_PER_S) as u64),
+        ..BenchParams::default()
+    }
+}
+
+/// The report's rows in the bench's terms: bandwidth from the samples (median, min, max;
+/// `samples_s` holds the seconds per transfer of each sample),
+/// latency p50/p99 from the post-to-completion samples, the devices and registration
+/// mechanisms in the note. `verify` false drops the pattern check's result.
+pub fn rows(spec: &CaseSpec, report: &BenchReport, verify: bool) -> Vec<Row> {
+    // Figures straight from the f64 samples: going through `Duration` would round
+    // sub-microsecond transfers to whole nanoseconds.
+    let sorted = |v: &[f64]| {
+        let mut s: Vec<f64> = v
+            .iter()
+            .copied()
+            .filter(|x| x.is_finite() && *x >= 0.0)
+            .collect();
+        s.sort_by(f64::total_cmp);
+        s
+    };
+    report
+        .rows
+        .iter()
+        .map(|r| {
+            let mut row = Row::new(spec, r.size);
+            let bw: Vec<f64> = sorted(&r.bandwidth_samples)
+                .into_iter()
+                .filter(|b| *b > 0.0)
+                .collect();
+            row.bw_gbps = quantile(&bw, 0.5).map(|b| b / 1e9);
+            row.bw_min_gbps = bw.first().map(|b| b / 1e9);
+            row.bw_max_gbps = bw.last().map(|b| b / 1e9);
+            row.samples_s = bw.iter().map(|b| r.size as f64 / b).collect();
+            let lat = sorted(&r.latency_samples);
+            row.lat_p50_us = quantile(&lat, 0.5).map(|x| x * 1e6);
+            row.lat_p99_us = quantile(&lat, 0.99).map(|x| x * 1e6);
+            row.lat_samples_s = lat;
+            row.iters = u64::from(r.iterations) * bw.len() as u64;
+            row.verified = if verify { report.verified } else { None };
+            if row.verified == Some(false) {
+                row.add_note("verification failed: the pattern checksum differs");
+            }
+            row.add_note(format!(
+                "local {} ({}), remote {} ({}), {} QP{}; latency is post to completion (one round trip, not perftest's half)",
+                report.local_device,
+                report.local_mechanism,
+                report.remote_device,
+                report.remote_mechanism,
+                report.qps,
+                if report.qps == 1 { "" } else { "s" }
+            ));
+            row
+        })
+        .collect()
+}
+
+/// Connect a control channel to `gdx serve --rdma-listen` at `addr`.
+fn connect(addr: &str, timeout: Duration) -> Result<TcpControl, String> {
+    let what = format!("connecting to gdx serve --rdma-listen at {addr}");
+    let addrs: Vec<_> = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("{what}: {e}"))?
+        .collect();
+    let mut last = format!("{what}: the address resolves to nothing");
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => return Ok(TcpControl(s)),
+            Err(e) => last = format!("{what}: {e}"),
+        }
+    }
+    Err(last)
+}
+
+impl BenchCase for RdmaCase {
+    fn spec(&self) -> &CaseSpec {
+        &self.spec
+    }
+
+    fn applicable(&self, ctx: &Ctx) -> Result<(), Waived> {
+        ctx.rdma().map_err(Waived)?;
+        if let BenchMem::Gpu(n) = self.local {
+            let cuda = ctx.cuda().map_err(|e| {
+                Waived(format!(
+                    "no CUDA driver ({})",
+                    e.split(": tried").next().unwrap_or(&e)
+                ))
+            })?;
+            let count = cuda.device_count().unwrap_or(0);
+            if n >= count {
+                return Err(Waived(format!(
+                    "GPU{n} is not present ({count} CUDA device{})",
+                    if count == 1 { "" } else { "s" }
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), String> {
+        let p = bench_params(ctx, params, self.op, self.local, self.remote);
+        let report = match &self.peer {
+            Some(addr) => {
+                let mut ctrl = connect(addr, p.timeout)?;
+                bench_rdma(&mut ctrl, &p)
+            }
+            None => bench_loopback(&p),
+        }
+        .map_err(|e| match e {
+            RdmaError::Control(m) if m.starts_with("peer: ") => format!("gdx serve side: {m}"),
+            e => e.to_string(),
+        })?;
+        for row in rows(&self.spec, &report, params.verify) {
+            sink(row);
+        }
+        Ok(())
+    }
+
+    fn opt_in(&self) -> bool {
+        true
+    }
+}
+
+/// The rdma cases against `peer` (a `gdx serve --rdma-listen` address; a loopback server when
+/// `None`): WRITE and READ between host or each of `gpus` GPUs here and host or GPU 0 memory
+/// there.
+pub fn cases(peer: Option<&str>, gpus: u32) -> Vec<Box<dyn BenchCase>> {
+    let there = peer.unwrap_or(LOOPBACK);
+    let where_ = peer.map_or(
+        "a loopback server in this process (through the NIC)".to_string(),
+        |p| format!("the gdx serve --rdma-listen at {p}"),
+    );
+    let locals: Vec<BenchMem> = std::iter::once(BenchMem::Host)
+        .chain((0..gpus).map(BenchMem::Gpu))
+        .collect();
+    let mut v: Vec<Box<dyn BenchCase>> = Vec::new();
+    for op in [BenchOp::Write, BenchOp::Read] {
+        for &local in &locals {
+            for remote in [BenchMem::Host, BenchMem::Gpu(0)] {
+                let (l, r) = (end(local, None), end(remote, Some(there)));
+                let (src, dst, description) = match op {
+                    BenchOp::Write => (
+                        l,
+                        r,
+                        format!(
+                            "RDMA WRITE from {} here into {} of {where_}",
+                            describe(local),
+                            describe(remote)
+                        ),
+                    ),
+                    BenchOp::Read => (
+                        r,
+                        l,
+                        format!(
+                            "RDMA READ from {} of {where_} into {} here",
+                            describe(remote),
+                            describe(local)
+                        ),
+                    ),
+                };
+                v.push(Box::new(RdmaCase {
+                    spec: CaseSpec {
+                        key: bench_key(op, local, remote),
+                        description,
+                        path: PathKind::Rdma,
+                        src,
+                        dst,
+                        bidir: false,
+                    },
+                    op,
+                    local,
+                    remote,
+                    peer: peer.map(str::to_string),
+                }));
+            }
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::Status;
+    use gdx_rdma::bench::BenchRow;
+    use gdx_rdma::Mechanism;
+
+    #[test]
+    fn keys_ends_and_opt_in() {
+        let c = cases(None, 1);
+        assert_eq!(c.len(), 8);
+        let keys: Vec<&str> = c.iter().map(|c| c.spec().key.as_str()).collect();
+        for k in [
+            "host_to_remote_host_rdma_write",
+            "gpu0_to_remote_gpu0_rdma_write",
+            "remote_host_to_host_rdma_read",
+            "remote_gpu0_to_gpu0_rdma_read",
+        ] {
+            assert!(keys.contains(&k), "{k} in {keys:?}");
+        }
+        assert!(c
+            .iter()
+            .all(|c| c.opt_in() && c.spec().path == PathKind::Rdma));
+        let read = c
+            .iter()
+            .find(|c| c.spec().key == "remote_gpu0_to_host_rdma_read")
+            .unwrap();
+        assert_eq!(read.spec().src.name(), "remote:loopback/gpu0");
+        assert_eq!(read.spec().dst.name(), "host");
+        let p = cases(Some("10.0.0.2:7448"), 1);
+        assert_eq!(p[0].spec().dst.name(), "remote:10.0.0.2:7448");
+        assert!(p[0].spec().description.contains("10.0.0.2:7448"));
+    }
+
+    #[test]
+    fn without_rdma_every_case_is_waived_with_the_reason() {
+        let ctx = Ctx::without_devices();
+        for c in cases(None, 1) {
+            let w = c.applicable(&ctx).unwrap_err();
+            assert!(w.0.contains("RDMA cases disabled"), "{w}");
+        }
+        // This machine: the reason is gdx-rdma's own.
+        let live = Ctx::default();
+        if let Err(u) = gdx_rdma::discover() {
+            let w = cases(None, 1)[0].applicable(&live).unwrap_err();
+            assert_eq!(w.0, u.to_string());
+        }
+    }
+
+    #[test]
+    fn params_follow_the_run() {
+        let ctx = Ctx::without_devices();
+        let params = Params {
+            sizes: vec![8, 1 << 30],
+            ..Params::default()
+        };
+        let p = bench_params(
+            &ctx,
+            &params,
+            BenchOp::Read,
+            BenchMem::Host,
+            BenchMem::Gpu(0),
+        );
+        assert_eq!(p.sizes, vec![8, 1 << 30]);
+        assert_eq!(p.samples, 3);
+        assert_eq!(p.iterations_for(8), 1000);
+        assert_eq!(p.iterations_for(1 << 30), 4, "200 ms at 25 GB/s");
+        let fixed = bench_params(
+            &ctx,
+            &Params {
+                iters: Some(5),
+                ..params
+            },
+            BenchOp::Write,
+            BenchMem::Host,
+            BenchMem::Host,
+        );
+        assert_eq!(fixed.iterations_for(1 << 30), 5);
+    }
+
+    #[test]
+    fn a_report_becomes_rows() {
+        let spec = cases(None, 0)[0].spec().clone();
+        let report = BenchReport {
+            key: spec.key.clone(),
+            local_device: "mlx5_0 port 1".into(),
+            remote_device: "mlx5_1 port 1".into(),
+            local_mechanism: Mechanism::HostMr,
+            remote_mechanism: Mechanism::DmaBuf,
+            qps: 2,
+            verified: Some(true),
+            rows: vec![BenchRow {
+                size: 1 << 20,
+                iterations: 100,
+                bandwidth_samples: vec![10e9, 20e9, 12.5e9],
+                bandwidth_median: 12.5e9,
+                latency_samples: vec![4e-6, 5e-6, 6e-6],
+                latency_median: 5e-6,
+            }],
+        };
+        let r = rows(&spec, &report, true);
+        assert_eq!(r.len(), 1);
+        let row = &r[0];
+        assert_eq!(row.status, Status::Passed);
+        assert!((row.bw_gbps.unwrap() - 12.5).abs() < 1e-9);
+        assert!((row.bw_min_gbps.unwrap() - 10.0).abs() < 1e-9);
+        assert!((row.bw_max_gbps.unwrap() - 20.0).abs() < 1e-9);
+        assert!((row.lat_p50_us.unwrap() - 5.0).abs() < 1e-6);
+        assert_eq!(row.iters, 300);
+        assert_eq!(row.verified, Some(true));
+        let note = row.note.as_deref().unwrap();
+        assert!(note.contains("mlx5_0 port 1 (host ibv_reg_mr)") && note.contains("dma-buf"));
+        assert!(note.contains("2 QPs"));
+        assert_eq!(rows(&spec, &report, false)[0].verified, None);
+    }
+}
