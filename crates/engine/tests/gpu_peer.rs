@@ -209,7 +209,7 @@ fn gpu_regions_over_shm_in_one_process_are_staged_with_the_reason() {
     let Some(lp) = open("gpu_regions_over_shm") else {
         return;
     };
-    let size = (8 << 20) + 64;
+    let size = (64 << 20) + 16;
     let target = agent("target", true);
     let remote = lp.alloc_device(other_gpu(&lp), size).unwrap();
     let _served = target

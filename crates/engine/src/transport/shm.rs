@@ -52,6 +52,9 @@ struct Worker {
     conn: Conn,
     bounce: Mapping,
     maps: HashMap<u64, (Mapping, bool)>,
+    /// Remote GPU regions mapped through their IPC handle or fd, by remote region id (dropped
+    /// when the target says the region is gone, or with the connection).
+    imports: HashMap<u64, crate::gpu::DeviceRegion>,
     wait: Duration,
 }
 
@@ -92,6 +95,7 @@ impl ShmTransport {
             conn,
             bounce,
             maps: HashMap::new(),
+            imports: HashMap::new(),
             wait: io_timeout,
         };
         std::thread::Builder::new()
@@ -197,6 +201,11 @@ impl Worker {
                     return Err(Error::Protocol("ShmBeginResult index out of range".into()));
                 }
                 batch_ok[j] = false;
+                if matches!(e, Error::NoSuchRegion { .. } | Error::RegionGone { .. }) {
+                    let gone = xfer.ops[batch[j]].remote.id;
+                    self.imports.remove(&gone);
+                    self.maps.remove(&gone);
+                }
                 xfer.chunk_done(batch[j], 0, Err(e));
             }
             let mut done = Vec::new();
@@ -321,31 +330,42 @@ impl Worker {
         let ipc = op.remote.ipc.as_ref().ok_or_else(|| {
             Error::Unavailable(format!("remote region {} has no IPC handle", op.remote.id))
         })?;
-        let remote = match ipc.posix_fd_alloc_len {
-            None => dev.peer.import_ipc(ipc)?,
-            Some(_) => match dev.peer.imported(ipc) {
-                Some(r) => r,
-                None => {
-                    // A VMM region: ask the target for its fd (once while the mapping lives).
-                    let fd = self.request_fd(op.remote.id, op.remote.key)?;
-                    dev.peer.import_fd(ipc, fd.as_fd())?
-                }
-            },
+        // Keep the mapping for the life of this connection: mapping a CUDA IPC handle costs
+        // far more than a copy's set-up, so it is done once per remote region.
+        let remote = match self.imports.get(&op.remote.id) {
+            Some(r) => r.clone(),
+            None => {
+                let r = match ipc.posix_fd_alloc_len {
+                    None => dev.peer.import_ipc(ipc)?,
+                    Some(_) => match dev.peer.imported(ipc) {
+                        Some(r) => r,
+                        None => {
+                            // A VMM region: ask the target for its fd.
+                            let fd = self.request_fd(op.remote.id, op.remote.key)?;
+                            dev.peer.import_fd(ipc, fd.as_fd())?
+                        }
+                    },
+                };
+                self.imports.insert(op.remote.id, r.clone());
+                r
+            }
         };
         let kind = match op.kind {
             OpKind::Write => LeaseKind::Source,
             OpKind::Read => LeaseKind::Sink,
         };
         let _lease = op.local.lease(kind, self.wait)?;
-        match op.kind {
-            OpKind::Write => dev.peer.copy_blocking(
+        // `transfer` (not `copy_blocking`): large copies split over several copy engines, as
+        // between two GPUs of one process.
+        let t = match op.kind {
+            OpKind::Write => dev.peer.transfer(
                 &remote,
                 op.remote_offset,
                 &dev.region,
                 op.local_offset,
                 op.len,
             )?,
-            OpKind::Read => dev.peer.copy_blocking(
+            OpKind::Read => dev.peer.transfer(
                 &dev.region,
                 op.local_offset,
                 &remote,
@@ -353,6 +373,7 @@ impl Worker {
                 op.len,
             )?,
         };
+        t.wait()?;
         Ok(())
     }
 
