@@ -209,6 +209,16 @@ struct Landing {
     _lease: Lease,
 }
 
+/// Rejects one op chunk; the stream stays usable.
+fn op_err(c: &mut Conn, (xfer, op, chunk): (u64, u32, u32), err: Error) -> Result<()> {
+    c.send(&Msg::OpErr {
+        xfer,
+        op,
+        chunk,
+        err,
+    })
+}
+
 /// Acknowledges queued GPU writes, oldest first, until at most `keep` remain.
 fn land(c: &mut Conn, stager: &Stager, q: &mut VecDeque<Landing>, keep: usize) -> Result<()> {
     while q.len() > keep {
@@ -216,12 +226,7 @@ fn land(c: &mut Conn, stager: &Stager, q: &mut VecDeque<Landing>, keep: usize) -
         let (xfer, op, chunk) = l.ack;
         match stager.wait(l.ticket) {
             Ok(()) => c.send(&Msg::WriteAck { xfer, op, chunk })?,
-            Err(err) => c.send(&Msg::OpErr {
-                xfer,
-                op,
-                chunk,
-                err,
-            })?,
+            Err(err) => op_err(c, (xfer, op, chunk), err)?,
         }
     }
     Ok(())
@@ -265,12 +270,7 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
                     Err(err) => {
                         c.discard_payload(payload as usize)?;
                         land(c, &stager, &mut landing, 0)?;
-                        c.send(&Msg::OpErr {
-                            xfer,
-                            op,
-                            chunk,
-                            err,
-                        })?;
+                        op_err(c, (xfer, op, chunk), err)?;
                         continue;
                     }
                 };
@@ -300,12 +300,7 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
                     }),
                     Err(err) => {
                         land(c, &stager, &mut landing, 0)?;
-                        c.send(&Msg::OpErr {
-                            xfer,
-                            op,
-                            chunk,
-                            err,
-                        })?;
+                        op_err(c, (xfer, op, chunk), err)?;
                     }
                 }
             }
@@ -326,12 +321,7 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
                         len: len.into(),
                         limit: crate::wire::MAX_PAYLOAD.into(),
                     };
-                    c.send(&Msg::OpErr {
-                        xfer,
-                        op,
-                        chunk,
-                        err,
-                    })?;
+                    op_err(c, (xfer, op, chunk), err)?;
                     continue;
                 }
                 let staged = |lease: &Lease, stager: &mut Stager| -> Result<Option<Ticket>> {
@@ -355,12 +345,7 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
                                 len,
                             )?
                         },
-                        Err(err) => c.send(&Msg::OpErr {
-                            xfer,
-                            op,
-                            chunk,
-                            err,
-                        })?,
+                        Err(err) => op_err(c, (xfer, op, chunk), err)?,
                     },
                     Ok((None, lease)) => {
                         // SAFETY: the Source lease covers offset..offset+len (bounds-checked).
@@ -372,12 +357,7 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
                             )?
                         };
                     }
-                    Err(err) => c.send(&Msg::OpErr {
-                        xfer,
-                        op,
-                        chunk,
-                        err,
-                    })?,
+                    Err(err) => op_err(c, (xfer, op, chunk), err)?,
                 }
             }
             Msg::Bye => return Ok(()),

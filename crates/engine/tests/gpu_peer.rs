@@ -162,16 +162,8 @@ fn gpu_regions_over_tcp_are_staged_and_exact() {
     assert!(got[9..9 + (3 << 20) - 1] == data[1..]);
     assert_eq!(got[8], POISON);
 
-    let served_host = target
-        .alloc(2 << 20, Access::READ_WRITE, Some("h"))
-        .unwrap();
-    let hdesc = peer.region("h").unwrap();
-    let data = random_vec(2 << 20, 6);
-    lp.upload(&local_dev, 0, &data).unwrap();
-    let mut t = Transfer::new();
-    t.write(&local, 0, &hdesc, 0, 2 << 20);
-    assert_eq!(run(&peer, t), Path::TcpStaged);
-    assert!(*served_host.bytes().unwrap() == data[..]);
+    let path = gpu_into_remote_host(&lp, &peer, &target, (&local, &local_dev), 2 << 20);
+    assert_eq!(path, Path::TcpStaged);
 }
 
 #[test]
@@ -244,16 +236,28 @@ fn gpu_regions_over_shm_in_one_process_are_staged_with_the_reason() {
     );
 
     // A local GPU region into a remote agent-allocated host region: one mapped copy.
-    let served_host = target
-        .alloc(3 << 20, Access::READ_WRITE, Some("h"))
-        .unwrap();
-    let hdesc = peer.region("h").unwrap();
-    let data = random_vec(3 << 20, 8);
-    lp.upload(&local_dev, 0, &data).unwrap();
+    let path = gpu_into_remote_host(&lp, &peer, &target, (&local, &local_dev), 3 << 20);
+    assert_eq!(path, Path::Shm);
+}
+
+/// Writes `len` random bytes from a local GPU region into a fresh host region of `target`,
+/// checks them there, and returns the op's path.
+fn gpu_into_remote_host(
+    lp: &LocalPeer,
+    peer: &Peer,
+    target: &Agent,
+    (local, local_dev): (&Region<'_>, &DeviceRegion),
+    len: u64,
+) -> Path {
+    let served = target.alloc(len, Access::READ_WRITE, Some("h")).unwrap();
+    let desc = peer.region("h").unwrap();
+    let data = random_vec(len as usize, len);
+    lp.upload(local_dev, 0, &data).unwrap();
     let mut t = Transfer::new();
-    t.write(&local, 0, &hdesc, 0, 3 << 20);
-    assert_eq!(run(&peer, t), Path::Shm);
-    assert!(*served_host.bytes().unwrap() == data[..]);
+    t.write(local, 0, &desc, 0, len);
+    let path = run(peer, t);
+    assert!(*served.bytes().unwrap() == data[..]);
+    path
 }
 
 #[test]

@@ -5,8 +5,11 @@
 //! `XferState::chunk_done` / `fail_pending`, delivers the notification and calls `finish`: tcp
 //! (with GPU staging), shm (with the GPU ipc path) and rdma.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
 
+use crate::error::{Error, Result};
 use crate::transfer::XferState;
 
 pub(crate) mod rdma;
@@ -23,4 +26,57 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug {
 
     /// Stops accepting work and closes the connection; running transfers fail with `PeerLost`.
     fn close(&self);
+}
+
+/// The submit side of a transport that runs whole transfers one at a time on its own thread
+/// (shm, rdma): a queue to that thread and the connection's liveness.
+#[derive(Debug)]
+pub(crate) struct SerialQueue {
+    tx: Mutex<Option<Sender<Arc<XferState>>>>,
+    alive: Arc<AtomicBool>,
+}
+
+impl SerialQueue {
+    /// Starts thread `name` running `run` over the queued transfers; `run` clears the flag it is
+    /// given when the connection breaks.
+    pub(crate) fn spawn(
+        name: &str,
+        run: impl FnOnce(Receiver<Arc<XferState>>, Arc<AtomicBool>) + Send + 'static,
+    ) -> Result<SerialQueue> {
+        let (tx, rx) = channel();
+        let alive = Arc::new(AtomicBool::new(true));
+        let a = Arc::clone(&alive);
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || run(rx, a))
+            .map_err(|e| Error::os("spawn", e))?;
+        Ok(SerialQueue {
+            tx: Mutex::new(Some(tx)),
+            alive,
+        })
+    }
+
+    /// Queues `xfer`, or fails it with `PeerLost` once the queue is closed.
+    pub(crate) fn submit(&self, xfer: Arc<XferState>) {
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let rejected = match tx {
+            Some(tx) => tx.send(xfer).err().map(|e| e.0),
+            None => Some(xfer),
+        };
+        if let Some(x) = rejected {
+            x.fail_pending(&Error::PeerLost("peer connection closed".into()));
+            x.finish();
+        }
+    }
+
+    /// Whether the connection is still usable.
+    pub(crate) fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+
+    /// Stops accepting transfers (the thread ends after the queued ones).
+    pub(crate) fn close(&self) {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.alive.store(false, Ordering::SeqCst);
+    }
 }

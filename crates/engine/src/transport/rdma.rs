@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,7 +36,7 @@ use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::region::{LeaseKind, RegionInner, RegionKey, Registry};
 use crate::transfer::{OpKind, XferState};
-use crate::transport::Transport;
+use crate::transport::{SerialQueue, Transport};
 use crate::wire::Msg;
 
 /// Queue pairs per peer connection.
@@ -231,8 +231,7 @@ impl RdmaNode {
 /// Runs transfers over one peer's queue pairs, one transfer at a time, on a worker thread.
 #[derive(Debug)]
 pub(crate) struct RdmaTransport {
-    tx: Mutex<Option<Sender<Arc<XferState>>>>,
-    alive: Arc<AtomicBool>,
+    queue: SerialQueue,
 }
 
 struct Worker {
@@ -251,9 +250,6 @@ impl RdmaTransport {
         control: Arc<Mutex<Conn>>,
         wait: Duration,
     ) -> Result<RdmaTransport> {
-        let (tx, rx) = channel();
-        let alive = Arc::new(AtomicBool::new(true));
-        let a = Arc::clone(&alive);
         let w = Worker {
             node,
             qp,
@@ -261,37 +257,22 @@ impl RdmaTransport {
             remote: HashMap::new(),
             wait,
         };
-        std::thread::Builder::new()
-            .name("gdx-rdma".into())
-            .spawn(move || worker(w, rx, a))
-            .map_err(|e| Error::os("spawn", e))?;
-        Ok(RdmaTransport {
-            tx: Mutex::new(Some(tx)),
-            alive,
-        })
+        let queue = SerialQueue::spawn("gdx-rdma", move |rx, alive| worker(w, rx, alive))?;
+        Ok(RdmaTransport { queue })
     }
 }
 
 impl Transport for RdmaTransport {
     fn submit(&self, xfer: Arc<XferState>) {
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let rejected = match tx {
-            Some(tx) => tx.send(xfer).err().map(|e| e.0),
-            None => Some(xfer),
-        };
-        if let Some(x) = rejected {
-            x.fail_pending(&Error::PeerLost("peer connection closed".into()));
-            x.finish();
-        }
+        self.queue.submit(xfer);
     }
 
     fn is_alive(&self) -> bool {
-        self.alive.load(Ordering::SeqCst)
+        self.queue.is_alive()
     }
 
     fn close(&self) {
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
-        self.alive.store(false, Ordering::SeqCst);
+        self.queue.close();
     }
 }
 

@@ -21,8 +21,8 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::conn::{Conn, Sock};
@@ -32,7 +32,7 @@ use crate::mem::Mapping;
 use crate::plan::Path;
 use crate::region::LeaseKind;
 use crate::transfer::{OpKind, XferState};
-use crate::transport::Transport;
+use crate::transport::{SerialQueue, Transport};
 use crate::wire::{Msg, ShmOp};
 
 /// Size of the bounce buffer used for borrowed remote regions.
@@ -43,9 +43,8 @@ const MAX_OPS_PER_BEGIN: usize = 8192;
 /// Runs transfers over one shm connection, one transfer at a time, on a worker thread.
 #[derive(Debug)]
 pub(crate) struct ShmTransport {
-    tx: Mutex<Option<Sender<Arc<XferState>>>>,
+    queue: SerialQueue,
     sock: Sock,
-    alive: Arc<AtomicBool>,
 }
 
 struct Worker {
@@ -88,9 +87,6 @@ impl ShmTransport {
             }
         }
         let sock = conn.shutdown_handle()?;
-        let alive = Arc::new(AtomicBool::new(true));
-        let (tx, rx) = channel();
-        let a = Arc::clone(&alive);
         let w = Worker {
             conn,
             bounce,
@@ -98,45 +94,23 @@ impl ShmTransport {
             imports: HashMap::new(),
             wait: io_timeout,
         };
-        std::thread::Builder::new()
-            .name("gdx-shm".into())
-            .spawn(move || worker(w, rx, a))
-            .map_err(|e| Error::os("spawn", e))?;
-        Ok(ShmTransport {
-            tx: Mutex::new(Some(tx)),
-            sock,
-            alive,
-        })
+        let queue = SerialQueue::spawn("gdx-shm", move |rx, alive| worker(w, rx, alive))?;
+        Ok(ShmTransport { queue, sock })
     }
 }
 
 impl Transport for ShmTransport {
     fn submit(&self, xfer: Arc<XferState>) {
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let rejected = match tx {
-            Some(tx) => tx.send(xfer).err().map(|e| e.0),
-            None => Some(xfer),
-        };
-        if let Some(x) = rejected {
-            x.fail_pending(&Error::PeerLost("peer connection closed".into()));
-            x.finish();
-        }
+        self.queue.submit(xfer);
     }
 
     fn is_alive(&self) -> bool {
-        self.alive.load(Ordering::SeqCst)
+        self.queue.is_alive()
     }
 
     fn close(&self) {
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.queue.close();
         self.sock.shutdown();
-        self.alive.store(false, Ordering::SeqCst);
-    }
-}
-
-impl Drop for ShmTransport {
-    fn drop(&mut self) {
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 }
 
