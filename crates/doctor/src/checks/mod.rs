@@ -112,6 +112,25 @@ pub(crate) fn live_or_skip<'a>(
         .map_err(|why| vec![Finding::skip(id, "host", why)])
 }
 
+/// The sysfs topology for checks of RDMA ports, or the skip finding: ports unreadable, or no
+/// RDMA port (with gdx-rdma's reason).
+pub(crate) fn rdma_ports_or_skip<'a>(
+    ctx: &'a Context,
+    id: &str,
+) -> Result<std::borrow::Cow<'a, gdx_topo::Topology>, Vec<Finding>> {
+    let topo = ctx.sysfs_topology().map_err(|why| {
+        vec![Finding::skip(
+            id,
+            "host",
+            format!("RDMA ports unreadable: {why}"),
+        )]
+    })?;
+    match gdx_rdma::doctor::no_rdma_port_reason(&topo, ctx.fs.root()) {
+        Some(why) => Err(vec![Finding::skip(id, "host", why)]),
+        None => Ok(topo),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

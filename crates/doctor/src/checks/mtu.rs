@@ -9,7 +9,7 @@
 use super::Check;
 use crate::context::Context;
 use crate::finding::Finding;
-use gdx_rdma::doctor::{no_rdma_port_reason, port_mtus_at_root, PortMtu};
+use gdx_rdma::doctor::{port_mtus_at_root, PortMtu};
 use gdx_rdma::gid::LinkKind;
 
 /// The `mtu` check.
@@ -86,20 +86,11 @@ impl Check for Mtu {
     }
     fn run(&self, ctx: &Context) -> Vec<Finding> {
         let id = self.id();
-        let topo = match ctx.sysfs_topology() {
+        let topo = match super::rdma_ports_or_skip(ctx, id) {
             Ok(t) => t,
-            Err(why) => {
-                return vec![Finding::skip(
-                    id,
-                    "host",
-                    format!("RDMA ports unreadable: {why}"),
-                )]
-            }
+            Err(skip) => return skip,
         };
         let root = ctx.fs.root();
-        if let Some(why) = no_rdma_port_reason(&topo, root) {
-            return vec![Finding::skip(id, "host", why)];
-        }
         let verbs = ctx.live().ok().and_then(|l| l.verbs.as_ref().ok());
         let verbs_mtu = |dev: &str, port: u32| {
             verbs

@@ -10,7 +10,7 @@
 use super::Check;
 use crate::context::Context;
 use crate::finding::Finding;
-use gdx_rdma::doctor::{no_rdma_port_reason, roce_gids_with, PortGid};
+use gdx_rdma::doctor::{roce_gids_with, PortGid};
 use gdx_rdma::gid::{self, GidError, LinkKind, SysfsNetdevs, GID_INDEX_ENV};
 
 /// The `roce-gid` check.
@@ -115,21 +115,12 @@ impl Check for RoceGid {
     }
     fn run(&self, ctx: &Context) -> Vec<Finding> {
         let id = self.id();
-        let topo = match ctx.sysfs_topology() {
+        let topo = match super::rdma_ports_or_skip(ctx, id) {
             Ok(t) => t,
-            Err(why) => {
-                return vec![Finding::skip(
-                    id,
-                    "host",
-                    format!("RDMA ports unreadable: {why}"),
-                )]
-            }
+            Err(skip) => return skip,
         };
         let root = ctx.fs.root();
         let all = roce_gids_with(&topo, &SysfsNetdevs::at_root(root), gdx_override(ctx));
-        if let Some(why) = no_rdma_port_reason(&topo, root) {
-            return vec![Finding::skip(id, "host", why)];
-        }
         let ports: Vec<&PortGid> = all
             .iter()
             .filter(|p| p.link == LinkKind::Ethernet && p.is_active())
