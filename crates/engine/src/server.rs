@@ -244,9 +244,8 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
             land(c, &stager, &mut landing, 0)?;
         }
         let (msg, payload) = c.recv_frame(true)?;
-        let gpu_write = matches!(&msg, Msg::Write { region, .. }
-            if reg.get(*region).is_ok_and(|r| r.device().is_some()));
-        if !gpu_write {
+        // A write lands first where its reply is sent (a GPU write may itself be queued).
+        if !matches!(msg, Msg::Write { .. }) {
             land(c, &stager, &mut landing, 0)?;
         }
         match msg {
@@ -279,6 +278,7 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
                     // check_remote bounds-checked; the region stays mapped while it is held.
                     unsafe { c.recv_payload(lease.ptr_at(offset)?, payload as usize)? };
                     drop(lease);
+                    land(c, &stager, &mut landing, 0)?;
                     c.send(&Msg::WriteAck { xfer, op, chunk })?;
                     continue;
                 };

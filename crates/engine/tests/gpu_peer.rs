@@ -66,6 +66,18 @@ fn cases() -> Vec<(u64, u64, u64)> {
     ]
 }
 
+/// `want` landed at `at` in `got`, and the poison around it is untouched.
+fn assert_landed(got: &[u8], at: u64, want: &[u8], what: &str) {
+    let r = at as usize..at as usize + want.len();
+    assert!(
+        got[r.clone()] == *want,
+        "{what} of {} B differs",
+        want.len()
+    );
+    assert!(got[..r.start].iter().all(|&b| b == POISON), "before");
+    assert!(got[r.end..].iter().all(|&b| b == POISON), "after");
+}
+
 /// Local GPU region ↔ remote GPU region through `peer`, every case, both directions.
 fn gpu_to_gpu(
     lp: &LocalPeer,
@@ -87,14 +99,7 @@ fn gpu_to_gpu(
         let mut t = Transfer::new();
         t.write(local, lo, &desc, ro, len);
         assert_eq!(run(peer, t), want, "write of {len} bytes");
-        let got = download(lp, remote);
-        let r = ro as usize..(ro + len) as usize;
-        assert!(
-            got[r.clone()] == data[lo as usize..],
-            "write of {len} B differs"
-        );
-        assert!(got[..r.start].iter().all(|&b| b == POISON), "before");
-        assert!(got[r.end..].iter().all(|&b| b == POISON), "after");
+        assert_landed(&download(lp, remote), ro, &data[lo as usize..], "write");
         // Read: remote GPU → local GPU (fresh bytes there, poison here).
         let data = random_vec((ro + len) as usize, 77 + i as u64);
         lp.upload(remote, 0, &data).unwrap();
@@ -103,14 +108,7 @@ fn gpu_to_gpu(
         let mut t = Transfer::new();
         t.read(local, lo, &desc, ro, len);
         assert_eq!(run(peer, t), want, "read of {len} bytes");
-        let got = download(lp, local_dev);
-        let r = lo as usize..(lo + len) as usize;
-        assert!(
-            got[r.clone()] == data[ro as usize..],
-            "read of {len} B differs"
-        );
-        assert!(got[..r.start].iter().all(|&b| b == POISON), "before");
-        assert!(got[r.end..].iter().all(|&b| b == POISON), "after");
+        assert_landed(&download(lp, local_dev), lo, &data[ro as usize..], "read");
     }
 }
 

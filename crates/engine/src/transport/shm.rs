@@ -227,21 +227,22 @@ impl Worker {
         Ok(())
     }
 
-    /// The fd of a remote VMM GPU region (`ShmMap` answered with its POSIX fd).
+    /// `ShmMap`: the fd the target passes for a region (its memfd, or a VMM GPU region's POSIX
+    /// fd), with the length to map and whether it is writable.
     fn request_fd(
         &mut self,
         region: u64,
         key: crate::region::RegionKey,
-    ) -> Result<std::os::fd::OwnedFd> {
-        match self.conn.request(&Msg::ShmMap {
-            region,
-            key,
-            write: false,
-        })? {
-            Msg::ShmMapped { .. } => self
-                .conn
-                .take_fd()
-                .ok_or_else(|| Error::Protocol("ShmMapped without an fd".into())),
+        write: bool,
+    ) -> Result<(std::os::fd::OwnedFd, u64, bool)> {
+        match self.conn.request(&Msg::ShmMap { region, key, write })? {
+            Msg::ShmMapped { len, writable } => {
+                let fd = self
+                    .conn
+                    .take_fd()
+                    .ok_or_else(|| Error::Protocol("ShmMapped without an fd".into()))?;
+                Ok((fd, len, writable))
+            }
             m => Err(Error::Protocol(format!(
                 "expected ShmMapped, got frame type {}",
                 m.kind()
@@ -250,19 +251,7 @@ impl Worker {
     }
 
     fn map(&mut self, region: u64, key: crate::region::RegionKey, write: bool) -> Result<()> {
-        let (len, writable) = match self.conn.request(&Msg::ShmMap { region, key, write })? {
-            Msg::ShmMapped { len, writable } => (len, writable),
-            m => {
-                return Err(Error::Protocol(format!(
-                    "expected ShmMapped, got frame type {}",
-                    m.kind()
-                )))
-            }
-        };
-        let fd = self
-            .conn
-            .take_fd()
-            .ok_or_else(|| Error::Protocol("ShmMapped without an fd".into()))?;
+        let (fd, len, writable) = self.request_fd(region, key, write)?;
         let len = usize::try_from(len).map_err(|_| Error::Protocol("mapping too large".into()))?;
         let m = Mapping::map_fd(fd.as_raw_fd(), len, writable)?;
         self.maps.insert(region, (m, writable));
@@ -315,7 +304,7 @@ impl Worker {
                         Some(r) => r,
                         None => {
                             // A VMM region: ask the target for its fd.
-                            let fd = self.request_fd(op.remote.id, op.remote.key)?;
+                            let (fd, _, _) = self.request_fd(op.remote.id, op.remote.key, false)?;
                             dev.peer.import_fd(ipc, fd.as_fd())?
                         }
                     },
