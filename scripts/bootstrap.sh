@@ -11,11 +11,19 @@ need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
-# libclang: bindgen looks for libclang.so*; the -dev package provides the unversioned link.
-if ! ldconfig -p 2>/dev/null | grep -q 'libclang\(-[0-9.]*\)\?\.so' &&
-   ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1; then
-  need+=(libclang-dev)
-fi
+# libclang: bindgen dlopens `libclang.so` or `libclang-N.so*` (clang-sys's search), never
+# `libclang-cpp.so*` (the C++ API, which Debian installs with llvm and which bindgen cannot use).
+# Ask for exactly what bindgen loads; a broader glob once decided libclang was present on a
+# machine that only had libclang-cpp14, and bindgen then panicked.
+have_libclang() {
+  if [[ -n "${LIBCLANG_PATH:-}" ]] && compgen -G "${LIBCLANG_PATH}/libclang*.so*" >/dev/null; then
+    ls "${LIBCLANG_PATH}"/libclang*.so* 2>/dev/null | grep -qv 'libclang-cpp' && return 0
+  fi
+  ldconfig -p 2>/dev/null | awk '{print $1}' | grep -Eq '^libclang(-[0-9.]+)?\.so(\.[0-9.]+)?$' && return 0
+  ls /usr/lib/llvm-*/lib/ 2>/dev/null | grep -Eq '^libclang(-[0-9.]+)?\.so(\.[0-9.]+)?$' && return 0
+  return 1
+}
+have_libclang || need+=(libclang-dev)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 # Not needed to build: gdx loads libibverbs at run time. Installed so the tests exercise the
 # real library with zero devices, which is what GPU servers without an RDMA NIC look like.
