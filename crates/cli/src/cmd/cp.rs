@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 /// lower).
 #[derive(Args, Debug)]
 #[command(after_help = "Locations:
-  file:PATH          a file (or block device); --skip/--seek/--length pick a range
+  file:PATH, PATH    a file (or block device); --skip/--seek/--length pick a range.
+                     A bare path is a file; write file:host or ./host for a file named host
   gpu:N[:OFFSET]     GPU N's memory (CUDA ordinal), at OFFSET bytes into a fresh buffer
   host               host memory (a fresh buffer)
 A gpu: or host source starts empty, so gdx fills it with a seeded pattern; give --length.
@@ -60,8 +61,9 @@ pub struct CpArgs {
     #[arg(long)]
     verify: bool,
 
-    /// Bytes to copy (K, M, G, T suffixes are powers of 1024). Default: the rest of the source
-    /// file; required for gpu: and host sources.
+    /// Bytes to copy (plain numbers are bytes; KB/MB/GB = 10^3/10^6/10^9; KiB/MiB/GiB or K/M/G
+    /// = 2^10/2^20/2^30). Default: the rest of the source file; required for gpu: and host
+    /// sources.
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     length: Option<u64>,
 
@@ -154,7 +156,7 @@ impl std::fmt::Display for Loc {
     }
 }
 
-const LOC_SYNTAX: &str = "expected file:PATH, gpu:N[:OFFSET] or host";
+const LOC_SYNTAX: &str = "expected PATH, file:PATH, gpu:N[:OFFSET] or host";
 
 fn parse_loc(s: &str) -> Result<Loc> {
     if s == "host" {
@@ -181,27 +183,22 @@ fn parse_loc(s: &str) -> Result<Loc> {
         };
         return Ok(Loc::Gpu { ordinal, offset });
     }
-    bail!("bad location '{s}': {LOC_SYNTAX} (a peer location comes with the engine)")
+    if s.is_empty() {
+        bail!("bad location '': empty ({LOC_SYNTAX})");
+    }
+    // Anything else with a scheme-like prefix (`disk:`, `gpu0:`) is more likely a typo than a
+    // file name; a bare path (no colon, or a colon after a slash) is a file, as in cp(1).
+    if let Some((scheme, _)) = s.split_once(':') {
+        if !scheme.contains('/') && !scheme.contains('.') {
+            bail!("bad location '{s}': unknown scheme '{scheme}:' ({LOC_SYNTAX}; write file:{s} for a file of that name)");
+        }
+    }
+    Ok(Loc::File(PathBuf::from(s)))
 }
 
-/// `4096`, `16M`, `1G`, `1GiB`, `512k`: bytes, with binary suffixes.
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a byte count (e.g. 4096, 16M, 1G)"))?;
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kib" | "kb" => 10,
-        "m" | "mib" | "mb" => 20,
-        "g" | "gib" | "gb" => 30,
-        "t" | "tib" | "tb" => 40,
-        _ => return Err(format!("'{s}' has an unknown unit (use K, M, G or T)")),
-    };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("'{s}' is too large"))
+/// Every size flag reads sizes the one gdx way ([`gdx_sys::bytesize`]).
+fn parse_size(s: &str) -> Result<u64, gdx_sys::bytesize::SizeError> {
+    gdx_sys::bytesize::ByteSize::parse(s)
 }
 
 /// Run `gdx cp`.
@@ -301,26 +298,112 @@ fn need_length(args: &CpArgs, what: &str) -> Result<u64> {
     })
 }
 
+/// The bytes `range` covers, checked against the source before anything is allocated: a
+/// `--length 100T` on a 1 MiB file, or an offset past the end, is a usage error here rather
+/// than a 100 TB allocation. Only regular files and block devices are sources: a FIFO or a
+/// character device has no size to check and could block forever.
 fn file_len(range: &FileRange) -> Result<u64> {
     use std::io::{Seek, SeekFrom};
     use std::os::unix::fs::FileTypeExt;
-    if let Some(l) = range.len {
-        return Ok(l);
-    }
     let open_err = |source| StorageError::Open {
         path: range.path.clone(),
         purpose: "reading",
         source,
     };
+    // Look before opening: opening a FIFO for reading blocks until a writer appears.
+    let kind = std::fs::metadata(&range.path)
+        .map_err(open_err)?
+        .file_type();
+    if !(kind.is_file() || kind.is_block_device()) {
+        let what = if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_char_device() {
+            "a character device"
+        } else if kind.is_dir() {
+            "a directory"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        bail!(
+            "{} is {what}: gdx cp reads regular files and block devices only (copy the stream into a file first)",
+            range.path.display()
+        );
+    }
     let mut f = std::fs::File::open(&range.path).map_err(open_err)?;
-    let meta = f.metadata().map_err(open_err)?;
     // A block device's size is where its end is, not its metadata length.
-    let size = if meta.file_type().is_block_device() {
+    let size = if kind.is_block_device() {
         f.seek(SeekFrom::End(0)).map_err(open_err)?
     } else {
-        meta.len()
+        f.metadata().map_err(open_err)?.len()
     };
-    Ok(size.saturating_sub(range.offset))
+    let path = range.path.display();
+    if range.offset > size {
+        bail!(
+            "--skip {} is past the end of {path} ({size} bytes)",
+            range.offset
+        );
+    }
+    match range.len {
+        None => Ok(size - range.offset),
+        Some(l) => match range.offset.checked_add(l) {
+            Some(end) if end <= size => Ok(l),
+            _ => bail!(
+                "--length {l}{} ends past the end of {path} ({size} bytes): at most {} bytes can be read from there",
+                match range.offset {
+                    0 => String::new(),
+                    o => format!(" from --skip {o}"),
+                },
+                size - range.offset
+            ),
+        },
+    }
+}
+
+/// `offset + len` for a GPU buffer, or a usage error naming both.
+fn gpu_extent(offset: u64, len: u64) -> Result<u64> {
+    offset
+        .checked_add(len)
+        .with_context(|| format!("GPU offset {offset} + length {len} overflows 64 bits"))
+}
+
+/// A zeroed host buffer, or an error naming the size (never an allocation abort).
+fn host_buffer(len: u64) -> Result<Vec<u8>> {
+    let n = usize::try_from(len).context("the host buffer size")?;
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(n).map_err(|_| {
+        anyhow::anyhow!(
+            "cannot allocate {} of host memory for this copy; give a smaller --length",
+            human_bytes(len)
+        )
+    })?;
+    buf.resize(n, 0);
+    Ok(buf)
+}
+
+/// Run a copy into `path`; when it fails, remove the file if this copy created it (so an
+/// ENOSPC half way leaves no partial file behind), or say that an existing one is now partly
+/// written.
+fn into_file<T>(path: &std::path::Path, copy: impl FnOnce() -> Result<T>) -> Result<T> {
+    let existed = path.exists();
+    copy().map_err(|e| {
+        if existed {
+            e.context(format!(
+                "{} existed before and is now partly written",
+                path.display()
+            ))
+        } else {
+            match std::fs::remove_file(path) {
+                Ok(()) => e.context(format!("removed the partial file {}", path.display())),
+                Err(r) if r.kind() == std::io::ErrorKind::NotFound => e,
+                Err(r) => e.context(format!(
+                    "the partial file {} is left behind (removing it failed: {r})",
+                    path.display()
+                )),
+            }
+        }
+    })
 }
 
 fn file_to_gpu(
@@ -333,7 +416,7 @@ fn file_to_gpu(
     let ctx = cuda_context(gpu)?;
     let range = source_range(args, path);
     let len = file_len(&range)?;
-    let mut dev = gpu_buffer(&ctx, offset + len)?;
+    let mut dev = gpu_buffer(&ctx, gpu_extent(offset, len)?)?;
     let off = usize::try_from(offset).context("the GPU offset")?;
     let report = copy_file_to_gpu(&range, &mut dev, off, opts)?;
     let verify = if args.verify {
@@ -358,12 +441,13 @@ fn gpu_to_file(
     opts: &CopyOptions,
 ) -> Result<Done> {
     let len = need_length(args, "gpu:")?;
+    let extent = gpu_extent(offset, len)?;
     let ctx = cuda_context(gpu)?;
-    let mut dev = gpu_buffer(&ctx, offset + len)?;
+    let mut dev = gpu_buffer(&ctx, extent)?;
     let off = usize::try_from(offset).context("the GPU offset")?;
     fill_gpu(&ctx, &mut dev, off, len as usize)?;
     let range = dest_range(args, path, len);
-    let report = copy_gpu_to_file(&dev, off, len, &range, opts)?;
+    let report = into_file(path, || Ok(copy_gpu_to_file(&dev, off, len, &range, opts)?))?;
     let verify = if args.verify {
         Some((
             checksum_gpu(&dev, off, len as usize)?,
@@ -383,7 +467,7 @@ fn gpu_to_file(
 fn file_to_host(args: &CpArgs, path: &std::path::Path, opts: &CopyOptions) -> Result<Done> {
     let range = source_range(args, path);
     let len = file_len(&range)?;
-    let mut buf = vec![0u8; usize::try_from(len).context("the host buffer size")?];
+    let mut buf = host_buffer(len)?;
     let report = copy_file_to_host(&range, &mut buf, opts)?;
     let verify = if args.verify {
         Some((
@@ -402,10 +486,10 @@ fn file_to_host(args: &CpArgs, path: &std::path::Path, opts: &CopyOptions) -> Re
 
 fn host_to_file(args: &CpArgs, path: &std::path::Path, opts: &CopyOptions) -> Result<Done> {
     let len = need_length(args, "host")?;
-    let mut buf = vec![0u8; usize::try_from(len).context("the host buffer size")?];
+    let mut buf = host_buffer(len)?;
     probe::fill_pattern(&mut buf, probe::SEED);
     let range = dest_range(args, path, len);
-    let report = copy_host_to_file(&buf, &range, opts)?;
+    let report = into_file(path, || Ok(copy_host_to_file(&buf, &range, opts)?))?;
     let verify = if args.verify {
         Some((checksum_bytes(&buf), checksum_file(&range)?))
     } else {
@@ -558,20 +642,19 @@ mod tests {
                 offset: 4096
             }
         );
-        for bad in ["gpu:x", "file:", "disk:/a", "gpu:0:z", "/tmp/a"] {
+        assert_eq!(parse_loc("/tmp/a").unwrap(), Loc::File("/tmp/a".into()));
+        assert_eq!(parse_loc("src.bin").unwrap(), Loc::File("src.bin".into()));
+        assert_eq!(parse_loc("./a:b").unwrap(), Loc::File("./a:b".into()));
+        for bad in ["gpu:x", "file:", "disk:/a", "gpu:0:z", ""] {
             let e = parse_loc(bad).unwrap_err().to_string();
             assert!(e.contains(LOC_SYNTAX), "{bad}: {e}");
         }
     }
 
     #[test]
-    fn sizes_parse_with_binary_suffixes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("16M"), Ok(16 << 20));
+    fn sizes_are_the_one_gdx_rule() {
+        assert_eq!(parse_size("1GB"), Ok(1_000_000_000));
         assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("2k"), Ok(2048));
-        assert!(parse_size("1.5G").is_err());
-        assert!(parse_size("12Q").is_err());
-        assert!(parse_size("99999999999T").is_err());
+        assert_eq!(parse_size("16M"), Ok(16 << 20));
     }
 }

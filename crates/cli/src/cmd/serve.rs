@@ -88,35 +88,9 @@ fn spawn_rdma(listener: TcpListener, device: Option<String>) -> Result<()> {
     Ok(())
 }
 
-/// Parse `1GiB`, `64MiB`, `4096`, `1.5GB`.
+/// Sizes the one gdx way ([`gdx_sys::bytesize`]: `1GB` = 10^9, `1GiB` = 2^30).
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid size {s:?}: expected a number with an optional unit"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => 1024.0,
-        "m" | "mib" => 1024.0 * 1024.0,
-        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        other => {
-            return Err(format!(
-                "invalid size {s:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, KB, MB, GB)"
-            ))
-        }
-    };
-    let v = n * mult;
-    if !v.is_finite() || v < 0.0 || v.fract() != 0.0 || v > u64::MAX as f64 {
-        return Err(format!("invalid size {s:?}: not a whole number of bytes"));
-    }
-    Ok(v as u64)
+    gdx_sys::bytesize::ByteSize::parse(s).map_err(|e| e.to_string())
 }
 
 /// Run `gdx serve`.
