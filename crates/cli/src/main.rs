@@ -89,34 +89,15 @@ fn main() -> ExitCode {
             }) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("gdx: error: {}", error_chain(&err));
+            eprintln!("gdx: error: {}", cmd::output::error_chain(&err));
             ExitCode::from(2)
         }
     }
 }
 
-/// The error and its causes on one line, each cause once. Library errors often carry their
-/// source's text in their own message (`thiserror`'s `"{0}"`) *and* expose it as `source()`;
-/// printing `{:#}` then says "No such file or directory (os error 2)" twice. A cause whose text
-/// is already in the line is skipped.
-fn error_chain(err: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in err.chain() {
-        let text = cause.to_string();
-        if text.is_empty() || line.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    line
-}
-
 #[cfg(test)]
 mod tests {
-    use super::error_chain;
+    use crate::cmd::output::error_chain;
 
     #[derive(Debug, thiserror::Error)]
     #[error("reading box.tar.gz: {0}")]

@@ -356,3 +356,39 @@ fn a_failed_write_leaves_no_partial_file() {
     assert!(err.contains("removed the partial file"), "{err}");
     assert!(!out.exists(), "the partial file is still there");
 }
+
+#[test]
+fn quiet_prints_nothing_on_success_and_color_is_a_choice() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("q.bin");
+    std::fs::write(&p, random(8192)).unwrap();
+    gdx()
+        .args(["cp", p.to_str().unwrap(), "host", "--verify", "-q"])
+        .assert()
+        .success()
+        .stdout(predicate::str::is_empty());
+    gdx()
+        .args([
+            "cp",
+            p.to_str().unwrap(),
+            "host",
+            "--verify",
+            "--color",
+            "always",
+        ])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("\x1b[32mok\x1b[0m"));
+    gdx()
+        .args([
+            "cp",
+            p.to_str().unwrap(),
+            "host",
+            "--verify",
+            "--color",
+            "never",
+        ])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("\x1b[").not());
+}

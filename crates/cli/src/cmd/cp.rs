@@ -8,6 +8,7 @@
 
 mod bench;
 
+use super::output::{error_chain, paint, ColorWhen};
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, ValueEnum};
 use gdx_storage::ceiling::Ceiling;
@@ -92,9 +93,13 @@ pub struct CpArgs {
     #[arg(long)]
     json: bool,
 
-    /// No progress bar.
+    /// No progress bar, and on success no report (errors are still printed).
     #[arg(long, short)]
     quiet: bool,
+
+    /// Colour: auto (only on a terminal, and not under NO_COLOR), always or never.
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = ColorWhen::Auto)]
+    color: ColorWhen,
 
     /// Benchmark file -> GPU and GPU -> file on every path against read() + cudaMemcpy, using
     /// FILE as scratch (created or overwritten), instead of copying.
@@ -252,13 +257,13 @@ pub fn run(args: &CpArgs) -> Result<ExitCode> {
                 | StorageError::File { .. }
                 | StorageError::Internal(_),
             ) => {
-                eprintln!("gdx: error: {src} -> {dst}: {e:#}");
+                eprintln!("gdx: error: {src} -> {dst}: {}", error_chain(&e));
                 return Ok(ExitCode::from(1));
             }
             _ => return Err(e.context(format!("{src} -> {dst}"))),
         },
     };
-    render(&src, &dst, &done, args.json)
+    render(&src, &dst, &done, args)
 }
 
 /// A finished copy, its ceiling and its check.
@@ -521,11 +526,14 @@ fn fill_gpu(ctx: &Context, dev: &mut DeviceBuffer, off: usize, len: usize) -> Re
     Ok(())
 }
 
-fn render(src: &Loc, dst: &Loc, done: &Done, json: bool) -> Result<ExitCode> {
+fn render(src: &Loc, dst: &Loc, done: &Done, args: &CpArgs) -> Result<ExitCode> {
     let r = &done.report;
     let verified = done.verify.map(|(a, b)| a == b);
+    let color = args.color.enabled();
     let mut out = std::io::stdout().lock();
-    if json {
+    if args.quiet && verified != Some(false) && !args.json {
+        // Quiet and fine: the exit status says it all.
+    } else if args.json {
         let v = json!({
             "src": src.to_string(),
             "dst": dst.to_string(),
@@ -559,10 +567,15 @@ fn render(src: &Loc, dst: &Loc, done: &Done, json: bool) -> Result<ExitCode> {
         };
         writeln!(out, "  ceiling  {}{share}", done.ceiling.describe())?;
         match done.verify {
-            Some((s, d)) if s == d => writeln!(out, "  verify   ok: {s} on both sides")?,
+            Some((s, d)) if s == d => writeln!(
+                out,
+                "  verify   {}: {s} on both sides",
+                paint(color, "32", "ok")
+            )?,
             Some((s, d)) => writeln!(
                 out,
-                "  verify   FAILED: the source has {s}, the destination {d}"
+                "  verify   {}: the source has {s}, the destination {d}",
+                paint(color, "31", "FAILED")
             )?,
             None => {}
         }
