@@ -113,7 +113,7 @@ fn bad_locations_are_usage_errors_naming_the_syntax() {
         .args(["cp", "host", "file:/tmp/x"])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("needs --length"));
+        .stderr(predicate::str::contains("needs a length (gdx cp --length)"));
 }
 
 #[test]
@@ -260,7 +260,7 @@ fn length_units_are_decimal_and_binary() {
             .assert()
             .code(2)
             .stderr(predicate::str::contains(format!(
-                "--length {bytes} ends past the end"
+                "the range of {bytes} byte(s) at offset 0 is past its end"
             )));
     }
     let out = dir.path().join("out.bin");
@@ -291,14 +291,16 @@ fn impossible_ranges_and_streams_are_refused_before_any_allocation() {
             .timeout(std::time::Duration::from_secs(30))
             .assert()
             .code(2)
-            .stderr(predicate::str::contains("ends past the end"))
+            .stderr(predicate::str::contains("is past its end"))
             .stderr(predicate::str::contains("panicked").not());
     }
     gdx()
         .args(["cp", p.to_str().unwrap(), "host", "--skip", "2M"])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("past the end"));
+        .stderr(predicate::str::contains(
+            "at offset 2097152 is past its end",
+        ));
     // A host source of u64::MAX bytes: a clear allocation error, not an abort.
     gdx()
         .args([
@@ -325,13 +327,15 @@ fn impossible_ranges_and_streams_are_refused_before_any_allocation() {
         .timeout(std::time::Duration::from_secs(30))
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("is a FIFO"));
+        .stderr(predicate::str::contains(
+            "(a FIFO: copy the stream into a file first)",
+        ));
     gdx()
         .args(["cp", "/dev/zero", "host"])
         .timeout(std::time::Duration::from_secs(30))
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("is a character device"));
+        .stderr(predicate::str::contains("(a character device: "));
 }
 
 /// A write that fails half way (here: the file-size limit, which the kernel reports as EFBIG the

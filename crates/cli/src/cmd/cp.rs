@@ -1,7 +1,8 @@
 //! `gdx cp SRC DST`: copy between a file and GPU or host memory over the fastest path that works
 //! here (gdx-storage's planner), with a progress bar, an optional CRC-32 check, the path taken,
 //! GB/s and the ceiling; and `gdx cp --bench FILE`, the storage benchmark. Parsing and
-//! rendering only: the copies, checksums, ceilings and benchmark are gdx-storage's.
+//! rendering only: the copies, checksums, ceilings and benchmark are gdx-storage's
+//! ([`gdx_storage::copy`]).
 //!
 //! A `gpu:N` or `host` source is this process's own memory, which starts empty: gdx fills it
 //! with a seeded pattern first, so `--length` is required for it.
@@ -11,13 +12,9 @@ mod bench;
 use super::output::{error_chain, paint, ColorWhen};
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, ValueEnum};
-use gdx_storage::ceiling::Ceiling;
 use gdx_storage::{
-    checksum_bytes, checksum_file, checksum_gpu, copy_file_to_gpu, copy_file_to_host,
-    copy_gpu_to_file, copy_host_to_file, human_bytes, Checksum, CopyOptions, CopyReport, FileRange,
-    PathChoice, ProgressFn, StorageError,
+    human_bytes, CopyOptions, CopyOutcome, CopyRequest, Location as Loc, PathChoice, ProgressFn,
 };
-use gdx_sys::cuda::{probe, Context, Cuda, DeviceBuffer, PinnedHostBuffer, Stream};
 use serde_json::json;
 use std::io::{IsTerminal, Write as _};
 use std::path::PathBuf;
@@ -142,25 +139,6 @@ impl From<PathArg> for PathChoice {
     }
 }
 
-/// A location on the command line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Loc {
-    File(PathBuf),
-    Gpu { ordinal: u32, offset: u64 },
-    Host,
-}
-
-impl std::fmt::Display for Loc {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Loc::File(p) => write!(f, "file:{}", p.display()),
-            Loc::Gpu { ordinal, offset: 0 } => write!(f, "gpu:{ordinal}"),
-            Loc::Gpu { ordinal, offset } => write!(f, "gpu:{ordinal}:{offset}"),
-            Loc::Host => f.write_str("host"),
-        }
-    }
-}
-
 const LOC_SYNTAX: &str = "expected PATH, file:PATH, gpu:N[:OFFSET] or host";
 
 fn parse_loc(s: &str) -> Result<Loc> {
@@ -230,18 +208,15 @@ pub fn run(args: &CpArgs) -> Result<ExitCode> {
         progress: bar.as_ref().map(Bar::callback),
         ..opts
     };
-    let outcome = match (&src, &dst) {
-        (Loc::File(p), Loc::Gpu { ordinal, offset }) => file_to_gpu(args, p, *ordinal, *offset, &opts),
-        (Loc::Gpu { ordinal, offset }, Loc::File(p)) => gpu_to_file(args, *ordinal, *offset, p, &opts),
-        (Loc::File(p), Loc::Host) => file_to_host(args, p, &opts),
-        (Loc::Host, Loc::File(p)) => host_to_file(args, p, &opts),
-        (Loc::File(_), Loc::File(_)) => bail!(
-            "file -> file is not what gdx cp is for (use cp(1)); it moves files into and out of GPU or host memory"
-        ),
-        _ => bail!(
-            "{src} -> {dst} is not supported: one side must be a file (GPU <-> GPU and host <-> GPU copies come with the engine's peer locations)"
-        ),
+    let req = CopyRequest {
+        src: src.clone(),
+        dst: dst.clone(),
+        skip: args.skip,
+        length: args.length,
+        seek: args.seek,
+        verify: args.verify,
     };
+    let outcome = gdx_storage::copy(&req, &opts);
     if let Some(b) = &bar {
         b.finish();
     }
@@ -249,286 +224,19 @@ pub fn run(args: &CpArgs) -> Result<ExitCode> {
         Ok(done) => done,
         // A copy that started and failed is exit 1; anything before it (no GPU, a missing or
         // unwritable file, a bad range) is an environment or usage error, exit 2.
-        Err(e) => match e.downcast_ref::<StorageError>() {
-            Some(
-                StorageError::Shrunk { .. }
-                | StorageError::Read { .. }
-                | StorageError::Write { .. }
-                | StorageError::File { .. }
-                | StorageError::Internal(_),
-            ) => {
-                eprintln!("gdx: error: {src} -> {dst}: {}", error_chain(&e));
-                return Ok(ExitCode::from(1));
-            }
-            _ => return Err(e.context(format!("{src} -> {dst}"))),
-        },
+        Err(e) if e.is_copy_failure() => {
+            let e = anyhow::Error::new(e);
+            eprintln!("gdx: error: {src} -> {dst}: {}", error_chain(&e));
+            return Ok(ExitCode::from(1));
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("{src} -> {dst}"))),
     };
     render(&src, &dst, &done, args)
 }
 
-/// A finished copy, its ceiling and its check.
-struct Done {
-    report: CopyReport,
-    ceiling: Ceiling,
-    verify: Option<(Checksum, Checksum)>,
-}
-
-fn cuda_context(ordinal: u32) -> Result<Context> {
-    let cuda = Cuda::load().with_context(|| format!("gpu:{ordinal} needs the CUDA driver"))?;
-    cuda.context(ordinal)
-        .with_context(|| format!("gpu:{ordinal}"))
-}
-
-fn gpu_buffer(ctx: &Context, len: u64) -> Result<DeviceBuffer> {
-    let n = usize::try_from(len.max(1)).context("the GPU buffer size")?;
-    DeviceBuffer::new(ctx, n)
-        .with_context(|| format!("allocating {} on GPU {}", human_bytes(len), ctx.ordinal()))
-}
-
-fn source_range(args: &CpArgs, path: &std::path::Path) -> FileRange {
-    FileRange {
-        path: path.to_path_buf(),
-        offset: args.skip,
-        len: args.length,
-    }
-}
-
-fn dest_range(args: &CpArgs, path: &std::path::Path, len: u64) -> FileRange {
-    FileRange::new(path, args.seek.unwrap_or(0), len)
-}
-
-fn need_length(args: &CpArgs, what: &str) -> Result<u64> {
-    args.length.with_context(|| {
-        format!("a {what} source needs --length: it is this process's own memory, filled with a seeded pattern")
-    })
-}
-
-/// The bytes `range` covers, checked against the source before anything is allocated: a
-/// `--length 100T` on a 1 MiB file, or an offset past the end, is a usage error here rather
-/// than a 100 TB allocation. Only regular files and block devices are sources: a FIFO or a
-/// character device has no size to check and could block forever.
-fn file_len(range: &FileRange) -> Result<u64> {
-    use std::io::{Seek, SeekFrom};
-    use std::os::unix::fs::FileTypeExt;
-    let open_err = |source| StorageError::Open {
-        path: range.path.clone(),
-        purpose: "reading",
-        source,
-    };
-    // Look before opening: opening a FIFO for reading blocks until a writer appears.
-    let kind = std::fs::metadata(&range.path)
-        .map_err(open_err)?
-        .file_type();
-    if !(kind.is_file() || kind.is_block_device()) {
-        let what = if kind.is_fifo() {
-            "a FIFO"
-        } else if kind.is_char_device() {
-            "a character device"
-        } else if kind.is_dir() {
-            "a directory"
-        } else if kind.is_socket() {
-            "a socket"
-        } else {
-            "not a regular file"
-        };
-        bail!(
-            "{} is {what}: gdx cp reads regular files and block devices only (copy the stream into a file first)",
-            range.path.display()
-        );
-    }
-    let mut f = std::fs::File::open(&range.path).map_err(open_err)?;
-    // A block device's size is where its end is, not its metadata length.
-    let size = if kind.is_block_device() {
-        f.seek(SeekFrom::End(0)).map_err(open_err)?
-    } else {
-        f.metadata().map_err(open_err)?.len()
-    };
-    let path = range.path.display();
-    if range.offset > size {
-        bail!(
-            "--skip {} is past the end of {path} ({size} bytes)",
-            range.offset
-        );
-    }
-    match range.len {
-        None => Ok(size - range.offset),
-        Some(l) => match range.offset.checked_add(l) {
-            Some(end) if end <= size => Ok(l),
-            _ => bail!(
-                "--length {l}{} ends past the end of {path} ({size} bytes): at most {} bytes can be read from there",
-                match range.offset {
-                    0 => String::new(),
-                    o => format!(" from --skip {o}"),
-                },
-                size - range.offset
-            ),
-        },
-    }
-}
-
-/// `offset + len` for a GPU buffer, or a usage error naming both.
-fn gpu_extent(offset: u64, len: u64) -> Result<u64> {
-    offset
-        .checked_add(len)
-        .with_context(|| format!("GPU offset {offset} + length {len} overflows 64 bits"))
-}
-
-/// A zeroed host buffer, or an error naming the size (never an allocation abort).
-fn host_buffer(len: u64) -> Result<Vec<u8>> {
-    let n = usize::try_from(len).context("the host buffer size")?;
-    let mut buf = Vec::new();
-    buf.try_reserve_exact(n).map_err(|_| {
-        anyhow::anyhow!(
-            "cannot allocate {} of host memory for this copy; give a smaller --length",
-            human_bytes(len)
-        )
-    })?;
-    buf.resize(n, 0);
-    Ok(buf)
-}
-
-/// Run a copy into `path`; when it fails, remove the file if this copy created it (so an
-/// ENOSPC half way leaves no partial file behind), or say that an existing one is now partly
-/// written.
-fn into_file<T>(path: &std::path::Path, copy: impl FnOnce() -> Result<T>) -> Result<T> {
-    let existed = path.exists();
-    copy().map_err(|e| {
-        if existed {
-            e.context(format!(
-                "{} existed before and is now partly written",
-                path.display()
-            ))
-        } else {
-            match std::fs::remove_file(path) {
-                Ok(()) => e.context(format!("removed the partial file {}", path.display())),
-                Err(r) if r.kind() == std::io::ErrorKind::NotFound => e,
-                Err(r) => e.context(format!(
-                    "the partial file {} is left behind (removing it failed: {r})",
-                    path.display()
-                )),
-            }
-        }
-    })
-}
-
-fn file_to_gpu(
-    args: &CpArgs,
-    path: &std::path::Path,
-    gpu: u32,
-    offset: u64,
-    opts: &CopyOptions,
-) -> Result<Done> {
-    let ctx = cuda_context(gpu)?;
-    let range = source_range(args, path);
-    let len = file_len(&range)?;
-    let mut dev = gpu_buffer(&ctx, gpu_extent(offset, len)?)?;
-    let off = usize::try_from(offset).context("the GPU offset")?;
-    let report = copy_file_to_gpu(&range, &mut dev, off, opts)?;
-    let verify = if args.verify {
-        let got = usize::try_from(report.bytes).context("the copy size")?;
-        Some((checksum_file(&range)?, checksum_gpu(&dev, off, got)?))
-    } else {
-        None
-    };
-    let ceiling = Ceiling::find(path, ctx.device().pci_bus_id().ok().as_deref());
-    Ok(Done {
-        report,
-        ceiling,
-        verify,
-    })
-}
-
-fn gpu_to_file(
-    args: &CpArgs,
-    gpu: u32,
-    offset: u64,
-    path: &std::path::Path,
-    opts: &CopyOptions,
-) -> Result<Done> {
-    let len = need_length(args, "gpu:")?;
-    let extent = gpu_extent(offset, len)?;
-    let ctx = cuda_context(gpu)?;
-    let mut dev = gpu_buffer(&ctx, extent)?;
-    let off = usize::try_from(offset).context("the GPU offset")?;
-    fill_gpu(&ctx, &mut dev, off, len as usize)?;
-    let range = dest_range(args, path, len);
-    let report = into_file(path, || Ok(copy_gpu_to_file(&dev, off, len, &range, opts)?))?;
-    let verify = if args.verify {
-        Some((
-            checksum_gpu(&dev, off, len as usize)?,
-            checksum_file(&range)?,
-        ))
-    } else {
-        None
-    };
-    let ceiling = Ceiling::find(path, ctx.device().pci_bus_id().ok().as_deref());
-    Ok(Done {
-        report,
-        ceiling,
-        verify,
-    })
-}
-
-fn file_to_host(args: &CpArgs, path: &std::path::Path, opts: &CopyOptions) -> Result<Done> {
-    let range = source_range(args, path);
-    let len = file_len(&range)?;
-    let mut buf = host_buffer(len)?;
-    let report = copy_file_to_host(&range, &mut buf, opts)?;
-    let verify = if args.verify {
-        Some((
-            checksum_file(&range)?,
-            checksum_bytes(&buf[..report.bytes as usize]),
-        ))
-    } else {
-        None
-    };
-    Ok(Done {
-        report,
-        ceiling: Ceiling::find(path, None),
-        verify,
-    })
-}
-
-fn host_to_file(args: &CpArgs, path: &std::path::Path, opts: &CopyOptions) -> Result<Done> {
-    let len = need_length(args, "host")?;
-    let mut buf = host_buffer(len)?;
-    probe::fill_pattern(&mut buf, probe::SEED);
-    let range = dest_range(args, path, len);
-    let report = into_file(path, || Ok(copy_host_to_file(&buf, &range, opts)?))?;
-    let verify = if args.verify {
-        Some((checksum_bytes(&buf), checksum_file(&range)?))
-    } else {
-        None
-    };
-    Ok(Done {
-        report,
-        ceiling: Ceiling::find(path, None),
-        verify,
-    })
-}
-
-/// Fill `len` bytes of `dev` at `off` with the seeded pattern, through a pinned buffer.
-fn fill_gpu(ctx: &Context, dev: &mut DeviceBuffer, off: usize, len: usize) -> Result<()> {
-    if len == 0 {
-        return Ok(());
-    }
-    let piece = len.min(16 << 20);
-    let stream = Stream::new(ctx)?;
-    let mut host = PinnedHostBuffer::new(ctx, piece)?;
-    let mut done = 0;
-    while done < len {
-        let n = piece.min(len - done);
-        probe::fill_pattern(&mut host.as_mut_slice()?[..n], probe::SEED ^ done as u64);
-        stream.copy_to_device_at(dev, off + done, &host, 0, n)?;
-        done += n;
-    }
-    stream.synchronize()?;
-    Ok(())
-}
-
-fn render(src: &Loc, dst: &Loc, done: &Done, args: &CpArgs) -> Result<ExitCode> {
+fn render(src: &Loc, dst: &Loc, done: &CopyOutcome, args: &CpArgs) -> Result<ExitCode> {
     let r = &done.report;
-    let verified = done.verify.map(|(a, b)| a == b);
+    let verified = done.verified();
     let color = args.color.enabled();
     let mut out = std::io::stdout().lock();
     if args.quiet && verified != Some(false) && !args.json {
