@@ -328,14 +328,14 @@ fn impossible_ranges_and_streams_are_refused_before_any_allocation() {
         .assert()
         .code(2)
         .stderr(predicate::str::contains(
-            "(a FIFO: copy the stream into a file first)",
+            "(a FIFO): gdx reads and writes files by range",
         ));
     gdx()
         .args(["cp", "/dev/zero", "host"])
         .timeout(std::time::Duration::from_secs(30))
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("(a character device: "));
+        .stderr(predicate::str::contains("(a character device)"));
 }
 
 /// A write that fails half way (here: the file-size limit, which the kernel reports as EFBIG the

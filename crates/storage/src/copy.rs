@@ -143,20 +143,9 @@ pub fn source_len(path: &Path, skip: u64, length: Option<u64>) -> Result<u64, St
     };
     let kind = std::fs::metadata(path).map_err(open_err)?.file_type();
     if !(kind.is_file() || kind.is_block_device()) {
-        let kind = if kind.is_fifo() {
-            "a FIFO: copy the stream into a file first"
-        } else if kind.is_char_device() {
-            "a character device: copy the stream into a file first"
-        } else if kind.is_dir() {
-            "a directory"
-        } else if kind.is_socket() {
-            "a socket"
-        } else {
-            "neither"
-        };
         return Err(StorageError::NotAFile {
             path: path.to_path_buf(),
-            kind,
+            kind: crate::fileio::not_a_file_kind(kind),
         });
     }
     let mut f = std::fs::File::open(path).map_err(open_err)?;

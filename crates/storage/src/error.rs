@@ -22,7 +22,10 @@ pub enum StorageError {
         source: std::io::Error,
     },
     /// The path names something that is neither a regular file nor a block device.
-    #[error("{} is not a regular file or block device ({kind})", path.display())]
+    #[error(
+        "{} is not a regular file or block device ({kind}): gdx reads and writes files by range, so copy a stream into a file first",
+        path.display()
+    )]
     NotAFile {
         /// The path.
         path: PathBuf,
