@@ -303,3 +303,49 @@ pub(crate) fn random_u128() -> Result<u128> {
     random_bytes(&mut b)?;
     Ok(u128::from_le_bytes(b))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The initiator's side of #15 item 3: a memfd a peer passes is mapped only when sealed
+    /// against shrink/grow, as long as announced and (for read-only use) write-sealed.
+    #[test]
+    fn received_memfds_must_be_sealed() {
+        let m = Mapping::memfd(4096, "t").unwrap_or_else(|e| panic!("{e}"));
+        let fd = m.fd().unwrap_or_else(|| panic!("memfd"));
+        assert_eq!(verify_memfd(fd, Some(4096), false).ok(), Some(4096));
+        assert!(
+            verify_memfd(fd, Some(8192), false).is_err(),
+            "shorter than announced"
+        );
+        assert!(
+            verify_memfd(fd, Some(4096), true).is_err(),
+            "read-only without write seal"
+        );
+        let mut ro = Mapping::memfd(4096, "ro").unwrap_or_else(|e| panic!("{e}"));
+        ro.seal_future_write();
+        let rofd = ro
+            .fd()
+            .unwrap_or_else(|| panic!("kernel without F_SEAL_FUTURE_WRITE"));
+        assert!(verify_memfd(rofd, Some(4096), true).is_ok());
+        // The owner still writes through the mapping made before the seal.
+        // SAFETY: ro owns 4096 mapped bytes.
+        unsafe { ro.ptr().write(7) };
+
+        let name = std::ffi::CString::new("unsealed").unwrap_or_default();
+        // SAFETY: valid name and flags.
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: a fresh fd nobody else owns.
+        let unsealed = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: plain syscall on our fd.
+        assert_eq!(unsafe { libc::ftruncate(unsealed.as_raw_fd(), 4096) }, 0);
+        let e = verify_memfd(unsealed.as_raw_fd(), Some(4096), false)
+            .expect_err("an unsealed memfd must be refused");
+        assert!(
+            e.to_string().contains("sealed") || e.to_string().contains("sealable"),
+            "{e}"
+        );
+    }
+}

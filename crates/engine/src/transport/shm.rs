@@ -234,9 +234,18 @@ impl Worker {
             match self.conn.request(&Msg::ShmEnd {
                 xfer: xfer.id,
                 notify,
-            })? {
-                Msg::Ok => {}
-                m => {
+            }) {
+                Ok(Msg::Ok) => {}
+                // The target refused the notification (its queue is full): the bytes are in
+                // place but the transfer did not complete as asked; the connection is fine.
+                Err(e) if !e.is_fatal_for_stream() => {
+                    for i in done {
+                        xfer.chunk_done(i, 0, Err(e.clone()));
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+                Ok(m) => {
                     return Err(Error::Protocol(format!(
                         "expected Ok to ShmEnd, got frame type {}",
                         m.kind()
