@@ -669,3 +669,106 @@ fn shm_begin_over_the_documented_op_cap_is_malformed() {
     );
     assert!(matches!(decode_frame(&over), Err(Error::Malformed(_))));
 }
+
+// ---- 4 (client side): the initiator's handshake has one deadline too ----------------------
+
+#[test]
+fn a_dripping_server_cannot_stall_connect_past_the_handshake_deadline() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = l.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let _ = read_msg(&mut s); // the Hello
+        let frame = encode(
+            &Msg::Challenge {
+                nonce: 1,
+                mac: [0; 32],
+            },
+            0,
+        );
+        // One byte per 50 ms: always inside the client's 2 s I/O timeout.
+        let mut sent = 0;
+        for b in &frame {
+            if s.write_all(&[*b]).is_err() {
+                break;
+            }
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        sent
+    });
+    let me = Agent::new(AgentConfig {
+        io_timeout: Duration::from_secs(2),
+        limits: Limits {
+            handshake_timeout: Duration::from_millis(500),
+            ..Limits::default()
+        },
+        listen: None,
+        ..config("client", false)
+    })
+    .unwrap();
+    match me.connect(at) {
+        Err(Error::LimitReached { what, .. }) => assert!(what.contains("handshake"), "{what}"),
+        other => panic!("connect to a dripping server: {other:?}"),
+    }
+    let sent = server.join().unwrap();
+    assert!(
+        sent < 64,
+        "the client read the whole dripped frame ({sent} bytes)"
+    );
+}
+
+// ---- 2: SO_PEERCRED on the shm socket ----------------------------------------------------
+
+/// Child role: connect to the shm socket named in GDX_HOSTILE_SHM as another user and say
+/// whether the agent answered.
+#[test]
+fn role_peercred_client() {
+    let Ok(name) = std::env::var("GDX_HOSTILE_SHM") else {
+        return;
+    };
+    let a = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let u = UnixStream::connect_addr(&a).unwrap();
+    let bounce = memfd(4096, true);
+    send_with_fd(
+        &u,
+        &Msg::ShmJoin {
+            session: 1,
+            token: 0,
+            nonce: 1,
+        },
+        bounce.as_raw_fd(),
+    );
+    match recv_with_fds(&u) {
+        Some((m, _)) => println!("GDX_PEERCRED answered {}", m.kind()),
+        None => println!("GDX_PEERCRED closed"),
+    }
+}
+
+#[test]
+fn another_user_is_refused_on_the_shm_socket() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to start a process as another user");
+        return;
+    }
+    let target = agent("target", true);
+    let s = raw::login(addr(&target), &secret(&target));
+    let name = s.hello.shm_socket.clone().expect("shm offered");
+    use std::os::unix::process::CommandExt;
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "role_peercred_client",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("GDX_HOSTILE_SHM", &name)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("GDX_PEERCRED closed"), "{text}");
+    assert_eq!(target.limit_hits().peer_uid.load(Relaxed), 1);
+}
