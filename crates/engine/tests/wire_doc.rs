@@ -2,8 +2,8 @@
 //! "Examples" section decodes to the message named beside it, and encoding that message gives
 //! exactly the bytes printed. `GDX_PRINT_DOC_HEX=1` prints the blocks (for updating the doc).
 
-use gdx_engine::wire::{decode_frame, encode, Hello, Msg};
-use gdx_engine::{Access, IpcDesc, Location, RegionDesc, RegionKey};
+use gdx_engine::wire::{decode_frame, encode, Hello, Msg, ShmOp};
+use gdx_engine::{Access, Error, IpcDesc, Location, RegionDesc, RegionKey};
 
 const DOC: &str = include_str!("../../../docs/wire-protocol.md");
 
@@ -108,5 +108,122 @@ fn doc_examples_decode_and_match_the_encoder() {
             other => panic!("{name}: the doc's bytes do not decode: {other:?}"),
         }
         assert_eq!(hex(&doc), hex(&enc), "{name}: doc and encoder differ");
+    }
+}
+
+/// The checked-in seed corpus of the `frame_decoder` fuzz target: one whole frame per file.
+const SEEDS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/frame_decoder");
+
+fn seed_messages() -> Vec<(String, Msg)> {
+    let mut v: Vec<(String, Msg)> = examples()
+        .into_iter()
+        .map(|(n, m)| (n.to_string(), m))
+        .collect();
+    let op = ShmOp {
+        write: true,
+        region: 7,
+        key: RegionKey(0x99),
+        offset: 8,
+        len: 64,
+    };
+    let more = [
+        ("ok", Msg::Ok),
+        ("bye", Msg::Bye),
+        ("list", Msg::ListRegions),
+        ("get", Msg::GetRegion { name: "kv".into() }),
+        ("err", Msg::Err(Error::BadKey { region: 7 })),
+        (
+            "limit",
+            Msg::Err(Error::LimitReached {
+                what: "max_pending".into(),
+                limit: 32,
+            }),
+        ),
+        (
+            "write",
+            Msg::Write {
+                xfer: 1,
+                op: 0,
+                chunk: 0,
+                region: 7,
+                key: RegionKey(0x99),
+                offset: 0,
+            },
+        ),
+        (
+            "read",
+            Msg::Read {
+                xfer: 1,
+                op: 0,
+                chunk: 0,
+                region: 7,
+                key: RegionKey(0x99),
+                offset: 0,
+                len: 64,
+            },
+        ),
+        (
+            "notify",
+            Msg::Notify {
+                xfer: 2,
+                data: b"ready".to_vec(),
+            },
+        ),
+        (
+            "shmjoin",
+            Msg::ShmJoin {
+                session: 0x22,
+                token: 0,
+                nonce: 0x44,
+            },
+        ),
+        (
+            "shmbegin",
+            Msg::ShmBegin {
+                xfer: 3,
+                ops: vec![op; 3],
+            },
+        ),
+        (
+            "shmresult",
+            Msg::ShmBeginResult {
+                errors: vec![(
+                    1,
+                    Error::OutOfBounds {
+                        offset: 1,
+                        len: 2,
+                        region_len: 3,
+                    },
+                )],
+            },
+        ),
+        (
+            "shmend",
+            Msg::ShmEnd {
+                xfer: 3,
+                notify: Some(b"done".to_vec()),
+            },
+        ),
+    ];
+    v.extend(more.into_iter().map(|(n, m)| (n.to_string(), m)));
+    v
+}
+
+/// Every seed is a valid frame of this version (so the fuzzer starts from real messages);
+/// `GDX_WRITE_FUZZ_SEEDS=1` rewrites them.
+#[test]
+fn fuzz_seed_corpus_is_current() {
+    let seeds = seed_messages();
+    if std::env::var("GDX_WRITE_FUZZ_SEEDS").is_ok() {
+        std::fs::create_dir_all(SEEDS).unwrap();
+        for (name, m) in &seeds {
+            std::fs::write(format!("{SEEDS}/{name}"), encode(m, 0)).unwrap();
+        }
+    }
+    for (name, m) in &seeds {
+        let b = std::fs::read(format!("{SEEDS}/{name}"))
+            .unwrap_or_else(|e| panic!("seed {name}: {e} (GDX_WRITE_FUZZ_SEEDS=1 writes them)"));
+        assert_eq!(b, encode(m, 0), "seed {name} is stale");
+        assert!(matches!(decode_frame(&b), Ok(Some(_))), "seed {name}");
     }
 }
