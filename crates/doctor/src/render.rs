@@ -93,6 +93,9 @@ pub fn render_text_with(r: &Report, style: TextStyle) -> String {
     let _ = writeln!(o, "GPUs: {}", devs(&h.gpus));
     let _ = writeln!(o, "RDMA devices: {}", devs(&h.rdma_devices));
     let _ = writeln!(o, "probes: {}", h.probes);
+    if !h.environment.is_empty() && h.environment != "environment" {
+        let _ = writeln!(o, "environment judged: {}", h.environment);
+    }
     for n in &h.notes {
         let _ = writeln!(o, "note: {n}");
     }
@@ -215,6 +218,7 @@ mod tests {
                 gpus: vec![],
                 rdma_devices: vec![],
                 probes: "not run: --no-probe".into(),
+                environment: "environment".into(),
                 notes: vec!["no RDMA devices".into()],
             },
             summary: Summary::of(&findings),

@@ -58,6 +58,14 @@ pub enum TopoError {
         /// What is wrong.
         message: String,
     },
+    /// A file gdx writes into a capture (`gdx/env.json`) is malformed.
+    #[error("capture file {path}: {message} (re-capture the machine with `gdx topo --capture`)")]
+    CaptureFile {
+        /// The file, relative to the capture.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 impl TopoError {

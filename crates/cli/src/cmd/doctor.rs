@@ -63,6 +63,7 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    super::topo::remove_unpacked_on_signal(args.root.as_deref())?;
     let facts = gdx_doctor::live::SystemFacts;
     let probe = gdx_doctor::live::SystemProbe;
     let mut opts = gdx_doctor::Options::new(args.root.clone().unwrap_or_else(|| "/".into()));

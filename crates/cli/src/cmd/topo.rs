@@ -62,6 +62,7 @@ pub fn load(root: Option<&PathBuf>, xml: Option<&PathBuf>) -> Result<Topology> {
 /// Run `gdx topo`.
 pub fn run(args: &TopoArgs) -> Result<ExitCode> {
     validate(args)?;
+    remove_unpacked_on_signal(args.root.as_deref())?;
     if let Some(out) = &args.capture {
         let root = args.root.clone().unwrap_or_else(|| PathBuf::from("/"));
         let summary = gdx_topo::capture(&root, out)
@@ -360,6 +361,16 @@ fn details(d: &Device) -> String {
     } else {
         parts.join(", ")
     }
+}
+
+/// An archive root is unpacked to a temporary folder: remove it on Ctrl-C / SIGTERM too. Only
+/// for archives, which are read without starting other programs (see the function's docs).
+pub fn remove_unpacked_on_signal(root: Option<&std::path::Path>) -> Result<()> {
+    if root.is_some_and(gdx_topo::sysfs::archive::is_tarball_name) {
+        gdx_topo::sysfs::archive::remove_unpacked_on_signal()
+            .context("arranging to remove the unpacked archive on SIGINT/SIGTERM")?;
+    }
+    Ok(())
 }
 
 /// Refuse flags that make no sense together in ways clap cannot express.
