@@ -57,7 +57,7 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum DoctorError {
     /// The root does not exist.
-    #[error("root {0}: no such file or directory")]
+    #[error("root {0}: no such file or directory (give a folder or .tar.gz written by `gdx topo --capture`, or leave --root out for this machine)")]
     RootMissing(PathBuf),
     /// The root is neither a folder nor a readable capture archive.
     #[error("root {path}: {why}")]

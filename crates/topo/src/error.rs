@@ -8,7 +8,7 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum TopoError {
     /// `--root` does not exist.
-    #[error("root {path}: no such file or directory")]
+    #[error("root {path}: no such file or directory (give a folder or .tar.gz written by `gdx topo --capture`, or leave --root out for this machine)")]
     RootMissing {
         /// The root given.
         path: PathBuf,
@@ -48,6 +48,15 @@ pub enum TopoError {
         /// The file.
         path: PathBuf,
         /// What it looks like instead.
+        why: String,
+    },
+    /// An `--xml` input that is not read at all: not a regular file, over the size cap, not
+    /// text.
+    #[error("{path}: cannot read as an NCCL topology file: {why}")]
+    XmlInput {
+        /// The file.
+        path: PathBuf,
+        /// Why, and what to give instead.
         why: String,
     },
     /// A captured NVML snapshot (`gdx/nvml.json`) is malformed.

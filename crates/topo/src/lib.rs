@@ -17,7 +17,9 @@ mod error;
 pub mod fixture;
 pub mod model;
 pub mod path;
+pub mod render;
 pub mod sysfs;
+pub mod vendor;
 pub mod xml;
 
 pub use capture::{capture, read_captured_env, CapturedEnv};

@@ -191,7 +191,11 @@ fn build(fs: &RootFs, source: String) -> Topology {
         }
         d.name = match kind {
             DeviceKind::Gpu => models.get(&bdf).cloned(),
-            DeviceKind::Nic => nics.get(&bdf).and_then(|n| n.rdma_name.clone()),
+            // RDMA device, else netdev (a virtio `eth0`), else the vendor in words.
+            DeviceKind::Nic => nics
+                .get(&bdf)
+                .and_then(|n| n.rdma_name.clone().or_else(|| n.netdevs.first().cloned()))
+                .or_else(|| crate::vendor::nic_name(d.vendor, d.device_id, d.class)),
             DeviceKind::Nvme => None,
         }
         .or_else(|| ids_name(d.vendor, d.device_id));
