@@ -4,8 +4,8 @@ use super::attrs::{syntax_error, text_pos, Attrs};
 use super::{cpumask, depth};
 use crate::error::TopoError;
 use crate::model::{
-    kind_from_class, Attachment, Device, DeviceKind, HostBridge, LinkStatus, NicPort, NumaNode,
-    NvLink, NvLinkTarget, PciAddr, Source, Switch, SwitchId, Topology,
+    kind_from_class, Attachment, Device, DeviceKind, HostBridge, LinkStatus, NumaNode, NvLink,
+    NvLinkTarget, PciAddr, Switch, SwitchId, Topology,
 };
 use roxmltree::{Document, Node};
 use std::collections::{HashMap, HashSet};
@@ -14,6 +14,9 @@ use std::path::Path;
 /// Deepest `<pci>` nesting accepted. Real machines have a handful of switch levels; the limit
 /// keeps the recursive walk's stack bounded whatever the input.
 const MAX_PCI_DEPTH: usize = 64;
+
+mod finish;
+mod nic;
 
 /// Most `<cpu>` elements accepted: one per NUMA node, and Linux has at most 1024 nodes.
 pub const MAX_CPUS: usize = 1024;
@@ -494,196 +497,7 @@ impl<'a, 'input> Parser<'a, 'input> {
         };
         Ok(Some(NvLink { target, count }))
     }
-
-    /// `<net>` children of a `<nic>` into the device's NIC facts.
-    fn nets(&mut self, nic: Node, d: &mut Device) -> Result<(), TopoError> {
-        self.check_children(nic, &["net"])?;
-        let mut names: Vec<String> = Vec::new();
-        let mut named: HashSet<&str> = HashSet::new();
-        let mut ports = Vec::new();
-        let mut speed_mbps = None;
-        for net in nic.children().filter(|n| n.has_tag_name("net")) {
-            self.a.opt_int(net, "dev")?;
-            self.a.opt_int(net, "gdr")?;
-            let speed = self.a.opt_u64(net, "speed")?.filter(|s| *s > 0);
-            let port = self.a.opt_u32(net, "port")?.unwrap_or(0);
-            if let Some(name) = net
-                .attribute("name")
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-            {
-                if named.insert(name) {
-                    names.push(name.to_string());
-                }
-            }
-            speed_mbps = speed_mbps.or(speed);
-            ports.push(NicPort {
-                port,
-                rate_gbps: speed.map(|s| s as f64 / 1000.0),
-                ..NicPort::default()
-            });
-        }
-        if names.len() > 1 {
-            let line = self.a.line_of(nic);
-            self.note(format!(
-                "<nic> (line {line}) holds several net devices ({}): modelled as one NIC named {}",
-                names.join(", "),
-                names[0]
-            ));
-        }
-        let info = d.nic.get_or_insert_with(Default::default);
-        info.rdma_name = names.first().cloned();
-        if let Some(name) = names.first().filter(|n| is_netdev_name(n)) {
-            info.netdevs.push(name.clone());
-        }
-        info.ports = ports;
-        info.speed_mbps = speed_mbps;
-        d.name = info.rdma_name.clone().or(d.name.take());
-        Ok(())
-    }
-
-    /// A `<nic>` directly under `<cpu>`: a NIC NCCL knows only by its nets (no PCI address).
-    fn cpu_nic(&mut self, node: Node, ctx: &CpuCtx) -> Result<(), TopoError> {
-        if !node.children().any(|n| n.has_tag_name("net")) {
-            self.check_children(node, &["net"])?;
-            let line = self.a.line_of(node);
-            self.note(format!(
-                "<nic> without <net> under <cpu> (line {line}): ignored"
-            ));
-            return Ok(());
-        }
-        let mut d = self.new_device(DeviceKind::Nic, None, ctx);
-        self.nets(node, &mut d)?;
-        self.push_device(d, node)
-    }
-
-    fn finish(mut self, path: &Path, nvlink_elements: bool) -> Topology {
-        // A GPU-class link given without tclass: NCCL would read the target's class from
-        // sysfs and take an unreadable one for an NVSwitch; in a file, a GPU listed in the
-        // same file is the best evidence there is.
-        let gpu_bdfs: HashSet<PciAddr> = self
-            .devices
-            .iter()
-            .filter(|d| d.kind == DeviceKind::Gpu)
-            .filter_map(|d| d.bdf)
-            .collect();
-        // One pass over each GPU's bundles with a set of the targets to retype, so a file
-        // with many untyped links costs linear time.
-        let mut retype: HashMap<PciAddr, HashSet<PciAddr>> = HashMap::new();
-        for u in &self.untyped {
-            if !gpu_bdfs.contains(&u.target) {
-                retype.entry(u.owner).or_default().insert(u.target);
-            }
-        }
-        for d in &mut self.devices {
-            let (Some(bdf), Some(info)) = (d.bdf, d.gpu.as_mut()) else {
-                continue;
-            };
-            let Some(targets) = retype.get(&bdf) else {
-                continue;
-            };
-            for l in &mut info.nvlinks {
-                if matches!(l.target, NvLinkTarget::Gpu(t) if targets.contains(&t)) {
-                    l.target = NvLinkTarget::NvSwitch;
-                }
-            }
-        }
-        if !self.unknown_kind.is_empty() {
-            let n = self.unknown_kind.len();
-            let ids = some_of(self.unknown_kind.iter().map(ToString::to_string));
-            self.notes.push(format!(
-                "{n} PCI device{} without class or <gpu>/<nic> child: kind unknown (bus ids: {ids}); \
-                 NCCL fills these in from sysfs on the machine itself",
-                if n == 1 { "" } else { "s" },
-            ));
-        }
-        if !self.untracked.is_empty() {
-            let ids = some_of(
-                self.untracked
-                    .iter()
-                    .map(|(b, c)| format!("{b} class {c:#08x}")),
-            );
-            self.notes.push(format!(
-                "PCI devices of classes gdx does not track left out: {ids}"
-            ));
-        }
-        if !self.ignored.is_empty() {
-            let ids = some_of(self.ignored.drain(..));
-            self.notes
-                .push(format!("elements NCCL does not define, ignored: {ids}"));
-        }
-        if self.dropped_notes > 0 {
-            self.notes.push(format!(
-                "... and {} more notes like these",
-                self.dropped_notes
-            ));
-        }
-        let gpus = self
-            .devices
-            .iter()
-            .filter(|d| d.kind == DeviceKind::Gpu)
-            .count();
-        if gpus >= 2 && !nvlink_elements {
-            self.notes.push(format!(
-                "this file has no <nvlink> elements: the GPU↔GPU classes are {NO_NVLINK_FACTS}; \
-                 GPUs joined by NVLink or NVSwitch (Azure NDv5, for one) show PHB/SYS here, \
-                 while NCCL on the machine finds their NVLinks through NVML"
-            ));
-        }
-        let mut topo = Topology {
-            source: Source::NcclXml(path.display().to_string()),
-            devices: self.devices,
-            switches: self.switches,
-            host_bridges: self.host_bridges,
-            numa_nodes: self.numa_nodes,
-            nvml_enriched: false,
-            notes: self.notes,
-        };
-        topo.assign_labels();
-        // Worded after labelling so the note names the GPU as every other view does.
-        let mut quirk = self.self_targets;
-        quirk.dedup();
-        for bdf in quirk {
-            let label = topo
-                .by_bdf(bdf)
-                .map_or_else(|| bdf.to_string(), |d| format!("{} ({bdf})", d.label));
-            topo.notes.push(format!(
-                "{label}: <nvlink target> is its own bus id (known quirk of Azure NC A100 v4 \
-                 files); NVLink peer unknown"
-            ));
-        }
-        topo
-    }
-}
-
-/// The first 64 items joined by commas, then how many more: a note stays readable (and
-/// small) whatever the file holds.
-fn some_of(items: impl Iterator<Item = String>) -> String {
-    const SHOWN: usize = 64;
-    let mut shown = Vec::new();
-    let mut more = 0usize;
-    for i in items {
-        if shown.len() < SHOWN {
-            shown.push(i);
-        } else {
-            more += 1;
-        }
-    }
-    let mut s = shown.join(", ");
-    if more > 0 {
-        s.push_str(&format!(" and {more} more"));
-    }
-    s
 }
 
 /// How the GPU↔GPU classes of a model with no NVLink facts from an NCCL file are marked.
 pub const NO_NVLINK_FACTS: &str = "PCIe only: this file carries no NVLink facts";
-
-/// True for kernel interface names (`eth0`, `ens1f0`, `ib0`, `bond0`): NCCL's socket
-/// transport names its nets so, where the IB transport uses RDMA device names (`mlx5_0`).
-fn is_netdev_name(name: &str) -> bool {
-    const PREFIXES: [&str; 12] = [
-        "eth", "en", "ib", "bond", "team", "br", "lo", "wl", "vlan", "veth", "hsn", "docker",
-    ];
-    PREFIXES.iter().any(|p| name.starts_with(p))
-}
