@@ -53,7 +53,8 @@ pub fn method(params: &Params) -> Method {
 }
 
 /// The header of a run on this machine. GPUs are listed only when CUDA is already loaded
-/// (a GPU case asked) or `with_gpus` is set.
+/// (a GPU case asked) or `with_gpus` is set; the host ceiling only when it was measured
+/// already ([`Ctx::host_ceiling`]; the runner fills it in otherwise).
 pub fn live_header(
     ctx: &Ctx,
     params: &Params,
@@ -105,6 +106,7 @@ pub fn live_header(
         devices,
         method: method(params),
         notes,
+        host_ceiling: ctx.host_ceiling_if_measured().cloned(),
     }
 }
 
@@ -124,6 +126,7 @@ pub fn mock_header(params: &Params) -> Header {
         devices: vec![],
         method: method(params),
         notes: vec!["mock backend: figures are synthetic".into()],
+        host_ceiling: None,
     }
 }
 
