@@ -84,7 +84,10 @@ fn bench_path_rdma_is_waived_with_the_reason_in_json() {
             .unwrap_or_else(|| panic!("no RDMA group in {waived:?}"));
         assert_eq!(rdma["reason"], reason.as_str(), "{rdma}");
         assert!(rdma["cases"].as_u64().unwrap() >= 4, "{rdma}");
-        assert!(rdma["fix"].as_str().is_some_and(|f| !f.is_empty()), "{rdma}");
+        assert!(
+            rdma["fix"].as_str().is_some_and(|f| !f.is_empty()),
+            "{rdma}"
+        );
         assert_eq!(v["cases"].as_array().unwrap().len(), 0);
         assert_eq!(v["results"].as_array().unwrap().len(), 0);
     }
