@@ -125,20 +125,6 @@ impl BenchReport {
 
 const SEED: u64 = 0x6764_785f_7374_6f72; // "gdx_stor"
 
-fn median(v: &[f64]) -> Option<f64> {
-    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
-}
-
 /// GPU buffers and helpers shared by the rows.
 struct Rig {
     ctx: Context,
@@ -670,20 +656,12 @@ fn run_samples(
             }
         }
     }
-    row.median_gbps = median(&row.samples_gbps);
+    row.median_gbps = gdx_sys::stats::median(&row.samples_gbps);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn medians() {
-        assert_eq!(median(&[]), None);
-        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
-        assert_eq!(median(&[f64::NAN, 1.0]), Some(1.0));
-    }
 
     #[test]
     fn rows_serialise_status_flat() {
