@@ -192,6 +192,8 @@ pub fn capture(root: &Path, out: &Path) -> Result<CaptureSummary, TopoError> {
             .prefix("gdx-capture-")
             .tempdir()
             .map_err(|e| TopoError::io(std::env::temp_dir(), e))?;
+        // Registered like an unpacked root, so SIGINT/SIGTERM removes it too.
+        let tmp = crate::sysfs::archive::TempFolder::new(tmp);
         let mut c = Copier::new(&fs, tmp.path());
         c.run(root, live)?;
         write_tarball(tmp.path(), out)?;

@@ -94,6 +94,8 @@ pub fn use_color(when: &str) -> bool {
 pub fn run(args: &TopoArgs) -> Result<ExitCode> {
     validate(args)?;
     remove_unpacked_on_signal(args.root.as_deref())?;
+    // A .tar.gz capture is packed from a temporary folder: remove that on a signal too.
+    remove_unpacked_on_signal(args.capture.as_deref())?;
     if let Some(out) = &args.capture {
         let root = args.root.clone().unwrap_or_else(|| PathBuf::from("/"));
         let summary = gdx_topo::capture(&root, out)

@@ -62,7 +62,7 @@ pub enum Require {
 pub struct OpenRoot {
     given: PathBuf,
     dir: PathBuf,
-    unpacked: Option<Unpacked>,
+    unpacked: Option<TempFolder>,
 }
 
 impl OpenRoot {
@@ -184,29 +184,30 @@ pub fn printable(s: &str) -> String {
     out
 }
 
-/// Temporary folders of live [`Unpacked`] values, for the signal thread to remove.
+/// Temporary folders of live [`TempFolder`] values, for the signal thread to remove.
 static LIVE_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
-/// An unpacked archive's temporary folder, removed on drop.
+/// A temporary folder (an unpacked archive, a capture being packed), removed on drop and,
+/// once [`remove_unpacked_on_signal`] was called, on SIGINT/SIGTERM/SIGHUP.
 #[derive(Debug)]
-struct Unpacked {
+pub(crate) struct TempFolder {
     dir: Option<tempfile::TempDir>,
 }
 
-impl Unpacked {
-    fn new(dir: tempfile::TempDir) -> Unpacked {
+impl TempFolder {
+    pub(crate) fn new(dir: tempfile::TempDir) -> TempFolder {
         if let Ok(mut live) = LIVE_DIRS.lock() {
             live.push(dir.path().to_path_buf());
         }
-        Unpacked { dir: Some(dir) }
+        TempFolder { dir: Some(dir) }
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.dir.as_ref().map_or(Path::new(""), |d| d.path())
     }
 }
 
-impl Drop for Unpacked {
+impl Drop for TempFolder {
     fn drop(&mut self) {
         if let Some(d) = self.dir.take() {
             if let Ok(mut live) = LIVE_DIRS.lock() {
@@ -219,8 +220,9 @@ impl Drop for Unpacked {
     }
 }
 
-/// Remove every unpacked archive folder when the process gets SIGINT, SIGTERM or SIGHUP, then
-/// exit with 128 + the signal number, as a shell reports a killed command.
+/// Remove every temporary folder (unpacked archives, captures being packed) when the process
+/// gets SIGINT, SIGTERM or SIGHUP, then exit with 128 + the signal number, as a shell reports
+/// a killed command.
 ///
 /// Call it once, early, before other threads start: it blocks those signals in the calling
 /// thread (and so in threads started later) and waits for them on a thread of its own. Child
@@ -263,7 +265,7 @@ fn unpack(
     archive: &Path,
     limits: &ArchiveLimits,
     parent: Option<&Path>,
-) -> Result<Unpacked, TopoError> {
+) -> Result<TempFolder, TopoError> {
     let file = std::fs::File::open(archive).map_err(|e| TopoError::io(archive, e))?;
     let mut b = tempfile::Builder::new();
     b.prefix("gdx-root-");
@@ -274,7 +276,7 @@ fn unpack(
             .map_err(|e| TopoError::io(std::env::temp_dir(), e))?,
     };
     // From here on, an error drops `out` and so removes everything written.
-    let out = Unpacked::new(tmp);
+    let out = TempFolder::new(tmp);
     let why = |w: String| TopoError::RootUnusable {
         path: archive.to_path_buf(),
         why: w,
