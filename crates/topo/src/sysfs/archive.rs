@@ -37,7 +37,7 @@ pub struct ArchiveLimits {
 /// leave an order of magnitude (and more) of room above that.
 pub const DEFAULT_LIMITS: ArchiveLimits = ArchiveLimits {
     max_bytes: 256 << 20,
-    max_entries: 200_000,
+    max_entries: 100_000,
     max_depth: 64,
 };
 
@@ -281,7 +281,17 @@ fn unpack(
         path: archive.to_path_buf(),
         why: w,
     };
-    let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(file));
+    // The whole decompressed stream is bounded too: tar reads GNU long names and pax headers
+    // into memory itself, before any entry reaches the byte cap below.
+    let stream_cap = limits
+        .max_bytes
+        .saturating_add(limits.max_entries.saturating_mul(STREAM_BYTES_PER_ENTRY));
+    let stream = Capped {
+        inner: flate2::read::GzDecoder::new(file),
+        left: stream_cap,
+        cap: stream_cap,
+    };
+    let mut ar = tar::Archive::new(stream);
     let entries = ar
         .entries()
         .map_err(|e| why(format!("cannot unpack as .tar.gz: {e}")))?;
@@ -302,6 +312,40 @@ fn unpack(
         u.entry(entry).map_err(why)?;
     }
     Ok(out)
+}
+
+/// Tar overhead per entry allowed in the decompressed stream: a header, padding and a long
+/// name or pax record.
+const STREAM_BYTES_PER_ENTRY: u64 = 1536;
+
+/// A reader that fails, rather than ending, after `cap` bytes: a truncated stream would read
+/// as a damaged archive, not as one that is too big.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+    cap: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            // One more byte means the stream goes on past the cap.
+            let mut probe = [0u8; 1];
+            return match self.inner.read(&mut probe)? {
+                0 => Ok(0),
+                _ => Err(std::io::Error::other(format!(
+                    "decompresses to more than {} MiB, the cap for a capture archive",
+                    self.cap >> 20
+                ))),
+            };
+        }
+        let want = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..want])?;
+        self.left -= n as u64;
+        Ok(n)
+    }
 }
 
 struct Unpacker {
