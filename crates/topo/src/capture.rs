@@ -563,3 +563,28 @@ fn append_sorted<W: std::io::Write>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_env_keeps_the_prefixes_and_leaves_secret_values_out() {
+        let env = CapturedEnv::from_vars(
+            [
+                ("NCCL_IB_HCA", "mlx5_0"),
+                ("CUDA_VISIBLE_DEVICES", "1"),
+                ("GDX_SECRET_FILE", "/etc/gdx/secret"),
+                ("NCCL_IB_TOKEN", "t"),
+                ("PATH", "/bin"),
+                ("XNCCL_P2P_DISABLE", "1"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
+        assert_eq!(
+            env.vars.keys().collect::<Vec<_>>(),
+            ["CUDA_VISIBLE_DEVICES", "NCCL_IB_HCA"]
+        );
+        assert_eq!(env.redacted, ["GDX_SECRET_FILE", "NCCL_IB_TOKEN"]);
+    }
+}
