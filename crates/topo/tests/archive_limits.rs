@@ -268,3 +268,20 @@ fn the_decompressed_stream_is_capped_even_for_names_tar_reads_into_memory() {
     let why = refused(&a, &limits);
     assert!(why.contains("decompresses to more than 1 MiB"), "{why}");
 }
+
+#[test]
+fn a_fifo_named_like_an_archive_is_refused_without_being_opened() {
+    let d = tempfile::tempdir().unwrap();
+    let fifo = d.path().join("cap.tar.gz");
+    let st = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // Before, File::open blocked here waiting for a writer.
+    let why = refused(&fifo, &ArchiveLimits::default());
+    assert!(
+        why.contains("not a folder or a .tar.gz/.tgz capture file"),
+        "{why}"
+    );
+}
