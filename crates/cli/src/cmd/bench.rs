@@ -488,7 +488,11 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         return Ok(match gdx_bench::gpu::ipc::child_main(spec) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("gdx bench {}: {e}", gdx_bench::gpu::ipc::CHILD_FLAG);
+                eprintln!(
+                    "gdx bench {}: {}",
+                    gdx_bench::gpu::ipc::CHILD_FLAG,
+                    e.chain()
+                );
                 ExitCode::from(2)
             }
         });
@@ -505,7 +509,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         print!("{}", list(&cases));
         return Ok(ExitCode::SUCCESS);
     }
-    let mut cases = select(cases, &args.paths).map_err(anyhow::Error::msg)?;
+    let mut cases = select(cases, &args.paths)?;
     if let Some((a, b)) = args.pair {
         check_pair(&ctx, a, b)?;
         cases = filter_pair(cases, a, b);
