@@ -93,7 +93,7 @@ pub fn live_header(
     Header {
         tool: "gdx".into(),
         gdx_version: env!("CARGO_PKG_VERSION").into(),
-        git_hash: option_env!("GDX_GIT_HASH").map(str::to_string),
+        git_hash: GIT_HASH.map(str::to_string),
         host: first_line("/proc/sys/kernel/hostname").unwrap_or_else(|| "unknown".into()),
         cpu: cpu_model(),
         kernel: first_line("/proc/sys/kernel/osrelease"),
@@ -129,3 +129,10 @@ pub fn mock_header(params: &Params) -> Header {
         host_ceiling: None,
     }
 }
+
+/// The git commit this binary was built from (`abc123def456`, `-dirty` when the tree had
+/// uncommitted changes); `None` when built outside a git checkout.
+pub const GIT_HASH: Option<&str> = option_env!("GDX_GIT_HASH");
+
+/// The UTC date the binary was built (`SOURCE_DATE_EPOCH` when set), `YYYY-MM-DD`.
+pub const BUILD_DATE: Option<&str> = option_env!("GDX_BUILD_DATE");

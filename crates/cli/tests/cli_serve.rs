@@ -1,10 +1,31 @@
 //! `gdx serve` end to end: start the real binary, parse its GDX_SERVE line, connect with the
-//! engine from this process, write random bytes, read them back and compare.
+//! engine from this process, write random bytes, read them back and compare. Also: the
+//! secret (given, generated and printed, wrong, insecure) and the `--listen` forms.
 
-use gdx_engine::{Access, Agent, AgentConfig, Transfer};
+use gdx_engine::{Access, Agent, AgentConfig, Error, Secret, Transfer};
 use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
+
+/// A secret file (mode 600) for this test process.
+fn secret_file() -> PathBuf {
+    static F: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    F.get_or_init(|| {
+        use std::os::unix::fs::OpenOptionsExt;
+        let p = std::env::temp_dir().join(format!("gdx-cli-serve-secret-{}", std::process::id()));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&p)
+            .unwrap();
+        std::io::Write::write_all(&mut f, Secret::generate().unwrap().reveal().as_bytes()).unwrap();
+        p
+    })
+    .clone()
+}
 
 struct Server(std::process::Child);
 impl Drop for Server {
@@ -14,11 +35,32 @@ impl Drop for Server {
     }
 }
 
+/// Starts `gdx serve` with the test's secret file (unless `args` says otherwise).
 fn start(args: &[&str]) -> (Server, String) {
+    let f = secret_file();
+    let mut all: Vec<&str> = args.to_vec();
+    if !args.contains(&"--insecure") && !args.contains(&"--no-secret-file") {
+        all.extend(["--secret-file", f.to_str().unwrap()]);
+    }
+    all.retain(|a| *a != "--no-secret-file");
+    let (server, lines) = start_raw(&all);
+    let addr = lines
+        .iter()
+        .find(|l| l.starts_with("GDX_SERVE "))
+        .and_then(|l| l.split_whitespace().find_map(|f| f.strip_prefix("addr=")))
+        .expect("addr=")
+        .to_string();
+    (server, addr)
+}
+
+/// Starts `gdx serve ARGS`; returns the stdout lines up to and including GDX_SERVE (and the
+/// secret line, if one follows).
+fn start_raw(args: &[&str]) -> (Server, Vec<String>) {
     let exe = assert_cmd::cargo::cargo_bin("gdx");
     let mut child = Command::new(exe)
         .arg("serve")
         .args(args)
+        .env_remove("GDX_SECRET_FILE")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -26,24 +68,37 @@ fn start(args: &[&str]) -> (Server, String) {
     let out = child.stdout.take().unwrap();
     let server = Server(child);
     let mut lines = BufReader::new(out).lines();
-    let line = lines
-        .find_map(|l| l.ok().filter(|l| l.starts_with("GDX_SERVE ")))
-        .expect("a GDX_SERVE line");
-    let addr = line
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix("addr="))
-        .expect("addr=")
-        .to_string();
-    (server, addr)
+    let mut got = Vec::new();
+    for l in lines.by_ref() {
+        let l = l.expect("stdout");
+        let done = l.starts_with("GDX_SERVE ");
+        got.push(l);
+        if done {
+            break;
+        }
+    }
+    assert!(got.iter().any(|l| l.starts_with("GDX_SERVE ")), "{got:?}");
+    if !args.contains(&"--secret-file") && !args.contains(&"--insecure") {
+        if let Some(Ok(l)) = lines.next() {
+            got.push(l);
+        }
+    }
+    (server, got)
 }
 
-fn client() -> Agent {
+fn client_with(secret: Option<Secret>, insecure: bool) -> Agent {
     Agent::new(AgentConfig {
         name: "cli-test".into(),
         listen: None,
-        ..AgentConfig::from_env().unwrap()
+        secret,
+        insecure,
+        ..AgentConfig::default()
     })
     .unwrap()
+}
+
+fn client() -> Agent {
+    client_with(Some(Secret::from_file(&secret_file()).unwrap()), false)
 }
 
 #[test]
@@ -102,4 +157,88 @@ fn read_only_serve_refuses_writes() {
         text.contains("read-only") || text.contains("read only") || text.contains("write"),
         "{text}"
     );
+}
+
+#[test]
+fn a_generated_secret_is_printed_and_works() {
+    let (_server, lines) = start_raw(&["--listen", "127.0.0.1:0", "--size", "4KiB"]);
+    let addr = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("GDX_SERVE addr="))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("addr")
+        .to_string();
+    let secret = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("GDX_SERVE_SECRET "))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("a GDX_SERVE_SECRET line");
+    // The summary line never carries the secret.
+    assert!(lines
+        .iter()
+        .all(|l| !l.starts_with("GDX_SERVE ") || !l.contains(secret)));
+    let good = client_with(
+        Some(Secret::from_bytes(secret.as_bytes().to_vec()).unwrap()),
+        false,
+    );
+    let peer = good.connect(addr.as_str()).unwrap();
+    assert_eq!(peer.region("serve").unwrap().len, 4096);
+
+    // Another secret: refused before any region is named.
+    let wrong = client_with(Some(Secret::generate().unwrap()), false);
+    let err = wrong
+        .connect(addr.as_str())
+        .expect_err("a wrong secret must be refused");
+    assert!(matches!(err, Error::AuthFailed(_)), "{err}");
+    // No secret at all (insecure client): refused too.
+    let none = client_with(None, true);
+    let err = none
+        .connect(addr.as_str())
+        .expect_err("an insecure client must be refused");
+    assert!(matches!(err, Error::AuthFailed(_)), "{err}");
+}
+
+#[test]
+fn insecure_serve_takes_insecure_clients_only() {
+    let (_server, addr) = start(&["--listen", "127.0.0.1:0", "--size", "4KiB", "--insecure"]);
+    let open = client_with(None, true);
+    let peer = open.connect(addr.as_str()).unwrap();
+    assert_eq!(peer.region("serve").unwrap().len, 4096);
+    // An authenticating client does not silently downgrade.
+    let err = client()
+        .connect(addr.as_str())
+        .expect_err("no silent downgrade");
+    assert!(matches!(err, Error::AuthFailed(_)), "{err}");
+}
+
+#[test]
+fn listen_forms_are_accepted() {
+    // PORT alone means loopback; port 0 picks a free one.
+    let (_server, addr) = start(&["--listen", "0", "--size", "4KiB"]);
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+    client().connect(addr.as_str()).unwrap();
+    let (_server, addr) = start(&["--listen", "[::1]:0", "--size", "4KiB"]);
+    if !addr.starts_with("[::1]:") {
+        panic!("{addr}");
+    }
+    client().connect(addr.as_str()).unwrap();
+    let (_server, addr) = start(&["--listen", "localhost:0", "--size", "4KiB"]);
+    client().connect(addr.as_str()).unwrap();
+    let out = Command::new(assert_cmd::cargo::cargo_bin("gdx"))
+        .args(["serve", "--listen", "nonsense"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("PORT, :PORT, HOST:PORT"), "{err}");
+}
+
+#[test]
+fn default_listen_is_loopback() {
+    let out = Command::new(assert_cmd::cargo::cargo_bin("gdx"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("[default: 127.0.0.1:7447]"), "{help}");
 }

@@ -14,10 +14,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::auth::{Mac, Secret};
 use crate::config::{boot_host_id, AgentConfig, Transports};
 use crate::conn::Sock;
 use crate::error::{Error, Result};
 use crate::gpu::{AgentGpu, DeviceOrigin, DeviceRegion, LocalPeer};
+use crate::limits::{Gate, LimitHits};
+use crate::notes::NoteQueue;
 use crate::peer::Peer;
 use crate::region::{Access, Region, RegionScope, Registry};
 use crate::transport::rdma::RdmaNode;
@@ -68,8 +71,10 @@ impl<T> Default for Queue<T> {
 impl<T> Queue<T> {
     pub(crate) fn push(&self, v: T) {
         let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
-        if q.len() >= 65536 {
-            q.pop_front(); // bounded: a flood of notifications cannot exhaust memory
+        if q.len() >= 1024 {
+            // Bounded: only authenticated peers are announced, and this list is informational
+            // (Agent::accept), so the oldest entry gives way.
+            q.pop_front();
         }
         q.push_back(v);
         drop(q);
@@ -94,10 +99,27 @@ impl<T> Queue<T> {
                 .0;
         }
     }
+}
 
-    fn try_pop(&self) -> Option<T> {
-        self.q.lock().unwrap_or_else(|p| p.into_inner()).pop_front()
+/// An authenticated control session, as joining connections must match it.
+#[derive(Debug, Clone)]
+pub(crate) struct Session {
+    /// Insecure mode: the token joining connections present.
+    pub(crate) token: u128,
+    /// The session key joining connections prove they hold (`None` in insecure mode).
+    pub(crate) key: Option<Mac>,
+    /// The peer agent's name.
+    pub(crate) peer: String,
+}
+
+/// The secret shared by every agent of this process that was given none.
+fn process_secret() -> Result<Secret> {
+    static S: std::sync::OnceLock<Secret> = std::sync::OnceLock::new();
+    if let Some(s) = S.get() {
+        return Ok(s.clone());
     }
+    let fresh = Secret::generate()?;
+    Ok(S.get_or_init(|| fresh).clone())
 }
 
 /// State shared by the agent handle, its server threads and its peers.
@@ -109,10 +131,13 @@ pub(crate) struct AgentInner {
     pub(crate) registry: Arc<Registry>,
     pub(crate) listen_addr: Option<SocketAddr>,
     pub(crate) shm_name: Option<String>,
-    /// session id → (token, peer agent name), for data streams and shm connections joining a
-    /// control session.
-    pub(crate) sessions: Mutex<HashMap<u128, (u128, String)>>,
-    pub(crate) notes: Queue<Notification>,
+    /// session id → what data streams and shm connections joining it must prove.
+    pub(crate) sessions: Mutex<HashMap<u128, Session>>,
+    pub(crate) notes: NoteQueue,
+    /// The secret peers prove they hold; `None` only in insecure mode.
+    pub(crate) secret: Option<Secret>,
+    pub(crate) gate: Arc<Gate>,
+    pub(crate) hits: LimitHits,
     pub(crate) inbound: Queue<PeerInfo>,
     conns: Mutex<HashMap<u64, Sock>>,
     next_conn: AtomicU64,
@@ -152,12 +177,10 @@ impl AgentInner {
         t.bits()
     }
 
-    /// The peer name of `session` if `token` is its token.
-    pub(crate) fn session_peer(&self, session: u128, token: u128) -> Option<String> {
+    /// The session `session`, if it exists.
+    pub(crate) fn session(&self, session: u128) -> Option<Session> {
         let s = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        s.get(&session)
-            .filter(|(t, _)| crate::region::RegionKey(*t).ct_eq(&crate::region::RegionKey(token)))
-            .map(|(_, n)| n.clone())
+        s.get(&session).cloned()
     }
 }
 
@@ -189,6 +212,18 @@ impl Agent {
     /// [`Error::InvalidArgument`] for a bad config, [`Error::Os`] if a listener cannot be bound.
     pub fn new(cfg: AgentConfig) -> Result<Agent> {
         cfg.validate()?;
+        let secret = match (&cfg.secret, cfg.insecure) {
+            (_, true) => {
+                log::warn!(
+                    "gdx: agent {:?} runs WITHOUT authentication (insecure): any client that \
+                     connects gets every published region key",
+                    cfg.name
+                );
+                None
+            }
+            (Some(s), false) => Some(s.clone()),
+            (None, false) => Some(process_secret()?),
+        };
         let id = crate::mem::random_u128()?;
         let host_id = cfg.host_id.unwrap_or_else(boot_host_id);
         let (tcp, listen_addr) = match cfg.listen {
@@ -218,6 +253,10 @@ impl Agent {
         } else {
             Err("rdma disabled on this agent (GDX_TRANSPORTS)".to_string())
         };
+        let notes = NoteQueue::new(
+            cfg.limits.max_queued_notifications,
+            cfg.limits.max_queued_notification_bytes,
+        );
         let inner = Arc::new(AgentInner {
             cfg,
             id,
@@ -226,7 +265,10 @@ impl Agent {
             listen_addr,
             shm_name,
             sessions: Mutex::new(HashMap::new()),
-            notes: Queue::default(),
+            notes,
+            secret,
+            gate: Arc::new(Gate::default()),
+            hits: LimitHits::default(),
             inbound: Queue::default(),
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
@@ -287,6 +329,17 @@ impl Agent {
     /// The configuration in force.
     pub fn config(&self) -> &AgentConfig {
         &self.inner.cfg
+    }
+
+    /// The secret this agent and its peers prove they hold (the configured one, or the one
+    /// generated for this process); `None` in insecure mode.
+    pub fn secret(&self) -> Option<&Secret> {
+        self.inner.secret.as_ref()
+    }
+
+    /// How often each bound of [`crate::Limits`] was hit.
+    pub fn limit_hits(&self) -> &LimitHits {
+        &self.inner.hits
     }
 
     /// Allocates `len` zeroed bytes of host memory owned by the agent (memfd-backed, so a same-host

@@ -10,12 +10,56 @@
 //! | `GDX_IO_TIMEOUT_MS` | [`AgentConfig::io_timeout`] | `10000` |
 //! | `GDX_TIMEOUT_MS` | [`AgentConfig::transfer_timeout`] | `60000` |
 //! | `GDX_HOST_ID` | [`AgentConfig::host_id`] | 32 hex digits |
+//! | `GDX_SECRET_FILE` | [`AgentConfig::secret`] | `/etc/gdx/secret` (mode 600) |
+//! | `GDX_INSECURE` | [`AgentConfig::insecure`] | `1` (no authentication; trusted networks only) |
+//! | `GDX_HANDSHAKE_TIMEOUT_MS` | [`Limits::handshake_timeout`] | `5000` |
+//! | `GDX_IDLE_TIMEOUT_MS` | [`Limits::idle_timeout`] | `600000` |
+//! | `GDX_MAX_CONNECTIONS` | [`Limits::max_connections`] | `256` |
+//!
+//! `GDX_LISTEN` takes the forms of [`parse_listen`].
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
+
+pub use crate::auth::Secret;
+pub use crate::limits::Limits;
 
 use crate::error::{Error, Result};
 use crate::wire::MAX_PAYLOAD;
+
+/// Parses a listen address: `PORT` (loopback, `127.0.0.1:PORT`), `:PORT` (every IPv4
+/// interface, `0.0.0.0:PORT`), `HOST:PORT` (an IP or a name that resolves), `[v6]:PORT`.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the forms accepted.
+pub fn parse_listen(s: &str) -> Result<SocketAddr> {
+    let t = s.trim();
+    let bad = || {
+        Error::InvalidArgument(format!(
+            "listen address {s:?}: expected PORT, :PORT, HOST:PORT or [IPv6]:PORT"
+        ))
+    };
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        let port: u16 = t.parse().map_err(|_| bad())?;
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    if let Some(p) = t.strip_prefix(':') {
+        let port: u16 = p.parse().map_err(|_| bad())?;
+        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+    }
+    if let Ok(a) = t.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    // HOST:PORT with a name: the port must be numeric and the name must resolve.
+    let (host, port) = t.rsplit_once(':').ok_or_else(bad)?;
+    if host.is_empty() || host.contains(':') || port.parse::<u16>().is_err() {
+        return Err(bad());
+    }
+    t.to_socket_addrs()
+        .map_err(|e| Error::InvalidArgument(format!("listen address {s:?}: {e}")))?
+        .next()
+        .ok_or_else(bad)
+}
 
 /// Which transports an agent offers and uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +107,19 @@ pub struct AgentConfig {
     pub transfer_timeout: Duration,
     /// Host identity override; by default the kernel boot id (same value: shared memory can work).
     pub host_id: Option<u128>,
+    /// The secret peers must prove they hold (both ways) before anything is shared. `None`: a
+    /// random secret generated when the agent starts ([`crate::Agent::secret`]), shared by every
+    /// agent of this process that also has `None` — so agents of one process reach each other,
+    /// and nobody else does until given the secret.
+    pub secret: Option<Secret>,
+    /// No authentication at all (the version-2 behaviour): any client that connects gets every
+    /// published descriptor and key. Only for trusted, isolated networks; both sides must agree
+    /// (an authenticating agent refuses an insecure peer and vice versa).
+    pub insecure: bool,
+    /// Bounds on what peers may hold (connections, deadlines, queues, leases).
+    pub limits: Limits,
+    /// User ids allowed on the shm socket besides this process's own (`SO_PEERCRED`).
+    pub shm_allowed_uids: Vec<u32>,
 }
 
 impl Default for AgentConfig {
@@ -80,6 +137,10 @@ impl Default for AgentConfig {
             io_timeout: Duration::from_secs(10),
             transfer_timeout: Duration::from_secs(60),
             host_id: None,
+            secret: None,
+            insecure: false,
+            limits: Limits::default(),
+            shm_allowed_uids: Vec::new(),
         }
     }
 }
@@ -115,7 +176,9 @@ impl AgentConfig {
             self.listen = if v == "none" {
                 None
             } else {
-                Some(parse("GDX_LISTEN", &v)?)
+                Some(parse_listen(&v).map_err(|e| {
+                    Error::InvalidArgument(format!("GDX_LISTEN: {}", e.wire_message()))
+                })?)
             };
         }
         if let Some(v) = var("GDX_TRANSPORTS") {
@@ -156,6 +219,22 @@ impl AgentConfig {
                     Error::InvalidArgument(format!("GDX_HOST_ID={v:?} is not hex"))
                 })?);
         }
+        if let Some(v) = var("GDX_SECRET_FILE") {
+            self.secret = Some(Secret::from_file(std::path::Path::new(&v))?);
+        }
+        if let Some(v) = var("GDX_INSECURE") {
+            self.insecure = matches!(v.trim(), "1" | "true" | "yes");
+        }
+        if let Some(v) = var("GDX_HANDSHAKE_TIMEOUT_MS") {
+            self.limits.handshake_timeout =
+                Duration::from_millis(parse("GDX_HANDSHAKE_TIMEOUT_MS", &v)?);
+        }
+        if let Some(v) = var("GDX_IDLE_TIMEOUT_MS") {
+            self.limits.idle_timeout = Duration::from_millis(parse("GDX_IDLE_TIMEOUT_MS", &v)?);
+        }
+        if let Some(v) = var("GDX_MAX_CONNECTIONS") {
+            self.limits.max_connections = parse("GDX_MAX_CONNECTIONS", &v)?;
+        }
         self.validate()?;
         Ok(self)
     }
@@ -185,7 +264,12 @@ impl AgentConfig {
         if self.io_timeout.is_zero() || self.transfer_timeout.is_zero() {
             return Err(Error::InvalidArgument("timeouts must be > 0".into()));
         }
-        Ok(())
+        if self.insecure && self.secret.is_some() {
+            return Err(Error::InvalidArgument(
+                "a secret and insecure mode exclude each other".into(),
+            ));
+        }
+        self.limits.validate()
     }
 }
 

@@ -10,7 +10,7 @@ use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::mem::{recv_exact_raw, send_all_raw};
@@ -44,6 +44,12 @@ pub(crate) struct Conn {
     end: usize,
     fds: VecDeque<OwnedFd>,
     what: &'static str,
+    /// Whole-handshake deadline: every receive before it is bounded by what is left of it.
+    deadline: Option<(Instant, Duration)>,
+    /// Largest body accepted (smaller than `MAX_BODY` during a handshake).
+    max_body: u32,
+    /// How long a server-side connection may wait for the first byte of a frame.
+    idle_limit: Option<Duration>,
 }
 
 impl Conn {
@@ -58,7 +64,29 @@ impl Conn {
             end: 0,
             fds: VecDeque::new(),
             what,
+            deadline: None,
+            max_body: wire::MAX_BODY,
+            idle_limit: None,
         }
+    }
+
+    /// Bounds the whole exchange until [`Conn::end_handshake`]: receives fail once `deadline`
+    /// passed however the bytes trickle in, and bodies are limited to `max_body`.
+    pub(crate) fn start_handshake(&mut self, within: Duration, max_body: u32) {
+        self.deadline = Some((Instant::now() + within, within));
+        self.max_body = max_body;
+    }
+
+    /// Back to per-receive timeouts (`io` for a started frame) and the full body limit.
+    pub(crate) fn end_handshake(&mut self, io: Duration) -> Result<()> {
+        self.deadline = None;
+        self.max_body = wire::MAX_BODY;
+        self.set_timeout(Some(io))
+    }
+
+    /// Server side: close the connection when no frame starts for `limit`.
+    pub(crate) fn set_idle_limit(&mut self, limit: Duration) {
+        self.idle_limit = Some(limit);
     }
 
     /// Sets the send and receive timeout (`None`: block forever).
@@ -92,6 +120,20 @@ impl Conn {
 
     /// One `recvmsg` into the free tail of the buffer; collects passed fds. Returns bytes read.
     fn fill(&mut self) -> io::Result<usize> {
+        if let Some((d, _)) = self.deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "handshake deadline passed",
+                ));
+            }
+            let r = match &self.sock {
+                Sock::Tcp(s) => s.set_read_timeout(Some(left)),
+                Sock::Unix(s) => s.set_read_timeout(Some(left)),
+            };
+            r?;
+        }
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -151,6 +193,7 @@ impl Conn {
     }
 
     fn ensure(&mut self, n: usize, idle_ok: bool) -> Result<()> {
+        let idle_since = Instant::now();
         while self.end - self.start < n {
             match self.fill() {
                 Ok(_) => {}
@@ -160,7 +203,33 @@ impl Conn {
                         && matches!(
                             e.kind(),
                             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                        ) => {}
+                        ) =>
+                {
+                    if let Some(limit) = self.idle_limit {
+                        if idle_since.elapsed() >= limit {
+                            return Err(Error::LimitReached {
+                                what: format!(
+                                    "{}: idle for longer than idle_timeout ({} ms)",
+                                    self.what,
+                                    limit.as_millis()
+                                ),
+                                limit: limit.as_millis() as u64,
+                            });
+                        }
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) && self.deadline.is_some() =>
+                {
+                    let ms = self.deadline.map_or(0, |(_, w)| w.as_millis() as u64);
+                    return Err(Error::LimitReached {
+                        what: format!("{}: handshake not done within handshake_timeout", self.what),
+                        limit: ms,
+                    });
+                }
                 Err(e) => return Err(self.lost(e)),
             }
         }
@@ -176,6 +245,12 @@ impl Conn {
         let mut h = [0u8; HEADER_LEN];
         h.copy_from_slice(&self.buf[self.start..self.start + HEADER_LEN]);
         let hdr = wire::decode_header(&h)?;
+        if hdr.body_len > self.max_body {
+            return Err(Error::FrameTooLarge {
+                len: hdr.body_len.into(),
+                limit: self.max_body.into(),
+            });
+        }
         let total = HEADER_LEN + hdr.body_len as usize;
         if total > self.buf.len() {
             // Bodies larger than the buffer (big region lists, big batches) take a one-off buffer.

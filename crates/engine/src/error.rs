@@ -104,6 +104,19 @@ pub enum Error {
     /// remote access, retry exceeded, local protection, flushed ...).
     #[error("rdma: {0}")]
     Rdma(String),
+    /// The peer did not prove it holds this agent's secret, or this side refused the peer's
+    /// authentication mode (one side `insecure`, the other not). Nothing was shared.
+    #[error("authentication failed: {0}")]
+    AuthFailed(String),
+    /// A configured bound was hit (connections, names, queued notifications, leases, handshake
+    /// or idle deadline); `what` names the bound and its setting.
+    #[error("limit reached: {what} (limit {limit})")]
+    LimitReached {
+        /// Which bound, with the setting that raises it.
+        what: String,
+        /// The bound in force.
+        limit: u64,
+    },
     /// An operating-system call failed.
     #[error("{call} failed: {message}")]
     Os {
@@ -161,6 +174,8 @@ impl Error {
             Error::Cuda(_) => 19,
             Error::Strict(_) => 20,
             Error::Rdma(_) => 21,
+            Error::AuthFailed(_) => 22,
+            Error::LimitReached { .. } => 23,
             Error::Remote { code, .. } => *code,
         }
     }
@@ -197,6 +212,11 @@ impl Error {
             },
             20 => Error::Strict(message),
             21 => Error::Rdma(message),
+            22 => Error::AuthFailed(message),
+            23 => Error::LimitReached {
+                what: message,
+                limit: a,
+            },
             code => Error::Remote { code, message },
         }
     }
@@ -219,6 +239,7 @@ impl Error {
             Error::UnknownVersion(v) => (u64::from(*v), 0, 0),
             Error::BadMagic(m) => (u64::from(*m), 0, 0),
             Error::UnknownFrame(k) => (u64::from(*k), 0, 0),
+            Error::LimitReached { limit, .. } => (*limit, 0, 0),
             _ => (0, 0, 0),
         }
     }
@@ -234,7 +255,9 @@ impl Error {
             | Error::InvalidArgument(s)
             | Error::Unavailable(s)
             | Error::Strict(s)
-            | Error::Rdma(s) => s.clone(),
+            | Error::Rdma(s)
+            | Error::AuthFailed(s) => s.clone(),
+            Error::LimitReached { what, .. } => what.clone(),
             Error::Os { message, .. } | Error::Remote { message, .. } => message.clone(),
             other => other.to_string(),
         }
@@ -252,6 +275,7 @@ impl Error {
                 | Error::UnknownFrame(_)
                 | Error::Malformed(_)
                 | Error::Protocol(_)
+                | Error::AuthFailed(_)
         )
     }
 }

@@ -50,6 +50,7 @@
 )]
 
 mod agent;
+mod auth;
 mod calibration;
 mod config;
 mod conn;
@@ -57,7 +58,9 @@ mod desc;
 mod error;
 pub mod file;
 mod gpu;
+mod limits;
 mod mem;
+mod notes;
 mod peer;
 mod plan;
 pub mod planner;
@@ -69,13 +72,15 @@ mod transport;
 pub mod wire;
 
 pub use agent::{Agent, Notification, PeerInfo};
+pub use auth::{Secret, MIN_SECRET_BYTES};
 pub use calibration::{Calibration, Crossover, CALIBRATION_ENV};
-pub use config::{AgentConfig, Transports};
+pub use config::{parse_listen, AgentConfig, Transports};
 pub use error::{Error, Result};
 pub use gpu::{
     DeviceOrigin, DeviceRegion, IpcDesc, LocalPeer, LocalTransfer, Mem, Ordering, PinnedRegion,
     StagedTuning,
 };
+pub use limits::{LimitHits, Limits};
 pub use peer::Peer;
 pub use plan::{Path, PeerRoute, Plan};
 pub use planner::Policy;

@@ -33,7 +33,9 @@ impl Mapping {
         }
         let cname = std::ffi::CString::new(format!("gdx:{name}")).unwrap_or_default();
         // SAFETY: cname is a valid NUL-terminated string; flags are valid memfd flags.
-        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe {
+            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
         if raw < 0 {
             return Err(Error::os("memfd_create", io::Error::last_os_error()));
         }
@@ -44,8 +46,24 @@ impl Mapping {
             return Err(Error::os("ftruncate", io::Error::last_os_error()));
         }
         let mut m = Self::map_fd(fd.as_raw_fd(), len, true)?;
+        // Whoever gets this fd (a same-host peer) can never shrink it under our mapping (the
+        // SIGBUS attack) nor grow it.
+        add_seals(fd.as_raw_fd(), SIZE_SEALS)?;
         m.fd = Some(fd);
         Ok(m)
+    }
+
+    /// Forbids every future writable mapping and `write(2)` of the memfd, by anyone, even
+    /// through a `/proc/self/fd` reopen; this mapping (made before) stays writable. Used for
+    /// regions peers may only read. Without kernel support (Linux < 5.1) the fd is dropped,
+    /// so the region is not shared by fd at all (peers use the staged path) rather than
+    /// shared writable.
+    pub(crate) fn seal_future_write(&mut self) {
+        let Some(fd) = &self.fd else { return };
+        if let Err(e) = add_seals(fd.as_raw_fd(), libc::F_SEAL_FUTURE_WRITE) {
+            log::warn!("read-only region not shared by fd: {e}");
+            self.fd = None;
+        }
     }
 
     /// Maps `len` bytes of `fd` shared, writable if `write`, pre-faulted (`MAP_POPULATE`).
@@ -103,6 +121,87 @@ impl Drop for Mapping {
             );
         }
     }
+}
+
+/// The seals every shared memfd carries.
+pub(crate) const SIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+
+fn add_seals(fd: RawFd, seals: libc::c_int) -> Result<()> {
+    // SAFETY: fcntl on a valid fd with an integer argument.
+    if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(Error::os("fcntl(F_ADD_SEALS)", io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Checks a memfd received from a peer before it is mapped: it must be sealed against
+/// shrinking and growing (so the peer cannot make our mapping SIGBUS by truncating it later),
+/// hold at least `want_len` bytes and, when `read_only` is asked, refuse writable mappings.
+/// Returns its size.
+pub(crate) fn verify_memfd(fd: RawFd, want_len: Option<usize>, read_only: bool) -> Result<usize> {
+    let bad = |why: String| Error::Protocol(format!("received memfd refused: {why}"));
+    // SAFETY: fcntl F_GET_SEALS on a valid fd.
+    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    if seals < 0 {
+        return Err(bad(format!(
+            "not a sealable memfd ({})",
+            io::Error::last_os_error()
+        )));
+    }
+    if seals & SIZE_SEALS != SIZE_SEALS {
+        return Err(bad(format!(
+            "not sealed against shrink and grow (seals {seals:#x})"
+        )));
+    }
+    if read_only && seals & (libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_WRITE) == 0 {
+        return Err(bad("a read-only mapping without a write seal".into()));
+    }
+    // SAFETY: fstat on a valid fd into a zeroed stat buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is valid; st is a valid out-pointer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(Error::os("fstat", io::Error::last_os_error()));
+    }
+    let size = usize::try_from(st.st_size).map_err(|_| bad("negative size".into()))?;
+    if let Some(w) = want_len {
+        if size < w {
+            return Err(bad(format!("{size} bytes, {w} announced")));
+        }
+    }
+    Ok(size)
+}
+
+/// The uid of the process at the other end of a unix socket (`SO_PEERCRED`).
+pub(crate) fn peer_uid(fd: RawFd) -> Result<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, a live local.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(Error::os(
+            "getsockopt(SO_PEERCRED)",
+            io::Error::last_os_error(),
+        ));
+    }
+    Ok(cred.uid)
+}
+
+/// This process's effective uid.
+pub(crate) fn my_uid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 /// Receives exactly `len` bytes from socket `fd` into `ptr`. EOF, reset and `SO_RCVTIMEO` expiry are
@@ -203,4 +302,50 @@ pub(crate) fn random_u128() -> Result<u128> {
     let mut b = [0u8; 16];
     random_bytes(&mut b)?;
     Ok(u128::from_le_bytes(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The initiator's side of #15 item 3: a memfd a peer passes is mapped only when sealed
+    /// against shrink/grow, as long as announced and (for read-only use) write-sealed.
+    #[test]
+    fn received_memfds_must_be_sealed() {
+        let m = Mapping::memfd(4096, "t").unwrap_or_else(|e| panic!("{e}"));
+        let fd = m.fd().unwrap_or_else(|| panic!("memfd"));
+        assert_eq!(verify_memfd(fd, Some(4096), false).ok(), Some(4096));
+        assert!(
+            verify_memfd(fd, Some(8192), false).is_err(),
+            "shorter than announced"
+        );
+        assert!(
+            verify_memfd(fd, Some(4096), true).is_err(),
+            "read-only without write seal"
+        );
+        let mut ro = Mapping::memfd(4096, "ro").unwrap_or_else(|e| panic!("{e}"));
+        ro.seal_future_write();
+        let rofd = ro
+            .fd()
+            .unwrap_or_else(|| panic!("kernel without F_SEAL_FUTURE_WRITE"));
+        assert!(verify_memfd(rofd, Some(4096), true).is_ok());
+        // The owner still writes through the mapping made before the seal.
+        // SAFETY: ro owns 4096 mapped bytes.
+        unsafe { ro.ptr().write(7) };
+
+        let name = std::ffi::CString::new("unsealed").unwrap_or_default();
+        // SAFETY: valid name and flags.
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: a fresh fd nobody else owns.
+        let unsealed = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: plain syscall on our fd.
+        assert_eq!(unsafe { libc::ftruncate(unsealed.as_raw_fd(), 4096) }, 0);
+        let e = verify_memfd(unsealed.as_raw_fd(), Some(4096), false)
+            .expect_err("an unsealed memfd must be refused");
+        assert!(
+            e.to_string().contains("sealed") || e.to_string().contains("sealable"),
+            "{e}"
+        );
+    }
 }

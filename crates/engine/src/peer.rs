@@ -82,6 +82,55 @@ fn rdma_route(
     ))
 }
 
+/// The initiator's side of the control handshake: sends `hello`, proves the secret to a
+/// peer that proved it first, and returns the peer's `Hello` with the session key (`None` in
+/// insecure mode). Each side refuses a peer whose mode differs from its own: no silent
+/// downgrade to an unauthenticated session.
+fn authenticate(
+    agent: &AgentInner,
+    control: &mut Conn,
+    hello: &Msg,
+    nonce: u128,
+    addr: SocketAddr,
+) -> Result<(Hello, Option<crate::auth::Mac>)> {
+    control.send(hello)?;
+    let key = match (control.recv_frame(false)?, &agent.secret) {
+        ((Msg::Challenge { nonce: sn, mac }, 0), Some(secret)) => {
+            let ctx = agent.id.to_le_bytes();
+            crate::auth::answer(control, secret.bytes(), "control", &ctx, nonce, (sn, mac))?;
+            Some(crate::auth::session_key(secret.bytes(), &ctx, nonce, sn))
+        }
+        ((Msg::Challenge { .. }, 0), None) => {
+            return Err(Error::AuthFailed(format!(
+                "the peer at {addr} requires authentication and this agent is insecure \
+                 (give it the peer's secret: GDX_SECRET_FILE or AgentConfig::secret)"
+            )))
+        }
+        ((Msg::Hello(_), 0), Some(_)) => {
+            return Err(Error::AuthFailed(format!(
+                "the peer at {addr} runs without authentication (insecure); refusing it \
+                 (make this agent insecure too, on a network you trust)"
+            )))
+        }
+        ((Msg::Hello(h), 0), None) => return Ok((h, None)),
+        ((Msg::Err(e), _), _) => return Err(e),
+        ((m, _), _) => {
+            return Err(Error::Protocol(format!(
+                "expected Challenge or Hello, got frame type {}",
+                m.kind()
+            )))
+        }
+    };
+    match control.recv_frame(false)? {
+        (Msg::Hello(h), 0) => Ok((h, key)),
+        (Msg::Err(e), _) => Err(e),
+        (m, _) => Err(Error::Protocol(format!(
+            "expected Hello, got frame type {}",
+            m.kind()
+        ))),
+    }
+}
+
 fn short(id: u128) -> String {
     format!("{:08x}…", (id >> 96) as u32)
 }
@@ -95,6 +144,9 @@ impl Peer {
         let cfg = &agent.cfg;
         let mut control = Conn::new(Sock::Tcp(s), "control connection");
         control.set_timeout(Some(cfg.io_timeout))?;
+        // One deadline for the whole handshake, data streams and shm join included.
+        control.start_handshake(cfg.limits.handshake_timeout, crate::wire::MAX_BODY);
+        let nonce = crate::mem::random_u128()?;
         let hello = Hello {
             agent_name: cfg.name.clone(),
             agent_id: agent.id,
@@ -105,16 +157,10 @@ impl Peer {
             session: 0,
             token: 0,
             streams: cfg.tcp_streams as u16,
+            nonce,
         };
-        let h = match control.request(&Msg::Hello(hello))? {
-            Msg::Hello(h) => h,
-            m => {
-                return Err(Error::Protocol(format!(
-                    "expected Hello, got frame type {}",
-                    m.kind()
-                )))
-            }
-        };
+        let (h, key) = authenticate(&agent, &mut control, &Msg::Hello(hello), nonce, addr)?;
+        control.end_handshake(cfg.io_timeout)?;
         let info = PeerInfo {
             name: h.agent_name.clone(),
             agent_id: h.agent_id,
@@ -140,7 +186,7 @@ impl Peer {
             ))
         } else {
             let name = h.shm_socket.as_deref().unwrap_or_default();
-            ShmTransport::connect(name, h.session, h.token, cfg.io_timeout)
+            ShmTransport::connect(name, h.session, h.token, key, cfg)
                 .map_err(|e| format!("tcp: same host but the shm socket did not connect ({e})"))
         };
         let (route, transport): (PeerRoute, Box<dyn Transport>) = match shm_reason {
@@ -162,19 +208,33 @@ impl Peer {
                         })?;
                         let mut c = Conn::new(Sock::Tcp(s), "tcp data stream");
                         c.set_timeout(Some(cfg.io_timeout))?;
-                        match c.request(&Msg::Join {
+                        c.start_handshake(cfg.limits.handshake_timeout, crate::wire::MAX_BODY);
+                        let nonce = crate::mem::random_u128()?;
+                        c.send(&Msg::Join {
                             session: h.session,
                             token: h.token,
                             stream: i as u16,
-                        })? {
-                            Msg::Ok => streams.push(c),
-                            m => {
-                                return Err(Error::Protocol(format!(
-                                    "expected Ok to Join, got frame type {}",
-                                    m.kind()
-                                )))
+                            nonce,
+                        })?;
+                        match key {
+                            Some(k) => {
+                                let mut ctx = h.session.to_le_bytes().to_vec();
+                                ctx.extend_from_slice(&(i as u16).to_le_bytes());
+                                crate::auth::join(&mut c, &k, "join", &ctx, nonce)?;
                             }
+                            None => match c.recv_frame(false)? {
+                                (Msg::Ok, 0) => {}
+                                (Msg::Err(e), _) => return Err(e),
+                                (m, _) => {
+                                    return Err(Error::Protocol(format!(
+                                        "expected Ok to Join, got frame type {}",
+                                        m.kind()
+                                    )))
+                                }
+                            },
                         }
+                        c.end_handshake(cfg.io_timeout)?;
+                        streams.push(c);
                     }
                     let t = TcpTransport::new(
                         streams,

@@ -389,7 +389,10 @@ impl Registry {
     ) -> Result<Arc<RegionInner>> {
         let ulen =
             usize::try_from(len).map_err(|_| Error::InvalidArgument("region too large".into()))?;
-        let m = Mapping::memfd(ulen, name.as_deref().unwrap_or("region"))?;
+        let mut m = Mapping::memfd(ulen, name.as_deref().unwrap_or("region"))?;
+        if !access.remote_write {
+            m.seal_future_write();
+        }
         self.insert(Backing::Owned(m), len, access, name)
     }
 

@@ -86,7 +86,8 @@ fn role_command(role: &str, test: &str) -> Command {
     let exe = std::env::current_exe().expect("current_exe");
     let mut c = Command::new(exe);
     c.args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env("GDX_TEST_ROLE", role);
+        .env("GDX_TEST_ROLE", role)
+        .env("GDX_SECRET_FILE", secret_file());
     c
 }
 
@@ -120,7 +121,8 @@ fn spawn_server(len: u64, seed: u64, wrap: Option<&[&str]>) -> Server {
             c.args(&prefix[1..])
                 .arg(std::env::current_exe().unwrap())
                 .args(["--exact", "role_server", "--nocapture", "--test-threads=1"])
-                .env("GDX_TEST_ROLE", "server");
+                .env("GDX_TEST_ROLE", "server")
+                .env("GDX_SECRET_FILE", secret_file());
             c
         }
     };
@@ -348,6 +350,7 @@ fn veth_between_network_namespaces() {
         .arg(&exe)
         .args(["--exact", "role_server", "--nocapture", "--test-threads=1"])
         .env("GDX_TEST_ROLE", "server")
+        .env("GDX_SECRET_FILE", secret_file())
         .env("GDX_LISTEN", "10.213.7.1:0")
         .env("GDX_TEST_LEN", len.to_string())
         .env("GDX_TEST_SEED", "77")
@@ -365,6 +368,7 @@ fn veth_between_network_namespaces() {
         .arg(&exe)
         .args(["--exact", "role_client", "--nocapture", "--test-threads=1"])
         .env("GDX_TEST_ROLE", "client")
+        .env("GDX_SECRET_FILE", secret_file())
         .env("GDX_TEST_ADDR", &addr)
         .env("GDX_TEST_LEN", len.to_string())
         .env("GDX_TEST_SEED", "77")

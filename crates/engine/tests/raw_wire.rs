@@ -1,34 +1,21 @@
 //! Hostile bytes on real sockets: each header rejection comes back as the named error in an `Err`
-//! frame and the connection is closed; a forged data stream without the session token is refused;
-//! a write frame aimed at a read-only region never touches its memory.
+//! frame and the connection is closed; a forged data stream without an authenticated session is
+//! refused; a write frame aimed at a read-only region never touches its memory.
 
 mod common;
 
 use common::*;
-use gdx_engine::wire::{self, decode_frame, encode, Hello, Msg, HEADER_LEN, MAX_BODY, MAX_PAYLOAD};
+use gdx_engine::wire::{self, encode, Msg, HEADER_LEN, MAX_BODY, MAX_PAYLOAD};
 use gdx_engine::{Access, Error, RegionKey};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
-use std::time::Duration;
 
 fn read_reply(s: &mut TcpStream) -> Option<Msg> {
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut buf = Vec::new();
-    let mut tmp = [0u8; 4096];
-    loop {
-        if let Ok(Some((m, _, _))) = decode_frame(&buf) {
-            return Some(m);
-        }
-        match s.read(&mut tmp) {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&tmp[..n]),
-        }
-    }
+    raw::read_msg(s)
 }
 
 fn closed(s: &mut TcpStream) -> bool {
-    let mut b = [0u8; 1];
-    matches!(s.read(&mut b), Ok(0) | Err(_))
+    raw::closed(s)
 }
 
 fn header(version: u8, kind: u8, body: u32, payload: u32) -> Vec<u8> {
@@ -93,10 +80,11 @@ fn data_stream_without_token_is_refused() {
             session: 1,
             token: 2,
             stream: 0,
+            nonce: 3,
         },
         0,
     );
-    expect_rejection(&bytes, |e| matches!(e, Error::Protocol(_)));
+    expect_rejection(&bytes, |e| matches!(e, Error::AuthFailed(_)));
 }
 
 /// Joins a real session by hand, then sends raw Write frames.
@@ -110,30 +98,8 @@ fn raw_writes_are_checked_before_memory_is_touched() {
     let (ro_d, rw_d) = (ro.desc(), rw.desc());
     let addr = target.listen_addr().unwrap();
 
-    let mut control = TcpStream::connect(addr).unwrap();
-    control
-        .write_all(&encode(
-            &Msg::Hello(Hello {
-                agent_name: "raw".into(),
-                ..Hello::default()
-            }),
-            0,
-        ))
-        .unwrap();
-    let Some(Msg::Hello(h)) = read_reply(&mut control) else {
-        panic!("no Hello")
-    };
-    let mut data = TcpStream::connect(addr).unwrap();
-    data.write_all(&encode(
-        &Msg::Join {
-            session: h.session,
-            token: h.token,
-            stream: 0,
-        },
-        0,
-    ))
-    .unwrap();
-    assert_eq!(read_reply(&mut data), Some(Msg::Ok));
+    let session = raw::login(addr, target.secret().unwrap().as_bytes());
+    let mut data = raw::join(addr, &session, 0);
 
     let send_write =
         |s: &mut TcpStream, region: u64, key: RegionKey, offset: u64, payload: &[u8]| {

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use gdx_engine::wire::{encode, Hello, Msg};
+use gdx_engine::wire::{encode, Msg};
 use gdx_engine::{Access, Agent, AgentConfig, Error, Path, RegionKey, Transports};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -93,18 +93,14 @@ fn rdma_requests_to_an_agent_without_rdma_are_refused_by_name() {
     }
     let target = far_agent("target", true);
     let rw = target.alloc(64, Access::READ_WRITE, Some("rw")).unwrap();
-    let mut c = TcpStream::connect(target.listen_addr().unwrap()).unwrap();
-    c.write_all(&encode(
-        &Msg::Hello(Hello {
-            agent_name: "raw".into(),
-            ..Hello::default()
-        }),
-        0,
-    ))
-    .unwrap();
-    let Some(Msg::Hello(h)) = read_reply(&mut c) else {
-        panic!("no Hello")
-    };
+    let raw::Session {
+        control: mut c,
+        hello: h,
+        ..
+    } = raw::login(
+        target.listen_addr().unwrap(),
+        target.secret().unwrap().as_bytes(),
+    );
     assert_eq!(
         h.transports & 4,
         0,

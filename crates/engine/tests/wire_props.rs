@@ -81,7 +81,8 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
             proptest::option::of("[0-9.:]{0,21}"),
             any::<u128>(),
             any::<u128>(),
-            any::<u16>()
+            any::<u16>(),
+            any::<u128>()
         )
             .prop_map(
                 |(
@@ -94,6 +95,7 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
                     session,
                     token,
                     streams,
+                    nonce,
                 )| Msg::Hello(Hello {
                     agent_name,
                     agent_id,
@@ -103,16 +105,27 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
                     listen,
                     session,
                     token,
-                    streams
+                    streams,
+                    nonce
                 })
             ),
-        (any::<u128>(), any::<u128>(), any::<u16>()).prop_map(|(session, token, stream)| {
-            Msg::Join {
+        (any::<u128>(), any::<u128>(), any::<u16>(), any::<u128>()).prop_map(
+            |(session, token, stream, nonce)| Msg::Join {
                 session,
                 token,
                 stream,
+                nonce,
+            }
+        ),
+        (any::<u128>(), any::<u128>(), any::<u128>()).prop_map(|(session, token, nonce)| {
+            Msg::ShmJoin {
+                session,
+                token,
+                nonce,
             }
         }),
+        (any::<u128>(), any::<[u8; 32]>()).prop_map(|(nonce, mac)| Msg::Challenge { nonce, mac }),
+        any::<[u8; 32]>().prop_map(|mac| Msg::Auth { mac }),
         Just(Msg::Ok),
         Just(Msg::Bye),
         Just(Msg::ListRegions),

@@ -164,7 +164,7 @@ impl fmt::Display for ByteSize {
             (1_000_000, "MB"),
             (1_000, "KB"),
         ] {
-            if n % factor == 0 {
+            if n.is_multiple_of(factor) {
                 return write!(f, "{}{unit}", n / factor);
             }
         }

@@ -2,6 +2,9 @@
 //! the region's descriptor, and serves peers (their writes, reads and notifications) until
 //! stopped. Pair it with `gdx bench --peer` or an embedding program on another process or host.
 //!
+//! Peers must prove they hold the agent's secret (`--secret-file`, `GDX_SECRET_FILE`, or one
+//! generated at start and printed once); `--insecure` turns that off, with a warning.
+//!
 //! With `--rdma-listen`, a second listener answers `gdx bench --path rdma` clients (gdx-rdma's
 //! bench protocol, one client at a time) on its own port: the engine's wire protocol and the
 //! RDMA bench's control messages do not share a socket.
@@ -9,8 +12,9 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use gdx_engine::serve::{self, ServeConfig};
-use gdx_engine::{Access, AgentConfig};
+use gdx_engine::{Access, AgentConfig, Secret};
 use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -22,17 +26,46 @@ use std::time::Duration;
 /// stderr.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:
-  gdx serve                           64 MiB read/write region on 0.0.0.0:7447
+  gdx serve                           64 MiB read/write region on 127.0.0.1:7447, new secret
+  gdx serve --listen :7447 --secret-file /etc/gdx/secret     every interface, shared secret
   gdx serve --size 1GiB --listen 127.0.0.1:0
   gdx serve --read-only --name weights
   gdx serve --rdma-listen 0.0.0.0:7448       also answer `gdx bench --path rdma --peer HOST:7448`
 
+Security: peers prove they hold the secret (HMAC-SHA256 challenge-response) before they learn
+any region or key; bulk data is NOT encrypted. Give clients the same secret with
+GDX_SECRET_FILE=<file> (mode 600).
+
 Environment: GDX_TRANSPORTS (tcp,shm), GDX_TCP_STREAMS, GDX_CHUNK_BYTES, GDX_IO_TIMEOUT_MS,
-GDX_TIMEOUT_MS, GDX_AGENT_NAME, GDX_HOST_ID configure the agent.")]
+GDX_TIMEOUT_MS, GDX_AGENT_NAME, GDX_HOST_ID, GDX_SECRET_FILE, GDX_HANDSHAKE_TIMEOUT_MS,
+GDX_IDLE_TIMEOUT_MS, GDX_MAX_CONNECTIONS configure the agent.")]
 pub struct ServeArgs {
-    /// Address to accept peers on (port 0 picks a free port).
-    #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:7447")]
+    /// Address to accept peers on: PORT (loopback), :PORT (every IPv4 interface), HOST:PORT,
+    /// [IPv6]:PORT. Port 0 picks a free port.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7447", value_parser = parse_listen)]
     listen: SocketAddr,
+
+    /// File holding the secret peers must prove they hold (mode 600; at least 16 bytes).
+    /// Default: GDX_SECRET_FILE, else a secret generated now and printed once.
+    #[arg(long, value_name = "FILE", conflicts_with = "insecure")]
+    secret_file: Option<PathBuf>,
+
+    /// No authentication: any client that connects gets the region and its key. For
+    /// isolated, trusted networks only; clients must be insecure too (GDX_INSECURE=1).
+    #[arg(long)]
+    insecure: bool,
+
+    /// Most inbound connections at once (control, data streams and shm sockets together).
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+
+    /// Close a connection that has not authenticated within this many milliseconds.
+    #[arg(long, value_name = "MS")]
+    handshake_timeout_ms: Option<u64>,
+
+    /// Close an authenticated connection idle for this many milliseconds.
+    #[arg(long, value_name = "MS")]
+    idle_timeout_ms: Option<u64>,
 
     /// Size of the served region: bytes, or with a unit (KiB, MiB, GiB, KB, MB, GB).
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
@@ -88,41 +121,43 @@ fn spawn_rdma(listener: TcpListener, device: Option<String>) -> Result<()> {
     Ok(())
 }
 
-/// Parse `1GiB`, `64MiB`, `4096`, `1.5GB`.
+/// `--listen` forms (see [`gdx_engine::parse_listen`]).
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    gdx_engine::parse_listen(s).map_err(|e| e.wire_message())
+}
+
+/// Sizes the one gdx way ([`gdx_sys::bytesize`]: `1GB` = 10^9, `1GiB` = 2^30).
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid size {s:?}: expected a number with an optional unit"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => 1024.0,
-        "m" | "mib" => 1024.0 * 1024.0,
-        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        other => {
-            return Err(format!(
-                "invalid size {s:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, KB, MB, GB)"
-            ))
-        }
-    };
-    let v = n * mult;
-    if !v.is_finite() || v < 0.0 || v.fract() != 0.0 || v > u64::MAX as f64 {
-        return Err(format!("invalid size {s:?}: not a whole number of bytes"));
-    }
-    Ok(v as u64)
+    gdx_sys::bytesize::ByteSize::parse(s).map_err(|e| e.to_string())
 }
 
 /// Run `gdx serve`.
 pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     let mut agent = AgentConfig::from_env().context("reading GDX_* settings")?;
     agent.listen = Some(args.listen);
+    if let Some(f) = &args.secret_file {
+        agent.secret = Some(Secret::from_file(f).context("--secret-file")?);
+    }
+    let generated = if args.insecure {
+        agent.insecure = true;
+        agent.secret = None;
+        None
+    } else if agent.secret.is_none() {
+        let s = Secret::generate().context("generating a secret")?;
+        agent.secret = Some(s.clone());
+        Some(s)
+    } else {
+        None
+    };
+    if let Some(n) = args.max_connections {
+        agent.limits.max_connections = n;
+    }
+    if let Some(ms) = args.handshake_timeout_ms {
+        agent.limits.handshake_timeout = Duration::from_millis(ms);
+    }
+    if let Some(ms) = args.idle_timeout_ms {
+        agent.limits.idle_timeout = Duration::from_millis(ms);
+    }
     let cfg = ServeConfig {
         agent,
         region_len: args.size,
@@ -139,6 +174,21 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     };
     let handle = serve::run(cfg).with_context(|| format!("serving on {}", args.listen))?;
     println!("{}", handle.banner());
+    if args.insecure {
+        eprintln!(
+            "gdx serve: WARNING: --insecure: no authentication; anyone who can reach {} gets the \
+             region key and its bytes",
+            handle.addr()
+        );
+    }
+    if let Some(s) = generated {
+        // Shown once, for the operator to hand to peers; never written anywhere by us.
+        println!(
+            "GDX_SERVE_SECRET {} (generated for this run: save it to a file with mode 600 and \
+             give peers GDX_SECRET_FILE=<file>)",
+            s.reveal()
+        );
+    }
     if let Some(l) = rdma {
         println!("GDX_SERVE_RDMA addr={}", l.local_addr()?);
         spawn_rdma(l, args.rdma_device.clone())?;
@@ -151,6 +201,25 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::parse_size;
+
+    #[test]
+    fn listen_forms() {
+        use super::parse_listen;
+        assert_eq!(parse_listen("7447").unwrap().to_string(), "127.0.0.1:7447");
+        assert_eq!(parse_listen(":7447").unwrap().to_string(), "0.0.0.0:7447");
+        assert_eq!(
+            parse_listen("10.0.0.1:80").unwrap().to_string(),
+            "10.0.0.1:80"
+        );
+        assert_eq!(
+            parse_listen("[::1]:7447").unwrap().to_string(),
+            "[::1]:7447"
+        );
+        assert_eq!(parse_listen("localhost:7447").unwrap().port(), 7447);
+        for bad in ["", ":", "70000", "host", "::1:7447", "[::1]", "a:b"] {
+            assert!(parse_listen(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 
     #[test]
     fn sizes() {

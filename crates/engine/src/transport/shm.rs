@@ -37,8 +37,7 @@ use crate::wire::{Msg, ShmOp};
 
 /// Size of the bounce buffer used for borrowed remote regions.
 pub(crate) const BOUNCE_BYTES: usize = 8 << 20;
-/// Most ops per `ShmBegin` frame (keeps the frame under the body limit).
-const MAX_OPS_PER_BEGIN: usize = 8192;
+use crate::wire::MAX_OPS_PER_BEGIN;
 
 /// Runs transfers over one shm connection, one transfer at a time, on a worker thread.
 #[derive(Debug)]
@@ -59,33 +58,57 @@ struct Worker {
 
 impl ShmTransport {
     /// Connects to the peer's shm socket and joins the control session.
+    /// With a session `key` (authenticated session) the socket's server must prove it holds
+    /// it: that confirms it is the agent the control connection authenticated, on this host.
     pub(crate) fn connect(
         socket_name: &str,
         session: u128,
         token: u128,
-        io_timeout: Duration,
+        key: Option<crate::auth::Mac>,
+        cfg: &crate::config::AgentConfig,
     ) -> Result<Self> {
+        let io_timeout = cfg.io_timeout;
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(socket_name.as_bytes())
             .map_err(|e| Error::os("socket address", e))?;
         let s =
             UnixStream::connect_addr(&addr).map_err(|e| Error::os("connect (shm socket)", e))?;
+        // Whoever holds that abstract name must run as us (or an allowed user).
+        let uid = crate::mem::peer_uid(s.as_raw_fd())?;
+        if uid != crate::mem::my_uid() && !cfg.shm_allowed_uids.contains(&uid) {
+            return Err(Error::AuthFailed(format!(
+                "the shm socket {socket_name} belongs to uid {uid}, not ours"
+            )));
+        }
         let mut conn = Conn::new(Sock::Unix(s), "shm connection");
         conn.set_timeout(Some(io_timeout))?;
+        conn.start_handshake(cfg.limits.handshake_timeout, crate::wire::MAX_BODY);
         let bounce = Mapping::memfd(BOUNCE_BYTES, "bounce")?;
         let fd = bounce
             .fd()
             .ok_or_else(|| Error::Unavailable("bounce buffer has no fd".into()))?;
-        conn.send_with_fd(&Msg::ShmJoin { session, token }, fd)?;
-        match conn.recv_frame(false)? {
-            (Msg::Ok, 0) => {}
-            (Msg::Err(e), _) => return Err(e),
-            (m, _) => {
-                return Err(Error::Protocol(format!(
-                    "expected Ok to ShmJoin, got frame type {}",
-                    m.kind()
-                )))
-            }
+        let nonce = crate::mem::random_u128()?;
+        conn.send_with_fd(
+            &Msg::ShmJoin {
+                session,
+                token,
+                nonce,
+            },
+            fd,
+        )?;
+        match key {
+            Some(k) => crate::auth::join(&mut conn, &k, "shm", &session.to_le_bytes(), nonce)?,
+            None => match conn.recv_frame(false)? {
+                (Msg::Ok, 0) => {}
+                (Msg::Err(e), _) => return Err(e),
+                (m, _) => {
+                    return Err(Error::Protocol(format!(
+                        "expected Ok to ShmJoin, got frame type {}",
+                        m.kind()
+                    )))
+                }
+            },
         }
+        conn.end_handshake(io_timeout)?;
         let sock = conn.shutdown_handle()?;
         let w = Worker {
             conn,
@@ -211,9 +234,18 @@ impl Worker {
             match self.conn.request(&Msg::ShmEnd {
                 xfer: xfer.id,
                 notify,
-            })? {
-                Msg::Ok => {}
-                m => {
+            }) {
+                Ok(Msg::Ok) => {}
+                // The target refused the notification (its queue is full): the bytes are in
+                // place but the transfer did not complete as asked; the connection is fine.
+                Err(e) if !e.is_fatal_for_stream() => {
+                    for i in done {
+                        xfer.chunk_done(i, 0, Err(e.clone()));
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+                Ok(m) => {
                     return Err(Error::Protocol(format!(
                         "expected Ok to ShmEnd, got frame type {}",
                         m.kind()
@@ -253,6 +285,9 @@ impl Worker {
     fn map(&mut self, region: u64, key: crate::region::RegionKey, write: bool) -> Result<()> {
         let (fd, len, writable) = self.request_fd(region, key, write)?;
         let len = usize::try_from(len).map_err(|_| Error::Protocol("mapping too large".into()))?;
+        // Sealed against shrink (no SIGBUS if the target truncates it) and at least `len`
+        // bytes, checked before the mapping exists.
+        crate::mem::verify_memfd(fd.as_raw_fd(), Some(len), !writable)?;
         let m = Mapping::map_fd(fd.as_raw_fd(), len, writable)?;
         self.maps.insert(region, (m, writable));
         Ok(())

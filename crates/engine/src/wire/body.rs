@@ -2,7 +2,7 @@
 //! strings and byte strings, counted vectors. The reader is bounds-checked and refuses counts larger
 //! than the bytes left, so a hostile body cannot make it allocate.
 
-use super::{Hello, Msg, ShmOp, MAX_STR};
+use super::{Hello, Msg, ShmOp, MAX_OPS_PER_BEGIN, MAX_STR};
 use crate::error::{Error, Result};
 use crate::region::{Access, Location, RegionDesc, RegionKey};
 
@@ -63,6 +63,11 @@ impl<'a> Reader<'a> {
                 .try_into()
                 .map_err(|_| Error::Malformed("u128".into()))?,
         ))
+    }
+    fn mac(&mut self) -> Result<[u8; 32]> {
+        self.take(32)?
+            .try_into()
+            .map_err(|_| Error::Malformed("mac".into()))
     }
     fn bytes(&mut self) -> Result<Vec<u8>> {
         let n = self.u32()? as usize;
@@ -230,15 +235,18 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
             put_u128(o, h.session);
             put_u128(o, h.token);
             put_u16(o, h.streams);
+            put_u128(o, h.nonce);
         }
         Msg::Join {
             session,
             token,
             stream,
+            nonce,
         } => {
             put_u128(o, *session);
             put_u128(o, *token);
             put_u16(o, *stream);
+            put_u128(o, *nonce);
         }
         Msg::Ok | Msg::ListRegions | Msg::Bye => {}
         Msg::Err(e) => put_err(o, e),
@@ -300,9 +308,14 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
             put_u64(o, *xfer);
             put_bytes(o, data);
         }
-        Msg::ShmJoin { session, token } => {
+        Msg::ShmJoin {
+            session,
+            token,
+            nonce,
+        } => {
             put_u128(o, *session);
             put_u128(o, *token);
+            put_u128(o, *nonce);
         }
         Msg::ShmMap { region, key, write } => {
             put_u64(o, *region);
@@ -375,6 +388,11 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
             put_u32(o, *rkey);
             put_str(o, mechanism);
         }
+        Msg::Challenge { nonce, mac } => {
+            put_u128(o, *nonce);
+            o.extend_from_slice(mac);
+        }
+        Msg::Auth { mac } => o.extend_from_slice(mac),
     }
 }
 
@@ -392,11 +410,13 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             session: r.u128()?,
             token: r.u128()?,
             streams: r.u16()?,
+            nonce: r.u128()?,
         }),
         2 => Msg::Join {
             session: r.u128()?,
             token: r.u128()?,
             stream: r.u16()?,
+            nonce: r.u128()?,
         },
         3 => Msg::Ok,
         4 => Msg::Err(get_err(&mut r)?),
@@ -451,6 +471,7 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
         15 => Msg::ShmJoin {
             session: r.u128()?,
             token: r.u128()?,
+            nonce: r.u128()?,
         },
         16 => Msg::ShmMap {
             region: r.u64()?,
@@ -464,6 +485,11 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
         18 => {
             let xfer = r.u64()?;
             let n = r.count(41)?;
+            if n > MAX_OPS_PER_BEGIN {
+                return Err(Error::Malformed(format!(
+                    "ShmBegin with {n} ops > {MAX_OPS_PER_BEGIN}"
+                )));
+            }
             let mut ops = Vec::with_capacity(n);
             for _ in 0..n {
                 ops.push(ShmOp {
@@ -478,6 +504,11 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
         }
         19 => {
             let n = r.count(32)?;
+            if n > MAX_OPS_PER_BEGIN {
+                return Err(Error::Malformed(format!(
+                    "ShmBeginResult with {n} errors > {MAX_OPS_PER_BEGIN}"
+                )));
+            }
             let mut errors = Vec::with_capacity(n);
             for _ in 0..n {
                 errors.push((r.u32()?, get_err(&mut r)?));
@@ -511,6 +542,11 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             rkey: r.u32()?,
             mechanism: r.string()?,
         },
+        26 => Msg::Challenge {
+            nonce: r.u128()?,
+            mac: r.mac()?,
+        },
+        27 => Msg::Auth { mac: r.mac()? },
         k => return Err(Error::UnknownFrame(k)),
     };
     r.finish()?;

@@ -11,7 +11,7 @@ use crate::region::{RegionDesc, RegionKey};
 /// First two bytes of every frame: `"GX"`.
 pub const MAGIC: u16 = 0x4758;
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Size of the fixed frame header.
 pub const HEADER_LEN: usize = 16;
 /// Largest frame body accepted (1 MiB).
@@ -20,6 +20,10 @@ pub const MAX_BODY: u32 = 1 << 20;
 pub const MAX_PAYLOAD: u32 = 64 << 20;
 /// Largest string inside a body.
 pub(crate) const MAX_STR: usize = 4096;
+/// Most ops in one `ShmBegin` (and errors in one `ShmBeginResult`); more is `Malformed`.
+pub const MAX_OPS_PER_BEGIN: usize = 8192;
+/// Highest frame type this version knows.
+pub const MAX_KIND: u8 = 27;
 
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +57,9 @@ pub struct Hello {
     pub token: u128,
     /// Number of tcp data streams the initiator will open.
     pub streams: u16,
+    /// The initiator's fresh random nonce for the challenge–response (0 in the acceptor's
+    /// reply, which comes after authentication).
+    pub nonce: u128,
 }
 
 /// One op inside an [`Msg::ShmBegin`].
@@ -79,6 +86,7 @@ pub enum Msg {
         session: u128,
         token: u128,
         stream: u16,
+        nonce: u128,
     },
     Ok,
     Err(Error),
@@ -128,6 +136,7 @@ pub enum Msg {
     ShmJoin {
         session: u128,
         token: u128,
+        nonce: u128,
     },
     ShmMap {
         region: u64,
@@ -178,6 +187,15 @@ pub enum Msg {
         rkey: u32,
         mechanism: String,
     },
+    /// The acceptor's half of the challenge–response: its nonce and its proof.
+    Challenge {
+        nonce: u128,
+        mac: [u8; 32],
+    },
+    /// The initiator's proof.
+    Auth {
+        mac: [u8; 32],
+    },
 }
 
 impl Msg {
@@ -209,6 +227,8 @@ impl Msg {
             Msg::RdmaConnect { .. } => 23,
             Msg::RdmaRegion { .. } => 24,
             Msg::RdmaRegionInfo { .. } => 25,
+            Msg::Challenge { .. } => 26,
+            Msg::Auth { .. } => 27,
         }
     }
 
@@ -228,7 +248,7 @@ pub fn decode_header(b: &[u8; HEADER_LEN]) -> Result<Header> {
         return Err(Error::UnknownVersion(b[2]));
     }
     let kind = b[3];
-    if !(1..=25).contains(&kind) {
+    if !(1..=MAX_KIND).contains(&kind) {
         return Err(Error::UnknownFrame(kind));
     }
     let body_len = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);

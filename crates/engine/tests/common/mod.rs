@@ -1,8 +1,37 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
-use gdx_engine::{Agent, AgentConfig, Transports};
+use gdx_engine::{Agent, AgentConfig, Secret, Transports};
+use std::path::PathBuf;
 use std::time::Duration;
+
+/// A secret file (mode 600) shared by this test process and the processes it starts
+/// (`GDX_SECRET_FILE`), so two-process tests authenticate like real deployments.
+pub fn secret_file() -> PathBuf {
+    static F: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    F.get_or_init(|| {
+        if let Ok(p) = std::env::var("GDX_SECRET_FILE") {
+            return PathBuf::from(p);
+        }
+        use std::os::unix::fs::OpenOptionsExt;
+        let p = std::env::temp_dir().join(format!("gdx-test-secret-{}", std::process::id()));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&p)
+            .unwrap();
+        std::io::Write::write_all(&mut f, Secret::generate().unwrap().reveal().as_bytes()).unwrap();
+        p
+    })
+    .clone()
+}
+
+/// The secret of [`secret_file`].
+pub fn shared_secret() -> Secret {
+    Secret::from_file(&secret_file()).unwrap()
+}
 
 /// Deterministic pseudo-random bytes (xorshift64*), seeded.
 pub fn fill_random(buf: &mut [u8], seed: u64) {
@@ -37,6 +66,7 @@ pub fn config(name: &str, shm: bool) -> AgentConfig {
             rdma: true,
         },
         io_timeout: Duration::from_secs(20),
+        secret: Some(shared_secret()),
         ..AgentConfig::default()
     }
 }
@@ -68,4 +98,136 @@ pub fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
         return None;
     }
     a.iter().zip(b).position(|(x, y)| x != y)
+}
+
+/// A raw, hand-made client of the wire protocol (version 3), written from
+/// docs/wire-protocol.md: it lets hostile tests send exactly the frames they want.
+pub mod raw {
+    use gdx_engine::wire::{decode_frame, encode, Hello, Msg};
+    use hmac::{Hmac, Mac};
+    use sha2::Sha256;
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::Duration;
+
+    /// HMAC-SHA256(key, label ‖ 0 ‖ parts…), as the doc defines proofs.
+    pub fn hmac(key: &[u8], label: &str, parts: &[&[u8]]) -> [u8; 32] {
+        let mut m = Hmac::<Sha256>::new_from_slice(key).unwrap();
+        m.update(label.as_bytes());
+        m.update(&[0]);
+        for p in parts {
+            m.update(p);
+        }
+        m.finalize().into_bytes().into()
+    }
+
+    /// Reads one frame (None on EOF, error or 5 s of silence).
+    pub fn read_msg(s: &mut TcpStream) -> Option<Msg> {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = Vec::new();
+        let mut tmp = [0u8; 4096];
+        loop {
+            // One request, one reply: nothing follows a reply before the next request.
+            if let Ok(Some((m, _, _))) = decode_frame(&buf) {
+                return Some(m);
+            }
+            match s.read(&mut tmp) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.extend_from_slice(&tmp[..n]),
+            }
+        }
+    }
+
+    pub fn send(s: &mut TcpStream, m: &Msg) {
+        s.write_all(&encode(m, 0)).unwrap();
+    }
+
+    /// True once the peer closed the connection.
+    pub fn closed(s: &mut TcpStream) -> bool {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut b = [0u8; 256];
+        loop {
+            match s.read(&mut b) {
+                Ok(0) => return true,
+                Ok(_) => continue, // an Err frame before the close
+                Err(e) => {
+                    return !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    )
+                }
+            }
+        }
+    }
+
+    /// An authenticated control session made by hand.
+    pub struct Session {
+        pub control: TcpStream,
+        pub hello: Hello,
+        pub key: [u8; 32],
+    }
+
+    /// The control handshake with `secret`: Hello → Challenge (checked) → Auth → Hello.
+    pub fn login(addr: SocketAddr, secret: &[u8]) -> Session {
+        let mut c = TcpStream::connect(addr).unwrap();
+        let (cn, id) = (0x1111_2222_3333_4444_5555_6666_7777_8888u128, 42u128);
+        send(
+            &mut c,
+            &Msg::Hello(Hello {
+                agent_name: "raw".into(),
+                agent_id: id,
+                nonce: cn,
+                ..Hello::default()
+            }),
+        );
+        let Some(Msg::Challenge { nonce: sn, mac }) = read_msg(&mut c) else {
+            panic!("no Challenge")
+        };
+        let t = [&id.to_le_bytes()[..], &cn.to_le_bytes(), &sn.to_le_bytes()];
+        assert_eq!(mac, hmac(secret, "gdx/3 control acceptor", &t));
+        let mac = hmac(secret, "gdx/3 control initiator", &t);
+        send(&mut c, &Msg::Auth { mac });
+        let Some(Msg::Hello(hello)) = read_msg(&mut c) else {
+            panic!("no Hello after Auth")
+        };
+        let key = hmac(secret, "gdx/3 session key", &t);
+        Session {
+            control: c,
+            hello,
+            key,
+        }
+    }
+
+    /// Joins data stream `stream` of `s`.
+    pub fn join(addr: SocketAddr, s: &Session, stream: u16) -> TcpStream {
+        let mut d = TcpStream::connect(addr).unwrap();
+        let (session, cn) = (s.hello.session, 7u128);
+        send(
+            &mut d,
+            &Msg::Join {
+                session,
+                token: 0,
+                stream,
+                nonce: cn,
+            },
+        );
+        let Some(Msg::Challenge { nonce: sn, mac }) = read_msg(&mut d) else {
+            panic!("no Challenge on Join")
+        };
+        let t = [
+            &session.to_le_bytes()[..],
+            &stream.to_le_bytes(),
+            &cn.to_le_bytes(),
+            &sn.to_le_bytes(),
+        ];
+        assert_eq!(mac, hmac(&s.key, "gdx/3 join acceptor", &t));
+        send(
+            &mut d,
+            &Msg::Auth {
+                mac: hmac(&s.key, "gdx/3 join initiator", &t),
+            },
+        );
+        assert_eq!(read_msg(&mut d), Some(Msg::Ok));
+        d
+    }
 }

@@ -17,18 +17,23 @@
 use std::collections::VecDeque;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::agent::{AgentInner, Notification, PeerInfo};
+use crate::agent::{AgentInner, Notification, PeerInfo, Session};
+use crate::auth;
 use crate::config::Transports;
-use crate::conn::{trim_fds, Conn, Sock};
+use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
-use crate::gpu::{copy_span, Dir, Stager, Ticket, DEPTH};
-use crate::mem::Mapping;
-use crate::region::{Lease, Registry};
+use crate::gpu::{Stager, Ticket, DEPTH};
+use crate::limits::Slot;
+use crate::region::{Lease, RegionKey, Registry};
 use crate::wire::{Hello, Msg};
+
+/// Largest frame body accepted before a connection authenticated (a `Hello` with the longest
+/// names fits many times over).
+const HANDSHAKE_BODY: u32 = 16 << 10;
 
 pub(crate) fn accept_tcp(agent: Arc<AgentInner>, l: TcpListener) {
     for s in l.incoming() {
@@ -36,10 +41,15 @@ pub(crate) fn accept_tcp(agent: Arc<AgentInner>, l: TcpListener) {
             break;
         }
         let Ok(s) = s else { continue };
+        let ip = s.peer_addr().ok().map(|a| a.ip());
+        // Refused connections are closed at once: no thread, no buffer.
+        let Some(slot) = agent.gate.admit(ip, &agent.cfg.limits, &agent.hits) else {
+            continue;
+        };
         let a = Arc::clone(&agent);
         let _ = std::thread::Builder::new()
             .name("gdx-serve".into())
-            .spawn(move || serve_tcp(a, s));
+            .spawn(move || serve_tcp(a, s, slot));
     }
 }
 
@@ -49,21 +59,60 @@ pub(crate) fn accept_unix(agent: Arc<AgentInner>, l: UnixListener) {
             break;
         }
         let Ok(s) = s else { continue };
+        // Only this user (or an allowed one) may even start a handshake on the shm socket.
+        match crate::mem::peer_uid(s.as_raw_fd()) {
+            Ok(uid) if uid == crate::mem::my_uid() || agent.cfg.shm_allowed_uids.contains(&uid) => {
+            }
+            Ok(uid) => {
+                agent.hits.hit(
+                    &agent.hits.peer_uid,
+                    &format!(
+                        "shm connection from uid {uid} refused (not ours, not in shm_allowed_uids)"
+                    ),
+                );
+                continue;
+            }
+            Err(e) => {
+                log::warn!("gdx: shm connection refused: {e}");
+                continue;
+            }
+        }
+        let Some(slot) = agent.gate.admit(None, &agent.cfg.limits, &agent.hits) else {
+            continue;
+        };
         let a = Arc::clone(&agent);
         let _ = std::thread::Builder::new()
             .name("gdx-serve-shm".into())
-            .spawn(move || serve_shm(a, s));
+            .spawn(move || serve_shm(a, s, slot));
     }
 }
 
-/// Runs `f` on a tracked connection; answers a fatal error with an `Err` frame before closing.
-fn with_conn(agent: &AgentInner, mut conn: Conn, f: impl FnOnce(&mut Conn) -> Result<()>) {
+/// Runs `f` on a tracked connection within the handshake deadline; answers a fatal error with
+/// an `Err` frame before closing, and counts the bound it hit.
+fn with_conn(
+    agent: &AgentInner,
+    mut conn: Conn,
+    mut slot: Slot,
+    f: impl FnOnce(&mut Conn, &mut Slot) -> Result<()>,
+) {
     let Ok(h) = conn.shutdown_handle() else {
         return;
     };
     let id = agent.track(h);
     if conn.set_timeout(Some(agent.cfg.io_timeout)).is_ok() {
-        if let Err(e) = f(&mut conn) {
+        conn.start_handshake(agent.cfg.limits.handshake_timeout, HANDSHAKE_BODY);
+        if let Err(e) = f(&mut conn, &mut slot) {
+            let hits = &agent.hits;
+            match &e {
+                Error::AuthFailed(why) => hits.hit(&hits.auth_failures, why),
+                Error::LimitReached { what, .. } if what.contains("handshake_timeout") => {
+                    hits.hit(&hits.handshake_timeouts, what)
+                }
+                Error::LimitReached { what, .. } if what.contains("idle_timeout") => {
+                    hits.hit(&hits.idle_timeouts, what)
+                }
+                _ => {}
+            }
             if !matches!(e, Error::PeerLost(_)) {
                 log::debug!("closing connection: {e}");
                 let _ = conn.send(&Msg::Err(e));
@@ -73,39 +122,125 @@ fn with_conn(agent: &AgentInner, mut conn: Conn, f: impl FnOnce(&mut Conn) -> Re
     agent.untrack(id);
 }
 
-fn serve_tcp(agent: Arc<AgentInner>, s: TcpStream) {
+/// The end of a successful handshake: no longer pending, per-receive timeouts, idle limit.
+fn authenticated(agent: &AgentInner, c: &mut Conn, slot: &mut Slot) -> Result<()> {
+    slot.authenticated();
+    c.end_handshake(agent.cfg.io_timeout)?;
+    c.set_idle_limit(agent.cfg.limits.idle_timeout);
+    Ok(())
+}
+
+fn serve_tcp(agent: Arc<AgentInner>, s: TcpStream, slot: Slot) {
     let conn = Conn::new(Sock::Tcp(s), "tcp connection");
-    with_conn(&agent.clone(), conn, |c| match c.recv_frame(false)? {
-        (Msg::Hello(h), 0) => serve_control(&agent, c, h),
-        (
-            Msg::Join {
-                session,
-                token,
-                stream: _,
-            },
-            0,
-        ) => {
-            if agent.session_peer(session, token).is_none() {
-                return Err(Error::Protocol("unknown session or bad token".into()));
+    with_conn(&agent.clone(), conn, slot, |c, slot| {
+        match c.recv_frame(false)? {
+            (Msg::Hello(h), 0) => {
+                let session = control_handshake(&agent, c, &h)?;
+                authenticated(&agent, c, slot)?;
+                serve_control(&agent, c, h, session)
             }
-            c.send(&Msg::Ok)?;
-            serve_stream(&agent, c)
+            (
+                Msg::Join {
+                    session,
+                    token,
+                    stream,
+                    nonce,
+                },
+                0,
+            ) => {
+                let mut ctx = session.to_le_bytes().to_vec();
+                ctx.extend_from_slice(&stream.to_le_bytes());
+                join_handshake(&agent, c, session, token, &ctx, nonce, "join")?;
+                authenticated(&agent, c, slot)?;
+                c.send(&Msg::Ok)?;
+                serve_stream(&agent, c)
+            }
+            (m, _) => Err(Error::Protocol(format!(
+                "expected Hello or Join, got frame type {}",
+                m.kind()
+            ))),
         }
-        (m, _) => Err(Error::Protocol(format!(
-            "expected Hello or Join, got frame type {}",
-            m.kind()
-        ))),
     });
 }
 
-fn serve_control(agent: &AgentInner, c: &mut Conn, h: Hello) -> Result<()> {
+fn check_name(agent: &AgentInner, what: &str, name: &str) -> Result<()> {
+    let max = agent.cfg.limits.max_name_bytes;
+    if name.len() > max {
+        let what = format!("{what} of {} bytes > max_name_bytes", name.len());
+        agent.hits.hit(&agent.hits.names, &what);
+        return Err(Error::LimitReached {
+            what,
+            limit: max as u64,
+        });
+    }
+    Ok(())
+}
+
+/// The acceptor's side of the control handshake: the challenge–response under the agent
+/// secret (none in insecure mode), then a session that joining connections must match.
+/// Returns the session id and (insecure mode only) its token.
+fn control_handshake(agent: &AgentInner, c: &mut Conn, h: &Hello) -> Result<(u128, u128)> {
+    check_name(agent, "agent name", &h.agent_name)?;
     let session = crate::mem::random_u128()?;
-    let token = crate::mem::random_u128()?;
+    let (token, key) = match &agent.secret {
+        Some(secret) => {
+            let ctx = h.agent_id.to_le_bytes();
+            let sn = auth::accept(c, secret.bytes(), "control", &ctx, h.nonce)?;
+            (
+                0,
+                Some(auth::session_key(secret.bytes(), &ctx, h.nonce, sn)),
+            )
+        }
+        None => (crate::mem::random_u128()?, None),
+    };
     agent
         .sessions
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(session, (token, h.agent_name.clone()));
+        .insert(
+            session,
+            Session {
+                token,
+                key,
+                peer: h.agent_name.clone(),
+            },
+        );
+    Ok((session, token))
+}
+
+/// The acceptor's side of a joining connection (data stream, shm socket): it must prove it
+/// holds the session's key (or, insecure, present its token).
+fn join_handshake(
+    agent: &AgentInner,
+    c: &mut Conn,
+    session: u128,
+    token: u128,
+    ctx: &[u8],
+    nonce: u128,
+    what: &str,
+) -> Result<Session> {
+    let s = agent
+        .session(session)
+        .ok_or_else(|| Error::AuthFailed(format!("{what}: unknown session")))?;
+    match &s.key {
+        Some(k) => {
+            auth::accept(c, k, what, ctx, nonce)?;
+        }
+        None => {
+            if !RegionKey(s.token).ct_eq(&RegionKey(token)) {
+                return Err(Error::AuthFailed(format!("{what}: bad session token")));
+            }
+        }
+    }
+    Ok(s)
+}
+
+fn serve_control(
+    agent: &AgentInner,
+    c: &mut Conn,
+    h: Hello,
+    (session, token): (u128, u128),
+) -> Result<()> {
     let reply = Hello {
         agent_name: agent.cfg.name.clone(),
         agent_id: agent.id,
@@ -116,6 +251,7 @@ fn serve_control(agent: &AgentInner, c: &mut Conn, h: Hello) -> Result<()> {
         session,
         token,
         streams: 0,
+        nonce: 0,
     };
     let from = h.agent_name.clone();
     agent.inbound.push(PeerInfo {
@@ -133,18 +269,25 @@ fn serve_control(agent: &AgentInner, c: &mut Conn, h: Hello) -> Result<()> {
                 return Err(Error::Protocol("payload on the control connection".into()));
             }
             match msg {
-                Msg::GetRegion { name } => match agent.registry.by_name(&name) {
-                    Ok(d) => c.send(&Msg::Region(d))?,
-                    Err(e) => c.send(&Msg::Err(e))?,
-                },
+                Msg::GetRegion { name } => {
+                    let r = check_name(agent, "region name", &name)
+                        .and_then(|()| agent.registry.by_name(&name));
+                    match r {
+                        Ok(d) => c.send(&Msg::Region(d))?,
+                        Err(e) => c.send(&Msg::Err(e))?,
+                    }
+                }
                 Msg::ListRegions => c.send(&Msg::Regions(agent.registry.published()))?,
                 Msg::Notify { xfer, data } => {
-                    agent.notes.push(Notification {
+                    let n = Notification {
                         from: from.clone(),
                         xfer,
                         data,
-                    });
-                    c.send(&Msg::Ok)?;
+                    };
+                    match agent.notes.push(n, agent.cfg.io_timeout, &agent.hits) {
+                        Ok(()) => c.send(&Msg::Ok)?,
+                        Err(e) => c.send(&Msg::Err(e))?,
+                    }
                 }
                 Msg::RdmaConnect { data } => {
                     let r = agent
@@ -371,167 +514,6 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
     }
 }
 
-fn serve_shm(agent: Arc<AgentInner>, s: UnixStream) {
-    let conn = Conn::new(Sock::Unix(s), "shm connection");
-    with_conn(&agent.clone(), conn, |c| {
-        let (session, token) = match c.recv_frame(false)? {
-            (Msg::ShmJoin { session, token }, 0) => (session, token),
-            (m, _) => {
-                return Err(Error::Protocol(format!(
-                    "expected ShmJoin, got frame type {}",
-                    m.kind()
-                )))
-            }
-        };
-        let Some(peer_name) = agent.session_peer(session, token) else {
-            return Err(Error::Protocol("unknown session or bad token".into()));
-        };
-        let fd = c
-            .take_fd()
-            .ok_or_else(|| Error::Protocol("ShmJoin without a bounce-buffer fd".into()))?;
-        // SAFETY: fstat on a valid fd into a zeroed stat buffer.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: fd is a valid open file descriptor; st is a valid out-pointer.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0
-            || st.st_size <= 0
-            || st.st_size > (256 << 20)
-        {
-            return Err(Error::Protocol("bad bounce buffer".into()));
-        }
-        let bounce = Mapping::map_fd(fd.as_raw_fd(), st.st_size as usize, true)?;
-        drop(fd);
-        c.send(&Msg::Ok)?;
-        serve_shm_loop(&agent, c, &bounce, &peer_name)
-    });
-}
+mod shm;
 
-fn serve_shm_loop(agent: &AgentInner, c: &mut Conn, bounce: &Mapping, from: &str) -> Result<()> {
-    let reg: &Registry = &agent.registry;
-    let wait = agent.cfg.io_timeout;
-    let mut held: Vec<Lease> = Vec::new();
-    loop {
-        trim_fds(c);
-        let (msg, payload) = c.recv_frame(true)?;
-        if payload != 0 {
-            return Err(Error::Protocol("payload on the shm connection".into()));
-        }
-        match msg {
-            Msg::ShmMap { region, key, write } => match map_fd_for(reg, region, key, write) {
-                Ok((fd, len, writable)) => {
-                    c.send_with_fd(&Msg::ShmMapped { len, writable }, fd.as_raw_fd())?;
-                }
-                Err(e) => c.send(&Msg::Err(e))?,
-            },
-            Msg::ShmBegin { xfer: _, ops } => {
-                let mut errors = Vec::new();
-                for (i, op) in ops.iter().enumerate() {
-                    match reg.check_remote(op.region, op.key, op.offset, op.len, op.write, wait) {
-                        Ok(l) => held.push(l),
-                        Err(e) => errors.push((i as u32, e)),
-                    }
-                }
-                c.send(&Msg::ShmBeginResult { errors })?;
-            }
-            Msg::ShmStaged {
-                xfer: _,
-                op: _,
-                write,
-                region,
-                key,
-                offset,
-                len,
-            } => {
-                if len > bounce.len() as u64 {
-                    c.send(&Msg::Err(Error::FrameTooLarge {
-                        len,
-                        limit: bounce.len() as u64,
-                    }))?;
-                    continue;
-                }
-                let dir = if write {
-                    Dir::IntoRegion
-                } else {
-                    Dir::OutOfRegion
-                };
-                let r = reg
-                    .check_remote(region, key, offset, len, write, wait)
-                    .and_then(|lease| {
-                        // SAFETY: both spans are len bytes of live memory (bounce: len <=
-                        // bounce.len(); region: bounds-checked under the lease); they are
-                        // distinct allocations, so they do not overlap.
-                        unsafe { copy_span(&lease, offset, bounce.ptr(), len as usize, dir) }
-                    });
-                match r {
-                    Ok(()) => c.send(&Msg::Ok)?,
-                    Err(e) => c.send(&Msg::Err(e))?,
-                }
-            }
-            Msg::ShmEnd { xfer, notify } => {
-                held.clear();
-                if let Some(data) = notify {
-                    agent.notes.push(Notification {
-                        from: from.to_string(),
-                        xfer,
-                        data,
-                    });
-                }
-                c.send(&Msg::Ok)?;
-            }
-            Msg::Bye => return Ok(()),
-            m => {
-                return Err(Error::Protocol(format!(
-                    "frame type {} on the shm connection",
-                    m.kind()
-                )))
-            }
-        }
-    }
-}
-
-/// Checks a mapping request and returns an fd to pass: the region's memfd when peers may write, a
-/// read-only reopening of it otherwise (so a peer's writable mapping fails).
-fn map_fd_for(
-    reg: &Registry,
-    id: u64,
-    key: crate::region::RegionKey,
-    write: bool,
-) -> Result<(std::os::fd::OwnedFd, u64, bool)> {
-    use std::os::fd::FromRawFd;
-    let r = reg.get(id)?;
-    if !r.key.ct_eq(&key) {
-        return Err(Error::BadKey { region: id });
-    }
-    if write && !r.access.remote_write {
-        return Err(Error::ReadOnly { region: id });
-    }
-    if !r.access.remote_read && !r.access.remote_write {
-        return Err(Error::NotReadable { region: id });
-    }
-    let writable = r.access.remote_write;
-    if let Some(dev) = r.device() {
-        // A VMM GPU region: its POSIX fd, for the peer to map (the access rights are enforced
-        // by the leases of ShmBegin, which every ipc op goes through).
-        let fd = dev.peer.export_fd(&dev.region)?;
-        return Ok((fd, r.len, writable));
-    }
-    let fd = r
-        .fd()
-        .ok_or_else(|| Error::Unavailable(format!("region {id} is not shareable")))?;
-    let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).unwrap_or_default();
-    let flags = if writable {
-        libc::O_RDWR
-    } else {
-        libc::O_RDONLY
-    };
-    // SAFETY: path is a valid C string; open returns a new fd or -1.
-    let nfd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) };
-    if nfd < 0 {
-        return Err(Error::os("open", std::io::Error::last_os_error()));
-    }
-    // SAFETY: nfd is a fresh fd owned by nobody else.
-    Ok((
-        unsafe { std::os::fd::OwnedFd::from_raw_fd(nfd) },
-        r.len,
-        writable,
-    ))
-}
+use shm::serve_shm;

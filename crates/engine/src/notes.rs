@@ -1,0 +1,118 @@
+//! The inbound notification queue, bounded in count and bytes.
+//!
+//! A sender that finds it full waits (back-pressure on its connection: its next frame is not
+//! read) for up to the I/O timeout, then gets [`Error::LimitReached`]; nothing queued is ever
+//! dropped to make room, so a notification acknowledged with `Ok` is one the application sees.
+
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::agent::Notification;
+use crate::error::{Error, Result};
+use crate::limits::LimitHits;
+
+#[derive(Debug, Default)]
+struct State {
+    q: VecDeque<Notification>,
+    bytes: usize,
+}
+
+/// Bounded FIFO of notifications.
+#[derive(Debug)]
+pub(crate) struct NoteQueue {
+    st: Mutex<State>,
+    ready: Condvar,
+    room: Condvar,
+    max_count: usize,
+    max_bytes: usize,
+}
+
+impl NoteQueue {
+    pub(crate) fn new(max_count: usize, max_bytes: usize) -> Self {
+        NoteQueue {
+            st: Mutex::new(State::default()),
+            ready: Condvar::new(),
+            room: Condvar::new(),
+            max_count,
+            max_bytes,
+        }
+    }
+
+    /// Queues `n`, waiting up to `wait` for room.
+    pub(crate) fn push(&self, n: Notification, wait: Duration, hits: &LimitHits) -> Result<()> {
+        let size = n.data.len();
+        if size > self.max_bytes {
+            hits.hit(
+                &hits.notifications,
+                "a notification larger than max_queued_notification_bytes",
+            );
+            return Err(Error::LimitReached {
+                what: "notification larger than max_queued_notification_bytes".into(),
+                limit: self.max_bytes as u64,
+            });
+        }
+        let deadline = Instant::now() + wait;
+        let mut st = self.st.lock().unwrap_or_else(|p| p.into_inner());
+        while st.q.len() >= self.max_count || st.bytes + size > self.max_bytes {
+            let now = Instant::now();
+            if now >= deadline {
+                let what = format!(
+                    "notification queue full ({} queued, {} bytes; max_queued_notifications {}, \
+                     max_queued_notification_bytes {}): the application is not taking them",
+                    st.q.len(),
+                    st.bytes,
+                    self.max_count,
+                    self.max_bytes
+                );
+                drop(st);
+                hits.hit(&hits.notifications, &what);
+                return Err(Error::LimitReached {
+                    what,
+                    limit: self.max_count as u64,
+                });
+            }
+            st = self
+                .room
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        st.bytes += size;
+        st.q.push_back(n);
+        drop(st);
+        self.ready.notify_all();
+        Ok(())
+    }
+
+    fn take(&self, st: &mut State) -> Option<Notification> {
+        let n = st.q.pop_front()?;
+        st.bytes -= n.data.len();
+        self.room.notify_all();
+        Some(n)
+    }
+
+    pub(crate) fn pop(&self, timeout: Duration) -> Result<Notification> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.st.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(n) = self.take(&mut st) {
+                return Ok(n);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout(timeout));
+            }
+            st = self
+                .ready
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    pub(crate) fn try_pop(&self) -> Option<Notification> {
+        let mut st = self.st.lock().unwrap_or_else(|p| p.into_inner());
+        self.take(&mut st)
+    }
+}

@@ -1,0 +1,225 @@
+//! The shm socket's serving side: `ShmJoin` (authenticated against the control session, the
+//! bounce-buffer memfd verified before it is mapped), region mappings, batch begin/end with
+//! leases bounded per connection, and staged chunks through the bounce buffer.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+
+use super::{authenticated, join_handshake, with_conn};
+use crate::agent::{AgentInner, Notification};
+use crate::conn::{trim_fds, Conn, Sock};
+use crate::error::{Error, Result};
+use crate::gpu::{copy_span, Dir};
+use crate::limits::Slot;
+use crate::mem::Mapping;
+use crate::region::{Lease, Registry};
+use crate::wire::Msg;
+
+/// Largest bounce buffer an initiator may pass.
+const MAX_BOUNCE: usize = 256 << 20;
+
+pub(super) fn serve_shm(agent: Arc<AgentInner>, s: UnixStream, slot: Slot) {
+    let conn = Conn::new(Sock::Unix(s), "shm connection");
+    with_conn(&agent.clone(), conn, slot, |c, slot| {
+        let (session, token, nonce) = match c.recv_frame(false)? {
+            (
+                Msg::ShmJoin {
+                    session,
+                    token,
+                    nonce,
+                },
+                0,
+            ) => (session, token, nonce),
+            (m, _) => {
+                return Err(Error::Protocol(format!(
+                    "expected ShmJoin, got frame type {}",
+                    m.kind()
+                )))
+            }
+        };
+        let fd = c
+            .take_fd()
+            .ok_or_else(|| Error::Protocol("ShmJoin without a bounce-buffer fd".into()))?;
+        // The fd is neither inspected nor mapped before the peer proved its session.
+        let s = join_handshake(
+            &agent,
+            c,
+            session,
+            token,
+            &session.to_le_bytes(),
+            nonce,
+            "shm",
+        )?;
+        let size = crate::mem::verify_memfd(fd.as_raw_fd(), None, false)?;
+        if size == 0 || size > MAX_BOUNCE {
+            return Err(Error::Protocol(format!(
+                "bounce buffer of {size} bytes not in 1..={MAX_BOUNCE}"
+            )));
+        }
+        let bounce = Mapping::map_fd(fd.as_raw_fd(), size, true)?;
+        drop(fd);
+        authenticated(&agent, c, slot)?;
+        c.send(&Msg::Ok)?;
+        serve_shm_loop(&agent, c, &bounce, &s.peer)
+    });
+}
+
+fn serve_shm_loop(agent: &AgentInner, c: &mut Conn, bounce: &Mapping, from: &str) -> Result<()> {
+    let reg: &Registry = &agent.registry;
+    let wait = agent.cfg.io_timeout;
+    let mut held: Vec<Lease> = Vec::new();
+    loop {
+        trim_fds(c);
+        let (msg, payload) = c.recv_frame(true)?;
+        if payload != 0 {
+            return Err(Error::Protocol("payload on the shm connection".into()));
+        }
+        match msg {
+            Msg::ShmMap { region, key, write } => match map_fd_for(reg, region, key, write) {
+                Ok((fd, len, writable)) => {
+                    c.send_with_fd(&Msg::ShmMapped { len, writable }, fd.as_raw_fd())?;
+                }
+                Err(e) => c.send(&Msg::Err(e))?,
+            },
+            Msg::ShmBegin { xfer: _, ops } => {
+                let max = agent.cfg.limits.max_leases_per_conn;
+                let mut errors = Vec::new();
+                let mut refused = 0usize;
+                for (i, op) in ops.iter().enumerate() {
+                    if held.len() >= max {
+                        refused += 1;
+                        errors.push((
+                            i as u32,
+                            Error::LimitReached {
+                                what: "leases held by this shm connection (ShmBegin without \
+                                       ShmEnd) reached max_leases_per_conn"
+                                    .into(),
+                                limit: max as u64,
+                            },
+                        ));
+                        continue;
+                    }
+                    match reg.check_remote(op.region, op.key, op.offset, op.len, op.write, wait) {
+                        Ok(l) => held.push(l),
+                        Err(e) => errors.push((i as u32, e)),
+                    }
+                }
+                if refused > 0 {
+                    agent.hits.hit(
+                        &agent.hits.leases,
+                        &format!("{refused} ShmBegin op(s) refused: max_leases_per_conn ({max})"),
+                    );
+                }
+                c.send(&Msg::ShmBeginResult { errors })?;
+            }
+            Msg::ShmStaged {
+                xfer: _,
+                op: _,
+                write,
+                region,
+                key,
+                offset,
+                len,
+            } => {
+                if len > bounce.len() as u64 {
+                    c.send(&Msg::Err(Error::FrameTooLarge {
+                        len,
+                        limit: bounce.len() as u64,
+                    }))?;
+                    continue;
+                }
+                let dir = if write {
+                    Dir::IntoRegion
+                } else {
+                    Dir::OutOfRegion
+                };
+                let r = reg
+                    .check_remote(region, key, offset, len, write, wait)
+                    .and_then(|lease| {
+                        // SAFETY: both spans are len bytes of live memory (bounce: len <=
+                        // bounce.len(); region: bounds-checked under the lease); they are
+                        // distinct allocations, so they do not overlap.
+                        unsafe { copy_span(&lease, offset, bounce.ptr(), len as usize, dir) }
+                    });
+                match r {
+                    Ok(()) => c.send(&Msg::Ok)?,
+                    Err(e) => c.send(&Msg::Err(e))?,
+                }
+            }
+            Msg::ShmEnd { xfer, notify } => {
+                held.clear();
+                let r = match notify {
+                    Some(data) => {
+                        let n = Notification {
+                            from: from.to_string(),
+                            xfer,
+                            data,
+                        };
+                        agent.notes.push(n, wait, &agent.hits)
+                    }
+                    None => Ok(()),
+                };
+                match r {
+                    Ok(()) => c.send(&Msg::Ok)?,
+                    Err(e) => c.send(&Msg::Err(e))?,
+                }
+            }
+            Msg::Bye => return Ok(()),
+            m => {
+                return Err(Error::Protocol(format!(
+                    "frame type {} on the shm connection",
+                    m.kind()
+                )))
+            }
+        }
+    }
+}
+
+/// Checks a mapping request and returns an fd to pass: the region's memfd when peers may write, a
+/// read-only reopening of it otherwise (so a peer's writable mapping fails).
+fn map_fd_for(
+    reg: &Registry,
+    id: u64,
+    key: crate::region::RegionKey,
+    write: bool,
+) -> Result<(std::os::fd::OwnedFd, u64, bool)> {
+    use std::os::fd::FromRawFd;
+    let r = reg.get(id)?;
+    if !r.key.ct_eq(&key) {
+        return Err(Error::BadKey { region: id });
+    }
+    if write && !r.access.remote_write {
+        return Err(Error::ReadOnly { region: id });
+    }
+    if !r.access.remote_read && !r.access.remote_write {
+        return Err(Error::NotReadable { region: id });
+    }
+    let writable = r.access.remote_write;
+    if let Some(dev) = r.device() {
+        // A VMM GPU region: its POSIX fd, for the peer to map (the access rights are enforced
+        // by the leases of ShmBegin, which every ipc op goes through).
+        let fd = dev.peer.export_fd(&dev.region)?;
+        return Ok((fd, r.len, writable));
+    }
+    let fd = r
+        .fd()
+        .ok_or_else(|| Error::Unavailable(format!("region {id} is not shareable")))?;
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).unwrap_or_default();
+    let flags = if writable {
+        libc::O_RDWR
+    } else {
+        libc::O_RDONLY
+    };
+    // SAFETY: path is a valid C string; open returns a new fd or -1.
+    let nfd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) };
+    if nfd < 0 {
+        return Err(Error::os("open", std::io::Error::last_os_error()));
+    }
+    // SAFETY: nfd is a fresh fd owned by nobody else.
+    Ok((
+        unsafe { std::os::fd::OwnedFd::from_raw_fd(nfd) },
+        r.len,
+        writable,
+    ))
+}

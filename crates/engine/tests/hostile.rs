@@ -1,0 +1,783 @@
+//! The attacks of issue #15 ("Why", items 1-4 and 7), replayed from loopback against a real
+//! agent with hand-made frames. Each test failed on the version-2 code (no authentication,
+//! unsealed memfds, per-receive deadlines, unbounded queues and leases, no op cap) and asserts
+//! the outcome, never a duration.
+
+mod common;
+
+use common::raw::{self, closed, hmac, read_msg, send};
+use common::*;
+use gdx_engine::wire::{decode_frame, encode, Hello, Msg, ShmOp, MAX_OPS_PER_BEGIN};
+use gdx_engine::{Access, Agent, AgentConfig, Error, Limits, RegionKey, Transfer};
+use std::ffi::CString;
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+fn with_limits(name: &str, shm: bool, io_ms: u64, limits: Limits) -> Agent {
+    Agent::new(AgentConfig {
+        io_timeout: Duration::from_millis(io_ms),
+        limits,
+        ..config(name, shm)
+    })
+    .unwrap()
+}
+
+fn addr(a: &Agent) -> SocketAddr {
+    a.listen_addr().unwrap()
+}
+
+fn secret(a: &Agent) -> Vec<u8> {
+    a.secret().unwrap().as_bytes().to_vec()
+}
+
+/// Every frame the server sends until it closes the connection.
+fn frames_until_close(s: &mut TcpStream) -> Vec<Msg> {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut all = Vec::new();
+    let _ = std::io::Read::read_to_end(s, &mut all);
+    let mut v = Vec::new();
+    let mut at = 0;
+    while let Ok(Some((m, _, n))) = decode_frame(&all[at..]) {
+        v.push(m);
+        at += n;
+    }
+    assert_eq!(at, all.len(), "undecodable bytes from the server");
+    v
+}
+
+/// A legitimate client writes random bytes and reads them back through `target`.
+fn legit_round_trip(target: &Agent, seed: u64) {
+    let r = target.alloc(1 << 16, Access::READ_WRITE, None).unwrap();
+    let me = agent("legit", false);
+    let peer = me.connect(addr(target)).unwrap();
+    let mut src = me.alloc(1 << 16, Access::LOCAL, None).unwrap();
+    fill_random(&mut src.bytes_mut().unwrap(), seed);
+    let mut t = Transfer::new();
+    t.write(&src, 0, &r.desc(), 0, 1 << 16);
+    peer.submit(t).unwrap().wait(WAIT).unwrap();
+    assert_eq!(first_diff(&r.bytes().unwrap(), &src.bytes().unwrap()), None);
+}
+
+// ---- 1: the key is handed to anyone who asks ----------------------------------------------
+
+#[test]
+fn unauthenticated_client_gets_no_key_and_no_bytes() {
+    let target = agent("target", false);
+    let mut r = target.alloc(4096, Access::READ_WRITE, Some("kv")).unwrap();
+    r.bytes_mut().unwrap().fill(0x5A);
+    let key = r.desc().key;
+
+    // Hello, then straight to ListRegions / GetRegion as the v2 attack did.
+    let mut s = TcpStream::connect(addr(&target)).unwrap();
+    send(
+        &mut s,
+        &Msg::Hello(Hello {
+            agent_name: "mallory".into(),
+            nonce: 1,
+            ..Hello::default()
+        }),
+    );
+    send(&mut s, &Msg::ListRegions);
+    send(&mut s, &Msg::GetRegion { name: "kv".into() });
+    let got = frames_until_close(&mut s);
+    assert!(
+        matches!(got.first(), Some(Msg::Challenge { .. })),
+        "first answer must be the challenge: {got:?}"
+    );
+    for m in &got {
+        assert!(
+            !matches!(m, Msg::Regions(_) | Msg::Region(_) | Msg::Hello(_)),
+            "leaked {m:?}"
+        );
+        let bytes = encode(m, 0);
+        assert!(
+            !bytes.windows(16).any(|w| w == key.0.to_le_bytes()),
+            "the region key crossed the wire"
+        );
+    }
+    assert!(
+        matches!(got.last(), Some(Msg::Err(Error::AuthFailed(_)))),
+        "{got:?}"
+    );
+
+    // A forged proof: refused, closed, counted.
+    let mut s = TcpStream::connect(addr(&target)).unwrap();
+    send(
+        &mut s,
+        &Msg::Hello(Hello {
+            nonce: 2,
+            ..Hello::default()
+        }),
+    );
+    let Some(Msg::Challenge { .. }) = read_msg(&mut s) else {
+        panic!("no challenge")
+    };
+    send(&mut s, &Msg::Auth { mac: [7u8; 32] });
+    assert!(matches!(
+        read_msg(&mut s),
+        Some(Msg::Err(Error::AuthFailed(_)))
+    ));
+    assert!(closed(&mut s));
+    assert!(target.limit_hits().auth_failures.load(Relaxed) >= 2);
+
+    // An agent holding a different secret learns nothing and moves no byte.
+    let other = Agent::new(AgentConfig {
+        secret: Some(gdx_engine::Secret::generate().unwrap()),
+        ..config("other", false)
+    })
+    .unwrap();
+    let e = other.connect(addr(&target)).expect_err("wrong secret");
+    assert!(matches!(e, Error::AuthFailed(_)), "{e}");
+    assert!(r.bytes().unwrap().iter().all(|&b| b == 0x5A));
+}
+
+#[test]
+fn a_leaked_key_is_useless_without_a_session_and_rotates_on_re_registration() {
+    let target = agent("target", false);
+    let r = target.alloc(4096, Access::READ_WRITE, Some("kv")).unwrap();
+    let old = r.desc();
+    // A data stream with the right key but a made-up session is refused before any op.
+    let mut d = TcpStream::connect(addr(&target)).unwrap();
+    send(
+        &mut d,
+        &Msg::Join {
+            session: 1,
+            token: 0,
+            stream: 0,
+            nonce: 3,
+        },
+    );
+    let mut f = encode(
+        &Msg::Write {
+            xfer: 1,
+            op: 0,
+            chunk: 0,
+            region: old.id,
+            key: old.key,
+            offset: 0,
+        },
+        4,
+    );
+    f.extend_from_slice(b"evil");
+    let _ = d.write_all(&f);
+    assert!(matches!(
+        read_msg(&mut d),
+        Some(Msg::Err(Error::AuthFailed(_)))
+    ));
+    assert!(r.bytes().unwrap().iter().all(|&b| b == 0));
+
+    // Re-registering under the same name gives a new id and a new key.
+    drop(r);
+    let r2 = target.alloc(4096, Access::READ_WRITE, Some("kv")).unwrap();
+    let new = r2.desc();
+    assert_ne!(new.key, old.key);
+    assert_ne!(new.id, old.id);
+    let s = raw::login(addr(&target), &secret(&target));
+    let mut d = raw::join(addr(&target), &s, 0);
+    for (region, key, want) in [
+        (old.id, old.key, Error::NoSuchRegion { region: old.id }),
+        (new.id, old.key, Error::BadKey { region: new.id }),
+    ] {
+        let mut f = encode(
+            &Msg::Write {
+                xfer: 1,
+                op: 0,
+                chunk: 0,
+                region,
+                key,
+                offset: 0,
+            },
+            4,
+        );
+        f.extend_from_slice(b"evil");
+        d.write_all(&f).unwrap();
+        match read_msg(&mut d) {
+            Some(Msg::OpErr { err, .. }) => assert_eq!(err, want),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(r2.bytes().unwrap().iter().all(|&b| b == 0));
+}
+
+// ---- 2 and 3: shm: reopen-to-write, SIGBUS by truncation ----------------------------------
+
+fn memfd(len: usize, seal: bool) -> OwnedFd {
+    let name = CString::new("hostile").unwrap();
+    // SAFETY: valid name, valid flags.
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    assert!(fd >= 0);
+    // SAFETY: a fresh fd owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain syscalls on our own fd.
+    unsafe {
+        assert_eq!(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t), 0);
+        if seal {
+            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+            assert_eq!(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals), 0);
+        }
+    }
+    fd
+}
+
+fn send_with_fd(s: &UnixStream, m: &Msg, fd: RawFd) {
+    let sent = try_send_with_fd(s, m, fd);
+    assert_eq!(sent, encode(m, 0).len() as isize);
+}
+
+/// `sendmsg` of one frame with one fd; what it returned (-1 when the peer already closed).
+fn try_send_with_fd(s: &UnixStream, m: &Msg, fd: RawFd) -> isize {
+    let bytes = encode(m, 0);
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
+    let mut cbuf = [0u64; 4];
+    // SAFETY: a zeroed msghdr pointing at live locals; one fd in a buffer sized for it.
+    unsafe {
+        let mut h: libc::msghdr = std::mem::zeroed();
+        h.msg_iov = &mut iov;
+        h.msg_iovlen = 1;
+        h.msg_control = cbuf.as_mut_ptr().cast();
+        h.msg_controllen = libc::CMSG_SPACE(4) as _;
+        let c = libc::CMSG_FIRSTHDR(&h);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+        libc::CMSG_DATA(c).cast::<RawFd>().write_unaligned(fd);
+        libc::sendmsg(s.as_raw_fd(), &h, libc::MSG_NOSIGNAL)
+    }
+}
+
+/// One frame from a unix socket, with any fds that came with it.
+fn recv_with_fds(s: &UnixStream) -> Option<(Msg, Vec<OwnedFd>)> {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (mut buf, mut fds) = (Vec::new(), Vec::new());
+    loop {
+        if let Ok(Some((m, _, _))) = decode_frame(&buf) {
+            return Some((m, fds));
+        }
+        let mut tmp = [0u8; 4096];
+        let mut cbuf = [0u64; 16];
+        let mut iov = libc::iovec {
+            iov_base: tmp.as_mut_ptr().cast(),
+            iov_len: tmp.len(),
+        };
+        // SAFETY: recvmsg into live locals; the CMSG walk stays within what the kernel wrote.
+        let n = unsafe {
+            let mut h: libc::msghdr = std::mem::zeroed();
+            h.msg_iov = &mut iov;
+            h.msg_iovlen = 1;
+            h.msg_control = cbuf.as_mut_ptr().cast();
+            h.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+            let n = libc::recvmsg(s.as_raw_fd(), &mut h, libc::MSG_CMSG_CLOEXEC);
+            let mut c = libc::CMSG_FIRSTHDR(&h);
+            while !c.is_null() {
+                if (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let fd = libc::CMSG_DATA(c).cast::<RawFd>().read_unaligned();
+                    fds.push(OwnedFd::from_raw_fd(fd));
+                }
+                c = libc::CMSG_NXTHDR(&h, c);
+            }
+            n
+        };
+        if n <= 0 {
+            return None;
+        }
+        buf.extend_from_slice(&tmp[..n as usize]);
+    }
+}
+
+/// An authenticated shm connection made by hand (the control session must stay open).
+fn shm_join(target: &Agent, bounce: &OwnedFd) -> (raw::Session, UnixStream, Option<Msg>) {
+    let s = raw::login(addr(target), &secret(target));
+    let name = s.hello.shm_socket.clone().expect("shm offered");
+    let a = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let u = UnixStream::connect_addr(&a).unwrap();
+    let (session, cn) = (s.hello.session, 99u128);
+    send_with_fd(
+        &u,
+        &Msg::ShmJoin {
+            session,
+            token: 0,
+            nonce: cn,
+        },
+        bounce.as_raw_fd(),
+    );
+    let Some((Msg::Challenge { nonce: sn, mac }, _)) = recv_with_fds(&u) else {
+        panic!("no shm challenge")
+    };
+    let t = [
+        &session.to_le_bytes()[..],
+        &cn.to_le_bytes(),
+        &sn.to_le_bytes(),
+    ];
+    assert_eq!(mac, hmac(&s.key, "gdx/3 shm acceptor", &t));
+    let mac = hmac(&s.key, "gdx/3 shm initiator", &t);
+    (&u).write_all(&encode(&Msg::Auth { mac }, 0)).unwrap();
+    let reply = recv_with_fds(&u).map(|(m, _)| m);
+    (s, u, reply)
+}
+
+fn errno_of(rc: isize) -> Option<i32> {
+    (rc < 0).then(|| std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+}
+
+#[test]
+fn read_only_region_cannot_be_written_through_a_reopened_fd() {
+    let target = agent("target", true);
+    let mut ro = target.alloc(8192, Access::READ, Some("ro")).unwrap();
+    ro.bytes_mut().unwrap().fill(0x33);
+    let d = ro.desc();
+    let bounce = memfd(1 << 16, true);
+    let (_s, u, reply) = shm_join(&target, &bounce);
+    assert_eq!(reply, Some(Msg::Ok));
+    (&u).write_all(&encode(
+        &Msg::ShmMap {
+            region: d.id,
+            key: d.key,
+            write: false,
+        },
+        0,
+    ))
+    .unwrap();
+    let Some((Msg::ShmMapped { writable, .. }, fds)) = recv_with_fds(&u) else {
+        panic!("no ShmMapped")
+    };
+    assert!(!writable);
+    let fd = fds.into_iter().next().expect("an fd");
+    // The v2 attack: reopen /proc/self/fd/N read-write, then map it shared writable or write.
+    let path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+    // SAFETY: valid path; the result is checked.
+    let rw = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if rw >= 0 {
+        // SAFETY: rw is our fresh fd.
+        let rw = unsafe { OwnedFd::from_raw_fd(rw) };
+        // SAFETY: a fresh mapping request; a success would be unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                rw.as_raw_fd(),
+                0,
+            )
+        };
+        assert_eq!(p, libc::MAP_FAILED, "a writable shared mapping was granted");
+        // SAFETY: writing 4 bytes from a live array.
+        let n = unsafe { libc::pwrite(rw.as_raw_fd(), b"evil".as_ptr().cast(), 4, 0) };
+        assert_eq!(
+            errno_of(n),
+            Some(libc::EPERM),
+            "write(2) through the reopened fd"
+        );
+        // Nor shrunk or grown (truncation = SIGBUS for the target's own mapping).
+        // SAFETY: plain syscalls on our reopened fd.
+        unsafe {
+            let rc = libc::ftruncate(rw.as_raw_fd(), 0) as isize;
+            assert_eq!(errno_of(rc), Some(libc::EPERM));
+            let rc = libc::ftruncate(rw.as_raw_fd(), 1 << 20) as isize;
+            assert_eq!(errno_of(rc), Some(libc::EPERM));
+        }
+    }
+    // SAFETY: plain syscall on the received (read-only) fd.
+    assert_ne!(unsafe { libc::ftruncate(fd.as_raw_fd(), 0) }, 0);
+    assert!(ro.bytes().unwrap().iter().all(|&b| b == 0x33));
+}
+
+#[test]
+fn truncating_a_shared_memfd_cannot_crash_either_side() {
+    let target = agent("target", true);
+    // The server refuses an unsealed bounce buffer before mapping it: truncating it later
+    // cannot reach the server.
+    let unsealed = memfd(1 << 16, false);
+    let (_s, _u, reply) = shm_join(&target, &unsealed);
+    match reply {
+        Some(Msg::Err(e)) => assert!(e.to_string().contains("sealed"), "{e}"),
+        other => panic!("an unsealed bounce buffer was accepted: {other:?}"),
+    }
+    // SAFETY: truncating our own fd.
+    unsafe { assert_eq!(libc::ftruncate(unsealed.as_raw_fd(), 0), 0) };
+
+    // A region memfd the target hands out is sealed: the receiver cannot shrink it.
+    let rw = target.alloc(8192, Access::READ_WRITE, Some("rw")).unwrap();
+    let d = rw.desc();
+    let bounce = memfd(1 << 16, true);
+    let (_s, u, reply) = shm_join(&target, &bounce);
+    assert_eq!(reply, Some(Msg::Ok));
+    (&u).write_all(&encode(
+        &Msg::ShmMap {
+            region: d.id,
+            key: d.key,
+            write: true,
+        },
+        0,
+    ))
+    .unwrap();
+    let Some((Msg::ShmMapped { .. }, fds)) = recv_with_fds(&u) else {
+        panic!("no ShmMapped")
+    };
+    let fd = fds.into_iter().next().expect("an fd");
+    // SAFETY: plain syscall on a received fd.
+    let rc = unsafe { libc::ftruncate(fd.as_raw_fd(), 0) };
+    assert_eq!(errno_of(rc as isize), Some(libc::EPERM));
+    // The target still serves (it did not die of SIGBUS), through its own sealed bounce too.
+    legit_round_trip(&target, 3);
+}
+
+// ---- 4: exhaustion ------------------------------------------------------------------------
+
+fn short_limits() -> Limits {
+    Limits {
+        handshake_timeout: Duration::from_millis(600),
+        idle_timeout: Duration::from_millis(600),
+        ..Limits::default()
+    }
+}
+
+#[test]
+fn a_dripped_hello_is_cut_off_at_the_handshake_deadline() {
+    let target = with_limits("target", false, 2000, short_limits());
+    let hello = encode(
+        &Msg::Hello(Hello {
+            agent_name: "drip".repeat(20),
+            nonce: 5,
+            ..Hello::default()
+        }),
+        0,
+    );
+    let mut s = TcpStream::connect(addr(&target)).unwrap();
+    // One byte per 50 ms: each receive is well inside the 2 s I/O timeout, the whole Hello
+    // (200 bytes, 10 s) is not inside the 0.6 s handshake deadline.
+    let mut sent = 0;
+    for b in &hello {
+        if s.write_all(&[*b]).is_err() {
+            break;
+        }
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(50));
+        if target.limit_hits().handshake_timeouts.load(Relaxed) > 0 {
+            break;
+        }
+    }
+    assert!(sent < hello.len(), "the whole dripped Hello was read");
+    assert!(closed(&mut s));
+    assert_eq!(target.limit_hits().handshake_timeouts.load(Relaxed), 1);
+    legit_round_trip(&target, 4);
+}
+
+#[test]
+fn idle_and_silent_connections_are_cut_off_while_a_legit_client_is_served() {
+    let target = with_limits("target", false, 200, short_limits());
+    // Silent before Hello: cut at the handshake deadline.
+    let mut silent: Vec<TcpStream> = (0..20)
+        .map(|_| TcpStream::connect(addr(&target)).unwrap())
+        .collect();
+    // Authenticated, then idle: cut at the idle deadline.
+    let mut idle: Vec<raw::Session> = (0..4)
+        .map(|_| raw::login(addr(&target), &secret(&target)))
+        .collect();
+    legit_round_trip(&target, 5);
+    for s in &mut silent {
+        assert!(closed(s), "a silent connection was kept");
+    }
+    for s in &mut idle {
+        assert!(closed(&mut s.control), "an idle session was kept");
+    }
+    assert!(target.limit_hits().handshake_timeouts.load(Relaxed) >= 20);
+    assert!(target.limit_hits().idle_timeouts.load(Relaxed) >= 4);
+    legit_round_trip(&target, 6);
+}
+
+#[test]
+fn a_connection_flood_is_refused_beyond_max_pending() {
+    let target = with_limits(
+        "target",
+        false,
+        200,
+        Limits {
+            max_pending: 8,
+            ..short_limits()
+        },
+    );
+    let mut flood: Vec<TcpStream> = (0..30)
+        .map(|_| TcpStream::connect(addr(&target)).unwrap())
+        .collect();
+    let mut refused = 0;
+    for s in &mut flood {
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut b = [0u8; 1];
+        if matches!(std::io::Read::read(s, &mut b), Ok(0)) {
+            refused += 1;
+        }
+    }
+    assert!(
+        refused >= 22,
+        "only {refused} of 30 refused with max_pending 8"
+    );
+    assert!(target.limit_hits().pending.load(Relaxed) >= 22);
+    // Once the flood's handshakes expire, a legitimate client gets in.
+    for s in &mut flood {
+        assert!(closed(s));
+    }
+    legit_round_trip(&target, 7);
+}
+
+#[test]
+fn hellos_with_huge_names_are_refused() {
+    let target = agent("target", false);
+    let mut s = TcpStream::connect(addr(&target)).unwrap();
+    send(
+        &mut s,
+        &Msg::Hello(Hello {
+            agent_name: "n".repeat(4096),
+            nonce: 1,
+            ..Hello::default()
+        }),
+    );
+    assert!(matches!(
+        read_msg(&mut s),
+        Some(Msg::Err(Error::LimitReached { limit: 256, .. }))
+    ));
+    assert!(closed(&mut s));
+    assert_eq!(target.limit_hits().names.load(Relaxed), 1);
+}
+
+#[test]
+fn notifications_are_bounded_and_the_sender_is_told() {
+    let target = with_limits(
+        "target",
+        false,
+        300,
+        Limits {
+            max_queued_notifications: 4,
+            ..Limits::default()
+        },
+    );
+    let me = agent("sender", false);
+    let peer = me.connect(addr(&target)).unwrap();
+    for i in 0..4 {
+        peer.notify(vec![i; 1024]).unwrap();
+    }
+    match peer.notify(vec![9; 1024]) {
+        Err(Error::LimitReached { limit: 4, .. }) => {}
+        other => panic!("a fifth queued notification: {other:?}"),
+    }
+    assert_eq!(target.limit_hits().notifications.load(Relaxed), 1);
+    // Nothing acknowledged was dropped; taking one makes room again.
+    assert_eq!(target.try_notification().unwrap().data, vec![0; 1024]);
+    peer.notify(vec![5; 8]).unwrap();
+    let rest: Vec<u8> = std::iter::from_fn(|| target.try_notification())
+        .map(|n| n.data[0])
+        .collect();
+    assert_eq!(rest, vec![1, 2, 3, 5]);
+}
+
+#[test]
+fn leases_do_not_accumulate_across_shm_begin_without_shm_end() {
+    let target = with_limits(
+        "target",
+        true,
+        2000,
+        Limits {
+            max_leases_per_conn: 16,
+            ..Limits::default()
+        },
+    );
+    let r = target.alloc(4096, Access::READ_WRITE, None).unwrap();
+    let d = r.desc();
+    let bounce = memfd(1 << 16, true);
+    let (_s, u, reply) = shm_join(&target, &bounce);
+    assert_eq!(reply, Some(Msg::Ok));
+    let op = ShmOp {
+        write: true,
+        region: d.id,
+        key: d.key,
+        offset: 0,
+        len: 64,
+    };
+    let mut refused = 0;
+    for xfer in 0..4 {
+        (&u).write_all(&encode(
+            &Msg::ShmBegin {
+                xfer,
+                ops: vec![op; 10],
+            },
+            0,
+        ))
+        .unwrap();
+        let Some((Msg::ShmBeginResult { errors }, _)) = recv_with_fds(&u) else {
+            panic!("no ShmBeginResult")
+        };
+        for (_, e) in &errors {
+            assert!(matches!(e, Error::LimitReached { limit: 16, .. }), "{e}");
+        }
+        refused += errors.len();
+    }
+    assert_eq!(refused, 40 - 16);
+    assert!(target.limit_hits().leases.load(Relaxed) >= 1);
+    // ShmEnd releases them: the next batch is accepted whole.
+    (&u).write_all(&encode(
+        &Msg::ShmEnd {
+            xfer: 9,
+            notify: None,
+        },
+        0,
+    ))
+    .unwrap();
+    assert!(matches!(recv_with_fds(&u), Some((Msg::Ok, _))));
+    (&u).write_all(&encode(
+        &Msg::ShmBegin {
+            xfer: 10,
+            ops: vec![op; 16],
+        },
+        0,
+    ))
+    .unwrap();
+    assert!(matches!(
+        recv_with_fds(&u),
+        Some((Msg::ShmBeginResult { errors }, _)) if errors.is_empty()
+    ));
+}
+
+// ---- 7: the documented op cap -------------------------------------------------------------
+
+#[test]
+fn shm_begin_over_the_documented_op_cap_is_malformed() {
+    let op = ShmOp {
+        write: false,
+        region: 1,
+        key: RegionKey(0),
+        offset: 0,
+        len: 1,
+    };
+    let ok = encode(
+        &Msg::ShmBegin {
+            xfer: 1,
+            ops: vec![op; MAX_OPS_PER_BEGIN],
+        },
+        0,
+    );
+    assert!(matches!(decode_frame(&ok), Ok(Some(_))));
+    let over = encode(
+        &Msg::ShmBegin {
+            xfer: 1,
+            ops: vec![op; 25_000],
+        },
+        0,
+    );
+    assert!(matches!(decode_frame(&over), Err(Error::Malformed(_))));
+}
+
+// ---- 4 (client side): the initiator's handshake has one deadline too ----------------------
+
+#[test]
+fn a_dripping_server_cannot_stall_connect_past_the_handshake_deadline() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = l.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let _ = read_msg(&mut s); // the Hello
+        let frame = encode(
+            &Msg::Challenge {
+                nonce: 1,
+                mac: [0; 32],
+            },
+            0,
+        );
+        // One byte per 50 ms: always inside the client's 2 s I/O timeout.
+        let mut sent = 0;
+        for b in &frame {
+            if s.write_all(&[*b]).is_err() {
+                break;
+            }
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        sent
+    });
+    let me = Agent::new(AgentConfig {
+        io_timeout: Duration::from_secs(2),
+        limits: Limits {
+            handshake_timeout: Duration::from_millis(500),
+            ..Limits::default()
+        },
+        listen: None,
+        ..config("client", false)
+    })
+    .unwrap();
+    match me.connect(at) {
+        Err(Error::LimitReached { what, .. }) => assert!(what.contains("handshake"), "{what}"),
+        other => panic!("connect to a dripping server: {other:?}"),
+    }
+    let sent = server.join().unwrap();
+    assert!(
+        sent < 64,
+        "the client read the whole dripped frame ({sent} bytes)"
+    );
+}
+
+// ---- 2: SO_PEERCRED on the shm socket ----------------------------------------------------
+
+/// The child of `another_user_is_refused_on_the_shm_socket` (the same test binary, run as
+/// another user with GDX_HOSTILE_SHM set): connect to that shm socket and say whether the agent
+/// answered. Not a test of its own, so nothing reports `ok` without having run.
+fn peercred_client(name: &str) {
+    let a = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let u = UnixStream::connect_addr(&a).unwrap();
+    let bounce = memfd(4096, true);
+    let join = Msg::ShmJoin {
+        session: 1,
+        token: 0,
+        nonce: 1,
+    };
+    // The agent may close before the join is even sent (it checks SO_PEERCRED on accept):
+    // a failed send is the same answer as a closed socket.
+    if try_send_with_fd(&u, &join, bounce.as_raw_fd()) < 0 {
+        println!("GDX_PEERCRED closed");
+        return;
+    }
+    match recv_with_fds(&u) {
+        Some((m, _)) => println!("GDX_PEERCRED answered {}", m.kind()),
+        None => println!("GDX_PEERCRED closed"),
+    }
+}
+
+#[test]
+fn another_user_is_refused_on_the_shm_socket() {
+    if let Ok(name) = std::env::var("GDX_HOSTILE_SHM") {
+        return peercred_client(&name);
+    }
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to start a process as another user");
+        return;
+    }
+    let target = agent("target", true);
+    let s = raw::login(addr(&target), &secret(&target));
+    let name = s.hello.shm_socket.clone().expect("shm offered");
+    use std::os::unix::process::CommandExt;
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "another_user_is_refused_on_the_shm_socket",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("GDX_HOSTILE_SHM", &name)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("GDX_PEERCRED closed"), "{text}\n{err}");
+    assert_eq!(target.limit_hits().peer_uid.load(Relaxed), 1);
+}
