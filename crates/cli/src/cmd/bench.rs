@@ -268,7 +268,7 @@ impl Observer for Cli<'_> {
     }
 }
 
-fn list(cases: &[Box<dyn BenchCase>]) -> String {
+fn list(cases: &[Box<dyn BenchCase>], ctx: &Ctx) -> String {
     let mut s = String::from("index  key                              path         description\n");
     for (i, c) in cases.iter().enumerate() {
         let sp = c.spec();
@@ -277,6 +277,18 @@ fn list(cases: &[Box<dyn BenchCase>]) -> String {
             sp.key,
             sp.path.name(),
             sp.description
+        ));
+    }
+    // The GPU cases are listed for two GPUs anywhere; say so where they would be invented.
+    let n = ctx.gpu_count();
+    if n < 2 {
+        let why = match ctx.cuda() {
+            Err(u) if !ctx.mock => format!(", no CUDA driver ({} could not be loaded)", u.library),
+            _ => String::new(),
+        };
+        s.push_str(&format!(
+            "note: GPU cases are listed for GPU0 and GPU1; this machine has {n} GPU{}{why}, so a run waives those it lacks in one line\n",
+            if n == 1 { "" } else { "s" }
         ));
     }
     s
@@ -365,7 +377,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     ctx.file_dir.clone_from(&args.file_dir);
     let cases = all_cases(&ctx);
     if args.list {
-        print!("{}", list(&cases));
+        print!("{}", list(&cases, &ctx));
         return Ok(ExitCode::SUCCESS);
     }
     let mut cases = select(cases, &args.paths)?;
@@ -514,6 +526,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         print!("{}", render::waived_groups(&report.waived, style));
     }
     let mut dropped = 0;
+    let mut compared = 0;
     if let Some(old) = &old {
         let name = args
             .compare
@@ -521,6 +534,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             .map_or(String::new(), |p| p.display().to_string());
         let cmp = compare::compare(&report, old, drop_pct);
         dropped = cmp.iter().filter(|c| c.dropped).count();
+        compared = cmp.len();
         out_or_err(compare::render(&cmp, &name, drop_pct, style));
     }
     if stdout_taken {
@@ -530,12 +544,22 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     } else {
         print!("{}", render::summary_table(&report, style));
     }
+    let old_name = args
+        .compare
+        .as_deref()
+        .map_or(String::new(), |p| p.display().to_string());
+    if old.is_some() && compared == 0 {
+        // A gate that compared nothing has no evidence to pass on.
+        eprintln!(
+            "gdx: warning: no figure of this run matches one in {old_name} (other cases or sizes, or all below the noise floor): nothing was compared"
+        );
+        if args.fail_on_drop.is_some() {
+            return Ok(ExitCode::from(1));
+        }
+    }
     if dropped > 0 && args.fail_on_drop.is_some() {
         eprintln!(
-            "gdx: {dropped} figure(s) dropped by more than {drop_pct}% against {} (--fail-on-drop)",
-            args.compare
-                .as_deref()
-                .map_or(String::new(), |p| p.display().to_string())
+            "gdx: {dropped} figure(s) dropped by more than {drop_pct}% against {old_name} (--fail-on-drop)"
         );
         return Ok(ExitCode::from(1));
     }
