@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use gdx_storage::{bench_file_row, BenchKind, BenchOptions, BenchStatus, CufileStatus};
 
 use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived};
+use crate::error::BenchError;
 use crate::report::{Row, Status};
 use crate::Ctx;
 
@@ -138,7 +139,7 @@ impl BenchCase for FileCase {
         Ok(())
     }
 
-    fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), String> {
+    fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), BenchError> {
         let dir = scratch_dir(ctx);
         let file = dir.join(format!(
             "gdx-bench-{}-{}.scratch",
