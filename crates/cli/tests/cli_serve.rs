@@ -242,3 +242,43 @@ fn default_listen_is_loopback() {
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(help.contains("[default: 127.0.0.1:7447]"), "{help}");
 }
+
+#[test]
+fn insecure_prints_a_warning_and_bad_limits_are_refused() {
+    let exe = assert_cmd::cargo::cargo_bin("gdx");
+    let mut child = Command::new(&exe)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--size",
+            "4KiB",
+            "--insecure",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let err = child.stderr.take().unwrap();
+    let server = Server(child);
+    let lines: Vec<String> = BufReader::new(out)
+        .lines()
+        .map_while(|l| l.ok())
+        .take_while(|l| !l.starts_with("GDX_SERVE "))
+        .collect();
+    assert!(lines.iter().all(|l| !l.starts_with("GDX_SERVE_SECRET")));
+    drop(server); // killed: its stderr ends
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut BufReader::new(err), &mut text).unwrap();
+    assert!(text.contains("WARNING: --insecure"), "{text}");
+
+    let out = Command::new(&exe)
+        .args(["serve", "--listen", "127.0.0.1:0", "--max-connections", "0"])
+        .env_remove("GDX_SECRET_FILE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("max_connections must be > 0"), "{err}");
+}
