@@ -100,7 +100,8 @@ fn with_conn(
     };
     let id = agent.track(h);
     if conn.set_timeout(Some(agent.cfg.io_timeout)).is_ok() {
-        conn.start_handshake(agent.cfg.limits.handshake_timeout, HANDSHAKE_BODY);
+        let limit = agent.cfg.limits.handshake_timeout;
+        conn.start_handshake(std::time::Instant::now() + limit, limit, HANDSHAKE_BODY);
         if let Err(e) = f(&mut conn, &mut slot) {
             let hits = &agent.hits;
             match &e {
