@@ -123,6 +123,13 @@ fn with_conn(
     agent.untrack(id);
 }
 
+/// How long a notification waits for room in a full queue: half the I/O timeout, so that the
+/// sender (waiting up to its own I/O timeout for the reply) hears the refusal instead of
+/// declaring the connection lost.
+pub(super) fn note_wait(agent: &AgentInner) -> std::time::Duration {
+    agent.cfg.io_timeout / 2
+}
+
 /// The end of a successful handshake: no longer pending, per-receive timeouts, idle limit.
 fn authenticated(agent: &AgentInner, c: &mut Conn, slot: &mut Slot) -> Result<()> {
     slot.authenticated();
@@ -285,7 +292,7 @@ fn serve_control(
                         xfer,
                         data,
                     };
-                    match agent.notes.push(n, agent.cfg.io_timeout, &agent.hits) {
+                    match agent.notes.push(n, note_wait(agent), &agent.hits) {
                         Ok(()) => c.send(&Msg::Ok)?,
                         Err(e) => c.send(&Msg::Err(e))?,
                     }
