@@ -1,8 +1,21 @@
 //! Records the git commit the crate is built from as `GDX_GIT_HASH` (absent outside a git
-//! checkout), for the run header of `gdx bench`.
+//! checkout) and the UTC build date as `GDX_BUILD_DATE`, for the run header of `gdx bench` and
+//! `gdx --version` (which reads them through `gdx_bench::header`).
 use std::process::Command;
 
 fn main() {
+    // `SOURCE_DATE_EPOCH` (reproducible builds) wins over the clock.
+    println!("cargo:rerun-if-env-changed=SOURCE_DATE_EPOCH");
+    let mut date = Command::new("date");
+    if let Ok(epoch) = std::env::var("SOURCE_DATE_EPOCH") {
+        date.arg(format!("--date=@{epoch}"));
+    }
+    if let Ok(o) = date.args(["-u", "+%Y-%m-%d"]).output() {
+        if o.status.success() {
+            let d = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            println!("cargo:rustc-env=GDX_BUILD_DATE={d}");
+        }
+    }
     println!("cargo:rerun-if-changed=../../.git/HEAD");
     println!("cargo:rerun-if-changed=../../.git/index");
     let out = Command::new("git")

@@ -125,12 +125,62 @@ pub struct CaseSpec {
 }
 
 /// Why a case cannot run here. The reason is shown to the user.
+///
+/// A waiver with a [`Cause`] is one many cases share (no CUDA driver, GPU5 missing, no RDMA
+/// device): the runner reports those cases as one [`crate::WaivedGroup`] line instead of one
+/// line per case, so a machine without a GPU does not print fifteen invented GPU cases.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Waived(pub String);
+pub struct Waived {
+    /// The reason, in words.
+    pub reason: String,
+    /// The shared cause, when the reason is not particular to this case.
+    pub cause: Option<Cause>,
+}
+
+/// A reason shared by every case of a scope ("GPU cases: no CUDA driver").
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Cause {
+    /// Which cases it stops: `GPU cases`, `GPU1 cases`, `RDMA cases`.
+    pub scope: String,
+    /// Why, short: `no CUDA driver`.
+    pub reason: String,
+    /// The loader's or discovery's full message, given once.
+    pub detail: Option<String>,
+    /// What to do about it.
+    pub fix: Option<String>,
+}
+
+impl Waived {
+    /// A waiver particular to one case.
+    pub fn new(reason: impl Into<String>) -> Waived {
+        Waived {
+            reason: reason.into(),
+            cause: None,
+        }
+    }
+
+    /// A waiver shared by every case `cause` names.
+    pub fn shared(cause: Cause) -> Waived {
+        Waived {
+            reason: cause.one_line(),
+            cause: Some(cause),
+        }
+    }
+}
+
+impl Cause {
+    /// `no CUDA driver (libcuda.so.1 could not be loaded; install the NVIDIA driver)`.
+    pub fn one_line(&self) -> String {
+        match &self.fix {
+            Some(fix) => format!("{}; {fix}", self.reason),
+            None => self.reason.clone(),
+        }
+    }
+}
 
 impl fmt::Display for Waived {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.reason)
     }
 }
 

@@ -6,22 +6,28 @@
 //! | host ↔ GPU (pinned, pageable) | the GPU's PCIe link: generation × width after encoding ([`gdx_topo::Link::raw_gbps`]) |
 //! | GPU ↔ GPU (p2p, ipc) | NVLink count × per-link rate (by compute capability), else the slower PCIe link |
 //! | GPU → host → GPU (staged) | the slower of the two GPUs' PCIe links |
-//! | host ↔ host (shm, tcp loopback, memcpy) | single-thread `memcpy`, measured once per run |
+//! | host ↔ host (shm, tcp loopback, memcpy) | the best host `memcpy` over working sets and thread counts, measured once per run ([`crate::hostceil`]) |
 //! | tcp to a remote peer | the fastest NIC's link rate |
 //! | rdma | the fastest RDMA port's rate |
 //!
 //! Bidirectional cases double the one-direction ceiling. A figure under
 //! [`FAR_BELOW_PCT`] % of its ceiling at [`JUDGE_MIN_BYTES`] or more gets a note with the
-//! likely cause ("GPU0↔GPU1 is SYS; expect ≤ ...").
+//! likely cause ("GPU0↔GPU1 is SYS; expect ≤ ..."). A figure above [`OVER_CEILING_PCT`] % is
+//! never shown as a plain percentage: the row says the ceiling is wrong for it.
 
 use gdx_topo::{Device, PathClass, Topology};
 
 use crate::case::{CaseSpec, End, PathKind};
+use crate::hostceil::HostCeiling;
 use crate::report::Row;
 use crate::Ctx;
 
 /// Below this percentage of the ceiling a large transfer is flagged.
 pub const FAR_BELOW_PCT: f64 = 50.0;
+
+/// Above this percentage of its ceiling a figure means the ceiling is wrong (timer noise
+/// allows a few percent).
+pub const OVER_CEILING_PCT: f64 = 105.0;
 
 /// Smaller transfers are dominated by latency and are not judged against the ceiling.
 pub const JUDGE_MIN_BYTES: u64 = 16 << 20;
@@ -37,6 +43,8 @@ pub struct Ceiling {
     pub class: Option<PathClass>,
     /// A known reason the path is below its hardware (e.g. a downtrained link).
     pub caveat: Option<String>,
+    /// Host paths: the measured host ceiling, which picks the figure by transfer size.
+    pub host: Option<HostCeiling>,
 }
 
 /// One-direction GB/s of one NVLink for a GPU of compute capability `cc` (nvidia-smi's
@@ -101,13 +109,15 @@ pub fn ceiling(ctx: &Ctx, spec: &CaseSpec) -> Option<Ceiling> {
             basis: "mock ceiling".into(),
             class: None,
             caveat: None,
+            host: None,
         }),
         (PathKind::Memcpy | PathKind::Shm | PathKind::Tcp, End::Host, End::Host) => {
-            ctx.memcpy_gbps().map(|g| Ceiling {
-                gbps: g,
-                basis: "memcpy, 1 thread, measured".into(),
+            ctx.host_ceiling().map(|h| Ceiling {
+                gbps: h.dram_gbps,
+                basis: "host memcpy best, 256 MiB buffers (DRAM)".into(),
                 class: None,
                 caveat: None,
+                host: Some(h.clone()),
             })
         }
         (PathKind::Tcp | PathKind::Shm, _, End::Remote(_)) => {
@@ -121,6 +131,7 @@ pub fn ceiling(ctx: &Ctx, spec: &CaseSpec) -> Option<Ceiling> {
                 basis: format!("{} {} Gb/s", best.0.label, best.1 / 1000),
                 class: None,
                 caveat: None,
+                host: None,
             })
         }
         (PathKind::Rdma, _, _) => {
@@ -143,6 +154,7 @@ pub fn ceiling(ctx: &Ctx, spec: &CaseSpec) -> Option<Ceiling> {
                 basis: format!("{} RDMA port {:.0} Gb/s", best.0.label, best.1),
                 class: None,
                 caveat: None,
+                host: None,
             })
         }
         (PathKind::PinnedCe | PathKind::PageableCe, a, b) => {
@@ -154,6 +166,7 @@ pub fn ceiling(ctx: &Ctx, spec: &CaseSpec) -> Option<Ceiling> {
                 basis,
                 class: None,
                 caveat,
+                host: None,
             })
         }
         (PathKind::P2p | PathKind::Ipc | PathKind::Staged, a, b) => {
@@ -172,6 +185,7 @@ pub fn ceiling(ctx: &Ctx, spec: &CaseSpec) -> Option<Ceiling> {
                     ),
                     class: Some(class),
                     caveat: None,
+                    host: None,
                 })
             } else {
                 let (ga, ba, ca) = pcie(da)?;
@@ -186,6 +200,7 @@ pub fn ceiling(ctx: &Ctx, spec: &CaseSpec) -> Option<Ceiling> {
                     },
                     class: Some(class),
                     caveat: ca.or(cb),
+                    host: None,
                 })
             }
         }
@@ -241,16 +256,27 @@ fn likely_cause(spec: &CaseSpec, c: &Ceiling, row: &Row) -> String {
 /// Fill `row`'s ceiling fields from `c`, and flag a large transfer far below it.
 pub fn apply(spec: &CaseSpec, c: Option<&Ceiling>, row: &mut Row) {
     let Some(c) = c else { return };
-    row.ceiling_gbps = Some(c.gbps);
-    row.ceiling_basis = Some(c.basis.clone());
+    let (gbps, basis) = match &c.host {
+        Some(h) => h.for_size(row.size_bytes),
+        None => (c.gbps, c.basis.clone()),
+    };
+    if gbps <= 0.0 {
+        return;
+    }
+    row.ceiling_gbps = Some(gbps);
+    row.ceiling_basis = Some(basis.clone());
     if let Some(bw) = row.bw_gbps {
-        let pct = 100.0 * bw / c.gbps;
+        let pct = 100.0 * bw / gbps;
         row.pct_of_ceiling = Some(pct);
-        if pct < FAR_BELOW_PCT && row.size_bytes >= JUDGE_MIN_BYTES {
+        if pct > OVER_CEILING_PCT {
+            row.add_note(format!(
+                "above its ceiling ({pct:.0}% of {gbps:.1} GB/s, {basis}): the ceiling is wrong \
+                 for this row, so its %ceil means nothing"
+            ));
+        } else if pct < FAR_BELOW_PCT && row.size_bytes >= JUDGE_MIN_BYTES {
             let cause = likely_cause(spec, c, row);
             row.add_note(format!(
-                "far below the ceiling ({pct:.0}% of {:.1} GB/s, {}): {cause}",
-                c.gbps, c.basis
+                "far below the ceiling ({pct:.0}% of {gbps:.1} GB/s, {basis}): {cause}"
             ));
         }
     }
@@ -283,6 +309,7 @@ mod tests {
             basis: "PCIe Gen5 x16 (GPU0)".into(),
             class: None,
             caveat: None,
+            host: None,
         };
         let mut row = Row::new(&spec, 1 << 30);
         row.bw_gbps = Some(14.0);
@@ -293,5 +320,47 @@ mod tests {
         small.bw_gbps = Some(1.0);
         apply(&spec, Some(&c), &mut small);
         assert!(small.note.is_none());
+        let mut over = Row::new(&spec, 4096);
+        over.bw_gbps = Some(70.0);
+        apply(&spec, Some(&c), &mut over);
+        assert!(
+            over.note
+                .as_deref()
+                .unwrap()
+                .contains("the ceiling is wrong"),
+            "{:?}",
+            over.note
+        );
+    }
+
+    #[test]
+    fn host_rows_take_the_ceiling_of_their_size() {
+        let spec = CaseSpec {
+            key: "host_to_host_memcpy".into(),
+            description: String::new(),
+            path: PathKind::Memcpy,
+            src: End::Host,
+            dst: End::Host,
+            bidir: false,
+        };
+        let mut h = HostCeiling::fixed(10.0);
+        h.cache_gbps = 40.0;
+        let c = Ceiling {
+            gbps: 10.0,
+            basis: String::new(),
+            class: None,
+            caveat: None,
+            host: Some(h),
+        };
+        let mut small = Row::new(&spec, 4096);
+        small.bw_gbps = Some(30.0);
+        apply(&spec, Some(&c), &mut small);
+        assert_eq!(small.ceiling_gbps, Some(40.0));
+        assert!(small.note.is_none(), "{:?}", small.note);
+        let mut big = Row::new(&spec, 1 << 30);
+        big.bw_gbps = Some(9.0);
+        apply(&spec, Some(&c), &mut big);
+        assert_eq!(big.ceiling_gbps, Some(10.0));
+        assert!((big.pct_of_ceiling.unwrap() - 90.0).abs() < 1e-9);
     }
 }

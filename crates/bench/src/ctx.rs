@@ -1,12 +1,21 @@
 //! [`Ctx`]: what cases may look at — the topology, the CUDA driver and NVML (loaded on first
-//! use, so host-only runs never touch them), and the measured `memcpy` baseline.
+//! use, so host-only runs never touch them), and the measured host ceiling
+//! ([`crate::hostceil`]). The waivers many cases share (no CUDA driver, a GPU that is not
+//! there, no RDMA device) are built here, once, so each missing library is explained once.
 
 use std::sync::OnceLock;
-use std::time::Instant;
 
 use gdx_sys::cuda::Cuda;
 use gdx_sys::nvml::Nvml;
+use gdx_sys::Unavailable;
 use gdx_topo::Topology;
+
+use crate::case::{Cause, Waived};
+use crate::hostceil::HostCeiling;
+
+/// What to do when libcuda does not load (the one fix line every GPU case shares).
+pub const CUDA_FIX: &str = "install the NVIDIA driver (it provides libcuda.so.1), or put its \
+directory on LD_LIBRARY_PATH; `gdx doctor` checks it";
 
 /// The run's view of the machine.
 #[derive(Debug, Default)]
@@ -30,9 +39,11 @@ pub struct Ctx {
     /// Directory for the file cases' scratch files (`--file-dir`); `None`: `GDX_BENCH_DIR`,
     /// else the system temp dir (see [`crate::file::scratch_dir`]).
     pub file_dir: Option<std::path::PathBuf>,
-    cuda: OnceLock<Result<Cuda, String>>,
+    cuda: OnceLock<Result<Cuda, Unavailable>>,
     nvml: OnceLock<Option<Nvml>>,
-    memcpy: OnceLock<Option<f64>>,
+    host_ceiling: OnceLock<Option<HostCeiling>>,
+    /// GPUs the mock backend pretends to have (its cases name GPU0 and GPU1).
+    mock_gpus: Option<u32>,
     rdma: OnceLock<Result<(), String>>,
 }
 
@@ -60,9 +71,10 @@ impl Ctx {
     /// No topology, no CUDA, no NVML: GPU cases are waived. For listing and tests.
     pub fn without_devices() -> Ctx {
         let ctx = Ctx::default();
-        let _ = ctx
-            .cuda
-            .set(Err("GPU cases disabled in this context".into()));
+        let _ = ctx.cuda.set(Err(Unavailable::new(
+            gdx_sys::cuda::SONAME,
+            "GPU cases disabled in this context",
+        )));
         let _ = ctx.nvml.set(None);
         let _ = ctx
             .rdma
@@ -76,9 +88,12 @@ impl Ctx {
             mock: true,
             mock_ceiling_gbps: Some(crate::mock::CEILING_GBPS),
             notes: vec!["mock backend: figures are synthetic".into()],
+            mock_gpus: Some(2),
             ..Ctx::without_devices()
         };
-        let _ = ctx.memcpy.set(Some(crate::mock::CEILING_GBPS));
+        let _ = ctx
+            .host_ceiling
+            .set(Some(HostCeiling::fixed(crate::mock::CEILING_GBPS)));
         ctx
     }
 
@@ -86,19 +101,46 @@ impl Ctx {
     ///
     /// # Errors
     /// The loader's reason (library missing, `cuInit` failed).
-    pub fn cuda(&self) -> Result<&Cuda, String> {
-        self.cuda
-            .get_or_init(|| Cuda::load().map_err(|e| e.to_string()))
-            .as_ref()
-            .map_err(Clone::clone)
+    pub fn cuda(&self) -> Result<&Cuda, &Unavailable> {
+        self.cuda.get_or_init(Cuda::load).as_ref()
     }
 
-    /// Number of CUDA devices (0 without CUDA).
+    /// Number of CUDA devices (0 without CUDA; the mock backend's two for the mock).
     pub fn gpu_count(&self) -> u32 {
+        if let Some(n) = self.mock_gpus {
+            return n;
+        }
         self.cuda()
             .ok()
             .and_then(|c| c.device_count().ok())
             .unwrap_or(0)
+    }
+
+    /// The CUDA driver with every GPU in `gpus` present, or the shared waiver: "GPU cases: no
+    /// CUDA driver" (the loader's message once, as the detail) or "GPU5 cases: GPU5 is not
+    /// present (this machine has 2 GPUs)".
+    ///
+    /// # Errors
+    /// The waiver, shared by every case it stops.
+    pub fn require_gpus(&self, gpus: &[u32]) -> Result<&Cuda, Waived> {
+        let cuda = self.cuda().map_err(|u| {
+            Waived::shared(Cause {
+                scope: "GPU cases".into(),
+                reason: format!("no CUDA driver ({} could not be loaded)", u.library),
+                detail: Some(u.to_string()),
+                fix: Some(CUDA_FIX.into()),
+            })
+        })?;
+        let count = cuda.device_count().unwrap_or(0);
+        if let Some(g) = gpus.iter().find(|&&g| g >= count) {
+            return Err(Waived::shared(Cause {
+                scope: format!("GPU{g} cases"),
+                reason: gpu_missing(*g, count),
+                detail: None,
+                fix: None,
+            }));
+        }
+        Ok(cuda)
     }
 
     /// Whether this machine can run RDMA, asked of gdx-rdma's discovery once per run: `Err`
@@ -139,6 +181,21 @@ impl Ctx {
             .clone()
     }
 
+    /// [`Ctx::rdma`] as the waiver every rdma case shares.
+    ///
+    /// # Errors
+    /// The waiver.
+    pub fn require_rdma(&self) -> Result<(), Waived> {
+        self.rdma().map_err(|why| {
+            Waived::shared(Cause {
+                scope: "RDMA cases".into(),
+                reason: why,
+                detail: None,
+                fix: Some("`gdx doctor` shows the RDMA checks; `gdx topo` the NICs".into()),
+            })
+        })
+    }
+
     /// NVML, when it loads.
     pub fn nvml(&self) -> Option<&Nvml> {
         self.nvml.get_or_init(|| Nvml::load().ok()).as_ref()
@@ -154,24 +211,23 @@ impl Ctx {
             .reduce(f64::max)
     }
 
-    /// Single-thread `memcpy` GB/s between two 256 MiB buffers (best of 5 after a warm-up),
-    /// measured once per run; the ceiling of host ↔ host paths.
-    pub fn memcpy_gbps(&self) -> Option<f64> {
-        *self.memcpy.get_or_init(|| {
-            let n = 256usize << 20;
-            let src = vec![1u8; n];
-            let mut dst = vec![0u8; n];
-            dst.copy_from_slice(&src);
-            let mut t: Vec<f64> = (0..5)
-                .map(|_| {
-                    let s = Instant::now();
-                    dst.copy_from_slice(std::hint::black_box(&src));
-                    std::hint::black_box(&mut dst);
-                    s.elapsed().as_secs_f64()
-                })
-                .collect();
-            t.sort_by(f64::total_cmp);
-            Some(n as f64 / t[0] / 1e9)
-        })
+    /// The host ceiling if it was measured already (never measures).
+    pub fn host_ceiling_if_measured(&self) -> Option<&HostCeiling> {
+        self.host_ceiling.get().and_then(Option::as_ref)
     }
+
+    /// The host ceiling ([`crate::hostceil`]), measured once per run on first use.
+    pub fn host_ceiling(&self) -> Option<&HostCeiling> {
+        self.host_ceiling
+            .get_or_init(|| Some(HostCeiling::measure()))
+            .as_ref()
+    }
+}
+
+/// `GPU5 is not present (this machine has 2 GPUs)`.
+pub fn gpu_missing(gpu: u32, count: u32) -> String {
+    format!(
+        "GPU{gpu} is not present (this machine has {count} GPU{})",
+        if count == 1 { "" } else { "s" }
+    )
 }

@@ -124,27 +124,15 @@ impl BenchCase for FileCase {
         if !self.kind.needs_gpu() {
             return Ok(());
         }
-        let cuda = ctx.cuda().map_err(|e| {
-            Waived(format!(
-                "no GPU ({e}); file_to_host_file_staged still measures the disk"
-            ))
-        })?;
-        let count = cuda.device_count().unwrap_or(0);
-        if self.gpu >= count {
-            return Err(Waived(format!(
-                "GPU{} not present (the driver reports {count})",
-                self.gpu
-            )));
-        }
+        // The disk alone (`file_to_host_file_staged`) still runs without a GPU.
+        ctx.require_gpus(&[self.gpu])?;
         if self.kind.path() == "gds" {
             match gdx_storage::cufile_status().0 {
                 CufileStatus::Available(_) => {}
                 CufileStatus::Unavailable(why) => {
-                    return Err(Waived(format!("cuFile cannot run: {why}")))
+                    return Err(Waived::new(format!("cuFile cannot run: {why}")))
                 }
-                CufileStatus::NotNeeded => {
-                    return Err(Waived("cuFile was not looked at".to_string()))
-                }
+                CufileStatus::NotNeeded => return Err(Waived::new("cuFile was not looked at")),
             }
         }
         Ok(())
@@ -270,7 +258,9 @@ mod tests {
                 assert!(rows[0].note.as_deref().unwrap().contains("page cache"));
             } else {
                 let w = c.applicable(&ctx).unwrap_err();
-                assert!(w.0.contains("no GPU"), "{w}");
+                let cause = w.cause.as_ref().expect("a shared cause");
+                assert_eq!(cause.scope, "GPU cases", "{w}");
+                assert!(cause.reason.starts_with("no CUDA driver"), "{w}");
             }
         }
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);

@@ -53,7 +53,8 @@ pub fn method(params: &Params) -> Method {
 }
 
 /// The header of a run on this machine. GPUs are listed only when CUDA is already loaded
-/// (a GPU case asked) or `with_gpus` is set.
+/// (a GPU case asked) or `with_gpus` is set; the host ceiling only when it was measured
+/// already ([`Ctx::host_ceiling`]; the runner fills it in otherwise).
 pub fn live_header(
     ctx: &Ctx,
     params: &Params,
@@ -92,7 +93,7 @@ pub fn live_header(
     Header {
         tool: "gdx".into(),
         gdx_version: env!("CARGO_PKG_VERSION").into(),
-        git_hash: option_env!("GDX_GIT_HASH").map(str::to_string),
+        git_hash: GIT_HASH.map(str::to_string),
         host: first_line("/proc/sys/kernel/hostname").unwrap_or_else(|| "unknown".into()),
         cpu: cpu_model(),
         kernel: first_line("/proc/sys/kernel/osrelease"),
@@ -105,6 +106,7 @@ pub fn live_header(
         devices,
         method: method(params),
         notes,
+        host_ceiling: ctx.host_ceiling_if_measured().cloned(),
     }
 }
 
@@ -124,5 +126,13 @@ pub fn mock_header(params: &Params) -> Header {
         devices: vec![],
         method: method(params),
         notes: vec!["mock backend: figures are synthetic".into()],
+        host_ceiling: None,
     }
 }
+
+/// The git commit this binary was built from (`abc123def456`, `-dirty` when the tree had
+/// uncommitted changes); `None` when built outside a git checkout.
+pub const GIT_HASH: Option<&str> = option_env!("GDX_GIT_HASH");
+
+/// The UTC date the binary was built (`SOURCE_DATE_EPOCH` when set), `YYYY-MM-DD`.
+pub const BUILD_DATE: Option<&str> = option_env!("GDX_BUILD_DATE");

@@ -23,11 +23,12 @@ pub mod calibrate;
 pub mod case;
 pub mod ceiling;
 pub mod compare;
-mod ctx;
+pub mod ctx;
 pub mod file;
 pub mod gpu;
 pub mod header;
 pub mod host;
+pub mod hostceil;
 pub mod mock;
 pub mod plot;
 pub mod rdma;
@@ -35,9 +36,11 @@ pub mod render;
 pub mod report;
 pub mod stats;
 
-pub use case::{default_sizes, BenchCase, CaseSpec, End, Params, PathKind, Waived, ROTATE_BYTES};
-pub use ctx::Ctx;
-pub use report::{CaseOutcome, Header, Method, Report, Row, Status, SCHEMA_VERSION};
+pub use case::{
+    default_sizes, BenchCase, CaseSpec, Cause, End, Params, PathKind, Waived, ROTATE_BYTES,
+};
+pub use ctx::{gpu_missing, Ctx};
+pub use report::{CaseOutcome, Header, Method, Report, Row, Status, WaivedGroup, SCHEMA_VERSION};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
@@ -128,6 +131,8 @@ pub fn filter_pair(cases: Vec<Box<dyn BenchCase>>, a: u32, b: u32) -> Vec<Box<dy
 /// What the runner tells its caller as it goes (progress, incremental exports, streaming
 /// tables). Every method has an empty default.
 pub trait Observer {
+    /// Cases waived for a shared reason, once, before the first case runs.
+    fn waived_groups(&mut self, _groups: &[WaivedGroup]) {}
     /// Case `index` of `total` starts.
     fn case_started(&mut self, _spec: &CaseSpec, _index: usize, _total: usize) {}
     /// A row was measured (ceiling already applied).
@@ -141,8 +146,49 @@ pub trait Observer {
 pub struct Quiet;
 impl Observer for Quiet {}
 
-/// Run `cases` in order and collect the report. Waived cases are recorded with their reason;
-/// a case's error (or panic) is recorded with its message and the run goes on.
+/// A case to run, with its own waiver when it has one (it is then recorded, not run).
+pub type Planned<'c> = (&'c dyn BenchCase, Option<Waived>);
+
+/// Sort `cases` into those to run (with their individual waivers) and the groups of cases
+/// waived for a shared [`Cause`], in first-seen order.
+pub fn plan<'c>(
+    cases: &'c [Box<dyn BenchCase>],
+    ctx: &Ctx,
+) -> (Vec<Planned<'c>>, Vec<WaivedGroup>) {
+    let mut run = Vec::new();
+    let mut groups: Vec<WaivedGroup> = Vec::new();
+    for case in cases {
+        match case.applicable(ctx) {
+            Ok(()) => run.push((case.as_ref(), None)),
+            Err(Waived { cause: Some(c), .. }) => match groups
+                .iter_mut()
+                .find(|g| g.scope == c.scope && g.reason == c.reason)
+            {
+                Some(g) => g.cases += 1,
+                None => groups.push(WaivedGroup {
+                    scope: c.scope,
+                    reason: c.reason,
+                    detail: c.detail,
+                    fix: c.fix,
+                    cases: 1,
+                }),
+            },
+            Err(w) => run.push((case.as_ref(), Some(w))),
+        }
+    }
+    (run, groups)
+}
+
+/// Fill what follows from a row's figures alone (the message rate).
+fn finish_row(row: &mut Row) {
+    if row.msg_rate_mops.is_none() && row.size_bytes > 0 {
+        row.msg_rate_mops = row.bw_gbps.map(|b| b * 1e3 / row.size_bytes as f64);
+    }
+}
+
+/// Run `cases` in order and collect the report. Cases waived for a shared reason become one
+/// [`WaivedGroup`] each reason; other waived cases are recorded with their reason; a case's
+/// error (or panic) is recorded with its message and the run goes on.
 pub fn run(
     cases: &[Box<dyn BenchCase>],
     ctx: &Ctx,
@@ -150,25 +196,29 @@ pub fn run(
     header: Header,
     obs: &mut dyn Observer,
 ) -> Report {
+    let (todo, groups) = plan(cases, ctx);
+    obs.waived_groups(&groups);
     let mut report = Report {
         schema_version: SCHEMA_VERSION,
         header,
         cases: Vec::new(),
+        waived: groups,
         results: Vec::new(),
     };
-    let total = cases.len();
-    for (i, case) in cases.iter().enumerate() {
+    let total = todo.len();
+    for (i, (case, waived)) in todo.into_iter().enumerate() {
         let spec = case.spec();
         obs.case_started(spec, i, total);
         let start = Instant::now();
-        let outcome = match case.applicable(ctx) {
-            Err(w) => CaseOutcome::new(spec, Status::Waived, Some(w.0), 0.0),
-            Ok(()) => {
+        let outcome = match waived {
+            Some(w) => CaseOutcome::new(spec, Status::Waived, Some(w.reason), 0.0),
+            None => {
                 let ceil = ceiling::ceiling(ctx, spec);
                 let mut rows = Vec::new();
                 let nsizes = params.sizes.len();
                 let result = catch_unwind(AssertUnwindSafe(|| {
                     case.run(ctx, params, &mut |mut row: Row| {
+                        finish_row(&mut row);
                         ceiling::apply(spec, ceil.as_ref(), &mut row);
                         obs.row(&row, rows.len() + 1, nsizes);
                         rows.push(row);
@@ -191,6 +241,9 @@ pub fn run(
             }
         };
         report.cases.push(outcome);
+        if report.header.host_ceiling.is_none() {
+            report.header.host_ceiling = ctx.host_ceiling_if_measured().cloned();
+        }
         if let Some(last) = report.cases.last() {
             obs.case_finished(last, &report);
         }
@@ -236,6 +289,30 @@ mod tests {
     }
 
     #[test]
+    fn cases_waived_for_one_reason_are_one_group() {
+        // No CUDA here (or disabled): every GPU case shares the one reason.
+        let ctx = Ctx::without_devices();
+        let cases = all_cases(&ctx);
+        let gpu_cases = cases
+            .iter()
+            .filter(|c| {
+                let s = c.spec();
+                !c.opt_in() && (matches!(s.src, End::Gpu(_)) || matches!(s.dst, End::Gpu(_)))
+            })
+            .count();
+        let cases = select(cases, &[]).unwrap();
+        let (todo, groups) = plan(&cases, &ctx);
+        assert_eq!(groups.len(), 1, "{groups:?}");
+        assert_eq!(groups[0].scope, "GPU cases");
+        assert!(groups[0].reason.starts_with("no CUDA driver"));
+        assert_eq!(groups[0].cases, gpu_cases);
+        assert!(gpu_cases >= 10);
+        assert!(todo.iter().all(|(c, w)| w.is_none()
+            && !matches!(c.spec().src, End::Gpu(_))
+            && !matches!(c.spec().dst, End::Gpu(_))));
+    }
+
+    #[test]
     fn errors_and_panics_do_not_stop_the_run() {
         let ctx = Ctx::mock();
         let cases = all_cases(&ctx);
@@ -250,13 +327,17 @@ mod tests {
             header::mock_header(&params),
             &mut Quiet,
         );
-        assert_eq!(report.cases.len(), cases.len());
+        // Every case is a case outcome or counted in a waived group (the two GPU8 cases).
+        let grouped: usize = report.waived.iter().map(|g| g.cases).sum();
+        assert_eq!(grouped, 2);
+        assert_eq!(report.cases.len() + grouped, cases.len());
         assert!(report.cases.iter().any(|c| c.status == Status::Error));
         assert!(report
             .cases
             .iter()
             .any(|c| c.status == Status::Waived
                 && c.reason.as_deref().is_some_and(|r| !r.is_empty())));
+        assert!(report.results.iter().all(|r| r.msg_rate_mops.is_some()));
         assert!(report.cases.iter().any(|c| c.status == Status::Passed));
         assert!(report.has_failures());
     }

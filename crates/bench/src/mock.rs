@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived};
+use crate::case::{BenchCase, CaseSpec, Cause, End, Params, PathKind, Waived};
+use crate::ctx::gpu_missing;
 use crate::report::Row;
 use crate::stats::fill_row;
 use crate::Ctx;
@@ -21,6 +22,8 @@ enum Behaviour {
     Curve(f64, f64, f64),
     /// Always waived.
     Waive,
+    /// Waived for a shared reason: GPU8 is not present.
+    NoGpu8,
     /// Fails after the first size.
     FailAfterFirst,
 }
@@ -35,10 +38,16 @@ impl BenchCase for MockCase {
         &self.spec
     }
 
-    fn applicable(&self, _ctx: &Ctx) -> Result<(), Waived> {
+    fn applicable(&self, ctx: &Ctx) -> Result<(), Waived> {
         match self.behaviour {
-            Behaviour::Waive => Err(Waived(
-                "mock: always waived, to show how a reason is reported".into(),
+            Behaviour::NoGpu8 => Err(Waived::shared(Cause {
+                scope: "GPU8 cases".into(),
+                reason: gpu_missing(8, ctx.gpu_count()),
+                detail: None,
+                fix: None,
+            })),
+            Behaviour::Waive => Err(Waived::new(
+                "mock: always waived, to show how a reason is reported",
             )),
             _ => Ok(()),
         }
@@ -48,7 +57,7 @@ impl BenchCase for MockCase {
         let (peak, half, base) = match self.behaviour {
             Behaviour::Curve(p, h, b) => (p, h, b),
             Behaviour::FailAfterFirst => (1.0, 1024.0, 50.0),
-            Behaviour::Waive => return Err("mock: waived case ran".into()),
+            Behaviour::Waive | Behaviour::NoGpu8 => return Err("mock: waived case ran".into()),
         };
         for (i, &size) in params.sizes.iter().enumerate() {
             if i > 0 && matches!(self.behaviour, Behaviour::FailAfterFirst) {
@@ -74,7 +83,8 @@ impl BenchCase for MockCase {
     }
 }
 
-/// The mock cases: two that measure, one waived, one that fails after its first size.
+/// The mock cases: two that measure, one waived, one that fails after its first size, and two
+/// waived for one shared reason (GPU8 is not present), which the runner reports as one group.
 pub fn cases() -> Vec<Box<dyn BenchCase>> {
     let mk = |key: &str, desc: &str, src: End, dst: End, b: Behaviour| -> Box<dyn BenchCase> {
         Box::new(MockCase {
@@ -117,6 +127,20 @@ pub fn cases() -> Vec<Box<dyn BenchCase>> {
             End::Host,
             End::Host,
             Behaviour::FailAfterFirst,
+        ),
+        mk(
+            "mock_host_to_gpu8",
+            "mock: host to GPU8, which no machine here has",
+            End::Host,
+            End::Gpu(8),
+            Behaviour::NoGpu8,
+        ),
+        mk(
+            "mock_gpu8_to_host",
+            "mock: GPU8 to host, which no machine here has",
+            End::Gpu(8),
+            End::Host,
+            Behaviour::NoGpu8,
         ),
     ]
 }

@@ -167,21 +167,9 @@ impl BenchCase for RdmaCase {
     }
 
     fn applicable(&self, ctx: &Ctx) -> Result<(), Waived> {
-        ctx.rdma().map_err(Waived)?;
+        ctx.require_rdma()?;
         if let BenchMem::Gpu(n) = self.local {
-            let cuda = ctx.cuda().map_err(|e| {
-                Waived(format!(
-                    "no CUDA driver ({})",
-                    e.split(": tried").next().unwrap_or(&e)
-                ))
-            })?;
-            let count = cuda.device_count().unwrap_or(0);
-            if n >= count {
-                return Err(Waived(format!(
-                    "GPU{n} is not present ({count} CUDA device{})",
-                    if count == 1 { "" } else { "s" }
-                )));
-            }
+            ctx.require_gpus(&[n])?;
         }
         Ok(())
     }
@@ -306,13 +294,14 @@ mod tests {
         let ctx = Ctx::without_devices();
         for c in cases(None, 1) {
             let w = c.applicable(&ctx).unwrap_err();
-            assert!(w.0.contains("RDMA cases disabled"), "{w}");
+            assert!(w.reason.contains("RDMA cases disabled"), "{w}");
+            assert_eq!(w.cause.map(|c| c.scope).as_deref(), Some("RDMA cases"));
         }
         // This machine: the reason is gdx-rdma's own.
         let live = Ctx::default();
         if let Err(u) = gdx_rdma::discover() {
             let w = cases(None, 1)[0].applicable(&live).unwrap_err();
-            assert_eq!(w.0, u.to_string());
+            assert_eq!(w.cause.map(|c| c.reason), Some(u.to_string()));
         }
     }
 

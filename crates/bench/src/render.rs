@@ -1,9 +1,11 @@
-//! Text output: the run header, one perftest-like table per case (a line per size), and the
-//! closing summary. Results go to stdout; the CLI sends progress and warnings to stderr.
+//! Text output: the run header, the cases waived for a shared reason (one line each reason),
+//! one perftest-like table per case (a line per size, GB/s beside Mop/s), and the closing
+//! summary table. Results go to stdout; the CLI sends progress and warnings to stderr.
 
 use std::fmt::Write as _;
 
-use crate::report::{CaseOutcome, Header, Report, Row, Status};
+use crate::ceiling::OVER_CEILING_PCT;
+use crate::report::{CaseOutcome, Header, Report, Row, Status, WaivedGroup};
 
 /// `8 B`, `4 KiB`, `1 GiB`: the largest binary unit that divides the size exactly.
 pub fn human_size(b: u64) -> String {
@@ -13,6 +15,47 @@ pub fn human_size(b: u64) -> String {
         }
     }
     format!("{b} B")
+}
+
+/// Whether text carries ANSI colour (the CLI decides from `--color` and the terminal).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Style {
+    /// Colour status words (ok, WAIVED, ERROR, FAILED, DROP).
+    pub color: bool,
+}
+
+impl Style {
+    /// `text` in ANSI colour `code` (31 red, 32 green, 33 yellow) when colour is on.
+    pub fn paint(self, code: u8, text: &str) -> String {
+        if self.color {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text.to_string()
+        }
+    }
+}
+
+/// Three significant digits below 1 (so 8-byte rows do not read `0.00`), two decimals up to
+/// 100, one above.
+pub fn figure(x: f64) -> String {
+    if !x.is_finite() {
+        return "-".into();
+    }
+    let a = x.abs();
+    if a == 0.0 {
+        "0".into()
+    } else if a >= 100.0 {
+        format!("{x:.1}")
+    } else if a >= 1.0 {
+        format!("{x:.2}")
+    } else {
+        let decimals = (2 - a.log10().floor() as i32).clamp(2, 9) as usize;
+        format!("{x:.decimals$}")
+    }
+}
+
+fn fig(v: Option<f64>) -> String {
+    v.map_or("-".into(), figure)
 }
 
 /// The run header, one fact per line.
@@ -49,7 +92,7 @@ pub fn header(h: &Header) -> String {
     let m = &h.method;
     let _ = writeln!(
         s,
-        "method: {} warm-up, {:.2} s per size, {}..{} samples{}, verify {}, {}",
+        "method: {} warm-up, {:.2} s per size, {}..{} samples{}, verify {}, {}; Mop/s = million transfers per second",
         m.warmup,
         m.duration_s,
         m.min_samples,
@@ -59,18 +102,38 @@ pub fn header(h: &Header) -> String {
         if m.verify { "on" } else { "off" },
         m.bandwidth_unit
     );
+    if let Some(c) = &h.host_ceiling {
+        let _ = writeln!(s, "host ceiling: {}", c.method);
+    }
     for n in &h.notes {
         let _ = writeln!(s, "note: {n}");
     }
     s
 }
 
-fn opt(v: Option<f64>, prec: usize) -> String {
-    v.map_or("-".into(), |x| format!("{x:.prec$}"))
+/// Cases waived for a shared reason: one line each reason.
+pub fn waived_groups(groups: &[WaivedGroup], style: Style) -> String {
+    let mut s = String::new();
+    for g in groups {
+        let _ = writeln!(
+            s,
+            "{}: {}: {}{} [{} case{}]",
+            g.scope,
+            style.paint(33, "waived"),
+            g.reason,
+            g.fix.as_deref().map_or(String::new(), |f| format!("; {f}")),
+            g.cases,
+            if g.cases == 1 { "" } else { "s" }
+        );
+    }
+    if !s.is_empty() {
+        s.push('\n');
+    }
+    s
 }
 
 /// One case: its status line, and for a measured case the table of its sizes.
-pub fn case(outcome: &CaseOutcome, rows: &[&Row]) -> String {
+pub fn case(outcome: &CaseOutcome, rows: &[&Row], style: Style) -> String {
     let mut s = String::new();
     let title = format!(
         "{} [{}, {} → {}]: {}",
@@ -80,7 +143,8 @@ pub fn case(outcome: &CaseOutcome, rows: &[&Row]) -> String {
         Status::Waived => {
             let _ = writeln!(
                 s,
-                "{title}\n  WAIVED: {}\n",
+                "{title}\n  {}: {}\n",
+                style.paint(33, "WAIVED"),
                 outcome.reason.as_deref().unwrap_or("")
             );
             return s;
@@ -89,19 +153,31 @@ pub fn case(outcome: &CaseOutcome, rows: &[&Row]) -> String {
             let _ = writeln!(s, "{title}");
         }
     }
-    if let Some(c) = rows
-        .iter()
-        .find_map(|r| r.ceiling_gbps.zip(r.ceiling_basis.as_ref()))
-    {
-        let _ = writeln!(s, "  ceiling {:.2} GB/s ({})", c.0, c.1);
+    // Host rows have one ceiling below 16 MiB and another from there: show each once.
+    let mut ceilings: Vec<(f64, &str, u64)> = Vec::new();
+    for r in rows {
+        if let (Some(g), Some(b)) = (r.ceiling_gbps, r.ceiling_basis.as_deref()) {
+            if !ceilings.iter().any(|c| c.1 == b) {
+                ceilings.push((g, b, r.size_bytes));
+            }
+        }
+    }
+    for (i, (g, b, from)) in ceilings.iter().enumerate() {
+        let from = if ceilings.len() > 1 && i > 0 {
+            format!(" from {}", human_size(*from))
+        } else {
+            String::new()
+        };
+        let _ = writeln!(s, "  ceiling {g:.2} GB/s ({b}){from}");
     }
     if !rows.is_empty() {
         let _ = writeln!(
             s,
-            "  {:>12} {:>7} {:>10} {:>7} {:>10} {:>10} {:>9} {:>5} {:>8}",
+            "  {:>12} {:>7} {:>10} {:>9} {:>7} {:>10} {:>10} {:>9} {:>5} {:>8}",
             "#bytes",
             "iters",
             "BW GB/s",
+            "Mop/s",
             "%ceil",
             "p50 µs",
             "p99 µs",
@@ -113,23 +189,31 @@ pub fn case(outcome: &CaseOutcome, rows: &[&Row]) -> String {
     let mut notes = Vec::new();
     for r in rows {
         let verified = match (r.status, r.verified) {
-            (Status::Error, _) => "ERROR",
-            (_, Some(true)) => "ok",
-            (_, Some(false)) => "FAILED",
-            (_, None) => "-",
+            (Status::Error, _) => style.paint(31, &format!("{:>8}", "ERROR")),
+            (_, Some(true)) => style.paint(32, &format!("{:>8}", "ok")),
+            (_, Some(false)) => style.paint(31, &format!("{:>8}", "FAILED")),
+            (_, None) => format!("{:>8}", "-"),
+        };
+        let pct = match r.pct_of_ceiling {
+            // Past the ceiling the percentage is not a fact about the path: mark it (the
+            // row's note says the ceiling is wrong).
+            Some(p) if p > OVER_CEILING_PCT => {
+                style.paint(33, &format!("{:>7}", format!("{p:.0}%!")))
+            }
+            Some(p) => format!("{:>7}", format!("{p:.1}%")),
+            None => format!("{:>7}", "-"),
         };
         let _ = writeln!(
             s,
-            "  {:>12} {:>7} {:>10} {:>7} {:>10} {:>10} {:>9} {:>5} {:>8}",
+            "  {:>12} {:>7} {:>10} {:>9} {pct} {:>10} {:>10} {:>9} {:>5} {verified}",
             r.size_bytes,
             r.iters,
-            opt(r.bw_gbps, 2),
-            r.pct_of_ceiling.map_or("-".into(), |p| format!("{p:.1}%")),
+            fig(r.bw_gbps),
+            fig(r.msg_rate_mops),
             opt(r.lat_p50_us, 2),
             opt(r.lat_p99_us, 2),
             opt(r.cpu_s_per_gb, 3),
             opt(r.gpu_util_pct, 0),
-            verified
         );
         if let Some(n) = &r.note {
             if !notes.contains(&(n.as_str(), r.size_bytes)) {
@@ -145,32 +229,136 @@ pub fn case(outcome: &CaseOutcome, rows: &[&Row]) -> String {
         }
     }
     if outcome.status == Status::Error {
-        let _ = writeln!(s, "  ERROR: {}", outcome.reason.as_deref().unwrap_or(""));
+        let _ = writeln!(
+            s,
+            "  {}: {}",
+            style.paint(31, "ERROR"),
+            outcome.reason.as_deref().unwrap_or("")
+        );
     }
     s.push('\n');
     s
 }
 
-/// Every case of a report, in order.
-pub fn cases(report: &Report) -> String {
+fn opt(v: Option<f64>, prec: usize) -> String {
+    v.map_or("-".into(), |x| format!("{x:.prec$}"))
+}
+
+/// Every case of a report, in order, after the waived groups.
+pub fn cases(report: &Report, style: Style) -> String {
+    let mut s = waived_groups(&report.waived, style);
+    for c in &report.cases {
+        let rows: Vec<&Row> = report.results.iter().filter(|r| r.key == c.key).collect();
+        s.push_str(&case(c, &rows, style));
+    }
+    s
+}
+
+/// One measured case in the closing summary.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CaseSummary {
+    /// Case key.
+    pub key: String,
+    /// Highest median bandwidth of its rows, GB/s, and the size it was reached at.
+    pub peak: Option<(f64, u64)>,
+    /// `%ceil` at the peak.
+    pub pct_of_ceiling: Option<f64>,
+    /// p50 latency at the smallest size measured, µs, and that size (8 B in the default sweep).
+    pub small_p50: Option<(f64, u64)>,
+    /// Highest message rate of its rows, Mop/s, and the size.
+    pub msg_rate: Option<(f64, u64)>,
+}
+
+/// The summary figures of every case that measured something.
+pub fn case_summaries(report: &Report) -> Vec<CaseSummary> {
+    let best = |rows: &[&Row], f: &dyn Fn(&Row) -> Option<f64>| {
+        rows.iter()
+            .filter_map(|r| Some((f(r)?, r.size_bytes)))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+    };
     report
         .cases
         .iter()
-        .map(|c| {
-            let rows: Vec<&Row> = report.results.iter().filter(|r| r.key == c.key).collect();
-            case(c, &rows)
+        .filter_map(|c| {
+            let rows: Vec<&Row> = report
+                .results
+                .iter()
+                .filter(|r| r.key == c.key && r.status == Status::Passed)
+                .collect();
+            if rows.is_empty() {
+                return None;
+            }
+            let peak = best(&rows, &|r| r.bw_gbps);
+            let pct = peak.and_then(|(_, size)| {
+                rows.iter()
+                    .find(|r| r.size_bytes == size)
+                    .and_then(|r| r.pct_of_ceiling)
+            });
+            let small_p50 = rows
+                .iter()
+                .min_by_key(|r| r.size_bytes)
+                .and_then(|r| Some((r.lat_p50_us?, r.size_bytes)));
+            Some(CaseSummary {
+                key: c.key.clone(),
+                peak,
+                pct_of_ceiling: pct,
+                small_p50,
+                msg_rate: best(&rows, &|r| r.msg_rate_mops),
+            })
         })
         .collect()
 }
 
-/// `3 passed, 1 waived, 1 failed (2 sizes failed verification)`.
+/// The closing table (per case: peak GB/s and where, %ceil there, p50 at the smallest size,
+/// peak message rate), then the counts line.
+pub fn summary_table(report: &Report, style: Style) -> String {
+    let rows = case_summaries(report);
+    let mut s = String::new();
+    if !rows.is_empty() {
+        let w = rows.iter().map(|r| r.key.len()).max().unwrap_or(4).max(4);
+        let _ = writeln!(s, "summary");
+        let _ = writeln!(
+            s,
+            "  {:<w$} {:>10} {:>8} {:>7} {:>10} {:>8} {:>9} {:>8}",
+            "case", "peak GB/s", "at", "%ceil", "p50 µs", "at", "Mop/s", "at"
+        );
+        let at = |v: Option<(f64, u64)>| v.map_or("-".into(), |(_, b)| human_size(b));
+        for r in &rows {
+            let pct = match r.pct_of_ceiling {
+                Some(p) if p > OVER_CEILING_PCT => {
+                    style.paint(33, &format!("{:>7}", format!("{p:.0}%!")))
+                }
+                Some(p) => format!("{:>7}", format!("{p:.1}%")),
+                None => format!("{:>7}", "-"),
+            };
+            let _ = writeln!(
+                s,
+                "  {:<w$} {:>10} {:>8} {pct} {:>10} {:>8} {:>9} {:>8}",
+                r.key,
+                fig(r.peak.map(|p| p.0)),
+                at(r.peak),
+                opt(r.small_p50.map(|p| p.0), 2),
+                at(r.small_p50),
+                fig(r.msg_rate.map(|p| p.0)),
+                at(r.msg_rate),
+            );
+        }
+    }
+    s.push_str(&summary(report));
+    s.push('\n');
+    s
+}
+
+/// `3 passed, 1 waived, 1 failed (2 sizes failed verification)`; cases in a waived group
+/// count as waived.
 pub fn summary(report: &Report) -> String {
     let count = |s: Status| report.cases.iter().filter(|c| c.status == s).count();
+    let grouped: usize = report.waived.iter().map(|g| g.cases).sum();
     let bad_rows = report.results.iter().filter(|r| r.is_failure()).count();
     let mut s = format!(
         "{} passed, {} waived, {} failed",
         count(Status::Passed),
-        count(Status::Waived),
+        count(Status::Waived) + grouped,
         count(Status::Error)
     );
     if bad_rows > 0 {
@@ -190,5 +378,15 @@ mod tests {
         assert_eq!(human_size(3 << 20), "3 MiB");
         assert_eq!(human_size(1 << 30), "1 GiB");
         assert_eq!(human_size(1000), "1000 B");
+    }
+
+    #[test]
+    fn small_figures_keep_three_significant_digits() {
+        assert_eq!(figure(0.001234), "0.00123");
+        assert_eq!(figure(0.0534), "0.0534");
+        assert_eq!(figure(0.5), "0.500");
+        assert_eq!(figure(12.345), "12.35");
+        assert_eq!(figure(394.81), "394.8");
+        assert_eq!(figure(0.0), "0");
     }
 }

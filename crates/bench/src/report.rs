@@ -40,6 +40,10 @@ pub struct Row {
     pub size_bytes: u64,
     /// Median bandwidth, GB/s (1e9 B/s).
     pub bw_gbps: Option<f64>,
+    /// Message rate at the median bandwidth, millions of transfers per second (perftest's
+    /// MsgRate): `bw_gbps × 1000 / size_bytes`, counting both directions when `bidir`.
+    #[serde(default)]
+    pub msg_rate_mops: Option<f64>,
     /// Lowest and highest bandwidth of the samples.
     pub bw_min_gbps: Option<f64>,
     /// Highest bandwidth of the samples.
@@ -83,6 +87,7 @@ impl Row {
             bidir: spec.bidir,
             size_bytes: size,
             bw_gbps: None,
+            msg_rate_mops: None,
             bw_min_gbps: None,
             bw_max_gbps: None,
             lat_p50_us: None,
@@ -165,6 +170,23 @@ impl CaseOutcome {
     }
 }
 
+/// Cases waived for one shared reason (no CUDA driver, a GPU that is not there, no RDMA
+/// device), reported once instead of once per case. Those cases are not in
+/// [`Report::cases`]: on a machine without a GPU they would be invented (`gpu0`, `gpu1`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WaivedGroup {
+    /// Which cases: `GPU cases`, `GPU1 cases`, `RDMA cases`.
+    pub scope: String,
+    /// Why, short.
+    pub reason: String,
+    /// The full loader or discovery message, once.
+    pub detail: Option<String>,
+    /// What to do about it.
+    pub fix: Option<String>,
+    /// How many selected cases it waived.
+    pub cases: usize,
+}
+
 /// How the figures were taken.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Method {
@@ -230,6 +252,9 @@ pub struct Header {
     pub method: Method,
     /// Anything else worth knowing (topology notes, mock backend in use).
     pub notes: Vec<String>,
+    /// The host ceiling and how it was measured, when host cases ran.
+    #[serde(default)]
+    pub host_ceiling: Option<crate::hostceil::HostCeiling>,
 }
 
 /// A whole run.
@@ -239,8 +264,11 @@ pub struct Report {
     pub schema_version: u32,
     /// Machine, version, command line, method.
     pub header: Header,
-    /// One per selected case, in run order.
+    /// One per selected case, in run order, except those in `waived`.
     pub cases: Vec<CaseOutcome>,
+    /// Cases waived for a shared reason, one entry per reason.
+    #[serde(default)]
+    pub waived: Vec<WaivedGroup>,
     /// One per case and size.
     pub results: Vec<Row>,
 }
@@ -288,6 +316,7 @@ impl Report {
                 r.bidir.to_string(),
                 r.size_bytes.to_string(),
                 f(r.bw_gbps),
+                f(r.msg_rate_mops),
                 f(r.lat_p50_us),
                 f(r.lat_p99_us),
                 f(r.cpu_s_per_gb),
@@ -314,7 +343,7 @@ impl Report {
 }
 
 /// The CSV columns, in order.
-pub const CSV_HEADER: &str = "key,path,src,dst,bidir,size_bytes,bw_gbps,lat_p50_us,lat_p99_us,cpu_s_per_gb,gpu_util_pct,ceiling_gbps,pct_of_ceiling,iters,verified,status,note";
+pub const CSV_HEADER: &str = "key,path,src,dst,bidir,size_bytes,bw_gbps,msg_rate_mops,lat_p50_us,lat_p99_us,cpu_s_per_gb,gpu_util_pct,ceiling_gbps,pct_of_ceiling,iters,verified,status,note";
 
 /// Quote a CSV field when it needs it (RFC 4180).
 fn csv_field(s: &str) -> String {

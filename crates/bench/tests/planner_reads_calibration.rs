@@ -38,6 +38,7 @@ fn synthetic() -> Report {
         schema_version: SCHEMA_VERSION,
         header: header::mock_header(&Params::default()),
         cases: vec![],
+        waived: vec![],
         results,
     }
 }

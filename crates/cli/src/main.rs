@@ -7,8 +7,22 @@
 
 mod cmd;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
+
+/// `gdx --version`: the crate version, the git commit and the build date, so a bug report or a
+/// BENCHMARKS.md row names exactly the build it came from (the bench header carries the same).
+fn long_version() -> &'static str {
+    static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    V.get_or_init(|| {
+        format!(
+            "{} (git {}, built {})",
+            env!("CARGO_PKG_VERSION"),
+            gdx_bench::header::GIT_HASH.unwrap_or("unknown: built outside a git checkout"),
+            gdx_bench::header::BUILD_DATE.unwrap_or("unknown"),
+        )
+    })
+}
 
 /// gdx: which GPU-direct data paths really work on this machine, and how fast.
 ///
@@ -17,7 +31,7 @@ use std::process::ExitCode;
 /// NCCL topology file. `gdx doctor` checks every known GPUDirect P2P/RDMA/Storage
 /// prerequisite, with evidence and a fix, and proves paths with active probes.
 #[derive(Parser, Debug)]
-#[command(name = "gdx", version, about, long_about = None, propagate_version = true)]
+#[command(name = "gdx", version = long_version(), about, long_about = None, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -31,6 +45,20 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
     Calibrate(cmd::calibrate::CalibrateArgs),
     Cp(cmd::cp::CpArgs),
+    Completions(CompletionsArgs),
+}
+
+/// Print a shell completion script.
+///
+///   gdx completions bash > ~/.local/share/bash-completion/completions/gdx
+///   gdx completions zsh  > "${fpath[1]}/_gdx"
+///   gdx completions fish > ~/.config/fish/completions/gdx.fish
+#[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
+struct CompletionsArgs {
+    /// The shell to write completions for.
+    #[arg(value_enum)]
+    shell: clap_complete::Shell,
 }
 
 fn main() -> ExitCode {
@@ -42,6 +70,14 @@ fn main() -> ExitCode {
         Command::Bench(args) => cmd::bench::run(&args),
         Command::Calibrate(args) => cmd::calibrate::run(&args),
         Command::Cp(args) => cmd::cp::run(&args),
+        Command::Completions(args) => {
+            // Into a buffer first: clap_complete panics on a write error (`| head`).
+            let mut script = Vec::new();
+            clap_complete::generate(args.shell, &mut Cli::command(), "gdx", &mut script);
+            std::io::Write::write_all(&mut std::io::stdout().lock(), &script)
+                .map(|()| ExitCode::SUCCESS)
+                .map_err(anyhow::Error::from)
+        }
     };
     match result {
         Ok(code) => code,
@@ -53,8 +89,27 @@ fn main() -> ExitCode {
             }) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("gdx: error: {err:#}");
+            eprintln!("gdx: error: {}", cmd::output::error_chain(&err));
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cmd::output::error_chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading box.tar.gz: {0}")]
+    struct Wraps(#[source] std::io::Error);
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let text = io.to_string();
+        let err = anyhow::Error::new(Wraps(io)).context("--root");
+        let line = error_chain(&err);
+        assert_eq!(line.matches(&text).count(), 1, "{line}");
+        assert!(line.starts_with("--root: reading box.tar.gz: "), "{line}");
     }
 }

@@ -19,6 +19,7 @@ const ROW_FIELDS: &[&str] = &[
     "bidir",
     "size_bytes",
     "bw_gbps",
+    "msg_rate_mops",
     "lat_p50_us",
     "lat_p99_us",
     "cpu_s_per_gb",
@@ -134,7 +135,19 @@ fn table_csv_and_plot() {
     assert!(text.contains("mock_host_to_host_fast [mock, host → host]"));
     assert!(text.contains("#bytes"));
     assert!(text.contains("ceiling 50.00 GB/s (mock ceiling)"));
-    assert!(text.contains("1 passed, 0 waived, 0 failed"));
+    // The prefix also selects mock_host_to_gpu8, waived in a group of its own.
+    assert!(text.contains("1 passed, 1 waived, 0 failed"), "{text}");
+    assert!(text.contains("Mop/s"));
+    // The closing summary: peak 9.41 GB/s at 1 MiB, p50 at 8 B.
+    let summary = text.split("\nsummary\n").nth(1).expect("a summary table");
+    let line = summary
+        .lines()
+        .find(|l| l.contains("mock_host_to_host_fast"))
+        .unwrap();
+    assert!(
+        line.contains("9.41") && line.contains("1 MiB") && line.contains("8 B"),
+        "{line}"
+    );
     let csv = std::fs::read_to_string(&csv).unwrap();
     let mut lines = csv.lines();
     assert!(lines
@@ -148,7 +161,7 @@ fn table_csv_and_plot() {
 }
 
 #[test]
-fn compare_shows_ratios_and_flags_drops() {
+fn compare_shows_bandwidth_and_latency_and_flags_drops() {
     let dir = tempfile::tempdir().unwrap();
     let old = dir.path().join("old.json");
     let (mut v, _) = mock_json(&["--path", "mock_host"]);
@@ -157,6 +170,7 @@ fn compare_shows_ratios_and_flags_drops() {
         r["bw_gbps"] = Value::from(bw * 2.0);
     }
     std::fs::write(&old, v.to_string()).unwrap();
+    // Without --fail-on-drop the drops are shown and the exit code stays 0.
     gdx()
         .args([
             "bench",
@@ -170,8 +184,9 @@ fn compare_shows_ratios_and_flags_drops() {
         .arg(&old)
         .assert()
         .success()
-        .stdout(predicate::str::contains("0.50x  DROP"))
-        .stdout(predicate::str::contains("3 of 3 figures dropped"));
+        .stdout(predicate::str::contains("50.0%  DROP"))
+        .stdout(predicate::str::contains("p50 µs"))
+        .stdout(predicate::str::contains("3 of 6 figures dropped"));
 }
 
 #[test]
@@ -269,15 +284,23 @@ fn calibrate_show_prints_a_calibration_file() {
     )
     .unwrap();
     gdx()
-        .args(["calibrate", "--show", "-o"])
+        .args(["calibrate", "--show"])
         .arg(&f)
         .assert()
         .success()
         .stdout(predicate::str::contains("staged   over p2p"))
         .stdout(predicate::str::contains("65536 bytes"))
         .stdout(predicate::str::contains("chunk 8388608 bytes"));
+    // The old spelling still reads the file, with a note.
     gdx()
-        .args(["calibrate", "--show", "-o", "/nonexistent/cal.json"])
+        .args(["calibrate", "--show", "-o"])
+        .arg(&f)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("staged   over p2p"))
+        .stderr(predicate::str::contains("deprecated"));
+    gdx()
+        .args(["calibrate", "--show", "/nonexistent/cal.json"])
         .assert()
         .code(2)
         .stderr(predicate::str::contains("/nonexistent/cal.json"));

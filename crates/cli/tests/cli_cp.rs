@@ -101,7 +101,7 @@ fn bad_locations_are_usage_errors_naming_the_syntax() {
             .stderr(predicate::str::starts_with("gdx: error: "))
             .stderr(predicate::str::contains(what))
             .stderr(predicate::str::contains(
-                "expected file:PATH, gpu:N[:OFFSET] or host",
+                "expected PATH, file:PATH, gpu:N[:OFFSET] or host",
             ));
     }
     gdx()
@@ -113,7 +113,7 @@ fn bad_locations_are_usage_errors_naming_the_syntax() {
         .args(["cp", "host", "file:/tmp/x"])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("needs --length"));
+        .stderr(predicate::str::contains("needs a length (gdx cp --length)"));
 }
 
 #[test]
@@ -224,4 +224,175 @@ fn file_to_gpu_and_back_verified() {
             .success()
             .stdout(predicate::str::contains("verify   ok"));
     }
+}
+
+#[test]
+fn a_bare_path_is_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("src.bin");
+    std::fs::write(&p, random(64 << 10)).unwrap();
+    gdx()
+        .args(["cp", p.to_str().unwrap(), "host", "--verify"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "file:{} -> host",
+            p.display()
+        )))
+        .stdout(predicate::str::contains("verify   ok"));
+    gdx()
+        .args(["cp", "disk:/a", "host"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("unknown scheme 'disk:'"));
+}
+
+/// `--length` is read the one gdx way: 1GB = 10^9, 1GiB = 2^30. The range check names the
+/// parsed count before anything is allocated, which makes the parse observable on a tiny file.
+#[test]
+fn length_units_are_decimal_and_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("small.bin");
+    std::fs::write(&p, random(4096)).unwrap();
+    for (flag, bytes) in [("1GB", "1000000000"), ("1GiB", "1073741824")] {
+        gdx()
+            .args(["cp", p.to_str().unwrap(), "host", "--length", flag])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(format!(
+                "the range of {bytes} byte(s) at offset 0 is past its end"
+            )));
+    }
+    let out = dir.path().join("out.bin");
+    let o = gdx()
+        .args([
+            "cp",
+            "host",
+            out.to_str().unwrap(),
+            "--length",
+            "1KB",
+            "--json",
+        ])
+        .assert()
+        .success();
+    let v: serde_json::Value = serde_json::from_slice(&o.get_output().stdout).unwrap();
+    assert_eq!(v["bytes"], 1000);
+    assert_eq!(std::fs::metadata(&out).unwrap().len(), 1000);
+}
+
+#[test]
+fn impossible_ranges_and_streams_are_refused_before_any_allocation() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("one-mib.bin");
+    std::fs::write(&p, random(1 << 20)).unwrap();
+    for len in ["100T", "18446744073709551615"] {
+        gdx()
+            .args(["cp", p.to_str().unwrap(), "host", "--length", len])
+            .timeout(std::time::Duration::from_secs(30))
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains("is past its end"))
+            .stderr(predicate::str::contains("panicked").not());
+    }
+    gdx()
+        .args(["cp", p.to_str().unwrap(), "host", "--skip", "2M"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "at offset 2097152 is past its end",
+        ));
+    // A host source of u64::MAX bytes: a clear allocation error, not an abort.
+    gdx()
+        .args([
+            "cp",
+            "host",
+            dir.path().join("x").to_str().unwrap(),
+            "--length",
+            "18446744073709551615",
+        ])
+        .timeout(std::time::Duration::from_secs(30))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("cannot allocate"));
+    assert!(!dir.path().join("x").exists());
+    // A FIFO has no size and would block the reader: refused without opening it.
+    let fifo = dir.path().join("fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    gdx()
+        .args(["cp", fifo.to_str().unwrap(), "host"])
+        .timeout(std::time::Duration::from_secs(30))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "(a FIFO): gdx reads and writes files by range",
+        ));
+    gdx()
+        .args(["cp", "/dev/zero", "host"])
+        .timeout(std::time::Duration::from_secs(30))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("(a character device)"));
+}
+
+/// A write that fails half way (here: the file-size limit, which the kernel reports as EFBIG the
+/// way a full disk reports ENOSPC) removes the file the copy created.
+#[test]
+fn a_failed_write_leaves_no_partial_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("partial.bin");
+    let gdx_bin = assert_cmd::cargo::cargo_bin("gdx");
+    // `trap "" XFSZ` ignores the signal, which exec keeps, so write(2) fails with EFBIG.
+    let script = format!(
+        "trap '' XFSZ; ulimit -f 256; exec {} cp host {} --length 4MiB --chunk 64K",
+        gdx_bin.display(),
+        out.display()
+    );
+    let o = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("removed the partial file"), "{err}");
+    assert!(!out.exists(), "the partial file is still there");
+}
+
+#[test]
+fn quiet_prints_nothing_on_success_and_color_is_a_choice() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("q.bin");
+    std::fs::write(&p, random(8192)).unwrap();
+    gdx()
+        .args(["cp", p.to_str().unwrap(), "host", "--verify", "-q"])
+        .assert()
+        .success()
+        .stdout(predicate::str::is_empty());
+    gdx()
+        .args([
+            "cp",
+            p.to_str().unwrap(),
+            "host",
+            "--verify",
+            "--color",
+            "always",
+        ])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("\x1b[32mok\x1b[0m"));
+    gdx()
+        .args([
+            "cp",
+            p.to_str().unwrap(),
+            "host",
+            "--verify",
+            "--color",
+            "never",
+        ])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("\x1b[").not());
 }

@@ -13,7 +13,9 @@ fn secret_file() -> PathBuf {
     static F: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     F.get_or_init(|| {
         use std::os::unix::fs::OpenOptionsExt;
-        let p = std::env::temp_dir().join(format!("gdx-cli-serve-secret-{}", std::process::id()));
+        // Under the target dir, not $TMPDIR: nothing is left outside the build.
+        let p = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("gdx-cli-serve-secret-{}", std::process::id()));
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)

@@ -37,6 +37,7 @@ pub struct Context {
     gpus: Vec<GpuRef>,
     rdma: Vec<RdmaDev>,
     nic_labels: BTreeMap<String, String>,
+    env_origin: String,
 }
 
 impl Context {
@@ -48,7 +49,17 @@ impl Context {
         topo: Result<Topology, String>,
         live: Result<Gathered, String>,
     ) -> Self {
-        let fs = RootFs::new(root);
+        Context::with_fs(RootFs::new(root), env, topo, live)
+    }
+
+    /// [`Context::new`] over a prepared [`RootFs`] (one that shows its paths as
+    /// `capture:...`, for an unpacked archive).
+    pub fn with_fs(
+        fs: RootFs,
+        env: BTreeMap<String, String>,
+        topo: Result<Topology, String>,
+        live: Result<Gathered, String>,
+    ) -> Self {
         let pci = pci::scan(&fs).map_err(|e| e.to_string());
         let rdma = pci::rdma_devices(&fs);
         let mut ctx = Context {
@@ -61,6 +72,7 @@ impl Context {
             gpus: Vec::new(),
             rdma,
             nic_labels: BTreeMap::new(),
+            env_origin: "environment".into(),
         };
         ctx.gpus = ctx.find_gpus();
         ctx.nic_labels = ctx.find_nic_labels();
@@ -128,6 +140,17 @@ impl Context {
     /// The whole injected environment.
     pub fn env_all(&self) -> &BTreeMap<String, String> {
         &self.env
+    }
+
+    /// Where the environment came from, as evidence names it: `environment` (the shell doctor
+    /// runs in) or `capture:gdx/env.json` (what the captured machine's shell had).
+    pub fn env_origin(&self) -> &str {
+        &self.env_origin
+    }
+
+    /// Say where the environment came from (see [`Context::env_origin`]).
+    pub fn set_env_origin(&mut self, origin: impl Into<String>) {
+        self.env_origin = origin.into();
     }
 
     /// The topology, or why there is none.

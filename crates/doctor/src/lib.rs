@@ -34,7 +34,6 @@ pub mod pcicfg;
 pub mod probe;
 pub mod render;
 pub mod report;
-mod root;
 pub mod rootfs;
 #[cfg(test)]
 mod testutil;
@@ -58,7 +57,7 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum DoctorError {
     /// The root does not exist.
-    #[error("root {0}: no such file or directory")]
+    #[error("root {0}: no such file or directory (give a folder or .tar.gz written by `gdx topo --capture`, or leave --root out for this machine)")]
     RootMissing(PathBuf),
     /// The root is neither a folder nor a readable capture archive.
     #[error("root {path}: {why}")]
@@ -74,8 +73,9 @@ pub enum DoctorError {
 pub struct Options<'a> {
     /// `/` for this machine, or a captured tree (folder or `.tar.gz`).
     pub root: PathBuf,
-    /// The environment the checks see (`NCCL_*`, `CUDA_VISIBLE_DEVICES`); the CLI passes
-    /// `std::env::vars()`.
+    /// The environment the checks see (`NCCL_*`, `CUDA_VISIBLE_DEVICES`) when the root is this
+    /// machine; the CLI passes `std::env::vars()`. A captured root is judged on the
+    /// environment its capture recorded instead, never on this one.
     pub env: BTreeMap<String, String>,
     /// A topology already built by the caller (e.g. `gdx_topo::discover()` on the live
     /// machine, which adds NVML's NVLinks); `None` builds one with `gdx_topo::from_root`.
@@ -116,15 +116,24 @@ impl<'a> Options<'a> {
 /// [`DoctorError`] only when the root is missing or unusable; everything odd inside the tree
 /// becomes a `skip` finding instead.
 pub fn run(opts: &Options<'_>) -> Result<Report, DoctorError> {
-    let opened = root::open(&opts.root)?;
+    use gdx_topo::sysfs::archive::{open_root, Require};
+    let opened = open_root(&opts.root, Require::Nothing).map_err(|e| match e {
+        gdx_topo::TopoError::RootMissing { path } => DoctorError::RootMissing(path),
+        e => DoctorError::RootUnusable {
+            path: opts.root.clone(),
+            why: root_why(e),
+        },
+    })?;
     let dir = opened.dir().to_path_buf();
-    let is_live = opts.root_is_this_machine.unwrap_or_else(|| {
-        std::fs::canonicalize(&dir).is_ok_and(|p| p == std::path::Path::new("/"))
-    });
+    // An unpacked archive is never this machine, whatever its folder resolves to.
+    let is_live = !opened.is_archive()
+        && opts.root_is_this_machine.unwrap_or_else(|| {
+            std::fs::canonicalize(&dir).is_ok_and(|p| p == std::path::Path::new("/"))
+        });
 
     let mut topo: Result<gdx_topo::Topology, String> = match &opts.topology {
         Some(t) => Ok(t.clone()),
-        None => gdx_topo::from_root(&dir).map_err(|e| e.to_string()),
+        None => gdx_topo::from_open_root(&opened).map_err(|e| e.to_string()),
     };
     // On this machine sysfs cannot see NVLinks: add NVML's view, as `gdx_topo::discover`
     // does, unless the caller's topology or a capture's snapshot already has it.
@@ -145,6 +154,7 @@ pub fn run(opts: &Options<'_>) -> Result<Report, DoctorError> {
         },
         Err(e) => format!("unavailable: {e}"),
     };
+    let (env, env_origin, env_note) = environment(opts, &dir, is_live);
     let live: Result<Gathered, String> = match (is_live, opts.live) {
         (false, _) => Err(format!(
             "--root {} is a captured machine: live libraries describe this machine, not that one",
@@ -153,7 +163,13 @@ pub fn run(opts: &Options<'_>) -> Result<Report, DoctorError> {
         (true, None) => Err("no live library facts were provided".into()),
         (true, Some(src)) => Ok(Gathered::from(src)),
     };
-    let mut ctx = Context::new(dir, opts.env.clone(), topo, live);
+    let fs = if opened.is_archive() {
+        rootfs::RootFs::shown_as(&dir, "capture:")
+    } else {
+        rootfs::RootFs::new(&dir)
+    };
+    let mut ctx = Context::with_fs(fs, env, topo, live);
+    ctx.set_env_origin(env_origin);
 
     let probes = match (opts.probe, is_live) {
         (None, _) => ProbeState::NotRun("probes off (--no-probe)".into()),
@@ -180,7 +196,11 @@ pub fn run(opts: &Options<'_>) -> Result<Report, DoctorError> {
 
     let findings = checks::run_checks(&ctx, &checks::all_checks());
     let verdicts = verdict::compute(&ctx, &findings);
-    let header = header(&ctx, opts, is_live, topo_desc, probe_desc);
+    let mut header = header(&ctx, opts, is_live, topo_desc, probe_desc);
+    header.environment = ctx.env_origin().to_string();
+    if let Some(n) = env_note {
+        header.notes.insert(0, n);
+    }
     Ok(Report {
         schema_version: report::SCHEMA_VERSION,
         header,
@@ -188,6 +208,53 @@ pub fn run(opts: &Options<'_>) -> Result<Report, DoctorError> {
         findings,
         verdicts,
     })
+}
+
+/// The root's message without its path (the doctor's error adds it) and with control
+/// characters of archive names already escaped by the unpacker.
+fn root_why(e: gdx_topo::TopoError) -> String {
+    match e {
+        gdx_topo::TopoError::RootUnusable { why, .. } => why,
+        e => e.to_string(),
+    }
+}
+
+/// The environment the checks judge: the live shell's for this machine; for a captured one,
+/// what the capture recorded (`gdx/env.json`), or nothing, with a note, for a capture made
+/// before gdx recorded it. The live shell's variables never describe a captured machine.
+fn environment(
+    opts: &Options<'_>,
+    dir: &std::path::Path,
+    is_live: bool,
+) -> (BTreeMap<String, String>, String, Option<String>) {
+    if is_live {
+        return (opts.env.clone(), "environment".into(), None);
+    }
+    let origin = format!("capture:{}", gdx_topo::capture::ENV_PATH);
+    match gdx_topo::read_captured_env(dir) {
+        Ok(Some(env)) => {
+            let note = (!env.redacted.is_empty()).then(|| {
+                format!(
+                    "environment of the captured shell: values of {} were not recorded (they look secret)",
+                    env.redacted.join(", ")
+                )
+            });
+            (env.vars, origin, note)
+        }
+        Ok(None) => (
+            BTreeMap::new(),
+            "environment not captured: judged as empty".into(),
+            Some(format!(
+                "environment not captured: this capture has no {} (made by an older gdx), so the                  NCCL_*/CUDA_* checks judge an empty environment, not this shell's; re-capture                  with `gdx topo --capture` to judge the machine's own",
+                gdx_topo::capture::ENV_PATH
+            )),
+        ),
+        Err(e) => (
+            BTreeMap::new(),
+            "environment unreadable: judged as empty".into(),
+            Some(format!("{e}: the NCCL_*/CUDA_* checks judge an empty environment")),
+        ),
+    }
 }
 
 fn header(
@@ -242,6 +309,7 @@ fn header(
         gpus,
         rdma_devices,
         probes,
+        environment: String::new(),
         notes,
     }
 }

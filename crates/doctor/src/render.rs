@@ -3,6 +3,8 @@
 
 use crate::finding::{Finding, Status};
 use crate::report::{DataPath, Report};
+// Names and values come from the examined tree (maybe a hostile archive): never raw to a terminal.
+use gdx_topo::printable;
 use std::fmt::Write as _;
 
 /// How the text report looks.
@@ -12,6 +14,9 @@ pub struct TextStyle {
     pub color: bool,
     /// Evidence for passing and skipped findings too (fail/warn always show theirs).
     pub verbose: bool,
+    /// Only failures and warnings (with evidence and fix) and the summary line: no header,
+    /// no paths, no passes or skips.
+    pub quiet: bool,
 }
 
 fn paint(s: &str, code: &str, on: bool) -> String {
@@ -50,14 +55,14 @@ pub fn render_text(r: &Report, color: bool) -> String {
         TextStyle {
             color,
             verbose: false,
+            quiet: false,
         },
     )
 }
 
-/// [`render_text`] with every option.
-pub fn render_text_with(r: &Report, style: TextStyle) -> String {
+/// The header and the per-path verdicts (left out by `quiet`).
+fn header_and_paths(r: &Report, style: TextStyle, o: &mut String) {
     let c = style.color;
-    let mut o = String::new();
     let h = &r.header;
     let _ = writeln!(
         o,
@@ -93,6 +98,9 @@ pub fn render_text_with(r: &Report, style: TextStyle) -> String {
     let _ = writeln!(o, "GPUs: {}", devs(&h.gpus));
     let _ = writeln!(o, "RDMA devices: {}", devs(&h.rdma_devices));
     let _ = writeln!(o, "probes: {}", h.probes);
+    if !h.environment.is_empty() && h.environment != "environment" {
+        let _ = writeln!(o, "environment judged: {}", h.environment);
+    }
     for n in &h.notes {
         let _ = writeln!(o, "note: {n}");
     }
@@ -129,7 +137,15 @@ pub fn render_text_with(r: &Report, style: TextStyle) -> String {
             }
         }
     }
+}
 
+/// [`render_text`] with every option.
+pub fn render_text_with(r: &Report, style: TextStyle) -> String {
+    let c = style.color;
+    let mut o = String::new();
+    if !style.quiet {
+        header_and_paths(r, style, &mut o);
+    }
     let s = &r.summary;
     let _ = writeln!(
         o,
@@ -143,7 +159,11 @@ pub fn render_text_with(r: &Report, style: TextStyle) -> String {
             c
         )
     );
-    let mut fs: Vec<&Finding> = r.findings.iter().collect();
+    let mut fs: Vec<&Finding> = r
+        .findings
+        .iter()
+        .filter(|f| !style.quiet || matches!(f.status, Status::Fail | Status::Warn))
+        .collect();
     // Stable sort: within a status, check order is kept.
     fs.sort_by_key(|f| f.status.severity_rank());
     let idw = fs.iter().map(|f| f.id.len()).max().unwrap_or(0);
@@ -164,18 +184,18 @@ pub fn render_text_with(r: &Report, style: TextStyle) -> String {
             "{}  {:<idw$}  {:<sw$}  {}",
             status_tag(f.status, c),
             f.id,
-            f.subject,
-            f.message
+            printable(&f.subject),
+            printable(&f.message)
         );
         let pad = " ".repeat(6);
         let detailed = matches!(f.status, Status::Fail | Status::Warn) || style.verbose;
         if detailed {
             for e in &f.evidence {
-                let _ = writeln!(o, "{pad}{} {e}", paint("evidence:", "2", c));
+                let _ = writeln!(o, "{pad}{} {}", paint("evidence:", "2", c), printable(e));
             }
         }
         if let Some(fix) = &f.fix {
-            let _ = writeln!(o, "{pad}{} {fix}", paint("fix:", "36", c));
+            let _ = writeln!(o, "{pad}{} {}", paint("fix:", "36", c), printable(fix));
         }
     }
     let code = r.exit_code();
@@ -215,6 +235,7 @@ mod tests {
                 gpus: vec![],
                 rdma_devices: vec![],
                 probes: "not run: --no-probe".into(),
+                environment: "environment".into(),
                 notes: vec!["no RDMA devices".into()],
             },
             summary: Summary::of(&findings),

@@ -125,6 +125,10 @@ pub struct Header {
     pub rdma_devices: Vec<HeaderDevice>,
     /// Whether probes ran (`ran in 1.2 s`) or why not.
     pub probes: String,
+    /// Which environment the `NCCL_*`/`CUDA_*` checks judged: `environment` (this shell),
+    /// `capture:gdx/env.json`, or why none.
+    #[serde(default)]
+    pub environment: String,
     /// Things a reader should know first (no GPU, no RDMA, topology notes).
     pub notes: Vec<String>,
 }
@@ -183,6 +187,7 @@ mod tests {
                 gpus: vec![],
                 rdma_devices: vec![],
                 probes: "off".into(),
+                environment: "environment".into(),
                 notes: vec![],
             },
             summary: Summary::of(&findings),

@@ -46,12 +46,26 @@ const MAX_HOPS: u32 = 40;
 #[derive(Debug, Clone)]
 pub struct RootFs {
     root: PathBuf,
+    /// How paths are shown instead of `root/...`: `capture:` for an unpacked archive, whose
+    /// temporary folder is gone by the time anyone reads the evidence.
+    shown_as: Option<String>,
 }
 
 impl RootFs {
     /// Wrap a root folder.
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        RootFs { root: root.into() }
+        RootFs {
+            root: root.into(),
+            shown_as: None,
+        }
+    }
+
+    /// Wrap a root folder whose files are shown as `{prefix}sys/...` (e.g. `capture:`).
+    pub fn shown_as(root: impl Into<PathBuf>, prefix: impl Into<String>) -> Self {
+        RootFs {
+            root: root.into(),
+            shown_as: Some(prefix.into()),
+        }
     }
 
     /// The root folder.
@@ -117,11 +131,14 @@ impl RootFs {
         }
     }
 
-    /// How a relative path is shown in evidence: `/sys/...` on the live machine, the full
-    /// path inside a captured tree otherwise.
+    /// How a relative path is shown in evidence: `/sys/...` on the live machine, the prefix
+    /// and the path inside the capture for an unpacked archive (`capture:sys/...`), the full
+    /// path inside a captured folder otherwise.
     pub fn show(&self, rel: &str) -> String {
         let rel = rel.trim_start_matches('/');
-        if self.root == Path::new("/") {
+        if let Some(prefix) = &self.shown_as {
+            format!("{prefix}{rel}")
+        } else if self.root == Path::new("/") {
             format!("/{rel}")
         } else {
             self.root.join(rel).display().to_string()
@@ -241,6 +258,10 @@ mod tests {
         assert_eq!(fs.list("sys/x").unwrap(), ["a", "b9", "b10"]);
         assert!(fs.list_or_empty("sys/none").is_empty());
         assert_eq!(RootFs::new("/").show("proc/cmdline"), "/proc/cmdline");
+        assert_eq!(
+            RootFs::shown_as(dir.path(), "capture:").show("/sys/x/a"),
+            "capture:sys/x/a"
+        );
         assert!(fs.read_bytes("sys/x").is_err(), "a folder is not read");
     }
 

@@ -98,14 +98,10 @@ fn planner_names_the_file_paths() {
 }
 
 #[test]
+#[ignore = "requires a GPU: cargo test -p gdx-engine --test file -- --ignored"]
 fn file_to_gpu_to_file_verified() {
-    let peer = match LocalPeer::open(Policy::default(), Default::default()) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("skipped file_to_gpu_to_file_verified: {e}");
-            return;
-        }
-    };
+    let peer = LocalPeer::open(Policy::default(), Default::default())
+        .unwrap_or_else(|e| panic!("file_to_gpu_to_file_verified requires a GPU: {e}"));
     let dir = tempfile::tempdir().unwrap();
     let (src_file, dst_file) = (dir.path().join("src.bin"), dir.path().join("dst.bin"));
     for (i, len) in [1usize, 4099, (16 << 20) + 5, 64 << 20]

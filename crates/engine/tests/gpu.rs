@@ -1,9 +1,10 @@
 //! GPU tests of [`LocalPeer`]: random data, destination poisoned first, bytes verified after.
 //!
-//! Convention: these tests run everywhere and skip at run time with a printed reason
-//! (`skipped: ...`) where there is no CUDA driver or not enough GPUs, so one test binary built
-//! on a CI machine runs for real on the GPU machine. `GDX_TEST_MAX_BYTES` caps the largest size
-//! (default 1 GiB).
+//! Convention: every test here is `#[ignore = "requires ..."]`, so a machine without the GPUs
+//! reports them as ignored, never `ok`. Run them with `--ignored` (or `--include-ignored`); a
+//! test then *fails* with the missing piece named if the machine lacks it. Tests that need two
+//! GPUs are named `two_gpus_*`, so a one-GPU machine runs the rest with `--skip two_gpus_`.
+//! `GDX_TEST_MAX_BYTES` caps the largest size (default 1 GiB).
 
 use gdx_engine::{
     DeviceOrigin, DeviceRegion, Error, LocalPeer, Mem, Ordering, Path, PinnedRegion, Policy,
@@ -12,19 +13,26 @@ use gdx_sys::cuda::{Event, Stream};
 
 const POISON: u8 = 0xA5;
 
-fn open(policy: Policy, gpus: u32, test: &str) -> Option<LocalPeer> {
+/// The peer, or a panic naming what this machine lacks (the test was asked for by `--ignored`).
+fn open(policy: Policy, gpus: u32, test: &str) -> LocalPeer {
     match LocalPeer::open(policy, Default::default()) {
-        Ok(p) if p.gpu_count() >= gpus => Some(p),
-        Ok(p) => {
-            eprintln!("skipped {test}: needs {gpus} GPUs, found {}", p.gpu_count());
-            None
-        }
-        Err(e) => {
-            assert!(matches!(e, Error::Unavailable(_) | Error::Cuda(_)), "{e:?}");
-            eprintln!("skipped {test}: {e}");
-            None
-        }
+        Ok(p) if p.gpu_count() >= gpus => p,
+        Ok(p) => panic!(
+            "{test} requires {gpus} GPUs and this machine has {}: run the others with --skip two_gpus_",
+            p.gpu_count()
+        ),
+        Err(e) => panic!("{test} requires a GPU with the CUDA driver: {e}"),
     }
+}
+
+/// GPU0↔GPU1 peer access, which the test's premise needs.
+fn require_p2p(peer: &LocalPeer, test: &str) {
+    let link = peer.link(0, 1).unwrap();
+    assert_eq!(
+        link.peer,
+        gdx_engine::planner::PeerStatus::Enabled,
+        "{test} requires P2P between GPU0 and GPU1: {link:?}"
+    );
 }
 
 fn random(len: usize, mut seed: u64) -> Vec<u8> {
@@ -100,10 +108,9 @@ fn check_copy(
 }
 
 #[test]
-fn p2p_copies_every_size_and_offset() {
-    let Some(peer) = open(Policy::default(), 2, "p2p") else {
-        return;
-    };
+#[ignore = "requires 2 GPUs: cargo test -p gdx-engine --test gpu -- --ignored"]
+fn two_gpus_p2p_copies_every_size_and_offset() {
+    let peer = open(Policy::default(), 2, "p2p");
     for (len, d, s) in cases() {
         let src = peer.alloc_device(0, len + s).unwrap();
         let dst = peer.alloc_device(1, len + d + 3).unwrap();
@@ -117,14 +124,13 @@ fn p2p_copies_every_size_and_offset() {
 }
 
 #[test]
-fn forced_staged_copies_every_size_and_offset() {
+#[ignore = "requires 2 GPUs: cargo test -p gdx-engine --test gpu -- --ignored"]
+fn two_gpus_forced_staged_copies_every_size_and_offset() {
     let policy = Policy {
         force: Some(Path::Staged),
         ..Policy::default()
     };
-    let Some(peer) = open(policy, 2, "staged") else {
-        return;
-    };
+    let peer = open(policy, 2, "staged");
     for (len, d, s) in cases() {
         let src = peer.alloc_device(0, len + s).unwrap();
         let dst = peer.alloc_device(1, len + d).unwrap();
@@ -136,19 +142,15 @@ fn forced_staged_copies_every_size_and_offset() {
 }
 
 #[test]
-fn strict_mode_refuses_forced_staged_with_the_reason() {
+#[ignore = "requires 2 GPUs: cargo test -p gdx-engine --test gpu -- --ignored"]
+fn two_gpus_strict_mode_refuses_forced_staged_with_the_reason() {
     let policy = Policy {
         strict: true,
         force: Some(Path::Staged),
         ..Policy::default()
     };
-    let Some(peer) = open(policy, 2, "strict") else {
-        return;
-    };
-    if peer.link(0, 1).unwrap().peer != gdx_engine::planner::PeerStatus::Enabled {
-        eprintln!("skipped strict: no P2P between GPU0 and GPU1, staged is the best path");
-        return;
-    }
+    let peer = open(policy, 2, "strict");
+    require_p2p(&peer, "strict");
     let src = peer.alloc_device(0, 4096).unwrap();
     let dst = peer.alloc_device(1, 4096).unwrap();
     let e = peer.transfer(&dst, 0, &src, 0, 4096).unwrap_err();
@@ -162,10 +164,9 @@ fn strict_mode_refuses_forced_staged_with_the_reason() {
 }
 
 #[test]
+#[ignore = "requires a GPU: cargo test -p gdx-engine --test gpu -- --ignored"]
 fn host_to_gpu_and_back() {
-    let Some(peer) = open(Policy::default(), 1, "host<->gpu") else {
-        return;
-    };
+    let peer = open(Policy::default(), 1, "host<->gpu");
     for (len, d, s) in cases() {
         let host: PinnedRegion = peer.alloc_pinned(len + s).unwrap();
         let dev = peer.alloc_device(0, len + d).unwrap();
@@ -193,21 +194,17 @@ fn host_to_gpu_and_back() {
 }
 
 #[test]
-fn pool_memory_is_granted_access_or_reported_unmapped() {
-    let Some(strict_free) = open(
+#[ignore = "requires 2 GPUs: cargo test -p gdx-engine --test gpu -- --ignored"]
+fn two_gpus_pool_memory_is_granted_access_or_reported_unmapped() {
+    let strict_free = open(
         Policy {
             no_pool_grant: true,
             ..Policy::default()
         },
         2,
         "pool",
-    ) else {
-        return;
-    };
-    if strict_free.link(0, 1).unwrap().peer != gdx_engine::planner::PeerStatus::Enabled {
-        eprintln!("skipped pool: no P2P between GPU0 and GPU1");
-        return;
-    }
+    );
+    require_p2p(&strict_free, "pool");
     let len = 8 << 20;
     // Without the grant: the driver leaves the pool unmapped for GPU0; the region says so and
     // the planner takes the staged path (with the reason), never the driver's slow fallback.
@@ -226,7 +223,7 @@ fn pool_memory_is_granted_access_or_reported_unmapped() {
     }
     drop(dst);
     // With the grant (the default policy): mapped, p2p, bytes verified.
-    let peer = open(Policy::default(), 2, "pool").unwrap();
+    let peer = open(Policy::default(), 2, "pool");
     let dst = peer.alloc_device_from_pool(1, len).unwrap();
     assert_eq!(dst.peer_mapped(0), Ok(()));
     let src = peer.alloc_device(0, len).unwrap();
@@ -237,10 +234,9 @@ fn pool_memory_is_granted_access_or_reported_unmapped() {
 }
 
 #[test]
-fn stream_ordering_waits_and_signals() {
-    let Some(peer) = open(Policy::default(), 2, "ordering") else {
-        return;
-    };
+#[ignore = "requires 2 GPUs: cargo test -p gdx-engine --test gpu -- --ignored"]
+fn two_gpus_stream_ordering_waits_and_signals() {
+    let peer = open(Policy::default(), 2, "ordering");
     let len = 4 << 20;
     let src = peer.alloc_device(0, len).unwrap();
     let dst = peer.alloc_device(1, len).unwrap();
@@ -276,10 +272,9 @@ fn stream_ordering_waits_and_signals() {
 }
 
 #[test]
-fn raw_device_pointers_register_and_never_free() {
-    let Some(peer) = open(Policy::default(), 2, "raw pointer") else {
-        return;
-    };
+#[ignore = "requires 2 GPUs: cargo test -p gdx-engine --test gpu -- --ignored"]
+fn two_gpus_raw_device_pointers_register_and_never_free() {
+    let peer = open(Policy::default(), 2, "raw pointer");
     let owner = peer.alloc_device(1, 1 << 20).unwrap();
     // SAFETY: `owner` outlives `foreign` and nothing else touches the memory.
     let foreign = unsafe { peer.register_device_ptr(owner.device_ptr() + 16, 1000) }.unwrap();
@@ -293,12 +288,10 @@ fn raw_device_pointers_register_and_never_free() {
     owner.synchronize().unwrap();
 }
 
-/// The exporting side of the ipc test, run as a child process of `ipc_across_two_processes`.
-#[test]
+/// The exporting side of the ipc test: `two_gpus_ipc_across_two_processes` runs its own
+/// binary again with `GDX_IPC_CHILD` set, and this is what that child does (not a test of its
+/// own, so nothing reports `ok` without having run).
 fn ipc_child() {
-    if std::env::var("GDX_IPC_CHILD").is_err() {
-        return;
-    }
     let peer = LocalPeer::open(Policy::default(), Default::default()).unwrap();
     let len: u64 = std::env::var("GDX_IPC_LEN").unwrap().parse().unwrap();
     let r = peer.alloc_device(1, len).unwrap();
@@ -318,14 +311,22 @@ fn ipc_child() {
 }
 
 #[test]
-fn ipc_across_two_processes() {
+#[ignore = "requires 2 GPUs: cargo test -p gdx-engine --test gpu -- --ignored"]
+fn two_gpus_ipc_across_two_processes() {
     use std::io::{BufRead, Write};
-    let Some(peer) = open(Policy::default(), 2, "ipc") else {
-        return;
-    };
+    if std::env::var("GDX_IPC_CHILD").is_ok() {
+        return ipc_child();
+    }
+    let peer = open(Policy::default(), 2, "ipc");
     let len: u64 = (64 << 20) + 3;
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "ipc_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "two_gpus_ipc_across_two_processes",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("GDX_IPC_CHILD", "1")
         .env("GDX_IPC_LEN", len.to_string())
         .stdin(std::process::Stdio::piped())
@@ -375,17 +376,13 @@ fn ipc_across_two_processes() {
 }
 
 #[test]
+#[ignore = "requires a GPU: cargo test -p gdx-engine --test gpu -- --ignored"]
 fn shareable_vmm_memory_copies_p2p_and_exports_a_posix_fd() {
-    let Some(peer) = open(Policy::default(), 1, "vmm") else {
-        return;
-    };
+    let peer = open(Policy::default(), 1, "vmm");
     let len = (8 << 20) + 3;
     let vmm = match peer.alloc_device_shareable(0, len) {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("skipped vmm: this GPU/driver cannot make fd-shareable memory: {e}");
-            return;
-        }
+        Err(e) => panic!("vmm requires a GPU/driver that makes fd-shareable memory: {e}"),
     };
     assert_eq!(vmm.origin(), &DeviceOrigin::Shareable);
     let other = peer.alloc_device(peer.gpu_count() - 1, len).unwrap();
@@ -417,10 +414,9 @@ fn shareable_vmm_memory_copies_p2p_and_exports_a_posix_fd() {
 /// A framework's stream and events (PyTorch's `cuda_stream` is a raw `CUstream`): borrowed
 /// with `from_raw`, used for ordering, and left alive when the borrowed values drop.
 #[test]
+#[ignore = "requires a GPU: cargo test -p gdx-engine --test gpu -- --ignored"]
 fn stream_ordering_with_borrowed_raw_handles() {
-    let Some(peer) = open(Policy::default(), 1, "raw ordering") else {
-        return;
-    };
+    let peer = open(Policy::default(), 1, "raw ordering");
     let dst_gpu = peer.gpu_count() - 1;
     let len = (4 << 20) + 1;
     let src = peer.alloc_device(0, len).unwrap();

@@ -2,8 +2,10 @@
 //! ends), `shm-staged`, and `ipc` between two processes of one host, with strict mode.
 //! Random data, destination poisoned first, bytes verified after (and the poison around them).
 //!
-//! Like `gpu.rs`, every test runs everywhere and skips at run time with a printed reason where
-//! there is no CUDA driver or GPU.
+//! Like `gpu.rs`, every test that needs a GPU is `#[ignore = "requires a GPU ..."]` (reported as
+//! ignored where there is none) and fails, naming what is missing, when asked for with
+//! `--ignored` on a machine without one. One GPU is enough: the two-process tests put both
+//! processes on the same GPU when there is no second.
 
 mod common;
 
@@ -16,14 +18,12 @@ use std::time::Duration;
 
 const POISON: u8 = 0x5A;
 
-fn open(test: &str) -> Option<LocalPeer> {
+/// The local GPU peer, or a panic naming what is missing (the test was asked for by
+/// `--ignored`; without a GPU it is reported as ignored, never `ok`).
+fn open(test: &str) -> LocalPeer {
     match LocalPeer::open(Policy::default(), Default::default()) {
-        Ok(p) => Some(p),
-        Err(e) => {
-            assert!(matches!(e, Error::Unavailable(_) | Error::Cuda(_)), "{e:?}");
-            eprintln!("skipped {test}: {e}");
-            None
-        }
+        Ok(p) => p,
+        Err(e) => panic!("{test} requires a GPU with the CUDA driver: {e}"),
     }
 }
 
@@ -113,10 +113,9 @@ fn gpu_to_gpu(
 }
 
 #[test]
+#[ignore = "requires a GPU: cargo test -p gdx-engine --test gpu_peer -- --ignored"]
 fn gpu_regions_over_tcp_are_staged_and_exact() {
-    let Some(lp) = open("gpu_regions_over_tcp") else {
-        return;
-    };
+    let lp = open("gpu_regions_over_tcp");
     let size = (64 << 20) + 16;
     let target = Agent::new(small_chunks("target", false)).unwrap();
     let remote = lp.alloc_device(other_gpu(&lp), size).unwrap();
@@ -165,10 +164,9 @@ fn gpu_regions_over_tcp_are_staged_and_exact() {
 }
 
 #[test]
+#[ignore = "requires a GPU: cargo test -p gdx-engine --test gpu_peer -- --ignored"]
 fn strict_mode_refuses_gpu_regions_staged_over_tcp() {
-    let Some(lp) = open("strict_tcp") else {
-        return;
-    };
+    let lp = open("strict_tcp");
     let target = agent("target", false);
     let remote = lp.alloc_device(other_gpu(&lp), 4096).unwrap();
     let _served = target
@@ -195,10 +193,9 @@ fn strict_mode_refuses_gpu_regions_staged_over_tcp() {
 }
 
 #[test]
+#[ignore = "requires a GPU: cargo test -p gdx-engine --test gpu_peer -- --ignored"]
 fn gpu_regions_over_shm_in_one_process_are_staged_with_the_reason() {
-    let Some(lp) = open("gpu_regions_over_shm") else {
-        return;
-    };
+    let lp = open("gpu_regions_over_shm");
     let size = (64 << 20) + 16;
     let target = agent("target", true);
     let remote = lp.alloc_device(other_gpu(&lp), size).unwrap();
@@ -259,10 +256,9 @@ fn gpu_into_remote_host(
 }
 
 #[test]
+#[ignore = "requires a GPU: cargo test -p gdx-engine --test gpu_peer -- --ignored"]
 fn pool_memory_has_no_ipc_handle_and_strict_refuses_staging_it() {
-    let Some(lp) = open("pool_no_ipc") else {
-        return;
-    };
+    let lp = open("pool_no_ipc");
     let target = agent("target", true);
     let remote = lp.alloc_device_from_pool(0, 1 << 20).unwrap();
     assert_eq!(remote.origin(), &DeviceOrigin::Pool);
@@ -289,11 +285,9 @@ fn pool_memory_has_no_ipc_handle_and_strict_refuses_staging_it() {
 /// The serving side of the two-process tests: a GPU region on the last GPU, filled with
 /// `random(len, 42)`, published as "gpu" by an agent with shm on. Prints its address, waits
 /// for a line on stdin, then prints the sum of the region's bytes.
-#[test]
+/// Not a test of its own: `two_processes` runs its test binary again with
+/// `GDX_GPU_PEER_CHILD` set, and the child does this.
 fn gpu_peer_child() {
-    if std::env::var("GDX_GPU_PEER_CHILD").is_err() {
-        return;
-    }
     let lp = LocalPeer::open(Policy::default(), Default::default()).unwrap();
     let len: u64 = std::env::var("GDX_GPU_PEER_LEN").unwrap().parse().unwrap();
     let gpu = lp.gpu_count() - 1;
@@ -328,24 +322,32 @@ fn child_line(lines: &mut impl Iterator<Item = std::io::Result<String>>, prefix:
 }
 
 #[test]
+#[ignore = "requires a GPU: cargo test -p gdx-engine --test gpu_peer -- --ignored"]
 fn ipc_through_a_peer_and_tcp_staged_across_two_processes() {
-    two_processes(false);
+    two_processes(
+        false,
+        "ipc_through_a_peer_and_tcp_staged_across_two_processes",
+    );
 }
 
 #[test]
+#[ignore = "requires a GPU: cargo test -p gdx-engine --test gpu_peer -- --ignored"]
 fn vmm_memory_shared_as_a_posix_fd_through_a_peer() {
-    two_processes(true);
+    two_processes(true, "vmm_memory_shared_as_a_posix_fd_through_a_peer");
 }
 
-fn two_processes(vmm: bool) {
+/// `test` is the calling test's name: the child is the same test binary running that one test
+/// with `GDX_GPU_PEER_CHILD` set.
+fn two_processes(vmm: bool, test: &str) {
     use std::io::{BufRead, Write};
-    let Some(lp) = open(if vmm {
+    if std::env::var("GDX_GPU_PEER_CHILD").is_ok() {
+        return gpu_peer_child();
+    }
+    let lp = open(if vmm {
         "vmm_through_a_peer"
     } else {
         "ipc_through_a_peer"
-    }) else {
-        return;
-    };
+    });
     let len: u64 = (64 << 20) + 3;
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
     if vmm {
@@ -354,7 +356,8 @@ fn two_processes(vmm: bool) {
     let mut child = cmd
         .args([
             "--exact",
-            "gpu_peer_child",
+            test,
+            "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])

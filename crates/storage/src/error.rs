@@ -22,7 +22,10 @@ pub enum StorageError {
         source: std::io::Error,
     },
     /// The path names something that is neither a regular file nor a block device.
-    #[error("{} is not a regular file or block device ({kind})", path.display())]
+    #[error(
+        "{} is not a regular file or block device ({kind}): gdx reads and writes files by range, so copy a stream into a file first",
+        path.display()
+    )]
     NotAFile {
         /// The path.
         path: PathBuf,
@@ -149,15 +152,50 @@ pub enum StorageError {
         #[source]
         source: CufileError,
     },
+    /// A GPU location on a machine where the CUDA driver cannot be loaded.
+    #[error("gpu:{ordinal} needs the CUDA driver (install the NVIDIA driver, or copy to host): {source}")]
+    NoCudaDriver {
+        /// The GPU asked for.
+        ordinal: u32,
+        /// Why libcuda is unavailable.
+        #[source]
+        source: Unavailable,
+    },
     /// A vendor library is missing.
     #[error(transparent)]
     Unavailable(#[from] Unavailable),
     /// An I/O thread stopped without reporting (a bug in gdx).
     #[error("internal error: {0}")]
     Internal(String),
+    /// A copy into a file failed part way; `after` says what became of the file.
+    #[error("{source}; {after}: {}", path.display())]
+    IntoFile {
+        /// The destination file.
+        path: PathBuf,
+        /// Removed, or left (and why).
+        after: crate::copy::PartialFile,
+        /// What failed.
+        #[source]
+        source: Box<StorageError>,
+    },
 }
 
 impl StorageError {
+    /// Whether the copy had started moving bytes when this happened (a failed transfer, exit
+    /// status 1 for `gdx cp`), as opposed to a problem found before (a usage or environment
+    /// error: a missing file, a bad range, no GPU).
+    pub fn is_copy_failure(&self) -> bool {
+        match self {
+            StorageError::Shrunk { .. }
+            | StorageError::Read { .. }
+            | StorageError::Write { .. }
+            | StorageError::File { .. }
+            | StorageError::Internal(_) => true,
+            StorageError::IntoFile { source, .. } => source.is_copy_failure(),
+            _ => false,
+        }
+    }
+
     /// A [`StorageError::Cuda`] with `context`.
     pub(crate) fn cuda(context: impl Into<String>) -> impl FnOnce(CudaError) -> StorageError {
         let context = context.into();

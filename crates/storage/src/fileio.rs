@@ -84,20 +84,9 @@ impl FileIo {
                     source,
                 })?
         } else {
-            let kind = if ft.is_dir() {
-                "a directory"
-            } else if ft.is_fifo() {
-                "a FIFO"
-            } else if ft.is_socket() {
-                "a socket"
-            } else if ft.is_char_device() {
-                "a character device"
-            } else {
-                "not a regular file"
-            };
             return Err(StorageError::NotAFile {
                 path: path.to_path_buf(),
-                kind,
+                kind: not_a_file_kind(ft),
             });
         };
         let fs = fs_name(&buffered);
@@ -359,6 +348,22 @@ pub(crate) fn fs_name(file: &File) -> &'static str {
         0x6265_6572 => "sysfs",
         0x9FA0 => "proc",
         _ => "an unrecognised file system",
+    }
+}
+
+/// What a path that is neither a regular file nor a block device is, for
+/// [`StorageError::NotAFile`].
+pub(crate) fn not_a_file_kind(ft: std::fs::FileType) -> &'static str {
+    if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else {
+        "not a regular file"
     }
 }
 

@@ -7,7 +7,9 @@
 //! | [`StoragePath::FileStaged`] | `O_DIRECT` reads/writes into aligned bounce buffers (pinned for a GPU), several in flight, pipelined with the host↔GPU copies | always |
 //! | [`StoragePath::Buffered`] | the same pipeline through the page cache, when the file system refuses `O_DIRECT` or when asked | always |
 //!
-//! The entry points are [`copy_file_to_gpu`], [`copy_gpu_to_file`], [`copy_file_to_host`],
+//! [`copy`] is `gdx cp` as one call (locations, range checks before allocation, the memory side
+//! created and filled, verification, the ceiling, no partial file left behind). Below it, the
+//! entry points are [`copy_file_to_gpu`], [`copy_gpu_to_file`], [`copy_file_to_host`],
 //! [`copy_host_to_file`] and [`read_file`]; each returns a [`CopyReport`] with the bytes, the
 //! path taken, the reason and the time. [`plan`] is the planner's decision on its own (GDS or
 //! staged, with the reason), [`checksum_file`], [`checksum_gpu`] and [`checksum_bytes`] verify a
@@ -27,6 +29,7 @@
 mod align;
 mod bench;
 pub mod ceiling;
+mod copy;
 mod error;
 mod fileio;
 mod gds;
@@ -40,6 +43,7 @@ pub use align::ALIGN;
 pub use bench::{
     bench_file, bench_file_row, BenchKind, BenchOptions, BenchReport, BenchRow, BenchStatus,
 };
+pub use copy::{copy, source_len, CopyOutcome, CopyRequest, Location, PartialFile};
 pub use error::StorageError;
 pub use gpu::{copy_file_to_gpu, copy_gpu_to_file};
 pub use host::{copy_file_to_host, copy_host_to_file, human_bytes, read_file};

@@ -13,6 +13,8 @@
 //!
 //! [`libraries`] summarises all five for the headers of `gdx topo` and `gdx doctor`.
 //!
+//! [`bytesize`] is the one byte-count parser every command uses (`1GB` = 10^9, `1GiB` = 2^30).
+//!
 //! # Library dependency
 //!
 //! A binary using this crate links none of these libraries: each is opened with `dlopen` when
@@ -56,6 +58,7 @@
 
 mod loader;
 
+pub mod bytesize;
 pub mod cuda;
 pub mod cufile;
 pub mod nccl;

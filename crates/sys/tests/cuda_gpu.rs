@@ -1,6 +1,8 @@
 //! GPU tests of the memory, stream and copy layer, through the public API only (no `unsafe`).
 //! All need a GPU: `cargo test -p gdx-sys --test cuda_gpu -- --ignored`. The GPU is
-//! `GDX_TEST_GPU` (default 0); the peer tests use the next GPU and print a skip without one.
+//! `GDX_TEST_GPU` (default 0). Tests that need a second GPU are named `two_gpus_*` and fail,
+//! naming what is missing, on a one-GPU machine (run the rest with `--skip two_gpus_`); the
+//! one-GPU timing tests add peer pairs when a second GPU is there and say so when it is not.
 //! No test asserts a speed.
 
 use gdx_sys::cuda::probe::{self, fill_pattern, find_mismatch, Loc, POISON};
@@ -34,11 +36,11 @@ fn seed() -> u64 {
     s
 }
 
-/// The other GPU for peer tests, or `None` (with a printed skip).
+/// The other GPU for peer tests, or `None` (printed) where the test has a one-GPU part to run.
 fn peer_gpu(cuda: &Cuda, test: &str) -> Option<u32> {
     let n = cuda.device_count().unwrap();
     if n < 2 {
-        eprintln!("{test}: skipped, needs 2 GPUs and the driver reports {n}");
+        eprintln!("{test}: peer part not run, needs 2 GPUs and the driver reports {n}");
         return None;
     }
     Some((test_gpu() + 1) % n)
@@ -235,12 +237,14 @@ fn dma_buf_export_gives_a_descriptor_or_says_unsupported() {
 }
 
 #[test]
-#[ignore = "requires a GPU; cargo test -- --ignored"]
-fn peer_copy_between_two_gpus_is_verified() {
+#[ignore = "requires 2 GPUs; cargo test -- --ignored"]
+fn two_gpus_peer_copy_is_verified() {
     let (cuda, ctx, stream) = setup();
-    let Some(other) = peer_gpu(&cuda, "peer_copy_between_two_gpus_is_verified") else {
-        return;
-    };
+    let other = peer_gpu(&cuda, "two_gpus_peer_copy_is_verified").unwrap_or_else(|| {
+        panic!(
+            "two_gpus_peer_copy_is_verified requires 2 GPUs: run the others with --skip two_gpus_"
+        )
+    });
     let peer = cuda.context(other).unwrap();
     eprintln!(
         "GPU {} -> GPU {other}: can access peer = {}",

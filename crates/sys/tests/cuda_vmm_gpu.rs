@@ -20,27 +20,25 @@ fn test_gpu() -> u32 {
         .unwrap_or(0)
 }
 
-/// The driver, the test GPU's context and a stream; `None` (with a printed skip) without a
-/// driver or GPU.
-fn setup(test: &str) -> Option<(Cuda, Context, Stream)> {
+/// The driver, the test GPU's context and a stream, or a panic naming what is missing (these
+/// tests run only when asked for with `--ignored`, so a missing GPU is a failure, never `ok`).
+fn setup(test: &str) -> (Cuda, Context, Stream) {
     let cuda = match Cuda::load() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("{test}: skipped, no CUDA driver: {e}");
-            return None;
+            panic!("{test} requires the CUDA driver: {e}");
         }
     };
     let n = cuda.device_count().unwrap_or(0);
     if test_gpu() >= n {
-        eprintln!(
-            "{test}: skipped, needs GPU {} and the driver reports {n}",
+        panic!(
+            "{test} requires GPU {} (GDX_TEST_GPU) and the driver reports {n}",
             test_gpu()
         );
-        return None;
     }
     let ctx = cuda.context(test_gpu()).expect("context");
     let stream = Stream::new(&ctx).expect("stream");
-    Some((cuda, ctx, stream))
+    (cuda, ctx, stream)
 }
 
 /// A seed that differs per run, printed so a failure can be replayed.
@@ -53,14 +51,13 @@ fn seed() -> u64 {
     s
 }
 
-/// `DeviceBuffer::new_shareable`, or `None` (with a printed skip) where the driver or GPU
-/// lacks VMM allocations or file-descriptor handles.
-fn shareable(test: &str, ctx: &Context, len: usize, access: &[Context]) -> Option<DeviceBuffer> {
+/// `DeviceBuffer::new_shareable`, or a panic naming what the driver or GPU lacks (VMM
+/// allocations or file-descriptor handles).
+fn shareable(test: &str, ctx: &Context, len: usize, access: &[Context]) -> DeviceBuffer {
     match DeviceBuffer::new_shareable(ctx, len, access) {
-        Ok(b) => Some(b),
+        Ok(b) => b,
         Err(e @ (CudaError::Unsupported { .. } | CudaError::MissingSymbol { .. })) => {
-            eprintln!("{test}: skipped, no shareable VMM memory: {e}");
-            None
+            panic!("{test} requires shareable VMM memory: {e}")
         }
         Err(e) => panic!("{test}: new_shareable({len}) on GPU {}: {e}", ctx.ordinal()),
     }
@@ -70,14 +67,10 @@ fn shareable(test: &str, ctx: &Context, len: usize, access: &[Context]) -> Optio
 #[ignore = "requires a GPU; cargo test -- --ignored"]
 fn vmm_memory_exported_as_an_fd_reads_back_through_an_imported_mapping() {
     const TEST: &str = "vmm_memory_exported_as_an_fd_reads_back_through_an_imported_mapping";
-    let Some((cuda, ctx, stream)) = setup(TEST) else {
-        return;
-    };
+    let (cuda, ctx, stream) = setup(TEST);
     // Not a multiple of any granularity: the allocation is rounded up, the buffer is not.
     let len = (3 << 20) + 5;
-    let Some(mut a) = shareable(TEST, &ctx, len, &[]) else {
-        return;
-    };
+    let mut a = shareable(TEST, &ctx, len, &[]);
     assert!(a.is_shareable_vmm());
     assert!(a.is_owned());
     assert_eq!(a.len(), len);
@@ -165,13 +158,9 @@ fn vmm_memory_exported_as_an_fd_reads_back_through_an_imported_mapping() {
 #[ignore = "requires a GPU; cargo test -- --ignored"]
 fn vmm_and_plain_buffers_copy_both_ways() {
     const TEST: &str = "vmm_and_plain_buffers_copy_both_ways";
-    let Some((_cuda, ctx, stream)) = setup(TEST) else {
-        return;
-    };
+    let (_cuda, ctx, stream) = setup(TEST);
     let len = (8 << 20) + 13;
-    let Some(mut vmm) = shareable(TEST, &ctx, len, &[]) else {
-        return;
-    };
+    let mut vmm = shareable(TEST, &ctx, len, &[]);
     let seed = seed();
     let mut host = PinnedHostBuffer::new(&ctx, len).unwrap();
     fill_pattern(host.as_mut_slice().unwrap(), seed);
@@ -196,35 +185,27 @@ fn vmm_and_plain_buffers_copy_both_ways() {
 }
 
 #[test]
-#[ignore = "requires a GPU; cargo test -- --ignored"]
-fn vmm_peer_copy_between_two_gpus_with_access_granted() {
-    const TEST: &str = "vmm_peer_copy_between_two_gpus_with_access_granted";
-    let Some((cuda, ctx, stream)) = setup(TEST) else {
-        return;
-    };
+#[ignore = "requires 2 GPUs; cargo test -- --ignored"]
+fn two_gpus_vmm_peer_copy_with_access_granted() {
+    const TEST: &str = "two_gpus_vmm_peer_copy_with_access_granted";
+    let (cuda, ctx, stream) = setup(TEST);
     let n = cuda.device_count().unwrap();
     if n < 2 {
-        eprintln!("{TEST}: skipped, needs 2 GPUs and the driver reports {n}");
-        return;
+        panic!("{TEST} requires 2 GPUs and the driver reports {n}: run the others with --skip two_gpus_");
     }
     let other = (test_gpu() + 1) % n;
     if !(cuda.can_access_peer(test_gpu(), other).unwrap()
         && cuda.can_access_peer(other, test_gpu()).unwrap())
     {
-        eprintln!(
-            "{TEST}: skipped, GPU {} and GPU {other} cannot access each other",
+        panic!(
+            "{TEST} requires peer access: GPU {} and GPU {other} cannot access each other",
             test_gpu()
         );
-        return;
     }
     let peer = cuda.context(other).unwrap();
     let len = (64 << 20) + 13;
-    let Some(mut src) = shareable(TEST, &ctx, len, std::slice::from_ref(&peer)) else {
-        return;
-    };
-    let Some(mut dst) = shareable(TEST, &peer, len, std::slice::from_ref(&ctx)) else {
-        return;
-    };
+    let mut src = shareable(TEST, &ctx, len, std::slice::from_ref(&peer));
+    let mut dst = shareable(TEST, &peer, len, std::slice::from_ref(&ctx));
     let info = cuda.pointer_info(dst.as_raw()).unwrap();
     assert!(info.device_ordinal.is_none_or(|g| g == other), "{info:?}");
     let seed = seed();
@@ -256,9 +237,7 @@ fn vmm_peer_copy_between_two_gpus_with_access_granted() {
 #[ignore = "requires a GPU; cargo test -- --ignored"]
 fn export_fd_of_plain_memory_is_a_typed_error() {
     const TEST: &str = "export_fd_of_plain_memory_is_a_typed_error";
-    let Some((_cuda, ctx, _stream)) = setup(TEST) else {
-        return;
-    };
+    let (_cuda, ctx, _stream) = setup(TEST);
     let plain = DeviceBuffer::new(&ctx, 4096 + 1).unwrap();
     assert!(!plain.is_shareable_vmm());
     assert_eq!(plain.alloc_len(), 4097);
@@ -286,9 +265,7 @@ fn export_fd_of_plain_memory_is_a_typed_error() {
 #[ignore = "requires a GPU; cargo test -- --ignored"]
 fn borrowed_streams_and_events_work_and_are_not_destroyed_on_drop() {
     const TEST: &str = "borrowed_streams_and_events_work_and_are_not_destroyed_on_drop";
-    let Some((_cuda, ctx, owned)) = setup(TEST) else {
-        return;
-    };
+    let (_cuda, ctx, owned) = setup(TEST);
     assert!(owned.is_owned());
     let seed = seed();
     let len = (1 << 20) + 7;

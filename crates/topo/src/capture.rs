@@ -9,11 +9,74 @@
 //! end (`resource*`, `rom`, `remove`, `rescan`, `reset`): the copy is an allowlist. Unreadable
 //! files (an unprivileged `config` is cut to 64 bytes, a down link has no `speed`) are listed in
 //! [`CaptureSummary::skipped`], never fatal.
+//!
+//! The capture also records the `NCCL_*`, `GDX_*` and `CUDA_*` variables of the capturing
+//! shell as `gdx/env.json` ([`ENV_PATH`]): they decide which paths NCCL and gdx take on that
+//! machine, so `gdx doctor --root` judges those, never the analysing shell's.
 
+use crate::sysfs::archive::{is_tarball_name, open_root, Require};
 use crate::sysfs::rootfs::{relative_path, ReadError, RootFs, MAX_FILE_BYTES};
-use crate::sysfs::{is_tarball_name, open_root};
 use crate::TopoError;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+/// Where a capture records the environment of the shell that made it.
+pub const ENV_PATH: &str = "gdx/env.json";
+
+/// Prefixes of the variables a capture records.
+pub const ENV_PREFIXES: [&str; 3] = ["NCCL_", "GDX_", "CUDA_"];
+
+/// Name parts of variables recorded by name only, value left out: a capture is shared.
+const SECRET_PARTS: [&str; 4] = ["SECRET", "TOKEN", "PASSWORD", "KEY"];
+
+/// The environment a capture recorded.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CapturedEnv {
+    /// `NCCL_*`/`GDX_*`/`CUDA_*` variables and their values.
+    pub vars: BTreeMap<String, String>,
+    /// Variables that were set but whose values look secret and were not recorded.
+    #[serde(default)]
+    pub redacted: Vec<String>,
+}
+
+impl CapturedEnv {
+    /// The variables of `vars` a capture records (see [`ENV_PREFIXES`]).
+    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> CapturedEnv {
+        let mut out = CapturedEnv::default();
+        for (k, v) in vars {
+            if !ENV_PREFIXES.iter().any(|p| k.starts_with(p)) {
+                continue;
+            }
+            if SECRET_PARTS.iter().any(|s| k.contains(s)) {
+                out.redacted.push(k);
+            } else {
+                out.vars.insert(k, v);
+            }
+        }
+        out.redacted.sort();
+        out
+    }
+}
+
+/// The environment recorded in the capture under `dir` (an opened root's folder); `Ok(None)`
+/// for a capture made before gdx recorded it, or a folder that is no capture.
+///
+/// # Errors
+/// [`TopoError::Io`] when the file exists but cannot be read; [`TopoError::CaptureFile`] when it
+/// is not the JSON a capture writes.
+pub fn read_captured_env(dir: &Path) -> Result<Option<CapturedEnv>, TopoError> {
+    let fs = RootFs::new(dir);
+    match fs.read(Path::new(ENV_PATH)) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| TopoError::CaptureFile {
+                path: PathBuf::from(ENV_PATH),
+                message: e.to_string(),
+            }),
+        Err(ReadError::Missing) => Ok(None),
+        Err(e) => Err(TopoError::io(ENV_PATH, std::io::Error::other(e.why()))),
+    }
+}
 
 /// What a capture wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,7 +184,7 @@ fn forbidden(name: &str) -> bool {
 /// The errors of [`crate::from_root`] for `root`; [`TopoError::Io`] when `out` exists and is
 /// not an empty folder, or cannot be written.
 pub fn capture(root: &Path, out: &Path) -> Result<CaptureSummary, TopoError> {
-    let opened = open_root(root)?;
+    let opened = open_root(root, Require::PciTree)?;
     let fs = RootFs::new(opened.dir());
     let live = std::fs::canonicalize(root).is_ok_and(|p| p == Path::new("/"));
     if is_tarball_name(out) {
@@ -201,17 +264,22 @@ impl<'a> Copier<'a> {
         self.modules()?;
         self.copy_tree(Path::new("sys/kernel/mm/memory_peers"), 3)?;
         if live {
+            let env = CapturedEnv::from_vars(std::env::vars());
+            let text = serde_json::to_string_pretty(&env).unwrap_or_default();
+            self.write(Path::new(ENV_PATH), text.as_bytes())?;
             if let Ok(snap) = crate::enrich::live_snapshot() {
                 if let Ok(text) = serde_json::to_string_pretty(&snap) {
                     self.write(Path::new(crate::enrich::SNAPSHOT_PATH), text.as_bytes())?;
                 }
             }
         } else {
-            // A capture of a capture keeps the snapshot it was given.
+            // A capture of a capture keeps the snapshot and the environment it was given:
+            // this shell's variables say nothing about that machine.
             self.copy(
                 Path::new(crate::enrich::SNAPSHOT_PATH),
                 Path::new(crate::enrich::SNAPSHOT_PATH),
             )?;
+            self.copy(Path::new(ENV_PATH), Path::new(ENV_PATH))?;
         }
         let manifest = serde_json::json!({
             "gdx_version": env!("CARGO_PKG_VERSION"),

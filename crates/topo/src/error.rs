@@ -8,7 +8,7 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum TopoError {
     /// `--root` does not exist.
-    #[error("root {path}: no such file or directory")]
+    #[error("root {path}: no such file or directory (give a folder or .tar.gz written by `gdx topo --capture`, or leave --root out for this machine)")]
     RootMissing {
         /// The root given.
         path: PathBuf,
@@ -50,10 +50,27 @@ pub enum TopoError {
         /// What it looks like instead.
         why: String,
     },
+    /// An `--xml` input that is not read at all: not a regular file, over the size cap, not
+    /// text.
+    #[error("{path}: cannot read as an NCCL topology file: {why}")]
+    XmlInput {
+        /// The file.
+        path: PathBuf,
+        /// Why, and what to give instead.
+        why: String,
+    },
     /// A captured NVML snapshot (`gdx/nvml.json`) is malformed.
     #[error("{path}: bad NVML snapshot: {message}")]
     Snapshot {
         /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A file gdx writes into a capture (`gdx/env.json`) is malformed.
+    #[error("capture file {path}: {message} (re-capture the machine with `gdx topo --capture`)")]
+    CaptureFile {
+        /// The file, relative to the capture.
         path: PathBuf,
         /// What is wrong.
         message: String,

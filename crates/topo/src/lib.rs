@@ -17,14 +17,17 @@ mod error;
 pub mod fixture;
 pub mod model;
 pub mod path;
+pub mod render;
 pub mod sysfs;
+pub mod vendor;
 pub mod xml;
 
-pub use capture::capture;
+pub use capture::{capture, read_captured_env, CapturedEnv};
 pub use error::TopoError;
 pub use model::*;
 pub use path::{legend, PathClass};
-pub use sysfs::from_root;
+pub use sysfs::archive::{printable, OpenRoot};
+pub use sysfs::{from_open_root, from_root};
 pub use xml::{from_nccl_xml, parse_nccl_xml, to_nccl_xml};
 
 /// Read the live machine: sysfs under `/`, enriched from NVML when NVML loads. When NVML is

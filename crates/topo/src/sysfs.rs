@@ -16,6 +16,7 @@
 //! values and dangling links become [`Topology::notes`]. All paths are resolved inside the
 //! root (`rootfs` module), so a capture's absolute links never reach the host's own `/sys`.
 
+pub mod archive;
 mod net;
 mod parse;
 pub(crate) mod pci;
@@ -29,7 +30,7 @@ use crate::model::{
 use crate::TopoError;
 use rootfs::{ReadError, RootFs};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Vendors of display adapters that are not compute GPUs: BMC video (ASPEED, Matrox) and
 /// emulated VGA (QEMU/Bochs, Cirrus, QXL, VMware SVGA, virtio-gpu, Hyper-V).
@@ -41,98 +42,34 @@ const NON_COMPUTE_DISPLAY_VENDORS: [u16; 8] = [
 const MAX_NOTES: usize = 200;
 
 /// Build the model from `root/sys/...` and `root/proc/...` (`/` is the live machine), or from
-/// a `.tar.gz`/`.tgz` capture, unpacked to a temporary folder first.
+/// a `.tar.gz`/`.tgz` capture, unpacked to a temporary folder first (see [`archive`]).
 ///
 /// # Errors
 /// [`TopoError::RootMissing`] when `root` does not exist; [`TopoError::RootUnusable`] when it
-/// holds no `sys/bus/pci/devices` or is a file that does not unpack; [`TopoError::Io`] when the
-/// root itself cannot be read. Problems inside the tree are notes, not errors.
+/// holds no `sys/bus/pci/devices` or is a file that does not unpack within the archive rules;
+/// [`TopoError::Io`] when the root itself cannot be read. Problems inside the tree are notes,
+/// not errors.
 pub fn from_root(root: &Path) -> Result<Topology, TopoError> {
-    let opened = open_root(root)?;
+    let opened = archive::open_root(root, archive::Require::PciTree)?;
+    from_open_root(&opened)
+}
+
+/// Build the model from a root opened with [`archive::open_root`] (the doctor opens the root
+/// once and reads both the topology and its own files from it). The model's source names the
+/// root as given, never an archive's temporary folder.
+///
+/// # Errors
+/// [`TopoError::RootUnusable`] when the root holds no `sys/bus/pci/devices` (a root opened
+/// with [`archive::Require::Nothing`] may not).
+pub fn from_open_root(opened: &archive::OpenRoot) -> Result<Topology, TopoError> {
     let fs = RootFs::new(opened.dir());
-    Ok(build(&fs, root.display().to_string()))
-}
-
-/// A root ready to read: the folder itself, or a temporary folder holding an unpacked
-/// capture (removed when this is dropped).
-pub(crate) struct OpenRoot {
-    dir: PathBuf,
-    _unpacked: Option<tempfile::TempDir>,
-}
-
-impl OpenRoot {
-    /// The folder to read as `/`.
-    pub(crate) fn dir(&self) -> &Path {
-        &self.dir
-    }
-}
-
-/// True for names gdx treats as gzip-compressed tar files.
-pub(crate) fn is_tarball_name(p: &Path) -> bool {
-    let n = p.to_string_lossy().to_ascii_lowercase();
-    n.ends_with(".tar.gz") || n.ends_with(".tgz")
-}
-
-const NOT_A_ROOT: &str = "no sys/bus/pci/devices: not a sysfs root or gdx capture";
-
-/// Check `root` and unpack it when it is a capture archive.
-pub(crate) fn open_root(root: &Path) -> Result<OpenRoot, TopoError> {
-    let meta = match std::fs::metadata(root) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(TopoError::RootMissing {
-                path: root.to_path_buf(),
-            })
-        }
-        Err(e) => return Err(TopoError::io(root, e)),
-    };
-    let unusable = |why: String| TopoError::RootUnusable {
-        path: root.to_path_buf(),
-        why,
-    };
-    if meta.is_dir() {
-        if !RootFs::new(root).is_dir(Path::new("sys/bus/pci/devices")) {
-            return Err(unusable(NOT_A_ROOT.into()));
-        }
-        return Ok(OpenRoot {
-            dir: root.to_path_buf(),
-            _unpacked: None,
+    if !fs.is_dir(Path::new("sys/bus/pci/devices")) {
+        return Err(TopoError::RootUnusable {
+            path: opened.given().to_path_buf(),
+            why: archive::NOT_A_ROOT.into(),
         });
     }
-    if !is_tarball_name(root) {
-        return Err(unusable(
-            "a file, not a folder or a .tar.gz/.tgz capture".into(),
-        ));
-    }
-    let file = std::fs::File::open(root).map_err(|e| TopoError::io(root, e))?;
-    let tmp = tempfile::Builder::new()
-        .prefix("gdx-root-")
-        .tempdir()
-        .map_err(|e| TopoError::io(std::env::temp_dir(), e))?;
-    let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(file));
-    ar.set_preserve_permissions(false);
-    ar.set_overwrite(true);
-    ar.unpack(tmp.path())
-        .map_err(|e| unusable(format!("cannot unpack as .tar.gz: {e}")))?;
-    // Accept a tarball of the capture folder itself (one top-level folder) as well as one
-    // made from inside it.
-    let mut dir = tmp.path().to_path_buf();
-    if !RootFs::new(&dir).is_dir(Path::new("sys/bus/pci/devices")) {
-        let tops: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .map_err(|e| TopoError::io(&dir, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .collect();
-        match tops.as_slice() {
-            [one] if RootFs::new(one).is_dir(Path::new("sys/bus/pci/devices")) => {
-                dir = one.clone();
-            }
-            _ => return Err(unusable(NOT_A_ROOT.into())),
-        }
-    }
-    Ok(OpenRoot {
-        dir,
-        _unpacked: Some(tmp),
-    })
+    Ok(build(&fs, opened.given().display().to_string()))
 }
 
 /// Reads files under the root and collects notes about the ones that are odd.
@@ -254,7 +191,11 @@ fn build(fs: &RootFs, source: String) -> Topology {
         }
         d.name = match kind {
             DeviceKind::Gpu => models.get(&bdf).cloned(),
-            DeviceKind::Nic => nics.get(&bdf).and_then(|n| n.rdma_name.clone()),
+            // RDMA device, else netdev (a virtio `eth0`), else the vendor in words.
+            DeviceKind::Nic => nics
+                .get(&bdf)
+                .and_then(|n| n.rdma_name.clone().or_else(|| n.netdevs.first().cloned()))
+                .or_else(|| crate::vendor::nic_name(d.vendor, d.device_id, d.class)),
             DeviceKind::Nvme => None,
         }
         .or_else(|| ids_name(d.vendor, d.device_id));

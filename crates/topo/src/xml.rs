@@ -50,9 +50,78 @@ pub use cpuid::CpuIdentity;
 use crate::{TopoError, Topology};
 use std::path::Path;
 
-/// Read an `NCCL_TOPO_FILE`-format file.
+pub use parse::{MAX_CPUS, MAX_DEVICES, NO_NVLINK_FACTS};
+
+/// Largest topology file read. NCCL's own dumps of the biggest nodes are tens of KB; the cap
+/// keeps a wrong path (`/dev/zero`, a log) from filling memory.
+pub const MAX_XML_BYTES: u64 = 16 << 20;
+
+/// Read an `NCCL_TOPO_FILE`-format file: a regular file of at most [`MAX_XML_BYTES`].
+///
+/// # Errors
+/// [`TopoError::XmlInput`] for a FIFO, device or folder (never opened, so a FIFO cannot hang
+/// the read), a file over the cap or not UTF-8; [`TopoError::Io`] when it cannot be read; the
+/// errors of [`parse_nccl_xml`].
 pub fn from_nccl_xml(path: &Path) -> Result<Topology, TopoError> {
-    let text = std::fs::read_to_string(path).map_err(|e| TopoError::io(path, e))?;
+    use std::io::Read as _;
+    let refuse = |why: String| TopoError::XmlInput {
+        path: path.to_path_buf(),
+        why,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| {
+        refuse(format!(
+            "{}: give the path of an NCCL_TOPO_FILE-format XML file",
+            match e.kind() {
+                std::io::ErrorKind::NotFound => "no such file".to_string(),
+                std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+                _ => e.to_string(),
+            }
+        ))
+    })?;
+    let ft = meta.file_type();
+    if !ft.is_file() {
+        use std::os::unix::fs::FileTypeExt as _;
+        let what = if ft.is_dir() {
+            "a folder"
+        } else if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_char_device() || ft.is_block_device() {
+            "a device"
+        } else if ft.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(refuse(format!(
+            "{what}, not a regular file: give the NCCL topology XML file itself (save a \
+             generated one first, e.g. NCCL_TOPO_DUMP_FILE=topo.xml)"
+        )));
+    }
+    let too_big = || {
+        refuse(format!(
+            "larger than {} MiB, the cap for a topology file (NCCL's dumps are tens of KB): \
+             not an NCCL topology file",
+            MAX_XML_BYTES >> 20
+        ))
+    };
+    if meta.len() > MAX_XML_BYTES {
+        return Err(too_big());
+    }
+    let file = std::fs::File::open(path).map_err(|e| TopoError::io(path, e))?;
+    let mut bytes = Vec::new();
+    // The file may have grown since metadata(): read one byte past the cap to know.
+    file.take(MAX_XML_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| TopoError::io(path, e))?;
+    if bytes.len() as u64 > MAX_XML_BYTES {
+        return Err(too_big());
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        refuse(format!(
+            "not UTF-8 text (invalid byte at offset {}): not an NCCL topology file",
+            e.utf8_error().valid_up_to()
+        ))
+    })?;
     parse_nccl_xml(&text, path)
 }
 

@@ -245,9 +245,8 @@ fn plain_ethernet_nic_and_interfaces_that_are_not_nics() {
             ),
         ]
     );
-    assert_eq!(
-        topo.device("NIC0").unwrap().name.as_deref(),
-        Some("15b3:1021")
-    );
+    // No RDMA device: named by netdev (a virtio NIC is `eth0`, never `1af4:1041`).
+    assert_eq!(topo.device("NIC0").unwrap().name.as_deref(), Some("eno2"));
+    assert_eq!(topo.device("NIC1").unwrap().name.as_deref(), Some("eth0"));
     assert!(topo.notes.is_empty(), "{:?}", topo.notes);
 }

@@ -264,3 +264,40 @@ fn empty_model_writes_an_empty_system() {
     let back = parse_nccl_xml(&xml, Path::new("e.xml")).unwrap();
     assert!(back.devices.is_empty());
 }
+
+#[test]
+fn a_vm_with_one_node_and_unknown_device_nodes_exports_no_numaid_minus_1() {
+    // VMs report numa_node -1 for every device; the machine has one node with CPUs.
+    let mut g = Device::new(DeviceKind::Gpu, Some(addr("0000:00:06.0")));
+    g.class = Some(0x030200);
+    g.attach.host_bridge = Some("pci0000:00".into());
+    let mut n = Device::new(DeviceKind::Nic, Some(addr("0000:00:03.0")));
+    n.class = Some(0x020000);
+    n.attach.host_bridge = Some("pci0000:00".into());
+    let mut t = Topology {
+        source: Source::Sysfs("/".into()),
+        devices: vec![g, n],
+        switches: vec![],
+        host_bridges: vec![HostBridge {
+            id: "pci0000:00".into(),
+            numa: None,
+        }],
+        numa_nodes: vec![NumaNode {
+            id: 0,
+            cpus: "0-1".into(),
+        }],
+        nvml_enriched: false,
+        notes: vec![],
+    };
+    t.assign_labels();
+    let xml = to_nccl_xml_with(&t, None);
+    assert!(!xml.contains("numaid=\"-1\""), "{xml}");
+    assert_eq!(xml.matches("<cpu ").count(), 1, "{xml}");
+    assert!(
+        xml.contains("<cpu numaid=\"0\" affinity=\"00000003\">"),
+        "{xml}"
+    );
+    let back = parse_nccl_xml(&xml, Path::new("vm.xml")).unwrap();
+    assert_eq!(back.gpus().count(), 1);
+    assert_eq!(back.device("GPU0").unwrap().numa, Some(0));
+}

@@ -152,7 +152,7 @@ pub fn run(
     params: &Params,
     sink: &mut dyn FnMut(Row),
 ) -> Result<(), String> {
-    let cuda = ctx.cuda()?;
+    let cuda = ctx.cuda().map_err(ToString::to_string)?;
     let w = window(params) as usize;
     let mut each = |size: u64, r: Result<Row, String>, gpus: &[u32]| {
         let mut row = r.unwrap_or_else(|m| Row::failed(spec, size, m));

@@ -7,7 +7,8 @@
 //! process ([`ipc`]: `gdx bench --ipc-child`) that exports GPU B memory, imports it here and
 //! copies GPU A → that memory. Both are timed like p2p (device events around batches).
 //!
-//! Without a CUDA driver every case is waived with the loader's reason.
+//! Without a CUDA driver every case is waived with one shared reason ([`Ctx::require_gpus`]),
+//! which the runner reports once for all of them.
 
 pub mod copy;
 pub mod engine;
@@ -54,21 +55,7 @@ impl BenchCase for GpuCase {
     }
 
     fn applicable(&self, ctx: &Ctx) -> Result<(), Waived> {
-        let cuda = ctx.cuda().map_err(|e| {
-            Waived(format!(
-                "no CUDA driver ({})",
-                e.split(": tried").next().unwrap_or(&e)
-            ))
-        })?;
-        let count = cuda.device_count().unwrap_or(0);
-        for g in self.gpus() {
-            if g >= count {
-                return Err(Waived(format!(
-                    "GPU{g} is not present ({count} CUDA device{})",
-                    if count == 1 { "" } else { "s" }
-                )));
-            }
-        }
+        let cuda = ctx.require_gpus(&self.gpus())?;
         let peer = match self.body {
             Body::Copy(Kind::P2p { src: a, dst: b } | Kind::Bidir { a, b })
             | Body::Ipc { src: a, dst: b } => Some((a, b)),
@@ -78,11 +65,11 @@ impl BenchCase for GpuCase {
             match cuda.can_access_peer(a, b) {
                 Ok(true) => {}
                 Ok(false) => {
-                    return Err(Waived(format!(
+                    return Err(Waived::new(format!(
                         "GPU{a} cannot map GPU{b}'s memory (cuDeviceCanAccessPeer = 0): no p2p; staged is the path"
                     )))
                 }
-                Err(e) => return Err(Waived(format!("cannot ask about peer access: {e}"))),
+                Err(e) => return Err(Waived::new(format!("cannot ask about peer access: {e}"))),
             }
         }
         Ok(())

@@ -14,12 +14,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
+use gdx_bench::render::Style;
 use gdx_bench::{
-    all_cases, compare, filter_pair, header, render, select, BenchCase, CaseOutcome, CaseSpec, Ctx,
-    Observer, Params, Report, Row,
+    all_cases, compare, filter_pair, gpu_missing, header, plan, render, select, BenchCase,
+    CaseOutcome, CaseSpec, Ctx, Observer, Params, Report, Row, WaivedGroup,
 };
-
-use super::serve::parse_size;
+use gdx_sys::bytesize::{parse_size_list, ByteSize, SIZE_HELP};
 
 /// Measure every data path at every size and judge it against the hardware's ceiling.
 ///
@@ -37,7 +37,9 @@ use super::serve::parse_size;
   gdx bench --path rdma                       RDMA loopback through this machine's NIC (opt-in; waived
                                               with the reason where there is no RDMA device)
   gdx bench --export-json run.json --plot run.svg
-  gdx bench --compare old.json                ratio to an earlier run, drops flagged")]
+  gdx bench --compare old.json                bandwidth and latency against an earlier run
+  gdx bench --compare old.json --fail-on-drop 5   exit 1 when a figure is > 5 % worse (CI gate)
+  gdx bench --dry-run --size 4KiB:1GB         the cases and sizes that would run, nothing measured")]
 pub struct BenchArgs {
     /// List the cases (index, key, path, description) and exit.
     #[arg(long)]
@@ -55,8 +57,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "DIR")]
     file_dir: Option<PathBuf>,
 
-    /// Sizes: a list (`8,4KiB,1MiB`) and/or ranges `LO:HI` in ×4 steps, `LO:HI:xN` in ×N steps.
-    #[arg(short = 's', long, value_name = "SIZES", default_value = "8:1GiB", value_parser = parse_sizes)]
+    #[arg(short = 's', long, value_name = "SIZES", default_value = "8:1GiB", value_parser = parse_sizes, help = sizes_help())]
     size: SizeList,
 
     /// Timed iterations per size (instead of --duration).
@@ -103,17 +104,20 @@ pub struct BenchArgs {
     #[arg(long, value_name = "NAME", default_value = "serve", requires = "peer")]
     peer_region: String,
 
-    /// Chunk of the staged GPU → host → GPU pipeline.
-    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = ByteSize::parse, help = format!("Chunk of the staged GPU → host → GPU pipeline ({SIZE_HELP})"))]
     staged_chunk: u64,
 
     /// Skip checking the destination after the timed loop.
     #[arg(long)]
     no_verify: bool,
 
-    /// Print the JSON report to stdout instead of tables.
+    /// Print the JSON report to stdout instead of tables (with --dry-run: the plan as JSON).
     #[arg(long, conflicts_with = "csv")]
     json: bool,
+
+    /// Print the cases that would run, the waived groups and the sizes; measure nothing.
+    #[arg(long)]
+    dry_run: bool,
 
     /// Print CSV to stdout instead of tables.
     #[arg(long)]
@@ -132,17 +136,28 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     plot: Option<PathBuf>,
 
-    /// Compare with an earlier `--export-json` file: ratio per case and size, drops flagged.
+    /// Compare with an earlier `--export-json` file: bandwidth and p50 latency per case and
+    /// size; a figure worse by more than the threshold (10 %, or --fail-on-drop's) is a drop.
     #[arg(long, value_name = "OLD.json")]
     compare: Option<PathBuf>,
 
-    /// A ratio to the earlier run below this is flagged as a drop.
-    #[arg(long, value_name = "RATIO", default_value_t = compare::DEFAULT_DROP_RATIO, requires = "compare")]
-    drop_below: f64,
+    /// Exit 1 when a compared figure is worse than the earlier run by more than PCT percent
+    /// (bandwidth lower, or latency higher). Figures below the noise floor are not compared.
+    #[arg(long, value_name = "PCT", requires = "compare", value_parser = parse_pct)]
+    fail_on_drop: Option<f64>,
 
-    /// No progress on stderr.
+    /// Deprecated: use --fail-on-drop PCT (a RATIO of 0.9 is 10 %). Flags drops, never fails.
+    #[arg(long, value_name = "RATIO", requires = "compare", hide = true)]
+    drop_below: Option<f64>,
+
+    /// Print only the summary table, waived groups and comparison: no progress, no per-case
+    /// tables.
     #[arg(short, long)]
     quiet: bool,
+
+    /// Colour: auto (only on a terminal, and not when NO_COLOR is set), always or never.
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = ColorWhen::Auto)]
+    color: ColorWhen,
 
     /// Use the deterministic mock backend (for tests of the output).
     #[arg(long, hide = true)]
@@ -158,55 +173,67 @@ pub struct BenchArgs {
 #[derive(Debug, Clone)]
 pub struct SizeList(pub Vec<u64>);
 
-/// Parse `8,4KiB,1MiB`, `8:1GiB`, `4KiB:1GiB:x2` (sorted, deduplicated).
+/// The `--size` help: the list syntax and the one unit rule of every gdx command.
+pub fn sizes_help() -> String {
+    format!(
+        "Sizes: a list (`8,4KiB,1MiB`) and/or ranges `LO:HI` in ×4 steps, `LO:HI:xN` in ×N \
+         steps; {SIZE_HELP}"
+    )
+}
+
+/// Most bytes one transfer may move.
+const MAX_TRANSFER: u64 = 16 << 30;
+
+/// Parse `8,4KiB,1MiB`, `8:1GiB`, `4KiB:1GiB:x2` with [`parse_size_list`] (sorted,
+/// deduplicated), refusing what cannot be measured (0 bytes, over 16 GiB).
 pub fn parse_sizes(s: &str) -> Result<SizeList, String> {
-    let mut v = Vec::new();
-    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let parts: Vec<&str> = item.split(':').collect();
-        match parts.as_slice() {
-            [one] => v.push(parse_size(one)?),
-            [lo, hi] | [lo, hi, _] => {
-                let (lo, hi) = (parse_size(lo)?, parse_size(hi)?);
-                let step = match parts.get(2) {
-                    Some(st) => st
-                        .trim_start_matches(['x', 'X'])
-                        .parse::<u64>()
-                        .ok()
-                        .filter(|n| *n >= 2)
-                        .ok_or_else(|| {
-                            format!("invalid step {st:?} in {item:?}: use x2, x4, ...")
-                        })?,
-                    None => 4,
-                };
-                if lo == 0 || lo > hi {
-                    return Err(format!("invalid range {item:?}: need 0 < LO <= HI"));
-                }
-                let mut x = lo;
-                while x < hi {
-                    v.push(x);
-                    x = x.saturating_mul(step);
-                }
-                v.push(hi);
-            }
-            _ => {
-                return Err(format!(
-                    "invalid size item {item:?}: use SIZE or LO:HI[:xN]"
-                ))
-            }
-        }
-    }
-    if v.is_empty() {
-        return Err("no sizes given".into());
-    }
+    let v = parse_size_list(s).map_err(|e| e.to_string())?;
     if v.contains(&0) {
         return Err("a size of 0 bytes cannot be measured".into());
     }
-    if let Some(big) = v.iter().find(|&&b| b > 16 << 30) {
-        return Err(format!("{big} bytes is over the 16 GiB limit per transfer"));
+    if let Some(big) = v.iter().find(|&&b| b > MAX_TRANSFER) {
+        return Err(format!(
+            "{} is over the {} limit per transfer",
+            ByteSize(*big),
+            ByteSize(MAX_TRANSFER)
+        ));
     }
-    v.sort_unstable();
-    v.dedup();
     Ok(SizeList(v))
+}
+
+/// Parse a percentage for --fail-on-drop: `5`, `5%`, `2.5`.
+pub fn parse_pct(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("invalid percentage {s:?}: use e.g. 5 or 2.5"))?;
+    if !(0.0..=100.0).contains(&v) {
+        return Err(format!("invalid percentage {s:?}: must be within 0..100"));
+    }
+    Ok(v)
+}
+
+/// `--color WHEN` (doctor's spelling; an enum keeps the argument structs small).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorWhen {
+    /// Only when stdout is a terminal and NO_COLOR is unset.
+    Auto,
+    /// Always.
+    Always,
+    /// Never.
+    Never,
+}
+
+/// `--color` → colour on or off (auto: stdout is a terminal and NO_COLOR unset).
+pub fn color_on(when: ColorWhen) -> bool {
+    match when {
+        ColorWhen::Always => true,
+        ColorWhen::Never => false,
+        ColorWhen::Auto => {
+            std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+        }
+    }
 }
 
 /// Parse `200ms`, `1s`, `0.5` (seconds), `500us`.
@@ -296,6 +323,8 @@ struct Cli<'a> {
     args: &'a BenchArgs,
     progress: bool,
     tables: bool,
+    /// Waived groups go to stdout with the tables, else (stdout taken, or quiet) at the end.
+    style: Style,
     key: String,
     index: usize,
     total: usize,
@@ -337,6 +366,13 @@ impl Cli<'_> {
 }
 
 impl Observer for Cli<'_> {
+    fn waived_groups(&mut self, groups: &[WaivedGroup]) {
+        if self.tables {
+            print!("{}", render::waived_groups(groups, self.style));
+            let _ = std::io::stdout().flush();
+        }
+    }
+
     fn case_started(&mut self, spec: &CaseSpec, index: usize, total: usize) {
         self.key = spec.key.clone();
         self.index = index;
@@ -366,7 +402,7 @@ impl Observer for Cli<'_> {
                 .iter()
                 .filter(|r| r.key == outcome.key)
                 .collect();
-            print!("{}", render::case(outcome, &rows));
+            print!("{}", render::case(outcome, &rows, self.style));
             let _ = std::io::stdout().flush();
         }
         self.export(report);
@@ -385,6 +421,64 @@ fn list(cases: &[Box<dyn BenchCase>]) -> String {
         ));
     }
     s
+}
+
+/// The GPUs `--pair` names that this machine lacks, as an error: "GPU5 is not present (this
+/// machine has 2 GPUs)", rather than the "no case left" the filter would end in.
+fn check_pair(ctx: &Ctx, a: u32, b: u32) -> Result<()> {
+    let n = ctx.gpu_count();
+    let missing: Vec<u32> = [a, b].into_iter().filter(|&g| g >= n).collect();
+    let why = match ctx.cuda() {
+        Err(u) if !ctx.mock => format!(
+            "; no CUDA driver: {} could not be loaded ({})",
+            u.library,
+            gdx_bench::ctx::CUDA_FIX
+        ),
+        _ => String::new(),
+    };
+    match missing.as_slice() {
+        [] => Ok(()),
+        [g] => bail!("--pair {a},{b}: {}{why}", gpu_missing(*g, n)),
+        _ => bail!(
+            "--pair {a},{b}: GPU{a} and GPU{b} are not present (this machine has {n} GPU{}){why}",
+            if n == 1 { "" } else { "s" }
+        ),
+    }
+}
+
+/// `--dry-run`: what would run, as text or JSON.
+fn dry_run(args: &BenchArgs, cases: &[Box<dyn BenchCase>], ctx: &Ctx) -> Result<ExitCode> {
+    let (todo, groups) = plan(cases, ctx);
+    if args.json {
+        let v = serde_json::json!({
+            "sizes_bytes": args.size.0,
+            "cases": todo.iter().map(|(c, w)| serde_json::json!({
+                "key": c.spec().key,
+                "waived": w.as_ref().map(|w| w.reason.clone()),
+            })).collect::<Vec<_>>(),
+            "waived": groups,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let style = Style {
+        color: color_on(args.color),
+    };
+    print!("{}", render::waived_groups(&groups, style));
+    for (c, w) in &todo {
+        match w {
+            Some(w) => println!("{}  (waived: {w})", c.spec().key),
+            None => println!("{}", c.spec().key),
+        }
+    }
+    let sizes: Vec<String> = args
+        .size
+        .0
+        .iter()
+        .map(|&b| ByteSize(b).to_string())
+        .collect();
+    println!("sizes: {} ({} sizes)", sizes.join(" "), sizes.len());
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Run `gdx bench`.
@@ -413,6 +507,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     }
     let mut cases = select(cases, &args.paths).map_err(anyhow::Error::msg)?;
     if let Some((a, b)) = args.pair {
+        check_pair(&ctx, a, b)?;
         cases = filter_pair(cases, a, b);
     }
     if cases.is_empty() {
@@ -439,11 +534,25 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             args.max_samples
         );
     }
+    if args.dry_run {
+        return dry_run(args, &cases, &ctx);
+    }
     if let Some(p) = &args.plot {
         if !matches!(p.extension().and_then(|e| e.to_str()), Some("svg" | "png")) {
             bail!("--plot {}: the file must end in .svg or .png", p.display());
         }
     }
+    let drop_pct = match (args.fail_on_drop, args.drop_below) {
+        (Some(p), _) => p,
+        (None, Some(r)) => {
+            eprintln!(
+                "gdx: note: --drop-below is deprecated; use --fail-on-drop {:.0} (which also sets the exit code)",
+                (1.0 - r) * 100.0
+            );
+            (1.0 - r) * 100.0
+        }
+        (None, None) => compare::DEFAULT_DROP_PCT,
+    };
     let old = match &args.compare {
         Some(p) => {
             let text =
@@ -475,6 +584,14 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         let s = c.spec();
         matches!(s.src, gdx_bench::End::Gpu(_)) || matches!(s.dst, gdx_bench::End::Gpu(_))
     });
+    let host_to_host = cases.iter().any(|c| {
+        let s = c.spec();
+        s.src == gdx_bench::End::Host && s.dst == gdx_bench::End::Host
+    });
+    if host_to_host && !args.mock {
+        // Measured before the header, so the header can say how.
+        let _ = ctx.host_ceiling();
+    }
     let hdr = if args.mock {
         header::mock_header(&params)
     } else {
@@ -486,14 +603,18 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             .into_iter()
             .flatten()
             .any(|p| p.as_os_str() == "-");
-    if !stdout_taken {
+    let style = Style {
+        color: !stdout_taken && color_on(args.color),
+    };
+    if !stdout_taken && !args.quiet {
         print!("{}", render::header(&hdr));
         println!();
     }
     let mut obs = Cli {
         args,
         progress: !args.quiet && std::io::stderr().is_terminal(),
-        tables: !stdout_taken,
+        tables: !stdout_taken && !args.quiet,
+        style,
         key: String::new(),
         index: 0,
         total: 0,
@@ -525,15 +646,36 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             print!("{s}");
         }
     };
+    if args.quiet && !stdout_taken {
+        // The groups were not streamed with the tables.
+        print!("{}", render::waived_groups(&report.waived, style));
+    }
+    let mut dropped = 0;
     if let Some(old) = &old {
         let name = args
             .compare
             .as_deref()
             .map_or(String::new(), |p| p.display().to_string());
-        let cmp = compare::compare(&report, old, args.drop_below);
-        out_or_err(compare::render(&cmp, &name, args.drop_below));
+        let cmp = compare::compare(&report, old, drop_pct);
+        dropped = cmp.iter().filter(|c| c.dropped).count();
+        out_or_err(compare::render(&cmp, &name, drop_pct, style));
     }
-    out_or_err(format!("{}\n", render::summary(&report)));
+    if stdout_taken {
+        if !args.quiet {
+            eprint!("{}", render::summary_table(&report, style));
+        }
+    } else {
+        print!("{}", render::summary_table(&report, style));
+    }
+    if dropped > 0 && args.fail_on_drop.is_some() {
+        eprintln!(
+            "gdx: {dropped} figure(s) dropped by more than {drop_pct}% against {} (--fail-on-drop)",
+            args.compare
+                .as_deref()
+                .map_or(String::new(), |p| p.display().to_string())
+        );
+        return Ok(ExitCode::from(1));
+    }
     Ok(if report.has_failures() {
         ExitCode::from(1)
     } else {
@@ -561,6 +703,15 @@ mod tests {
         assert!(parse_sizes("8KiB:1KiB").is_err());
         assert!(parse_sizes("1:8:x1").is_err());
         assert!(parse_sizes("").is_err());
+    }
+
+    #[test]
+    fn decimal_and_binary_units_and_limits() {
+        assert_eq!(parse_sizes("1GB").unwrap().0, vec![1_000_000_000]);
+        assert_eq!(parse_sizes("1GiB").unwrap().0, vec![1 << 30]);
+        assert!(parse_sizes("17GiB").unwrap_err().contains("16GiB limit"));
+        assert_eq!(parse_pct("5%").unwrap(), 5.0);
+        assert!(parse_pct("-1").is_err());
     }
 
     #[test]

@@ -1,22 +1,20 @@
 //! `gdx cp SRC DST`: copy between a file and GPU or host memory over the fastest path that works
 //! here (gdx-storage's planner), with a progress bar, an optional CRC-32 check, the path taken,
 //! GB/s and the ceiling; and `gdx cp --bench FILE`, the storage benchmark. Parsing and
-//! rendering only: the copies, checksums, ceilings and benchmark are gdx-storage's.
+//! rendering only: the copies, checksums, ceilings and benchmark are gdx-storage's
+//! ([`gdx_storage::copy`]).
 //!
 //! A `gpu:N` or `host` source is this process's own memory, which starts empty: gdx fills it
 //! with a seeded pattern first, so `--length` is required for it.
 
 mod bench;
 
+use super::output::{error_chain, paint, ColorWhen};
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, ValueEnum};
-use gdx_storage::ceiling::Ceiling;
 use gdx_storage::{
-    checksum_bytes, checksum_file, checksum_gpu, copy_file_to_gpu, copy_file_to_host,
-    copy_gpu_to_file, copy_host_to_file, human_bytes, Checksum, CopyOptions, CopyReport, FileRange,
-    PathChoice, ProgressFn, StorageError,
+    human_bytes, CopyOptions, CopyOutcome, CopyRequest, Location as Loc, PathChoice, ProgressFn,
 };
-use gdx_sys::cuda::{probe, Context, Cuda, DeviceBuffer, PinnedHostBuffer, Stream};
 use serde_json::json;
 use std::io::{IsTerminal, Write as _};
 use std::path::PathBuf;
@@ -30,7 +28,8 @@ use std::time::{Duration, Instant};
 /// lower).
 #[derive(Args, Debug)]
 #[command(after_help = "Locations:
-  file:PATH          a file (or block device); --skip/--seek/--length pick a range
+  file:PATH, PATH    a file (or block device); --skip/--seek/--length pick a range.
+                     A bare path is a file; write file:host or ./host for a file named host
   gpu:N[:OFFSET]     GPU N's memory (CUDA ordinal), at OFFSET bytes into a fresh buffer
   host               host memory (a fresh buffer)
 A gpu: or host source starts empty, so gdx fills it with a seeded pattern; give --length.
@@ -60,8 +59,9 @@ pub struct CpArgs {
     #[arg(long)]
     verify: bool,
 
-    /// Bytes to copy (K, M, G, T suffixes are powers of 1024). Default: the rest of the source
-    /// file; required for gpu: and host sources.
+    /// Bytes to copy (plain numbers are bytes; KB/MB/GB = 10^3/10^6/10^9; KiB/MiB/GiB or K/M/G
+    /// = 2^10/2^20/2^30). Default: the rest of the source file; required for gpu: and host
+    /// sources.
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     length: Option<u64>,
 
@@ -90,9 +90,13 @@ pub struct CpArgs {
     #[arg(long)]
     json: bool,
 
-    /// No progress bar.
+    /// No progress bar, and on success no report (errors are still printed).
     #[arg(long, short)]
     quiet: bool,
+
+    /// Colour: auto (only on a terminal, and not under NO_COLOR), always or never.
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = ColorWhen::Auto)]
+    color: ColorWhen,
 
     /// Benchmark file -> GPU and GPU -> file on every path against read() + cudaMemcpy, using
     /// FILE as scratch (created or overwritten), instead of copying.
@@ -135,26 +139,7 @@ impl From<PathArg> for PathChoice {
     }
 }
 
-/// A location on the command line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Loc {
-    File(PathBuf),
-    Gpu { ordinal: u32, offset: u64 },
-    Host,
-}
-
-impl std::fmt::Display for Loc {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Loc::File(p) => write!(f, "file:{}", p.display()),
-            Loc::Gpu { ordinal, offset: 0 } => write!(f, "gpu:{ordinal}"),
-            Loc::Gpu { ordinal, offset } => write!(f, "gpu:{ordinal}:{offset}"),
-            Loc::Host => f.write_str("host"),
-        }
-    }
-}
-
-const LOC_SYNTAX: &str = "expected file:PATH, gpu:N[:OFFSET] or host";
+const LOC_SYNTAX: &str = "expected PATH, file:PATH, gpu:N[:OFFSET] or host";
 
 fn parse_loc(s: &str) -> Result<Loc> {
     if s == "host" {
@@ -181,27 +166,22 @@ fn parse_loc(s: &str) -> Result<Loc> {
         };
         return Ok(Loc::Gpu { ordinal, offset });
     }
-    bail!("bad location '{s}': {LOC_SYNTAX} (a peer location comes with the engine)")
+    if s.is_empty() {
+        bail!("bad location '': empty ({LOC_SYNTAX})");
+    }
+    // Anything else with a scheme-like prefix (`disk:`, `gpu0:`) is more likely a typo than a
+    // file name; a bare path (no colon, or a colon after a slash) is a file, as in cp(1).
+    if let Some((scheme, _)) = s.split_once(':') {
+        if !scheme.contains('/') && !scheme.contains('.') {
+            bail!("bad location '{s}': unknown scheme '{scheme}:' ({LOC_SYNTAX}; write file:{s} for a file of that name)");
+        }
+    }
+    Ok(Loc::File(PathBuf::from(s)))
 }
 
-/// `4096`, `16M`, `1G`, `1GiB`, `512k`: bytes, with binary suffixes.
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a byte count (e.g. 4096, 16M, 1G)"))?;
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kib" | "kb" => 10,
-        "m" | "mib" | "mb" => 20,
-        "g" | "gib" | "gb" => 30,
-        "t" | "tib" | "tb" => 40,
-        _ => return Err(format!("'{s}' has an unknown unit (use K, M, G or T)")),
-    };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("'{s}' is too large"))
+/// Every size flag reads sizes the one gdx way ([`gdx_sys::bytesize`]).
+fn parse_size(s: &str) -> Result<u64, gdx_sys::bytesize::SizeError> {
+    gdx_sys::bytesize::ByteSize::parse(s)
 }
 
 /// Run `gdx cp`.
@@ -228,18 +208,15 @@ pub fn run(args: &CpArgs) -> Result<ExitCode> {
         progress: bar.as_ref().map(Bar::callback),
         ..opts
     };
-    let outcome = match (&src, &dst) {
-        (Loc::File(p), Loc::Gpu { ordinal, offset }) => file_to_gpu(args, p, *ordinal, *offset, &opts),
-        (Loc::Gpu { ordinal, offset }, Loc::File(p)) => gpu_to_file(args, *ordinal, *offset, p, &opts),
-        (Loc::File(p), Loc::Host) => file_to_host(args, p, &opts),
-        (Loc::Host, Loc::File(p)) => host_to_file(args, p, &opts),
-        (Loc::File(_), Loc::File(_)) => bail!(
-            "file -> file is not what gdx cp is for (use cp(1)); it moves files into and out of GPU or host memory"
-        ),
-        _ => bail!(
-            "{src} -> {dst} is not supported: one side must be a file (GPU <-> GPU and host <-> GPU copies come with the engine's peer locations)"
-        ),
+    let req = CopyRequest {
+        src: src.clone(),
+        dst: dst.clone(),
+        skip: args.skip,
+        length: args.length,
+        seek: args.seek,
+        verify: args.verify,
     };
+    let outcome = gdx_storage::copy(&req, &opts);
     if let Some(b) = &bar {
         b.finish();
     }
@@ -247,201 +224,24 @@ pub fn run(args: &CpArgs) -> Result<ExitCode> {
         Ok(done) => done,
         // A copy that started and failed is exit 1; anything before it (no GPU, a missing or
         // unwritable file, a bad range) is an environment or usage error, exit 2.
-        Err(e) => match e.downcast_ref::<StorageError>() {
-            Some(
-                StorageError::Shrunk { .. }
-                | StorageError::Read { .. }
-                | StorageError::Write { .. }
-                | StorageError::File { .. }
-                | StorageError::Internal(_),
-            ) => {
-                eprintln!("gdx: error: {src} -> {dst}: {e:#}");
-                return Ok(ExitCode::from(1));
-            }
-            _ => return Err(e.context(format!("{src} -> {dst}"))),
-        },
+        Err(e) if e.is_copy_failure() => {
+            let e = anyhow::Error::new(e);
+            eprintln!("gdx: error: {src} -> {dst}: {}", error_chain(&e));
+            return Ok(ExitCode::from(1));
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("{src} -> {dst}"))),
     };
-    render(&src, &dst, &done, args.json)
+    render(&src, &dst, &done, args)
 }
 
-/// A finished copy, its ceiling and its check.
-struct Done {
-    report: CopyReport,
-    ceiling: Ceiling,
-    verify: Option<(Checksum, Checksum)>,
-}
-
-fn cuda_context(ordinal: u32) -> Result<Context> {
-    let cuda = Cuda::load().with_context(|| format!("gpu:{ordinal} needs the CUDA driver"))?;
-    cuda.context(ordinal)
-        .with_context(|| format!("gpu:{ordinal}"))
-}
-
-fn gpu_buffer(ctx: &Context, len: u64) -> Result<DeviceBuffer> {
-    let n = usize::try_from(len.max(1)).context("the GPU buffer size")?;
-    DeviceBuffer::new(ctx, n)
-        .with_context(|| format!("allocating {} on GPU {}", human_bytes(len), ctx.ordinal()))
-}
-
-fn source_range(args: &CpArgs, path: &std::path::Path) -> FileRange {
-    FileRange {
-        path: path.to_path_buf(),
-        offset: args.skip,
-        len: args.length,
-    }
-}
-
-fn dest_range(args: &CpArgs, path: &std::path::Path, len: u64) -> FileRange {
-    FileRange::new(path, args.seek.unwrap_or(0), len)
-}
-
-fn need_length(args: &CpArgs, what: &str) -> Result<u64> {
-    args.length.with_context(|| {
-        format!("a {what} source needs --length: it is this process's own memory, filled with a seeded pattern")
-    })
-}
-
-fn file_len(range: &FileRange) -> Result<u64> {
-    use std::io::{Seek, SeekFrom};
-    use std::os::unix::fs::FileTypeExt;
-    if let Some(l) = range.len {
-        return Ok(l);
-    }
-    let open_err = |source| StorageError::Open {
-        path: range.path.clone(),
-        purpose: "reading",
-        source,
-    };
-    let mut f = std::fs::File::open(&range.path).map_err(open_err)?;
-    let meta = f.metadata().map_err(open_err)?;
-    // A block device's size is where its end is, not its metadata length.
-    let size = if meta.file_type().is_block_device() {
-        f.seek(SeekFrom::End(0)).map_err(open_err)?
-    } else {
-        meta.len()
-    };
-    Ok(size.saturating_sub(range.offset))
-}
-
-fn file_to_gpu(
-    args: &CpArgs,
-    path: &std::path::Path,
-    gpu: u32,
-    offset: u64,
-    opts: &CopyOptions,
-) -> Result<Done> {
-    let ctx = cuda_context(gpu)?;
-    let range = source_range(args, path);
-    let len = file_len(&range)?;
-    let mut dev = gpu_buffer(&ctx, offset + len)?;
-    let off = usize::try_from(offset).context("the GPU offset")?;
-    let report = copy_file_to_gpu(&range, &mut dev, off, opts)?;
-    let verify = if args.verify {
-        let got = usize::try_from(report.bytes).context("the copy size")?;
-        Some((checksum_file(&range)?, checksum_gpu(&dev, off, got)?))
-    } else {
-        None
-    };
-    let ceiling = Ceiling::find(path, ctx.device().pci_bus_id().ok().as_deref());
-    Ok(Done {
-        report,
-        ceiling,
-        verify,
-    })
-}
-
-fn gpu_to_file(
-    args: &CpArgs,
-    gpu: u32,
-    offset: u64,
-    path: &std::path::Path,
-    opts: &CopyOptions,
-) -> Result<Done> {
-    let len = need_length(args, "gpu:")?;
-    let ctx = cuda_context(gpu)?;
-    let mut dev = gpu_buffer(&ctx, offset + len)?;
-    let off = usize::try_from(offset).context("the GPU offset")?;
-    fill_gpu(&ctx, &mut dev, off, len as usize)?;
-    let range = dest_range(args, path, len);
-    let report = copy_gpu_to_file(&dev, off, len, &range, opts)?;
-    let verify = if args.verify {
-        Some((
-            checksum_gpu(&dev, off, len as usize)?,
-            checksum_file(&range)?,
-        ))
-    } else {
-        None
-    };
-    let ceiling = Ceiling::find(path, ctx.device().pci_bus_id().ok().as_deref());
-    Ok(Done {
-        report,
-        ceiling,
-        verify,
-    })
-}
-
-fn file_to_host(args: &CpArgs, path: &std::path::Path, opts: &CopyOptions) -> Result<Done> {
-    let range = source_range(args, path);
-    let len = file_len(&range)?;
-    let mut buf = vec![0u8; usize::try_from(len).context("the host buffer size")?];
-    let report = copy_file_to_host(&range, &mut buf, opts)?;
-    let verify = if args.verify {
-        Some((
-            checksum_file(&range)?,
-            checksum_bytes(&buf[..report.bytes as usize]),
-        ))
-    } else {
-        None
-    };
-    Ok(Done {
-        report,
-        ceiling: Ceiling::find(path, None),
-        verify,
-    })
-}
-
-fn host_to_file(args: &CpArgs, path: &std::path::Path, opts: &CopyOptions) -> Result<Done> {
-    let len = need_length(args, "host")?;
-    let mut buf = vec![0u8; usize::try_from(len).context("the host buffer size")?];
-    probe::fill_pattern(&mut buf, probe::SEED);
-    let range = dest_range(args, path, len);
-    let report = copy_host_to_file(&buf, &range, opts)?;
-    let verify = if args.verify {
-        Some((checksum_bytes(&buf), checksum_file(&range)?))
-    } else {
-        None
-    };
-    Ok(Done {
-        report,
-        ceiling: Ceiling::find(path, None),
-        verify,
-    })
-}
-
-/// Fill `len` bytes of `dev` at `off` with the seeded pattern, through a pinned buffer.
-fn fill_gpu(ctx: &Context, dev: &mut DeviceBuffer, off: usize, len: usize) -> Result<()> {
-    if len == 0 {
-        return Ok(());
-    }
-    let piece = len.min(16 << 20);
-    let stream = Stream::new(ctx)?;
-    let mut host = PinnedHostBuffer::new(ctx, piece)?;
-    let mut done = 0;
-    while done < len {
-        let n = piece.min(len - done);
-        probe::fill_pattern(&mut host.as_mut_slice()?[..n], probe::SEED ^ done as u64);
-        stream.copy_to_device_at(dev, off + done, &host, 0, n)?;
-        done += n;
-    }
-    stream.synchronize()?;
-    Ok(())
-}
-
-fn render(src: &Loc, dst: &Loc, done: &Done, json: bool) -> Result<ExitCode> {
+fn render(src: &Loc, dst: &Loc, done: &CopyOutcome, args: &CpArgs) -> Result<ExitCode> {
     let r = &done.report;
-    let verified = done.verify.map(|(a, b)| a == b);
+    let verified = done.verified();
+    let color = args.color.enabled();
     let mut out = std::io::stdout().lock();
-    if json {
+    if args.quiet && verified != Some(false) && !args.json {
+        // Quiet and fine: the exit status says it all.
+    } else if args.json {
         let v = json!({
             "src": src.to_string(),
             "dst": dst.to_string(),
@@ -475,10 +275,15 @@ fn render(src: &Loc, dst: &Loc, done: &Done, json: bool) -> Result<ExitCode> {
         };
         writeln!(out, "  ceiling  {}{share}", done.ceiling.describe())?;
         match done.verify {
-            Some((s, d)) if s == d => writeln!(out, "  verify   ok: {s} on both sides")?,
+            Some((s, d)) if s == d => writeln!(
+                out,
+                "  verify   {}: {s} on both sides",
+                paint(color, "32", "ok")
+            )?,
             Some((s, d)) => writeln!(
                 out,
-                "  verify   FAILED: the source has {s}, the destination {d}"
+                "  verify   {}: the source has {s}, the destination {d}",
+                paint(color, "31", "FAILED")
             )?,
             None => {}
         }
@@ -558,20 +363,19 @@ mod tests {
                 offset: 4096
             }
         );
-        for bad in ["gpu:x", "file:", "disk:/a", "gpu:0:z", "/tmp/a"] {
+        assert_eq!(parse_loc("/tmp/a").unwrap(), Loc::File("/tmp/a".into()));
+        assert_eq!(parse_loc("src.bin").unwrap(), Loc::File("src.bin".into()));
+        assert_eq!(parse_loc("./a:b").unwrap(), Loc::File("./a:b".into()));
+        for bad in ["gpu:x", "file:", "disk:/a", "gpu:0:z", ""] {
             let e = parse_loc(bad).unwrap_err().to_string();
             assert!(e.contains(LOC_SYNTAX), "{bad}: {e}");
         }
     }
 
     #[test]
-    fn sizes_parse_with_binary_suffixes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("16M"), Ok(16 << 20));
+    fn sizes_are_the_one_gdx_rule() {
+        assert_eq!(parse_size("1GB"), Ok(1_000_000_000));
         assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("2k"), Ok(2048));
-        assert!(parse_size("1.5G").is_err());
-        assert!(parse_size("12Q").is_err());
-        assert!(parse_size("99999999999T").is_err());
+        assert_eq!(parse_size("16M"), Ok(16 << 20));
     }
 }

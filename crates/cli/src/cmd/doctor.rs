@@ -5,7 +5,7 @@
 use anyhow::Result;
 use clap::Args;
 use gdx_doctor::render::{render_text_with, TextStyle};
-use std::io::{IsTerminal, Write as _};
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -21,6 +21,7 @@ use std::process::ExitCode;
   gdx doctor --no-probe            static checks only (seconds, no GPU work)
   gdx doctor --json                {\"findings\":[...],\"verdicts\":[...]} for tools
   gdx doctor --root box.tar.gz     a machine captured with `gdx topo --capture`
+  gdx doctor --quiet               failures and warnings only, then the summary
   gdx doctor --list                the check ids")]
 pub struct DoctorArgs {
     /// Examine a captured machine (folder or .tar.gz from `gdx topo --capture`) instead of
@@ -49,6 +50,10 @@ pub struct DoctorArgs {
     #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
     color: String,
 
+    /// Print only failures and warnings (with evidence and fix) and the summary line.
+    #[arg(long, short)]
+    quiet: bool,
+
     /// List the checks (stable ids) and exit.
     #[arg(long)]
     list: bool,
@@ -63,6 +68,7 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    super::topo::remove_unpacked_on_signal(args.root.as_deref())?;
     let facts = gdx_doctor::live::SystemFacts;
     let probe = gdx_doctor::live::SystemProbe;
     let mut opts = gdx_doctor::Options::new(args.root.clone().unwrap_or_else(|| "/".into()));
@@ -81,14 +87,10 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
     if args.json {
         writeln!(stdout, "{}", gdx_doctor::render_json(&report))?;
     } else {
-        let color = match args.color.as_str() {
-            "always" => true,
-            "never" => false,
-            _ => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
-        };
         let style = TextStyle {
-            color,
+            color: super::topo::use_color(&args.color),
             verbose: args.verbose,
+            quiet: args.quiet,
         };
         stdout.write_all(render_text_with(&report, style).as_bytes())?;
     }

@@ -3,5 +3,6 @@ pub mod bench;
 pub mod calibrate;
 pub mod cp;
 pub mod doctor;
+pub mod output;
 pub mod serve;
 pub mod topo;

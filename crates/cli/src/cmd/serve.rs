@@ -126,35 +126,9 @@ fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     gdx_engine::parse_listen(s).map_err(|e| e.wire_message())
 }
 
-/// Parse `1GiB`, `64MiB`, `4096`, `1.5GB`.
+/// Sizes the one gdx way ([`gdx_sys::bytesize`]: `1GB` = 10^9, `1GiB` = 2^30).
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid size {s:?}: expected a number with an optional unit"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => 1024.0,
-        "m" | "mib" => 1024.0 * 1024.0,
-        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        other => {
-            return Err(format!(
-                "invalid size {s:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, KB, MB, GB)"
-            ))
-        }
-    };
-    let v = n * mult;
-    if !v.is_finite() || v < 0.0 || v.fract() != 0.0 || v > u64::MAX as f64 {
-        return Err(format!("invalid size {s:?}: not a whole number of bytes"));
-    }
-    Ok(v as u64)
+    gdx_sys::bytesize::ByteSize::parse(s).map_err(|e| e.to_string())
 }
 
 /// Run `gdx serve`.
@@ -199,7 +173,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         None => None,
     };
     let handle = serve::run(cfg).with_context(|| format!("serving on {}", args.listen))?;
-    println!("{}", handle.banner());
+    // Before the banner: whoever reads the GDX_SERVE line has been warned already.
     if args.insecure {
         eprintln!(
             "gdx serve: WARNING: --insecure: no authentication; anyone who can reach {} gets the \
@@ -207,6 +181,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
             handle.addr()
         );
     }
+    println!("{}", handle.banner());
     if let Some(s) = generated {
         // Shown once, for the operator to hand to peers; never written anywhere by us.
         println!(

@@ -100,14 +100,14 @@ impl Check for NcclEnv {
             match judge(k, v) {
                 Some((st, msg, fix)) => out.push(
                     Finding::with_status(id, st, k.as_str(), format!("{k}={v} {msg}"))
-                        .evidence(format!("environment: {k}={v}"))
+                        .evidence(format!("{}: {k}={v}", ctx.env_origin()))
                         .fix(fix),
                 ),
                 None => harmless.push(format!("{k}={v}")),
             }
         }
         if out.is_empty() {
-            let msg = if vars.is_empty() {
+            let mut msg = if vars.is_empty() {
                 "no NCCL_* variables set".to_string()
             } else {
                 format!(
@@ -115,6 +115,9 @@ impl Check for NcclEnv {
                     vars.len()
                 )
             };
+            if ctx.env_origin() != "environment" {
+                msg.push_str(&format!(" ({})", ctx.env_origin()));
+            }
             out.push(Finding::pass(id, "host", msg).evidence_all(harmless));
         }
         out

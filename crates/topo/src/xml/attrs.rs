@@ -53,6 +53,23 @@ pub(super) fn text_pos(text: &str, pos: usize) -> (u32, u32) {
 pub(super) struct Attrs<'a, 'input> {
     pub(super) doc: &'a Document<'input>,
     pub(super) path: &'a Path,
+    /// Byte offsets where lines start, so a line number is a binary search, not a scan of
+    /// the text before it (roxmltree's `text_pos_at` scans: quadratic over many notes).
+    pub(super) line_starts: Vec<usize>,
+}
+
+impl<'a, 'input> Attrs<'a, 'input> {
+    pub(super) fn new(doc: &'a Document<'input>, path: &'a Path) -> Self {
+        let text = doc.input_text();
+        let line_starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        Attrs {
+            doc,
+            path,
+            line_starts,
+        }
+    }
 }
 
 impl Attrs<'_, '_> {
@@ -69,7 +86,9 @@ impl Attrs<'_, '_> {
     }
 
     pub(super) fn line_of(&self, node: Node) -> u32 {
-        self.doc.text_pos_at(node.range().start).row
+        let pos = node.range().start;
+        let line = self.line_starts.partition_point(|&s| s <= pos);
+        u32::try_from(line).unwrap_or(u32::MAX)
     }
 
     /// `<pci busid="...">` for a pci element, `<name>` otherwise: enough to find it.

@@ -123,6 +123,13 @@ pub(super) fn export(topo: &Topology, identity: Option<&CpuIdentity>) -> String 
             cpu.cpus = Some(n.cpus.clone());
         }
     }
+    // A device whose platform gives no node (VMs report -1) goes under the node its CPU
+    // affinity names, or the machine's only node: NCCL's `numaid="-1"` beside an empty real
+    // node would put every device on a CPU that does not exist.
+    let sole_node = match topo.numa_nodes.as_slice() {
+        [one] => Some(one.id),
+        _ => None,
+    };
     let numa_key = |d: &Device| -> i64 {
         d.numa
             .or_else(|| {
@@ -131,6 +138,11 @@ pub(super) fn export(topo: &Topology, identity: Option<&CpuIdentity>) -> String 
                     .as_deref()
                     .and_then(|h| topo.host_bridge_numa(h))
             })
+            .or_else(|| match topo.numa_affinity(d).as_slice() {
+                [one] => Some(*one),
+                _ => None,
+            })
+            .or(sole_node)
             .map_or(-1, i64::from)
     };
     for (i, d) in topo.devices.iter().enumerate() {

@@ -4,16 +4,31 @@ use super::attrs::{syntax_error, text_pos, Attrs};
 use super::{cpumask, depth};
 use crate::error::TopoError;
 use crate::model::{
-    kind_from_class, Attachment, Device, DeviceKind, HostBridge, LinkStatus, NicPort, NumaNode,
-    NvLink, NvLinkTarget, PciAddr, Source, Switch, SwitchId, Topology,
+    kind_from_class, Attachment, Device, DeviceKind, HostBridge, LinkStatus, NumaNode, NvLink,
+    NvLinkTarget, PciAddr, Switch, SwitchId, Topology,
 };
 use roxmltree::{Document, Node};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 /// Deepest `<pci>` nesting accepted. Real machines have a handful of switch levels; the limit
 /// keeps the recursive walk's stack bounded whatever the input.
 const MAX_PCI_DEPTH: usize = 64;
+
+mod finish;
+mod nic;
+
+/// Most `<cpu>` elements accepted: one per NUMA node, and Linux has at most 1024 nodes.
+pub const MAX_CPUS: usize = 1024;
+
+/// Most devices (GPUs, NICs, NVMe) accepted. One NCCL file describes one node; the largest
+/// have 8-16 GPUs and as many NICs. The matrix is quadratic in this, so it is the bound on
+/// memory and time too.
+pub const MAX_DEVICES: usize = 1024;
+
+/// At most this many notes are kept; a file with thousands of odd elements would otherwise
+/// bury the first ones (and cost memory per element).
+const MAX_NOTES: usize = 200;
 
 /// How NVLink targets that are no visible device start (typically an NVSwitch seen from a
 /// VM): a 7-digit all-ones domain no real PCI segment has.
@@ -54,7 +69,8 @@ pub(super) fn parse(text: &str, path: &Path) -> Result<Topology, TopoError> {
     }
     let mut p = Parser::new(&doc, path);
     p.system(root)?;
-    Ok(p.finish(path))
+    let nvlink_elements = root.descendants().any(|n| n.has_tag_name("nvlink"));
+    Ok(p.finish(path, nvlink_elements))
 }
 
 /// What a `<cpu>` element gives the devices below it.
@@ -77,6 +93,10 @@ struct Parser<'a, 'input> {
     host_bridges: Vec<HostBridge>,
     numa_nodes: Vec<NumaNode>,
     notes: Vec<String>,
+    dropped_notes: usize,
+    /// Host bridge ids (`cpu0`) already made, and where each NUMA node is in `numa_nodes`.
+    bridge_ids: HashSet<String>,
+    numa_index: HashMap<u32, usize>,
     seen: HashSet<PciAddr>,
     /// Leaves with no class and no `<gpu>`/`<nic>` child.
     unknown_kind: Vec<PciAddr>,
@@ -92,12 +112,15 @@ struct Parser<'a, 'input> {
 impl<'a, 'input> Parser<'a, 'input> {
     fn new(doc: &'a Document<'input>, path: &'a Path) -> Self {
         Parser {
-            a: Attrs { doc, path },
+            a: Attrs::new(doc, path),
             devices: Vec::new(),
             switches: Vec::new(),
             host_bridges: Vec::new(),
             numa_nodes: Vec::new(),
             notes: Vec::new(),
+            dropped_notes: 0,
+            bridge_ids: HashSet::new(),
+            numa_index: HashMap::new(),
             seen: HashSet::new(),
             unknown_kind: Vec::new(),
             untracked: Vec::new(),
@@ -105,6 +128,30 @@ impl<'a, 'input> Parser<'a, 'input> {
             self_targets: Vec::new(),
             untyped: Vec::new(),
         }
+    }
+
+    /// Record a non-fatal problem (at most [`MAX_NOTES`]; the rest are counted).
+    fn note(&mut self, s: String) {
+        if self.notes.len() < MAX_NOTES {
+            self.notes.push(s);
+        } else {
+            self.dropped_notes += 1;
+        }
+    }
+
+    /// Add a device, within [`MAX_DEVICES`].
+    fn push_device(&mut self, d: Device, node: Node) -> Result<(), TopoError> {
+        if self.devices.len() >= MAX_DEVICES {
+            return Err(self.a.elem_err(
+                node,
+                &format!(
+                    "more than {MAX_DEVICES} devices: not one machine's topology (an NCCL file \
+                     describes one node)"
+                ),
+            ));
+        }
+        self.devices.push(d);
+        Ok(())
     }
 
     /// Check the element children of `node`: those in `allowed` are the caller's to handle;
@@ -147,6 +194,19 @@ impl<'a, 'input> Parser<'a, 'input> {
             }
         }
         self.check_children(node, &["cpu"])?;
+        if let Some(extra) = node
+            .children()
+            .filter(|n| n.has_tag_name("cpu"))
+            .nth(MAX_CPUS)
+        {
+            return Err(self.a.elem_err(
+                extra,
+                &format!(
+                    "more than {MAX_CPUS} <cpu> elements: NCCL writes one per NUMA node and \
+                     Linux has at most {MAX_CPUS}"
+                ),
+            ));
+        }
         for cpu in node.children().filter(|n| n.has_tag_name("cpu")) {
             self.cpu(cpu)?;
         }
@@ -175,11 +235,11 @@ impl<'a, 'input> Parser<'a, 'input> {
             None => None,
         };
         let host_bridge = format!("cpu{numaid}");
-        if self.host_bridges.iter().any(|h| h.id == host_bridge) {
+        if !self.bridge_ids.insert(host_bridge.clone()) {
             // Two <cpu> with one numaid are one CPU to NCCL (its CPU node id is the numaid).
-            self.notes.push(format!(
-                "several <cpu numaid=\"{numaid}\"> elements (line {}): treated as one CPU",
-                self.a.line_of(node)
+            let line = self.a.line_of(node);
+            self.note(format!(
+                "several <cpu numaid=\"{numaid}\"> elements (line {line}): treated as one CPU"
             ));
         } else {
             self.host_bridges.push(HostBridge {
@@ -188,13 +248,20 @@ impl<'a, 'input> Parser<'a, 'input> {
             });
         }
         if let Some(id) = numa {
-            match self.numa_nodes.iter_mut().find(|n| n.id == id) {
+            match self
+                .numa_index
+                .get(&id)
+                .and_then(|&i| self.numa_nodes.get_mut(i))
+            {
                 Some(n) if n.cpus.is_empty() => n.cpus = cpus.clone().unwrap_or_default(),
                 Some(_) => {}
-                None => self.numa_nodes.push(NumaNode {
-                    id,
-                    cpus: cpus.clone().unwrap_or_default(),
-                }),
+                None => {
+                    self.numa_index.insert(id, self.numa_nodes.len());
+                    self.numa_nodes.push(NumaNode {
+                        id,
+                        cpus: cpus.clone().unwrap_or_default(),
+                    });
+                }
             }
         }
         let ctx = CpuCtx {
@@ -264,9 +331,9 @@ impl<'a, 'input> Parser<'a, 'input> {
                 .children()
                 .any(|n| n.has_tag_name("gpu") || n.has_tag_name("nic"))
             {
-                self.notes.push(format!(
-                    "bridge <pci busid=\"{bdf}\"> (line {}) has <gpu>/<nic> children: ignored",
-                    self.a.line_of(node)
+                let line = self.a.line_of(node);
+                self.note(format!(
+                    "bridge <pci busid=\"{bdf}\"> (line {line}) has <gpu>/<nic> children: ignored"
                 ));
             }
             let mut below = chain.to_vec();
@@ -295,9 +362,9 @@ impl<'a, 'input> Parser<'a, 'input> {
             return Ok(());
         };
         if !self.seen.insert(bdf) {
-            self.notes.push(format!(
-                "<pci busid=\"{bdf}\"> (line {}) appears twice: the later one is ignored",
-                self.a.line_of(node)
+            let line = self.a.line_of(node);
+            self.note(format!(
+                "<pci busid=\"{bdf}\"> (line {line}) appears twice: the later one is ignored"
             ));
             return Ok(());
         }
@@ -321,12 +388,14 @@ impl<'a, 'input> Parser<'a, 'input> {
             DeviceKind::Nvme => {}
         }
         if d.name.is_none() {
-            if let (Some(v), Some(dev)) = (vendor, device_id) {
-                d.name = Some(format!("{v:04x}:{dev:04x}"));
-            }
+            d.name = match kind {
+                DeviceKind::Nic => crate::vendor::nic_name(vendor, device_id, class),
+                _ => vendor
+                    .zip(device_id)
+                    .map(|(v, dev)| format!("{v:04x}:{dev:04x}")),
+            };
         }
-        self.devices.push(d);
-        Ok(())
+        self.push_device(d, node)
     }
 
     fn gpu(&mut self, node: Node, d: &mut Device, bdf: PciAddr) -> Result<(), TopoError> {
@@ -336,10 +405,10 @@ impl<'a, 'input> Parser<'a, 'input> {
             .filter(|n| n.has_tag_name("gpu"))
             .count();
         if extra > 0 {
-            self.notes.push(format!(
-                "GPU {bdf} has {} <gpu> elements (line {}): the first is used",
-                extra + 1,
-                self.a.line_of(node)
+            let line = self.a.line_of(node);
+            self.note(format!(
+                "GPU {bdf} has {} <gpu> elements (line {line}): the first is used",
+                extra + 1
             ));
         }
         let index = self.a.opt_u32(node, "dev")?;
@@ -349,6 +418,8 @@ impl<'a, 'input> Parser<'a, 'input> {
         self.a.opt_int(node, "gdr")?;
         self.check_children(node, &["nvlink", "c2c"])?;
         let mut links: Vec<NvLink> = Vec::new();
+        // Where each target's bundle is in `links`: one look-up per element, not a scan.
+        let mut bundle: HashMap<NvLinkTarget, usize> = HashMap::new();
         for child in node.children().filter(Node::is_element) {
             let link = match child.tag_name().name() {
                 "nvlink" => self.nvlink(child, bdf)?,
@@ -365,9 +436,12 @@ impl<'a, 'input> Parser<'a, 'input> {
                 continue;
             };
             // NCCL adds up links to one target (real NVSwitch machines list each switch).
-            match links.iter_mut().find(|l| l.target == link.target) {
+            match bundle.get(&link.target).and_then(|&i| links.get_mut(i)) {
                 Some(l) => l.count = l.count.saturating_add(link.count),
-                None => links.push(link),
+                None => {
+                    bundle.insert(link.target.clone(), links.len());
+                    links.push(link);
+                }
             }
         }
         let info = d.gpu.get_or_insert_with(Default::default);
@@ -400,10 +474,10 @@ impl<'a, 'input> Parser<'a, 'input> {
             Some(CLASS_NVLINK_CPU | CLASS_BRIDGE) => NvLinkTarget::Cpu,
             Some(CLASS_NVSWITCH) => NvLinkTarget::NvSwitch,
             Some(other) => {
-                self.notes.push(format!(
-                    "GPU {owner}: <nvlink tclass=\"{other:#08x}\"> (line {}) is no class NCCL \
-                     knows: taken as an NVSwitch, as NCCL does",
-                    self.a.line_of(node)
+                let line = self.a.line_of(node);
+                self.note(format!(
+                    "GPU {owner}: <nvlink tclass=\"{other:#08x}\"> (line {line}) is no class NCCL \
+                     knows: taken as an NVSwitch, as NCCL does"
                 ));
                 NvLinkTarget::NvSwitch
             }
@@ -423,150 +497,7 @@ impl<'a, 'input> Parser<'a, 'input> {
         };
         Ok(Some(NvLink { target, count }))
     }
-
-    /// `<net>` children of a `<nic>` into the device's NIC facts.
-    fn nets(&mut self, nic: Node, d: &mut Device) -> Result<(), TopoError> {
-        self.check_children(nic, &["net"])?;
-        let mut names: Vec<String> = Vec::new();
-        let mut ports = Vec::new();
-        let mut speed_mbps = None;
-        for net in nic.children().filter(|n| n.has_tag_name("net")) {
-            self.a.opt_int(net, "dev")?;
-            self.a.opt_int(net, "gdr")?;
-            let speed = self.a.opt_u64(net, "speed")?.filter(|s| *s > 0);
-            let port = self.a.opt_u32(net, "port")?.unwrap_or(0);
-            if let Some(name) = net
-                .attribute("name")
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-            {
-                if !names.iter().any(|n| n == name) {
-                    names.push(name.to_string());
-                }
-            }
-            speed_mbps = speed_mbps.or(speed);
-            ports.push(NicPort {
-                port,
-                rate_gbps: speed.map(|s| s as f64 / 1000.0),
-                ..NicPort::default()
-            });
-        }
-        if names.len() > 1 {
-            self.notes.push(format!(
-                "<nic> (line {}) holds several net devices ({}): modelled as one NIC named {}",
-                self.a.line_of(nic),
-                names.join(", "),
-                names[0]
-            ));
-        }
-        let info = d.nic.get_or_insert_with(Default::default);
-        info.rdma_name = names.first().cloned();
-        if let Some(name) = names.first().filter(|n| is_netdev_name(n)) {
-            info.netdevs.push(name.clone());
-        }
-        info.ports = ports;
-        info.speed_mbps = speed_mbps;
-        d.name = info.rdma_name.clone().or(d.name.take());
-        Ok(())
-    }
-
-    /// A `<nic>` directly under `<cpu>`: a NIC NCCL knows only by its nets (no PCI address).
-    fn cpu_nic(&mut self, node: Node, ctx: &CpuCtx) -> Result<(), TopoError> {
-        if !node.children().any(|n| n.has_tag_name("net")) {
-            self.check_children(node, &["net"])?;
-            self.notes.push(format!(
-                "<nic> without <net> under <cpu> (line {}): ignored",
-                self.a.line_of(node)
-            ));
-            return Ok(());
-        }
-        let mut d = self.new_device(DeviceKind::Nic, None, ctx);
-        self.nets(node, &mut d)?;
-        self.devices.push(d);
-        Ok(())
-    }
-
-    fn finish(mut self, path: &Path) -> Topology {
-        // A GPU-class link given without tclass: NCCL would read the target's class from
-        // sysfs and take an unreadable one for an NVSwitch; in a file, a GPU listed in the
-        // same file is the best evidence there is.
-        let gpu_bdfs: HashSet<PciAddr> = self
-            .devices
-            .iter()
-            .filter(|d| d.kind == DeviceKind::Gpu)
-            .filter_map(|d| d.bdf)
-            .collect();
-        for u in &self.untyped {
-            if gpu_bdfs.contains(&u.target) {
-                continue;
-            }
-            let owner = self.devices.iter_mut().find(|d| d.bdf == Some(u.owner));
-            if let Some(info) = owner.and_then(|d| d.gpu.as_mut()) {
-                for l in &mut info.nvlinks {
-                    if l.target == NvLinkTarget::Gpu(u.target) {
-                        l.target = NvLinkTarget::NvSwitch;
-                    }
-                }
-            }
-        }
-        if !self.unknown_kind.is_empty() {
-            let n = self.unknown_kind.len();
-            let ids: Vec<String> = self.unknown_kind.iter().map(ToString::to_string).collect();
-            self.notes.push(format!(
-                "{n} PCI device{} without class or <gpu>/<nic> child: kind unknown (bus ids: {}); \
-                 NCCL fills these in from sysfs on the machine itself",
-                if n == 1 { "" } else { "s" },
-                ids.join(", ")
-            ));
-        }
-        if !self.untracked.is_empty() {
-            let ids: Vec<String> = self
-                .untracked
-                .iter()
-                .map(|(b, c)| format!("{b} class {c:#08x}"))
-                .collect();
-            self.notes.push(format!(
-                "PCI devices of classes gdx does not track left out: {}",
-                ids.join(", ")
-            ));
-        }
-        if !self.ignored.is_empty() {
-            self.notes.push(format!(
-                "elements NCCL does not define, ignored: {}",
-                self.ignored.join(", ")
-            ));
-        }
-        let mut topo = Topology {
-            source: Source::NcclXml(path.display().to_string()),
-            devices: self.devices,
-            switches: self.switches,
-            host_bridges: self.host_bridges,
-            numa_nodes: self.numa_nodes,
-            nvml_enriched: false,
-            notes: self.notes,
-        };
-        topo.assign_labels();
-        // Worded after labelling so the note names the GPU as every other view does.
-        let mut quirk = self.self_targets;
-        quirk.dedup();
-        for bdf in quirk {
-            let label = topo
-                .by_bdf(bdf)
-                .map_or_else(|| bdf.to_string(), |d| format!("{} ({bdf})", d.label));
-            topo.notes.push(format!(
-                "{label}: <nvlink target> is its own bus id (known quirk of Azure NC A100 v4 \
-                 files); NVLink peer unknown"
-            ));
-        }
-        topo
-    }
 }
 
-/// True for kernel interface names (`eth0`, `ens1f0`, `ib0`, `bond0`): NCCL's socket
-/// transport names its nets so, where the IB transport uses RDMA device names (`mlx5_0`).
-fn is_netdev_name(name: &str) -> bool {
-    const PREFIXES: [&str; 12] = [
-        "eth", "en", "ib", "bond", "team", "br", "lo", "wl", "vlan", "veth", "hsn", "docker",
-    ];
-    PREFIXES.iter().any(|p| name.starts_with(p))
-}
+/// How the GPU↔GPU classes of a model with no NVLink facts from an NCCL file are marked.
+pub const NO_NVLINK_FACTS: &str = "PCIe only: this file carries no NVLink facts";

@@ -1,0 +1,58 @@
+//! The output flags every printing subcommand shares (`--color`, and the rule for when colour is
+//! on), so `gdx topo`, `doctor`, `bench`, `cp`, `serve` and `calibrate` behave the same.
+
+use clap::ValueEnum;
+use std::io::IsTerminal;
+
+/// `--color WHEN`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum ColorWhen {
+    /// Colour when stdout is a terminal and `NO_COLOR` is unset.
+    #[default]
+    Auto,
+    /// Always colour.
+    Always,
+    /// Never colour.
+    Never,
+}
+
+impl ColorWhen {
+    /// Whether to colour text written to stdout.
+    pub fn enabled(self) -> bool {
+        match self {
+            ColorWhen::Always => true,
+            ColorWhen::Never => false,
+            ColorWhen::Auto => {
+                std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+            }
+        }
+    }
+}
+
+/// `text` in ANSI colour `code` (`"32"` green, `"31"` red, `"33"` yellow) when `on`.
+pub fn paint(on: bool, code: &str, text: &str) -> String {
+    if on {
+        format!("\x1b[{code}m{text}\x1b[0m")
+    } else {
+        text.to_string()
+    }
+}
+
+/// The error and its causes on one line, each cause once. Library errors often carry their
+/// source's text in their own message (`thiserror`'s `"{0}"`) *and* expose it as `source()`;
+/// printing `{:#}` then says "No such file or directory (os error 2)" twice. A cause whose text
+/// is already in the line is skipped.
+pub fn error_chain(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
