@@ -173,7 +173,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         None => None,
     };
     let handle = serve::run(cfg).with_context(|| format!("serving on {}", args.listen))?;
-    println!("{}", handle.banner());
+    // Before the banner: whoever reads the GDX_SERVE line has been warned already.
     if args.insecure {
         eprintln!(
             "gdx serve: WARNING: --insecure: no authentication; anyone who can reach {} gets the \
@@ -181,6 +181,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
             handle.addr()
         );
     }
+    println!("{}", handle.banner());
     if let Some(s) = generated {
         // Shown once, for the operator to hand to peers; never written anywhere by us.
         println!(
