@@ -397,7 +397,7 @@ impl Peer {
     /// As [`crate::Agent::connect`].
     pub fn reconnect(&self) -> Result<Peer> {
         let s = TcpStream::connect_timeout(&self.inner.addr, self.inner.agent.cfg.io_timeout)
-            .map_err(|e| Error::PeerLost(format!("connect {}: {e}", self.inner.addr)))?;
+            .map_err(|e| Error::Unreachable(format!("{}: {e}", self.inner.addr)))?;
         Peer::handshake(Arc::clone(&self.inner.agent), s, self.inner.addr)
     }
 
