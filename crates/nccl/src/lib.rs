@@ -22,6 +22,8 @@ pub mod judge;
 pub mod line;
 pub mod model;
 pub mod parse;
+pub mod render;
+pub mod run;
 
 pub use error::NcclError;
 pub use model::NcclLog;
