@@ -162,3 +162,33 @@ fn nvls_and_topology_file_are_reported_as_context() {
         .nccl_did
         .contains("available on 5 device(s)"));
 }
+
+#[test]
+fn an_nccl_xml_without_hca_names_is_matched_through_the_ranks_gpu() {
+    let xml = r#"<system version="1">
+  <cpu numaid="0" affinity="0000ffff" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="143">
+    <pci busid="0000:1a:00.0" class="0x060400" link_speed="32.0 GT/s PCIe" link_width="16">
+      <pci busid="0000:1c:00.0" class="0x030200" link_speed="32.0 GT/s PCIe" link_width="16"/>
+      <pci busid="0000:1d:00.0" class="0x020700" link_speed="32.0 GT/s PCIe" link_width="16"/>
+    </pci>
+  </cpu>
+</system>"#;
+    let topo = gdx_topo::parse_nccl_xml(xml, std::path::Path::new("test.xml")).unwrap();
+    let j = judge(
+        &log("gdr_disabled_roce_nccl1537.log"),
+        Machine {
+            topology: Some(&topo),
+            findings: &[],
+        },
+    );
+    let m0 = find(&j, "GDR on mlx5_0");
+    assert_eq!(m0.verdict, Verdict::NotBest, "{m0:#?}");
+    assert!(
+        m0.best
+            .as_deref()
+            .unwrap()
+            .contains("GPU0's nearest NIC (NIC0 0000:1d:00.0) is PIX"),
+        "{m0:#?}"
+    );
+    assert_eq!(j.exit_code(), 1);
+}

@@ -14,8 +14,10 @@
 //! The topology describes one machine; a multi-host log is judged as if every host were built
 //! the same (cluster nodes usually are), and the judgement says which machine it used.
 
+mod context;
+mod gdr;
+
 use crate::model::{Connection, NcclLog, PairClass, Scope, Transport};
-use gdx_doctor::checks::distance::{parse_level, DEFAULT_GDR_LEVEL};
 use gdx_doctor::checks::nccl_env;
 use gdx_doctor::{Finding, Status};
 use gdx_topo::{Device, PathClass, PciAddr, Topology};
@@ -194,152 +196,6 @@ impl<'a> Judge<'a> {
             .find(|n| n.nic.as_ref().and_then(|i| i.rdma_name.as_deref()) == Some(name))
     }
 
-    /// Why GDR is off, from the log and the doctor.
-    fn gdr_reasons(&self, hca: Option<&str>) -> (Vec<String>, Option<String>) {
-        let mut why = Vec::new();
-        let mut fix = None;
-        for g in self.log.gdr.iter().filter(|g| !g.enabled) {
-            if hca.is_some() && g.name.as_deref() != hca {
-                continue;
-            }
-            if let Some(r) = &g.reason {
-                let text = if r == "no module" {
-                    "NCCL found no peer-memory module (nvidia-peermem / nv_peer_mem)".to_string()
-                } else {
-                    format!("NCCL said: {r}")
-                };
-                if !why.contains(&text) {
-                    why.push(text);
-                }
-            }
-        }
-        let version = self.log.version.as_deref().and_then(parse_version);
-        for id in ["peermem", "dmabuf", "gpu-gdr-support"] {
-            let Some(f) = self.finding(id) else { continue };
-            match f.status {
-                Status::Fail | Status::Warn => {
-                    why.push(format!("doctor {id}: {}", f.message));
-                    if fix.is_none() {
-                        fix = f.fix.clone();
-                    }
-                }
-                Status::Pass
-                    if id == "peermem"
-                        && f.message.contains("nvidia_peermem")
-                        && version.is_some_and(|v| v <= (2, 22, 3)) =>
-                {
-                    why.push("nvidia_peermem is loaded, but NCCL ≤ 2.22.3 only looks for nv_peer_mem's sysfs file, so it does not see it (NVIDIA/nccl#1676)".into());
-                    fix = Some(
-                        "use NCCL ≥ 2.23.4, or DMA-BUF (open GPU kernel modules, kernel ≥ 5.12)"
-                            .into(),
-                    );
-                }
-                _ => {}
-            }
-        }
-        if version.is_some_and(|v| v < (2, 13, 0)) {
-            why.push(
-                "NCCL < 2.13 cannot register GPU memory through DMA-BUF; it needs nvidia-peermem"
-                    .into(),
-            );
-        }
-        for (var, value) in &self.log.env {
-            if !matches!(
-                var.as_str(),
-                "NCCL_NET_GDR_LEVEL" | "NCCL_DMABUF_ENABLE" | "NCCL_NET_GDR_READ"
-            ) {
-                continue;
-            }
-            if let Some((_, what, _)) = nccl_env::judge(var, value) {
-                why.push(format!("{var}={value}: {what}"));
-            }
-        }
-        if why.is_empty() {
-            why.push("neither the log nor the doctor gives a reason (run `gdx doctor` on the machine that wrote the log)".into());
-        }
-        let fix = fix.or_else(|| Some("load nvidia-peermem (`modprobe nvidia-peermem`), or use DMA-BUF: open GPU kernel modules, kernel ≥ 5.12, NCCL ≥ 2.13".into()));
-        (why, fix)
-    }
-
-    /// GPUs that reach `nic` at PIX/PXB, with the class.
-    fn local_gpus(&self, nic: &Device) -> Vec<(&'a Device, PathClass)> {
-        let Some(topo) = self.topo else {
-            return Vec::new();
-        };
-        topo.gpus()
-            .map(|g| (g, topo.pcie_class(g, nic)))
-            .filter(|(_, c)| c.is_pcie_local())
-            .collect()
-    }
-
-    /// One judgement per HCA NCCL turned GPU Direct RDMA off for.
-    fn gdr_hcas(&mut self) -> Vec<Judgement> {
-        let mut names: Vec<String> = Vec::new();
-        for g in self.log.gdr.iter().filter(|g| !g.enabled) {
-            let n = g.name.clone().unwrap_or_else(|| format!("HCA {}", g.hca));
-            if !names.contains(&n) {
-                names.push(n);
-            }
-        }
-        let forced = self
-            .log
-            .env
-            .get("NCCL_NET_GDR_LEVEL")
-            .and_then(|v| parse_level(v))
-            .is_some_and(|l| l > DEFAULT_GDR_LEVEL);
-        names
-            .into_iter()
-            .map(|name| {
-                let nccl_did = format!("GPU Direct RDMA disabled for {name}");
-                let subject = format!("GDR on {name}");
-                let (why, fix) = self.gdr_reasons(Some(&name));
-                if self.topo.is_none() {
-                    return Judgement {
-                        subject,
-                        verdict: Verdict::Unknown,
-                        nccl_did,
-                        best: None,
-                        why,
-                        fix,
-                    };
-                }
-                let Some(nic) = self.nic_named(&name) else {
-                    return Judgement {
-                        subject,
-                        verdict: Verdict::Unknown,
-                        nccl_did,
-                        best: None,
-                        why: vec![format!("{name} is not an RDMA device of the given topology")],
-                        fix: None,
-                    };
-                };
-                let local = self.local_gpus(nic);
-                if local.is_empty() && !forced {
-                    return Judgement {
-                        subject,
-                        verdict: Verdict::Best,
-                        nccl_did,
-                        best: Some(format!("no GPU is PIX or PXB to {name}")),
-                        why: vec![format!("GPUDirect RDMA would cross a host bridge; NCCL's default NCCL_NET_GDR_LEVEL (PXB) stages through host memory instead, which is right")],
-                        fix: None,
-                    };
-                }
-                let best = match local.first() {
-                    Some((g, c)) => format!("{}↔{name} is {c}: GDRDMA expected", g.label),
-                    None => format!("NCCL_NET_GDR_LEVEL allows GDR at any distance to {name}"),
-                };
-                Judgement {
-                    subject,
-                    verdict: Verdict::NotBest,
-                    nccl_did,
-                    best: Some(best),
-                    why,
-                    fix,
-                }
-            })
-            .collect()
-    }
-
     /// The rank of a network connection that printed it (the end on the printing host).
     fn local_rank(c: &Connection) -> u32 {
         match c.direction {
@@ -499,9 +355,17 @@ impl<'a> Judge<'a> {
             let Some(gpu) = self.gpu_of(Self::local_rank(c)) else {
                 continue;
             };
-            let (Some(topo), Some(nic)) = (self.topo, self.nic_named(&name)) else {
-                continue;
-            };
+            let Some(topo) = self.topo else { continue };
+            // A topology that names no HCA (NCCL XML): the GPU's nearest NIC stands in.
+            let nic = self.nic_named(&name).or_else(|| {
+                let named = topo
+                    .nics()
+                    .any(|n| n.nic.as_ref().is_some_and(|i| i.rdma_name.is_some()));
+                (!named)
+                    .then(|| topo.nearest_nics(gpu).into_iter().next().map(|(n, _)| n))
+                    .flatten()
+            });
+            let Some(nic) = nic else { continue };
             let class = topo.pcie_class(gpu, nic);
             let text = format!("{}↔{name} is {class}", gpu.label);
             if class.is_pcie_local() {
@@ -543,76 +407,6 @@ impl<'a> Judge<'a> {
                 j.why.push("the ranks' GPUs or NICs could not be placed in the topology (no bus ids or NIC names in the log)".into());
             }
         }
-    }
-
-    /// NVLS, CollNet, the topology file, and environment overrides NCCL reported.
-    fn context(&self) -> Vec<Judgement> {
-        let mut out = Vec::new();
-        let info = |subject: &str, did: String| Judgement {
-            subject: subject.to_string(),
-            verdict: Verdict::Info,
-            nccl_did: did,
-            best: None,
-            why: Vec::new(),
-            fix: None,
-        };
-        let n = &self.log.nvls;
-        if !n.available_on.is_empty() || !n.unavailable_on.is_empty() || n.channels.is_some() {
-            let mut s = format!(
-                "NVLS multicast available on {} device(s), not on {}",
-                n.available_on.len(),
-                n.unavailable_on.len()
-            );
-            if let Some(c) = n.channels {
-                s.push_str(&format!("; {c} NVLS channel(s)"));
-            }
-            out.push(info("NVLS", s));
-        }
-        let c = &self.log.collnet;
-        if c.plugin.is_some() || c.sharp_devices || c.channels.is_some() {
-            out.push(info(
-                "CollNet",
-                format!(
-                    "plugin {}; SHARP-capable devices: {}; CollNet channels: {}",
-                    c.plugin.as_deref().unwrap_or("none"),
-                    if c.sharp_devices { "yes" } else { "no" },
-                    c.channels.map_or("not reported".into(), |n| n.to_string())
-                ),
-            ));
-        }
-        match &self.log.topo_file {
-            Some(f) => out.push(info(
-                "topology file",
-                format!("NCCL read NCCL_TOPO_FILE={f}"),
-            )),
-            None if self
-                .log
-                .system
-                .as_ref()
-                .and_then(|s| s.min_pci_bw)
-                .is_some_and(|b| b < 1.0) =>
-            {
-                let mut j = info(
-                    "topology",
-                    "NCCL's topology has a PCI link below 1 GB/s (a hypervisor-made bridge)".into(),
-                );
-                j.fix = Some(
-                    "give NCCL the real PCI tree: `gdx nccl env` prints NCCL_TOPO_FILE".into(),
-                );
-                out.push(j);
-            }
-            None => {}
-        }
-        for (var, value) in &self.log.env {
-            if let Some((status, what, fix)) = nccl_env::judge(var, value) {
-                let mut j = info(&format!("{var}={value}"), what);
-                if status == Status::Fail {
-                    j.fix = Some(fix);
-                }
-                out.push(j);
-            }
-        }
-        out
     }
 }
 
