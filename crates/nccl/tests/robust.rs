@@ -91,3 +91,20 @@ proptest! {
         let _ = log.hosts();
     }
 }
+
+#[test]
+fn per_rank_debug_files_give_the_same_facts_as_one_combined_log() {
+    // NCCL_DEBUG_FILE=nccl.%h.%p.log writes one file per process: split the two hosts apart.
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b): (Vec<&str>, Vec<&str>) = FIXTURE.lines().partition(|l| l.starts_with("2134"));
+    let fa = dir.path().join("nccl.21346d5cefce.5325.log");
+    let fb = dir.path().join("nccl.6a5a91752e39.74352.log");
+    std::fs::write(&fa, a.join("\n")).unwrap();
+    std::fs::write(&fb, b.join("\n")).unwrap();
+    let split = gdx_nccl::parse_files(&[&fa, &fb]).unwrap();
+    let whole = parse_text("whole", FIXTURE);
+    assert_eq!(split.sources.len(), 2);
+    assert_eq!(split.pair_classes(), whole.pair_classes());
+    assert_eq!(split.gdr, whole.gdr);
+    assert!(gdx_nccl::parse_files(&[dir.path().join("absent.log")]).is_err());
+}
