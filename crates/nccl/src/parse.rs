@@ -636,4 +636,20 @@ mod tests {
             .iter()
             .all(|d| d.relaxed_ordering && d.link == "RoCE"));
     }
+
+    #[test]
+    fn comm_init_all_lines_give_rank_bus_and_size() {
+        let log = parse_text(
+            "t",
+            "h:7:7 [0] NCCL INFO ncclCommInitAll comm 0x55d0 rank 0 nranks 1 cudaDev 0 nvmlDev 0 busId 60 commId 0x1f - Init START\n\
+             h:7:7 [0] NCCL INFO comm 0x55d0 rank 0 nRanks 1 nNodes 1 localRanks 1 localRank 0 MNNVL 0\n",
+        );
+        assert_eq!(log.ranks.len(), 1);
+        let r = &log.ranks[0];
+        assert_eq!(
+            (r.nranks, r.nnodes, r.bus_id.as_deref()),
+            (Some(1), Some(1), Some("60"))
+        );
+        assert_eq!(r.comm.as_deref(), Some("0x1f"));
+    }
 }

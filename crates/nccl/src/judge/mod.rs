@@ -96,13 +96,15 @@ impl Judged {
     }
 }
 
-/// NCCL's int64 bus id (`1c000`, `100000`) as a PCI address: the hex digits of
-/// `dddd:bb:dd.f` with the separators removed.
+/// NCCL's int64 bus id (`1c000`, `100000`, `60`) as a PCI address: the hex digits of
+/// `dddd:bb:dd.f` with the separators removed, printed without leading zeros (so a GPU at
+/// `0000:00:06.0`, as on a flat VM bus, is `60`).
 pub fn bus_id_to_pci(id: &str) -> Option<PciAddr> {
     let id = id.trim().trim_start_matches("0x");
-    if id.len() < 5 || id.len() > 13 || !id.chars().all(|c| c.is_ascii_hexdigit()) {
+    if id.is_empty() || id.len() > 13 || !id.chars().all(|c| c.is_ascii_hexdigit()) {
         return None;
     }
+    let id = format!("{id:0>5}");
     let n = id.len();
     let function = u8::from_str_radix(&id[n - 1..], 16).ok()?;
     let device = u8::from_str_radix(&id[n - 3..n - 1], 16).ok()?;
@@ -436,7 +438,8 @@ mod tests {
         assert_eq!(bus_id_to_pci("1c000").unwrap().to_string(), "0000:1c:00.0");
         assert_eq!(bus_id_to_pci("100000").unwrap().to_string(), "0001:00:00.0");
         assert_eq!(bus_id_to_pci("c7000").unwrap().to_string(), "0000:c7:00.0");
-        assert!(bus_id_to_pci("1c0").is_none());
+        assert_eq!(bus_id_to_pci("60").unwrap().to_string(), "0000:00:06.0");
+        assert!(bus_id_to_pci("").is_none());
         assert!(bus_id_to_pci("zz000").is_none());
     }
 
