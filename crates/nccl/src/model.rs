@@ -473,6 +473,15 @@ impl NcclLog {
         h.extend(self.connections.iter().filter_map(|c| c.host.clone()));
         h.extend(self.ib_devices.iter().filter_map(|d| d.host.clone()));
         h.extend(self.gdr.iter().filter_map(|d| d.host.clone()));
+        h.extend(self.sockets.iter().filter_map(|d| d.host.clone()));
+        for seen in [
+            &self.versions,
+            &self.networks,
+            &self.ib_unavailable,
+            &self.nccl_warnings,
+        ] {
+            h.extend(seen.iter().filter_map(|s| s.host.clone()));
+        }
         h
     }
 }

@@ -163,6 +163,7 @@ fn p2p_level_loc_and_ib_disabled_returnn1469() {
         Some("1")
     );
     assert_eq!(log.sockets[0].name, "ib0");
+    assert_eq!(log.hosts().into_iter().collect::<Vec<_>>(), ["ncg12"]);
     assert!(log.parse_warnings.is_empty(), "{:?}", log.parse_warnings);
 }
 
