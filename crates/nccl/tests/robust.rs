@@ -108,3 +108,16 @@ fn per_rank_debug_files_give_the_same_facts_as_one_combined_log() {
     assert_eq!(split.gdr, whole.gdr);
     assert!(gdx_nccl::parse_files(&[dir.path().join("absent.log")]).is_err());
 }
+
+#[test]
+fn gdr_lines_with_a_mechanism_or_lower_case_are_read() {
+    let log = parse_text(
+        "m",
+        "h:1:2 [0] NCCL INFO NET/IB : GPU Direct RDMA (DMABUF) enabled for HCA 0 'mlx5_0'\n\
+         h:1:2 [0] NCCL INFO NET/IB : GPU Direct RDMA Disabled for HCA 1 'mlx5_1'\n",
+    );
+    assert_eq!(log.gdr.len(), 2);
+    assert!(log.gdr[0].enabled);
+    assert_eq!(log.gdr[0].reason.as_deref(), Some("DMABUF"));
+    assert!(!log.gdr[1].enabled && log.gdr[1].reason.is_none());
+}

@@ -124,13 +124,23 @@ impl Cx<'_> {
             .strip_prefix("NET/")
             .unwrap_or("IB")
             .to_string();
-        let rest = &m[at + "GPU Direct RDMA ".len()..];
-        let enabled = if rest.starts_with("Enabled") {
-            true
-        } else if rest.starts_with("Disabled") {
-            false
-        } else {
-            return false;
+        let mut rest = &m[at + "GPU Direct RDMA ".len()..];
+        // Tolerate a mechanism before the verdict (`GPU Direct RDMA (DMABUF) Enabled ...`)
+        // and either capitalisation.
+        let mut mechanism = None;
+        if let Some((mech, after)) = rest.strip_prefix('(').and_then(|r| r.split_once(") ")) {
+            mechanism = Some(mech.to_string());
+            rest = after;
+        }
+        let verdict = rest
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let enabled = match verdict.as_str() {
+            "enabled" => true,
+            "disabled" => false,
+            _ => return false,
         };
         let gpu_bus_id = rest
             .split_once("for GPU ")
@@ -150,7 +160,8 @@ impl Cx<'_> {
             .map(|(n, _)| n.to_string());
         let reason = rest
             .rfind('(')
-            .and_then(|o| rest[o + 1..].split_once(')').map(|(r, _)| r.to_string()));
+            .and_then(|o| rest[o + 1..].split_once(')').map(|(r, _)| r.to_string()))
+            .or(mechanism);
         let g = GdrStatus {
             net,
             hca,
