@@ -3,6 +3,7 @@ pub mod bench;
 pub mod calibrate;
 pub mod cp;
 pub mod doctor;
+pub mod nccl;
 pub mod output;
 pub mod serve;
 pub mod topo;
