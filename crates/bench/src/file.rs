@@ -4,7 +4,7 @@
 //! (`O_DIRECT`), and every write `fdatasync`ed inside the timing: the figures are the disk's,
 //! and each row's note says how the page cache was handled.
 //!
-//! The measuring is `gdx_storage::bench_file_row` (the protocol of `gdx cp --bench`), one call
+//! The measuring is `gdx_storage::bench_file_row` (gdx-storage's file-benchmark protocol), one call
 //! per size; this module only turns its rows into [`Row`]s.
 //!
 //! Opt-in ([`BenchCase::opt_in`]): they write scratch files as large as the largest size, so a

@@ -128,11 +128,6 @@ impl FileIo {
         self.size_at_open
     }
 
-    /// The file system's name, e.g. `ext4`.
-    pub(crate) fn fs(&self) -> &'static str {
-        self.fs
-    }
-
     fn refused(&self) -> std::sync::MutexGuard<'_, Option<String>> {
         self.refused.lock().unwrap_or_else(|p| p.into_inner())
     }
