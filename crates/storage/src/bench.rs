@@ -267,7 +267,7 @@ fn copy_opts(opts: &BenchOptions, path: PathChoice, sync: bool) -> CopyOptions {
     }
 }
 
-/// Measure one row on its own, with the same protocol as [`bench_file`]: the scratch file is
+/// Measure one row on its own (the module's protocol): the scratch file is
 /// written first (from a host pattern for [`BenchKind::FileToHostStaged`], which needs no GPU;
 /// from a pattern on GPU `opts.gpu` for the others), and the first sample is verified. A GPU
 /// row fails here when CUDA or the GPU cannot be set up; a `gds` row is returned
@@ -554,12 +554,14 @@ mod tests {
     }
 
     #[test]
-    fn without_a_gpu_the_bench_is_an_error_not_a_panic() {
+    fn without_a_gpu_a_gpu_row_is_an_error_not_a_panic() {
         if Cuda::load().is_ok() {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        let e = bench_file(&BenchOptions::new(dir.path().join("b"), 0), &mut |_| {}).unwrap_err();
+        let opts = BenchOptions::new(dir.path().join("b"), 0);
+        let kind = BenchKind::ALL.into_iter().find(|k| k.needs_gpu()).unwrap();
+        let e = bench_file_row(&opts, kind, &mut |_| {}).unwrap_err();
         assert!(e.to_string().contains("libcuda.so.1 unavailable"), "{e}");
     }
 }

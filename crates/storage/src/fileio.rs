@@ -391,7 +391,7 @@ mod tests {
         let (path, reason) = io.outcome();
         // Every file system this runs on in CI takes O_DIRECT; the reason names it either way.
         eprintln!("{path}: {reason}");
-        assert!(reason.contains(io.fs()), "{reason}");
+        assert!(reason.contains(io.fs), "{reason}");
     }
 
     #[test]
