@@ -50,19 +50,20 @@ impl PyPeer {
                     tup.len()
                 )));
             }
-            let local = tup.get_item(0)?;
+            // Borrowed items: no reference-count traffic per field (this loop runs per op).
+            let local = tup.get_borrowed_item(0)?;
             let local = local
                 .downcast::<PyRegion>()
                 .map_err(|_| err(format!("op {i}: item 0 must be a gdx.Region")))?
                 .get();
-            let lo: u64 = tup.get_item(1)?.extract()?;
-            let remote = tup.get_item(2)?;
+            let lo: u64 = tup.get_borrowed_item(1)?.extract()?;
+            let remote = tup.get_borrowed_item(2)?;
             let remote = remote
                 .downcast::<PyRemoteRegion>()
                 .map_err(|_| err(format!("op {i}: item 2 must be a gdx.RemoteRegion")))?
                 .get();
-            let ro: u64 = tup.get_item(3)?.extract()?;
-            let n: u64 = tup.get_item(4)?.extract()?;
+            let ro: u64 = tup.get_borrowed_item(3)?.extract()?;
+            let n: u64 = tup.get_borrowed_item(4)?.extract()?;
             if kind == OpKind::Read && !local.writable {
                 return Err(AccessDenied::new_err(format!(
                     "op {i}: the local region is read-only memory: it cannot receive a read"
@@ -315,38 +316,59 @@ fn status_str(s: &OpStatus) -> String {
 }
 
 /// One op's outcome: the path it took, why, its size and status.
-#[pyclass(name = "OpResult", module = "gdx", frozen, get_all)]
+///
+/// Holds the engine's result and converts fields when asked: a 1,000-op batch makes 1,000 of
+/// these, and most callers read one or none.
+#[pyclass(name = "OpResult", module = "gdx", frozen)]
 pub struct PyOpResult {
-    /// ``"write"`` or ``"read"``.
-    kind: &'static str,
-    /// The path (``"shm"``, ``"tcp"``, ``"ipc"``, ``"tcp-staged"`` ...).
-    path: String,
-    /// Why the planner chose it.
-    reason: String,
-    /// Bytes.
-    nbytes: u64,
-    /// ``"completed"``, ``"pending"`` or ``"failed: ..."``.
-    status: String,
+    o: OpResult,
 }
 
 impl From<OpResult> for PyOpResult {
     fn from(o: OpResult) -> Self {
-        PyOpResult {
-            kind: kind_str(o.kind),
-            path: o.plan.path.to_string(),
-            reason: o.plan.reason,
-            nbytes: o.len,
-            status: status_str(&o.status),
-        }
+        PyOpResult { o }
     }
 }
 
 #[pymethods]
 impl PyOpResult {
+    /// ``"write"`` or ``"read"``.
+    #[getter]
+    fn kind(&self) -> &'static str {
+        kind_str(self.o.kind)
+    }
+
+    /// The path (``"shm"``, ``"tcp"``, ``"ipc"``, ``"tcp-staged"`` ...).
+    #[getter]
+    fn path(&self) -> String {
+        self.o.plan.path.to_string()
+    }
+
+    /// Why the planner chose it.
+    #[getter]
+    fn reason(&self) -> &str {
+        &self.o.plan.reason
+    }
+
+    /// Bytes.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.o.len
+    }
+
+    /// ``"completed"``, ``"pending"`` or ``"failed: ..."``.
+    #[getter]
+    fn status(&self) -> String {
+        status_str(&self.o.status)
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "OpResult(path={:?}, reason={:?}, nbytes={}, status={:?})",
-            self.path, self.reason, self.nbytes, self.status
+            self.path(),
+            self.o.plan.reason,
+            self.o.len,
+            self.status()
         )
     }
 }

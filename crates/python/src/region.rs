@@ -45,6 +45,15 @@ pub(crate) fn access_str(a: Access) -> &'static str {
     }
 }
 
+/// A location as the Python API spells it: `"host"`, `"gpu:N"` (the engine's `Display` says
+/// `gpu0`; the colon matches torch's `"cuda:0"` and `device="gpu:0"`).
+pub(crate) fn location_str(l: gdx_engine::Location) -> String {
+    match l {
+        gdx_engine::Location::Gpu(n) => format!("gpu:{n}"),
+        other => other.to_string(),
+    }
+}
+
 /// A buffer export of a Python object, released (under the GIL) when the region closes.
 pub(crate) struct Export(Box<ffi::Py_buffer>);
 
@@ -168,7 +177,7 @@ impl PyRegion {
         let r = &live.region;
         PyRegion {
             nbytes: r.len(),
-            location: r.location().to_string(),
+            location: location_str(r.location()),
             name: r.desc().name,
             access: r.desc().access,
             writable,
@@ -421,7 +430,7 @@ impl PyRemoteRegion {
     /// ``"host"`` or ``"gpu:N"`` (on the peer).
     #[getter]
     fn location(&self) -> String {
-        self.desc.location.to_string()
+        location_str(self.desc.location)
     }
 
     /// The name it is published under.
@@ -448,7 +457,7 @@ impl PyRemoteRegion {
             self.desc.name,
             self.desc.id,
             self.desc.len,
-            self.desc.location.to_string(),
+            location_str(self.desc.location),
             access_str(self.desc.access)
         )
     }

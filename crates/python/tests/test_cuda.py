@@ -75,6 +75,34 @@ def test_cuda_tensor_registers_as_gpu_region(agent):
     r.close()
 
 
+class DlpackOnly:
+    """A CUDA array that offers only DLPack (no __cuda_array_interface__)."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, stream=None):
+        return self.t.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+def test_dlpack_cuda_array_registers_and_moves(agent, gpu_peer, tmp_path):
+    import torch
+
+    t = torch.randint(0, 256, (64 * 4096,), dtype=torch.uint8, device="cuda")
+    r = agent.register(DlpackOnly(t), access="none")
+    assert r.location == "gpu:0" and r.nbytes == t.numel()
+    p = agent.connect(gpu_peer.address, timeout=10)
+    rd = p.region("gpool")
+    res = p.write([(r, 0, rd, 0, r.nbytes)]).wait(timeout=60)
+    assert res[0].path == "ipc", res[0]
+    assert np.array_equal(gpu_peer.bytes("gpool", tmp_path)[: r.nbytes], t.cpu().numpy())
+    with pytest.raises(gdx.Error, match="contiguous"):
+        agent.register(DlpackOnly(torch.zeros(64, 64, dtype=torch.uint8, device="cuda")[:, ::2]))
+
+
 def test_torch_to_torch_two_processes_one_gpu(agent, gpu_peer, tmp_path):
     import torch
 
