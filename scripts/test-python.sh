@@ -7,7 +7,8 @@
 #   GDX_PY_WHEEL_ONLY=1 scripts/test-python.sh   # only build the abi3 wheel (target/wheels/)
 #
 # Environment: PYTHON (the interpreter for the venv, default python3; 3.11 or later),
-# GDX_PYENV (the venv, default target/pyenv), GDX_PY_PROFILE (release|dev, default release).
+# GDX_PYENV (the venv, default target/pyenv), GDX_PY_PROFILE (dev|release; default dev for the
+# tests, which time nothing and then reuse what `cargo test` built, release for the wheel).
 #
 # The wheel is abi3 for CPython >= 3.11: the same file installs on 3.11, 3.12 and later, so it can
 # be carried to another machine (`pip install target/wheels/gdx-*.whl`).
@@ -16,7 +17,11 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=${GDX_PYENV:-target/pyenv}
-PROFILE=${GDX_PY_PROFILE:-release}
+if [[ -n "${GDX_PY_WHEEL_ONLY:-}" ]]; then
+  PROFILE=${GDX_PY_PROFILE:-release}
+else
+  PROFILE=${GDX_PY_PROFILE:-dev}
+fi
 
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
   echo "test-python: $PYTHON is missing or older than 3.11 (the buffer protocol joined the" \

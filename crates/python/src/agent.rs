@@ -155,7 +155,9 @@ impl PyAgent {
     /// refused. ``access`` is what peers may do: ``"rw"``, ``"r"``, ``"w"`` or ``"none"``.
     ///
     /// The region keeps ``obj`` alive until it is closed. Raises Unavailable for a CUDA array
-    /// when CUDA cannot be loaded.
+    /// when CUDA cannot be loaded. Ordering your own reads and writes of ``obj`` against
+    /// transfers is yours, as with any DMA engine: wait for the transfer (or its notification),
+    /// or pass ``stream=`` for CUDA work queued before a write.
     #[pyo3(signature = (obj, name=None, access="rw"))]
     fn register(
         &self,

@@ -149,3 +149,25 @@ def test_bad_arguments_are_gdx_errors(agent):
     with pytest.raises(gdx.Error, match="already published"):
         keep = agent.register(bytearray(16), name="x")  # noqa: F841 (must stay open)
         agent.register(bytearray(16), name="x")
+
+
+def test_connect_to_a_stopped_peer_times_out(agent, peer):
+    peer.kill(signal.SIGSTOP)  # the kernel still accepts the connection; nobody answers the handshake
+    with pytest.raises(gdx.Timeout):
+        agent.connect(peer.address, timeout=0.5)
+
+
+def test_ctrl_c_interrupts_a_transfer_wait(agent, peer):
+    p = agent.connect(peer.address, timeout=10)
+    rd = p.region("kv")
+    src = agent.register(np.ones(4096, np.uint8), access="none")
+    peer.kill(signal.SIGSTOP)
+    h = p.write([(src, 0, rd, 0, 4096)], notify=b"x")
+    t = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+    t.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            h.wait(timeout=60)
+    finally:
+        t.join()
+    assert not h.done()  # interrupting the wait does not cancel or fail the transfer
