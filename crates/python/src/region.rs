@@ -119,12 +119,18 @@ impl Export {
     pub(crate) fn len(&self) -> u64 {
         self.0.len as u64
     }
+}
 
-    /// Releases the export; needs the GIL.
-    fn release(mut self, _py: Python<'_>) {
-        // SAFETY: the GIL is held (the token), and the view was filled by PyObject_GetBuffer
-        // and is released exactly once (self is consumed).
-        unsafe { ffi::PyBuffer_Release(&mut *self.0) };
+impl Drop for Export {
+    /// Releases the export, on every path: a closed region, and a registration that failed
+    /// after the export was taken (a name in use), which would otherwise leave the object
+    /// locked against resizing.
+    fn drop(&mut self) {
+        Python::with_gil(|_py| {
+            // SAFETY: the GIL is held, and the view was filled by PyObject_GetBuffer and is
+            // released exactly once (here, as the Export goes).
+            unsafe { ffi::PyBuffer_Release(&mut *self.0) }
+        });
     }
 }
 
@@ -225,7 +231,8 @@ impl PyRegion {
         // Dropping the engine region retires it: no access starts after, running ones end first.
         py.allow_threads(move || drop(region));
         match keep {
-            Keep::Buffer(e) => e.release(py),
+            // Released under the GIL (Export's Drop), only now that no access can run.
+            Keep::Buffer(e) => drop(e),
             Keep::Cuda(d) => py.allow_threads(move || drop(d)),
             Keep::Owned => {}
         }

@@ -146,9 +146,11 @@ def test_bad_arguments_are_gdx_errors(agent):
         agent.register(bytearray())
     with pytest.raises(gdx.Error, match="timeout"):
         agent.wait_notification(timeout=-1)
+    keep = agent.register(bytearray(16), name="x")  # noqa: F841 (must stay open)
+    second = bytearray(16)
     with pytest.raises(gdx.Error, match="already published"):
-        keep = agent.register(bytearray(16), name="x")  # noqa: F841 (must stay open)
-        agent.register(bytearray(16), name="x")
+        agent.register(second, name="x")
+    second.extend(b"!")  # the failed registration released its buffer export
 
 
 def test_connect_to_a_stopped_peer_times_out(agent, peer):
