@@ -364,6 +364,8 @@ fn two_processes(vmm: bool, test: &str) {
             "--test-threads=1",
         ])
         .env("GDX_GPU_PEER_CHILD", "1")
+        // The child's agent must hold this process's secret to authenticate (wire v3).
+        .env("GDX_SECRET_FILE", secret_file())
         .env("GDX_GPU_PEER_LEN", len.to_string())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

@@ -14,9 +14,11 @@ pub fn secret_file() -> PathBuf {
             return PathBuf::from(p);
         }
         use std::os::unix::fs::OpenOptionsExt;
-        // Under the target dir, not $TMPDIR: nothing is left outside the build.
-        let p = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("gdx-test-secret-{}", std::process::id()));
+        // Under the target dir, not $TMPDIR: nothing is left outside the build. A test binary
+        // carried to another machine (the GPU machine) has no such folder: it is made.
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+        std::fs::create_dir_all(dir).unwrap();
+        let p = dir.join(format!("gdx-test-secret-{}", std::process::id()));
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
