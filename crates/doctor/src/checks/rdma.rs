@@ -49,7 +49,7 @@ impl Check for RdmaDevices {
         // /dev is only meaningful on the live machine; captures do not hold it.
         let uverbs: Option<Vec<String>> = ctx.fs.exists("dev").then(|| {
             ctx.fs
-                .list_or_empty("dev/infiniband")
+                .names_or_empty("dev/infiniband")
                 .into_iter()
                 .filter(|n| n.starts_with("uverbs"))
                 .collect()
