@@ -251,6 +251,11 @@ impl RdmaPort {
     }
 }
 
+/// The folder of port `port` of RDMA device `device`, relative to the root.
+pub fn rdma_port_dir(device: &str, port: u32) -> String {
+    format!("sys/class/infiniband/{device}/ports/{port}")
+}
+
 /// One RDMA device.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RdmaDev {
@@ -267,7 +272,7 @@ pub struct RdmaDev {
 impl RdmaDev {
     /// The folder of a port, relative to the root.
     pub fn port_dir(&self, port: u32) -> String {
-        format!("sys/class/infiniband/{}/ports/{port}", self.name)
+        rdma_port_dir(&self.name, port)
     }
 }
 
