@@ -19,6 +19,11 @@ pub fn dev_dir(bdf: PciAddr) -> String {
     format!("sys/bus/pci/devices/{bdf}")
 }
 
+/// The link to a block device's folder, relative to the root (`sys/dev/block/259:0`).
+pub fn block_dev(major: u32, minor: u32) -> String {
+    format!("sys/dev/block/{major}:{minor}")
+}
+
 /// One PCI function from `sys/bus/pci/devices`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PciFn {
