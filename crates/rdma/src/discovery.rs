@@ -9,6 +9,7 @@
 
 use gdx_sys::verbs::{self, VerbsDevice};
 use gdx_sys::Unavailable;
+use gdx_topo::sysfs::devices::RDMA_CLASS;
 use gdx_topo::sysfs::RootFs;
 use serde::Serialize;
 use std::fmt;
@@ -85,7 +86,7 @@ fn list_dir(root: &Path, rel: &str) -> Vec<String> {
 
 /// The RDMA devices the kernel lists under `root` (`sys/class/infiniband`), sorted.
 pub fn kernel_devices(root: &Path) -> Vec<String> {
-    list_dir(root, "sys/class/infiniband")
+    list_dir(root, RDMA_CLASS)
 }
 
 /// Why the kernel under `root` has no RDMA device, from its loaded modules: "the kernel has

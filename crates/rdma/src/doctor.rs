@@ -20,6 +20,7 @@ use crate::gid::{self, GidCandidate, GidChoice, GidError, GidKind, LinkKind, Net
 use crate::register::{Mechanism, Memory, RegPolicy, VerbsRegistrar};
 pub use gdx_sys::verbs::{dmabuf_kernel_support, DmabufSupport};
 use gdx_sys::verbs::{Access, RdmaContext, VerbsDevice};
+use gdx_topo::sysfs::devices::rdma_dev_dir;
 use gdx_topo::sysfs::RootFs;
 use gdx_topo::Topology;
 use serde::Serialize;
@@ -253,7 +254,7 @@ fn device_netdevs(root: &Path, device: &str) -> Vec<String> {
     }
     // Natural order, as `names_or_empty` lists them.
     RootFs::new(root)
-        .names_or_empty(&format!("sys/class/infiniband/{device}/device/net"))
+        .names_or_empty(&format!("{}/device/net", rdma_dev_dir(device)))
         .into_iter()
         .filter(|n| plain_name(n))
         .collect()

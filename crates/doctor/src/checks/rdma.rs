@@ -24,7 +24,7 @@ impl Check for RdmaDevices {
                 "host",
                 format!(
                     "no RDMA devices in {}: GPUDirect RDMA and RDMA transports do not apply here",
-                    ctx.fs.show("sys/class/infiniband")
+                    ctx.fs.show(gdx_topo::sysfs::devices::RDMA_CLASS)
                 ),
             );
             let mods: Vec<&str> = ["ib_core", "mlx5_ib", "ib_uverbs"]

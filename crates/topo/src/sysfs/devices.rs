@@ -256,9 +256,17 @@ impl RdmaPort {
     }
 }
 
+/// Where the kernel lists RDMA devices, relative to the root.
+pub const RDMA_CLASS: &str = "sys/class/infiniband";
+
+/// The folder of RDMA device `device`, relative to the root.
+pub fn rdma_dev_dir(device: &str) -> String {
+    format!("{RDMA_CLASS}/{device}")
+}
+
 /// The folder of port `port` of RDMA device `device`, relative to the root.
 pub fn rdma_port_dir(device: &str, port: u32) -> String {
-    format!("sys/class/infiniband/{device}/ports/{port}")
+    format!("{}/ports/{port}", rdma_dev_dir(device))
 }
 
 /// One RDMA device.
@@ -284,11 +292,10 @@ impl RdmaDev {
 /// RDMA devices under `sys/class/infiniband`; `Ok(empty)` when the folder is missing (no
 /// RDMA stack loaded is the same as no devices).
 pub fn rdma_devices(fs: &RootFs) -> Vec<RdmaDev> {
-    let base = "sys/class/infiniband";
-    fs.names_or_empty(base)
+    fs.names_or_empty(RDMA_CLASS)
         .into_iter()
         .map(|name| {
-            let dir = format!("{base}/{name}");
+            let dir = rdma_dev_dir(&name);
             let bdf = fs
                 .link_name(&format!("{dir}/device"))
                 .and_then(|n| n.parse().ok());
