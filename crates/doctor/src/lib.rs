@@ -19,8 +19,9 @@
 //!
 //! Layout: [`checks`] holds one module per check, all registered in [`checks::all_checks`];
 //! [`context`] is what checks see; [`facts`] the live-library trait and [`live`] its
-//! gdx-sys implementation; [`probe`] the active probes and their backend trait; [`verdict`] the per-path summary; [`pcicfg`] config-space
-//! parsing; [`rootfs`] and [`pci`] the file reading.
+//! gdx-sys implementation; [`probe`] the active probes and their backend trait; [`verdict`] the
+//! per-path summary. Files under the root are read through topo's one sysfs layer
+//! ([`gdx_topo::sysfs`]: root-confined reads, PCI and RDMA device facts, config space).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
