@@ -349,17 +349,19 @@ pub fn serve_on(
 mod tests {
     use super::*;
 
+    /// A channel the client must not touch: it fails before talking.
+    struct Never;
+    impl Control for Never {
+        fn send(&mut self, _: &[u8]) -> Result<(), RdmaError> {
+            panic!("sent a message although the run cannot start")
+        }
+        fn recv(&mut self, _: Duration) -> Result<Vec<u8>, RdmaError> {
+            panic!("waited for the peer although the run cannot start")
+        }
+    }
+
     #[test]
     fn without_rdma_the_client_fails_typed_before_talking() {
-        struct Never;
-        impl Control for Never {
-            fn send(&mut self, _: &[u8]) -> Result<(), RdmaError> {
-                panic!("sent a message although no RDMA device exists")
-            }
-            fn recv(&mut self, _: Duration) -> Result<Vec<u8>, RdmaError> {
-                panic!("waited for the peer although no RDMA device exists")
-            }
-        }
         if gdx_rdma::discover().is_ok() {
             return; // a machine with RDMA: the hardware tests cover it
         }
@@ -375,15 +377,6 @@ mod tests {
 
     #[test]
     fn no_sizes_is_an_invalid_argument() {
-        struct Never;
-        impl Control for Never {
-            fn send(&mut self, _: &[u8]) -> Result<(), RdmaError> {
-                panic!("sent a message without sizes")
-            }
-            fn recv(&mut self, _: Duration) -> Result<Vec<u8>, RdmaError> {
-                panic!("waited without sizes")
-            }
-        }
         let p = RdmaParams {
             sizes: vec![],
             ..RdmaParams::default()
