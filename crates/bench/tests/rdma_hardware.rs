@@ -9,6 +9,8 @@
 //!
 //! Without `GDX_TEST_NIC` both sides take the NIC nearest to host memory.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_bench::rdma::{run_client, serve, BenchMem, BenchOp, RdmaParams, TcpControl};
 use gdx_rdma::EndpointConfig;
 use std::time::Duration;
