@@ -205,7 +205,7 @@ fn serve_rdma_listen_answers_a_bench_client_with_the_reason() {
     let Some(reason) = no_rdma_reason() else {
         return;
     };
-    // A client's hello, as gdx-rdma's bench sends it (connection data is never looked at
+    // A client's hello, as gdx-bench's rdma cases send it (connection data is never looked at
     // when this side has no device).
     let conn = gdx_rdma::ConnData {
         device: "mlx5_0".into(),
@@ -225,7 +225,7 @@ fn serve_rdma_listen_answers_a_bench_client_with_the_reason() {
         &mut s,
         &json!({
             "msg": "hello",
-            "version": gdx_rdma::bench::BENCH_VERSION,
+            "version": gdx_bench::rdma::BENCH_VERSION,
             "op": "write",
             "mem": "host",
             "len": 4096,

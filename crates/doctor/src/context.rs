@@ -7,9 +7,9 @@
 //! from bus order. RDMA devices come from `sys/class/infiniband`.
 
 use crate::facts::Gathered;
-use crate::pci::{self, PciFn, RdmaDev};
 use crate::probe::ProbeState;
-use crate::rootfs::RootFs;
+use gdx_topo::sysfs::devices::{self as pci, PciFn, RdmaDev};
+use gdx_topo::sysfs::RootFs;
 use gdx_topo::{Device, PathClass, PciAddr, Topology};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -49,7 +49,7 @@ impl Context {
         topo: Result<Topology, String>,
         live: Result<Gathered, String>,
     ) -> Self {
-        Context::with_fs(RootFs::new(root), env, topo, live)
+        Context::with_fs(RootFs::new(root.into()), env, topo, live)
     }
 
     /// [`Context::new`] over a prepared [`RootFs`] (one that shows its paths as

@@ -19,8 +19,9 @@
 //!
 //! Layout: [`checks`] holds one module per check, all registered in [`checks::all_checks`];
 //! [`context`] is what checks see; [`facts`] the live-library trait and [`live`] its
-//! gdx-sys implementation; [`probe`] the active probes and their backend trait; [`verdict`] the per-path summary; [`pcicfg`] config-space
-//! parsing; [`rootfs`] and [`pci`] the file reading.
+//! gdx-sys implementation; [`probe`] the active probes and their backend trait; [`verdict`] the
+//! per-path summary. Files under the root are read through topo's one sysfs layer
+//! ([`gdx_topo::sysfs`]: root-confined reads, PCI and RDMA device facts, config space).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -29,12 +30,9 @@ pub mod context;
 pub mod facts;
 pub mod finding;
 pub mod live;
-pub mod pci;
-pub mod pcicfg;
 pub mod probe;
 pub mod render;
 pub mod report;
-pub mod rootfs;
 #[cfg(test)]
 mod testutil;
 pub mod verdict;
@@ -128,9 +126,9 @@ pub fn run(opts: &Options<'_>) -> Result<Report, DoctorError> {
     let dir = opened.dir().to_path_buf();
     // An unpacked archive is never this machine, whatever its folder resolves to.
     let is_live = !opened.is_archive()
-        && opts.root_is_this_machine.unwrap_or_else(|| {
-            std::fs::canonicalize(&dir).is_ok_and(|p| p == std::path::Path::new("/"))
-        });
+        && opts
+            .root_is_this_machine
+            .unwrap_or_else(|| gdx_topo::sysfs::rootfs::is_host_root(&dir));
 
     let mut topo: Result<gdx_topo::Topology, String> = match &opts.topology {
         Some(t) => Ok(t.clone()),
@@ -165,9 +163,9 @@ pub fn run(opts: &Options<'_>) -> Result<Report, DoctorError> {
         (true, Some(src)) => Ok(Gathered::from(src)),
     };
     let fs = if opened.is_archive() {
-        rootfs::RootFs::shown_as(&dir, "capture:")
+        gdx_topo::sysfs::RootFs::shown_as(&dir, "capture:")
     } else {
-        rootfs::RootFs::new(&dir)
+        gdx_topo::sysfs::RootFs::new(&dir)
     };
     let mut ctx = Context::with_fs(fs, env, topo, live);
     ctx.set_env_origin(env_origin);

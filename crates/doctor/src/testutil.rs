@@ -47,8 +47,8 @@ impl Tree {
     pub fn link(&self, rel: &str, target: &str) -> &Self {
         let rel_p = Path::new(rel);
         let parent = rel_p.parent().expect("parent").to_str().expect("utf8");
-        let real_parent = crate::rootfs::RootFs::new(self.root())
-            .resolve(parent)
+        let real_parent = gdx_topo::sysfs::RootFs::new(self.root())
+            .resolve_partial(parent)
             .expect("resolvable parent");
         let ups = real_parent.components().count();
         let mut t = PathBuf::new();
@@ -111,8 +111,8 @@ impl Tree {
     pub fn rdma(&self, name: &str, bdf: &str, ports: &[(&str, &str)], netdev: Option<&str>) {
         let dir = format!("sys/class/infiniband/{name}");
         self.dir(&dir);
-        let real = crate::rootfs::RootFs::new(self.root())
-            .resolve(&format!("sys/bus/pci/devices/{bdf}"))
+        let real = gdx_topo::sysfs::RootFs::new(self.root())
+            .resolve_partial(format!("sys/bus/pci/devices/{bdf}"))
             .expect("device");
         self.link(&format!("{dir}/device"), real.to_str().expect("utf8"));
         for (i, (state, ll)) in ports.iter().enumerate() {
@@ -294,4 +294,54 @@ pub fn subject<'a>(fs: &'a [crate::Finding], s: &str) -> &'a crate::Finding {
     let m: Vec<_> = fs.iter().filter(|f| f.subject == s).collect();
     assert_eq!(m.len(), 1, "want one finding for {s}, got {fs:#?}");
     m[0]
+}
+
+/// The trees built here read as intended through topo's sysfs layer (the checks' PCI facts).
+#[cfg(test)]
+mod tests {
+    use super::Tree;
+    use gdx_topo::sysfs::devices::{bridges_between, chain, scan};
+    use gdx_topo::sysfs::RootFs;
+
+    #[test]
+    fn chain_and_bridges_between() {
+        let t = Tree::new();
+        t.bridge("pci0000:00", &[], "0000:00:01.0");
+        t.bridge("pci0000:00", &["0000:00:01.0"], "0000:01:00.0");
+        t.bridge(
+            "pci0000:00",
+            &["0000:00:01.0", "0000:01:00.0"],
+            "0000:02:01.0",
+        );
+        t.bridge(
+            "pci0000:00",
+            &["0000:00:01.0", "0000:01:00.0"],
+            "0000:02:02.0",
+        );
+        let up = ["0000:00:01.0", "0000:01:00.0"];
+        t.gpu(
+            "pci0000:00",
+            &[&up[..], &["0000:02:01.0"]].concat(),
+            "0000:03:00.0",
+        );
+        t.nic(
+            "pci0000:00",
+            &[&up[..], &["0000:02:02.0"]].concat(),
+            "0000:04:00.0",
+        );
+        let fs = RootFs::new(t.root());
+        let g = chain(&fs, "0000:03:00.0".parse().unwrap()).unwrap();
+        assert_eq!(g.host_bridge, "pci0000:00");
+        assert_eq!(g.bridges.len(), 3);
+        let n = chain(&fs, "0000:04:00.0".parse().unwrap()).unwrap();
+        let between: Vec<String> = bridges_between(&g, &n)
+            .iter()
+            .map(|b| b.to_string())
+            .collect();
+        assert_eq!(between, ["0000:02:01.0", "0000:02:02.0"]);
+        assert!(chain(&fs, "0000:09:00.0".parse().unwrap()).is_err());
+        let fns = scan(&fs).unwrap();
+        assert_eq!(fns.iter().filter(|f| f.is_nvidia_gpu()).count(), 1);
+        assert_eq!(fns.iter().filter(|f| f.is_bridge()).count(), 4);
+    }
 }

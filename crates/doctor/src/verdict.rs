@@ -6,9 +6,9 @@ use crate::checks::dmabuf::{self, Outlook};
 use crate::checks::{acs, distance};
 use crate::context::{pair, Context, GpuRef};
 use crate::finding::{Finding, Status};
-use crate::pci::RdmaDev;
 use crate::probe::ProbeState;
 use crate::report::{DataPath, FindingRef, Verdict};
+use gdx_topo::sysfs::devices::RdmaDev;
 
 fn find<'a>(fs: &'a [Finding], id: &str, subject: &str) -> Option<&'a Finding> {
     fs.iter().find(|f| f.id == id && f.subject == subject)

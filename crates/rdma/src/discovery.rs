@@ -9,6 +9,8 @@
 
 use gdx_sys::verbs::{self, VerbsDevice};
 use gdx_sys::Unavailable;
+use gdx_topo::sysfs::devices::RDMA_CLASS;
+use gdx_topo::sysfs::RootFs;
 use serde::Serialize;
 use std::fmt;
 use std::path::Path;
@@ -76,30 +78,24 @@ pub fn classify(
     }
 }
 
-fn list_dir(p: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(p)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
+/// Names in an in-root folder, sorted; empty when it is absent or unreadable. Read through
+/// topo's sysfs layer, so a capture's absolute links stay inside the capture.
+fn list_dir(root: &Path, rel: &str) -> Vec<String> {
+    RootFs::new(root).list(rel).unwrap_or_default()
 }
 
 /// The RDMA devices the kernel lists under `root` (`sys/class/infiniband`), sorted.
 pub fn kernel_devices(root: &Path) -> Vec<String> {
-    list_dir(&root.join("sys/class/infiniband"))
+    list_dir(root, RDMA_CLASS)
 }
 
 /// Why the kernel under `root` has no RDMA device, from its loaded modules: "the kernel has
 /// none (...); this kernel has no RDMA stack loaded" and the like. Meant for a root whose
 /// [`kernel_devices`] is empty; works on a captured `--root`.
 pub fn explain_no_kernel_device(root: &Path) -> String {
-    let ib_core = root.join("sys/module/ib_core").exists();
-    let mlx =
-        root.join("sys/module/mlx5_ib").exists() || root.join("sys/module/mlx5_core").exists();
+    let fs = RootFs::new(root);
+    let ib_core = fs.exists("sys/module/ib_core");
+    let mlx = fs.exists("sys/module/mlx5_ib") || fs.exists("sys/module/mlx5_core");
     let mut s = String::from("the kernel has none (sys/class/infiniband is empty or absent)");
     if mlx {
         s.push_str("; mlx5 modules are loaded, but no RDMA function is bound to them");
@@ -120,7 +116,7 @@ pub fn explain_none(root: &Path) -> String {
             explain_no_kernel_device(root)
         );
     }
-    let uverbs = list_dir(&root.join("dev/infiniband"))
+    let uverbs = list_dir(root, "dev/infiniband")
         .into_iter()
         .any(|n| n.starts_with("uverbs"));
     let mut s = format!(

@@ -20,9 +20,11 @@ use crate::gid::{self, GidCandidate, GidChoice, GidError, GidKind, LinkKind, Net
 use crate::register::{Mechanism, Memory, RegPolicy, VerbsRegistrar};
 pub use gdx_sys::verbs::{dmabuf_kernel_support, DmabufSupport};
 use gdx_sys::verbs::{Access, RdmaContext, VerbsDevice};
+use gdx_topo::sysfs::devices::rdma_dev_dir;
+use gdx_topo::sysfs::RootFs;
 use gdx_topo::Topology;
 use serde::Serialize;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 /// RDMA devices through the real libibverbs, or why there are none.
@@ -226,14 +228,6 @@ impl PortMtu {
     }
 }
 
-/// `root/rel` when it exists and resolves inside `root` (a captured tree's link must not
-/// lead to this machine's own files).
-fn in_root(root: &Path, rel: &Path) -> Option<PathBuf> {
-    let p = root.join(rel).canonicalize().ok()?;
-    let r = root.canonicalize().ok()?;
-    p.starts_with(&r).then_some(p)
-}
-
 /// A plain interface name (no path separators or dot names).
 fn plain_name(n: &str) -> bool {
     !n.is_empty() && !n.contains('/') && !n.starts_with('.')
@@ -244,8 +238,12 @@ pub fn netdev_mtu(root: &Path, netdev: &str) -> Option<u32> {
     if !plain_name(netdev) {
         return None;
     }
-    let p = in_root(root, &Path::new("sys/class/net").join(netdev).join("mtu"))?;
-    std::fs::read_to_string(p).ok()?.trim().parse().ok()
+    // Through topo's sysfs layer: `sys/class/net/<if>` is a link, absolute in some captures,
+    // and must be followed inside the root, never on this machine.
+    RootFs::new(root)
+        .text(&format!("sys/class/net/{netdev}/mtu"))?
+        .parse()
+        .ok()
 }
 
 /// The interfaces on an RDMA device's PCI function (`sys/class/infiniband/<dev>/device/net`
@@ -254,24 +252,12 @@ fn device_netdevs(root: &Path, device: &str) -> Vec<String> {
     if !plain_name(device) {
         return Vec::new();
     }
-    let Some(dir) = in_root(
-        root,
-        &Path::new("sys/class/infiniband")
-            .join(device)
-            .join("device/net"),
-    ) else {
-        return Vec::new();
-    };
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| plain_name(n))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort_by(|a, b| gdx_topo::natural_cmp(a, b));
-    v
+    // Natural order, as `names_or_empty` lists them.
+    RootFs::new(root)
+        .names_or_empty(&format!("{}/device/net", rdma_dev_dir(device)))
+        .into_iter()
+        .filter(|n| plain_name(n))
+        .collect()
 }
 
 fn port_mtu(

@@ -12,12 +12,13 @@
 //! and, on the live machine, the interface addresses.
 
 use gdx_sys::verbs::{GidType, InterfaceAddress, Port};
+use gdx_topo::sysfs::RootFs;
 use gdx_topo::NicPort;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The environment variable that forces a GID index.
 pub const GID_INDEX_ENV: &str = "GDX_IB_GID_INDEX";
@@ -202,7 +203,7 @@ pub trait NetdevView {
 /// the root is the running machine.
 #[derive(Debug, Clone)]
 pub struct SysfsNetdevs {
-    root: PathBuf,
+    root: RootFs,
     addrs: Option<Vec<InterfaceAddress>>,
 }
 
@@ -210,7 +211,7 @@ impl SysfsNetdevs {
     /// Operstate under `root`; addresses unknown.
     pub fn at_root(root: &Path) -> SysfsNetdevs {
         SysfsNetdevs {
-            root: root.to_path_buf(),
+            root: RootFs::new(root),
             addrs: None,
         }
     }
@@ -225,7 +226,7 @@ impl SysfsNetdevs {
             }
         };
         SysfsNetdevs {
-            root: PathBuf::from("/"),
+            root: RootFs::new("/"),
             addrs,
         }
     }
@@ -236,12 +237,10 @@ impl NetdevView for SysfsNetdevs {
         if netdev.contains('/') || netdev.starts_with('.') {
             return NetdevState::Unknown;
         }
-        let p = self
-            .root
-            .join("sys/class/net")
-            .join(netdev)
-            .join("operstate");
-        match std::fs::read_to_string(p).map(|s| s.trim().to_ascii_lowercase()) {
+        // `sys/class/net/<if>` is a link (absolute in some captures): resolved inside the
+        // root by topo's sysfs layer, never on this machine.
+        let rel = format!("sys/class/net/{netdev}/operstate");
+        match self.root.file_text(&rel).map(|s| s.to_ascii_lowercase()) {
             Ok(s) if s == "up" => NetdevState::Up,
             Ok(s)
                 if matches!(

@@ -1,7 +1,7 @@
 //! gdx-rdma: everything verbs for gdx — discovery, GPU and host memory registration with a
 //! cache, RC queue-pair bring-up, connection data for the engine's handshake, GID and NIC
 //! choice, batched RDMA WRITE/READ with completion polling and named errors, the doctor's
-//! RDMA probes and the RDMA bandwidth/latency bench.
+//! RDMA probes and the single operations of the RDMA bench (gdx-bench times them).
 //!
 //! libibverbs is loaded at run time through `gdx-sys` (sideway / rdma-mummy-sys): a binary
 //! using this crate runs on machines without it, and every entry point then returns a typed
@@ -20,7 +20,7 @@
 //! | [`endpoint`], [`qp`], [`cq`] | device port → prepared QPs → connected QPs → completions |
 //! | [`wc`] | every `ibv_wc_status` by name; [`WcError`] |
 //! | [`doctor`] | what `gdx doctor` calls: dma-buf probe, devices, GIDs, MTUs, active probe |
-//! | [`bench`](mod@bench) | perftest-style WRITE/READ bandwidth and latency against a peer |
+//! | [`link`] | one side of a WRITE/READ link: buffer, registration, connect, post a batch and wait |
 //!
 //! # How the engine uses it (the RDMA transport)
 //!
@@ -88,7 +88,7 @@
 //! # Not verified on hardware
 //!
 //! No machine available to the project has an RDMA NIC. Everything that needs one — QP
-//! bring-up, posting, completions, registration through a real provider, the bench — is built
+//! bring-up, posting, completions, registration through a real provider, the link — is built
 //! against the real libibverbs API and tested only without a device; see `docs/rdma.md` for
 //! the table of what has and has not run.
 
@@ -96,7 +96,6 @@
 // Lints: [workspace.lints] in the root Cargo.toml (unsafe contracts, no unwrap/expect/panic).
 
 mod batch;
-pub mod bench;
 pub mod cache;
 pub mod conn;
 pub mod cq;
@@ -105,6 +104,7 @@ pub mod doctor;
 pub mod endpoint;
 mod error;
 pub mod gid;
+pub mod link;
 pub mod nic;
 pub mod qp;
 pub mod register;

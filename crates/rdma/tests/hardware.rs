@@ -10,7 +10,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use gdx_rdma::bench::{bench_rdma, serve_bench, BenchMem, BenchOp, BenchParams, TcpControl};
+use gdx_rdma::link::{pattern_checksum, LinkMem, Side};
 use gdx_rdma::{
     EndpointConfig, Mechanism, Memory, MrHandle, Qp, RdmaEndpoint, RdmaError, RdmaOp, RemoteRegion,
     WorkItem,
@@ -155,39 +155,20 @@ fn gpu_memory_registers_by_dmabuf_or_peermem_and_moves_data() {
 
 #[test]
 #[ignore = "requires an RDMA NIC; GDX_TEST_NIC=mlx5_0 cargo test -p gdx-rdma --test hardware -- --ignored"]
-fn bench_over_a_tcp_control_channel() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
+fn link_sides_write_the_pattern_into_the_peer() {
     let dev = nic();
-    let dev2 = dev.clone();
-    let server = std::thread::spawn(move || {
-        let (s, _) = listener.accept().unwrap();
-        serve_bench(
-            &mut TcpControl(s),
-            Some(&dev2),
-            &EndpointConfig::default(),
-            T,
-        )
-    });
-    let p = BenchParams {
-        op: BenchOp::Write,
-        local: BenchMem::Host,
-        remote: BenchMem::Host,
-        sizes: vec![4096, 1 << 20],
-        iterations: 50,
-        warmup: 5,
-        samples: 3,
-        device: Some(dev),
-        ..BenchParams::default()
-    };
-    let r = bench_rdma(
-        &mut TcpControl(std::net::TcpStream::connect(addr).unwrap()),
-        &p,
-    )
-    .unwrap();
-    server.join().unwrap().unwrap();
-    eprintln!("{}", serde_json::to_string_pretty(&r).unwrap());
-    assert_eq!(r.key, "host_to_remote_host_rdma_write");
-    assert_eq!(r.verified, Some(true));
-    assert!(r.rows.iter().all(|row| row.bandwidth_median > 0.0));
+    let cfg = EndpointConfig::default();
+    let len = 1 << 20;
+    let mut target = Side::open(LinkMem::Host, len, 2, Some(&dev), &cfg, 0).unwrap();
+    let region = target.advertise_buffer().unwrap();
+    let source = Side::open(LinkMem::Host, len, 1, Some(&dev), &cfg, 0).unwrap();
+    let (src_data, dst_data) = (source.conn_data().clone(), target.conn_data().clone());
+    let mut writer = source.connect(&dst_data).unwrap();
+    let target = target.connect(&src_data).unwrap();
+    assert_eq!(target.checksum(len), Some(pattern_checksum(len, 2)));
+    let moved = writer
+        .run(RdmaOp::Write, &region, len as u64, 3, T)
+        .unwrap();
+    assert_eq!(moved, 3 * len as u64);
+    assert_eq!(target.checksum(len), Some(pattern_checksum(len, 1)));
 }

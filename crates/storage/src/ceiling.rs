@@ -7,6 +7,9 @@
 //! as unknown, with the reason, never guessed. Throughput per lane: 8b/10b encoding up to
 //! 5 GT/s (PCIe 1 and 2), 128b/130b above (PCIe 3 to 5), 242/256 FLIT for 64 GT/s (PCIe 6).
 
+use gdx_topo::sysfs::devices::{block_dev, dev_dir};
+use gdx_topo::sysfs::RootFs;
+use gdx_topo::PciAddr;
 use serde::Serialize;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -72,10 +75,11 @@ impl std::fmt::Display for PciLink {
     }
 }
 
-/// The link of the PCI function in sysfs directory `dir`.
-fn link_in(dir: &Path) -> Option<PciLink> {
-    let speed = std::fs::read_to_string(dir.join("current_link_speed")).ok()?;
-    let width = std::fs::read_to_string(dir.join("current_link_width")).ok()?;
+/// The link of the PCI function in the in-root sysfs folder `dir` (read through topo's sysfs
+/// layer, so a captured root's links never lead to this machine's files).
+fn link_in(fs: &RootFs, dir: &Path) -> Option<PciLink> {
+    let speed = fs.read_text(dir.join("current_link_speed")).ok()?;
+    let width = fs.read_text(dir.join("current_link_width")).ok()?;
     PciLink::parse(&speed, &width)
 }
 
@@ -89,8 +93,13 @@ pub fn gpu_link(root: &Path, bus_id: &str) -> Result<PciLink, String> {
         }
         _ => id,
     };
-    let dir = root.join("sys/bus/pci/devices").join(&id);
-    link_in(&dir).ok_or_else(|| format!("no PCIe link speed for GPU {id} in {}", dir.display()))
+    let fs = RootFs::new(root);
+    let bdf: PciAddr = id
+        .parse()
+        .map_err(|e| format!("GPU bus id {id} is not a PCI address: {e}"))?;
+    let dir = dev_dir(bdf);
+    link_in(&fs, Path::new(&dir))
+        .ok_or_else(|| format!("no PCIe link speed for GPU {id} in {}", fs.show(&dir)))
 }
 
 /// The disk behind `file`: its name and PCIe link.
@@ -108,16 +117,19 @@ pub fn disk_link(root: &Path, file: &Path) -> Result<(String, PciLink), String> 
             file.display()
         ));
     }
-    let link = root.join(format!("sys/dev/block/{major}:{minor}"));
-    let dir = std::fs::canonicalize(&link).map_err(|e| format!("{}: {e}", link.display()))?;
+    let fs = RootFs::new(root);
+    let link = block_dev(major, minor);
+    let dir = fs
+        .resolve(&link)
+        .ok_or_else(|| format!("{}: not found", fs.show(&link)))?;
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| format!("{major}:{minor}"));
-    let devices = root.join("sys/devices");
+    let devices = Path::new("sys/devices");
     let mut at: Option<PathBuf> = Some(dir.clone());
     while let Some(d) = at {
-        if !d.starts_with(&devices) {
+        if !d.starts_with(devices) {
             break;
         }
         if d.file_name()
@@ -127,14 +139,14 @@ pub fn disk_link(root: &Path, file: &Path) -> Result<(String, PciLink), String> 
                 "{name} is a virtio disk: its link speed says nothing about the storage behind it"
             ));
         }
-        if let Some(l) = link_in(&d) {
+        if let Some(l) = link_in(&fs, &d) {
             return Ok((name, l));
         }
         at = d.parent().map(Path::to_path_buf);
     }
     Err(format!(
         "{name}: no PCIe link found above {}",
-        dir.display()
+        fs.show(&dir.to_string_lossy())
     ))
 }
 
@@ -236,6 +248,28 @@ mod tests {
             Some(5)
         );
         assert!(gpu_link(root.path(), "0000:07:00.0").is_err());
+    }
+
+    #[test]
+    fn an_absolute_link_in_a_captured_root_is_followed_inside_it() {
+        // As a careless copy leaves it: `/sys/devices/...`, which must not reach this
+        // machine's own sysfs (where that function does not exist).
+        let root = tempfile::tempdir().unwrap();
+        let real = root
+            .path()
+            .join("sys/devices/pci0000:00/0000:00:01.0/0000:66:00.0");
+        std::fs::create_dir_all(&real).unwrap();
+        std::fs::write(real.join("current_link_speed"), "16.0 GT/s PCIe\n").unwrap();
+        std::fs::write(real.join("current_link_width"), "8\n").unwrap();
+        std::fs::create_dir_all(root.path().join("sys/bus/pci/devices")).unwrap();
+        std::os::unix::fs::symlink(
+            "/sys/devices/pci0000:00/0000:00:01.0/0000:66:00.0",
+            root.path().join("sys/bus/pci/devices/0000:66:00.0"),
+        )
+        .unwrap();
+        let l = gpu_link(root.path(), "0000:66:00.0").unwrap();
+        assert_eq!((l.generation(), l.width), (Some(4), 8));
+        assert!(gpu_link(root.path(), "not-a-bdf").is_err());
     }
 
     #[test]

@@ -15,12 +15,20 @@
 //! `nvidia-smi` never shows. Nothing odd inside the tree is fatal: unreadable files, garbage
 //! values and dangling links become [`Topology::notes`]. All paths are resolved inside the
 //! root (`rootfs` module), so a capture's absolute links never reach the host's own `/sys`.
+//!
+//! This module is gdx's one sysfs layer: the doctor and the rdma crate read roots through
+//! [`RootFs`] ([`rootfs`], [`files`]), the PCI and RDMA device facts of [`devices`] and the
+//! config-space capabilities of [`config`], and unpack captures with [`archive`]; none of
+//! them joins, resolves or unpacks sysfs paths on its own.
 
 pub mod archive;
+pub mod config;
+pub mod devices;
+pub mod files;
 mod net;
 mod parse;
 pub(crate) mod pci;
-pub(crate) mod rootfs;
+pub mod rootfs;
 
 use crate::enrich;
 use crate::model::{
@@ -28,7 +36,8 @@ use crate::model::{
     Topology,
 };
 use crate::TopoError;
-use rootfs::{ReadError, RootFs};
+pub use files::FileError;
+pub use rootfs::{ReadError, RootFs};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 

@@ -120,7 +120,7 @@ fn spawn_rdma(listener: TcpListener, device: Option<String>) -> Result<()> {
                 Ok(()) => eprintln!("gdx serve: RDMA bench client {peer}: done"),
                 Err(e) => eprintln!("gdx serve: RDMA bench client {peer}: {e}"),
             };
-            let r = gdx_rdma::bench::serve_bench_on(
+            let r = gdx_bench::rdma::serve_on(
                 &listener,
                 device.as_deref(),
                 &cfg,

@@ -10,8 +10,8 @@
 use super::Check;
 use crate::context::{pair, Context, GpuRef};
 use crate::finding::Finding;
-use crate::pci::{self, dev_dir};
-use crate::pcicfg::{AcsCtl, Config};
+use gdx_topo::sysfs::config::{AcsCtl, Config};
+use gdx_topo::sysfs::devices::{self as pci, dev_dir};
 use gdx_topo::PciAddr;
 use std::collections::BTreeMap;
 
@@ -20,15 +20,15 @@ pub struct Acs;
 
 /// Bridges between two devices whose ACS settings matter, from their sysfs chains.
 pub fn pair_bridges(ctx: &Context, a: PciAddr, b: PciAddr) -> Result<Vec<PciAddr>, String> {
-    let ca = pci::chain(&ctx.fs, a)?;
-    let cb = pci::chain(&ctx.fs, b)?;
+    let ca = pci::chain(&ctx.fs, a).map_err(|e| e.to_string())?;
+    let cb = pci::chain(&ctx.fs, b).map_err(|e| e.to_string())?;
     Ok(pci::bridges_between(&ca, &cb))
 }
 
 /// The ACS control of a bridge, or why it cannot be read.
 pub fn read_acs(ctx: &Context, bdf: PciAddr) -> Result<(Option<AcsCtl>, String), String> {
     let rel = format!("{}/config", dev_dir(bdf));
-    let bytes = ctx.fs.read_bytes(&rel).map_err(|e| e.to_string())?;
+    let bytes = ctx.fs.file_bytes(&rel).map_err(|e| e.to_string())?;
     let shown = ctx.fs.show(&rel);
     match Config::new(&bytes).acs_ctl() {
         Ok(Some(c)) => Ok((
@@ -137,9 +137,9 @@ impl Check for Acs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pcicfg::ConfigBuilder;
     use crate::testutil::{run, subject, Tree};
     use crate::Status;
+    use gdx_topo::sysfs::config::ConfigBuilder;
 
     /// GPU and NIC under one switch: RP 00:01.0 → USP 01:00.0 → DSPs 02:01.0 / 02:02.0.
     fn tree(acs: u16, truncate: Option<usize>) -> Tree {

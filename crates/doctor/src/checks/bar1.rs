@@ -6,7 +6,7 @@
 use super::Check;
 use crate::context::Context;
 use crate::finding::Finding;
-use crate::pci::dev_dir;
+use gdx_topo::sysfs::devices::dev_dir;
 
 /// The `bar1` check.
 pub struct Bar1;

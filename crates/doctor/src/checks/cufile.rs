@@ -136,7 +136,7 @@ impl Cufile {
         }
         let lib = LIB_DIRS.iter().find_map(|d| {
             ctx.fs
-                .list_or_empty(d)
+                .names_or_empty(d)
                 .into_iter()
                 .find(|n| n.starts_with("libcufile.so"))
                 .map(|n| ctx.fs.show(&format!("{d}/{n}")))

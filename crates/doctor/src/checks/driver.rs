@@ -7,7 +7,7 @@
 use super::Check;
 use crate::context::Context;
 use crate::finding::Finding;
-use crate::pci::dev_dir;
+use gdx_topo::sysfs::devices::dev_dir;
 
 /// The `driver` check.
 pub struct Driver;
@@ -47,7 +47,7 @@ pub fn parse_version_file(text: &str) -> Option<DriverVersion> {
 pub fn read(ctx: &Context) -> (Option<DriverVersion>, Vec<String>) {
     let mut ev = Vec::new();
     let proc_rel = "proc/driver/nvidia/version";
-    let from_proc = ctx.fs.read_text(proc_rel).ok().and_then(|t| {
+    let from_proc = ctx.fs.file_text(proc_rel).ok().and_then(|t| {
         let v = parse_version_file(&t)?;
         ev.push(format!("{}: {}", ctx.fs.show(proc_rel), v.banner));
         Some(v)

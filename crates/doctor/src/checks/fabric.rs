@@ -37,7 +37,7 @@ fn nvswitches(ctx: &Context) -> (Vec<String>, bool) {
 fn fm_processes(ctx: &Context) -> Option<Vec<String>> {
     let pids: Vec<String> = ctx
         .fs
-        .list_or_empty("proc")
+        .names_or_empty("proc")
         .into_iter()
         .filter(|n| n.chars().all(|c| c.is_ascii_digit()))
         .collect();

@@ -6,7 +6,7 @@
 use super::Check;
 use crate::context::Context;
 use crate::finding::Finding;
-use crate::pci::dev_dir;
+use gdx_topo::sysfs::devices::dev_dir;
 use gdx_topo::PciAddr;
 
 /// The `iommu` check.
@@ -39,7 +39,7 @@ impl Check for Iommu {
     }
     fn run(&self, ctx: &Context) -> Vec<Finding> {
         let id = self.id();
-        let units = ctx.fs.list_or_empty("sys/class/iommu");
+        let units = ctx.fs.names_or_empty("sys/class/iommu");
         let words = ctx.fs.text("proc/cmdline").map(|c| cmdline_iommu(&c));
         let pt = words.as_deref().is_some_and(cmdline_passthrough);
         let mut ctx_ev = vec![if units.is_empty() {

@@ -10,7 +10,7 @@
 use super::Check;
 use crate::context::Context;
 use crate::finding::Finding;
-use crate::pci::{self, LinkRead};
+use gdx_topo::sysfs::devices::{self as pci, LinkRead};
 use gdx_topo::{Link, PciAddr};
 use std::collections::BTreeSet;
 

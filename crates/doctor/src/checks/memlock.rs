@@ -45,7 +45,7 @@ impl Check for Memlock {
     fn run(&self, ctx: &Context) -> Vec<Finding> {
         let id = self.id();
         let rel = "proc/self/limits";
-        let text = match ctx.fs.read_text(rel) {
+        let text = match ctx.fs.file_text(rel) {
             Ok(t) => t,
             Err(e) => {
                 return vec![Finding::skip(

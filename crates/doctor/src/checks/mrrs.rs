@@ -5,8 +5,8 @@
 use super::Check;
 use crate::context::Context;
 use crate::finding::Finding;
-use crate::pci::dev_dir;
-use crate::pcicfg::{Config, DevCtl};
+use gdx_topo::sysfs::config::{Config, DevCtl};
+use gdx_topo::sysfs::devices::dev_dir;
 use gdx_topo::PciAddr;
 
 /// The `mrrs` check.
@@ -33,7 +33,7 @@ pub fn nic_devctl(ctx: &Context) -> Vec<NicDevCtl> {
         let rel = format!("{}/config", dev_dir(bdf));
         let devctl = ctx
             .fs
-            .read_bytes(&rel)
+            .file_bytes(&rel)
             .map_err(|e| e.to_string())
             .and_then(|b| Config::new(&b).dev_ctl().map_err(|e| e.to_string()))
             .map(|dc| {
@@ -103,9 +103,9 @@ impl Check for Mrrs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pcicfg::ConfigBuilder;
     use crate::testutil::{run, Tree};
     use crate::Status;
+    use gdx_topo::sysfs::config::ConfigBuilder;
 
     fn tree(devctl: u16, len: Option<usize>) -> Tree {
         let t = Tree::new();

@@ -5,7 +5,7 @@
 use super::Check;
 use crate::context::{pair, Context};
 use crate::finding::Finding;
-use crate::pci::{self, dev_dir};
+use gdx_topo::sysfs::devices::{self as pci, dev_dir};
 use gdx_topo::PciAddr;
 
 /// The `numa` check.

@@ -24,7 +24,7 @@ impl Check for RdmaDevices {
                 "host",
                 format!(
                     "no RDMA devices in {}: GPUDirect RDMA and RDMA transports do not apply here",
-                    ctx.fs.show("sys/class/infiniband")
+                    ctx.fs.show(gdx_topo::sysfs::devices::RDMA_CLASS)
                 ),
             );
             let mods: Vec<&str> = ["ib_core", "mlx5_ib", "ib_uverbs"]
@@ -49,7 +49,7 @@ impl Check for RdmaDevices {
         // /dev is only meaningful on the live machine; captures do not hold it.
         let uverbs: Option<Vec<String>> = ctx.fs.exists("dev").then(|| {
             ctx.fs
-                .list_or_empty("dev/infiniband")
+                .names_or_empty("dev/infiniband")
                 .into_iter()
                 .filter(|n| n.starts_with("uverbs"))
                 .collect()

@@ -76,9 +76,9 @@ impl Check for RelaxedOrdering {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pcicfg::ConfigBuilder;
     use crate::testutil::{run, subject, Tree};
     use crate::Status;
+    use gdx_topo::sysfs::config::ConfigBuilder;
 
     fn tree(devctl: u16) -> Tree {
         let t = Tree::new();

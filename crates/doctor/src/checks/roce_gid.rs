@@ -32,10 +32,9 @@ fn gdx_override(ctx: &Context) -> Result<Option<u32>, GidError> {
 
 /// One evidence line per populated GID, and the GID gdx would use.
 fn evidence(ctx: &Context, p: &PortGid) -> Vec<String> {
-    let dir = ctx.fs.show(&format!(
-        "sys/class/infiniband/{}/ports/{}",
-        p.device, p.port
-    ));
+    let dir = ctx
+        .fs
+        .show(&gdx_topo::sysfs::devices::rdma_port_dir(&p.device, p.port));
     let mut ev: Vec<String> = p
         .gids
         .iter()

@@ -8,6 +8,7 @@
 //! file is long enough to reach it (root reads 256+ bytes, others only 64), else from the
 //! position in the chain (root port, then upstream/downstream alternating).
 
+use super::config::{CfgError, Config, CAP_ID_PCIE};
 use super::parse;
 use super::Reader;
 use crate::model::{Attachment, Link, LinkStatus, PciAddr, Switch, SwitchId};
@@ -181,37 +182,20 @@ fn chain_of(r: &mut Reader<'_>, bdf: PciAddr, real: &Path) -> (Option<String>, V
 /// Device/Port Type of the PCIe capability. `None` when `config` is too short to reach it
 /// (an unprivileged read returns 64 bytes) or says something odd for a bridge.
 pub(crate) fn port_type_from_config(cfg: &[u8]) -> Option<PortType> {
-    if cfg.len() < 0x40 {
-        return None;
+    let c = Config::new(cfg);
+    match c.find_cap(CAP_ID_PCIE, "PCI Express") {
+        Ok(cap) => match (c.u16_at(cap + 2).ok()? >> 4) & 0xf {
+            4 => Some(PortType::RootPort),
+            5 => Some(PortType::Upstream),
+            6 => Some(PortType::Downstream),
+            7 | 8 => Some(PortType::PciBridge),
+            _ => None,
+        },
+        // No capability list, or the end of a fully readable one without a PCIe capability:
+        // a conventional PCI bridge.
+        Err(CfgError::NoCapability(_)) => Some(PortType::PciBridge),
+        Err(CfgError::TooShort { .. } | CfgError::Malformed(_)) => None,
     }
-    let status = u16::from_le_bytes([cfg[0x06], cfg[0x07]]);
-    if status & 0x10 == 0 {
-        // No capability list at all: a conventional PCI bridge.
-        return Some(PortType::PciBridge);
-    }
-    let mut ptr = usize::from(cfg[0x34] & 0xfc);
-    // 48 capabilities fit in config space; more means a corrupt (or looping) list.
-    for _ in 0..48 {
-        if ptr == 0 {
-            // End of a fully readable list without a PCIe capability: conventional PCI.
-            return Some(PortType::PciBridge);
-        }
-        if ptr < 0x40 || ptr + 4 > cfg.len() {
-            return None;
-        }
-        if cfg[ptr] == 0x10 {
-            let caps = u16::from_le_bytes([cfg[ptr + 2], cfg[ptr + 3]]);
-            return match (caps >> 4) & 0xf {
-                4 => Some(PortType::RootPort),
-                5 => Some(PortType::Upstream),
-                6 => Some(PortType::Downstream),
-                7 | 8 => Some(PortType::PciBridge),
-                _ => None,
-            };
-        }
-        ptr = usize::from(cfg[ptr + 1] & 0xfc);
-    }
-    None
 }
 
 /// Broadcom PEX generation for NCCL's switch flattening (`getBcmGen` in NCCL's topo.cc): a

@@ -8,6 +8,10 @@
 //! being followed on the host. [`RootFs::resolve`] does both, component by component, like
 //! `openat2(RESOLVE_IN_ROOT)`: `..` never climbs above the root and symlink loops end after 40
 //! hops. Paths handed around are relative to the root and already resolved ("real").
+//!
+//! This is gdx's one sysfs path resolver: topo, doctor and rdma all read a root through
+//! [`RootFs`], so a capture is read the same way by every crate (the `files` module adds the
+//! reads whose errors name the file, for evidence).
 
 use std::ffi::OsString;
 use std::fs;
@@ -16,14 +20,17 @@ use std::path::{Component, Path, PathBuf};
 
 /// Largest file gdx reads or copies: sysfs attributes are a page at most, `config` is 4 KiB;
 /// anything bigger is not one of ours (or never ends).
-pub(crate) const MAX_FILE_BYTES: u64 = 1 << 20;
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
 
 /// Symlink hops allowed while resolving one path (Linux's own limit).
 const MAX_HOPS: u32 = 40;
 
+/// Why a path that loops cannot be read (the OS's own words for ELOOP).
+pub(super) const LOOP: &str = "too many levels of symbolic links";
+
 /// Why a file under the root could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ReadError {
+pub enum ReadError {
     /// No such file (or a dangling link): the normal "attribute absent" case.
     Missing,
     /// The kernel says the attribute does not apply now (EINVAL, ENODEV, ENXIO, EOPNOTSUPP):
@@ -35,7 +42,7 @@ pub(crate) enum ReadError {
 
 impl ReadError {
     /// One-line reason for notes and skip lists.
-    pub(crate) fn why(&self) -> String {
+    pub fn why(&self) -> String {
         match self {
             ReadError::Missing => "missing".to_string(),
             ReadError::NotApplicable(w) | ReadError::Failed(w) => w.clone(),
@@ -45,8 +52,20 @@ impl ReadError {
 
 /// A root folder read as `/`.
 #[derive(Debug, Clone)]
-pub(crate) struct RootFs {
-    base: PathBuf,
+pub struct RootFs {
+    pub(super) base: PathBuf,
+    /// How paths are shown instead of `base/...`: `capture:` for an unpacked archive, whose
+    /// temporary folder is gone by the time anyone reads the evidence.
+    pub(super) shown_as: Option<String>,
+}
+
+/// Why a path did not resolve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unresolved {
+    /// A component (or a link's target) does not exist.
+    Missing,
+    /// More than [`MAX_HOPS`] symlinks: a loop.
+    Loop,
 }
 
 enum Step {
@@ -66,26 +85,56 @@ fn steps(p: &Path) -> impl DoubleEndedIterator<Item = Step> + '_ {
 
 impl RootFs {
     /// Read `base` as `/`.
-    pub(crate) fn new(base: &Path) -> RootFs {
+    pub fn new(base: impl AsRef<Path>) -> RootFs {
         RootFs {
-            base: base.to_path_buf(),
+            base: base.as_ref().to_path_buf(),
+            shown_as: None,
+        }
+    }
+
+    /// Read `base` as `/`, showing its files as `{prefix}sys/...` (e.g. `capture:` for an
+    /// unpacked archive) in [`RootFs::show`] and in the errors that name a file.
+    pub fn shown_as(base: impl AsRef<Path>, prefix: impl Into<String>) -> RootFs {
+        RootFs {
+            base: base.as_ref().to_path_buf(),
+            shown_as: Some(prefix.into()),
         }
     }
 
     /// The host path of an in-root path, without resolving anything.
-    pub(crate) fn host(&self, rel: &Path) -> PathBuf {
+    pub fn host(&self, rel: &Path) -> PathBuf {
         self.base.join(rel)
     }
 
     /// Resolve `rel` (relative to the root; a leading `/` is allowed) to its real path
     /// relative to the root. `None` when a component is missing or links loop.
-    pub(crate) fn resolve(&self, rel: &Path) -> Option<PathBuf> {
-        self.resolve_from(Path::new(""), rel)
+    pub fn resolve(&self, rel: impl AsRef<Path>) -> Option<PathBuf> {
+        self.resolve_from(Path::new(""), rel.as_ref())
     }
 
     /// Resolve `rel` against `real_dir`, a folder already resolved by this `RootFs`
     /// (so relative link targets inside it are taken from the right place).
-    pub(crate) fn resolve_from(&self, real_dir: &Path, rel: &Path) -> Option<PathBuf> {
+    pub fn resolve_from(&self, real_dir: &Path, rel: &Path) -> Option<PathBuf> {
+        self.walk(real_dir, rel, false).ok()
+    }
+
+    /// Resolve `rel` like [`RootFs::resolve`], but keep components that do not exist as
+    /// given (the path a file *would* have; errors can then name it, and fixtures can place
+    /// links in folders not made yet). `None` only for a symlink loop.
+    pub fn resolve_partial(&self, rel: impl AsRef<Path>) -> Option<PathBuf> {
+        self.walk(Path::new(""), rel.as_ref(), true).ok()
+    }
+
+    /// The one resolution algorithm behind [`RootFs::resolve_from`] and
+    /// [`RootFs::resolve_partial`]. With `keep_missing`, a missing component is kept as a
+    /// name; nothing below it can be a link, so the rest is appended as given (`..` still
+    /// clamped at the root).
+    pub(super) fn walk(
+        &self,
+        real_dir: &Path,
+        rel: &Path,
+        keep_missing: bool,
+    ) -> Result<PathBuf, Unresolved> {
         let mut done: Vec<OsString> = Vec::new();
         for s in steps(real_dir) {
             match s {
@@ -108,13 +157,17 @@ impl RootFs {
                 Step::Name(name) => {
                     done.push(name);
                     let host = self.base.join(done.iter().collect::<PathBuf>());
-                    let meta = fs::symlink_metadata(&host).ok()?;
+                    let meta = match fs::symlink_metadata(&host) {
+                        Ok(m) => m,
+                        Err(_) if keep_missing => continue,
+                        Err(_) => return Err(Unresolved::Missing),
+                    };
                     if meta.file_type().is_symlink() {
                         hops += 1;
                         if hops > MAX_HOPS {
-                            return None;
+                            return Err(Unresolved::Loop);
                         }
-                        let target = fs::read_link(&host).ok()?;
+                        let target = fs::read_link(&host).map_err(|_| Unresolved::Missing)?;
                         done.pop();
                         for s in steps(&target).rev() {
                             todo.push_front(s);
@@ -123,12 +176,12 @@ impl RootFs {
                 }
             }
         }
-        Some(done.iter().collect())
+        Ok(done.iter().collect())
     }
 
     /// Names in an in-root folder (resolved first), sorted; empty when it is absent.
     /// `Err` when it exists but cannot be listed.
-    pub(crate) fn list(&self, rel: &Path) -> Result<Vec<String>, ReadError> {
+    pub fn list(&self, rel: impl AsRef<Path>) -> Result<Vec<String>, ReadError> {
         let Some(real) = self.resolve(rel) else {
             return Err(ReadError::Missing);
         };
@@ -142,21 +195,21 @@ impl RootFs {
     }
 
     /// True when `rel` resolves to a folder.
-    pub(crate) fn is_dir(&self, rel: &Path) -> bool {
+    pub fn is_dir(&self, rel: impl AsRef<Path>) -> bool {
         self.resolve(rel)
             .and_then(|r| fs::metadata(self.host(&r)).ok())
             .is_some_and(|m| m.is_dir())
     }
 
     /// The root folder on the host.
-    pub(crate) fn base(&self) -> &Path {
+    pub fn base(&self) -> &Path {
         &self.base
     }
 
     /// Read an in-root file (resolved first) of at most `limit` bytes; a longer file is an
     /// error. Only regular files are opened: a FIFO or device node in an odd tree would block
     /// or have side effects.
-    pub(crate) fn read_limited(&self, rel: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
+    pub fn read_limited(&self, rel: impl AsRef<Path>, limit: u64) -> Result<Vec<u8>, ReadError> {
         let buf = self.read_prefix(rel, limit + 1)?;
         if buf.len() as u64 > limit {
             return Err(ReadError::Failed(format!("larger than {limit} bytes")));
@@ -166,7 +219,8 @@ impl RootFs {
 
     /// The first `limit` bytes of an in-root file (all of it when shorter), e.g. the part
     /// of `config` gdx understands.
-    pub(crate) fn read_prefix(&self, rel: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
+    pub fn read_prefix(&self, rel: impl AsRef<Path>, limit: u64) -> Result<Vec<u8>, ReadError> {
+        // A loop reads as missing here, as a dangling link does: topo notes neither.
         let real = self.resolve(rel).ok_or(ReadError::Missing)?;
         let host = self.host(&real);
         let meta = fs::metadata(&host).map_err(|e| classify(&e))?;
@@ -185,19 +239,25 @@ impl RootFs {
     }
 
     /// Read an in-root file of at most [`MAX_FILE_BYTES`].
-    pub(crate) fn read(&self, rel: &Path) -> Result<Vec<u8>, ReadError> {
+    pub fn read(&self, rel: impl AsRef<Path>) -> Result<Vec<u8>, ReadError> {
         self.read_limited(rel, MAX_FILE_BYTES)
     }
 
     /// Read an in-root text file, trimmed (invalid UTF-8 is replaced, then fails to parse).
-    pub(crate) fn read_text(&self, rel: &Path) -> Result<String, ReadError> {
+    pub fn read_text(&self, rel: impl AsRef<Path>) -> Result<String, ReadError> {
         let b = self.read(rel)?;
         Ok(String::from_utf8_lossy(&b).trim().to_string())
     }
 }
 
+/// True when `dir` is this machine's own `/` (it resolves there on the host): the one place
+/// the host's resolution is wanted, to tell the live machine from a capture.
+pub fn is_host_root(dir: &Path) -> bool {
+    fs::canonicalize(dir).is_ok_and(|p| p == Path::new("/"))
+}
+
 /// Sort an I/O error into missing / not applicable / failed.
-pub(crate) fn classify(e: &std::io::Error) -> ReadError {
+pub fn classify(e: &std::io::Error) -> ReadError {
     if e.kind() == ErrorKind::NotFound {
         return ReadError::Missing;
     }
@@ -212,7 +272,7 @@ pub(crate) fn classify(e: &std::io::Error) -> ReadError {
 /// The relative path that leads from folder `from_dir` to `to` (both relative to one root),
 /// e.g. from `sys/bus/pci/devices` to `sys/devices/pci0000:00/0000:00:01.0` gives
 /// `../../../devices/pci0000:00/0000:00:01.0`. Used to write relative symlinks.
-pub(crate) fn relative_path(from_dir: &Path, to: &Path) -> PathBuf {
+pub fn relative_path(from_dir: &Path, to: &Path) -> PathBuf {
     let a: Vec<Component> = from_dir
         .components()
         .filter(|c| matches!(c, Component::Normal(_)))

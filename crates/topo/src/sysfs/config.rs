@@ -4,7 +4,8 @@
 //! Input is whatever `/sys/bus/pci/devices/<bdf>/config` returned: 64 bytes for an
 //! unprivileged reader, 256 for conventional PCI, 4096 for PCIe read as root. Every walk is
 //! bounded (no loops on corrupt pointers) and every read is range-checked, so odd bytes give
-//! an error value, never a panic.
+//! an error value, never a panic. The topology's port types and the doctor's ACS and
+//! Device Control checks both walk the capability lists here.
 
 use std::fmt;
 
@@ -108,8 +109,14 @@ impl<'a> Config<'a> {
         let mut ptr = usize::from(self.bytes[0x34] & 0xfc);
         // 48 is the most capabilities that fit in 192 bytes; more means a pointer loop.
         for _ in 0..48 {
-            if ptr < 0x40 {
+            if ptr == 0 {
                 return Err(CfgError::NoCapability(what));
+            }
+            // A pointer into the 64-byte header is corruption, not the end of the list.
+            if ptr < 0x40 {
+                return Err(CfgError::Malformed(format!(
+                    "capability pointer {ptr:#04x} points into the header"
+                )));
             }
             self.need(ptr + 2)?;
             if self.bytes[ptr] == id {

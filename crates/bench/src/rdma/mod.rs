@@ -1,6 +1,7 @@
 //! RDMA cases (`gdx bench --path rdma`, opt-in): perftest-style RDMA WRITE and READ bandwidth
-//! and latency through gdx-rdma's bench ([`gdx_rdma::bench`]), with host or GPU memory here
-//! and host or GPU 0 memory on the other side.
+//! and latency over gdx-rdma's single operations ([`gdx_rdma::link`]), with host or GPU memory
+//! here and host or GPU 0 memory on the other side. [`session`] times them and holds the bench
+//! server `gdx serve --rdma-listen` runs; [`proto`] is the control protocol between the two.
 //!
 //! The other side is `gdx serve --rdma-listen` at the address given (`--peer`, or
 //! `--rdma-peer` when the shm/tcp cases run against the engine agent in the same run), or,
@@ -9,7 +10,7 @@
 //! Without libibverbs, without an RDMA device or without an ACTIVE port, every case is waived
 //! with gdx-rdma's discovery reason ("no RDMA device: libibverbs lists no devices and ...").
 //!
-//! Method (gdx-rdma's, not the wall-clock loop of the other cases): per size, `--warmup`
+//! Method (this module's own, not the wall-clock loop of the other cases): per size, `--warmup`
 //! operations, then `--min-samples` bandwidth samples of `--iters` operations (default
 //! `--max-samples`, fewer for large sizes so one sample stays near `--duration` at
 //! [`ASSUMED_BYTES_PER_S`]) with a window of operations in flight, then as many single
@@ -20,14 +21,16 @@
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use gdx_rdma::bench::{
-    bench_key, bench_loopback, bench_rdma, BenchMem, BenchOp, BenchParams, BenchReport, TcpControl,
-};
+pub mod proto;
+pub mod session;
+
+pub use proto::{bench_key, BenchMem, BenchOp, Control, TcpControl, BENCH_VERSION};
+pub use session::{run_client, run_loopback, serve, serve_on, RdmaParams, RdmaRun, SizeTimes};
 
 use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived};
 use crate::error::BenchError;
 use crate::report::Row;
-use crate::stats::quantile;
+use crate::stats::fill_row;
 use crate::Ctx;
 
 /// The rate a bandwidth sample is sized for (NIC ports run up to 400 Gb/s = 50 GB/s), so a
@@ -35,7 +38,7 @@ use crate::Ctx;
 pub const ASSUMED_BYTES_PER_S: f64 = 25e9;
 
 /// The header note of a run with rdma cases: their method differs from the other cases'.
-pub const METHOD_NOTE: &str = "rdma cases: gdx-rdma's method: per size, warm-up operations, then --min-samples bandwidth samples of --iters operations (default --max-samples; fewer for large sizes) with 64 in flight, median reported; latency = post to completion of one operation (a round trip, not perftest's half); never run on hardware";
+pub const METHOD_NOTE: &str = "rdma cases: their own method: per size, warm-up operations, then --min-samples bandwidth samples of --iters operations (default --max-samples; fewer for large sizes) with 64 in flight, median reported; latency = post to completion of one operation (a round trip, not perftest's half); never run on hardware";
 
 /// The name of the other side when there is no peer.
 pub const LOOPBACK: &str = "loopback";
@@ -65,16 +68,16 @@ fn end(mem: BenchMem, remote: Option<&str>) -> End {
     }
 }
 
-/// gdx-rdma's parameters for one case under the run's `params`.
+/// The session's parameters for one case under the run's `params`.
 pub fn bench_params(
     ctx: &Ctx,
     params: &Params,
     op: BenchOp,
     local: BenchMem,
     remote: BenchMem,
-) -> BenchParams {
+) -> RdmaParams {
     let iterations = params.iters.unwrap_or(params.max_samples).max(1);
-    BenchParams {
+    RdmaParams {
         op,
         local,
         remote,
@@ -88,56 +91,40 @@ pub fn bench_params(
             .iters
             .is_none()
             .then_some((params.duration.as_secs_f64() * ASSUMED_BYTES_PER_S) as u64),
-        ..BenchParams::default()
+        ..RdmaParams::default()
     }
 }
 
-/// The report's rows in the bench's terms: bandwidth from the samples (median, min, max;
-/// `samples_s` holds the seconds per transfer of each sample),
-/// latency p50/p99 from the post-to-completion samples, the devices and registration
-/// mechanisms in the note. `verify` false drops the pattern check's result.
-pub fn rows(spec: &CaseSpec, report: &BenchReport, verify: bool) -> Vec<Row> {
-    // Figures straight from the f64 samples: going through `Duration` would round
-    // sub-microsecond transfers to whole nanoseconds.
-    let sorted = |v: &[f64]| {
-        let mut s: Vec<f64> = v
-            .iter()
-            .copied()
-            .filter(|x| x.is_finite() && *x >= 0.0)
-            .collect();
-        s.sort_by(f64::total_cmp);
-        s
-    };
-    report
-        .rows
+/// The run's rows in the bench's terms, summarised by the framework ([`fill_row`]):
+/// bandwidth median, min and max from the samples (`samples_s` holds the seconds per
+/// transfer of each sample), latency p50/p99 from the post-to-completion times, the devices
+/// and registration mechanisms in the note. `verify` false drops the pattern check's result.
+pub fn rows(spec: &CaseSpec, run: &RdmaRun, verify: bool) -> Vec<Row> {
+    run.sizes
         .iter()
-        .map(|r| {
-            let mut row = Row::new(spec, r.size);
-            let bw: Vec<f64> = sorted(&r.bandwidth_samples)
-                .into_iter()
-                .filter(|b| *b > 0.0)
+        .map(|t| {
+            let mut row = Row::new(spec, t.size);
+            let per_sample = t.size as f64 * f64::from(t.iterations);
+            let iters = u64::from(t.iterations) * t.samples.len() as u64;
+            fill_row(&mut row, per_sample, &t.samples, &t.latencies, iters);
+            // Seconds per transfer, as the other cases report theirs.
+            row.samples_s = t
+                .samples
+                .iter()
+                .map(|d| d.as_secs_f64() / f64::from(t.iterations.max(1)))
                 .collect();
-            row.bw_gbps = quantile(&bw, 0.5).map(|b| b / 1e9);
-            row.bw_min_gbps = bw.first().map(|b| b / 1e9);
-            row.bw_max_gbps = bw.last().map(|b| b / 1e9);
-            row.samples_s = bw.iter().map(|b| r.size as f64 / b).collect();
-            let lat = sorted(&r.latency_samples);
-            row.lat_p50_us = quantile(&lat, 0.5).map(|x| x * 1e6);
-            row.lat_p99_us = quantile(&lat, 0.99).map(|x| x * 1e6);
-            row.lat_samples_s = lat;
-            row.iters = u64::from(r.iterations) * bw.len() as u64;
-            row.verified = if verify { report.verified } else { None };
+            row.verified = if verify { run.verified } else { None };
             if row.verified == Some(false) {
                 row.add_note("verification failed: the pattern checksum differs");
             }
             row.add_note(format!(
                 "local {} ({}), remote {} ({}), {} QP{}; latency is post to completion (one round trip, not perftest's half)",
-                report.local_device,
-                report.local_mechanism,
-                report.remote_device,
-                report.remote_mechanism,
-                report.qps,
-                if report.qps == 1 { "" } else { "s" }
+                run.local_device,
+                run.local_mechanism,
+                run.remote_device,
+                run.remote_mechanism,
+                run.qps,
+                if run.qps == 1 { "" } else { "s" }
             ));
             row
         })
@@ -176,12 +163,12 @@ impl BenchCase for RdmaCase {
 
     fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), BenchError> {
         let p = bench_params(ctx, params, self.op, self.local, self.remote);
-        let report = match &self.peer {
+        let run = match &self.peer {
             Some(addr) => {
                 let mut ctrl = connect(addr, p.timeout)?;
-                bench_rdma(&mut ctrl, &p)
+                run_client(&mut ctrl, &p)
             }
-            None => bench_loopback(&p),
+            None => run_loopback(&p),
         }
         // gdx-rdma's error is kept as the source; its control messages already say which
         // side failed ("peer: ..."), so nothing is read back out of the text.
@@ -192,7 +179,7 @@ impl BenchCase for RdmaCase {
             ),
             source,
         })?;
-        for row in rows(&self.spec, &report, params.verify) {
+        for row in rows(&self.spec, &run, params.verify) {
             sink(row);
         }
         Ok(())
@@ -264,7 +251,6 @@ pub fn cases(peer: Option<&str>, gpus: u32) -> Vec<Box<dyn BenchCase>> {
 mod tests {
     use super::*;
     use crate::report::Status;
-    use gdx_rdma::bench::BenchRow;
     use gdx_rdma::Mechanism;
 
     #[test]
@@ -342,38 +328,42 @@ mod tests {
     }
 
     #[test]
-    fn a_report_becomes_rows() {
+    fn a_run_becomes_rows() {
         let spec = cases(None, 0)[0].spec().clone();
-        let report = BenchReport {
-            key: spec.key.clone(),
+        let ms = Duration::from_millis;
+        // 100 operations of 1 MiB per sample: 10.486, 5.243 and 8.389 ms are 10, 20 and
+        // 12.5 GB/s.
+        let bytes = 100.0 * f64::from(1u32 << 20);
+        let at = |gbps: f64| Duration::from_secs_f64(bytes / (gbps * 1e9));
+        let run = RdmaRun {
             local_device: "mlx5_0 port 1".into(),
             remote_device: "mlx5_1 port 1".into(),
             local_mechanism: Mechanism::HostMr,
             remote_mechanism: Mechanism::DmaBuf,
             qps: 2,
             verified: Some(true),
-            rows: vec![BenchRow {
+            sizes: vec![SizeTimes {
                 size: 1 << 20,
                 iterations: 100,
-                bandwidth_samples: vec![10e9, 20e9, 12.5e9],
-                bandwidth_median: 12.5e9,
-                latency_samples: vec![4e-6, 5e-6, 6e-6],
-                latency_median: 5e-6,
+                samples: vec![at(10.0), at(20.0), at(12.5)],
+                latencies: vec![ms(4) / 1000, ms(5) / 1000, ms(6) / 1000],
             }],
         };
-        let r = rows(&spec, &report, true);
+        let r = rows(&spec, &run, true);
         assert_eq!(r.len(), 1);
         let row = &r[0];
         assert_eq!(row.status, Status::Passed);
-        assert!((row.bw_gbps.unwrap() - 12.5).abs() < 1e-9);
-        assert!((row.bw_min_gbps.unwrap() - 10.0).abs() < 1e-9);
-        assert!((row.bw_max_gbps.unwrap() - 20.0).abs() < 1e-9);
+        assert!((row.bw_gbps.unwrap() - 12.5).abs() < 1e-6);
+        assert!((row.bw_min_gbps.unwrap() - 10.0).abs() < 1e-6);
+        assert!((row.bw_max_gbps.unwrap() - 20.0).abs() < 1e-6);
         assert!((row.lat_p50_us.unwrap() - 5.0).abs() < 1e-6);
         assert_eq!(row.iters, 300);
+        assert_eq!(row.samples_s.len(), 3);
+        assert!((row.samples_s[0] - at(10.0).as_secs_f64() / 100.0).abs() < 1e-12);
         assert_eq!(row.verified, Some(true));
         let note = row.note.as_deref().unwrap();
         assert!(note.contains("mlx5_0 port 1 (host ibv_reg_mr)") && note.contains("dma-buf"));
         assert!(note.contains("2 QPs"));
-        assert_eq!(rows(&spec, &report, false)[0].verified, None);
+        assert_eq!(rows(&spec, &run, false)[0].verified, None);
     }
 }

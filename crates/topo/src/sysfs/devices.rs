@@ -2,12 +2,14 @@
 //! chain of bridges above a device (from the `sys/bus/pci/devices/<bdf>` symlink), link
 //! speed/width, NUMA node, and the RDMA devices of `sys/class/infiniband`.
 //!
-//! These are read here rather than taken from the [`gdx_topo::Topology`] because the checks
-//! need the raw values and file names as evidence, and because they must work even when the
-//! topology could not be built.
+//! The doctor reads these rather than take them from the [`crate::Topology`] because its
+//! checks need the raw values and file names as evidence, and because they must work even
+//! when the topology could not be built. They live here, beside the topology's own scan, so
+//! that every crate reads `sys/bus/pci` and `sys/class/infiniband` through one layer.
 
-use crate::rootfs::{ReadError, RootFs};
-use gdx_topo::{Link, PciAddr};
+use super::files::FileError;
+use super::rootfs::RootFs;
+use crate::model::{Link, PciAddr};
 
 /// PCI vendor id of NVIDIA.
 pub const VENDOR_NVIDIA: u16 = 0x10de;
@@ -15,6 +17,11 @@ pub const VENDOR_NVIDIA: u16 = 0x10de;
 /// The folder of a PCI function, relative to the root.
 pub fn dev_dir(bdf: PciAddr) -> String {
     format!("sys/bus/pci/devices/{bdf}")
+}
+
+/// The link to a block device's folder, relative to the root (`sys/dev/block/259:0`).
+pub fn block_dev(major: u32, minor: u32) -> String {
+    format!("sys/dev/block/{major}:{minor}")
 }
 
 /// One PCI function from `sys/bus/pci/devices`.
@@ -48,7 +55,7 @@ impl PciFn {
 }
 
 fn hex_u32(s: &str) -> Option<u32> {
-    u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok()
+    super::parse::hex_u32(s)
 }
 
 /// Read one function's ids.
@@ -65,9 +72,9 @@ pub fn read_fn(fs: &RootFs, bdf: PciAddr) -> PciFn {
 
 /// Every PCI function under `sys/bus/pci/devices`, in address order. Entries whose name is
 /// not a PCI address are ignored.
-pub fn scan(fs: &RootFs) -> Result<Vec<PciFn>, ReadError> {
+pub fn scan(fs: &RootFs) -> Result<Vec<PciFn>, FileError> {
     let mut out: Vec<PciFn> = fs
-        .list("sys/bus/pci/devices")?
+        .names("sys/bus/pci/devices")?
         .iter()
         .filter_map(|n| n.parse::<PciAddr>().ok())
         .map(|bdf| read_fn(fs, bdf))
@@ -86,31 +93,56 @@ pub struct Chain {
     pub bridges: Vec<PciAddr>,
 }
 
+/// Why the bridges above a device are unknown.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChainError {
+    /// `sys/bus/pci/devices/<bdf>` does not resolve inside the root.
+    #[error("{shown} does not resolve into sys/devices, so the bridges above it are unknown")]
+    Unresolved {
+        /// The link as shown to the user.
+        shown: String,
+    },
+    /// The real path has no host bridge folder.
+    #[error("{shown}: no pciDDDD:BB component in its path")]
+    NoHostBridge {
+        /// The link as shown to the user.
+        shown: String,
+    },
+    /// The real path does not end in the device's own folder.
+    #[error("{shown}: resolves to {real}, which does not end in the device")]
+    NotTheDevice {
+        /// The link as shown to the user.
+        shown: String,
+        /// Where it resolves, relative to the root.
+        real: String,
+    },
+}
+
 /// The chain above a device, from the realpath of `sys/bus/pci/devices/<bdf>`
 /// (`sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/...`).
-pub fn chain(fs: &RootFs, bdf: PciAddr) -> Result<Chain, String> {
+///
+/// # Errors
+/// [`ChainError`] when the link does not resolve to the device's folder below a host bridge.
+pub fn chain(fs: &RootFs, bdf: PciAddr) -> Result<Chain, ChainError> {
     let rel = dev_dir(bdf);
-    let real = fs.canonical_rel(&rel).ok_or_else(|| {
-        format!(
-            "{} does not resolve into sys/devices, so the bridges above it are unknown",
-            fs.show(&rel)
-        )
-    })?;
+    let shown = || fs.show(&rel);
+    let real = fs
+        .canonical_rel(&rel)
+        .ok_or_else(|| ChainError::Unresolved { shown: shown() })?;
     let mut comps = real
         .components()
         .filter_map(|c| c.as_os_str().to_str())
         .skip_while(|c| !c.starts_with("pci"));
     let host_bridge = comps
         .next()
-        .ok_or_else(|| format!("{}: no pciDDDD:BB component in its path", fs.show(&rel)))?
+        .ok_or_else(|| ChainError::NoHostBridge { shown: shown() })?
         .to_string();
     let mut addrs: Vec<PciAddr> = comps.filter_map(|c| c.parse().ok()).collect();
     if addrs.last() != Some(&bdf) {
-        return Err(format!(
-            "{}: resolves to {}, which does not end in the device",
-            fs.show(&rel),
-            real.display()
-        ));
+        return Err(ChainError::NotTheDevice {
+            shown: shown(),
+            real: real.display().to_string(),
+        });
     }
     addrs.pop();
     Ok(Chain {
@@ -189,9 +221,9 @@ pub fn read_link(fs: &RootFs, bdf: PciAddr) -> LinkRead {
 }
 
 /// `numa_node` of a device: `Ok(None)` for -1 (firmware or VM does not say).
-pub fn numa_node(fs: &RootFs, bdf: PciAddr) -> Result<Option<u32>, ReadError> {
+pub fn numa_node(fs: &RootFs, bdf: PciAddr) -> Result<Option<u32>, FileError> {
     let rel = format!("{}/numa_node", dev_dir(bdf));
-    let t = fs.read_text(&rel)?;
+    let t = fs.file_text(&rel)?;
     Ok(t.parse::<i64>().ok().and_then(|n| u32::try_from(n).ok()))
 }
 
@@ -224,6 +256,19 @@ impl RdmaPort {
     }
 }
 
+/// Where the kernel lists RDMA devices, relative to the root.
+pub const RDMA_CLASS: &str = "sys/class/infiniband";
+
+/// The folder of RDMA device `device`, relative to the root.
+pub fn rdma_dev_dir(device: &str) -> String {
+    format!("{RDMA_CLASS}/{device}")
+}
+
+/// The folder of port `port` of RDMA device `device`, relative to the root.
+pub fn rdma_port_dir(device: &str, port: u32) -> String {
+    format!("{}/ports/{port}", rdma_dev_dir(device))
+}
+
 /// One RDMA device.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RdmaDev {
@@ -240,23 +285,22 @@ pub struct RdmaDev {
 impl RdmaDev {
     /// The folder of a port, relative to the root.
     pub fn port_dir(&self, port: u32) -> String {
-        format!("sys/class/infiniband/{}/ports/{port}", self.name)
+        rdma_port_dir(&self.name, port)
     }
 }
 
 /// RDMA devices under `sys/class/infiniband`; `Ok(empty)` when the folder is missing (no
 /// RDMA stack loaded is the same as no devices).
 pub fn rdma_devices(fs: &RootFs) -> Vec<RdmaDev> {
-    let base = "sys/class/infiniband";
-    fs.list_or_empty(base)
+    fs.names_or_empty(RDMA_CLASS)
         .into_iter()
         .map(|name| {
-            let dir = format!("{base}/{name}");
+            let dir = rdma_dev_dir(&name);
             let bdf = fs
                 .link_name(&format!("{dir}/device"))
                 .and_then(|n| n.parse().ok());
             let ports = fs
-                .list_or_empty(&format!("{dir}/ports"))
+                .names_or_empty(&format!("{dir}/ports"))
                 .into_iter()
                 .filter_map(|p| p.parse::<u32>().ok())
                 .map(|port| {
@@ -270,7 +314,7 @@ pub fn rdma_devices(fs: &RootFs) -> Vec<RdmaDev> {
                     }
                 })
                 .collect();
-            let netdevs = fs.list_or_empty(&format!("{dir}/device/net"));
+            let netdevs = fs.names_or_empty(&format!("{dir}/device/net"));
             RdmaDev {
                 name,
                 bdf,
@@ -284,49 +328,6 @@ pub fn rdma_devices(fs: &RootFs) -> Vec<RdmaDev> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::Tree;
-
-    #[test]
-    fn chain_and_bridges_between() {
-        let t = Tree::new();
-        t.bridge("pci0000:00", &[], "0000:00:01.0");
-        t.bridge("pci0000:00", &["0000:00:01.0"], "0000:01:00.0");
-        t.bridge(
-            "pci0000:00",
-            &["0000:00:01.0", "0000:01:00.0"],
-            "0000:02:01.0",
-        );
-        t.bridge(
-            "pci0000:00",
-            &["0000:00:01.0", "0000:01:00.0"],
-            "0000:02:02.0",
-        );
-        let up = ["0000:00:01.0", "0000:01:00.0"];
-        t.gpu(
-            "pci0000:00",
-            &[&up[..], &["0000:02:01.0"]].concat(),
-            "0000:03:00.0",
-        );
-        t.nic(
-            "pci0000:00",
-            &[&up[..], &["0000:02:02.0"]].concat(),
-            "0000:04:00.0",
-        );
-        let fs = RootFs::new(t.root());
-        let g = chain(&fs, "0000:03:00.0".parse().unwrap()).unwrap();
-        assert_eq!(g.host_bridge, "pci0000:00");
-        assert_eq!(g.bridges.len(), 3);
-        let n = chain(&fs, "0000:04:00.0".parse().unwrap()).unwrap();
-        let between: Vec<String> = bridges_between(&g, &n)
-            .iter()
-            .map(|b| b.to_string())
-            .collect();
-        assert_eq!(between, ["0000:02:01.0", "0000:02:02.0"]);
-        assert!(chain(&fs, "0000:09:00.0".parse().unwrap()).is_err());
-        let fns = scan(&fs).unwrap();
-        assert_eq!(fns.iter().filter(|f| f.is_nvidia_gpu()).count(), 1);
-        assert_eq!(fns.iter().filter(|f| f.is_bridge()).count(), 4);
-    }
 
     #[test]
     fn speeds_parse() {
