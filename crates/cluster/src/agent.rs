@@ -11,6 +11,7 @@ use gdx_engine::{Agent, Peer, RegionDesc, Transfer, TransferHandle, TransferRepo
 
 use crate::error::{ClusterError, Result};
 use crate::etcd::EtcdOptions;
+use crate::metrics::Health;
 use crate::record::{check_name, AgentRecord, RegionRecord};
 use crate::registration::{LeaseState, Published, Registration};
 use crate::view::{AgentEvent, ClusterView};
@@ -191,7 +192,7 @@ type Book = Mutex<HashMap<String, Vec<Weak<NamedInner>>>>;
 /// An [`Agent`] published in a cluster (see the crate docs).
 #[derive(Debug)]
 pub struct ClusterAgent {
-    agent: Agent,
+    agent: Arc<Agent>,
     /// `None` only when etcd was unreachable at start and the config made it optional.
     view: Option<ClusterView>,
     reg: Option<Registration>,
@@ -237,7 +238,8 @@ impl ClusterAgent {
     /// [`ClusterError::NameTaken`] naming the holder; [`ClusterError::Unreachable`] unless
     /// `cfg.optional`; [`ClusterError::InvalidArgument`] for an agent without a listener or a
     /// bad name.
-    pub fn join(agent: Agent, cfg: ClusterConfig) -> Result<ClusterAgent> {
+    pub fn join(agent: impl Into<Arc<Agent>>, cfg: ClusterConfig) -> Result<ClusterAgent> {
+        let agent: Arc<Agent> = agent.into();
         check_name("agent name", agent.name())?;
         let listen = agent.listen_addr().ok_or_else(|| {
             ClusterError::InvalidArgument(
@@ -268,6 +270,9 @@ impl ClusterAgent {
             name: agent.name().to_string(),
             instance: hex(agent.id()),
             host_id: hex(agent.host_id()),
+            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default(),
             listen: listen.to_string(),
             transports: transports(&agent),
             gpus: cfg.gpus.clone(),
@@ -309,6 +314,15 @@ impl ClusterAgent {
     /// The engine agent.
     pub fn agent(&self) -> &Agent {
         &self.agent
+    }
+
+    /// What `/health` and `/metrics` read: the agent's counters and this registration.
+    pub fn health(&self) -> Health {
+        Health {
+            agent: Arc::clone(&self.agent),
+            reg: self.reg.as_ref().map(|r| Arc::clone(&r.shared)),
+            disabled: self.disabled.clone(),
+        }
     }
 
     /// The read side of the cluster (`None` when running without etcd, see

@@ -22,6 +22,8 @@ pub struct AgentRecord {
     pub instance: String,
     /// Host id (kernel boot id unless overridden), 32 hex digits.
     pub host_id: String,
+    /// The host's name (kernel hostname), for people reading `gdx peers`.
+    pub hostname: String,
     /// Where the agent accepts peers (`IP:PORT`).
     pub listen: String,
     /// Transports it offers (`tcp`, `shm`, `rdma`).

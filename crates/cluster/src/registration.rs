@@ -47,6 +47,7 @@ pub(crate) struct Published {
     pub(crate) regions: Vec<RegionRecord>,
 }
 
+/// The registration's state, shared with its keep-alive task and with [`crate::metrics::Health`].
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) state: Mutex<LeaseState>,
