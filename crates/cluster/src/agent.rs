@@ -422,12 +422,17 @@ impl ClusterAgent {
 }
 
 fn on_event(book: &Book, ev: &AgentEvent) {
-    let (name, why, keep): (&str, String, Option<&str>) = match ev {
-        AgentEvent::Left { name, .. } => (name, LEASE_EXPIRED.to_string(), None),
+    // `only`: the instance the event is about (a leave of instance X must not drop a peer
+    // connected to a newer instance Y); `keep`: the instance that stays (a join).
+    let (name, why, only, keep): (&str, String, Option<&str>, Option<&str>) = match ev {
+        AgentEvent::Left { name, instance } => {
+            (name, LEASE_EXPIRED.to_string(), instance.as_deref(), None)
+        }
         // A new instance under the name: the old one is gone even if we missed its leave.
         AgentEvent::Joined(rec) => (
             &rec.name,
             format!("{LEASE_EXPIRED}: replaced by instance {}", rec.instance),
+            None,
             Some(&rec.instance),
         ),
         AgentEvent::EtcdLost(_) | AgentEvent::EtcdBack => return,
@@ -439,7 +444,8 @@ fn on_event(book: &Book, ev: &AgentEvent) {
             .unwrap_or_default()
     };
     for p in peers {
-        if keep != Some(p.instance.as_str()) {
+        let about = only.is_none_or(|i| i == p.instance);
+        if about && keep != Some(p.instance.as_str()) {
             log::warn!(
                 "gdx cluster: peer {name} (instance {}): {why}; dropping it",
                 p.instance

@@ -166,7 +166,8 @@ async fn watch_loop(client: etcd_client::Client, keys: Keys, tx: Sender<AgentEve
     let mut known: HashMap<String, String> = HashMap::new();
     loop {
         let mut c = client.clone();
-        let mut opts = WatchOptions::new().with_prefix();
+        // prev_kv: a delete then says which instance left, even one that joined before the watch.
+        let mut opts = WatchOptions::new().with_prefix().with_prev_key();
         if next_rev > 0 {
             opts = opts.with_start_revision(next_rev);
         }
@@ -203,10 +204,16 @@ async fn watch_loop(client: etcd_client::Client, keys: Keys, tx: Sender<AgentEve
                                         continue;
                                     }
                                 },
-                                EventType::Delete => AgentEvent::Left {
-                                    instance: known.remove(&name),
-                                    name,
-                                },
+                                EventType::Delete => {
+                                    let prev = ev.prev_kv().and_then(|p| {
+                                        decode::<AgentRecord>(p.key(), p.value()).ok()
+                                    });
+                                    let known = known.remove(&name);
+                                    AgentEvent::Left {
+                                        instance: prev.map(|r| r.instance).or(known),
+                                        name,
+                                    }
+                                }
                             };
                             if tx.send(e).is_err() {
                                 return;

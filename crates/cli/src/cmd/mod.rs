@@ -1,8 +1,10 @@
 //! One module per subcommand.
 pub mod bench;
 pub mod calibrate;
+pub mod cluster;
 pub mod cp;
 pub mod doctor;
 pub mod output;
+pub mod peers;
 pub mod serve;
 pub mod topo;

@@ -31,6 +31,8 @@ use std::time::Duration;
   gdx serve --size 1GiB --listen 127.0.0.1:0
   gdx serve --read-only --name weights
   gdx serve --rdma-listen 0.0.0.0:7448       also answer `gdx bench --path rdma --peer HOST:7448`
+  gdx serve --etcd http://127.0.0.1:2379 --cluster demo --agent prefill-0 --metrics 127.0.0.1:9464
+                                      register in etcd (lease 10 s), /metrics and /health
 
 Security: peers prove they hold the secret (HMAC-SHA256 challenge-response) before they learn
 any region or key; bulk data is NOT encrypted. Give clients the same secret with
@@ -88,6 +90,9 @@ pub struct ServeArgs {
     /// RDMA device for --rdma-listen (default: the NIC nearest to the memory a client asks for).
     #[arg(long, value_name = "NAME", requires = "rdma_listen")]
     rdma_device: Option<String>,
+
+    #[command(flatten)]
+    cluster: super::cluster::ServeClusterArgs,
 }
 
 /// Wait limit of each step of an RDMA bench client.
@@ -135,6 +140,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     let mut agent = AgentConfig::from_env().context("reading GDX_* settings")?;
     agent.listen = Some(args.listen);
+    if let Some(n) = &args.cluster.agent {
+        agent.name = n.clone();
+    }
     if let Some(f) = &args.secret_file {
         agent.secret = Some(Secret::from_file(f).context("--secret-file")?);
     }
@@ -193,6 +201,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         println!("GDX_SERVE_RDMA addr={}", l.local_addr()?);
         spawn_rdma(l, args.rdma_device.clone())?;
     }
+    let _cluster = super::cluster::attach(&args.cluster, handle.shared_agent())?;
     let stop = AtomicBool::new(false);
     handle.serve_forever(Some(&stop))?;
     Ok(ExitCode::SUCCESS)
