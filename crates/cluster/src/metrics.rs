@@ -299,3 +299,50 @@ impl Drop for MetricsServer {
         self.server.unblock();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gdx_engine::{LatencyStat, PathStat};
+
+    #[test]
+    fn text_format_carries_every_counter() {
+        let mut buckets = vec![0; LATENCY_BOUNDS_S.len() + 1];
+        buckets[3] = 2;
+        let s = StatsSnapshot {
+            paths: vec![PathStat {
+                path: "shm".into(),
+                direction: "write",
+                bytes: 12345,
+                ops: 3,
+            }],
+            failures: vec![("peer_lost".into(), 1)],
+            transfers_completed: 2,
+            transfers_failed: 1,
+            latency: LatencyStat {
+                buckets,
+                sum_s: 0.002,
+                count: 2,
+            },
+            peers_outbound: 1,
+            peers_inbound: 0,
+        };
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&families(&s, Some(false)), &mut buf)
+            .expect("encode");
+        let t = String::from_utf8(buf).expect("utf8");
+        for want in [
+            "gdx_bytes_total{path=\"shm\",direction=\"write\"} 12345",
+            "gdx_ops_total{path=\"shm\",direction=\"write\"} 3",
+            "gdx_op_failures_total{reason=\"peer_lost\"} 1",
+            "gdx_transfers_total{outcome=\"failed\"} 1",
+            "gdx_transfer_duration_seconds_bucket{le=\"0.001\"} 2",
+            "gdx_transfer_duration_seconds_count 2",
+            "gdx_peers_connected{direction=\"outbound\"} 1",
+            "gdx_lease_registered 0",
+        ] {
+            assert!(t.contains(want), "{want:?} missing from\n{t}");
+        }
+    }
+}

@@ -122,3 +122,50 @@ pub(crate) fn decode<T: for<'de> Deserialize<'de>>(key: &[u8], value: &[u8]) -> 
 pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>> {
     serde_json::to_vec(v).map_err(|e| ClusterError::InvalidArgument(format!("encoding: {e}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gdx_engine::RegionKey;
+
+    #[test]
+    fn names_with_slashes_are_refused() {
+        for bad in ["", "a/b", "../x", "a\nb"] {
+            assert!(check_name("agent name", bad).is_err(), "{bad:?}");
+        }
+        assert!(check_name("agent name", "prefill-3").is_ok());
+        assert!(Keys::new("a/b").is_err());
+    }
+
+    #[test]
+    fn key_layout() {
+        let k = Keys::new("c").expect("keys");
+        assert_eq!(k.agent("x"), "/gdx/c/agents/x");
+        assert_eq!(k.region("x", "kv"), "/gdx/c/regions/x/kv");
+        assert_eq!(k.agent_of(b"/gdx/c/agents/x").as_deref(), Some("x"));
+        assert_eq!(k.agent_of(b"/gdx/other/agents/x"), None);
+    }
+
+    #[test]
+    fn region_record_drops_the_key() {
+        let d = RegionDesc {
+            id: 7,
+            key: RegionKey(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef),
+            len: 4096,
+            location: Location::Host,
+            access: Access::READ_WRITE,
+            shareable: true,
+            name: Some("kv".into()),
+            ipc: None,
+        };
+        let r = RegionRecord::from_desc(&d).expect("named");
+        let json = String::from_utf8(encode(&r).expect("encode")).expect("utf8");
+        assert!(
+            !json.contains("key") && !json.contains("0123456789abcdef"),
+            "{json}"
+        );
+        assert_eq!((r.id, r.len, r.name.as_str()), (7, 4096, "kv"));
+        let unnamed = RegionDesc { name: None, ..d };
+        assert!(RegionRecord::from_desc(&unnamed).is_none());
+    }
+}
