@@ -31,6 +31,8 @@ ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1' || need+=(libibverbs1 ibve
 # Not needed to build either: gdx-cluster's tests start a real etcd (Debian's etcd-server) on a
 # loopback port, so they exercise real leases and watches.
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+# The TLS tests make throwaway certificates with the openssl command.
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # Needed to build: etcd-client's build script compiles etcd's .proto files with protoc.
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 

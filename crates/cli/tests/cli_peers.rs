@@ -1,7 +1,8 @@
 //! `gdx serve --etcd` and `gdx peers` end to end, on a real etcd (Debian's etcd-server):
 //! the served agent is listed with its region, a second agent of the same name is refused
 //! naming the holder, `--metrics` serves `/health`, `--watch` reports the leave after
-//! `kill -9`, and an unreachable etcd is a clear error unless `--etcd-optional`.
+//! `kill -9`, an unreachable etcd is a clear error unless `--etcd-optional`, and TLS with a
+//! client certificate works through `--etcd-ca/--etcd-cert/--etcd-key`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -242,4 +243,58 @@ fn lines_err(err: std::process::ChildStderr) -> Receiver<String> {
         }
     });
     rx
+}
+
+#[test]
+fn peers_over_tls_with_client_certificate() {
+    let etcd = EtcdServer::start_tls()
+        .unwrap_or_else(|e| panic!("{e} (these tests need etcd-server and openssl)"));
+    let d = etcd.cert_dir();
+    let f = |n: &str| d.join(n).display().to_string();
+    let mut c = gdx()
+        .args([
+            "serve",
+            "--insecure",
+            "--listen",
+            "127.0.0.1:0",
+            "--size",
+            "1MiB",
+        ])
+        .args([
+            "--etcd",
+            &etcd.url(),
+            "--cluster",
+            "secure",
+            "--agent",
+            "t0",
+        ])
+        .args(["--etcd-ca", &f("ca.pem"), "--etcd-cert", &f("client.pem")])
+        .args(["--etcd-key", &f("client.key")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("gdx serve over TLS");
+    let out = lines(c.stdout.take().expect("stdout"));
+    let _c = Proc(c);
+    wait_line(&out, "GDX_CLUSTER", |l| l.starts_with("GDX_CLUSTER "));
+    let list = gdx()
+        .args([
+            "peers",
+            "--etcd",
+            &etcd.url(),
+            "--cluster",
+            "secure",
+            "--json",
+        ])
+        .args(["--etcd-ca", &f("ca.pem"), "--etcd-cert", &f("client.pem")])
+        .args(["--etcd-key", &f("client.key")])
+        .output()
+        .expect("gdx peers over TLS");
+    assert!(
+        list.status.success(),
+        "{}",
+        String::from_utf8_lossy(&list.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&list.stdout).expect("json");
+    assert_eq!(v["agents"][0]["agent"]["name"], "t0", "{v}");
 }

@@ -11,8 +11,29 @@ use tokio::runtime::Runtime;
 
 use crate::error::{ClusterError, Result};
 
-/// How to reach etcd. etcd's own authentication (user and password) is passed through.
-#[derive(Debug, Clone)]
+/// TLS to etcd: the CA that signed etcd's certificate, and a client certificate for etcd's
+/// `--client-cert-auth`. PEM bytes.
+#[derive(Clone, Default)]
+pub struct EtcdTls {
+    /// CA certificate(s) to trust for etcd's server certificate.
+    pub ca_pem: Option<Vec<u8>>,
+    /// Client certificate and private key.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The private key stays out of logs.
+        f.debug_struct("EtcdTls")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_cert", &self.identity.is_some())
+            .finish()
+    }
+}
+
+/// How to reach etcd. etcd's own authentication (user and password, TLS with client
+/// certificates) is passed through.
+#[derive(Clone)]
 pub struct EtcdOptions {
     /// Client URLs (`http://127.0.0.1:2379`).
     pub endpoints: Vec<String>,
@@ -21,6 +42,20 @@ pub struct EtcdOptions {
     /// Bound on each etcd request and on connecting (default 3 s): a dead etcd must not hang
     /// an agent's start or its keep-alive loop.
     pub timeout: Duration,
+    /// TLS (for `https://` endpoints).
+    pub tls: Option<EtcdTls>,
+}
+
+impl std::fmt::Debug for EtcdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The password stays out of logs.
+        f.debug_struct("EtcdOptions")
+            .field("endpoints", &self.endpoints)
+            .field("user", &self.user.as_ref().map(|u| &u.0))
+            .field("timeout", &self.timeout)
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 impl EtcdOptions {
@@ -30,6 +65,7 @@ impl EtcdOptions {
             endpoints: vec![url.into()],
             user: None,
             timeout: Duration::from_secs(3),
+            tls: None,
         }
     }
 }
@@ -83,6 +119,16 @@ impl Etcd {
             .with_timeout(opts.timeout);
         if let Some((u, p)) = &opts.user {
             co = co.with_user(u.clone(), p.clone());
+        }
+        if let Some(tls) = &opts.tls {
+            let mut t = etcd_client::TlsOptions::new();
+            if let Some(ca) = &tls.ca_pem {
+                t = t.ca_certificate(etcd_client::Certificate::from_pem(ca));
+            }
+            if let Some((cert, key)) = &tls.identity {
+                t = t.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            co = co.with_tls(t);
         }
         let timeout = opts.timeout;
         let eps = opts.endpoints.clone();

@@ -38,7 +38,7 @@ mod view;
 
 pub use agent::{ClusterAgent, ClusterConfig, NamedPeer, NamedTransfer, LEASE_EXPIRED};
 pub use error::{ClusterError, Result};
-pub use etcd::EtcdOptions;
+pub use etcd::{EtcdOptions, EtcdTls};
 pub use record::{AgentRecord, RegionRecord};
 pub use registration::LeaseState;
 pub use view::{AgentEvent, AgentListing, ClusterView};

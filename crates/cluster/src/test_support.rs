@@ -3,7 +3,7 @@
 //! registry: the tests exercise the real lease and watch semantics.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,6 +16,105 @@ pub struct EtcdServer {
     dir: tempfile::TempDir,
     client_port: u16,
     peer_port: u16,
+    /// With TLS: the PEM files (CA, server and client certificates) in `dir`.
+    tls: bool,
+}
+
+/// Runs `openssl ARGS` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .map_err(|e| {
+            ClusterError::io(
+                "running openssl (install Debian's openssl package) to make test certificates",
+                e,
+            )
+        })?;
+    if !out.status.success() {
+        return Err(ClusterError::io(
+            format!(
+                "openssl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            std::io::Error::other("openssl failed"),
+        ));
+    }
+    Ok(())
+}
+
+/// A throwaway CA, a server certificate for 127.0.0.1 and a client certificate, in `dir`.
+fn make_certs(dir: &Path) -> Result<()> {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=gdx-test-ca",
+        ],
+    )?;
+    for (name, usage) in [
+        ("server", "serverAuth,clientAuth"),
+        ("client", "clientAuth"),
+    ] {
+        let ext = format!("subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n");
+        std::fs::write(dir.join(format!("{name}.ext")), ext)
+            .map_err(|e| ClusterError::io("writing a certificate extension file", e))?;
+        let (key, csr, pem, extf) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("{name}.ext"),
+        );
+        openssl(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &key,
+                "-out",
+                &csr,
+                "-subj",
+                &format!("/CN=gdx-test-{name}"),
+            ],
+        )?;
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &pem,
+                "-days",
+                "2",
+                "-extfile",
+                &extf,
+            ],
+        )?;
+    }
+    Ok(())
 }
 
 fn free_port() -> Result<u16> {
@@ -56,14 +155,59 @@ impl EtcdServer {
             dir,
             client_port: free_port()?,
             peer_port: free_port()?,
+            tls: false,
         };
         s.spawn()?;
         Ok(s)
     }
 
+    /// Like [`EtcdServer::start`], serving clients over TLS and requiring a client certificate
+    /// (certificates made with `openssl` in the temp dir; see [`EtcdServer::client_tls`]).
+    ///
+    /// # Errors
+    /// As [`EtcdServer::start`], and when `openssl` is missing or fails.
+    pub fn start_tls() -> Result<EtcdServer> {
+        let dir = tempfile::tempdir().map_err(|e| ClusterError::io("temp dir", e))?;
+        make_certs(dir.path())?;
+        let mut s = EtcdServer {
+            child: None,
+            dir,
+            client_port: free_port()?,
+            peer_port: free_port()?,
+            tls: true,
+        };
+        s.spawn()?;
+        Ok(s)
+    }
+
+    /// The TLS options a client of a [`EtcdServer::start_tls`] server needs (`None` without
+    /// TLS).
+    pub fn client_tls(&self) -> Option<crate::EtcdTls> {
+        if !self.tls {
+            return None;
+        }
+        let read = |n: &str| std::fs::read(self.dir.path().join(n)).ok();
+        Some(crate::EtcdTls {
+            ca_pem: read("ca.pem"),
+            identity: read("client.pem").zip(read("client.key")),
+        })
+    }
+
+    /// Client options for this server (URL, and TLS when it has it).
+    pub fn options(&self) -> crate::EtcdOptions {
+        let mut o = crate::EtcdOptions::new(self.url());
+        o.tls = self.client_tls();
+        o
+    }
+
+    /// The directory of the PEM files of a TLS server (`ca.pem`, `client.pem`, `client.key`).
+    pub fn cert_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
     fn spawn(&mut self) -> Result<()> {
         let bin = etcd_bin()?;
-        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let client = self.url();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -73,7 +217,15 @@ impl EtcdServer {
         let log2 = log
             .try_clone()
             .map_err(|e| ClusterError::io("etcd log file", e))?;
-        let child = Command::new(&bin)
+        let mut cmd = Command::new(&bin);
+        if self.tls {
+            let f = |n: &str| self.dir.path().join(n).display().to_string();
+            cmd.arg(format!("--cert-file={}", f("server.pem")))
+                .arg(format!("--key-file={}", f("server.key")))
+                .arg(format!("--trusted-ca-file={}", f("ca.pem")))
+                .arg("--client-cert-auth");
+        }
+        let child = cmd
             .arg("--name=gdx-test")
             .arg(format!(
                 "--data-dir={}",
@@ -94,8 +246,7 @@ impl EtcdServer {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
-                && crate::ClusterView::connect(&crate::EtcdOptions::new(self.url()), "probe")
-                    .is_ok()
+                && crate::ClusterView::connect(&self.options(), "probe").is_ok()
             {
                 return Ok(());
             }
@@ -124,9 +275,10 @@ impl EtcdServer {
         s.get(cut..).unwrap_or_default().to_string()
     }
 
-    /// The client URL (`http://127.0.0.1:PORT`).
+    /// The client URL (`http://127.0.0.1:PORT`, `https://` with TLS).
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     /// Kills etcd with SIGKILL and reaps it (the data dir stays, for [`EtcdServer::restart`]).

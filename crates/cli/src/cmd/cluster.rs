@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use gdx_cluster::metrics::{Health, MetricsServer};
-use gdx_cluster::{ClusterAgent, ClusterConfig, EtcdOptions, LeaseState};
+use gdx_cluster::{ClusterAgent, ClusterConfig, EtcdOptions, EtcdTls, LeaseState};
 use gdx_engine::Agent;
 
 /// How to reach etcd.
@@ -26,6 +26,18 @@ pub struct EtcdArgs {
     /// File holding the etcd user's password (kept off the command line).
     #[arg(long, value_name = "FILE", requires = "etcd_user")]
     pub etcd_password_file: Option<PathBuf>,
+
+    /// CA certificate (PEM) that signed etcd's server certificate, for `https://` endpoints.
+    #[arg(long, value_name = "FILE")]
+    pub etcd_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) for etcd's `--client-cert-auth` (with --etcd-key).
+    #[arg(long, value_name = "FILE", requires = "etcd_key")]
+    pub etcd_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --etcd-cert.
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
 
     /// Bound on each etcd request, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 3000)]
@@ -46,10 +58,27 @@ impl EtcdArgs {
             }
             _ => None,
         };
+        let read = |f: &PathBuf, flag: &str| {
+            std::fs::read(f).with_context(|| format!("{flag} {}", f.display()))
+        };
+        let tls = if self.etcd_ca.is_some() || self.etcd_cert.is_some() {
+            let identity = match (&self.etcd_cert, &self.etcd_key) {
+                (Some(c), Some(k)) => Some((read(c, "--etcd-cert")?, read(k, "--etcd-key")?)),
+                _ => None,
+            };
+            let ca_pem = match &self.etcd_ca {
+                Some(f) => Some(read(f, "--etcd-ca")?),
+                None => None,
+            };
+            Some(EtcdTls { ca_pem, identity })
+        } else {
+            None
+        };
         Ok(Some(EtcdOptions {
             endpoints: self.etcd.clone(),
             user,
             timeout: Duration::from_millis(self.etcd_timeout_ms),
+            tls,
         }))
     }
 }
