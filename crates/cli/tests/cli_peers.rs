@@ -298,3 +298,99 @@ fn peers_over_tls_with_client_certificate() {
     let v: serde_json::Value = serde_json::from_slice(&list.stdout).expect("json");
     assert_eq!(v["agents"][0]["agent"]["name"], "t0", "{v}");
 }
+
+fn agents(url: &str) -> Vec<serde_json::Value> {
+    let out = gdx()
+        .args(["peers", "--etcd", url, "--cluster", "demo", "--json"])
+        .output()
+        .expect("gdx peers");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    v["agents"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn sigterm_revokes_the_lease_and_bench_finds_a_peer_by_name() {
+    let etcd = EtcdServer::start()
+        .unwrap_or_else(|e| panic!("{e} (these tests need apt-get install etcd-server)"));
+    let url = etcd.url();
+    // A long TTL: the keys going away below can only be the revoke, not the expiry.
+    let mut c = gdx()
+        .args([
+            "serve",
+            "--insecure",
+            "--listen",
+            "127.0.0.1:0",
+            "--size",
+            "1MiB",
+        ])
+        .args([
+            "--etcd",
+            &url,
+            "--cluster",
+            "demo",
+            "--agent",
+            "b0",
+            "--lease-ttl",
+            "600",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("gdx serve");
+    let out = lines(c.stdout.take().expect("stdout"));
+    let c = Proc(c);
+    wait_line(&out, "GDX_CLUSTER", |l| l.starts_with("GDX_CLUSTER "));
+
+    let bench = gdx()
+        .args(["bench", "--path", "host_to_remote_tcp", "--peer", "etcd:b0"])
+        .args([
+            "--etcd",
+            &url,
+            "--cluster",
+            "demo",
+            "--size",
+            "4KiB",
+            "--max-samples",
+            "5",
+        ])
+        .env("GDX_INSECURE", "1")
+        .output()
+        .expect("gdx bench");
+    let text = String::from_utf8_lossy(&bench.stdout);
+    assert!(
+        bench.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
+    assert!(text.contains("1 passed, 0 waived, 0 failed"), "{text}");
+    let unknown = gdx()
+        .args([
+            "bench",
+            "--path",
+            "host_to_remote_tcp",
+            "--peer",
+            "etcd:nobody",
+        ])
+        .args(["--etcd", &url, "--cluster", "demo", "--size", "4KiB"])
+        .output()
+        .expect("gdx bench");
+    assert!(!unknown.status.success());
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no agent named \"nobody\""));
+
+    assert_eq!(agents(&url).len(), 1);
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(c.0.id() as i32, libc::SIGTERM) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !agents(&url).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the lease was not revoked on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,10 +112,70 @@ pub struct ServeClusterArgs {
     pub metrics: Option<SocketAddr>,
 }
 
+/// `--peer etcd:AGENT` for commands that take a peer address (`gdx bench`).
+#[derive(Args, Debug, Clone)]
+pub struct PeerLookupArgs {
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+
+    /// Cluster to look `--peer etcd:AGENT` up in.
+    #[arg(long, value_name = "NAME", requires = "etcd")]
+    pub cluster: Option<String>,
+}
+
+impl PeerLookupArgs {
+    /// `peer` itself, or for `etcd:AGENT` the address that agent published.
+    pub fn resolve(&self, peer: &str) -> Result<String> {
+        let Some(name) = peer.strip_prefix("etcd:") else {
+            return Ok(peer.to_string());
+        };
+        let opts = self
+            .etcd
+            .options()?
+            .context("--peer etcd:AGENT needs --etcd URL and --cluster NAME")?;
+        let cluster = self
+            .cluster
+            .as_deref()
+            .context("--peer etcd:AGENT needs --cluster NAME")?;
+        let rec = gdx_cluster::ClusterView::connect(&opts, cluster)?.lookup(name)?;
+        eprintln!(
+            "gdx: peer {name} (instance {}) is at {} (from etcd)",
+            rec.instance, rec.listen
+        );
+        Ok(rec.listen)
+    }
+}
+
 /// What keeps the registration and the endpoint alive while serving.
 pub struct Attached {
-    _cluster: Option<ClusterAgent>,
+    cluster: Option<ClusterAgent>,
     _metrics: Option<MetricsServer>,
+}
+
+impl Attached {
+    /// The flag that ends serving: set by SIGINT/SIGTERM when in a cluster (so that the lease
+    /// is revoked on the way out), never set otherwise (serving ends when the process is
+    /// killed, as before).
+    pub fn stop_flag(&self) -> Result<Arc<AtomicBool>> {
+        let stop = Arc::new(AtomicBool::new(false));
+        if self.cluster.is_some() {
+            for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+                signal_hook::flag::register(sig, Arc::clone(&stop))
+                    .context("installing the SIGINT/SIGTERM handler")?;
+            }
+        }
+        Ok(stop)
+    }
+
+    /// Revokes the lease (the agent's keys go at once) and says so.
+    pub fn leave(self) {
+        if let Some(c) = self.cluster {
+            match c.leave() {
+                Ok(()) => eprintln!("gdx serve: stopping; left the cluster (lease revoked)"),
+                Err(e) => eprintln!("gdx serve: stopping; {e} (the lease expires by itself)"),
+            }
+        }
+    }
 }
 
 fn describe_devices() -> (Vec<String>, Vec<String>) {
@@ -217,7 +278,7 @@ pub fn attach(args: &ServeClusterArgs, agent: Arc<Agent>) -> Result<Attached> {
         None => None,
     };
     Ok(Attached {
-        _cluster: cluster,
+        cluster,
         _metrics: metrics,
     })
 }

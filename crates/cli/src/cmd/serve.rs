@@ -16,7 +16,6 @@ use gdx_engine::{Access, AgentConfig, Secret};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 /// Serve one registered memory region to peers (a target for transfers and benchmarks).
@@ -201,9 +200,11 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         println!("GDX_SERVE_RDMA addr={}", l.local_addr()?);
         spawn_rdma(l, args.rdma_device.clone())?;
     }
-    let _cluster = super::cluster::attach(&args.cluster, handle.shared_agent())?;
-    let stop = AtomicBool::new(false);
+    let cluster = super::cluster::attach(&args.cluster, handle.shared_agent())?;
+    let stop = cluster.stop_flag()?;
     handle.serve_forever(Some(&stop))?;
+    // SIGINT/SIGTERM with --etcd: leave the cluster now rather than when the lease expires.
+    cluster.leave();
     Ok(ExitCode::SUCCESS)
 }
 
