@@ -167,3 +167,64 @@ impl Stats {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Path, Plan};
+
+    fn op(kind: OpKind, len: u64, status: OpStatus) -> OpResult {
+        OpResult {
+            kind,
+            len,
+            plan: Plan {
+                path: Path::Tcp,
+                reason: String::new(),
+            },
+            status,
+        }
+    }
+
+    #[test]
+    fn counts_completed_ops_and_failures_by_reason() {
+        let s = Stats::default();
+        s.record(
+            &[
+                op(OpKind::Write, 100, OpStatus::Completed),
+                op(OpKind::Read, 7, OpStatus::Completed),
+                op(
+                    OpKind::Write,
+                    50,
+                    OpStatus::Failed(Error::BadKey { region: 1 }),
+                ),
+            ],
+            true,
+            Duration::from_micros(700),
+        );
+        s.record(
+            &[op(OpKind::Write, 1, OpStatus::Completed)],
+            false,
+            Duration::from_secs(100),
+        );
+        let snap = s.snapshot(2);
+        let w = snap
+            .paths
+            .iter()
+            .find(|p| p.direction == "write")
+            .expect("write");
+        assert_eq!((w.path.as_str(), w.bytes, w.ops), ("tcp", 101, 2));
+        let r = snap
+            .paths
+            .iter()
+            .find(|p| p.direction == "read")
+            .expect("read");
+        assert_eq!((r.bytes, r.ops), (7, 1));
+        assert_eq!(snap.failures, vec![("bad_key".to_string(), 1)]);
+        assert_eq!((snap.transfers_completed, snap.transfers_failed), (1, 1));
+        // 700 µs lands in the (0.5 ms, 1 ms] bucket; 100 s in +Inf.
+        assert_eq!(snap.latency.buckets[3], 1);
+        assert_eq!(snap.latency.buckets[LATENCY_BOUNDS_S.len()], 1);
+        assert_eq!(snap.latency.count, 2);
+        assert_eq!(snap.peers_inbound, 2);
+    }
+}

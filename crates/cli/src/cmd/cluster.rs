@@ -255,9 +255,13 @@ pub fn attach(args: &ServeClusterArgs, agent: Arc<Agent>) -> Result<Attached> {
                      {reason}"
                 ),
                 s => println!(
-                    "GDX_CLUSTER cluster={name} agent={} instance={} state={s:?}",
+                    "GDX_CLUSTER cluster={name} agent={} instance={} lease={}",
                     agent.name(),
-                    ca.instance()
+                    ca.instance(),
+                    match s {
+                        LeaseState::Registered { lease } => format!("{lease:x}"),
+                        other => format!("{other:?}"),
+                    }
                 ),
             }
             report_changes(ca.health());
