@@ -3,14 +3,16 @@
 //! the reason), and [`BenchCase::run`] measuring every requested size and handing each
 //! [`Row`] to a sink as soon as it is measured, so a later failure keeps the earlier rows.
 //!
-//! Invariant: a case never panics on purpose and never aborts the run; every failure is an
-//! `Err(String)` with the message, which the runner records as that case's error.
+//! Invariant: a case never panics on purpose and never aborts the run; every failure is a
+//! [`BenchError`] (the library's error kept as its source), which the runner records as that
+//! case's error.
 
 use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::BenchError;
 use crate::report::Row;
 use crate::Ctx;
 
@@ -264,8 +266,8 @@ pub trait BenchCase: Send + Sync {
     /// Measure every size in `params`, giving each row to `sink` as soon as it is measured.
     ///
     /// # Errors
-    /// The message of the failure that stopped the case; rows already given stay.
-    fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), String>;
+    /// The failure that stopped the case; rows already given stay.
+    fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), BenchError>;
 
     /// Whether the case runs only when asked for by name (see [`crate::select`]): `false` by
     /// default; the file cases, which write large scratch files, and the rdma cases, which

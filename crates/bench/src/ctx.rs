@@ -44,7 +44,8 @@ pub struct Ctx {
     host_ceiling: OnceLock<Option<HostCeiling>>,
     /// GPUs the mock backend pretends to have (its cases name GPU0 and GPU1).
     mock_gpus: Option<u32>,
-    rdma: OnceLock<Result<(), String>>,
+    /// Why RDMA cannot run here (`None`: it can).
+    rdma: OnceLock<Option<String>>,
 }
 
 impl Ctx {
@@ -78,7 +79,7 @@ impl Ctx {
         let _ = ctx.nvml.set(None);
         let _ = ctx
             .rdma
-            .set(Err("RDMA cases disabled in this context".into()));
+            .set(Some("RDMA cases disabled in this context".into()));
         ctx
     }
 
@@ -143,23 +144,23 @@ impl Ctx {
         Ok(cuda)
     }
 
-    /// Whether this machine can run RDMA, asked of gdx-rdma's discovery once per run: `Err`
-    /// with the reason ("no RDMA device: libibverbs lists no devices and ...", "no
-    /// libibverbs: ...", or no ACTIVE port) when it cannot.
-    ///
-    /// # Errors
-    /// The reason, for the rdma cases' waiver.
-    pub fn rdma(&self) -> Result<(), String> {
+    /// Whether this machine can run RDMA, asked of gdx-rdma's discovery once per run: the
+    /// reason ("no RDMA device: libibverbs lists no devices and ...", "no libibverbs: ...",
+    /// or no ACTIVE port) when it cannot; `None` when it can.
+    fn rdma_missing(&self) -> Option<String> {
         self.rdma
             .get_or_init(|| {
-                let devices = gdx_rdma::discover().map_err(|u| u.to_string())?;
+                let devices = match gdx_rdma::discover() {
+                    Ok(d) => d,
+                    Err(u) => return Some(u.to_string()),
+                };
                 let active = devices.iter().any(|d| {
                     d.ports
                         .iter()
                         .any(|p| p.state == gdx_sys::verbs::PortState::Active)
                 });
                 if active {
-                    return Ok(());
+                    return None;
                 }
                 let ports: Vec<String> = devices
                     .iter()
@@ -169,7 +170,7 @@ impl Ctx {
                             .map(move |p| format!("{} port {} {}", d.name, p.number, p.state))
                     })
                     .collect();
-                Err(format!(
+                Some(format!(
                     "no ACTIVE RDMA port ({})",
                     if ports.is_empty() {
                         "no ports".to_string()
@@ -181,19 +182,21 @@ impl Ctx {
             .clone()
     }
 
-    /// [`Ctx::rdma`] as the waiver every rdma case shares.
+    /// Whether this machine can run RDMA (gdx-rdma's discovery, once per run), as the waiver
+    /// every rdma case shares.
     ///
     /// # Errors
     /// The waiver.
     pub fn require_rdma(&self) -> Result<(), Waived> {
-        self.rdma().map_err(|why| {
-            Waived::shared(Cause {
+        match self.rdma_missing() {
+            None => Ok(()),
+            Some(why) => Err(Waived::shared(Cause {
                 scope: "RDMA cases".into(),
                 reason: why,
                 detail: None,
                 fix: Some("`gdx doctor` shows the RDMA checks; `gdx topo` the NICs".into()),
-            })
-        })
+            })),
+        }
     }
 
     /// NVML, when it loads.

@@ -4,7 +4,7 @@
 //! (`O_DIRECT`), and every write `fdatasync`ed inside the timing: the figures are the disk's,
 //! and each row's note says how the page cache was handled.
 //!
-//! The measuring is `gdx_storage::bench_file_row` (the protocol of `gdx cp --bench`), one call
+//! The measuring is `gdx_storage::bench_file_row` (gdx-storage's file-benchmark protocol), one call
 //! per size; this module only turns its rows into [`Row`]s.
 //!
 //! Opt-in ([`BenchCase::opt_in`]): they write scratch files as large as the largest size, so a
@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use gdx_storage::{bench_file_row, BenchKind, BenchOptions, BenchStatus, CufileStatus};
 
 use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived};
+use crate::error::BenchError;
 use crate::report::{Row, Status};
 use crate::Ctx;
 
@@ -138,7 +139,7 @@ impl BenchCase for FileCase {
         Ok(())
     }
 
-    fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), String> {
+    fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), BenchError> {
         let dir = scratch_dir(ctx);
         let file = dir.join(format!(
             "gdx-bench-{}-{}.scratch",

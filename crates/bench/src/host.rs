@@ -16,6 +16,7 @@ use gdx_engine::{
 use gdx_sys::cuda::probe::fill_pattern;
 
 use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived, ROTATE_BYTES};
+use crate::error::{BenchError, Mismatch};
 use crate::report::Row;
 use crate::stats::{fill_row, CpuClock};
 use crate::Ctx;
@@ -36,9 +37,9 @@ pub(crate) struct Timed {
 pub(crate) fn wall_loop(
     params: &Params,
     bytes: f64,
-    mut prepare: impl FnMut(u64) -> Result<(), String>,
-    mut op: impl FnMut(u64) -> Result<(), String>,
-) -> Result<Timed, String> {
+    mut prepare: impl FnMut(u64) -> Result<(), BenchError>,
+    mut op: impl FnMut(u64) -> Result<(), BenchError>,
+) -> Result<Timed, BenchError> {
     let mut est = Duration::MAX;
     for _ in 0..params.warmup.max(1) {
         let t = Instant::now();
@@ -83,13 +84,9 @@ pub(crate) fn seed_for(size: u64) -> u64 {
     0x6764_785f_6265_6e63 ^ size.rotate_left(17)
 }
 
-/// The first differing offset of two equal-length slices, as a message.
-pub(crate) fn compare(got: &[u8], want: &[u8]) -> Option<String> {
-    let pos = got.iter().zip(want).position(|(a, b)| a != b)?;
-    Some(format!(
-        "verification failed: byte {pos}: expected {:#04x}, found {:#04x}",
-        want[pos], got[pos]
-    ))
+/// The first differing byte of two equal-length slices.
+pub(crate) fn compare(got: &[u8], want: &[u8]) -> Option<Mismatch> {
+    Mismatch::find(got, want, 0)
 }
 
 struct Memcpy {
@@ -105,7 +102,12 @@ impl BenchCase for Memcpy {
         Ok(())
     }
 
-    fn run(&self, _ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), String> {
+    fn run(
+        &self,
+        _ctx: &Ctx,
+        params: &Params,
+        sink: &mut dyn FnMut(Row),
+    ) -> Result<(), BenchError> {
         let window = params.max_size().max(1);
         let mut src = vec![0u8; window as usize];
         let mut dst = vec![0u8; window as usize];
@@ -141,7 +143,7 @@ impl BenchCase for Memcpy {
                 let bad = compare(&dst[..tb], &src[..tb]);
                 row.verified = Some(bad.is_none());
                 if let Some(b) = bad {
-                    row.add_note(b);
+                    row.add_note(b.to_string());
                 }
             }
             sink(row);
@@ -172,8 +174,11 @@ impl AgentCase {
         }
     }
 
-    fn connect(&self, window: u64) -> Result<(Agent, Peer, RegionDesc, Option<Loopback>), String> {
-        let base = AgentConfig::from_env().map_err(|e| format!("GDX_* settings: {e}"))?;
+    fn connect(
+        &self,
+        window: u64,
+    ) -> Result<(Agent, Peer, RegionDesc, Option<Loopback>), BenchError> {
+        let base = AgentConfig::from_env().map_err(BenchError::engine("GDX_* settings"))?;
         let shm = self.spec.path == PathKind::Shm;
         let client_cfg = AgentConfig {
             name: format!("gdx-bench-{}", std::process::id()),
@@ -186,7 +191,7 @@ impl AgentCase {
             ..base.clone()
         };
         let client =
-            Agent::new(client_cfg).map_err(|e| format!("starting the client agent: {e}"))?;
+            Agent::new(client_cfg).map_err(BenchError::engine("starting the client agent"))?;
         let (addr, lb) = match &self.peer {
             Some(a) => (a.clone(), None),
             None => {
@@ -200,13 +205,17 @@ impl AgentCase {
                     },
                     ..base
                 })
-                .map_err(|e| format!("starting the loopback agent: {e}"))?;
+                .map_err(BenchError::engine("starting the loopback agent"))?;
                 let region = server
                     .alloc(window, Access::READ_WRITE, Some(&self.region))
-                    .map_err(|e| format!("allocating {window} bytes on the loopback agent: {e}"))?;
+                    .map_err(BenchError::engine(format!(
+                        "allocating {window} bytes on the loopback agent"
+                    )))?;
                 let addr = server
                     .listen_addr()
-                    .ok_or("the loopback agent has no address")?
+                    .ok_or_else(|| {
+                        BenchError::Unmeasurable("the loopback agent has no address".into())
+                    })?
                     .to_string();
                 (
                     addr,
@@ -219,19 +228,21 @@ impl AgentCase {
         };
         let peer = client
             .connect(addr.as_str())
-            .map_err(|e| format!("connecting to {addr}: {e}"))?;
+            .map_err(BenchError::engine(format!("connecting to {addr}")))?;
         let route = peer.route();
         if route.transport != self.want() {
-            return Err(format!(
-                "the peer at {addr} is reached over {} ({}), not {}",
-                route.transport,
-                route.reason,
-                self.want()
-            ));
+            return Err(BenchError::WrongPath {
+                context: format!("the peer at {addr} is reached ({})", route.reason),
+                took: route.transport,
+                want: self.want(),
+            });
         }
         let desc = peer
             .region(&self.region)
-            .map_err(|e| format!("looking up region {:?} on {addr}: {e}", self.region))?;
+            .map_err(BenchError::engine(format!(
+                "looking up region {:?} on {addr}",
+                self.region
+            )))?;
         Ok((client, peer, desc, lb))
     }
 }
@@ -245,7 +256,12 @@ impl BenchCase for AgentCase {
         Ok(())
     }
 
-    fn run(&self, _ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), String> {
+    fn run(
+        &self,
+        _ctx: &Ctx,
+        params: &Params,
+        sink: &mut dyn FnMut(Row),
+    ) -> Result<(), BenchError> {
         let want = params
             .max_size()
             .max(ROTATE_BYTES.min(params.max_size().max(1) * 64));
@@ -253,27 +269,31 @@ impl BenchCase for AgentCase {
         let window = remote.len.min(want);
         let mut local = client
             .alloc(window, Access::LOCAL, None)
-            .map_err(|e| format!("allocating {window} bytes: {e}"))?;
+            .map_err(BenchError::engine(format!("allocating {window} bytes")))?;
         let scratch = if params.verify && lb.is_none() {
             Some(
                 client
                     .alloc(window, Access::LOCAL, None)
-                    .map_err(|e| e.to_string())?,
+                    .map_err(BenchError::engine("allocating the read-back buffer"))?,
             )
         } else {
             None
         };
         let timeout = Duration::from_secs(120);
-        let xfer = |t: Transfer| -> Result<(), String> {
+        let xfer = |t: Transfer| -> Result<(), BenchError> {
             let rep = peer
                 .submit(t)
                 .and_then(|h| h.wait(timeout))
-                .map_err(|e| e.to_string())?;
+                .map_err(BenchError::engine("transfer"))?;
             match rep.ops.first().map(|o| o.plan.path) {
                 Some(p)
                     if p != self.want() && !(p == Path::ShmStaged && self.want() == Path::Shm) =>
                 {
-                    Err(format!("the engine took {p}, not {}", self.want()))
+                    Err(BenchError::WrongPath {
+                        context: "the engine moved the transfer".into(),
+                        took: p,
+                        want: self.want(),
+                    })
                 }
                 _ => Ok(()),
             }
@@ -292,7 +312,9 @@ impl BenchCase for AgentCase {
             let n = slots(size, window);
             let seed = seed_for(size);
             {
-                let mut b = local.bytes_mut().map_err(|e| e.to_string())?;
+                let mut b = local
+                    .bytes_mut()
+                    .map_err(BenchError::engine("mapping the source"))?;
                 fill_pattern(&mut b[..size as usize], seed);
             }
             let mut total = 0;
@@ -304,7 +326,9 @@ impl BenchCase for AgentCase {
                     total = t;
                     let tb = touched(size, window, t) as usize;
                     let mut l = cell.borrow_mut();
-                    let mut b = l.bytes_mut().map_err(|e| e.to_string())?;
+                    let mut b = l
+                        .bytes_mut()
+                        .map_err(BenchError::engine("mapping the source"))?;
                     fill_pattern(&mut b[..tb], seed);
                     Ok(())
                 },
@@ -318,7 +342,7 @@ impl BenchCase for AgentCase {
             let timed = match timed {
                 Ok(t) => t,
                 Err(e) => {
-                    sink(Row::failed(&self.spec, size, e));
+                    sink(Row::failed(&self.spec, size, e.chain()));
                     continue;
                 }
             };
@@ -330,24 +354,31 @@ impl BenchCase for AgentCase {
             }
             if params.verify {
                 let tb = touched(size, window, total);
-                let want = local.bytes().map_err(|e| e.to_string())?;
+                let want = local
+                    .bytes()
+                    .map_err(BenchError::engine("mapping the source"))?;
                 let bad = match (&lb, &scratch) {
                     (Some(l), _) => {
-                        let got = l.region.bytes().map_err(|e| e.to_string())?;
+                        let got = l
+                            .region
+                            .bytes()
+                            .map_err(BenchError::engine("mapping the loopback region"))?;
                         compare(&got[..tb as usize], &want[..tb as usize])
                     }
                     (None, Some(s)) => {
                         let mut t = Transfer::new();
                         t.read(s, 0, &remote, 0, tb);
                         xfer(t)?;
-                        let got = s.bytes().map_err(|e| e.to_string())?;
+                        let got = s
+                            .bytes()
+                            .map_err(BenchError::engine("mapping the read-back buffer"))?;
                         compare(&got[..tb as usize], &want[..tb as usize])
                     }
                     (None, None) => None,
                 };
                 row.verified = Some(bad.is_none());
                 if let Some(b) = bad {
-                    row.add_note(b);
+                    row.add_note(b.to_string());
                 }
             }
             sink(row);

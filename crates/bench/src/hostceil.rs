@@ -28,7 +28,7 @@ pub const WORKING_SETS: [u64; 3] = [256 << 10, 8 << 20, 256 << 20];
 pub const DRAM_FROM_BYTES: u64 = 16 << 20;
 
 /// Timed batches per point; the best counts.
-pub const BATCHES: usize = 3;
+pub const BATCHES: usize = 5;
 
 /// Bytes each batch copies at least (repeating the working set), so a cache-resident batch
 /// lasts long enough for the clock.

@@ -24,6 +24,7 @@ pub mod case;
 pub mod ceiling;
 pub mod compare;
 pub mod ctx;
+pub mod error;
 pub mod file;
 pub mod gpu;
 pub mod header;
@@ -40,6 +41,7 @@ pub use case::{
     default_sizes, BenchCase, CaseSpec, Cause, End, Params, PathKind, Waived, ROTATE_BYTES,
 };
 pub use ctx::{gpu_missing, Ctx};
+pub use error::{BenchError, Mismatch};
 pub use report::{CaseOutcome, Header, Method, Report, Row, Status, WaivedGroup, SCHEMA_VERSION};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -71,12 +73,22 @@ pub fn all_cases(ctx: &Ctx) -> Vec<Box<dyn BenchCase>> {
 /// only when it is their key, their index, their path name (`file`, `rdma`) or a key prefix
 /// that names their path.
 ///
+/// A `--path` selector that matched no case.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--path {selector:?} matches no case (give a key, an index, a key prefix or a path name; `gdx bench --list` shows them: {})", keys.join(", "))]
+pub struct NoCaseMatches {
+    /// The selector.
+    pub selector: String,
+    /// The keys there are.
+    pub keys: Vec<String>,
+}
+
 /// # Errors
 /// The selector that matched nothing, with the keys to choose from.
 pub fn select(
     cases: Vec<Box<dyn BenchCase>>,
     selectors: &[String],
-) -> Result<Vec<Box<dyn BenchCase>>, String> {
+) -> Result<Vec<Box<dyn BenchCase>>, NoCaseMatches> {
     if selectors.is_empty() {
         return Ok(cases.into_iter().filter(|c| !c.opt_in()).collect());
     }
@@ -93,11 +105,10 @@ pub fn select(
             .enumerate()
             .any(|(i, c)| matches(i, c.as_ref(), s))
         {
-            let keys: Vec<&str> = cases.iter().map(|c| c.spec().key.as_str()).collect();
-            return Err(format!(
-                "--path {s:?} matches no case (give a key, an index, a key prefix or a path name; `gdx bench --list` shows them: {})",
-                keys.join(", ")
-            ));
+            return Err(NoCaseMatches {
+                selector: s.clone(),
+                keys: cases.iter().map(|c| c.spec().key.clone()).collect(),
+            });
         }
     }
     Ok(cases
@@ -230,13 +241,13 @@ pub fn run(
                         .cloned()
                         .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                         .unwrap_or_else(|| "unknown panic".into());
-                    Err(format!("panicked: {msg}"))
+                    Err(BenchError::Panicked(msg))
                 });
                 report.results.extend(rows);
                 let secs = start.elapsed().as_secs_f64();
                 match result {
                     Ok(()) => CaseOutcome::new(spec, Status::Passed, None, secs),
-                    Err(e) => CaseOutcome::new(spec, Status::Error, Some(e), secs),
+                    Err(e) => CaseOutcome::new(spec, Status::Error, Some(e.chain()), secs),
                 }
             }
         };
@@ -266,7 +277,10 @@ mod tests {
         assert_eq!(idx[0].spec().key, all_cases(&ctx)[0].spec().key);
         let prefix = select(all_cases(&ctx), &["mock_".into()]).unwrap();
         assert_eq!(prefix.len(), n);
-        let err = select(all_cases(&ctx), &["nope".into()]).err().unwrap();
+        let err = select(all_cases(&ctx), &["nope".into()])
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("nope") && err.contains("mock_host_to_host_fast"));
     }
 

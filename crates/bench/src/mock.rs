@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::case::{BenchCase, CaseSpec, Cause, End, Params, PathKind, Waived};
 use crate::ctx::gpu_missing;
+use crate::error::BenchError;
 use crate::report::Row;
 use crate::stats::fill_row;
 use crate::Ctx;
@@ -53,17 +54,24 @@ impl BenchCase for MockCase {
         }
     }
 
-    fn run(&self, _ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), String> {
+    fn run(
+        &self,
+        _ctx: &Ctx,
+        params: &Params,
+        sink: &mut dyn FnMut(Row),
+    ) -> Result<(), BenchError> {
         let (peak, half, base) = match self.behaviour {
             Behaviour::Curve(p, h, b) => (p, h, b),
             Behaviour::FailAfterFirst => (1.0, 1024.0, 50.0),
-            Behaviour::Waive | Behaviour::NoGpu8 => return Err("mock: waived case ran".into()),
+            Behaviour::Waive | Behaviour::NoGpu8 => {
+                return Err(BenchError::Unmeasurable("mock: waived case ran".into()))
+            }
         };
         for (i, &size) in params.sizes.iter().enumerate() {
             if i > 0 && matches!(self.behaviour, Behaviour::FailAfterFirst) {
-                return Err(format!(
+                return Err(BenchError::Unmeasurable(format!(
                     "mock: injected failure at {size} bytes, after the first size"
-                ));
+                )));
             }
             let s = size as f64;
             let gbps = peak * s / (s + half);

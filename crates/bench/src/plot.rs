@@ -5,6 +5,7 @@
 
 use plotters::prelude::*;
 
+use crate::error::BenchError;
 use crate::report::{Report, Status};
 
 /// SI-style axis labels: `8`, `1k`, `10M`, `1G` (bytes) or plain numbers.
@@ -77,26 +78,26 @@ fn bounds(pts: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
 ///
 /// # Errors
 /// When there is nothing to plot, or plotters fails.
-pub fn svg(report: &Report, title: &str) -> Result<String, String> {
+pub fn svg(report: &Report, title: &str) -> Result<String, BenchError> {
     let all = series(report);
     let (xmin, xmax) = bounds(all.iter().flat_map(|s| s.bw.iter().map(|p| p.0)))
-        .ok_or("nothing to plot: no measured rows")?;
+        .ok_or_else(|| BenchError::Plot("nothing to plot: no measured rows".into()))?;
     let (bmin, bmax) = bounds(
         all.iter()
             .flat_map(|s| s.bw.iter().map(|p| p.1).chain(s.ceiling)),
     )
-    .ok_or("nothing to plot")?;
+    .ok_or_else(|| BenchError::Plot("nothing to plot".into()))?;
     let (lmin, lmax) =
         bounds(all.iter().flat_map(|s| s.lat.iter().map(|p| p.1))).unwrap_or((1.0, 10.0));
     let xr = (xmin / 1.5)..(xmax * 1.5);
-    let err = |e: DrawingAreaErrorKind<_>| format!("plotting: {e:?}");
+    let err = |e: DrawingAreaErrorKind<_>| BenchError::Plot(format!("{e:?}"));
     let mut out = String::new();
     {
         let root = SVGBackend::with_string(&mut out, (1280, 1100)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
         let root = root
             .titled(title, ("sans-serif", 22))
-            .map_err(|e| format!("plotting: {e:?}"))?;
+            .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
         let (top, bottom) = root.split_vertically(620);
         let mut bw = ChartBuilder::on(&top)
             .caption(
@@ -110,18 +111,18 @@ pub fn svg(report: &Report, title: &str) -> Result<String, String> {
                 xr.clone().log_scale(),
                 ((bmin / 2.0).max(1e-6)..bmax * 2.0).log_scale(),
             )
-            .map_err(|e| format!("plotting: {e:?}"))?;
+            .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
         bw.configure_mesh()
             .x_desc("transfer size, bytes")
             .y_desc("GB/s")
             .x_label_formatter(&|v| si(*v))
             .y_label_formatter(&|v| si(*v))
             .draw()
-            .map_err(|e| format!("plotting: {e:?}"))?;
+            .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
         for (i, s) in all.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             bw.draw_series(LineSeries::new(s.bw.clone(), color.stroke_width(2)))
-                .map_err(|e| format!("plotting: {e:?}"))?
+                .map_err(|e| BenchError::Plot(format!("{e:?}")))?
                 .label(s.key.clone())
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
@@ -132,7 +133,7 @@ pub fn svg(report: &Report, title: &str) -> Result<String, String> {
                 color.filled(),
                 &|c, sz, st| Circle::new(c, sz, st),
             ))
-            .map_err(|e| format!("plotting: {e:?}"))?;
+            .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
             if let Some(c) = s.ceiling {
                 bw.draw_series(DashedLineSeries::new(
                     vec![(xr.start, c), (xr.end, c)],
@@ -140,7 +141,7 @@ pub fn svg(report: &Report, title: &str) -> Result<String, String> {
                     5,
                     color.stroke_width(1),
                 ))
-                .map_err(|e| format!("plotting: {e:?}"))?;
+                .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
             }
         }
         bw.configure_series_labels()
@@ -149,7 +150,7 @@ pub fn svg(report: &Report, title: &str) -> Result<String, String> {
             .border_style(BLACK)
             .label_font(("sans-serif", 13))
             .draw()
-            .map_err(|e| format!("plotting: {e:?}"))?;
+            .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
 
         let mut lat = ChartBuilder::on(&bottom)
             .caption(
@@ -163,20 +164,21 @@ pub fn svg(report: &Report, title: &str) -> Result<String, String> {
                 xr.log_scale(),
                 ((lmin / 2.0).max(1e-3)..lmax * 2.0).log_scale(),
             )
-            .map_err(|e| format!("plotting: {e:?}"))?;
+            .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
         lat.configure_mesh()
             .x_desc("transfer size, bytes")
             .y_desc("µs")
             .x_label_formatter(&|v| si(*v))
             .y_label_formatter(&|v| si(*v))
             .draw()
-            .map_err(|e| format!("plotting: {e:?}"))?;
+            .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
         for (i, s) in all.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             lat.draw_series(LineSeries::new(s.lat.clone(), color.stroke_width(2)))
-                .map_err(|e| format!("plotting: {e:?}"))?;
+                .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
         }
-        root.present().map_err(|e| format!("plotting: {e:?}"))?;
+        root.present()
+            .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
     }
     Ok(out)
 }

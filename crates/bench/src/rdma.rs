@@ -23,9 +23,9 @@ use std::time::Duration;
 use gdx_rdma::bench::{
     bench_key, bench_loopback, bench_rdma, BenchMem, BenchOp, BenchParams, BenchReport, TcpControl,
 };
-use gdx_rdma::RdmaError;
 
 use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived};
+use crate::error::BenchError;
 use crate::report::Row;
 use crate::stats::quantile;
 use crate::Ctx;
@@ -145,17 +145,17 @@ pub fn rows(spec: &CaseSpec, report: &BenchReport, verify: bool) -> Vec<Row> {
 }
 
 /// Connect a control channel to `gdx serve --rdma-listen` at `addr`.
-fn connect(addr: &str, timeout: Duration) -> Result<TcpControl, String> {
+fn connect(addr: &str, timeout: Duration) -> Result<TcpControl, BenchError> {
     let what = format!("connecting to gdx serve --rdma-listen at {addr}");
     let addrs: Vec<_> = addr
         .to_socket_addrs()
-        .map_err(|e| format!("{what}: {e}"))?
+        .map_err(BenchError::io(what.clone()))?
         .collect();
-    let mut last = format!("{what}: the address resolves to nothing");
+    let mut last = BenchError::Unmeasurable(format!("{what}: the address resolves to nothing"));
     for a in addrs {
         match TcpStream::connect_timeout(&a, timeout) {
             Ok(s) => return Ok(TcpControl(s)),
-            Err(e) => last = format!("{what}: {e}"),
+            Err(e) => last = BenchError::io(format!("{what} ({a})"))(e),
         }
     }
     Err(last)
@@ -174,7 +174,7 @@ impl BenchCase for RdmaCase {
         Ok(())
     }
 
-    fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), String> {
+    fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), BenchError> {
         let p = bench_params(ctx, params, self.op, self.local, self.remote);
         let report = match &self.peer {
             Some(addr) => {
@@ -183,9 +183,14 @@ impl BenchCase for RdmaCase {
             }
             None => bench_loopback(&p),
         }
-        .map_err(|e| match e {
-            RdmaError::Control(m) if m.starts_with("peer: ") => format!("gdx serve side: {m}"),
-            e => e.to_string(),
+        // gdx-rdma's error is kept as the source; its control messages already say which
+        // side failed ("peer: ..."), so nothing is read back out of the text.
+        .map_err(|source| BenchError::Rdma {
+            context: format!(
+                "rdma bench against {}",
+                self.peer.as_deref().unwrap_or("the loopback server")
+            ),
+            source,
         })?;
         for row in rows(&self.spec, &report, params.verify) {
             sink(row);

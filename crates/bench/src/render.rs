@@ -35,8 +35,8 @@ impl Style {
     }
 }
 
-/// Three significant digits below 1 (so 8-byte rows do not read `0.00`), two decimals up to
-/// 100, one above.
+/// Three significant digits below 1 (so 8-byte rows do not read `0.00`; below 1e-5 in
+/// scientific notation, to fit the column), two decimals up to 100, one above.
 pub fn figure(x: f64) -> String {
     if !x.is_finite() {
         return "-".into();
@@ -48,6 +48,8 @@ pub fn figure(x: f64) -> String {
         format!("{x:.1}")
     } else if a >= 1.0 {
         format!("{x:.2}")
+    } else if a < 1e-5 {
+        format!("{x:.2e}")
     } else {
         let decimals = (2 - a.log10().floor() as i32).clamp(2, 9) as usize;
         format!("{x:.decimals$}")
@@ -388,5 +390,7 @@ mod tests {
         assert_eq!(figure(12.345), "12.35");
         assert_eq!(figure(394.81), "394.8");
         assert_eq!(figure(0.0), "0");
+        assert_eq!(figure(0.0000512), "0.0000512");
+        assert_eq!(figure(0.000000931), "9.31e-7");
     }
 }

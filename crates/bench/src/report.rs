@@ -286,20 +286,15 @@ impl Report {
     ///
     /// # Errors
     /// The parse error, or a schema version this build does not read.
-    pub fn from_json(text: &str) -> Result<Report, String> {
-        let v: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    pub fn from_json(text: &str) -> Result<Report, ReportError> {
+        let v: serde_json::Value = serde_json::from_str(text).map_err(ReportError::NotJson)?;
         let ver = v.get("schema_version").and_then(serde_json::Value::as_u64);
         match ver {
             Some(n) if n == u64::from(SCHEMA_VERSION) => {}
-            Some(n) => {
-                return Err(format!(
-                    "schema_version {n} is not {SCHEMA_VERSION}, the one this gdx reads"
-                ))
-            }
-            None => return Err("no schema_version: not a gdx bench report".into()),
+            Some(n) => return Err(ReportError::Schema(n)),
+            None => return Err(ReportError::NoSchema),
         }
-        serde_json::from_value(v).map_err(|e| format!("not a gdx bench report: {e}"))
+        serde_json::from_value(v).map_err(ReportError::Shape)
     }
 
     /// CSV with a header line; one line per row, no raw samples.
@@ -342,6 +337,24 @@ impl Report {
     }
 }
 
+/// Why a file is not a report this build reads.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReportError {
+    /// Not JSON at all.
+    #[error("not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// JSON without `schema_version`.
+    #[error("no schema_version: not a gdx bench report")]
+    NoSchema,
+    /// Another schema version.
+    #[error("schema_version {0} is not {SCHEMA_VERSION}, the one this gdx reads")]
+    Schema(u64),
+    /// The right version, the wrong shape.
+    #[error("not a gdx bench report: {0}")]
+    Shape(#[source] serde_json::Error),
+}
+
 /// The CSV columns, in order.
 pub const CSV_HEADER: &str = "key,path,src,dst,bidir,size_bytes,bw_gbps,msg_rate_mops,lat_p50_us,lat_p99_us,cpu_s_per_gb,gpu_util_pct,ceiling_gbps,pct_of_ceiling,iters,verified,status,note";
 
@@ -367,12 +380,17 @@ mod tests {
 
     #[test]
     fn reports_without_a_known_schema_are_refused() {
-        assert!(Report::from_json("{}")
+        assert!(matches!(
+            Report::from_json("{}"),
+            Err(ReportError::NoSchema)
+        ));
+        assert!(matches!(
+            Report::from_json("{\"schema_version\": 99}"),
+            Err(ReportError::Schema(99))
+        ));
+        assert!(Report::from_json("nope")
             .unwrap_err()
-            .contains("schema_version"));
-        assert!(Report::from_json("{\"schema_version\": 99}")
-            .unwrap_err()
-            .contains("99"));
-        assert!(Report::from_json("nope").unwrap_err().contains("not JSON"));
+            .to_string()
+            .contains("not JSON"));
     }
 }

@@ -1,7 +1,7 @@
-//! Sample statistics and process CPU time: the one median / quantile / min / max / σ of gdx
-//! ([`Summary`], [`quantile`], [`median`]; other crates' probes should use these rather than
-//! write their own), filling a [`Row`]'s figures from raw samples, and [`CpuClock`] (user +
-//! system time of the whole process, from `getrusage`).
+//! Sample statistics for rows and process CPU time: the median / quantile / σ are gdx-sys's one
+//! implementation ([`gdx_sys::stats`], re-exported here), this module fills a [`Row`]'s figures
+//! from raw samples, and [`CpuClock`] gives user + system time of the whole process (from
+//! `getrusage`).
 
 use std::time::Duration;
 
@@ -9,71 +9,7 @@ use nix::sys::resource::{getrusage, UsageWho};
 
 use crate::report::Row;
 
-/// The `q`-quantile (0..=1) of sorted `v` by linear interpolation; `None` when empty.
-pub fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let pos = q.clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
-    let lo = pos.floor() as usize;
-    let hi = pos.ceil() as usize;
-    let frac = pos - lo as f64;
-    Some(sorted[lo] + (sorted[hi] - sorted[lo]) * frac)
-}
-
-/// The median of `v` (any order; NaNs sort last); `None` when empty.
-pub fn median(v: &[f64]) -> Option<f64> {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    quantile(&s, 0.5)
-}
-
-/// Count, extremes, centre and spread of a sample (hyperfine's "mean ± σ, min … max").
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Summary {
-    /// Samples.
-    pub n: usize,
-    /// Smallest.
-    pub min: f64,
-    /// Largest.
-    pub max: f64,
-    /// Arithmetic mean.
-    pub mean: f64,
-    /// Median (linear interpolation).
-    pub median: f64,
-    /// 99th percentile (linear interpolation).
-    pub p99: f64,
-    /// Sample standard deviation (n − 1); `None` for one sample, never a made-up 0.
-    pub stddev: Option<f64>,
-}
-
-impl Summary {
-    /// The summary of `v` (any order); `None` when empty.
-    pub fn of(v: &[f64]) -> Option<Summary> {
-        let mut s = v.to_vec();
-        s.sort_by(f64::total_cmp);
-        let n = s.len();
-        let mean = s.iter().sum::<f64>() / n.max(1) as f64;
-        let stddev = (n > 1)
-            .then(|| (s.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt());
-        Some(Summary {
-            n,
-            min: *s.first()?,
-            max: *s.last()?,
-            mean,
-            median: quantile(&s, 0.5)?,
-            p99: quantile(&s, 0.99)?,
-            stddev,
-        })
-    }
-}
-
-/// Seconds of each duration, sorted ascending.
-pub fn sorted_secs(v: &[Duration]) -> Vec<f64> {
-    let mut s: Vec<f64> = v.iter().map(Duration::as_secs_f64).collect();
-    s.sort_by(f64::total_cmp);
-    s
-}
+pub use gdx_sys::stats::{median, quantile, sorted_secs, Summary};
 
 /// Fill `row`'s bandwidth figures from per-transfer durations of `bytes_per_op` bytes each
 /// (median, min, max), and its latency figures from `lat` (p50, p99). `iters` is the count of
@@ -122,28 +58,6 @@ impl CpuClock {
 mod tests {
     use super::*;
     use crate::case::{CaseSpec, End, PathKind};
-
-    #[test]
-    fn quantiles_interpolate() {
-        let v = [1.0, 2.0, 3.0, 4.0];
-        assert_eq!(quantile(&v, 0.5), Some(2.5));
-        assert_eq!(quantile(&v, 0.0), Some(1.0));
-        assert_eq!(quantile(&v, 1.0), Some(4.0));
-        assert_eq!(quantile(&[], 0.5), None);
-    }
-
-    #[test]
-    fn summaries_give_centre_spread_and_no_sigma_for_one_sample() {
-        let s = Summary::of(&[4.0, 1.0, 3.0, 2.0]).unwrap();
-        assert_eq!(
-            (s.n, s.min, s.max, s.mean, s.median),
-            (4, 1.0, 4.0, 2.5, 2.5)
-        );
-        assert!((s.stddev.unwrap() - 1.290_994).abs() < 1e-6);
-        assert_eq!(Summary::of(&[7.0]).unwrap().stddev, None);
-        assert_eq!(Summary::of(&[]), None);
-        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
-    }
 
     #[test]
     fn rows_get_median_bandwidth_and_latency_percentiles() {

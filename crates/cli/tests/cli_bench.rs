@@ -314,7 +314,7 @@ fn ipc_child_speaks_one_json_line_and_exits() {
     assert_eq!(out.status.code(), Some(2));
     let line = String::from_utf8(out.stdout).unwrap();
     assert_eq!(line.lines().count(), 1, "{line}");
-    let e = parse_child_line(&line).unwrap_err();
+    let e = parse_child_line(&line).unwrap_err().to_string();
     assert!(
         e.starts_with("ipc child: ") && e.contains("want GPU:LEN"),
         "{e}"
@@ -330,6 +330,7 @@ fn ipc_child_speaks_one_json_line_and_exits() {
             assert_eq!(out.status.code(), Some(0));
         }
         Err(e) => {
+            let e = e.to_string();
             assert!(e.starts_with("ipc child: "), "{e}");
             assert_eq!(out.status.code(), Some(2));
         }

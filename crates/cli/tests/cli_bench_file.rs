@@ -103,3 +103,43 @@ fn plain_bench_list_shows_file_cases_but_a_default_run_leaves_them_out() {
         .iter()
         .all(|c| c["path"] != "file"));
 }
+
+/// `gdx cp --bench FILE` is an alias: it says what it runs, and the output is gdx bench's one
+/// JSON schema (the old report of its own is gone).
+#[test]
+fn cp_bench_is_an_alias_of_bench_path_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = gdx()
+        .args(["cp", "--bench"])
+        .arg(dir.path().join("scratch.bin"))
+        .args(["--size", "64KiB", "--samples", "1", "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("note: --bench is now `gdx bench --path file_to_host,file_to_gpu0_,gpu0_to_file --file-dir"),
+        "{stderr}"
+    );
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is one JSON document ({e}); stderr: {stderr}"));
+    assert!(v["schema_version"].is_number(), "{v}");
+    let host = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["key"] == "file_to_host_file_staged")
+        .expect("the file → host row");
+    assert_eq!(host["size_bytes"], 65536);
+    assert_eq!(host["verified"], true);
+    // Only GPU 0's cases were asked for.
+    let listed = |key: &str| {
+        v["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .chain(v["cases"].as_array().unwrap())
+            .any(|r| r["key"].as_str().is_some_and(|k| k.contains(key)))
+    };
+    assert!(!listed("gpu1"), "{v}");
+}

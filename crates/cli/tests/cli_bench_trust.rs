@@ -243,6 +243,33 @@ fn figures_below_the_noise_floor_are_not_compared() {
 }
 
 #[test]
+fn a_gate_that_compares_nothing_does_not_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    // Other sizes than this run's: no figure in common.
+    let other = crafted(dir.path(), "other.json", |r| {
+        r["size_bytes"] = Value::from(r["size_bytes"].as_u64().unwrap() + 1);
+    });
+    compare_with(&other, "5")
+        .code(1)
+        .stderr(predicate::str::contains("nothing was compared"));
+}
+
+#[test]
+fn list_says_when_the_gpu_cases_are_listed_for_gpus_that_are_not_there() {
+    if !cuda_absent() {
+        eprintln!("skipped: this machine has a CUDA driver");
+        return;
+    }
+    gdx()
+        .args(["bench", "--list"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "note: GPU cases are listed for GPU0 and GPU1; this machine has 0 GPUs, no CUDA driver",
+        ));
+}
+
+#[test]
 fn quiet_prints_only_the_summary_and_color_follows_the_flag() {
     let out = gdx()
         .args([

@@ -13,7 +13,9 @@ fn secret_file() -> PathBuf {
     static F: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     F.get_or_init(|| {
         use std::os::unix::fs::OpenOptionsExt;
-        let p = std::env::temp_dir().join(format!("gdx-cli-serve-secret-{}", std::process::id()));
+        // Under the target dir, not $TMPDIR: nothing is left outside the build.
+        let p = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("gdx-cli-serve-secret-{}", std::process::id()));
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -241,4 +243,44 @@ fn default_listen_is_loopback() {
         .unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(help.contains("[default: 127.0.0.1:7447]"), "{help}");
+}
+
+#[test]
+fn insecure_prints_a_warning_and_bad_limits_are_refused() {
+    let exe = assert_cmd::cargo::cargo_bin("gdx");
+    let mut child = Command::new(&exe)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--size",
+            "4KiB",
+            "--insecure",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let err = child.stderr.take().unwrap();
+    let server = Server(child);
+    let lines: Vec<String> = BufReader::new(out)
+        .lines()
+        .map_while(|l| l.ok())
+        .take_while(|l| !l.starts_with("GDX_SERVE "))
+        .collect();
+    assert!(lines.iter().all(|l| !l.starts_with("GDX_SERVE_SECRET")));
+    drop(server); // killed: its stderr ends
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut BufReader::new(err), &mut text).unwrap();
+    assert!(text.contains("WARNING: --insecure"), "{text}");
+
+    let out = Command::new(&exe)
+        .args(["serve", "--listen", "127.0.0.1:0", "--max-connections", "0"])
+        .env_remove("GDX_SECRET_FILE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("max_connections must be > 0"), "{err}");
 }

@@ -120,6 +120,16 @@ fn numa_columns_agree_between_matrix_and_device_table() {
     let cols: Vec<&str> = dev.split_whitespace().collect();
     assert!(!dev.contains("N/A"), "device table says N/A: {dev}\n{text}");
     assert!(cols.contains(&"0"), "{dev}");
+    // JSON says the same, beside the platform's raw answer (-1: null).
+    let v = json(&[], d.path());
+    assert_eq!(v["numa_affinity"]["GPU0"], serde_json::json!([0]));
+    let gpu0 = v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["label"] == "GPU0")
+        .unwrap();
+    assert!(gpu0["numa"].is_null(), "{gpu0}");
 }
 
 #[test]

@@ -91,7 +91,8 @@ pub struct Options<'a> {
     /// Whether `root` shows this machine, so live facts and probes apply to it. `None`
     /// detects it (the root resolves to `/`); `Some(true)` for the host's sysfs mounted
     /// elsewhere (a container's `/host`) or facts saved alongside a capture; `Some(false)`
-    /// never consults the libraries.
+    /// never consults the libraries. An unpacked `.tar.gz` is never this machine, whatever
+    /// this says.
     pub root_is_this_machine: Option<bool>,
 }
 

@@ -194,24 +194,6 @@ pub enum ProbeState {
     Ran(ProbeResults),
 }
 
-fn median_gbps(bytes: u64, samples: &[Duration]) -> Option<f64> {
-    let mut v: Vec<f64> = samples
-        .iter()
-        .filter(|d| !d.is_zero())
-        .map(|d| bytes as f64 / d.as_secs_f64() / 1e9)
-        .collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
-}
-
 fn endpoint_name(e: Endpoint, gpus: &[(GpuRef, u32)]) -> String {
     match e {
         Endpoint::Host => "host".to_string(),
@@ -268,7 +250,7 @@ pub fn run(ctx: &Context, backend: &dyn ProbeBackend, plan: &ProbePlan) -> Probe
         match backend.copy(from, to, plan.copy_bytes, plan.reps) {
             Ok(s) => {
                 p.bytes = s.bytes;
-                p.gbps = median_gbps(s.bytes, &s.samples);
+                p.gbps = gdx_sys::stats::median_rate_gbps(s.bytes, &s.samples);
                 p.verified = s.verified;
                 if !s.verified {
                     p.error = Some(format!(
@@ -315,11 +297,6 @@ mod tests {
 
     #[test]
     fn median_and_describe() {
-        let ms = Duration::from_millis;
-        let g = median_gbps(1_000_000_000, &[ms(10), ms(1000), ms(5)]).unwrap();
-        assert!((g - 100.0).abs() < 1e-9, "{g}");
-        assert_eq!(median_gbps(1, &[]), None);
-        assert_eq!(median_gbps(1, &[Duration::ZERO]), None);
         let p = CopyProbe {
             from: "GPU0".into(),
             to: "GPU1".into(),

@@ -6,8 +6,9 @@
 //! ```
 //! Spawns its own server process (this binary with `serve`). GB/s = 1e9 bytes/s. Prints the median
 //! and best of ITERS timed transfers after one warm-up. `GDX_TCP_STREAMS`, `GDX_CHUNK_BYTES` apply.
+//! Both processes hold one secret, written (mode 600) for the child.
 
-use gdx_engine::{Access, Agent, AgentConfig, Error, Path, Transfer, Transports};
+use gdx_engine::{Access, Agent, AgentConfig, Error, Path, Secret, Transfer, Transports};
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -28,9 +29,13 @@ fn main() -> Result<(), Error> {
     }
     let size: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1 << 30);
     let iters: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(5);
+    let secret = Secret::generate()?;
+    let file = std::env::temp_dir().join(format!("gdx-bench-host-{}.secret", std::process::id()));
+    secret.write_file(&file)?;
     let exe = std::env::current_exe().map_err(|e| Error::os("current_exe", e))?;
     let mut child = Command::new(exe)
         .args(["serve", &size.to_string()])
+        .env("GDX_SECRET_FILE", &file)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -74,6 +79,7 @@ fn main() -> Result<(), Error> {
                 shm,
                 rdma: true,
             },
+            secret: Some(secret.clone()),
             ..AgentConfig::from_env()?
         };
         let agent = Agent::new(cfg)?;
@@ -115,6 +121,7 @@ fn main() -> Result<(), Error> {
     }
     let _ = child.kill();
     let _ = child.wait();
+    let _ = std::fs::remove_file(&file);
     Ok(())
 }
 

@@ -14,8 +14,8 @@ use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
 
 use gdx_engine::{
-    Access, Agent, AgentConfig, Calibration, LocalPeer, Peer, Policy, Region, RegionDesc, Transfer,
-    Transports,
+    Access, Agent, AgentConfig, Calibration, LocalPeer, Peer, Policy, Region, RegionDesc, Secret,
+    Transfer, Transports,
 };
 
 const WAIT: Duration = Duration::from_secs(300);
@@ -26,8 +26,23 @@ fn emit(key: &str, value: f64, unit: &str, note: &str) {
     std::io::stdout().flush().ok();
 }
 
+/// The secret this process and its child share: the child reads GDX_SECRET_FILE, the parent
+/// makes one (mode 600) for it.
+fn secret_file() -> &'static std::path::Path {
+    static F: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    F.get_or_init(|| {
+        if let Some(p) = std::env::var_os("GDX_SECRET_FILE") {
+            return p.into();
+        }
+        let p = std::env::temp_dir().join(format!("gdx-peer-gpu-{}.secret", std::process::id()));
+        Secret::generate().unwrap().write_file(&p).unwrap();
+        p
+    })
+}
+
 fn config(name: &str, shm: bool) -> AgentConfig {
     AgentConfig {
+        secret: Some(Secret::from_file(secret_file()).unwrap()),
         name: name.into(),
         transports: Transports {
             tcp: true,
@@ -105,6 +120,7 @@ fn main() {
     let exe = std::env::current_exe().unwrap();
     let mut kid = std::process::Command::new(exe)
         .args(["child", &len.to_string()])
+        .env("GDX_SECRET_FILE", secret_file())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -126,6 +142,9 @@ fn main() {
     emit("peer_ipc_gpu0_to_gpu1", bw, "GB/s", &plan);
     writeln!(kid.stdin.as_mut().unwrap(), "done").ok();
     kid.wait().ok();
+    if std::env::var_os("GDX_SECRET_FILE").is_none() {
+        let _ = std::fs::remove_file(secret_file());
+    }
 
     let p2p_dst = lp.alloc_device(far_gpu, len).unwrap();
     let once = || {

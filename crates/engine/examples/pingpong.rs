@@ -6,13 +6,16 @@
 //! cargo run -p gdx-engine --example pingpong -- 127.0.0.1:PORT   # terminal 2
 //! ```
 //!
+//! Both processes must hold one secret: the spawning form writes a fresh one (mode 600) and hands
+//! it to its child; with two terminals, give both `GDX_SECRET_FILE=<file>`.
+//!
 //! The client writes 16 MiB into the server's published region "inbox" and attaches the notification
 //! "ping". The server, on "ping", inverts the bytes in place, connects back to the client (whose
 //! listen address came in the handshake) and notifies "pong". The client then reads the region back
 //! and checks every byte. Both sides print which path each transfer took. `GDX_TRANSPORTS=tcp`
 //! forces tcp; by default two processes on one host use shm.
 
-use gdx_engine::{Access, Agent, AgentConfig, Error, Transfer};
+use gdx_engine::{Access, Agent, AgentConfig, Error, Secret, Transfer};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -23,12 +26,17 @@ const WAIT: Duration = Duration::from_secs(30);
 fn main() -> Result<(), Error> {
     match std::env::args().nth(1).as_deref() {
         Some("serve") => serve(),
-        Some(addr) => client(addr),
+        Some(addr) => client(addr, None),
         None => {
-            // Run the server as a child process and talk to it.
+            // Run the server as a child process and talk to it, with a secret made for both.
+            let secret = Secret::generate()?;
+            let file =
+                std::env::temp_dir().join(format!("gdx-pingpong-{}.secret", std::process::id()));
+            secret.write_file(&file)?;
             let exe = std::env::current_exe().map_err(|e| Error::os("current_exe", e))?;
             let mut child = Command::new(exe)
                 .arg("serve")
+                .env("GDX_SECRET_FILE", &file)
                 .stdout(Stdio::piped())
                 .spawn()
                 .map_err(|e| Error::os("spawn", e))?;
@@ -41,9 +49,10 @@ fn main() -> Result<(), Error> {
                 .read_line(&mut addr)
                 .map_err(|e| Error::os("read", e))?;
             let addr = addr.trim().trim_start_matches("listening on ").to_string();
-            let r = client(&addr);
+            let r = client(&addr, Some(secret));
             let _ = child.kill();
             let _ = child.wait();
+            let _ = std::fs::remove_file(&file);
             r
         }
     }
@@ -78,10 +87,12 @@ fn serve() -> Result<(), Error> {
     Ok(())
 }
 
-fn client(addr: &str) -> Result<(), Error> {
+fn client(addr: &str, secret: Option<Secret>) -> Result<(), Error> {
+    let base = AgentConfig::from_env()?;
     let agent = Agent::new(AgentConfig {
         name: "pingpong-client".into(),
-        ..AgentConfig::from_env()?
+        secret: secret.or(base.secret.clone()),
+        ..base
     })?;
     let peer = agent.connect(addr)?;
     println!(

@@ -487,7 +487,8 @@ impl Agent {
     /// tcp otherwise ([`Peer::route`] says which and why).
     ///
     /// # Errors
-    /// [`Error::PeerLost`] if the connection or the handshake fails.
+    /// [`Error::Unreachable`] if nothing answers at `addr` (refused, no route, timed out);
+    /// [`Error::PeerLost`] if the connection breaks during the handshake.
     pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Peer> {
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
@@ -497,7 +498,7 @@ impl Agent {
         for a in addrs {
             match TcpStream::connect_timeout(&a, self.inner.cfg.io_timeout) {
                 Ok(s) => return Peer::handshake(Arc::clone(&self.inner), s, a),
-                Err(e) => last = Error::PeerLost(format!("connect {a}: {e}")),
+                Err(e) => last = Error::Unreachable(format!("{a}: {e}")),
             }
         }
         Err(last)

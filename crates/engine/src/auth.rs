@@ -95,6 +95,28 @@ impl Secret {
         Secret::from_bytes(hex.into_bytes())
     }
 
+    /// Writes the secret to `path`, readable by this user only (mode 600), for another process
+    /// to read with [`Secret::from_file`] / `GDX_SECRET_FILE`.
+    ///
+    /// # Errors
+    /// [`Error::Os`] when the file cannot be written.
+    pub fn write_file(&self, path: &Path) -> Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| Error::os("open (secret file)", e))?;
+        // An existing file keeps its mode on open: narrow it before the secret is in it.
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| Error::os("chmod (secret file)", e))?;
+        f.write_all(&self.0)
+            .map_err(|e| Error::os("write (secret file)", e))
+    }
+
     /// The secret's text, for showing a generated secret to the operator once.
     pub fn reveal(&self) -> String {
         String::from_utf8_lossy(&self.0).into_owned()
@@ -251,6 +273,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("gdx-secret-test-{}", std::process::id()));
         let _ = std::fs::create_dir_all(&dir);
         let f = dir.join("s");
+        g.write_file(&f).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(Secret::from_file(&f).ok(), Some(g.clone()));
         std::fs::write(&f, format!("{}\n", g.reveal())).unwrap_or_else(|e| panic!("{e}"));
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644))

@@ -15,6 +15,7 @@
 //! | `GDX_HANDSHAKE_TIMEOUT_MS` | [`Limits::handshake_timeout`] | `5000` |
 //! | `GDX_IDLE_TIMEOUT_MS` | [`Limits::idle_timeout`] | `600000` |
 //! | `GDX_MAX_CONNECTIONS` | [`Limits::max_connections`] | `256` |
+//! | `GDX_SHM_ALLOW_UIDS` | [`AgentConfig::shm_allowed_uids`] | `1000,1001` |
 //!
 //! `GDX_LISTEN` takes the forms of [`parse_listen`].
 
@@ -234,6 +235,12 @@ impl AgentConfig {
         }
         if let Some(v) = var("GDX_MAX_CONNECTIONS") {
             self.limits.max_connections = parse("GDX_MAX_CONNECTIONS", &v)?;
+        }
+        if let Some(v) = var("GDX_SHM_ALLOW_UIDS") {
+            self.shm_allowed_uids = v
+                .split(',')
+                .map(|u| parse("GDX_SHM_ALLOW_UIDS", u))
+                .collect::<Result<_>>()?;
         }
         self.validate()?;
         Ok(self)

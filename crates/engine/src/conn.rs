@@ -72,8 +72,9 @@ impl Conn {
 
     /// Bounds the whole exchange until [`Conn::end_handshake`]: receives fail once `deadline`
     /// passed however the bytes trickle in, and bodies are limited to `max_body`.
-    pub(crate) fn start_handshake(&mut self, within: Duration, max_body: u32) {
-        self.deadline = Some((Instant::now() + within, within));
+    /// `limit` is the configured `handshake_timeout` (for the error), `until` when it ends.
+    pub(crate) fn start_handshake(&mut self, until: Instant, limit: Duration, max_body: u32) {
+        self.deadline = Some((until, limit));
         self.max_body = max_body;
     }
 

@@ -108,6 +108,11 @@ pub enum Error {
     /// authentication mode (one side `insecure`, the other not). Nothing was shared.
     #[error("authentication failed: {0}")]
     AuthFailed(String),
+    /// Nothing answered the connect: refused (no agent listens at that address), no route, or no
+    /// answer within the I/O timeout. Unlike [`Error::PeerLost`], no connection ever existed and
+    /// nothing was sent; the message is `ADDR: why`.
+    #[error("cannot reach {0} (is a gdx agent listening there? `gdx serve --listen` starts one)")]
+    Unreachable(String),
     /// A configured bound was hit (connections, names, queued notifications, leases, handshake
     /// or idle deadline); `what` names the bound and its setting.
     #[error("limit reached: {what} (limit {limit})")]
@@ -176,6 +181,7 @@ impl Error {
             Error::Rdma(_) => 21,
             Error::AuthFailed(_) => 22,
             Error::LimitReached { .. } => 23,
+            Error::Unreachable(_) => 24,
             Error::Remote { code, .. } => *code,
         }
     }
@@ -217,6 +223,7 @@ impl Error {
                 what: message,
                 limit: a,
             },
+            24 => Error::Unreachable(message),
             code => Error::Remote { code, message },
         }
     }
@@ -256,7 +263,8 @@ impl Error {
             | Error::Unavailable(s)
             | Error::Strict(s)
             | Error::Rdma(s)
-            | Error::AuthFailed(s) => s.clone(),
+            | Error::AuthFailed(s)
+            | Error::Unreachable(s) => s.clone(),
             Error::LimitReached { what, .. } => what.clone(),
             Error::Os { message, .. } | Error::Remote { message, .. } => message.clone(),
             other => other.to_string(),

@@ -33,6 +33,13 @@
 //! from the direct path into an error; a [`Calibration`] (`GDX_CALIBRATION`) tunes crossovers.
 //! CUDA is loaded at run time: without it, [`LocalPeer::open`] returns [`Error::Unavailable`].
 //!
+//! # Security
+//!
+//! Peers prove they hold the agent's [`Secret`] (mutual HMAC-SHA256 challenge–response) before
+//! anything is shared; data streams and the shm socket are bound to the authenticated session.
+//! Bulk data is not encrypted. Shared memfds are sealed and checked before mapping; every bound
+//! on what a peer can hold is a [`Limits`] field. See `docs/wire-protocol.md`.
+//!
 //! # Failure
 //!
 //! Every wait has a timeout. A peer that dies mid-transfer yields `Failed { reason: PeerLost }`,

@@ -1,7 +1,7 @@
 //! The inbound notification queue, bounded in count and bytes.
 //!
 //! A sender that finds it full waits (back-pressure on its connection: its next frame is not
-//! read) for up to the I/O timeout, then gets [`Error::LimitReached`]; nothing queued is ever
+//! read) for up to half the I/O timeout, then gets [`Error::LimitReached`]; nothing queued is ever
 //! dropped to make room, so a notification acknowledged with `Ok` is one the application sees.
 
 use std::collections::VecDeque;

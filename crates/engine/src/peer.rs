@@ -148,8 +148,11 @@ impl Peer {
         let cfg = &agent.cfg;
         let mut control = Conn::new(Sock::Tcp(s), "control connection");
         control.set_timeout(Some(cfg.io_timeout))?;
-        // One deadline for the whole handshake, data streams and shm join included.
-        control.start_handshake(cfg.limits.handshake_timeout, crate::wire::MAX_BODY);
+        // One deadline for the whole handshake, data stream and shm joins included: a peer
+        // that drips its answers cannot stretch a connect past `handshake_timeout`.
+        let limit = cfg.limits.handshake_timeout;
+        let until = std::time::Instant::now() + limit;
+        control.start_handshake(until, limit, crate::wire::MAX_BODY);
         let nonce = crate::mem::random_u128()?;
         let hello = Hello {
             agent_name: cfg.name.clone(),
@@ -190,7 +193,7 @@ impl Peer {
             ))
         } else {
             let name = h.shm_socket.as_deref().unwrap_or_default();
-            ShmTransport::connect(name, h.session, h.token, key, cfg)
+            ShmTransport::connect(name, (h.session, h.token, key), cfg, until)
                 .map_err(|e| format!("tcp: same host but the shm socket did not connect ({e})"))
         };
         let (route, transport): (PeerRoute, Box<dyn Transport>) = match shm_reason {
@@ -212,7 +215,7 @@ impl Peer {
                         })?;
                         let mut c = Conn::new(Sock::Tcp(s), "tcp data stream");
                         c.set_timeout(Some(cfg.io_timeout))?;
-                        c.start_handshake(cfg.limits.handshake_timeout, crate::wire::MAX_BODY);
+                        c.start_handshake(until, limit, crate::wire::MAX_BODY);
                         let nonce = crate::mem::random_u128()?;
                         c.send(&Msg::Join {
                             session: h.session,
@@ -403,7 +406,7 @@ impl Peer {
     /// As [`crate::Agent::connect`].
     pub fn reconnect(&self) -> Result<Peer> {
         let s = TcpStream::connect_timeout(&self.inner.addr, self.inner.agent.cfg.io_timeout)
-            .map_err(|e| Error::PeerLost(format!("connect {}: {e}", self.inner.addr)))?;
+            .map_err(|e| Error::Unreachable(format!("{}: {e}", self.inner.addr)))?;
         Peer::handshake(Arc::clone(&self.inner.agent), s, self.inner.addr)
     }
 

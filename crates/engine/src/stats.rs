@@ -84,6 +84,7 @@ pub(crate) struct Stats {
 pub fn reason_label(e: &Error) -> &'static str {
     match e {
         Error::PeerLost(_) => "peer_lost",
+        Error::Unreachable(_) => "unreachable",
         Error::Timeout(_) => "timeout",
         Error::BadKey { .. } => "bad_key",
         Error::NoSuchRegion { .. } => "no_such_region",

@@ -781,3 +781,49 @@ fn another_user_is_refused_on_the_shm_socket() {
     assert!(text.contains("GDX_PEERCRED closed"), "{text}\n{err}");
     assert_eq!(target.limit_hits().peer_uid.load(Relaxed), 1);
 }
+
+#[test]
+fn connection_caps_total_and_per_address_are_enforced() {
+    for (limits, counter) in [
+        (
+            Limits {
+                max_connections_per_addr: 3,
+                ..short_limits()
+            },
+            "per_addr",
+        ),
+        (
+            Limits {
+                max_connections: 3,
+                ..short_limits()
+            },
+            "total",
+        ),
+    ] {
+        let target = with_limits("target", false, 200, limits);
+        let mut held: Vec<TcpStream> = (0..5)
+            .map(|_| TcpStream::connect(addr(&target)).unwrap())
+            .collect();
+        let mut refused = 0;
+        for s in &mut held {
+            s.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            let mut b = [0u8; 1];
+            if matches!(std::io::Read::read(s, &mut b), Ok(0)) {
+                refused += 1;
+            }
+        }
+        assert_eq!(refused, 2, "{counter}: 5 connections, cap 3");
+        let hits = target.limit_hits();
+        let n = match counter {
+            "per_addr" => hits.connections_per_addr.load(Relaxed),
+            _ => hits.connections.load(Relaxed),
+        };
+        assert_eq!(n, 2, "{counter}");
+        for s in &mut held {
+            assert!(closed(s));
+        }
+        // Slots are given back: a legitimate client (3 connections: control + 2 streams) fits.
+        legit_round_trip(&target, 8);
+    }
+}

@@ -358,3 +358,24 @@ fn dropped_region_is_rejected_and_closed_peer_fails_fast() {
     t.write(&src, 0, &remote, 0, 16);
     assert!(matches!(peer.submit(t), Err(Error::PeerLost(_))));
 }
+
+/// A connect that nothing answers is `Unreachable` (nothing was ever connected), not
+/// `PeerLost` (a connection that broke): the two call for different fixes.
+#[test]
+fn a_refused_connect_is_unreachable_not_peer_lost() {
+    // A port that was just free: bind, note it, close it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let me = agent("lonely", false);
+    match me.connect(("127.0.0.1", port)) {
+        Err(Error::Unreachable(why)) => {
+            assert!(why.starts_with(&format!("127.0.0.1:{port}: ")), "{why}");
+            let shown = Error::Unreachable(why).to_string();
+            assert!(shown.contains("gdx serve --listen"), "{shown}");
+        }
+        other => panic!("connect to a closed port: {other:?}"),
+    }
+}

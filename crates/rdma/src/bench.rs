@@ -365,15 +365,6 @@ fn open_for(
     RdmaEndpoint::open(&name, config.clone())
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 /// Run the client side against a peer in [`serve_bench`].
 pub fn bench_rdma(ctrl: &mut dyn Control, p: &BenchParams) -> Result<BenchReport, RdmaError> {
     let max = p
@@ -437,9 +428,9 @@ pub fn bench_rdma(ctrl: &mut dyn Control, p: &BenchParams) -> Result<BenchReport
         rows.push(BenchRow {
             size,
             iterations,
-            bandwidth_median: median(&mut bw.clone()),
+            bandwidth_median: gdx_sys::stats::median(&bw).unwrap_or(0.0),
             bandwidth_samples: bw,
-            latency_median: median(&mut lat.clone()),
+            latency_median: gdx_sys::stats::median(&lat).unwrap_or(0.0),
             latency_samples: lat,
         });
         send(ctrl, &Msg::Progress { size })?;
@@ -640,13 +631,6 @@ mod tests {
             serde_json::from_str(&j).unwrap(),
             Msg::Progress { size: 4096 }
         ));
-    }
-
-    #[test]
-    fn median_of_odd_and_even() {
-        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert_eq!(median(&mut []), 0.0);
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! [`bench_file`]: file → GPU and GPU → file over every path that runs here, against the naive
+//! [`bench_file_row`]: one row of the file benchmark (`gdx bench --path file` runs them as
+//! gdx-bench cases): file → GPU and GPU → file over every path that runs here, against the naive
 //! baseline (`read()` of the whole file into a `Vec`, then one synchronous copy from pageable
 //! memory; and the mirror for writes), plus the two ceilings measured: the disk alone
 //! (`O_DIRECT` reads into host memory) and PCIe (pinned host → GPU copy engine).
@@ -11,7 +12,6 @@
 //! checksum, and the first of each GPU → file row by reading the file back. One row's error
 //! never stops the others.
 
-use crate::ceiling::Ceiling;
 use crate::fileio::FileIo;
 use crate::plan::{cufile_status, CufileStatus};
 use crate::{
@@ -19,7 +19,7 @@ use crate::{
     CopyOptions, CopyReport, Direction, FileRange, PathChoice, StorageError, StoragePath,
     DEFAULT_CHUNK_BYTES, DEFAULT_DEPTH,
 };
-use gdx_sys::cuda::probe::{self, Loc};
+use gdx_sys::cuda::probe;
 use gdx_sys::cuda::{Context, Cuda, DeviceBuffer, PinnedHostBuffer, Stream};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -92,56 +92,12 @@ pub struct BenchRow {
     pub status: BenchStatus,
 }
 
-/// Everything [`bench_file`] measured.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct BenchReport {
-    /// The scratch file.
-    pub file: PathBuf,
-    /// Its file system.
-    pub fs: String,
-    /// Bytes per transfer.
-    pub size: u64,
-    /// The GPU.
-    pub gpu: u32,
-    /// Samples per row.
-    pub samples: usize,
-    /// cuFile's state: its mode, or why it cannot run.
-    pub cufile: String,
-    /// The links' ceiling (sysfs).
-    pub ceiling: Ceiling,
-    /// The rows, in a fixed order.
-    pub rows: Vec<BenchRow>,
-}
-
-impl BenchReport {
-    /// The median of the naive row of `direction`, for ratios.
-    pub fn naive_gbps(&self, direction: Direction) -> Option<f64> {
-        self.rows
-            .iter()
-            .find(|r| r.direction == direction && r.path == "naive")
-            .and_then(|r| r.median_gbps)
-    }
-}
-
 const SEED: u64 = 0x6764_785f_7374_6f72; // "gdx_stor"
-
-fn median(v: &[f64]) -> Option<f64> {
-    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
-}
 
 /// GPU buffers and helpers shared by the rows.
 struct Rig {
-    ctx: Context,
+    /// Held for the buffers' lifetime (they were made in it).
+    _ctx: Context,
     stream: Stream,
     /// The pattern, the source of every write.
     src: DeviceBuffer,
@@ -173,7 +129,7 @@ impl Rig {
         }
         stream.synchronize().map_err(e("uploading the pattern"))?;
         Ok(Rig {
-            ctx,
+            _ctx: ctx,
             stream,
             src,
             dst,
@@ -210,106 +166,7 @@ fn cache_note(r: &CopyReport) -> &'static str {
     }
 }
 
-/// Measure every path (see the module docs). `log` gets a line as each row starts. Fails only
-/// when the GPU or the scratch file cannot be set up; a row that fails is reported in its row.
-pub fn bench_file(
-    opts: &BenchOptions,
-    log: &mut dyn FnMut(&str),
-) -> Result<BenchReport, StorageError> {
-    let size = usize::try_from(opts.size)
-        .ok()
-        .filter(|&s| s > 0)
-        .ok_or_else(|| StorageError::InvalidOption(format!("bad size {}", opts.size)))?;
-    let samples = opts.samples.max(1);
-    let cuda = Cuda::load()?;
-    let mut rig = Rig::new(&cuda, opts.gpu, size)?;
-    let (cufile, _driver) = cufile_status();
-    let cufile_text = match &cufile {
-        CufileStatus::Available(mode) => mode.to_string(),
-        CufileStatus::Unavailable(why) => format!("unavailable: {why}"),
-        CufileStatus::NotNeeded => "not looked at".to_string(),
-    };
-    let copy = |path: PathChoice, sync: bool| CopyOptions {
-        path,
-        chunk_bytes: opts.chunk_bytes,
-        depth: opts.depth,
-        truncate: true,
-        sync,
-        progress: None,
-    };
-    let file = FileRange::whole(&opts.file);
-    log(&format!(
-        "writing the {size}-byte scratch file {}",
-        opts.file.display()
-    ));
-    copy_gpu_to_file(
-        &rig.src,
-        0,
-        opts.size,
-        &file,
-        &copy(PathChoice::FileStaged, true),
-    )?;
-    let fs = FileIo::open_read(&opts.file, false)?.fs().to_string();
-    let bus_id = rig.ctx.device().pci_bus_id().ok();
-    let ceiling = Ceiling::find(&opts.file, bus_id.as_deref());
-    let gds_waived = match &cufile {
-        CufileStatus::Available(_) => None,
-        CufileStatus::Unavailable(why) => Some(why.clone()),
-        CufileStatus::NotNeeded => Some("cuFile was not looked at".to_string()),
-    };
-    let mut rows = Vec::new();
-    let row = |key: &str, direction, path: &str, method: &str| {
-        new_row(opts, key, direction, path, method)
-    };
-
-    for kind in BenchKind::ALL {
-        log(kind.key());
-        rows.push(match kind {
-            BenchKind::FileToHostStaged => file_to_host_row(opts, samples, rig.expected),
-            _ => gpu_row(&mut rig, opts, kind, samples, gds_waived.as_deref()),
-        });
-    }
-
-    // PCIe, measured.
-    let mut r = row("host_to_gpu_copy_engine", Direction::FileToGpu, "copy-engine",
-        "pinned host -> GPU copies (256 MiB, events, warm-up excluded): the PCIe ceiling as measured");
-    log(&r.key);
-    match probe::timed_copy(
-        &cuda,
-        Loc::PinnedHost,
-        Loc::Gpu(opts.gpu),
-        size.min(256 << 20),
-        samples as u32,
-    ) {
-        Ok(t) => {
-            r.samples_gbps = t
-                .samples
-                .iter()
-                .map(|d| t.bytes as f64 / d.as_secs_f64().max(1e-12) / 1e9)
-                .collect();
-            r.median_gbps = t.median_gbps();
-            if !t.verified {
-                r.status = BenchStatus::Error(format!("copy not verified: {:?}", t.mismatch));
-            }
-        }
-        Err(e) => r.status = BenchStatus::Error(e.to_string()),
-    }
-    rows.push(r);
-    drop(rig);
-
-    Ok(BenchReport {
-        file: opts.file.clone(),
-        fs,
-        size: opts.size,
-        gpu: opts.gpu,
-        samples,
-        cufile: cufile_text,
-        ceiling,
-        rows,
-    })
-}
-
-/// One row of [`bench_file`], to measure on its own ([`bench_file_row`]).
+/// One row of the file benchmark, measured on its own by [`bench_file_row`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BenchKind {
     /// `O_DIRECT` reads into host memory: the disk alone (no GPU needed).
@@ -410,7 +267,7 @@ fn copy_opts(opts: &BenchOptions, path: PathChoice, sync: bool) -> CopyOptions {
     }
 }
 
-/// Measure one row on its own, with the same protocol as [`bench_file`]: the scratch file is
+/// Measure one row on its own (the module's protocol): the scratch file is
 /// written first (from a host pattern for [`BenchKind::FileToHostStaged`], which needs no GPU;
 /// from a pattern on GPU `opts.gpu` for the others), and the first sample is verified. A GPU
 /// row fails here when CUDA or the GPU cannot be set up; a `gds` row is returned
@@ -670,20 +527,12 @@ fn run_samples(
             }
         }
     }
-    row.median_gbps = median(&row.samples_gbps);
+    row.median_gbps = gdx_sys::stats::median(&row.samples_gbps);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn medians() {
-        assert_eq!(median(&[]), None);
-        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
-        assert_eq!(median(&[f64::NAN, 1.0]), Some(1.0));
-    }
 
     #[test]
     fn rows_serialise_status_flat() {
@@ -705,12 +554,14 @@ mod tests {
     }
 
     #[test]
-    fn without_a_gpu_the_bench_is_an_error_not_a_panic() {
+    fn without_a_gpu_a_gpu_row_is_an_error_not_a_panic() {
         if Cuda::load().is_ok() {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        let e = bench_file(&BenchOptions::new(dir.path().join("b"), 0), &mut |_| {}).unwrap_err();
+        let opts = BenchOptions::new(dir.path().join("b"), 0);
+        let kind = BenchKind::ALL.into_iter().find(|k| k.needs_gpu()).unwrap();
+        let e = bench_file_row(&opts, kind, &mut |_| {}).unwrap_err();
         assert!(e.to_string().contains("libcuda.so.1 unavailable"), "{e}");
     }
 }

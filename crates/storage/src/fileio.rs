@@ -128,11 +128,6 @@ impl FileIo {
         self.size_at_open
     }
 
-    /// The file system's name, e.g. `ext4`.
-    pub(crate) fn fs(&self) -> &'static str {
-        self.fs
-    }
-
     fn refused(&self) -> std::sync::MutexGuard<'_, Option<String>> {
         self.refused.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -396,7 +391,7 @@ mod tests {
         let (path, reason) = io.outcome();
         // Every file system this runs on in CI takes O_DIRECT; the reason names it either way.
         eprintln!("{path}: {reason}");
-        assert!(reason.contains(io.fs()), "{reason}");
+        assert!(reason.contains(io.fs), "{reason}");
     }
 
     #[test]

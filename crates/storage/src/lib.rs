@@ -13,7 +13,7 @@
 //! [`copy_host_to_file`] and [`read_file`]; each returns a [`CopyReport`] with the bytes, the
 //! path taken, the reason and the time. [`plan`] is the planner's decision on its own (GDS or
 //! staged, with the reason), [`checksum_file`], [`checksum_gpu`] and [`checksum_bytes`] verify a
-//! copy, [`bench_file`] measures every path against the naive `read()` + `cudaMemcpy`
+//! copy, [`bench_file_row`] measures one path against the naive `read()` + `cudaMemcpy`
 //! baseline, and [`ceiling`] finds the disk's and the GPU's PCIe links.
 //!
 //! No silent fallback: when `O_DIRECT` is refused the report says [`StoragePath::Buffered`] and
@@ -40,9 +40,7 @@ mod plan;
 mod verify;
 
 pub use align::ALIGN;
-pub use bench::{
-    bench_file, bench_file_row, BenchKind, BenchOptions, BenchReport, BenchRow, BenchStatus,
-};
+pub use bench::{bench_file_row, BenchKind, BenchOptions, BenchRow, BenchStatus};
 pub use copy::{copy, source_len, CopyOutcome, CopyRequest, Location, PartialFile};
 pub use error::StorageError;
 pub use gpu::{copy_file_to_gpu, copy_gpu_to_file};

@@ -9,7 +9,7 @@
 //! Why auto passes over cuFile's compatibility mode: there cuFile itself reads into host bounce
 //! buffers with POSIX I/O and copies them to the GPU, which is what `file-staged` does, while
 //! gdx's pipeline keeps [`crate::CopyOptions::depth`] reads in flight overlapped with the
-//! copies. `gdx cp --bench` measures both, so the choice can be checked on each machine.
+//! copies. `gdx bench --path file` measures both, so the choice can be checked on each machine.
 
 use crate::{PathChoice, StorageError, StoragePath};
 use gdx_sys::cufile::{Cufile, CufileMode, Driver};

@@ -13,7 +13,8 @@
 //!
 //! [`libraries`] summarises all five for the headers of `gdx topo` and `gdx doctor`.
 //!
-//! [`bytesize`] is the one byte-count parser every command uses (`1GB` = 10^9, `1GiB` = 2^30).
+//! [`bytesize`] is the one byte-count parser every command uses (`1GB` = 10^9, `1GiB` = 2^30);
+//! [`stats`] the one median / quantile / σ every probe and benchmark reports.
 //!
 //! # Library dependency
 //!
@@ -63,6 +64,7 @@ pub mod cuda;
 pub mod cufile;
 pub mod nccl;
 pub mod nvml;
+pub mod stats;
 pub mod verbs;
 
 /// A vendor library that could not be used.

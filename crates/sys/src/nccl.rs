@@ -1,7 +1,12 @@
 //! NCCL (`libnccl.so.2`): presence and version.
 //!
 //! [`probe`] opens the library and calls `ncclGetVersion`, which needs no CUDA context and no
-//! communicator.
+//! communicator. [`Nccl`] (module `comm`) adds communicators and collectives for
+//! `gdx nccl run`.
+
+mod comm;
+
+pub use comm::{launch, Collective, Comm, Nccl, NcclError, ELEMENT_BYTES};
 
 use crate::loader;
 use crate::Unavailable;

@@ -192,6 +192,8 @@ pub fn capture(root: &Path, out: &Path) -> Result<CaptureSummary, TopoError> {
             .prefix("gdx-capture-")
             .tempdir()
             .map_err(|e| TopoError::io(std::env::temp_dir(), e))?;
+        // Registered like an unpacked root, so SIGINT/SIGTERM removes it too.
+        let tmp = crate::sysfs::archive::TempFolder::new(tmp);
         let mut c = Copier::new(&fs, tmp.path());
         c.run(root, live)?;
         write_tarball(tmp.path(), out)?;
@@ -560,4 +562,29 @@ fn append_sorted<W: std::io::Write>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_env_keeps_the_prefixes_and_leaves_secret_values_out() {
+        let env = CapturedEnv::from_vars(
+            [
+                ("NCCL_IB_HCA", "mlx5_0"),
+                ("CUDA_VISIBLE_DEVICES", "1"),
+                ("GDX_SECRET_FILE", "/etc/gdx/secret"),
+                ("NCCL_IB_TOKEN", "t"),
+                ("PATH", "/bin"),
+                ("XNCCL_P2P_DISABLE", "1"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
+        assert_eq!(
+            env.vars.keys().collect::<Vec<_>>(),
+            ["CUDA_VISIBLE_DEVICES", "NCCL_IB_HCA"]
+        );
+        assert_eq!(env.redacted, ["GDX_SECRET_FILE", "NCCL_IB_TOKEN"]);
+    }
 }

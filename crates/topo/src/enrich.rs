@@ -104,15 +104,18 @@ pub fn live_snapshot() -> Result<NvmlSnapshot, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Read `gdx/nvml.json` under a capture root; `Ok(None)` when the capture has none.
+/// Read `gdx/nvml.json` under a capture root; `Ok(None)` when the capture has none. The file
+/// is read like every other one of a capture (inside the root, a regular file, at most 1 MiB)
+/// and errors name it relative to the capture, never an unpacked archive's temporary folder.
 pub fn read_snapshot(root: &Path) -> Result<Option<NvmlSnapshot>, TopoError> {
-    let path: PathBuf = root.join(SNAPSHOT_PATH);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(TopoError::io(path, e)),
+    use crate::sysfs::rootfs::{ReadError, RootFs};
+    let path = PathBuf::from(SNAPSHOT_PATH);
+    let bytes = match RootFs::new(root).read(&path) {
+        Ok(b) => b,
+        Err(ReadError::Missing) => return Ok(None),
+        Err(e) => return Err(TopoError::io(path, std::io::Error::other(e.why()))),
     };
-    serde_json::from_str(&text)
+    serde_json::from_slice(&bytes)
         .map(Some)
         .map_err(|e| TopoError::Snapshot {
             path,

@@ -127,6 +127,9 @@ pub struct JsonView<'a> {
     devices: &'a [Device],
     matrix: BTreeMap<String, BTreeMap<String, String>>,
     matrix_nics: &'static str,
+    /// Label → NUMA nodes, as the text's NUMA columns show them (a device's own node, else
+    /// the nodes its CPU affinity overlaps; `devices[].numa` stays the platform's raw answer).
+    numa_affinity: BTreeMap<String, Vec<u32>>,
     gpu_gpu_classes: Option<&'static str>,
     numa_nodes: &'a [crate::NumaNode],
     switches: &'a [crate::Switch],
@@ -155,6 +158,11 @@ pub fn json_view<'a>(topo: &'a Topology, opts: &RenderOptions) -> JsonView<'a> {
         devices: &topo.devices,
         matrix,
         matrix_nics: if opts.all_nics { "all" } else { "rdma" },
+        numa_affinity: topo
+            .devices
+            .iter()
+            .map(|d| (d.label.clone(), topo.numa_affinity(d)))
+            .collect(),
         gpu_gpu_classes: pcie_only_reason(topo),
         numa_nodes: &topo.numa_nodes,
         switches: &topo.switches,

@@ -50,7 +50,7 @@ pub use cpuid::CpuIdentity;
 use crate::{TopoError, Topology};
 use std::path::Path;
 
-pub use parse::{MAX_CPUS, MAX_DEVICES, NO_NVLINK_FACTS};
+pub use parse::{MAX_CPUS, MAX_DEVICES, MAX_PER_DEVICE, MAX_SWITCHES, NO_NVLINK_FACTS};
 
 /// Largest topology file read. NCCL's own dumps of the biggest nodes are tens of KB; the cap
 /// keeps a wrong path (`/dev/zero`, a log) from filling memory.

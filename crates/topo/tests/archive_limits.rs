@@ -243,3 +243,45 @@ fn from_root_uses_the_bounded_unpacker() {
     let e = gdx_topo::from_root(&a).unwrap_err();
     assert!(e.to_string().contains("symlink at the top level"), "{e}");
 }
+
+#[test]
+fn the_decompressed_stream_is_capped_even_for_names_tar_reads_into_memory() {
+    let d = tempfile::tempdir().unwrap();
+    // A GNU long-name record tar itself reads whole into memory: 4 MiB of 'a'.
+    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let mut b = tar::Builder::new(gz);
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::GNULongName);
+    let len = 4u64 << 20;
+    h.set_size(len);
+    h.set_path("././@LongLink").unwrap();
+    h.set_cksum();
+    b.append(&h, std::io::repeat(b'a').take(len)).unwrap();
+    let bytes = b.into_inner().unwrap().finish().unwrap();
+    let a = d.path().join("longname.tar.gz");
+    std::fs::write(&a, bytes).unwrap();
+    let limits = ArchiveLimits {
+        max_bytes: 1 << 20,
+        max_entries: 10,
+        ..ArchiveLimits::default()
+    };
+    let why = refused(&a, &limits);
+    assert!(why.contains("decompresses to more than 1 MiB"), "{why}");
+}
+
+#[test]
+fn a_fifo_named_like_an_archive_is_refused_without_being_opened() {
+    let d = tempfile::tempdir().unwrap();
+    let fifo = d.path().join("cap.tar.gz");
+    let st = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // Before, File::open blocked here waiting for a writer.
+    let why = refused(&fifo, &ArchiveLimits::default());
+    assert!(
+        why.contains("not a folder or a .tar.gz/.tgz capture file"),
+        "{why}"
+    );
+}

@@ -185,3 +185,58 @@ fn a_file_without_gpus_gets_an_xml_worded_message() {
         "sysfs wording for XML input: {text}"
     );
 }
+
+#[test]
+fn too_many_switches_nvlink_targets_or_nets_are_refused() {
+    use gdx_topo::xml::{MAX_PER_DEVICE, MAX_SWITCHES};
+    let mut x = String::from("<system version=\"1\"><cpu numaid=\"0\">\n");
+    for i in 0..=MAX_SWITCHES as u32 {
+        let _ = writeln!(
+            x,
+            "<pci busid=\"{:04x}:{:02x}:00.0\" class=\"0x060400\"/>",
+            i / 256,
+            i % 256
+        );
+    }
+    x.push_str("</cpu></system>\n");
+    let msg = parse_nccl_xml(&x, Path::new("sw.xml"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains(&format!("more than {MAX_SWITCHES} PCIe switches")),
+        "{msg}"
+    );
+
+    // Every GPU pair scans a GPU's NVLink targets: a GPU with thousands is refused.
+    let mut links = String::new();
+    for i in 0..=MAX_PER_DEVICE as u32 {
+        let _ = write!(
+            links,
+            "<nvlink target=\"0001:{:02x}:{:02x}.0\" count=\"1\" tclass=\"0x030200\"/>",
+            i / 32,
+            i % 32
+        );
+    }
+    let msg = parse_nccl_xml(&two_gpus(&links), Path::new("nv.xml"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains(&format!("more than {MAX_PER_DEVICE} targets")),
+        "{msg}"
+    );
+
+    let mut nets = String::new();
+    for i in 0..=MAX_PER_DEVICE {
+        let _ = write!(nets, "<net name=\"mlx5_{i}\" dev=\"{i}\"/>");
+    }
+    let x = format!(
+        "<system version=\"1\"><cpu numaid=\"0\"><pci busid=\"0000:01:00.0\"><nic>{nets}</nic></pci></cpu></system>"
+    );
+    let msg = parse_nccl_xml(&x, Path::new("net.xml"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains(&format!("more than {MAX_PER_DEVICE} <net>")),
+        "{msg}"
+    );
+}

@@ -16,6 +16,7 @@ use gdx_sys::cuda::{Context, Cuda, CudaError, DeviceBuffer, PinnedHostBuffer, St
 
 use super::timing::{event_batches, latency, EventTimed, OpCounter};
 use crate::case::{CaseSpec, Params, ROTATE_BYTES};
+use crate::error::{BenchError, Mismatch};
 use crate::host::{compare, fill_wall_row, slots, touched, wall_loop};
 use crate::report::Row;
 use crate::stats::fill_row;
@@ -65,13 +66,13 @@ pub enum Kind {
 }
 
 /// Receives each size's row (or its error) with the GPUs involved.
-type RowSink<'a> = dyn FnMut(u64, Result<Row, String>, &[u32]) + 'a;
+type RowSink<'a> = dyn FnMut(u64, Result<Row, BenchError>, &[u32]) + 'a;
 
 /// Bounce buffers in flight in the staged pipeline.
 pub const STAGED_DEPTH: usize = 4;
 
-fn e(err: CudaError) -> String {
-    err.to_string()
+fn e(err: CudaError) -> BenchError {
+    BenchError::Cuda(err)
 }
 
 /// The window a case's buffers span.
@@ -80,7 +81,7 @@ pub(crate) fn window(params: &Params) -> u64 {
     max.max(ROTATE_BYTES.min(max.saturating_mul(64)))
 }
 
-fn pattern_buf(c: &Context, w: usize) -> Result<PinnedHostBuffer, String> {
+fn pattern_buf(c: &Context, w: usize) -> Result<PinnedHostBuffer, BenchError> {
     let mut p = PinnedHostBuffer::new(c, w).map_err(e)?;
     fill_pattern(p.as_mut_slice().map_err(e)?, SEED);
     Ok(p)
@@ -90,34 +91,34 @@ fn device_with_pattern(
     c: &Context,
     s: &Stream,
     pat: &PinnedHostBuffer,
-) -> Result<DeviceBuffer, String> {
+) -> Result<DeviceBuffer, BenchError> {
     let mut d = DeviceBuffer::new(c, pat.len()).map_err(e)?;
     s.copy_to_device(&mut d, pat).map_err(e)?;
     s.synchronize().map_err(e)?;
     Ok(d)
 }
 
-fn poison(s: &Stream, d: &mut DeviceBuffer) -> Result<(), String> {
+fn poison(s: &Stream, d: &mut DeviceBuffer) -> Result<(), BenchError> {
     let n = d.len();
     s.memset(d, 0, n, POISON).map_err(e)?;
     s.synchronize().map_err(e)
 }
 
 /// Compare the first `tb` bytes of device buffer `d` with `want`.
-fn check_device(s: &Stream, d: &DeviceBuffer, want: &[u8]) -> Result<Option<String>, String> {
+fn check_device(s: &Stream, d: &DeviceBuffer, want: &[u8]) -> Result<Option<Mismatch>, BenchError> {
     let mut got = vec![0u8; want.len()];
     s.copy_to_pageable(&mut got, d, 0).map_err(e)?;
     Ok(compare(&got, want))
 }
 
-pub(crate) fn finish(row: &mut Row, params: &Params, bad: Option<Option<String>>) {
+pub(crate) fn finish(row: &mut Row, params: &Params, bad: Option<Option<Mismatch>>) {
     if !params.verify {
         return;
     }
     if let Some(b) = bad {
         row.verified = Some(b.is_none());
-        if let Some(msg) = b {
-            row.add_note(msg);
+        if let Some(m) = b {
+            row.add_note(m.to_string());
         }
     }
 }
@@ -151,11 +152,11 @@ pub fn run(
     kind: Kind,
     params: &Params,
     sink: &mut dyn FnMut(Row),
-) -> Result<(), String> {
-    let cuda = ctx.cuda().map_err(ToString::to_string)?;
+) -> Result<(), BenchError> {
+    let cuda = ctx.cuda().map_err(|u| BenchError::Unavailable(u.clone()))?;
     let w = window(params) as usize;
-    let mut each = |size: u64, r: Result<Row, String>, gpus: &[u32]| {
-        let mut row = r.unwrap_or_else(|m| Row::failed(spec, size, m));
+    let mut each = |size: u64, r: Result<Row, BenchError>, gpus: &[u32]| {
+        let mut row = r.unwrap_or_else(|m| Row::failed(spec, size, m.chain()));
         row.gpu_util_pct = ctx.gpu_util_pct(gpus);
         sink(row);
     };
@@ -290,7 +291,7 @@ fn run_pair(
     params: &Params,
     w: usize,
     each: &mut RowSink<'_>,
-) -> Result<(), String> {
+) -> Result<(), BenchError> {
     let ca = cuda.context(a).map_err(e)?;
     let cb = cuda.context(b).map_err(e)?;
     let staged = matches!(kind, Kind::Staged { .. });

@@ -18,6 +18,7 @@ use super::copy::{event_row, finish, window, SEED, STAGED_DEPTH};
 use super::ipc::{child_args, IpcChild, READY_TIMEOUT};
 use super::timing::{event_batches, latency, OpCounter};
 use crate::case::{CaseSpec, Params};
+use crate::error::{BenchError, Mismatch};
 use crate::host::{slots, touched};
 use crate::report::Row;
 use crate::Ctx;
@@ -25,17 +26,17 @@ use crate::Ctx;
 /// Host bytes moved per upload/download call when poisoning and verifying.
 const STEP: usize = 64 << 20;
 
-fn s<E: std::fmt::Display>(e: E) -> String {
-    e.to_string()
-}
-
 /// The engine opened for the staged case: staged forced, the chunk from `--staged-chunk` (the
 /// calibration's tuned chunk when run by `gdx calibrate`), the depth from `GDX_CALIBRATION`
 /// or [`STAGED_DEPTH`]. Returns the peer and the note naming the method.
-fn staged_peer(params: &Params) -> Result<(LocalPeer, String), String> {
+fn staged_peer(params: &Params) -> Result<(LocalPeer, String), BenchError> {
     let base = match Calibration::from_env() {
         Ok(c) => c.unwrap_or_default(),
-        Err(e) => return Err(format!("cannot read the calibration: {e}")),
+        Err(e) => {
+            return Err(BenchError::Unmeasurable(format!(
+                "cannot read the calibration: {e}"
+            )))
+        }
     };
     let chunk = params.staged_chunk.max(4096);
     let depth = base.staged_depth.unwrap_or(STAGED_DEPTH as u32).max(1);
@@ -51,7 +52,7 @@ fn staged_peer(params: &Params) -> Result<(LocalPeer, String), String> {
         },
         cal,
     )
-    .map_err(s)?;
+    .map_err(BenchError::engine("opening the engine (staged forced)"))?;
     let note = format!(
         "engine staged (LocalPeer::transfer, staged forced): {depth} x {} KiB pinned bounce buffers \
          (chunk = min(chunk, size)), D2H on GPU-A's stream, H2D on GPU-B's; device events",
@@ -68,11 +69,13 @@ pub fn run_staged(
     b: u32,
     params: &Params,
     sink: &mut dyn FnMut(Row),
-) -> Result<(), String> {
+) -> Result<(), BenchError> {
     let (peer, note) = staged_peer(params)?;
     let w = window(params);
     let (src, pat) = source(&peer, a, w)?;
-    let dst = peer.alloc_device(b, w).map_err(s)?;
+    let dst = peer.alloc_device(b, w).map_err(BenchError::engine(format!(
+        "allocating {w} bytes on GPU{b}"
+    )))?;
     sweep(
         ctx,
         spec,
@@ -98,28 +101,29 @@ pub fn run_ipc(
     b: u32,
     params: &Params,
     sink: &mut dyn FnMut(Row),
-) -> Result<(), String> {
-    let peer = LocalPeer::open(Policy::default(), Calibration::default()).map_err(s)?;
+) -> Result<(), BenchError> {
+    let peer = LocalPeer::open(Policy::default(), Calibration::default())
+        .map_err(BenchError::engine("opening the engine"))?;
     let w = window(params);
     let (src, pat) = source(&peer, a, w)?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    let exe = std::env::current_exe().map_err(BenchError::io("finding this executable"))?;
     let (child, desc) = IpcChild::start(&exe, &child_args(b, w), READY_TIMEOUT)?;
     let result = (|| {
         let dst = peer
             .import_ipc(&desc)
-            .map_err(|e| format!("cannot import the child's IPC handle: {e}"))?;
+            .map_err(BenchError::engine("importing the child's IPC handle"))?;
         if dst.gpu() != b {
-            return Err(format!(
+            return Err(BenchError::IpcChild(format!(
                 "the child's GPU{b} ({}) is GPU{} in this process",
                 desc.pci_bus_id,
                 dst.gpu()
-            ));
+            )));
         }
         if dst.len() < w {
-            return Err(format!(
+            return Err(BenchError::IpcChild(format!(
                 "the child exported {} bytes, {w} wanted",
                 dst.len()
-            ));
+            )));
         }
         let note = format!(
             "engine ipc (LocalPeer::transfer into a region imported from child pid {}); device events",
@@ -148,40 +152,42 @@ pub fn run_ipc(
 }
 
 /// A `w`-byte region on GPU `gpu` holding the case's pattern, and the pattern.
-fn source(peer: &LocalPeer, gpu: u32, w: u64) -> Result<(DeviceRegion, Vec<u8>), String> {
+fn source(peer: &LocalPeer, gpu: u32, w: u64) -> Result<(DeviceRegion, Vec<u8>), BenchError> {
     let mut pat = vec![0u8; w as usize];
     fill_pattern(&mut pat, SEED);
-    let src = peer.alloc_device(gpu, w).map_err(s)?;
+    let src = peer
+        .alloc_device(gpu, w)
+        .map_err(BenchError::engine(format!(
+            "allocating {w} bytes on GPU{gpu}"
+        )))?;
     for (k, c) in pat.chunks(STEP).enumerate() {
-        peer.upload(&src, (k * STEP) as u64, c).map_err(s)?;
+        peer.upload(&src, (k * STEP) as u64, c)
+            .map_err(BenchError::engine("uploading the pattern"))?;
     }
     Ok((src, pat))
 }
 
-fn poison(peer: &LocalPeer, r: &DeviceRegion, span: u64) -> Result<(), String> {
+fn poison(peer: &LocalPeer, r: &DeviceRegion, span: u64) -> Result<(), BenchError> {
     let p = vec![POISON; STEP.min(span as usize)];
     let mut off = 0u64;
     while off < span {
         let n = (span - off).min(STEP as u64) as usize;
-        peer.upload(r, off, &p[..n]).map_err(s)?;
+        peer.upload(r, off, &p[..n])
+            .map_err(BenchError::engine("poisoning the destination"))?;
         off += n as u64;
     }
     Ok(())
 }
 
 /// Compare `r[..want.len()]` with `want`, read back in steps.
-fn check(peer: &LocalPeer, r: &DeviceRegion, want: &[u8]) -> Result<Option<String>, String> {
+fn check(peer: &LocalPeer, r: &DeviceRegion, want: &[u8]) -> Result<Option<Mismatch>, BenchError> {
     let mut got = vec![0u8; STEP.min(want.len())];
     for (k, w) in want.chunks(STEP).enumerate() {
         let g = &mut got[..w.len()];
-        peer.download(r, (k * STEP) as u64, g).map_err(s)?;
-        if let Some(pos) = g.iter().zip(w).position(|(x, y)| x != y) {
-            return Ok(Some(format!(
-                "verification failed: byte {}: expected {:#04x}, found {:#04x}",
-                k * STEP + pos,
-                w[pos],
-                g[pos]
-            )));
+        peer.download(r, (k * STEP) as u64, g)
+            .map_err(BenchError::engine("reading the destination back"))?;
+        if let Some(m) = Mismatch::find(g, w, (k * STEP) as u64) {
+            return Ok(Some(m));
         }
     }
     Ok(None)
@@ -206,11 +212,14 @@ fn sweep(
     let w = src.len().min(dst.len());
     let stream = peer
         .context(a)
-        .map_err(s)
-        .and_then(|c| Stream::new(&c).map_err(s));
+        .map_err(BenchError::engine(format!("GPU{a}'s context")))
+        .and_then(|c| Stream::new(&c).map_err(BenchError::Cuda));
     for &size in &params.sizes {
         let r = (|| {
-            let st = stream.as_ref().map_err(Clone::clone)?;
+            // One failure to make the stream fails every size, each with the same message.
+            let st = stream
+                .as_ref()
+                .map_err(|e| BenchError::Unmeasurable(e.chain()))?;
             let n = slots(size, w);
             poison(peer, dst, n * size)?;
             let off = |i: u64| (i % n) * size;
@@ -243,7 +252,7 @@ fn sweep(
             finish(&mut row, params, bad);
             Ok(row)
         })();
-        let mut row = r.unwrap_or_else(|m: String| Row::failed(spec, size, m));
+        let mut row = r.unwrap_or_else(|m: BenchError| Row::failed(spec, size, m.chain()));
         row.gpu_util_pct = ctx.gpu_util_pct(&[a, b]);
         sink(row);
     }

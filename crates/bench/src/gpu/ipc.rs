@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 use gdx_engine::{Calibration, IpcDesc, LocalPeer, Policy};
 use serde::{Deserialize, Serialize};
 
+use crate::error::BenchError;
+
 /// The hidden `gdx bench` flag that runs the child.
 pub const CHILD_FLAG: &str = "--ipc-child";
 
@@ -50,8 +52,12 @@ pub fn child_args(gpu: u32, len: u64) -> Vec<String> {
 ///
 /// # Errors
 /// A message naming the bad argument.
-pub fn parse_child_arg(arg: &str) -> Result<(u32, u64), String> {
-    let bad = || format!("{CHILD_FLAG} {arg:?}: want GPU:LEN (a CUDA ordinal and a byte count)");
+pub fn parse_child_arg(arg: &str) -> Result<(u32, u64), BenchError> {
+    let bad = || {
+        BenchError::IpcChild(format!(
+            "{CHILD_FLAG} {arg:?}: want GPU:LEN (a CUDA ordinal and a byte count)"
+        ))
+    };
     let (g, l) = arg.split_once(':').ok_or_else(bad)?;
     let gpu = g.trim().parse::<u32>().map_err(|_| bad())?;
     let len = l.trim().parse::<u64>().map_err(|_| bad())?;
@@ -65,17 +71,17 @@ pub fn parse_child_arg(arg: &str) -> Result<(u32, u64), String> {
 ///
 /// # Errors
 /// The child's own error, or a message saying the line is not the protocol's.
-pub fn parse_child_line(line: &str) -> Result<IpcDesc, String> {
+pub fn parse_child_line(line: &str) -> Result<IpcDesc, BenchError> {
     let t = line.trim();
     match serde_json::from_str::<ChildMsg>(t) {
         Ok(ChildMsg::Ready(d)) => Ok(d),
-        Ok(ChildMsg::Error(e)) => Err(format!("ipc child: {e}")),
+        Ok(ChildMsg::Error(e)) => Err(BenchError::IpcChild(format!("ipc child: {e}"))),
         Err(e) => {
             let shown: String = t.chars().take(200).collect();
-            Err(format!(
+            Err(BenchError::IpcChild(format!(
                 "malformed line from the ipc child (want {{\"ready\": <IpcDesc>}} or \
                  {{\"error\": \"...\"}}): {shown:?}: {e}"
-            ))
+            )))
         }
     }
 }
@@ -85,22 +91,30 @@ pub fn parse_child_line(line: &str) -> Result<IpcDesc, String> {
 ///
 /// # Errors
 /// Why the allocation could not be exported (also printed as `{"error": ...}` on `out`).
-pub fn serve_child(arg: &str, out: &mut dyn Write, input: &mut dyn Read) -> Result<(), String> {
+pub fn serve_child(arg: &str, out: &mut dyn Write, input: &mut dyn Read) -> Result<(), BenchError> {
     let exported = parse_child_arg(arg).and_then(|(gpu, len)| {
         let peer = LocalPeer::open(Policy::default(), Calibration::default())
-            .map_err(|e| e.to_string())?;
-        let region = peer.alloc_device(gpu, len).map_err(|e| e.to_string())?;
-        let desc = peer.export_ipc(&region).map_err(|e| e.to_string())?;
+            .map_err(BenchError::engine("opening the engine"))?;
+        let region = peer
+            .alloc_device(gpu, len)
+            .map_err(BenchError::engine(format!(
+                "allocating {len} bytes on GPU{gpu}"
+            )))?;
+        let desc = peer
+            .export_ipc(&region)
+            .map_err(BenchError::engine("exporting the allocation"))?;
         Ok((peer, region, desc))
     });
     let (msg, held) = match exported {
         Ok((peer, region, desc)) => (ChildMsg::Ready(desc), Ok((peer, region))),
-        Err(e) => (ChildMsg::Error(e.clone()), Err(e)),
+        // The wire carries the message (the protocol is one JSON line); the error stays here.
+        Err(e) => (ChildMsg::Error(e.chain()), Err(e)),
     };
-    let line = serde_json::to_string(&msg).map_err(|e| e.to_string())?;
+    let line = serde_json::to_string(&msg)
+        .map_err(|e| BenchError::IpcChild(format!("encoding the child's line: {e}")))?;
     writeln!(out, "{line}")
         .and_then(|()| out.flush())
-        .map_err(|e| e.to_string())?;
+        .map_err(BenchError::io("writing the child's line"))?;
     let held = held?;
     // Until the parent closes our stdin (or exits): end of file or an error both mean done.
     let _ = std::io::copy(input, &mut std::io::sink());
@@ -112,7 +126,7 @@ pub fn serve_child(arg: &str, out: &mut dyn Write, input: &mut dyn Read) -> Resu
 ///
 /// # Errors
 /// See [`serve_child`].
-pub fn child_main(arg: &str) -> Result<(), String> {
+pub fn child_main(arg: &str) -> Result<(), BenchError> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     serve_child(arg, &mut out, &mut std::io::stdin().lock())
@@ -140,14 +154,17 @@ impl IpcChild {
         exe: &Path,
         args: &[String],
         timeout: Duration,
-    ) -> Result<(IpcChild, IpcDesc), String> {
+    ) -> Result<(IpcChild, IpcDesc), BenchError> {
         let mut child = Command::new(exe)
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| format!("cannot start the ipc child {}: {e}", exe.display()))?;
+            .map_err(BenchError::io(format!(
+                "starting the ipc child {}",
+                exe.display()
+            )))?;
         let stdout = child.stdout.take();
         // Read on threads, so a stuck child (or a grandchild holding a pipe) never blocks us.
         let stderr = child.stderr.take().map(|mut s| {
@@ -190,7 +207,7 @@ impl IpcChild {
         match rx.recv_timeout(timeout) {
             Ok(Some(line)) => match parse_child_line(&line) {
                 Ok(d) => Ok((me, d)),
-                Err(e) => Err(me.fail(e)),
+                Err(e) => Err(me.fail(e.to_string())),
             },
             Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => {
                 Err(me.fail("the ipc child closed its stdout without sending a descriptor".into()))
@@ -203,7 +220,7 @@ impl IpcChild {
     }
 
     /// Kill the child and add its exit status and stderr to `msg`.
-    fn fail(&mut self, msg: String) -> String {
+    fn fail(&mut self, msg: String) -> BenchError {
         self.stdin.take();
         let _ = self.child.kill();
         let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
@@ -219,7 +236,7 @@ impl IpcChild {
         if !err.is_empty() {
             m.push_str(&format!("; its stderr: {err}"));
         }
-        m
+        BenchError::IpcChild(m)
     }
 }
 
@@ -260,14 +277,17 @@ mod tests {
         let line = serde_json::to_string(&ChildMsg::Ready(desc())).unwrap();
         assert!(line.starts_with(r#"{"ready":{"#), "{line}");
         assert!(!line.contains('\n'));
-        assert_eq!(parse_child_line(&format!("{line}\n")), Ok(desc()));
+        assert_eq!(parse_child_line(&format!("{line}\n")).unwrap(), desc());
     }
 
     #[test]
     fn the_childs_error_is_passed_on() {
         let line = serde_json::to_string(&ChildMsg::Error("no GPU 3".into())).unwrap();
         assert_eq!(line, r#"{"error":"no GPU 3"}"#);
-        assert_eq!(parse_child_line(&line), Err("ipc child: no GPU 3".into()));
+        assert_eq!(
+            parse_child_line(&line).unwrap_err().to_string(),
+            "ipc child: no GPU 3"
+        );
     }
 
     #[test]
@@ -279,24 +299,27 @@ mod tests {
             r#"{"ready": {}, "error": "x"}"#,
             r#"{"other": 1}"#,
         ] {
-            let e = parse_child_line(bad).unwrap_err();
+            let e = parse_child_line(bad).unwrap_err().to_string();
             assert!(
                 e.starts_with("malformed line from the ipc child"),
                 "{bad:?}: {e}"
             );
         }
         let long = "x".repeat(5000);
-        assert!(parse_child_line(&long).unwrap_err().len() < 600);
+        assert!(parse_child_line(&long).unwrap_err().to_string().len() < 600);
     }
 
     #[test]
     fn child_args_parse_back() {
         let a = child_args(1, 1 << 30);
         assert_eq!(a[..2], ["bench".to_string(), CHILD_FLAG.to_string()]);
-        assert_eq!(parse_child_arg(&a[2]), Ok((1, 1 << 30)));
+        assert_eq!(parse_child_arg(&a[2]).unwrap(), (1, 1 << 30));
         for bad in ["", "1", "x:2", "1:", "1:0", "-1:5"] {
             assert!(
-                parse_child_arg(bad).unwrap_err().contains("want GPU:LEN"),
+                parse_child_arg(bad)
+                    .unwrap_err()
+                    .to_string()
+                    .contains("want GPU:LEN"),
                 "{bad}"
             );
         }
@@ -307,7 +330,10 @@ mod tests {
         let mut out = Vec::new();
         let e = serve_child("nonsense", &mut out, &mut std::io::empty()).unwrap_err();
         let line = String::from_utf8(out).unwrap();
-        assert_eq!(parse_child_line(&line), Err(format!("ipc child: {e}")));
+        assert_eq!(
+            parse_child_line(&line).unwrap_err().to_string(),
+            format!("ipc child: {}", e.chain())
+        );
     }
 
     #[test]
@@ -317,7 +343,9 @@ mod tests {
             return;
         }
         let run = |script: &str, timeout: Duration| {
-            IpcChild::start(sh, &["-c".into(), script.into()], timeout).map(|(_, d)| d)
+            IpcChild::start(sh, &["-c".into(), script.into()], timeout)
+                .map(|(_, d)| d)
+                .map_err(|e| e.to_string())
         };
         let e = run("echo oops >&2; exit 3", READY_TIMEOUT).unwrap_err();
         assert!(

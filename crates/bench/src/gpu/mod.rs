@@ -16,6 +16,7 @@ pub mod ipc;
 pub mod timing;
 
 use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived};
+use crate::error::BenchError;
 use crate::report::Row;
 use crate::Ctx;
 use copy::Kind;
@@ -75,7 +76,7 @@ impl BenchCase for GpuCase {
         Ok(())
     }
 
-    fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), String> {
+    fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), BenchError> {
         match self.body {
             Body::Copy(kind) => copy::run(ctx, &self.spec, kind, params, sink),
             Body::Staged { src, dst } => {

@@ -9,15 +9,15 @@
 //! - **Latency** ([`latency`]): host wall time of one copy enqueued and synchronised.
 //!
 //! The op closure is told a running op index so buffers rotate across every copy; its error is
-//! any displayable one (a `CudaError` for the gdx-sys bodies, the engine's error for the
-//! engine-driven ones).
+//! any that becomes a [`BenchError`] (a `CudaError` for the gdx-sys bodies, the engine's error
+//! for the engine-driven ones), kept as the source.
 
-use std::fmt::Display;
 use std::time::{Duration, Instant};
 
 use gdx_sys::cuda::{CudaError, Event, Stream};
 
 use crate::case::Params;
+use crate::error::BenchError;
 use crate::stats::CpuClock;
 
 /// How long one timed batch should last on the device.
@@ -55,18 +55,18 @@ impl OpCounter {
     }
 }
 
-fn cuda(e: CudaError) -> String {
-    e.to_string()
+fn cuda(e: CudaError) -> BenchError {
+    BenchError::Cuda(e)
 }
 
 /// One batch of `b` copies on `streams`; returns the slowest stream's device time.
-fn batch<E: Display>(
+fn batch<E: Into<BenchError>>(
     streams: &[&Stream],
     events: &[(Event, Event)],
     b: u64,
     ops: &mut OpCounter,
     enqueue: &mut dyn FnMut(u64) -> Result<(), E>,
-) -> Result<(Duration, bool), String> {
+) -> Result<(Duration, bool), BenchError> {
     let mut holds = Vec::new();
     let mut held = true;
     for s in streams {
@@ -80,7 +80,7 @@ fn batch<E: Display>(
         start.record(s).map_err(cuda)?;
     }
     for _ in 0..b {
-        enqueue(ops.take()).map_err(|e| e.to_string())?;
+        enqueue(ops.take()).map_err(Into::into)?;
     }
     for (s, (_, end)) in streams.iter().zip(events) {
         end.record(s).map_err(cuda)?;
@@ -98,15 +98,15 @@ fn batch<E: Display>(
 
 /// Warm up, size the batches, then take the bandwidth samples (see the module docs).
 /// `bytes_per_op` is what one enqueue moves in all (both directions for a bidirectional op).
-pub fn event_batches<E: Display>(
+pub fn event_batches<E: Into<BenchError>>(
     params: &Params,
     streams: &[&Stream],
     bytes_per_op: f64,
     ops: &mut OpCounter,
     enqueue: &mut dyn FnMut(u64) -> Result<(), E>,
-) -> Result<EventTimed, String> {
+) -> Result<EventTimed, BenchError> {
     if streams.is_empty() {
-        return Err("no stream".into());
+        return Err(BenchError::Unmeasurable("no stream to time on".into()));
     }
     let events = streams
         .iter()
@@ -114,7 +114,7 @@ pub fn event_batches<E: Display>(
         .collect::<Result<Vec<_>, CudaError>>()
         .map_err(cuda)?;
     for _ in 0..params.warmup.max(1) {
-        enqueue(ops.take()).map_err(|e| e.to_string())?;
+        enqueue(ops.take()).map_err(Into::into)?;
     }
     for s in streams {
         s.synchronize().map_err(cuda)?;
@@ -140,15 +140,15 @@ pub fn event_batches<E: Display>(
 
 /// Latency samples: one op enqueued and every stream synchronised, timed on the host.
 /// About half the duration is spent here, within the sample bounds (at most 200).
-pub fn latency<E: Display>(
+pub fn latency<E: Into<BenchError>>(
     params: &Params,
     streams: &[&Stream],
     ops: &mut OpCounter,
     enqueue: &mut dyn FnMut(u64) -> Result<(), E>,
-) -> Result<Vec<Duration>, String> {
-    let mut one = || -> Result<Duration, String> {
+) -> Result<Vec<Duration>, BenchError> {
+    let mut one = || -> Result<Duration, BenchError> {
         let t = Instant::now();
-        enqueue(ops.take()).map_err(|e| e.to_string())?;
+        enqueue(ops.take()).map_err(Into::into)?;
         for s in streams {
             s.synchronize().map_err(cuda)?;
         }

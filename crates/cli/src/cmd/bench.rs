@@ -8,7 +8,7 @@
 //! (or did not verify), 2 for bad flags or an unusable environment.
 
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -19,7 +19,15 @@ use gdx_bench::{
     all_cases, compare, filter_pair, gpu_missing, header, plan, render, select, BenchCase,
     CaseOutcome, CaseSpec, Ctx, Observer, Params, Report, Row, WaivedGroup,
 };
-use gdx_sys::bytesize::{parse_size_list, ByteSize, SIZE_HELP};
+use gdx_sys::bytesize::{ByteSize, SIZE_HELP};
+
+mod export;
+mod parse;
+
+pub use export::{write_out, write_plot};
+pub use parse::{
+    color_on, parse_duration, parse_pair, parse_pct, parse_sizes, sizes_help, ColorWhen, SizeList,
+};
 
 /// Measure every data path at every size and judge it against the hardware's ceiling.
 ///
@@ -173,155 +181,6 @@ pub struct BenchArgs {
     ipc_child: Option<String>,
 }
 
-/// Parsed `--size`.
-#[derive(Debug, Clone)]
-pub struct SizeList(pub Vec<u64>);
-
-/// The `--size` help: the list syntax and the one unit rule of every gdx command.
-pub fn sizes_help() -> String {
-    format!(
-        "Sizes: a list (`8,4KiB,1MiB`) and/or ranges `LO:HI` in ×4 steps, `LO:HI:xN` in ×N \
-         steps; {SIZE_HELP}"
-    )
-}
-
-/// Most bytes one transfer may move.
-const MAX_TRANSFER: u64 = 16 << 30;
-
-/// Parse `8,4KiB,1MiB`, `8:1GiB`, `4KiB:1GiB:x2` with [`parse_size_list`] (sorted,
-/// deduplicated), refusing what cannot be measured (0 bytes, over 16 GiB).
-pub fn parse_sizes(s: &str) -> Result<SizeList, String> {
-    let v = parse_size_list(s).map_err(|e| e.to_string())?;
-    if v.contains(&0) {
-        return Err("a size of 0 bytes cannot be measured".into());
-    }
-    if let Some(big) = v.iter().find(|&&b| b > MAX_TRANSFER) {
-        return Err(format!(
-            "{} is over the {} limit per transfer",
-            ByteSize(*big),
-            ByteSize(MAX_TRANSFER)
-        ));
-    }
-    Ok(SizeList(v))
-}
-
-/// Parse a percentage for --fail-on-drop: `5`, `5%`, `2.5`.
-pub fn parse_pct(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .trim_end_matches('%')
-        .parse()
-        .map_err(|_| format!("invalid percentage {s:?}: use e.g. 5 or 2.5"))?;
-    if !(0.0..=100.0).contains(&v) {
-        return Err(format!("invalid percentage {s:?}: must be within 0..100"));
-    }
-    Ok(v)
-}
-
-/// `--color WHEN` (doctor's spelling; an enum keeps the argument structs small).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ColorWhen {
-    /// Only when stdout is a terminal and NO_COLOR is unset.
-    Auto,
-    /// Always.
-    Always,
-    /// Never.
-    Never,
-}
-
-/// `--color` → colour on or off (auto: stdout is a terminal and NO_COLOR unset).
-pub fn color_on(when: ColorWhen) -> bool {
-    match when {
-        ColorWhen::Always => true,
-        ColorWhen::Never => false,
-        ColorWhen::Auto => {
-            std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
-        }
-    }
-}
-
-/// Parse `200ms`, `1s`, `0.5` (seconds), `500us`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let (num, mult) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = t.strip_suffix("us") {
-        (n, 1e-6)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else {
-        (t, 1.0)
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: use e.g. 200ms, 1s, 0.5"))?;
-    let secs = v * mult;
-    if !secs.is_finite() || secs <= 0.0 || secs > 3600.0 {
-        return Err(format!(
-            "invalid duration {s:?}: must be > 0 and at most an hour"
-        ));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-/// Parse `0,1` into two different GPU ordinals.
-pub fn parse_pair(s: &str) -> Result<(u32, u32), String> {
-    let bad = || format!("invalid pair {s:?}: use two GPU ordinals, e.g. 0,1");
-    let (a, b) = s.split_once([',', '-', ':']).ok_or_else(bad)?;
-    let (a, b): (u32, u32) = (
-        a.trim().parse().map_err(|_| bad())?,
-        b.trim().parse().map_err(|_| bad())?,
-    );
-    if a == b {
-        return Err(format!("invalid pair {s:?}: the two GPUs must differ"));
-    }
-    Ok((a, b))
-}
-
-/// Writes `text` to `path`, or stdout for `-`.
-fn write_out(path: &Path, text: &str) -> Result<()> {
-    if path.as_os_str() == "-" {
-        let mut out = std::io::stdout().lock();
-        out.write_all(text.as_bytes())?;
-        return Ok(out.flush()?);
-    }
-    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
-}
-
-/// Renders `report` as an SVG or PNG plot at `path`.
-pub fn write_plot(path: &Path, report: &Report) -> Result<()> {
-    let title = format!(
-        "gdx bench on {} ({}), gdx {}",
-        report.header.host, report.header.cpu, report.header.gdx_version
-    );
-    let svg = gdx_bench::plot::svg(report, &title).map_err(anyhow::Error::msg)?;
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("svg") => write_out(path, &svg),
-        Some("png") => {
-            let tmp = path.with_extension("svg.tmp");
-            std::fs::write(&tmp, &svg).with_context(|| format!("writing {}", tmp.display()))?;
-            let st = std::process::Command::new("rsvg-convert")
-                .arg("-o")
-                .arg(path)
-                .arg(&tmp)
-                .status();
-            let _ = std::fs::remove_file(&tmp);
-            match st {
-                Ok(s) if s.success() => Ok(()),
-                Ok(s) => bail!("rsvg-convert failed ({s}) writing {}", path.display()),
-                Err(e) => bail!(
-                    "writing a PNG needs rsvg-convert ({e}; apt-get install librsvg2-bin), or give a .svg file"
-                ),
-            }
-        }
-        _ => bail!(
-            "--plot {}: the file must end in .svg or .png",
-            path.display()
-        ),
-    }
-}
-
 /// Progress, streaming tables and incremental exports.
 struct Cli<'a> {
     args: &'a BenchArgs,
@@ -413,7 +272,7 @@ impl Observer for Cli<'_> {
     }
 }
 
-fn list(cases: &[Box<dyn BenchCase>]) -> String {
+fn list(cases: &[Box<dyn BenchCase>], ctx: &Ctx) -> String {
     let mut s = String::from("index  key                              path         description\n");
     for (i, c) in cases.iter().enumerate() {
         let sp = c.spec();
@@ -422,6 +281,18 @@ fn list(cases: &[Box<dyn BenchCase>]) -> String {
             sp.key,
             sp.path.name(),
             sp.description
+        ));
+    }
+    // The GPU cases are listed for two GPUs anywhere; say so where they would be invented.
+    let n = ctx.gpu_count();
+    if n < 2 {
+        let why = match ctx.cuda() {
+            Err(u) if !ctx.mock => format!(", no CUDA driver ({} could not be loaded)", u.library),
+            _ => String::new(),
+        };
+        s.push_str(&format!(
+            "note: GPU cases are listed for GPU0 and GPU1; this machine has {n} GPU{}{why}, so a run waives those it lacks in one line\n",
+            if n == 1 { "" } else { "s" }
         ));
     }
     s
@@ -492,7 +363,11 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         return Ok(match gdx_bench::gpu::ipc::child_main(spec) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("gdx bench {}: {e}", gdx_bench::gpu::ipc::CHILD_FLAG);
+                eprintln!(
+                    "gdx bench {}: {}",
+                    gdx_bench::gpu::ipc::CHILD_FLAG,
+                    e.chain()
+                );
                 ExitCode::from(2)
             }
         });
@@ -510,10 +385,10 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     ctx.file_dir.clone_from(&args.file_dir);
     let cases = all_cases(&ctx);
     if args.list {
-        print!("{}", list(&cases));
+        print!("{}", list(&cases, &ctx));
         return Ok(ExitCode::SUCCESS);
     }
-    let mut cases = select(cases, &args.paths).map_err(anyhow::Error::msg)?;
+    let mut cases = select(cases, &args.paths)?;
     if let Some((a, b)) = args.pair {
         check_pair(&ctx, a, b)?;
         cases = filter_pair(cases, a, b);
@@ -659,6 +534,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         print!("{}", render::waived_groups(&report.waived, style));
     }
     let mut dropped = 0;
+    let mut compared = 0;
     if let Some(old) = &old {
         let name = args
             .compare
@@ -666,6 +542,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             .map_or(String::new(), |p| p.display().to_string());
         let cmp = compare::compare(&report, old, drop_pct);
         dropped = cmp.iter().filter(|c| c.dropped).count();
+        compared = cmp.len();
         out_or_err(compare::render(&cmp, &name, drop_pct, style));
     }
     if stdout_taken {
@@ -675,12 +552,22 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     } else {
         print!("{}", render::summary_table(&report, style));
     }
+    let old_name = args
+        .compare
+        .as_deref()
+        .map_or(String::new(), |p| p.display().to_string());
+    if old.is_some() && compared == 0 {
+        // A gate that compared nothing has no evidence to pass on.
+        eprintln!(
+            "gdx: warning: no figure of this run matches one in {old_name} (other cases or sizes, or all below the noise floor): nothing was compared"
+        );
+        if args.fail_on_drop.is_some() {
+            return Ok(ExitCode::from(1));
+        }
+    }
     if dropped > 0 && args.fail_on_drop.is_some() {
         eprintln!(
-            "gdx: {dropped} figure(s) dropped by more than {drop_pct}% against {} (--fail-on-drop)",
-            args.compare
-                .as_deref()
-                .map_or(String::new(), |p| p.display().to_string())
+            "gdx: {dropped} figure(s) dropped by more than {drop_pct}% against {old_name} (--fail-on-drop)"
         );
         return Ok(ExitCode::from(1));
     }
@@ -689,48 +576,4 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_lists_and_ranges() {
-        assert_eq!(parse_sizes("8,4KiB").unwrap().0, vec![8, 4096]);
-        assert_eq!(
-            parse_sizes("1KiB:16KiB").unwrap().0,
-            vec![1024, 4096, 16384]
-        );
-        assert_eq!(
-            parse_sizes("1KiB:8KiB:x2").unwrap().0,
-            vec![1024, 2048, 4096, 8192]
-        );
-        assert_eq!(parse_sizes("8:1GiB").unwrap().0.len(), 15);
-        assert!(parse_sizes("0").is_err());
-        assert!(parse_sizes("8KiB:1KiB").is_err());
-        assert!(parse_sizes("1:8:x1").is_err());
-        assert!(parse_sizes("").is_err());
-    }
-
-    #[test]
-    fn decimal_and_binary_units_and_limits() {
-        assert_eq!(parse_sizes("1GB").unwrap().0, vec![1_000_000_000]);
-        assert_eq!(parse_sizes("1GiB").unwrap().0, vec![1 << 30]);
-        assert!(parse_sizes("17GiB").unwrap_err().contains("16GiB limit"));
-        assert_eq!(parse_pct("5%").unwrap(), 5.0);
-        assert!(parse_pct("-1").is_err());
-    }
-
-    #[test]
-    fn durations_and_pairs() {
-        assert_eq!(parse_duration("200ms").unwrap(), Duration::from_millis(200));
-        assert_eq!(parse_duration("1s").unwrap(), Duration::from_secs(1));
-        assert_eq!(parse_duration("0.5").unwrap(), Duration::from_millis(500));
-        assert!(parse_duration("0").is_err());
-        assert!(parse_duration("fast").is_err());
-        assert_eq!(parse_pair("0,1").unwrap(), (0, 1));
-        assert!(parse_pair("1,1").is_err());
-        assert!(parse_pair("x").is_err());
-    }
 }

@@ -1,13 +1,11 @@
 //! `gdx cp SRC DST`: copy between a file and GPU or host memory over the fastest path that works
 //! here (gdx-storage's planner), with a progress bar, an optional CRC-32 check, the path taken,
-//! GB/s and the ceiling; and `gdx cp --bench FILE`, the storage benchmark. Parsing and
+//! GB/s and the ceiling (`gdx cp --bench` is an alias of `gdx bench --path file`). Parsing and
 //! rendering only: the copies, checksums, ceilings and benchmark are gdx-storage's
 //! ([`gdx_storage::copy`]).
 //!
 //! A `gpu:N` or `host` source is this process's own memory, which starts empty: gdx fills it
 //! with a seeded pattern first, so `--length` is required for it.
-
-mod bench;
 
 use super::output::{error_chain, paint, ColorWhen};
 use anyhow::{bail, Context as _, Result};
@@ -39,7 +37,7 @@ Examples:
   gdx cp gpu:1 file:out.bin --length 4G       write 4 GiB from GPU 1 (a pattern) to a file
   gdx cp file:data.bin host --skip 1M --length 64M
   gdx cp file:ckpt.bin gpu:0 --path gds       cuFile, or an error saying why it cannot run
-  gdx cp --bench /nvme/scratch.bin --gpu 0    every path vs read()+cudaMemcpy, page cache bypassed
+  gdx bench --path file --file-dir /nvme       every path vs read()+cudaMemcpy (was gdx cp --bench)
 Exit status: 0 copied (and verified), 1 the copy or the verification failed, 2 gdx could not run.")]
 pub struct CpArgs {
     /// Source: file:PATH, gpu:N[:OFFSET] or host.
@@ -98,8 +96,8 @@ pub struct CpArgs {
     #[arg(long, value_name = "WHEN", value_enum, default_value_t = ColorWhen::Auto)]
     color: ColorWhen,
 
-    /// Benchmark file -> GPU and GPU -> file on every path against read() + cudaMemcpy, using
-    /// FILE as scratch (created or overwritten), instead of copying.
+    /// Deprecated: runs `gdx bench --path file --file-dir <FILE's folder>` (the one benchmark
+    /// framework and JSON schema), with --gpu/--size/--samples/--export-json/--json passed on.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["src", "dst", "verify", "seek", "length"])]
     bench: Option<PathBuf>,
 
@@ -187,7 +185,7 @@ fn parse_size(s: &str) -> Result<u64, gdx_sys::bytesize::SizeError> {
 /// Run `gdx cp`.
 pub fn run(args: &CpArgs) -> Result<ExitCode> {
     if let Some(file) = &args.bench {
-        return bench::run(args, file);
+        return bench_alias(args, file);
     }
     let (Some(src), Some(dst)) = (&args.src, &args.dst) else {
         bail!("SRC and DST are required (or --bench FILE)");
@@ -339,6 +337,51 @@ impl Bar {
     fn finish(&self) {
         eprint!("\r\x1b[K");
     }
+}
+
+/// `gdx cp --bench FILE` is `gdx bench --path file` now: one benchmark framework and one JSON
+/// schema. The old flags are translated, the translation is printed, and bench runs.
+fn bench_alias(args: &CpArgs, file: &std::path::Path) -> Result<ExitCode> {
+    use clap::Parser as _;
+    #[derive(clap::Parser)]
+    struct Alias {
+        #[command(flatten)]
+        bench: super::bench::BenchArgs,
+    }
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let g = args.gpu;
+    let mut argv: Vec<String> = [
+        "bench".to_string(),
+        "--path".into(),
+        format!("file_to_host,file_to_gpu{g}_,gpu{g}_to_file"),
+        "--file-dir".into(),
+        dir.display().to_string(),
+        "--size".into(),
+        args.size.to_string(),
+        "--min-samples".into(),
+        args.samples.to_string(),
+    ]
+    .into();
+    if args.json {
+        argv.push("--json".into());
+    }
+    if args.quiet {
+        argv.push("-q".into());
+    }
+    if let Some(p) = &args.export_json {
+        argv.push("--export-json".into());
+        argv.push(p.display().to_string());
+    }
+    eprintln!(
+        "gdx cp: note: --bench is now `gdx {}` (scratch files go in {}; this alias will be removed)",
+        argv.join(" "),
+        dir.display()
+    );
+    let alias = Alias::try_parse_from(&argv).context("translating gdx cp --bench")?;
+    super::bench::run(&alias.bench)
 }
 
 #[cfg(test)]

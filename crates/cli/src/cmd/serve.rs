@@ -9,6 +9,7 @@
 //! bench protocol, one client at a time) on its own port: the engine's wire protocol and the
 //! RDMA bench's control messages do not share a socket.
 
+use super::output::{paint, ColorWhen};
 use anyhow::{Context, Result};
 use clap::Args;
 use gdx_engine::serve::{self, ServeConfig};
@@ -76,6 +77,19 @@ pub struct ServeArgs {
     #[arg(long, default_value = "serve")]
     name: String,
 
+    /// Print the startup facts as one JSON object on stdout (addr, agent, region, desc, secret
+    /// when generated), then serve.
+    #[arg(long)]
+    json: bool,
+
+    /// Print only the machine-readable lines (GDX_SERVE, GDX_SERVE_SECRET, GDX_SERVE_RDMA).
+    #[arg(long, short)]
+    quiet: bool,
+
+    /// Colour for warnings: auto (only on a terminal, and not under NO_COLOR), always or never.
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = ColorWhen::Auto)]
+    color: ColorWhen,
+
     /// Let peers read but not write the region.
     #[arg(long)]
     read_only: bool,
@@ -135,6 +149,17 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     gdx_sys::bytesize::ByteSize::parse(s).map_err(|e| e.to_string())
 }
 
+/// `--color` for stderr warnings: `auto` asks whether stderr is a terminal.
+fn color_on(when: ColorWhen) -> bool {
+    match when {
+        ColorWhen::Auto => {
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none()
+        }
+        other => other.enabled(),
+    }
+}
+
 /// Run `gdx serve`.
 pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     let mut agent = AgentConfig::from_env().context("reading GDX_* settings")?;
@@ -180,24 +205,58 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         None => None,
     };
     let handle = serve::run(cfg).with_context(|| format!("serving on {}", args.listen))?;
-    println!("{}", handle.banner());
+    // Before the banner: whoever reads the GDX_SERVE line has been warned already.
     if args.insecure {
+        // Warned even with -q: it is the one thing an operator must not miss.
         eprintln!(
-            "gdx serve: WARNING: --insecure: no authentication; anyone who can reach {} gets the \
+            "gdx serve: {}: --insecure: no authentication; anyone who can reach {} gets the \
              region key and its bytes",
+            paint(color_on(args.color), "1;31", "WARNING"),
             handle.addr()
         );
     }
-    if let Some(s) = generated {
-        // Shown once, for the operator to hand to peers; never written anywhere by us.
-        println!(
-            "GDX_SERVE_SECRET {} (generated for this run: save it to a file with mode 600 and \
-             give peers GDX_SECRET_FILE=<file>)",
-            s.reveal()
-        );
+    let rdma_addr = match &rdma {
+        Some(l) => Some(l.local_addr()?),
+        None => None,
+    };
+    if args.json {
+        let d = handle.desc();
+        let v = serde_json::json!({
+            "addr": handle.addr().to_string(),
+            "region": {
+                "name": d.name,
+                "len": d.len,
+                "location": d.location.to_string(),
+                "remote_read": d.access.remote_read,
+                "remote_write": d.access.remote_write,
+            },
+            "desc": d.to_string(),
+            "secret": generated.as_ref().map(|s| s.reveal()),
+            "insecure": args.insecure,
+            "rdma_addr": rdma_addr.map(|a| a.to_string()),
+        });
+        println!("{v}");
+    } else {
+        if args.quiet {
+            println!("{}", handle.summary_line());
+        } else {
+            println!("{}", handle.banner());
+        }
+        if let Some(s) = &generated {
+            // Shown once, for the operator to hand to peers; never written anywhere by us.
+            println!(
+                "GDX_SERVE_SECRET {} (generated for this run: save it to a file with mode 600 and \
+                 give peers GDX_SECRET_FILE=<file>)",
+                s.reveal()
+            );
+        }
+        if let Some(a) = rdma_addr {
+            println!("GDX_SERVE_RDMA addr={a}");
+        }
     }
+    // Scripts read these lines through a pipe: make sure they leave now, not at exit.
+    std::io::Write::flush(&mut std::io::stdout())?;
     if let Some(l) = rdma {
-        println!("GDX_SERVE_RDMA addr={}", l.local_addr()?);
         spawn_rdma(l, args.rdma_device.clone())?;
     }
     let cluster = super::cluster::attach(&args.cluster, handle.shared_agent())?;

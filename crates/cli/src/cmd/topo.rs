@@ -31,7 +31,8 @@ pub struct TopoArgs {
     #[arg(long, value_name = "DIR", conflicts_with = "xml")]
     root: Option<PathBuf>,
 
-    /// Build the model from an NCCL topology XML file (NCCL_TOPO_FILE format).
+    /// Build the model from an NCCL topology XML file (NCCL_TOPO_FILE format): a regular file
+    /// of at most 16 MiB.
     #[arg(long, value_name = "FILE")]
     xml: Option<PathBuf>,
 
@@ -63,8 +64,9 @@ pub struct TopoArgs {
     #[arg(long, value_name = "FILE")]
     export_xml: Option<PathBuf>,
 
-    /// Save the sysfs/proc files gdx reads (and NVML facts) into OUT, a folder or a
-    /// .tar.gz, for `gdx topo --root OUT` / `gdx doctor --root OUT` elsewhere.
+    /// Save the sysfs/proc files gdx reads, NVML facts and this shell's NCCL_*/GDX_*/CUDA_*
+    /// variables (values of *SECRET*/*TOKEN*/*PASSWORD*/*KEY* names left out) into OUT, a
+    /// folder or a .tar.gz, for `gdx topo --root OUT` / `gdx doctor --root OUT` elsewhere.
     #[arg(long, value_name = "OUT", conflicts_with_all = ["xml", "json", "export_xml"])]
     capture: Option<PathBuf>,
 }
@@ -94,6 +96,8 @@ pub fn use_color(when: &str) -> bool {
 pub fn run(args: &TopoArgs) -> Result<ExitCode> {
     validate(args)?;
     remove_unpacked_on_signal(args.root.as_deref())?;
+    // A .tar.gz capture is packed from a temporary folder: remove that on a signal too.
+    remove_unpacked_on_signal(args.capture.as_deref())?;
     if let Some(out) = &args.capture {
         let root = args.root.clone().unwrap_or_else(|| PathBuf::from("/"));
         let summary = gdx_topo::capture(&root, out)

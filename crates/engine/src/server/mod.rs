@@ -100,7 +100,8 @@ fn with_conn(
     };
     let id = agent.track(h);
     if conn.set_timeout(Some(agent.cfg.io_timeout)).is_ok() {
-        conn.start_handshake(agent.cfg.limits.handshake_timeout, HANDSHAKE_BODY);
+        let limit = agent.cfg.limits.handshake_timeout;
+        conn.start_handshake(std::time::Instant::now() + limit, limit, HANDSHAKE_BODY);
         if let Err(e) = f(&mut conn, &mut slot) {
             let hits = &agent.hits;
             match &e {
@@ -120,6 +121,13 @@ fn with_conn(
         }
     }
     agent.untrack(id);
+}
+
+/// How long a notification waits for room in a full queue: half the I/O timeout, so that the
+/// sender (waiting up to its own I/O timeout for the reply) hears the refusal instead of
+/// declaring the connection lost.
+pub(super) fn note_wait(agent: &AgentInner) -> std::time::Duration {
+    agent.cfg.io_timeout / 2
 }
 
 /// The end of a successful handshake: no longer pending, per-receive timeouts, idle limit.
@@ -284,7 +292,7 @@ fn serve_control(
                         xfer,
                         data,
                     };
-                    match agent.notes.push(n, agent.cfg.io_timeout, &agent.hits) {
+                    match agent.notes.push(n, note_wait(agent), &agent.hits) {
                         Ok(()) => c.send(&Msg::Ok)?,
                         Err(e) => c.send(&Msg::Err(e))?,
                     }

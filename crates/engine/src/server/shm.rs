@@ -6,7 +6,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
-use super::{authenticated, join_handshake, with_conn};
+use super::{authenticated, join_handshake, note_wait, with_conn};
 use crate::agent::{AgentInner, Notification};
 use crate::conn::{trim_fds, Conn, Sock};
 use crate::error::{Error, Result};
@@ -156,7 +156,7 @@ fn serve_shm_loop(agent: &AgentInner, c: &mut Conn, bounce: &Mapping, from: &str
                             xfer,
                             data,
                         };
-                        agent.notes.push(n, wait, &agent.hits)
+                        agent.notes.push(n, note_wait(agent), &agent.hits)
                     }
                     None => Ok(()),
                 };

@@ -60,12 +60,12 @@ impl ShmTransport {
     /// Connects to the peer's shm socket and joins the control session.
     /// With a session `key` (authenticated session) the socket's server must prove it holds
     /// it: that confirms it is the agent the control connection authenticated, on this host.
+    /// `until`: the connect's handshake deadline.
     pub(crate) fn connect(
         socket_name: &str,
-        session: u128,
-        token: u128,
-        key: Option<crate::auth::Mac>,
+        (session, token, key): (u128, u128, Option<crate::auth::Mac>),
         cfg: &crate::config::AgentConfig,
+        until: std::time::Instant,
     ) -> Result<Self> {
         let io_timeout = cfg.io_timeout;
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(socket_name.as_bytes())
@@ -81,7 +81,7 @@ impl ShmTransport {
         }
         let mut conn = Conn::new(Sock::Unix(s), "shm connection");
         conn.set_timeout(Some(io_timeout))?;
-        conn.start_handshake(cfg.limits.handshake_timeout, crate::wire::MAX_BODY);
+        conn.start_handshake(until, cfg.limits.handshake_timeout, crate::wire::MAX_BODY);
         let bounce = Mapping::memfd(BOUNCE_BYTES, "bounce")?;
         let fd = bounce
             .fd()

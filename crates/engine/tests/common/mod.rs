@@ -14,7 +14,9 @@ pub fn secret_file() -> PathBuf {
             return PathBuf::from(p);
         }
         use std::os::unix::fs::OpenOptionsExt;
-        let p = std::env::temp_dir().join(format!("gdx-test-secret-{}", std::process::id()));
+        // Under the target dir, not $TMPDIR: nothing is left outside the build.
+        let p = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("gdx-test-secret-{}", std::process::id()));
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)

@@ -92,23 +92,7 @@ pub struct TimedCopy {
 impl TimedCopy {
     /// The median sample's rate in GB/s (1e9 bytes per second); `None` without samples.
     pub fn median_gbps(&self) -> Option<f64> {
-        let mut secs: Vec<f64> = self
-            .samples
-            .iter()
-            .map(Duration::as_secs_f64)
-            .filter(|s| *s > 0.0)
-            .collect();
-        if secs.is_empty() {
-            return None;
-        }
-        secs.sort_by(f64::total_cmp);
-        let n = secs.len();
-        let median = if n % 2 == 1 {
-            secs[n / 2]
-        } else {
-            (secs[n / 2 - 1] + secs[n / 2]) / 2.0
-        };
-        Some(self.bytes as f64 / median / 1e9)
+        crate::stats::median_rate_gbps(self.bytes as u64, &self.samples)
     }
 }
 

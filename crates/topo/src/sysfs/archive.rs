@@ -37,7 +37,7 @@ pub struct ArchiveLimits {
 /// leave an order of magnitude (and more) of room above that.
 pub const DEFAULT_LIMITS: ArchiveLimits = ArchiveLimits {
     max_bytes: 256 << 20,
-    max_entries: 200_000,
+    max_entries: 100_000,
     max_depth: 64,
 };
 
@@ -62,7 +62,7 @@ pub enum Require {
 pub struct OpenRoot {
     given: PathBuf,
     dir: PathBuf,
-    unpacked: Option<Unpacked>,
+    unpacked: Option<TempFolder>,
 }
 
 impl OpenRoot {
@@ -184,29 +184,30 @@ pub fn printable(s: &str) -> String {
     out
 }
 
-/// Temporary folders of live [`Unpacked`] values, for the signal thread to remove.
+/// Temporary folders of live [`TempFolder`] values, for the signal thread to remove.
 static LIVE_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
-/// An unpacked archive's temporary folder, removed on drop.
+/// A temporary folder (an unpacked archive, a capture being packed), removed on drop and,
+/// once [`remove_unpacked_on_signal`] was called, on SIGINT/SIGTERM/SIGHUP.
 #[derive(Debug)]
-struct Unpacked {
+pub(crate) struct TempFolder {
     dir: Option<tempfile::TempDir>,
 }
 
-impl Unpacked {
-    fn new(dir: tempfile::TempDir) -> Unpacked {
+impl TempFolder {
+    pub(crate) fn new(dir: tempfile::TempDir) -> TempFolder {
         if let Ok(mut live) = LIVE_DIRS.lock() {
             live.push(dir.path().to_path_buf());
         }
-        Unpacked { dir: Some(dir) }
+        TempFolder { dir: Some(dir) }
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.dir.as_ref().map_or(Path::new(""), |d| d.path())
     }
 }
 
-impl Drop for Unpacked {
+impl Drop for TempFolder {
     fn drop(&mut self) {
         if let Some(d) = self.dir.take() {
             if let Ok(mut live) = LIVE_DIRS.lock() {
@@ -219,8 +220,9 @@ impl Drop for Unpacked {
     }
 }
 
-/// Remove every unpacked archive folder when the process gets SIGINT, SIGTERM or SIGHUP, then
-/// exit with 128 + the signal number, as a shell reports a killed command.
+/// Remove every temporary folder (unpacked archives, captures being packed) when the process
+/// gets SIGINT, SIGTERM or SIGHUP, then exit with 128 + the signal number, as a shell reports
+/// a killed command.
 ///
 /// Call it once, early, before other threads start: it blocks those signals in the calling
 /// thread (and so in threads started later) and waits for them on a thread of its own. Child
@@ -263,7 +265,7 @@ fn unpack(
     archive: &Path,
     limits: &ArchiveLimits,
     parent: Option<&Path>,
-) -> Result<Unpacked, TopoError> {
+) -> Result<TempFolder, TopoError> {
     let file = std::fs::File::open(archive).map_err(|e| TopoError::io(archive, e))?;
     let mut b = tempfile::Builder::new();
     b.prefix("gdx-root-");
@@ -274,12 +276,22 @@ fn unpack(
             .map_err(|e| TopoError::io(std::env::temp_dir(), e))?,
     };
     // From here on, an error drops `out` and so removes everything written.
-    let out = Unpacked::new(tmp);
+    let out = TempFolder::new(tmp);
     let why = |w: String| TopoError::RootUnusable {
         path: archive.to_path_buf(),
         why: w,
     };
-    let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(file));
+    // The whole decompressed stream is bounded too: tar reads GNU long names and pax headers
+    // into memory itself, before any entry reaches the byte cap below.
+    let stream_cap = limits
+        .max_bytes
+        .saturating_add(limits.max_entries.saturating_mul(STREAM_BYTES_PER_ENTRY));
+    let stream = Capped {
+        inner: flate2::read::GzDecoder::new(file),
+        left: stream_cap,
+        cap: stream_cap,
+    };
+    let mut ar = tar::Archive::new(stream);
     let entries = ar
         .entries()
         .map_err(|e| why(format!("cannot unpack as .tar.gz: {e}")))?;
@@ -300,6 +312,40 @@ fn unpack(
         u.entry(entry).map_err(why)?;
     }
     Ok(out)
+}
+
+/// Tar overhead per entry allowed in the decompressed stream: a header, padding and a long
+/// name or pax record.
+const STREAM_BYTES_PER_ENTRY: u64 = 1536;
+
+/// A reader that fails, rather than ending, after `cap` bytes: a truncated stream would read
+/// as a damaged archive, not as one that is too big.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+    cap: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            // One more byte means the stream goes on past the cap.
+            let mut probe = [0u8; 1];
+            return match self.inner.read(&mut probe)? {
+                0 => Ok(0),
+                _ => Err(std::io::Error::other(format!(
+                    "decompresses to more than {} MiB, the cap for a capture archive",
+                    self.cap >> 20
+                ))),
+            };
+        }
+        let want = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..want])?;
+        self.left -= n as u64;
+        Ok(n)
+    }
 }
 
 struct Unpacker {

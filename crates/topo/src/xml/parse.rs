@@ -26,6 +26,13 @@ pub const MAX_CPUS: usize = 1024;
 /// memory and time too.
 pub const MAX_DEVICES: usize = 1024;
 
+/// Most PCIe switches (bridge `<pci>` elements) accepted: a big node has a few dozen.
+pub const MAX_SWITCHES: usize = 4096;
+
+/// Most NVLink targets of one GPU, and nets of one NIC. A GPU has at most 18 links today and
+/// a NIC a handful of ports; every GPU pair scans the targets, so this bounds the matrix time.
+pub const MAX_PER_DEVICE: usize = 256;
+
 /// At most this many notes are kept; a file with thousands of odd elements would otherwise
 /// bury the first ones (and cost memory per element).
 const MAX_NOTES: usize = 200;
@@ -316,6 +323,12 @@ impl<'a, 'input> Parser<'a, 'input> {
         self.check_children(node, &["pci", "gpu", "nic", "pcilink"])?;
         let has_pci = node.children().any(|n| n.has_tag_name("pci"));
         if has_pci || class.is_some_and(|c| c >> 8 == CLASS_BRIDGE >> 8) {
+            if self.switches.len() >= MAX_SWITCHES {
+                return Err(self.a.elem_err(
+                    node,
+                    &format!("more than {MAX_SWITCHES} PCIe switches: not one machine's topology"),
+                ));
+            }
             let id = SwitchId(self.switches.len());
             self.switches.push(Switch {
                 upstream: bdf,
@@ -436,13 +449,20 @@ impl<'a, 'input> Parser<'a, 'input> {
                 continue;
             };
             // NCCL adds up links to one target (real NVSwitch machines list each switch).
-            match bundle.get(&link.target).and_then(|&i| links.get_mut(i)) {
-                Some(l) => l.count = l.count.saturating_add(link.count),
-                None => {
-                    bundle.insert(link.target.clone(), links.len());
-                    links.push(link);
-                }
+            if let Some(l) = bundle.get(&link.target).and_then(|&i| links.get_mut(i)) {
+                l.count = l.count.saturating_add(link.count);
+                continue;
             }
+            if links.len() >= MAX_PER_DEVICE {
+                return Err(self.a.elem_err(
+                    child,
+                    &format!(
+                        "GPU {bdf} has NVLinks to more than {MAX_PER_DEVICE} targets: no GPU has"
+                    ),
+                ));
+            }
+            bundle.insert(link.target.clone(), links.len());
+            links.push(link);
         }
         let info = d.gpu.get_or_insert_with(Default::default);
         info.index = index;

@@ -1,6 +1,6 @@
 //! `<nic>` and `<net>` elements: one NIC per `<nic>`, named by its first net.
 
-use super::{CpuCtx, Parser};
+use super::{CpuCtx, Parser, MAX_PER_DEVICE};
 use crate::error::TopoError;
 use crate::model::{Device, DeviceKind, NicPort};
 use roxmltree::Node;
@@ -14,6 +14,16 @@ impl Parser<'_, '_> {
         let mut named: HashSet<&str> = HashSet::new();
         let mut ports = Vec::new();
         let mut speed_mbps = None;
+        if let Some(extra) = nic
+            .children()
+            .filter(|n| n.has_tag_name("net"))
+            .nth(MAX_PER_DEVICE)
+        {
+            return Err(self.a.elem_err(
+                extra,
+                &format!("<nic> with more than {MAX_PER_DEVICE} <net> elements: no NIC has"),
+            ));
+        }
         for net in nic.children().filter(|n| n.has_tag_name("net")) {
             self.a.opt_int(net, "dev")?;
             self.a.opt_int(net, "gdr")?;

@@ -1,0 +1,31 @@
+//! Why a `gdx nccl` operation could not produce a result at all. Odd lines in a log are not
+//! errors: they become [`crate::model::ParseWarning`]s and the parse carries on.
+
+use std::path::PathBuf;
+
+/// The errors of this crate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NcclError {
+    /// A log file could not be read.
+    #[error("reading NCCL log {path}: {source}")]
+    ReadLog {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The scratch folder for NCCL's debug files could not be made or listed.
+    #[error("NCCL debug-file folder {path}: {source}")]
+    LogDir {
+        /// The folder.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A run was asked for with impossible parameters.
+    #[error("invalid run parameters: {0}")]
+    InvalidRun(String),
+}
