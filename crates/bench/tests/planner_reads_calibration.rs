@@ -1,6 +1,8 @@
 //! `gdx calibrate` writes the engine's calibration format, and the engine's planner, reading
 //! the file, chooses accordingly: staged below the measured crossover, p2p from there on.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_bench::calibrate::{decide, detail_of, from_report, to_json};
 use gdx_bench::{header, CaseSpec, End, Params, PathKind, Report, Row, SCHEMA_VERSION};
 use gdx_engine::planner::{plan_local, EndFacts, GpuLink, OpFacts, PeerStatus, Policy};

@@ -2,6 +2,8 @@
 //! backend (`--mock`) makes the output deterministic: these tests check shape, flags and exit
 //! codes, never speed. One test runs the real loopback host paths at two tiny sizes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use assert_cmd::Command;
 use predicates::prelude::*;
 use serde_json::Value;

@@ -1,6 +1,8 @@
 //! `gdx bench --path file` through the real binary: the file cases are opt-in, file → host runs
 //! anywhere (and verifies), and without a GPU the GPU cases are one waived group with the reason.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use assert_cmd::Command;
 use serde_json::Value;
 

@@ -3,6 +3,8 @@
 //! --fail-on-drop` exit codes, and the common flags. The mock backend keeps the figures
 //! deterministic; nothing here asserts a speed.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use assert_cmd::Command;
 use predicates::prelude::*;
 use serde_json::Value;

@@ -1,6 +1,8 @@
 //! End-to-end tests of `gdx cp` through the real binary (no GPU needed; the GPU cases are
 //! `#[ignore]`d).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use assert_cmd::Command;
 use predicates::prelude::*;
 

@@ -2,6 +2,8 @@
 //! the analysing shell's), evidence that names files inside the capture (never a deleted
 //! temporary folder), and an archive that cannot point the doctor at this machine.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use assert_cmd::Command;
 use std::path::{Path, PathBuf};
 

@@ -1,5 +1,7 @@
 //! The first things a new user runs: `--version`, `completions`, `--help`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use assert_cmd::Command;
 use predicates::prelude::*;
 

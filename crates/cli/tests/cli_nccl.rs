@@ -1,6 +1,8 @@
 //! End-to-end tests of `gdx nccl` through the real binary, on the real NCCL logs of
 //! crates/nccl/tests/fixtures, the shared NCCL topology files and synthetic machines.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use assert_cmd::Command;
 use gdx_topo::fixture::{RdmaPort, SysfsFixture};
 use predicates::prelude::*;

@@ -3,6 +3,7 @@
 //! naming the holder, `--metrics` serves `/health`, `--watch` reports the leave after
 //! `kill -9`, an unreachable etcd is a clear error unless `--etcd-optional`, and TLS with a
 //! client certificate works through `--etcd-ca/--etcd-cert/--etcd-key`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};

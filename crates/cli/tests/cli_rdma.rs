@@ -6,6 +6,8 @@
 //! On a machine with an RDMA device the waiver assertions do not apply; those tests say so and
 //! return (the hardware path is `crates/rdma/tests/hardware.rs`).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use assert_cmd::Command;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};

@@ -2,6 +2,8 @@
 //! engine from this process, write random bytes, read them back and compare. Also: the
 //! secret (given, generated and printed, wrong, insecure) and the `--listen` forms.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_engine::{Access, Agent, AgentConfig, Error, Secret, Transfer};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

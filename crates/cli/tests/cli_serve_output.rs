@@ -1,6 +1,8 @@
 //! `gdx serve`'s output flags and sizes: `--json` (one object), `-q` (machine lines only), and
 //! `--size` read the one gdx way (1GB = 10^9, 1GiB = 2^30).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 

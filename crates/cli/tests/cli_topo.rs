@@ -1,5 +1,7 @@
 //! End-to-end tests of `gdx topo` through the real binary.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use assert_cmd::Command;
 use predicates::prelude::*;
 use std::path::PathBuf;

@@ -3,6 +3,8 @@
 //! from NVML's facts, `schema_version`, XML inputs worded as XML, and the flags every printing
 //! subcommand shares (-q, --color, --json).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use assert_cmd::Command;
 use gdx_topo::fixture::{RdmaPort, SysfsFixture};
 use std::path::{Path, PathBuf};

@@ -4,6 +4,8 @@
 //! No timing: gdx is held inside `--capture` by an output FIFO nobody opens, and the test
 //! waits until the capture's last file exists before it signals.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 

@@ -1,5 +1,6 @@
 //! `/metrics` counts exactly what a test moved; `/health` flips to 503 when the lease is lost
 //! and back to 200 after re-registration.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! etcd with TLS and client-certificate auth: the agent registers and is looked up through
 //! `https://` with the CA and a client certificate; without the client certificate etcd
 //! refuses the connection.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
 mod common;
 

@@ -2,6 +2,8 @@
 //! top-level folder) opens even without a PCI tree, evidence names files as `capture:...`,
 //! and the unpacked folder is gone when the run ends.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_doctor::{run, Options};
 
 fn tarball(dir: &std::path::Path) -> std::path::PathBuf {

@@ -1,5 +1,7 @@
 //! On a machine with GPUs: the live facts and probes through gdx-sys.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_doctor::{run, DataPath, Options, Status};
 
 #[test]

@@ -1,6 +1,8 @@
 //! Whole-doctor runs over synthetic machines built with `gdx_topo::fixture` (the same trees
 //! `gdx_topo::from_root` reads), with injected live facts and a fake probe backend.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_doctor::facts::{CudaDevice, CudaFacts, CufileFacts, StaticFacts, VerbsFacts};
 use gdx_doctor::probe::{CopySamples, Endpoint, ProbeBackend, RegMethod};
 use gdx_doctor::{run, DataPath, Options, Report, Status};

@@ -5,6 +5,8 @@
 //! best of 3 timed batches of back-to-back copies (wall clock, after a warm-up), each copy
 //! through the public API (`LocalPeer::transfer`).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
+
 use std::io::{BufRead, Write};
 use std::time::Instant;
 

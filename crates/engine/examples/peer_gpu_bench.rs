@@ -10,6 +10,8 @@
 //! 1e9 B/s, best of 3 timed transfers after a warm-up, each a single 1 GiB write op.
 //! Usage: `peer_gpu_bench [bytes]` (default 1 GiB).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
+
 use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
 

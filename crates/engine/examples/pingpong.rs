@@ -15,6 +15,8 @@
 //! and checks every byte. Both sides print which path each transfer took. `GDX_TRANSPORTS=tcp`
 //! forces tcp; by default two processes on one host use shm.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
+
 use gdx_engine::{Access, Agent, AgentConfig, Error, Secret, Transfer};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

@@ -442,6 +442,43 @@ impl Agent {
         ))
     }
 
+    /// Registers `len` bytes of caller-owned host memory at `ptr` with `access`, published under
+    /// `name` if given, with no lifetime tying it to a scope: for bindings (the Python package)
+    /// whose buffers are kept alive by a foreign runtime rather than by a Rust borrow. Prefer
+    /// [`Agent::scope`], which needs no `unsafe`. Dropping the region deregisters it and waits
+    /// for running remote accesses; only then may the memory go.
+    ///
+    /// # Safety
+    /// - `ptr..ptr + len` stays valid (allocated, not moved or unmapped) until the returned
+    ///   region is dropped.
+    /// - No Rust reference to that memory exists while the region lives; foreign code (the
+    ///   binding's users) may touch the bytes, racing only with the transfers it started.
+    /// - If the memory is not writable, the region is never the destination of a transfer
+    ///   (registered without remote write and never used as the local end of a read).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for `len == 0` or a name already in use.
+    pub unsafe fn register_raw(
+        &self,
+        ptr: *mut u8,
+        len: u64,
+        access: Access,
+        name: Option<&str>,
+    ) -> Result<Region<'static>> {
+        // SAFETY: the caller upholds validity and aliasing until the region is dropped, and
+        // dropping a region retires it (waits for running leases) before returning.
+        let inner = unsafe {
+            self.inner
+                .registry
+                .register_raw(ptr, len, access, name.map(str::to_string))?
+        };
+        Ok(Region::new(
+            inner,
+            Arc::clone(&self.inner.registry),
+            self.inner.cfg.transfer_timeout,
+        ))
+    }
+
     /// Runs `f` with a [`RegionScope`] in which caller-owned buffers can be registered. Every region
     /// registered in the scope is deregistered (waiting for running remote accesses) before `scope`
     /// returns, so the buffers are never touched after their borrow ends.

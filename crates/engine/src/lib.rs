@@ -50,11 +50,7 @@
 //! See `examples/pingpong.rs` (two processes, a write, a read back, notifications).
 
 #![deny(missing_docs)]
-#![deny(
-    unsafe_op_in_unsafe_fn,
-    clippy::undocumented_unsafe_blocks,
-    clippy::missing_safety_doc
-)]
+// Lints: [workspace.lints] in the root Cargo.toml (unsafe contracts, no unwrap/expect/panic).
 
 mod agent;
 mod auth;

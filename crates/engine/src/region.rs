@@ -479,6 +479,13 @@ impl<'a> Region<'a> {
         self.inner.location
     }
 
+    /// The address of the region's host bytes (`None` for GPU memory), for bindings that hand a
+    /// view to a foreign runtime. Valid while the region lives; reading or writing through it
+    /// takes no lease, so it races with remote accesses the caller did not wait for.
+    pub fn host_ptr(&self) -> Option<*mut u8> {
+        self.inner.host_ptr()
+    }
+
     /// The GPU memory of a region from [`crate::Agent::register_gpu`]: copy into and out of it
     /// with its `LocalPeer`. `None` for host memory.
     pub fn device(&self) -> Option<&crate::DeviceRegion> {

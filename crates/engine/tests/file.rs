@@ -2,6 +2,8 @@
 //! machine, and file → GPU → file through [`LocalPeer`] where there is a GPU (skipped at run
 //! time with a printed reason elsewhere, like `tests/gpu.rs`).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::*;

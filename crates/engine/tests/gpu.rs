@@ -6,6 +6,8 @@
 //! GPUs are named `two_gpus_*`, so a one-GPU machine runs the rest with `--skip two_gpus_`.
 //! `GDX_TEST_MAX_BYTES` caps the largest size (default 1 GiB).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_engine::{
     DeviceOrigin, DeviceRegion, Error, LocalPeer, Mem, Ordering, Path, PinnedRegion, Policy,
 };

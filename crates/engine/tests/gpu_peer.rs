@@ -7,6 +7,8 @@
 //! `--ignored` on a machine without one. One GPU is enough: the two-process tests put both
 //! processes on the same GPU when there is no second.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::*;

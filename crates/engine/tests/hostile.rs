@@ -3,6 +3,8 @@
 //! unsealed memfds, per-receive deadlines, unbounded queues and leases, no op cap) and asserts
 //! the outcome, never a duration.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::raw::{self, closed, hmac, read_msg, send};

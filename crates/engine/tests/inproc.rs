@@ -1,6 +1,8 @@
 //! Two agents in one process: both transports, writes and reads, borrowed and owned regions,
 //! batches, notifications, and every rejection.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::*;

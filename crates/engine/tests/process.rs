@@ -6,6 +6,8 @@
 //! then a fresh connection works), and the veth test (two network namespaces, run as root with
 //! `ip netns`; skipped with a printed reason otherwise).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::*;

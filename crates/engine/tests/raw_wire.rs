@@ -2,6 +2,8 @@
 //! frame and the connection is closed; a forged data stream without an authenticated session is
 //! refused; a write frame aimed at a read-only region never touches its memory.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::*;

@@ -3,6 +3,8 @@
 //! that stays usable. (With a device, the same code connects RC queue pairs: not run anywhere yet,
 //! see docs/rdma.md.)
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::*;

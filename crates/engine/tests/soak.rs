@@ -5,6 +5,8 @@
 //! killed). The other processes are this same test, re-run with `GDX_TEST_ROLE` set (so no
 //! role reports `ok` without having run).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::*;

@@ -2,6 +2,8 @@
 //! "Examples" section decodes to the message named beside it, and encoding that message gives
 //! exactly the bytes printed. `GDX_PRINT_DOC_HEX=1` prints the blocks (for updating the doc).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_engine::wire::{decode_frame, encode, Hello, Msg, ShmOp};
 use gdx_engine::{Access, Error, IpcDesc, Location, RegionDesc, RegionKey};
 

@@ -1,6 +1,8 @@
 //! Property tests for the frame decoder: arbitrary bytes never panic and never decode past the
 //! input; every message round-trips; every header rejection is the named error.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_engine::wire::{
     self, decode_frame, decode_header, encode, Hello, Msg, ShmOp, HEADER_LEN, MAX_BODY, MAX_PAYLOAD,
 };

@@ -1,6 +1,8 @@
 //! `gdx nccl env` against the real NCCL topology files in shared/reference/topologies and the
 //! synthetic machines of tests/common.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use gdx_nccl::env::{recommend, EnvAdvice, EnvInput};

@@ -1,6 +1,8 @@
 //! Real NCCL INFO logs from public issue threads (see fixtures/SOURCES.md): each test asserts
 //! the facts a person would read out of that log.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_nccl::model::{Direction, Scope, Transport};
 use gdx_nccl::{parse_files, NcclLog};
 use std::path::PathBuf;

@@ -1,5 +1,7 @@
 //! The judge over real logs and synthetic machines.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use gdx_nccl::judge::{judge, Judged, Machine, Verdict};

@@ -1,6 +1,8 @@
 //! `gdx nccl run`. Without a GPU or libnccl the run is waived with its reason; the hardware
 //! test runs on one GPU: `cargo test -p gdx-nccl --test run -- --ignored`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_nccl::run::{run, Op, RunOutcome, RunParams};
 
 fn params(sizes: Vec<u64>) -> RunParams {

@@ -6,6 +6,8 @@
 //! cargo run -p gdx-rdma --example rdma_info
 //! ```
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
+
 use gdx_rdma::doctor;
 use gdx_rdma::gid::SysfsNetdevs;
 use gdx_rdma::nic::{choose_nics, GpuRef, MemPlace};

@@ -93,11 +93,7 @@
 //! the table of what has and has not run.
 
 #![deny(missing_docs)]
-#![deny(
-    unsafe_op_in_unsafe_fn,
-    clippy::undocumented_unsafe_blocks,
-    clippy::missing_safety_doc
-)]
+// Lints: [workspace.lints] in the root Cargo.toml (unsafe contracts, no unwrap/expect/panic).
 
 mod batch;
 pub mod bench;

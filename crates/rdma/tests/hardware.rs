@@ -8,6 +8,8 @@
 //! Each connects two sets of queue pairs on the same port to each other (loopback), so one
 //! machine with one active port suffices (Soft-RoCE works too where the kernel has rxe).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_rdma::bench::{bench_rdma, serve_bench, BenchMem, BenchOp, BenchParams, TcpControl};
 use gdx_rdma::{
     EndpointConfig, Mechanism, Memory, MrHandle, Qp, RdmaEndpoint, RdmaError, RdmaOp, RemoteRegion,

@@ -2,6 +2,8 @@
 //! has: no library, a library without devices, or devices). On CI and the GPU test machine
 //! there is no RDMA device, so these check the "unavailable, and why" answers.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_rdma::discovery::{discover, UnavailableKind};
 use gdx_rdma::doctor;
 use gdx_rdma::{EndpointConfig, RdmaEndpoint, RdmaError};

@@ -1,6 +1,8 @@
 //! NIC choice from topology fixtures: nearest by PCIe class for GPU memory (rails on ties),
 //! same NUMA node for host memory, down ports skipped.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_rdma::nic::{choose_nics, split_across_rails, GpuRef, MemPlace, NicError};
 use gdx_topo::fixture::{RdmaPort, SysfsFixture};
 use gdx_topo::{PathClass, Topology};

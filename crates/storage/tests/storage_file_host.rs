@@ -3,6 +3,8 @@
 //! during the copy, a read-only destination, a missing file. Every copied byte is compared.
 //! No test asserts a speed.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_storage::{
     checksum_bytes, checksum_file, copy_file_to_host, copy_host_to_file, read_file, CopyOptions,
     FileRange, PathChoice, ProgressFn, StorageError, StoragePath,

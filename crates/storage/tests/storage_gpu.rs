@@ -3,6 +3,8 @@
 //! `cargo test -p gdx-storage --test storage_gpu -- --ignored`; the GPU is `GDX_TEST_GPU` (default 0).
 //! The `gds` tests need libcufile too and print a skip without it. No test asserts a speed.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_storage::{
     checksum_bytes, checksum_gpu, copy_file_to_gpu, copy_gpu_to_file, cufile_status, CopyOptions,
     CufileStatus, FileRange, PathChoice, StoragePath,

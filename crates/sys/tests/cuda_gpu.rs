@@ -5,6 +5,8 @@
 //! one-GPU timing tests add peer pairs when a second GPU is there and say so when it is not.
 //! No test asserts a speed.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_sys::cuda::probe::{self, fill_pattern, find_mismatch, Loc, POISON};
 use gdx_sys::cuda::{
     Context, Cuda, CudaError, DeviceBuffer, Event, MemoryType, PinnedHostBuffer, RegisteredHost,

@@ -6,6 +6,8 @@
 //! file-descriptor handles, and (peer test) where there is no second GPU that can access the
 //! first. The GPU is `GDX_TEST_GPU` (default 0). No test asserts a speed.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_sys::cuda::probe::{fill_pattern, find_mismatch, POISON};
 use gdx_sys::cuda::{
     Context, Cuda, CudaError, DeviceBuffer, Event, MemoryType, PinnedHostBuffer, Stream,

@@ -20,6 +20,9 @@
 //! assert_eq!(topo.class_between("GPU0", "NIC0").unwrap().to_string(), "PIX");
 //! ```
 
+// A test helper behind the `fixture` feature: it panics on purpose (see above).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use crate::enrich::{NvmlSnapshot, SNAPSHOT_PATH};
 use crate::model::PciAddr;
 use crate::sysfs::rootfs::relative_path;

@@ -1,6 +1,8 @@
 //! Capture: a synthetic machine (and this one) copied to a folder and to a `.tar.gz` reads
 //! back as the same model, with the files the doctor needs and nothing it must not touch.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_topo::capture::CaptureSummary;
 use gdx_topo::enrich::{NvmlGpu, NvmlLink, NvmlSnapshot};
 use gdx_topo::fixture::{ConfigSpace, RdmaPort, SysfsFixture, DOWNSTREAM_PORT};

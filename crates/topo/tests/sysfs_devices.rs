@@ -1,6 +1,8 @@
 //! Device facts read from synthetic sysfs trees: NIC naming and ports, GIDs, link figures,
 //! NUMA, names, and which functions count as GPUs and NICs.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_topo::fixture::{PciNode, RdmaPort, SysfsFixture, ENDPOINT};
 use gdx_topo::{from_root, DeviceKind, PciAddr, Topology};
 

@@ -1,6 +1,8 @@
 //! Roots that are missing, empty or odd: errors where the root is unusable, notes (never
 //! panics or hangs) for anything odd inside it, and links that must stay inside the root.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_topo::fixture::{RdmaPort, SysfsFixture};
 use gdx_topo::{from_root, Source, TopoError};
 use std::path::Path;

@@ -2,6 +2,8 @@
 //! shapes that make classification hard (flattened VMs, config-only port types, Broadcom PEX
 //! fusing, hypervisor bridges).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_topo::enrich::{NvmlGpu, NvmlLink, NvmlSnapshot};
 use gdx_topo::fixture::{RdmaPort, SysfsFixture, DOWNSTREAM_PORT, UPSTREAM_PORT};
 use gdx_topo::{from_root, NvLinkTarget, PciAddr, SwitchId, Topology};

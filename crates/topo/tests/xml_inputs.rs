@@ -2,6 +2,8 @@
 //! quadratic building) and honest (a file without `<nvlink>` says its GPU↔GPU classes are
 //! PCIe only; a file without GPUs gets an XML-worded message).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_topo::render::{self, RenderOptions};
 use gdx_topo::xml::{MAX_CPUS, MAX_DEVICES, MAX_XML_BYTES, NO_NVLINK_FACTS};
 use gdx_topo::{from_nccl_xml, parse_nccl_xml, TopoError};

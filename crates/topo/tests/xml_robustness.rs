@@ -2,6 +2,8 @@
 //! error that names the line; no input at all makes the parser (or the writer, given what
 //! the parser accepted) panic.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 use gdx_topo::{parse_nccl_xml, to_nccl_xml, PathClass, TopoError};
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};

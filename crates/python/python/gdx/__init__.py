@@ -1,0 +1,54 @@
+"""gdx: move bytes between processes' numpy arrays, torch tensors and GPU memory.
+
+Every transfer says which path it took and why (``OpResult.path``/``.reason``,
+``Transfer.explain()``). Errors are typed: ``gdx.Error`` and its subclasses ``PeerLost``,
+``Timeout``, ``AccessDenied``, ``OutOfBounds``, ``NotFound``, ``Unavailable`` and
+``StrictViolation``.
+
+    import gdx, numpy as np
+    a = gdx.Agent("decode", listen="127.0.0.1:0", secret=key)
+    kv = a.register(np.zeros(1 << 20, np.uint8), name="kv", access="rw")
+    n = a.wait_notification(timeout=5.0)
+
+The native module is ``gdx._gdx``; this package re-exports it.
+"""
+
+from ._gdx import (
+    AccessDenied,
+    Agent,
+    Error,
+    Notification,
+    NotFound,
+    OpResult,
+    OutOfBounds,
+    Peer,
+    PeerLost,
+    Region,
+    RemoteRegion,
+    StrictViolation,
+    Timeout,
+    Transfer,
+    Unavailable,
+    __version__,
+    cuda_available,
+)
+
+__all__ = [
+    "AccessDenied",
+    "Agent",
+    "Error",
+    "Notification",
+    "NotFound",
+    "OpResult",
+    "OutOfBounds",
+    "Peer",
+    "PeerLost",
+    "Region",
+    "RemoteRegion",
+    "StrictViolation",
+    "Timeout",
+    "Transfer",
+    "Unavailable",
+    "__version__",
+    "cuda_available",
+]

@@ -1,0 +1,193 @@
+"""Type stubs for gdx (the native module gdx._gdx)."""
+
+from types import TracebackType
+from typing import Any, Iterable, Literal, Optional, Protocol, Sequence, Tuple, Union
+
+__version__: str
+
+Access = Literal["rw", "r", "w", "none"]
+
+class _CudaStream(Protocol):
+    @property
+    def cuda_stream(self) -> int: ...
+
+Stream = Union[int, _CudaStream]
+Op = Tuple["Region", int, "RemoteRegion", int, int]
+
+class Error(Exception):
+    """Base class of every error gdx raises."""
+
+class PeerLost(Error):
+    """The connection to the peer broke."""
+
+class Timeout(Error):
+    """A wait ran out of time; the transfer may still be running."""
+
+class AccessDenied(Error):
+    """Wrong key, read-only or non-readable region, or failed authentication."""
+
+class OutOfBounds(Error):
+    """offset + length lies outside the region."""
+
+class NotFound(Error):
+    """No region with this name or id."""
+
+class Unavailable(Error):
+    """A library, device or transport is missing (the message names it)."""
+
+class StrictViolation(Error):
+    """Strict mode refused a plan that leaves the direct path."""
+
+class RemoteRegion:
+    """A peer's region descriptor (never a pointer; the key is not shown)."""
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def location(self) -> str: ...
+    @property
+    def name(self) -> Optional[str]: ...
+    @property
+    def access(self) -> Access: ...
+    @property
+    def id(self) -> int: ...
+
+class Region:
+    """Registered memory; close() / with / GC deregisters."""
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def location(self) -> str:
+        """"host" or "gpu:N"."""
+    @property
+    def name(self) -> Optional[str]: ...
+    @property
+    def access(self) -> Access: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def obj(self) -> Any:
+        """The registered object (None for agent-allocated memory)."""
+    def desc(self) -> RemoteRegion: ...
+    def view(self) -> memoryview:
+        """A memoryview of the host bytes; keeps the region open while it lives."""
+    def close(self) -> None: ...
+    def __enter__(self) -> "Region": ...
+    def __exit__(
+        self,
+        exc_type: Optional[type],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool: ...
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int) -> memoryview: ...
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Only for GPU memory from Agent.alloc(device=...)."""
+
+class OpResult:
+    """One op's outcome: path, reason, size, status."""
+
+    kind: Literal["write", "read"]
+    path: str
+    reason: str
+    nbytes: int
+    status: str
+
+class Notification:
+    @property
+    def sender(self) -> str: ...
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def xfer(self) -> int: ...
+
+class Transfer:
+    """A submitted batch."""
+
+    def wait(self, timeout: Optional[float] = None) -> list[OpResult]: ...
+    def done(self) -> bool: ...
+    @property
+    def status(self) -> str: ...
+    def raise_for_status(self) -> None: ...
+    @property
+    def bytes_done(self) -> int: ...
+    def results(self) -> list[OpResult]: ...
+    def explain(self) -> str: ...
+    def __len__(self) -> int: ...
+
+class Peer:
+    """A connected, authenticated remote agent."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def transport(self) -> str: ...
+    @property
+    def route_reason(self) -> str: ...
+    @property
+    def alive(self) -> bool: ...
+    def region(self, name: str) -> RemoteRegion: ...
+    def regions(self) -> list[RemoteRegion]: ...
+    def write(
+        self,
+        ops: Iterable[Op],
+        notify: Optional[bytes] = None,
+        stream: Optional[Stream] = None,
+        timeout: Optional[float] = None,
+    ) -> Transfer: ...
+    def read(
+        self,
+        ops: Iterable[Op],
+        notify: Optional[bytes] = None,
+        stream: Optional[Stream] = None,
+        timeout: Optional[float] = None,
+    ) -> Transfer: ...
+    def notify(self, data: bytes) -> None: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> "Peer": ...
+    def __exit__(self, *args: object) -> bool: ...
+
+class Agent:
+    """One per process: registers memory, serves peers, connects to peers."""
+
+    def __init__(
+        self,
+        name: Optional[str] = None,
+        *,
+        listen: Optional[str] = "127.0.0.1:0",
+        transports: Optional[Sequence[Literal["tcp", "shm", "rdma"]]] = None,
+        strict: Optional[bool] = None,
+        secret: Optional[bytes] = None,
+        insecure: Optional[bool] = None,
+        tcp_streams: Optional[int] = None,
+        chunk_bytes: Optional[int] = None,
+        io_timeout: Optional[float] = None,
+        timeout: Optional[float] = None,
+    ) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def address(self) -> Optional[str]: ...
+    strict: bool
+    @property
+    def secret(self) -> Optional[bytes]: ...
+    def register(self, obj: Any, name: Optional[str] = None, access: Access = "rw") -> Region: ...
+    def alloc(
+        self,
+        nbytes: int,
+        name: Optional[str] = None,
+        access: Access = "rw",
+        device: Union[None, int, str] = None,
+    ) -> Region:
+        """Host shared memory, or GPU memory with a CUDA IPC handle for device="gpu:N"."""
+    def connect(self, address: str, timeout: Optional[float] = None) -> Peer: ...
+    def wait_notification(self, timeout: Optional[float] = None) -> Notification: ...
+    def try_notification(self) -> Optional[Notification]: ...
+    def published(self) -> list[RemoteRegion]: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> "Agent": ...
+    def __exit__(self, *args: object) -> bool: ...
+
+def cuda_available() -> Tuple[bool, str]: ...

@@ -1,0 +1,45 @@
+//! gdx-python: `import gdx`, the engine from Python (numpy, bytearray, memoryview, torch).
+//!
+//! A thin skin over `gdx-engine`'s public API: every transfer, plan, check and error is the
+//! engine's own; this crate converts arguments, keeps Python objects alive for as long as the
+//! engine may touch their memory, releases the GIL while the engine works, and maps errors to
+//! typed exceptions. The Python package around it is `python/gdx` (stubs in `__init__.pyi`).
+
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+mod agent;
+mod cuda;
+mod errors;
+mod peer;
+mod region;
+mod wait;
+
+use pyo3::prelude::*;
+
+/// The native part of the `gdx` package (`gdx._gdx`); import `gdx` instead.
+#[pymodule]
+fn _gdx(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_class::<agent::PyAgent>()?;
+    m.add_class::<region::PyRegion>()?;
+    m.add_class::<region::PyRemoteRegion>()?;
+    m.add_class::<peer::PyPeer>()?;
+    m.add_class::<peer::PyTransfer>()?;
+    m.add_class::<peer::PyOpResult>()?;
+    m.add_class::<peer::PyNotification>()?;
+    m.add_function(wrap_pyfunction!(region::_forge_key, m)?)?;
+    m.add_function(wrap_pyfunction!(region::_forge_len, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
+
+/// Whether CUDA can be used here (a driver and a GPU): ``(True, "N GPU(s)")`` or
+/// ``(False, why)``.
+#[pyfunction]
+fn cuda_available() -> (bool, String) {
+    match cuda::local_peer() {
+        Ok(lp) => (true, format!("{} GPU(s)", lp.gpu_count())),
+        Err(e) => (false, e.to_string()),
+    }
+}

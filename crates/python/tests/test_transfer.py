@@ -1,0 +1,112 @@
+"""Two processes, numpy arrays, batches of 1,000 ops: every byte checked after every transfer."""
+
+import numpy as np
+import pytest
+
+import gdx
+
+from conftest import Peer
+
+BLOCK = 4096
+OPS = 1000
+
+
+def pattern(n, seed):
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def scatter(n_blocks, seed):
+    """OPS distinct block indices out of n_blocks, in random order."""
+    return np.random.default_rng(seed).permutation(n_blocks)[:OPS]
+
+
+@pytest.mark.parametrize("target", ["kv", "pool"])
+def test_write_batch_of_1000_then_read_back(agent, peer, tmp_path, target):
+    src = pattern(OPS * BLOCK, 1)
+    local = agent.register(src, name="src", access="none")
+    p = agent.connect(peer.address, timeout=10)
+    rd = p.region(target)
+    assert rd.nbytes == 4 << 20 and rd.location == "host"
+    dst_blocks = scatter(rd.nbytes // BLOCK, 2)
+    ops = [(local, i * BLOCK, rd, int(b) * BLOCK, BLOCK) for i, b in enumerate(dst_blocks)]
+
+    h = p.write(ops, notify=b"layer-0")
+    results = h.wait(timeout=30)
+    assert h.done() and h.status == "completed"
+    assert len(results) == OPS and all(r.nbytes == BLOCK for r in results)
+    assert {r.path for r in results} <= {"shm", "shm-staged"}, results[0]
+    assert all(r.reason for r in results)
+    assert "op 999" in h.explain()
+    note = peer.ask("note")
+    assert note["sender"] == "initiator" and bytes.fromhex(note["data"]) == b"layer-0"
+
+    remote = peer.bytes(target, tmp_path)
+    for i, b in enumerate(dst_blocks):
+        assert np.array_equal(remote[b * BLOCK : (b + 1) * BLOCK], src[i * BLOCK : (i + 1) * BLOCK]), i
+    untouched = np.setdiff1d(np.arange(rd.nbytes // BLOCK), dst_blocks)
+    assert not remote.reshape(-1, BLOCK)[untouched].any()
+
+    # Read the same blocks back into a fresh array, in another order.
+    back = np.zeros(OPS * BLOCK, np.uint8)
+    sink = agent.register(back, access="none")
+    order = np.random.default_rng(3).permutation(OPS)
+    ops = [(sink, int(j) * BLOCK, rd, int(dst_blocks[j]) * BLOCK, BLOCK) for j in order]
+    results = p.read(ops).wait(timeout=30)
+    assert len(results) == OPS and {r.kind for r in results} == {"read"}
+    assert np.array_equal(back, src)
+
+
+def test_tcp_path_when_shm_is_off(secret, tmp_path):
+    peer = Peer(secret, env={"GDX_TEST_TRANSPORTS": "tcp"})
+    try:
+        with gdx.Agent("initiator", secret=secret, transports=["tcp"]) as a:
+            p = a.connect(peer.address, timeout=10)
+            assert p.transport == "tcp", p.route_reason
+            src = bytearray(pattern(OPS * 64, 4).tobytes())
+            r = a.register(src, access="none")
+            rd = p.region("kv")
+            ops = [(r, i * 64, rd, (OPS - 1 - i) * 64, 64) for i in range(OPS)]
+            results = p.write(ops).wait(timeout=30)
+            assert {x.path for x in results} == {"tcp"}
+            remote = peer.bytes("kv", tmp_path)[: OPS * 64].reshape(OPS, 64)
+            assert np.array_equal(remote[::-1].reshape(-1), np.frombuffer(src, np.uint8))
+    finally:
+        peer.close()
+
+
+def test_float_arrays_and_memoryviews_register_as_bytes(agent, peer, tmp_path):
+    f = np.arange(1024, dtype=np.float32)
+    r = agent.register(f, access="none")
+    assert r.nbytes == 4096 and r.location == "host"
+    mv = memoryview(bytearray(b"\x5a" * 4096))
+    r2 = agent.register(mv, access="none")
+    p = agent.connect(peer.address, timeout=10)
+    rd = p.region("kv")
+    p.write([(r, 0, rd, 0, 4096), (r2, 0, rd, 4096, 4096)]).wait(timeout=10)
+    remote = peer.bytes("kv", tmp_path)
+    assert np.array_equal(remote[:4096].view(np.float32), f)
+    assert (remote[4096:8192] == 0x5A).all()
+
+
+def test_notification_and_secret_file(secret, tmp_path):
+    path = tmp_path / "secret"
+    path.write_bytes(secret)
+    path.chmod(0o600)
+    peer = Peer(env={"GDX_SECRET_FILE": str(path)})
+    try:
+        with gdx.Agent("initiator", secret=secret) as a:
+            p = a.connect(peer.address, timeout=10)
+            p.notify(b"hello")
+            note = peer.ask("note")
+            assert bytes.fromhex(note["data"]) == b"hello"
+    finally:
+        peer.close()
+
+
+def test_agent_reads_gdx_secret_file_when_secret_absent(secret, tmp_path, monkeypatch):
+    path = tmp_path / "secret"
+    path.write_bytes(secret)
+    path.chmod(0o600)
+    monkeypatch.setenv("GDX_SECRET_FILE", str(path))
+    with gdx.Agent("a") as a:
+        assert a.secret == secret
