@@ -28,6 +28,13 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 # Not needed to build: gdx loads libibverbs at run time. Installed so the tests exercise the
 # real library with zero devices, which is what GPU servers without an RDMA NIC look like.
 ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1' || need+=(libibverbs1 ibverbs-providers)
+# Not needed to build either: gdx-cluster's tests start a real etcd (Debian's etcd-server) on a
+# loopback port, so they exercise real leases and watches.
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+# The TLS tests make throwaway certificates with the openssl command.
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# Needed to build: etcd-client's build script compiles etcd's .proto files with protoc.
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 
 if ((${#need[@]})); then
   echo "bootstrap: installing ${need[*]}" >&2

@@ -46,6 +46,7 @@ enum Command {
     Calibrate(cmd::calibrate::CalibrateArgs),
     Cp(cmd::cp::CpArgs),
     Nccl(cmd::nccl::NcclArgs),
+    Peers(cmd::peers::PeersArgs),
     Completions(CompletionsArgs),
 }
 
@@ -72,6 +73,7 @@ fn main() -> ExitCode {
         Command::Calibrate(args) => cmd::calibrate::run(&args),
         Command::Cp(args) => cmd::cp::run(&args),
         Command::Nccl(args) => cmd::nccl::run(&args),
+        Command::Peers(args) => cmd::peers::run(&args),
         Command::Completions(args) => {
             // Into a buffer first: clap_complete panics on a write error (`| head`).
             let mut script = Vec::new();

@@ -23,6 +23,7 @@ use crate::limits::{Gate, LimitHits};
 use crate::notes::NoteQueue;
 use crate::peer::Peer;
 use crate::region::{Access, Region, RegionScope, Registry};
+use crate::stats::{Stats, StatsSnapshot};
 use crate::transport::rdma::RdmaNode;
 
 /// A small message a peer delivered after a transfer's data was in place (or sent on its own with
@@ -149,6 +150,8 @@ pub(crate) struct AgentInner {
     pub(crate) rdma: std::result::Result<Arc<RdmaNode>, String>,
     /// Queue pairs of inbound rdma connections, per control session.
     pub(crate) rdma_qps: Mutex<HashMap<u128, gdx_rdma::Qp>>,
+    /// What this agent moved ([`Agent::stats`]).
+    pub(crate) stats: Arc<Stats>,
 }
 
 impl AgentInner {
@@ -277,6 +280,7 @@ impl Agent {
             strict: AtomicBool::new(crate::planner::strict_from_env()?),
             rdma,
             rdma_qps: Mutex::new(HashMap::new()),
+            stats: Arc::default(),
         });
         if let Ok(node) = &inner.rdma {
             let _ = inner.registry.rdma.set(Arc::clone(node));
@@ -335,6 +339,18 @@ impl Agent {
     /// generated for this process); `None` in insecure mode.
     pub fn secret(&self) -> Option<&Secret> {
         self.inner.secret.as_ref()
+    }
+
+    /// What this agent moved as the initiator (bytes and ops by path and direction, failures
+    /// by reason, transfer latency) and the peers connected now, for exporters.
+    pub fn stats(&self) -> StatsSnapshot {
+        let inbound = self
+            .inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len() as u64;
+        self.inner.stats.snapshot(inbound)
     }
 
     /// How often each bound of [`crate::Limits`] was hit.

@@ -70,6 +70,7 @@ pub mod planner;
 mod region;
 pub mod serve;
 mod server;
+mod stats;
 mod transfer;
 mod transport;
 pub mod wire;
@@ -90,4 +91,5 @@ pub use planner::Policy;
 pub use region::{
     Access, Location, Region, RegionDesc, RegionKey, RegionMut, RegionRef, RegionScope,
 };
+pub use stats::{reason_label, LatencyStat, PathStat, StatsSnapshot, LATENCY_BOUNDS_S};
 pub use transfer::{OpKind, OpResult, OpStatus, Status, Transfer, TransferHandle, TransferReport};

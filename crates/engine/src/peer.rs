@@ -31,6 +31,10 @@ struct PeerInner {
 
 impl Drop for PeerInner {
     fn drop(&mut self) {
+        self.agent
+            .stats
+            .peers_outbound
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut c) = self.control.lock() {
             let _ = c.send(&Msg::Bye);
         }
@@ -255,6 +259,10 @@ impl Peer {
                 }
             },
         };
+        agent
+            .stats
+            .peers_outbound
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(Peer {
             inner: Arc::new(PeerInner {
                 agent,
@@ -386,6 +394,7 @@ impl Peer {
             t,
             plans,
             self.inner.agent.cfg.transfer_timeout,
+            Arc::clone(&self.inner.agent.stats),
         ));
         self.inner.transport.submit(Arc::clone(&state));
         Ok(TransferHandle { state })

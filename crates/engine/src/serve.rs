@@ -15,6 +15,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::agent::Agent;
@@ -50,7 +51,8 @@ impl Default for ServeConfig {
 #[derive(Debug)]
 pub struct ServeHandle {
     region: Region<'static>,
-    agent: Agent,
+    // Shared so that a cluster registration or a metrics exporter can hold the agent too.
+    agent: Arc<Agent>,
 }
 
 /// Starts an agent listening on `cfg.agent.listen` with one agent-allocated region published as
@@ -67,7 +69,10 @@ pub fn run(cfg: ServeConfig) -> Result<ServeHandle> {
     }
     let agent = Agent::new(cfg.agent)?;
     let region = agent.alloc(cfg.region_len, cfg.access, Some(&cfg.region_name))?;
-    Ok(ServeHandle { region, agent })
+    Ok(ServeHandle {
+        region,
+        agent: Arc::new(agent),
+    })
 }
 
 impl ServeHandle {
@@ -86,6 +91,11 @@ impl ServeHandle {
     /// The agent.
     pub fn agent(&self) -> &Agent {
         &self.agent
+    }
+
+    /// The agent, shared (for gdx-cluster's registration and metrics, which outlive a borrow).
+    pub fn shared_agent(&self) -> Arc<Agent> {
+        Arc::clone(&self.agent)
     }
 
     /// The served region (to inspect what peers wrote or to fill what they read).

@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::plan::Plan;
 use crate::region::{check_bounds, Region, RegionDesc, RegionInner};
+use crate::stats::Stats;
 
 /// Direction of an op, seen from the initiator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -244,10 +245,18 @@ pub(crate) struct XferState {
     bytes_done: AtomicU64,
     progress: Mutex<Progress>,
     cv: Condvar,
+    /// The initiating agent's counters, fed once when the transfer ends.
+    stats: Arc<Stats>,
 }
 
 impl XferState {
-    pub(crate) fn new(id: u64, t: Transfer, plans: Vec<Plan>, timeout: Duration) -> Self {
+    pub(crate) fn new(
+        id: u64,
+        t: Transfer,
+        plans: Vec<Plan>,
+        timeout: Duration,
+        stats: Arc<Stats>,
+    ) -> Self {
         let started = Instant::now();
         let n = t.ops.len();
         let results = t
@@ -275,6 +284,7 @@ impl XferState {
                 done: None,
             }),
             cv: Condvar::new(),
+            stats,
         }
     }
 
@@ -349,7 +359,12 @@ impl XferState {
         if let Some(e) = err {
             p.first_error.get_or_insert(e);
         }
-        p.done = Some(Instant::now());
+        let now = Instant::now();
+        if p.done.is_none() {
+            self.stats
+                .record(&p.ops, p.first_error.is_some(), now - self.started);
+        }
+        p.done = Some(now);
         drop(p);
         self.cv.notify_all();
     }

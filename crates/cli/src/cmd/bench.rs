@@ -94,9 +94,13 @@ pub struct BenchArgs {
 
     /// Run the shm/tcp cases against a `gdx serve` agent at this address instead of a
     /// loopback agent. With `--path rdma` (and no --rdma-peer), the address of a
-    /// `gdx serve --rdma-listen` to run the rdma cases against.
+    /// `gdx serve --rdma-listen` to run the rdma cases against. `etcd:AGENT` looks the
+    /// agent up in etcd (with --etcd URL --cluster NAME).
     #[arg(long, value_name = "HOST:PORT")]
     peer: Option<String>,
+
+    #[command(flatten)]
+    peer_cluster: super::cluster::PeerLookupArgs,
 
     /// Run the rdma cases against the `gdx serve --rdma-listen` at this address (default:
     /// --peer, else a loopback server in this process). Needed when the shm/tcp cases run
@@ -369,10 +373,14 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         });
     }
     let mut ctx = if args.mock { Ctx::mock() } else { Ctx::live() };
-    if let Some(p) = &args.peer {
+    let peer = match &args.peer {
+        Some(p) => Some(args.peer_cluster.resolve(p)?),
+        None => None,
+    };
+    if let Some(p) = &peer {
         ctx.peer = Some((p.clone(), args.peer_region.clone()));
     }
-    ctx.rdma_peer = args.rdma_peer.clone().or_else(|| args.peer.clone());
+    ctx.rdma_peer = args.rdma_peer.clone().or(peer);
     ctx.rdma_device.clone_from(&args.rdma_device);
     ctx.file_dir.clone_from(&args.file_dir);
     let cases = all_cases(&ctx);

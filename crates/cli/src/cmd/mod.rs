@@ -1,9 +1,11 @@
 //! One module per subcommand.
 pub mod bench;
 pub mod calibrate;
+pub mod cluster;
 pub mod cp;
 pub mod doctor;
 pub mod nccl;
 pub mod output;
+pub mod peers;
 pub mod serve;
 pub mod topo;

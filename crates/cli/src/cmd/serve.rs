@@ -17,7 +17,6 @@ use gdx_engine::{Access, AgentConfig, Secret};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 /// Serve one registered memory region to peers (a target for transfers and benchmarks).
@@ -32,6 +31,8 @@ use std::time::Duration;
   gdx serve --size 1GiB --listen 127.0.0.1:0
   gdx serve --read-only --name weights
   gdx serve --rdma-listen 0.0.0.0:7448       also answer `gdx bench --path rdma --peer HOST:7448`
+  gdx serve --etcd http://127.0.0.1:2379 --cluster demo --agent prefill-0 --metrics 127.0.0.1:9464
+                                      register in etcd (lease 10 s), /metrics and /health
 
 Security: peers prove they hold the secret (HMAC-SHA256 challenge-response) before they learn
 any region or key; bulk data is NOT encrypted. Give clients the same secret with
@@ -102,6 +103,9 @@ pub struct ServeArgs {
     /// RDMA device for --rdma-listen (default: the NIC nearest to the memory a client asks for).
     #[arg(long, value_name = "NAME", requires = "rdma_listen")]
     rdma_device: Option<String>,
+
+    #[command(flatten)]
+    cluster: super::cluster::ServeClusterArgs,
 }
 
 /// Wait limit of each step of an RDMA bench client.
@@ -160,6 +164,9 @@ fn color_on(when: ColorWhen) -> bool {
 pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     let mut agent = AgentConfig::from_env().context("reading GDX_* settings")?;
     agent.listen = Some(args.listen);
+    if let Some(n) = &args.cluster.agent {
+        agent.name = n.clone();
+    }
     if let Some(f) = &args.secret_file {
         agent.secret = Some(Secret::from_file(f).context("--secret-file")?);
     }
@@ -252,8 +259,11 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     if let Some(l) = rdma {
         spawn_rdma(l, args.rdma_device.clone())?;
     }
-    let stop = AtomicBool::new(false);
+    let cluster = super::cluster::attach(&args.cluster, handle.shared_agent())?;
+    let stop = cluster.stop_flag()?;
     handle.serve_forever(Some(&stop))?;
+    // SIGINT/SIGTERM with --etcd: leave the cluster now rather than when the lease expires.
+    cluster.leave();
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,0 +1,158 @@
+//! `gdx peers`: the agents of a cluster as etcd lists them (name, host, transports, GPUs and
+//! NICs, regions, lease TTL left, instance id); `--watch` follows joins and leaves.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use gdx_cluster::{AgentEvent, AgentListing, ClusterView};
+
+use super::cluster::EtcdArgs;
+
+/// List the agents of a cluster (registered in etcd by `gdx serve --etcd`).
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:
+  gdx peers --etcd http://127.0.0.1:2379 --cluster demo
+  gdx peers --etcd http://127.0.0.1:2379 --cluster demo --watch     joins and leaves as they happen
+  gdx peers --etcd http://127.0.0.1:2379 --cluster demo --json
+
+Region keys are never in etcd: the REGIONS column is what a peer can ask for over an
+authenticated session.")]
+pub struct PeersArgs {
+    #[command(flatten)]
+    etcd: EtcdArgs,
+
+    /// The cluster (the `/gdx/<cluster>/` prefix in etcd).
+    #[arg(long, value_name = "NAME")]
+    cluster: String,
+
+    /// One JSON document (with --watch: the listing, then one JSON object per event and line).
+    #[arg(long)]
+    json: bool,
+
+    /// After the listing, print joins and leaves until interrupted.
+    #[arg(long)]
+    watch: bool,
+}
+
+fn short(id: &str) -> &str {
+    id.get(..8).unwrap_or(id)
+}
+
+fn table(list: &[AgentListing]) -> String {
+    let mut rows = vec![[
+        "NAME".to_string(),
+        "HOST".into(),
+        "LISTEN".into(),
+        "TRANSPORTS".into(),
+        "GPUS".into(),
+        "NICS".into(),
+        "REGIONS".into(),
+        "TTL".into(),
+        "INSTANCE".into(),
+    ]];
+    for l in list {
+        let a = &l.agent;
+        let regions: Vec<String> = l
+            .regions
+            .iter()
+            .map(|r| format!("{}({} B, {})", r.name, r.len, r.location))
+            .collect();
+        rows.push([
+            a.name.clone(),
+            format!("{} ({})", a.hostname, short(&a.host_id)),
+            a.listen.clone(),
+            a.transports.join(","),
+            a.gpus.len().to_string(),
+            a.nics.len().to_string(),
+            if regions.is_empty() {
+                "-".into()
+            } else {
+                regions.join(" ")
+            },
+            if l.ttl_left_s >= 0 {
+                format!("{}s/{}s", l.ttl_left_s, a.ttl_s)
+            } else {
+                "expired".into()
+            },
+            a.instance.clone(),
+        ]);
+    }
+    let mut widths = [0usize; 9];
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in &rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn event_line(e: &AgentEvent, json: bool) -> String {
+    if json {
+        let v = match e {
+            AgentEvent::Joined(a) => serde_json::json!({"event": "joined", "agent": a}),
+            AgentEvent::Left { name, instance } => {
+                serde_json::json!({"event": "left", "name": name, "instance": instance})
+            }
+            AgentEvent::EtcdLost(why) => serde_json::json!({"event": "etcd_lost", "reason": why}),
+            AgentEvent::EtcdBack => serde_json::json!({"event": "etcd_back"}),
+        };
+        return v.to_string();
+    }
+    match e {
+        AgentEvent::Joined(a) => format!(
+            "+ joined {} on {} ({}) instance {} transports {}",
+            a.name,
+            a.listen,
+            a.hostname,
+            a.instance,
+            a.transports.join(",")
+        ),
+        AgentEvent::Left { name, instance } => format!(
+            "- left   {name} instance {} (lease expired or revoked)",
+            instance.as_deref().unwrap_or("?")
+        ),
+        AgentEvent::EtcdLost(why) => format!("! etcd lost: {why} (retrying)"),
+        AgentEvent::EtcdBack => "! etcd back".to_string(),
+    }
+}
+
+/// Run `gdx peers`.
+pub fn run(args: &PeersArgs) -> Result<ExitCode> {
+    let opts = args
+        .etcd
+        .options()?
+        .context("gdx peers needs --etcd URL (where the cluster is registered)")?;
+    let view = ClusterView::connect(&opts, &args.cluster)?;
+    // Watch before listing, so nothing between the two is missed.
+    let events = args.watch.then(|| view.watch());
+    let list = view.agents()?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"cluster": args.cluster, "agents": list})
+        );
+    } else if list.is_empty() {
+        println!("no agents in cluster {:?}", args.cluster);
+    } else {
+        print!("{}", table(&list));
+    }
+    if let Some(rx) = events {
+        use std::io::Write;
+        for e in rx {
+            println!("{}", event_line(&e, args.json));
+            let _ = std::io::stdout().flush();
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,348 @@
+//! `/metrics` (Prometheus text format) and `/health` on a loopback port.
+//!
+//! Every counter comes from the engine ([`gdx_engine::Agent::stats`]), read at scrape time:
+//! bytes and ops by path and direction, failed ops by reason, transfers by outcome, transfer
+//! latency, peers connected; plus the lease state from the cluster registration.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use gdx_engine::{Agent, StatsSnapshot, LATENCY_BOUNDS_S};
+use prometheus::proto::{
+    Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
+};
+use prometheus::{Encoder, TextEncoder};
+
+use crate::error::{ClusterError, Result};
+use crate::registration::{LeaseState, Shared};
+
+/// What the endpoints report on: an agent and, when it is in a cluster, its registration.
+#[derive(Debug, Clone)]
+pub struct Health {
+    pub(crate) agent: Arc<Agent>,
+    pub(crate) reg: Option<Arc<Shared>>,
+    pub(crate) disabled: Option<String>,
+}
+
+impl Health {
+    /// For an agent outside any cluster: healthy while it serves.
+    pub fn agent_only(agent: Arc<Agent>) -> Health {
+        Health {
+            agent,
+            reg: None,
+            disabled: None,
+        }
+    }
+
+    /// The registration state; `None` outside a cluster.
+    pub fn lease_state(&self) -> Option<LeaseState> {
+        match (&self.reg, &self.disabled) {
+            (Some(r), _) => Some(r.state()),
+            (None, Some(why)) => Some(LeaseState::Disabled {
+                reason: why.clone(),
+            }),
+            (None, None) => None,
+        }
+    }
+
+    /// `/health`'s verdict: serving, and registered when in a cluster.
+    pub fn healthy(&self) -> bool {
+        self.agent.listen_addr().is_some() && self.lease_state().is_none_or(|s| s.is_registered())
+    }
+
+    /// The `/health` body: one JSON object.
+    pub fn body(&self) -> String {
+        let lease = match self.lease_state() {
+            None => "none (no cluster)".to_string(),
+            Some(LeaseState::Registered { lease }) => format!("registered (lease {lease:x})"),
+            Some(LeaseState::Lost { reason }) => format!("lost: {reason}"),
+            Some(LeaseState::Disabled { reason }) => format!("disabled: {reason}"),
+            Some(LeaseState::Left) => "left".to_string(),
+        };
+        serde_json::json!({
+            "status": if self.healthy() { "ok" } else { "unavailable" },
+            "agent": self.agent.name(),
+            "instance": format!("{:032x}", self.agent.id()),
+            "serving": self.agent.listen_addr().map(|a| a.to_string()),
+            "lease": lease,
+        })
+        .to_string()
+    }
+
+    /// The `/metrics` body.
+    ///
+    /// # Errors
+    /// [`ClusterError::Metrics`] if encoding fails.
+    pub fn metrics_text(&self) -> Result<String> {
+        let registered = self.lease_state().map(|s| s.is_registered());
+        let fams = families(&self.agent.stats(), registered);
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&fams, &mut buf)?;
+        String::from_utf8(buf).map_err(|e| ClusterError::InvalidArgument(e.to_string()))
+    }
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<LabelPair> {
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            let mut l = LabelPair::default();
+            l.set_name(k.to_string());
+            l.set_value(v.to_string());
+            l
+        })
+        .collect()
+}
+
+fn family(name: &str, help: &str, t: MetricType, metrics: Vec<Metric>) -> MetricFamily {
+    let mut f = MetricFamily::default();
+    f.set_name(name.to_string());
+    f.set_help(help.to_string());
+    f.set_field_type(t);
+    f.set_metric(metrics);
+    f
+}
+
+fn counter(pairs: &[(&str, &str)], v: u64) -> Metric {
+    let mut c = Counter::default();
+    c.set_value(v as f64);
+    let mut m = Metric::from_label(labels(pairs));
+    m.set_counter(c);
+    m
+}
+
+fn gauge(pairs: &[(&str, &str)], v: f64) -> Metric {
+    let mut g = Gauge::default();
+    g.set_value(v);
+    let mut m = Metric::from_gauge(g);
+    m.set_label(labels(pairs));
+    m
+}
+
+/// The metric families of one snapshot (families with no sample yet are left out: the text
+/// encoder refuses empty ones).
+pub fn families(s: &StatsSnapshot, registered: Option<bool>) -> Vec<MetricFamily> {
+    let bytes = s
+        .paths
+        .iter()
+        .map(|p| counter(&[("path", &p.path), ("direction", p.direction)], p.bytes))
+        .collect();
+    let ops = s
+        .paths
+        .iter()
+        .map(|p| counter(&[("path", &p.path), ("direction", p.direction)], p.ops))
+        .collect();
+    let failures = s
+        .failures
+        .iter()
+        .map(|(r, n)| counter(&[("reason", r)], *n))
+        .collect();
+    let transfers = vec![
+        counter(&[("outcome", "completed")], s.transfers_completed),
+        counter(&[("outcome", "failed")], s.transfers_failed),
+    ];
+    let mut h = Histogram::default();
+    let mut cum = 0;
+    let mut buckets = Vec::new();
+    for (i, bound) in LATENCY_BOUNDS_S.iter().enumerate() {
+        cum += s.latency.buckets.get(i).copied().unwrap_or(0);
+        let mut b = Bucket::default();
+        b.set_cumulative_count(cum);
+        b.set_upper_bound(*bound);
+        buckets.push(b);
+    }
+    h.set_bucket(buckets);
+    h.set_sample_count(s.latency.count);
+    h.set_sample_sum(s.latency.sum_s);
+    let mut hm = Metric::default();
+    hm.set_histogram(h);
+    let peers = vec![
+        gauge(&[("direction", "outbound")], s.peers_outbound as f64),
+        gauge(&[("direction", "inbound")], s.peers_inbound as f64),
+    ];
+    let mut v = vec![
+        family(
+            "gdx_bytes_total",
+            "Bytes of completed ops this agent initiated, by path and direction.",
+            MetricType::COUNTER,
+            bytes,
+        ),
+        family(
+            "gdx_ops_total",
+            "Completed ops this agent initiated, by path and direction.",
+            MetricType::COUNTER,
+            ops,
+        ),
+        family(
+            "gdx_op_failures_total",
+            "Failed ops this agent initiated, by reason.",
+            MetricType::COUNTER,
+            failures,
+        ),
+        family(
+            "gdx_transfers_total",
+            "Transfers this agent initiated that ended, by outcome.",
+            MetricType::COUNTER,
+            transfers,
+        ),
+        family(
+            "gdx_transfer_duration_seconds",
+            "Transfer latency, submit to end.",
+            MetricType::HISTOGRAM,
+            vec![hm],
+        ),
+        family(
+            "gdx_peers_connected",
+            "Peers connected now: outbound connections and inbound sessions.",
+            MetricType::GAUGE,
+            peers,
+        ),
+    ];
+    if let Some(r) = registered {
+        v.push(family(
+            "gdx_lease_registered",
+            "1 while the agent's etcd registration is confirmed, 0 while it is lost.",
+            MetricType::GAUGE,
+            vec![gauge(&[], if r { 1.0 } else { 0.0 })],
+        ));
+    }
+    v.retain(|f| !f.get_metric().is_empty());
+    v
+}
+
+/// The HTTP endpoint; dropping it stops the server thread.
+pub struct MetricsServer {
+    server: Arc<tiny_http::Server>,
+    addr: SocketAddr,
+}
+
+impl MetricsServer {
+    /// Serves `/metrics` and `/health` for `health` on `addr` (port 0 picks one).
+    ///
+    /// # Errors
+    /// [`ClusterError::Io`] if the address cannot be bound.
+    pub fn start(addr: SocketAddr, health: Health) -> Result<MetricsServer> {
+        let server = tiny_http::Server::http(addr).map_err(|e| {
+            ClusterError::io(
+                format!("binding the metrics endpoint {addr}"),
+                std::io::Error::other(e.to_string()),
+            )
+        })?;
+        let bound = server
+            .server_addr()
+            .to_ip()
+            .ok_or_else(|| ClusterError::InvalidArgument("metrics address is not IP".into()))?;
+        let server = Arc::new(server);
+        let s = Arc::clone(&server);
+        std::thread::Builder::new()
+            .name("gdx-metrics".into())
+            .spawn(move || {
+                // `incoming_requests` ends when `unblock` is called on drop.
+                for req in s.incoming_requests() {
+                    respond(req, &health);
+                }
+            })
+            .map_err(|e| ClusterError::io("spawning the metrics thread", e))?;
+        Ok(MetricsServer {
+            server,
+            addr: bound,
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+fn header(v: &str) -> Option<tiny_http::Header> {
+    tiny_http::Header::from_bytes(&b"Content-Type"[..], v.as_bytes()).ok()
+}
+
+fn respond(req: tiny_http::Request, health: &Health) {
+    let path = req.url().split('?').next().unwrap_or_default().to_string();
+    let (code, body, ctype) = match path.as_str() {
+        "/metrics" => match health.metrics_text() {
+            Ok(t) => (200, t, "text/plain; version=0.0.4; charset=utf-8"),
+            Err(e) => (500, e.to_string(), "text/plain; charset=utf-8"),
+        },
+        "/health" => (
+            if health.healthy() { 200 } else { 503 },
+            health.body(),
+            "application/json",
+        ),
+        _ => (
+            404,
+            "not found: try /metrics or /health\n".to_string(),
+            "text/plain; charset=utf-8",
+        ),
+    };
+    let mut resp = tiny_http::Response::from_string(body).with_status_code(code);
+    if let Some(h) = header(ctype) {
+        resp = resp.with_header(h);
+    }
+    if let Err(e) = req.respond(resp) {
+        log::debug!("gdx metrics: client went away: {e}");
+    }
+}
+
+impl std::fmt::Debug for MetricsServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsServer")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.server.unblock();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gdx_engine::{LatencyStat, PathStat};
+
+    #[test]
+    fn text_format_carries_every_counter() {
+        let mut buckets = vec![0; LATENCY_BOUNDS_S.len() + 1];
+        buckets[3] = 2;
+        let s = StatsSnapshot {
+            paths: vec![PathStat {
+                path: "shm".into(),
+                direction: "write",
+                bytes: 12345,
+                ops: 3,
+            }],
+            failures: vec![("peer_lost".into(), 1)],
+            transfers_completed: 2,
+            transfers_failed: 1,
+            latency: LatencyStat {
+                buckets,
+                sum_s: 0.002,
+                count: 2,
+            },
+            peers_outbound: 1,
+            peers_inbound: 0,
+        };
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&families(&s, Some(false)), &mut buf)
+            .expect("encode");
+        let t = String::from_utf8(buf).expect("utf8");
+        for want in [
+            "gdx_bytes_total{path=\"shm\",direction=\"write\"} 12345",
+            "gdx_ops_total{path=\"shm\",direction=\"write\"} 3",
+            "gdx_op_failures_total{reason=\"peer_lost\"} 1",
+            "gdx_transfers_total{outcome=\"failed\"} 1",
+            "gdx_transfer_duration_seconds_bucket{le=\"0.001\"} 2",
+            "gdx_transfer_duration_seconds_count 2",
+            "gdx_peers_connected{direction=\"outbound\"} 1",
+            "gdx_lease_registered 0",
+        ] {
+            assert!(t.contains(want), "{want:?} missing from\n{t}");
+        }
+    }
+}

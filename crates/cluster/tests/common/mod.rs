@@ -1,0 +1,129 @@
+//! Shared test helpers: a real etcd, agents with a shared secret, a child agent process, and
+//! condition waits with generous deadlines (no timing assertions).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gdx_cluster::test_support::EtcdServer;
+use gdx_cluster::{ClusterAgent, ClusterConfig, EtcdOptions};
+use gdx_engine::{Agent, AgentConfig, Secret};
+
+pub const SECRET: &[u8] = b"gdx-cluster-tests-shared-secret-0123";
+
+pub fn etcd() -> EtcdServer {
+    EtcdServer::start().unwrap_or_else(|e| {
+        panic!("{e} (the cluster tests need a real etcd: apt-get install etcd-server)")
+    })
+}
+
+pub fn agent_config(name: &str) -> AgentConfig {
+    AgentConfig {
+        name: name.to_string(),
+        listen: Some("127.0.0.1:0".parse().expect("addr")),
+        secret: Some(Secret::from_bytes(SECRET).expect("secret")),
+        // Lease expiry, not the I/O timeout, must be what ends a stalled peer in these tests.
+        io_timeout: Duration::from_secs(120),
+        transfer_timeout: Duration::from_secs(120),
+        ..AgentConfig::default()
+    }
+}
+
+pub fn cluster_config(url: &str, cluster: &str, ttl_s: i64) -> ClusterConfig {
+    let mut c = ClusterConfig::new(EtcdOptions::new(url), cluster);
+    c.ttl_s = ttl_s;
+    c
+}
+
+pub fn join(url: &str, cluster: &str, name: &str, ttl_s: i64) -> ClusterAgent {
+    let agent = Agent::new(agent_config(name)).expect("agent");
+    ClusterAgent::join(agent, cluster_config(url, cluster, ttl_s)).expect("join")
+}
+
+/// Waits until `f` holds, polling; panics with `what` after `limit`.
+pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// An agent in a child process (this test binary re-executed as role `agent`), so that it
+/// can be stopped and killed with signals.
+pub struct ChildAgent {
+    pub child: Child,
+    pub instance: String,
+}
+
+impl ChildAgent {
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
+        assert_eq!(rc, 0, "kill({sig})");
+    }
+}
+
+impl Drop for ChildAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn spawn_child(test: &str, url: &str, cluster: &str, name: &str, ttl_s: i64) -> ChildAgent {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut child = Command::new(exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env("GDX_CLUSTER_ROLE", "agent")
+        .env("GDX_CLUSTER_URL", url)
+        .env("GDX_CLUSTER_NAME", cluster)
+        .env("GDX_CLUSTER_AGENT", name)
+        .env("GDX_CLUSTER_TTL", ttl_s.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn child agent");
+    let out = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(out).lines();
+    let instance = loop {
+        match lines.next() {
+            Some(Ok(l)) => {
+                if let Some(i) = l.split("GDX_CLUSTER_READY ").nth(1) {
+                    break i.trim().to_string();
+                }
+            }
+            other => panic!("child agent ended before it was ready: {other:?}"),
+        }
+    };
+    ChildAgent { child, instance }
+}
+
+/// The child role's body: join, publish a 64 MiB read/write region `kv`, serve until stdin
+/// closes or a signal ends the process.
+pub fn child_role() {
+    if std::env::var("GDX_CLUSTER_ROLE").as_deref() != Ok("agent") {
+        return;
+    }
+    let env = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k}"));
+    let agent = Agent::new(agent_config(&env("GDX_CLUSTER_AGENT"))).expect("agent");
+    let _kv = agent
+        .alloc(64 << 20, gdx_engine::Access::READ_WRITE, Some("kv"))
+        .expect("alloc");
+    let ttl: i64 = env("GDX_CLUSTER_TTL").parse().expect("ttl");
+    let ca = ClusterAgent::join(
+        agent,
+        cluster_config(&env("GDX_CLUSTER_URL"), &env("GDX_CLUSTER_NAME"), ttl),
+    )
+    .expect("join");
+    println!("GDX_CLUSTER_READY {}", ca.instance());
+    let mut sink = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+}
