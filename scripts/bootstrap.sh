@@ -28,6 +28,9 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 # Not needed to build: gdx loads libibverbs at run time. Installed so the tests exercise the
 # real library with zero devices, which is what GPU servers without an RDMA NIC look like.
 ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1' || need+=(libibverbs1 ibverbs-providers)
+# Same for libfabric (loaded at run time by gdx-fabric): its tcp provider on loopback runs the
+# fabric RMA tests for real; fi_info (libfabric-bin) is what doctor's advice points to.
+ldconfig -p 2>/dev/null | grep -q 'libfabric\.so\.1' || need+=(libfabric1 libfabric-bin)
 
 if ((${#need[@]})); then
   echo "bootstrap: installing ${need[*]}" >&2
