@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{FabricError, Result};
 use crate::provider::{self, FabricConfig, ProviderInfo};
+use crate::region::{MemoryRegion, PeerAddr, RmaKind, RmaOp};
 use crate::sys::{self, ffi, CqEvent, Memory, Post};
 
 /// How long the progress thread waits on the CQ per call.
@@ -28,126 +29,6 @@ const PROGRESS_WAIT_MS: i32 = 10;
 const LIVENESS_EVERY: Duration = Duration::from_millis(20);
 /// Largest piece one operation is split into (and never more than the provider's limit).
 const MAX_CHUNK: usize = 64 << 20;
-
-/// A peer in this endpoint's address vector.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerAddr(u64);
-
-/// What a peer needs to target a registration: base address in the provider's addressing
-/// (the virtual address under FI_MR_VIRT_ADDR, else 0), length and key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RemoteRegion {
-    /// Address of byte 0.
-    pub addr: u64,
-    /// Registered length.
-    pub len: u64,
-    /// Remote key.
-    pub key: u64,
-}
-
-impl RemoteRegion {
-    /// 24 bytes, little-endian: addr, len, key.
-    pub fn encode(&self) -> [u8; 24] {
-        let mut b = [0u8; 24];
-        b[..8].copy_from_slice(&self.addr.to_le_bytes());
-        b[8..16].copy_from_slice(&self.len.to_le_bytes());
-        b[16..].copy_from_slice(&self.key.to_le_bytes());
-        b
-    }
-
-    /// The inverse of [`encode`](Self::encode); `None` for a wrong length.
-    pub fn decode(b: &[u8]) -> Option<RemoteRegion> {
-        if b.len() != 24 {
-            return None;
-        }
-        let u = |i: usize| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(&b[i..i + 8]);
-            u64::from_le_bytes(a)
-        };
-        Some(RemoteRegion {
-            addr: u(0),
-            len: u(8),
-            key: u(16),
-        })
-    }
-}
-
-/// A registration; dropping the last clone closes it (`fi_close`).
-#[derive(Clone)]
-pub struct MemoryRegion {
-    mr: Arc<sys::Mr>,
-    virt_addr: bool,
-}
-
-impl std::fmt::Debug for MemoryRegion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "MemoryRegion({} bytes, key {:#x})",
-            self.mr.len,
-            self.mr.key()
-        )
-    }
-}
-
-impl MemoryRegion {
-    /// The registered memory.
-    pub fn memory(&self) -> &Memory {
-        &self.mr.mem
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.mr.len
-    }
-
-    /// Whether it is empty.
-    pub fn is_empty(&self) -> bool {
-        self.mr.len == 0
-    }
-
-    /// What a peer needs to target it.
-    pub fn remote(&self) -> RemoteRegion {
-        RemoteRegion {
-            addr: if self.virt_addr {
-                self.mr.base as u64
-            } else {
-                0
-            },
-            len: self.mr.len as u64,
-            key: self.mr.key(),
-        }
-    }
-}
-
-/// Direction of one operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RmaKind {
-    /// Local → remote (`fi_write`).
-    Write,
-    /// Remote → local (`fi_read`).
-    Read,
-}
-
-/// One operation of a batch.
-#[derive(Debug, Clone)]
-pub struct RmaOp<'a> {
-    /// Direction.
-    pub kind: RmaKind,
-    /// Local registration.
-    pub local: &'a MemoryRegion,
-    /// Offset in it.
-    pub local_offset: u64,
-    /// Target peer.
-    pub peer: PeerAddr,
-    /// Remote registration.
-    pub remote: RemoteRegion,
-    /// Offset in it.
-    pub remote_offset: u64,
-    /// Bytes.
-    pub len: u64,
-}
 
 #[derive(Default)]
 struct Batch {
@@ -405,9 +286,18 @@ impl Endpoint {
                 ..Batch::default()
             },
         );
-        let posted = self.post_all(id, ops, deadline);
+        let mut watch = Watch {
+            alive: peer_alive,
+            next: Instant::now() + LIVENESS_EVERY,
+            dead: false,
+        };
+        let posted = self.post_all(id, ops, deadline, &mut watch);
         let unposted = *posted.as_ref().unwrap_or(&0);
-        let (pending, dead) = self.wait(id, deadline, peer_alive);
+        let (pending, dead) = if watch.dead {
+            (self.outstanding(id).0, true)
+        } else {
+            self.wait(id, deadline, &mut watch)
+        };
         let mut b = self.batches();
         if pending == 0 && unposted == 0 {
             let batch = b.remove(&id);
@@ -458,7 +348,13 @@ impl Endpoint {
     /// Posts every op in pieces of at most `max_chunk`, keeping at most `window` in flight;
     /// stops at the first error (a failed post or a failed completion). At the deadline it
     /// stops and returns how many ops were not (fully) posted.
-    fn post_all(&self, id: u64, ops: &[RmaOp<'_>], deadline: Instant) -> Result<usize> {
+    fn post_all(
+        &self,
+        id: u64,
+        ops: &[RmaOp<'_>],
+        deadline: Instant,
+        watch: &mut Watch<'_>,
+    ) -> Result<usize> {
         for (i, op) in ops.iter().enumerate() {
             let mut done = 0u64;
             while done < op.len || (op.len == 0 && done == 0) {
@@ -471,7 +367,7 @@ impl Endpoint {
                     if out < self.window {
                         break;
                     }
-                    if !self.poll(deadline)? {
+                    if !self.poll(deadline, watch)? {
                         return Ok(ops.len() - i);
                     }
                 }
@@ -490,7 +386,7 @@ impl Endpoint {
                     );
                     match r {
                         Ok(Post::Queued) => break,
-                        Ok(Post::Again) => match self.poll(deadline) {
+                        Ok(Post::Again) => match self.poll(deadline, watch) {
                             Ok(true) => {}
                             Ok(false) => {
                                 self.credit_post(id, -1);
@@ -522,9 +418,10 @@ impl Endpoint {
         }
     }
 
-    /// One progress call from a posting batch; `false` once past the deadline.
-    fn poll(&self, deadline: Instant) -> Result<bool> {
-        if Instant::now() >= deadline {
+    /// One progress call from a posting batch; `false` once past the deadline or once the
+    /// peer is known dead.
+    fn poll(&self, deadline: Instant, watch: &mut Watch<'_>) -> Result<bool> {
+        if Instant::now() >= deadline || !watch.check() {
             return Ok(false);
         }
         if self.shared.progress(0)? == 0 {
@@ -535,13 +432,7 @@ impl Endpoint {
 
     /// Waits until batch `id` has nothing outstanding, the deadline passes or `peer_alive`
     /// says no; returns how many operations are still outstanding and whether the peer died.
-    fn wait(
-        &self,
-        id: u64,
-        deadline: Instant,
-        peer_alive: &mut dyn FnMut() -> bool,
-    ) -> (usize, bool) {
-        let mut next_check = Instant::now() + LIVENESS_EVERY;
+    fn wait(&self, id: u64, deadline: Instant, watch: &mut Watch<'_>) -> (usize, bool) {
         loop {
             let (out, _) = self.outstanding(id);
             if out == 0 {
@@ -551,11 +442,8 @@ impl Endpoint {
             if now >= deadline {
                 return (out, false);
             }
-            if now >= next_check {
-                if !peer_alive() {
-                    return (out, true);
-                }
-                next_check = now + LIVENESS_EVERY;
+            if !watch.check() {
+                return (out, true);
             }
             if let Err(e) = self.shared.progress(0) {
                 log::debug!("fabric progress: {e}");
@@ -568,6 +456,28 @@ impl Endpoint {
 impl Shared {
     fn domain_av_insert(&self, addr: &[u8]) -> Result<u64> {
         self.ep.av().insert(addr)
+    }
+}
+
+/// The caller's view of the peer, asked at most every [`LIVENESS_EVERY`].
+struct Watch<'a> {
+    alive: &'a mut dyn FnMut() -> bool,
+    next: Instant,
+    dead: bool,
+}
+
+impl Watch<'_> {
+    /// `false` once the peer is known dead.
+    fn check(&mut self) -> bool {
+        if self.dead {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= self.next {
+            self.dead = !(self.alive)();
+            self.next = now + LIVENESS_EVERY;
+        }
+        !self.dead
     }
 }
 
@@ -632,18 +542,6 @@ impl Drop for Endpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn remote_region_round_trips_and_rejects_wrong_lengths() {
-        let r = RemoteRegion {
-            addr: 0x7f00_1234_5678,
-            len: 1 << 30,
-            key: u64::MAX - 3,
-        };
-        assert_eq!(RemoteRegion::decode(&r.encode()), Some(r));
-        assert_eq!(RemoteRegion::decode(&r.encode()[..23]), None);
-        assert_eq!(RemoteRegion::decode(&[0u8; 25]), None);
-    }
 
     #[test]
     fn tcp_completion_errors_are_named_by_their_errno() {

@@ -22,9 +22,11 @@
 mod endpoint;
 mod error;
 mod provider;
+mod region;
 mod sys;
 
-pub use endpoint::{Endpoint, MemoryRegion, PeerAddr, RemoteRegion, RmaKind, RmaOp};
+pub use endpoint::Endpoint;
 pub use error::{FabricError, Result};
 pub use provider::{library, providers, FabricConfig, ProviderInfo, PREFERENCE};
+pub use region::{MemoryRegion, PeerAddr, RemoteRegion, RmaKind, RmaOp};
 pub use sys::Memory;
