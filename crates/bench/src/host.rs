@@ -182,6 +182,7 @@ impl AgentCase {
                 tcp: true,
                 shm,
                 rdma: false,
+                fabric: false,
             },
             ..base.clone()
         };
@@ -197,6 +198,7 @@ impl AgentCase {
                         tcp: true,
                         shm: true,
                         rdma: false,
+                        fabric: false,
                     },
                     ..base
                 })

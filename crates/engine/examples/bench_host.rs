@@ -73,6 +73,7 @@ fn main() -> Result<(), Error> {
                 tcp: true,
                 shm,
                 rdma: true,
+                fabric: false,
             },
             ..AgentConfig::from_env()?
         };

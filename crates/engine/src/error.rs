@@ -104,6 +104,10 @@ pub enum Error {
     /// remote access, retry exceeded, local protection, flushed ...).
     #[error("rdma: {0}")]
     Rdma(String),
+    /// A libfabric step failed (provider choice, registration, address exchange, a completion
+    /// error by name: refused access, cancelled, ...).
+    #[error("fabric: {0}")]
+    Fabric(String),
     /// The peer did not prove it holds this agent's secret, or this side refused the peer's
     /// authentication mode (one side `insecure`, the other not). Nothing was shared.
     #[error("authentication failed: {0}")]
@@ -176,6 +180,7 @@ impl Error {
             Error::Rdma(_) => 21,
             Error::AuthFailed(_) => 22,
             Error::LimitReached { .. } => 23,
+            Error::Fabric(_) => 24,
             Error::Remote { code, .. } => *code,
         }
     }
@@ -217,6 +222,7 @@ impl Error {
                 what: message,
                 limit: a,
             },
+            24 => Error::Fabric(message),
             code => Error::Remote { code, message },
         }
     }
@@ -256,6 +262,7 @@ impl Error {
             | Error::Unavailable(s)
             | Error::Strict(s)
             | Error::Rdma(s)
+            | Error::Fabric(s)
             | Error::AuthFailed(s) => s.clone(),
             Error::LimitReached { what, .. } => what.clone(),
             Error::Os { message, .. } | Error::Remote { message, .. } => message.clone(),
