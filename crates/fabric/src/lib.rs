@@ -27,6 +27,6 @@ mod sys;
 
 pub use endpoint::Endpoint;
 pub use error::{FabricError, Result};
-pub use provider::{library, providers, FabricConfig, ProviderInfo, PREFERENCE};
+pub use provider::{library, providers, would_choose, FabricConfig, ProviderInfo, PREFERENCE};
 pub use region::{MemoryRegion, PeerAddr, RemoteRegion, RmaKind, RmaOp};
 pub use sys::Memory;

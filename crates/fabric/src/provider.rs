@@ -150,6 +150,12 @@ pub fn library() -> Result<(String, String)> {
     Ok((api.path.clone(), format!("{maj}.{min}")))
 }
 
+/// The provider [`crate::Endpoint::open`] would use with `cfg`, and why, without opening it.
+pub fn would_choose(cfg: &FabricConfig) -> Result<(ProviderInfo, String)> {
+    let (_, e, why) = choose(cfg)?;
+    Ok((ProviderInfo::from_entry(&e), why))
+}
+
 /// The provider gdx would open, the `fi_info` to open it from, and why it was chosen.
 pub(crate) fn choose(cfg: &FabricConfig) -> Result<(OwnedInfo, Entry, String)> {
     let api = sys::api()?;
@@ -169,8 +175,12 @@ pub(crate) fn choose(cfg: &FabricConfig) -> Result<(OwnedInfo, Entry, String)> {
     let all = InfoList::get(api, &hints(None))?;
     let entries = all.entries();
     let offered: Vec<String> = {
-        let mut v: Vec<String> = entries.iter().map(core).collect();
-        v.dedup();
+        let mut v: Vec<String> = Vec::new();
+        for c in entries.iter().map(core) {
+            if !v.contains(&c) {
+                v.push(c);
+            }
+        }
         v
     };
     if let Some(w) = wanted {
