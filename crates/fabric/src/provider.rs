@@ -99,7 +99,7 @@ impl ProviderInfo {
 }
 
 /// `127.0.0.1:0`, `[::1]:0`, or the bytes in hex for other formats.
-fn sockaddr_text(format: u32, b: &[u8]) -> String {
+pub(crate) fn sockaddr_text(format: u32, b: &[u8]) -> String {
     if format == ffi::FI_SOCKADDR_IN && b.len() >= 8 {
         let port = u16::from_be_bytes([b[2], b[3]]);
         return format!("{}.{}.{}.{}:{port}", b[4], b[5], b[6], b[7]);

@@ -73,7 +73,7 @@ impl FabricNode {
             "{} on {} ({}), {}",
             p.provider,
             p.domain,
-            p.src_addr,
+            self.ep.bound_address(),
             self.ep.reason()
         )
     }

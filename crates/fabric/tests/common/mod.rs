@@ -64,8 +64,12 @@ pub fn first_mismatch_from(
 }
 
 pub fn tcp() -> FabricConfig {
+    provider("tcp")
+}
+
+pub fn provider(name: &str) -> FabricConfig {
     FabricConfig {
-        provider: Some("tcp".into()),
+        provider: Some(name.into()),
     }
 }
 
@@ -88,7 +92,8 @@ pub fn target_main() {
         .expect("started by the harness")
         .parse()
         .expect("size");
-    let ep = Endpoint::open(&tcp()).expect("open tcp endpoint");
+    let prov = std::env::var("GDX_FABRIC_TARGET_PROVIDER").unwrap_or_else(|_| "tcp".into());
+    let ep = Endpoint::open(&provider(&prov)).expect("open target endpoint");
     let mem = Memory::alloc(size);
     fill(&mem, 0, size, TARGET_SEED);
     let mut region = Some(ep.register(mem).expect("register"));
@@ -152,10 +157,15 @@ pub struct Target {
 }
 
 impl Target {
-    /// Starts the target with a `size`-byte region.
+    /// Starts the target with a `size`-byte region on the tcp provider.
+    pub fn start(size: usize) -> Target {
+        Target::start_on("tcp", size)
+    }
+
+    /// Starts the target on provider `prov`.
     // Target's Drop kills and reaps the child; only a failed start (the test panics) skips it.
     #[allow(clippy::zombie_processes)]
-    pub fn start(size: usize) -> Target {
+    pub fn start_on(prov: &str, size: usize) -> Target {
         let exe = std::env::current_exe().expect("test binary");
         let mut child = Command::new(exe)
             .args([
@@ -166,6 +176,7 @@ impl Target {
                 "--test-threads=1",
             ])
             .env("GDX_FABRIC_TARGET_SIZE", size.to_string())
+            .env("GDX_FABRIC_TARGET_PROVIDER", prov)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
