@@ -180,7 +180,7 @@ impl Error {
             Error::Rdma(_) => 21,
             Error::AuthFailed(_) => 22,
             Error::LimitReached { .. } => 23,
-            Error::Fabric(_) => 24,
+            Error::Fabric(_) => 25,
             Error::Remote { code, .. } => *code,
         }
     }
@@ -222,7 +222,7 @@ impl Error {
                 what: message,
                 limit: a,
             },
-            24 => Error::Fabric(message),
+            25 => Error::Fabric(message),
             code => Error::Remote { code, message },
         }
     }
