@@ -35,6 +35,9 @@ command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # Needed to build: etcd-client's build script compiles etcd's .proto files with protoc.
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+# Same for libfabric (loaded at run time by gdx-fabric): its tcp provider on loopback runs the
+# fabric RMA tests for real; fi_info (libfabric-bin) is what doctor's advice points to.
+ldconfig -p 2>/dev/null | grep -q 'libfabric\.so\.1' || need+=(libfabric1 libfabric-bin)
 
 if ((${#need[@]})); then
   echo "bootstrap: installing ${need[*]}" >&2

@@ -187,6 +187,7 @@ impl AgentCase {
                 tcp: true,
                 shm,
                 rdma: false,
+                fabric: false,
             },
             ..base.clone()
         };
@@ -202,6 +203,7 @@ impl AgentCase {
                         tcp: true,
                         shm: true,
                         rdma: false,
+                        fabric: false,
                     },
                     ..base
                 })

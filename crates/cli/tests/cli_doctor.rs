@@ -48,6 +48,7 @@ fn list_names_the_stable_check_ids() {
         "nccl-env",
         "cufile",
         "fabric-manager",
+        "fabric",
     ] {
         assert!(
             text.lines()

@@ -80,6 +80,7 @@ fn main() -> Result<(), Error> {
                 tcp: true,
                 shm,
                 rdma: true,
+                fabric: false,
             },
             secret: Some(secret.clone()),
             ..AgentConfig::from_env()?

@@ -50,6 +50,7 @@ fn config(name: &str, shm: bool) -> AgentConfig {
             tcp: true,
             shm,
             rdma: true,
+            fabric: false,
         },
         tcp_streams: 4,
         ..AgentConfig::default()

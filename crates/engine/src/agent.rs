@@ -24,6 +24,7 @@ use crate::notes::NoteQueue;
 use crate::peer::Peer;
 use crate::region::{Access, Region, RegionScope, Registry};
 use crate::stats::{Stats, StatsSnapshot};
+use crate::transport::fabric::FabricNode;
 use crate::transport::rdma::RdmaNode;
 
 /// A small message a peer delivered after a transfer's data was in place (or sent on its own with
@@ -152,6 +153,8 @@ pub(crate) struct AgentInner {
     pub(crate) rdma_qps: Mutex<HashMap<u128, gdx_rdma::Qp>>,
     /// What this agent moved ([`Agent::stats`]).
     pub(crate) stats: Arc<Stats>,
+    /// The libfabric endpoint, or why this agent does not offer fabric.
+    pub(crate) fabric: std::result::Result<Arc<FabricNode>, String>,
 }
 
 impl AgentInner {
@@ -177,6 +180,7 @@ impl AgentInner {
     pub(crate) fn offered(&self) -> u32 {
         let mut t = self.cfg.transports;
         t.rdma &= self.rdma.is_ok();
+        t.fabric &= self.fabric.is_ok();
         t.bits()
     }
 
@@ -256,6 +260,11 @@ impl Agent {
         } else {
             Err("rdma disabled on this agent (GDX_TRANSPORTS)".to_string())
         };
+        let fabric = if cfg.transports.fabric {
+            FabricNode::open().map(Arc::new)
+        } else {
+            Err("fabric not enabled on this agent (GDX_TRANSPORTS does not name it)".to_string())
+        };
         let notes = NoteQueue::new(
             cfg.limits.max_queued_notifications,
             cfg.limits.max_queued_notification_bytes,
@@ -281,7 +290,11 @@ impl Agent {
             rdma,
             rdma_qps: Mutex::new(HashMap::new()),
             stats: Arc::default(),
+            fabric,
         });
+        if let Ok(node) = &inner.fabric {
+            let _ = inner.registry.fabric.set(Arc::clone(node));
+        }
         if let Ok(node) = &inner.rdma {
             let _ = inner.registry.rdma.set(Arc::clone(node));
         }
@@ -391,6 +404,21 @@ impl Agent {
             Ok(n) => Ok(n.describe()),
             Err(e) => Err(e.clone()),
         }
+    }
+
+    /// The libfabric provider this agent offers to peers ("tcp;ofi_rxm on lo (127.0.0.1:..),
+    /// ..."), or why it offers none.
+    pub fn fabric_status(&self) -> std::result::Result<String, String> {
+        match &self.inner.fabric {
+            Ok(n) => Ok(n.describe()),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    /// Live fabric registrations of this agent and fabric `fi_close` calls the provider
+    /// refused; `None` without fabric. Regions' registrations close when they are removed.
+    pub fn fabric_registrations(&self) -> Option<(usize, usize)> {
+        self.inner.fabric.as_ref().ok().map(|n| n.registrations())
     }
 
     /// Whether strict mode is on (see [`Agent::set_strict`]).

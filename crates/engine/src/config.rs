@@ -4,7 +4,8 @@
 //! |---|---|---|
 //! | `GDX_AGENT_NAME` | [`AgentConfig::name`] | `trainer-3` |
 //! | `GDX_LISTEN` | [`AgentConfig::listen`] | `0.0.0.0:7447`, `none` |
-//! | `GDX_TRANSPORTS` | [`AgentConfig::transports`] | `tcp,shm,rdma` (default), `tcp` |
+//! | `GDX_TRANSPORTS` | [`AgentConfig::transports`] | `tcp,shm,rdma` (default), `tcp`, `tcp,fabric` |
+//! | `GDX_FABRIC_PROVIDER` | libfabric provider for `fabric` | `tcp`, `efa`, `auto` (default) |
 //! | `GDX_TCP_STREAMS` | [`AgentConfig::tcp_streams`] | `2` |
 //! | `GDX_CHUNK_BYTES` | [`AgentConfig::chunk_bytes`] | `8388608` |
 //! | `GDX_IO_TIMEOUT_MS` | [`AgentConfig::io_timeout`] | `10000` |
@@ -72,11 +73,17 @@ pub struct Transports {
     /// RDMA verbs between hosts (offered only when this host has an RDMA device; see
     /// [`crate::Agent::rdma_status`]).
     pub rdma: bool,
+    /// libfabric RMA (offered only when a provider opens; see
+    /// [`crate::Agent::fabric_status`]). Off unless `GDX_TRANSPORTS` names it.
+    pub fabric: bool,
 }
 
 impl Transports {
     pub(crate) fn bits(self) -> u32 {
-        u32::from(self.tcp) | (u32::from(self.shm) << 1) | (u32::from(self.rdma) << 2)
+        u32::from(self.tcp)
+            | (u32::from(self.shm) << 1)
+            | (u32::from(self.rdma) << 2)
+            | (u32::from(self.fabric) << 3)
     }
 
     pub(crate) fn from_bits(b: u32) -> Transports {
@@ -84,6 +91,7 @@ impl Transports {
             tcp: b & 1 != 0,
             shm: b & 2 != 0,
             rdma: b & 4 != 0,
+            fabric: b & 8 != 0,
         }
     }
 }
@@ -132,6 +140,7 @@ impl Default for AgentConfig {
                 tcp: true,
                 shm: true,
                 rdma: true,
+                fabric: false,
             },
             tcp_streams: 2,
             chunk_bytes: 8 << 20,
@@ -187,12 +196,14 @@ impl AgentConfig {
                 tcp: false,
                 shm: false,
                 rdma: false,
+                fabric: false,
             };
             for part in v.split(',').map(str::trim) {
                 match part {
                     "tcp" => t.tcp = true,
                     "shm" => t.shm = true,
                     "rdma" => t.rdma = true,
+                    "fabric" => t.fabric = true,
                     other => {
                         return Err(Error::InvalidArgument(format!(
                             "GDX_TRANSPORTS: unknown transport {other:?}"

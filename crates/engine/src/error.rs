@@ -104,6 +104,10 @@ pub enum Error {
     /// remote access, retry exceeded, local protection, flushed ...).
     #[error("rdma: {0}")]
     Rdma(String),
+    /// A libfabric step failed (provider choice, registration, address exchange, a completion
+    /// error by name: refused access, cancelled, ...).
+    #[error("fabric: {0}")]
+    Fabric(String),
     /// The peer did not prove it holds this agent's secret, or this side refused the peer's
     /// authentication mode (one side `insecure`, the other not). Nothing was shared.
     #[error("authentication failed: {0}")]
@@ -182,6 +186,7 @@ impl Error {
             Error::AuthFailed(_) => 22,
             Error::LimitReached { .. } => 23,
             Error::Unreachable(_) => 24,
+            Error::Fabric(_) => 25,
             Error::Remote { code, .. } => *code,
         }
     }
@@ -224,6 +229,7 @@ impl Error {
                 limit: a,
             },
             24 => Error::Unreachable(message),
+            25 => Error::Fabric(message),
             code => Error::Remote { code, message },
         }
     }
@@ -264,7 +270,8 @@ impl Error {
             | Error::Strict(s)
             | Error::Rdma(s)
             | Error::AuthFailed(s)
-            | Error::Unreachable(s) => s.clone(),
+            | Error::Unreachable(s)
+            | Error::Fabric(s) => s.clone(),
             Error::LimitReached { what, .. } => what.clone(),
             Error::Os { message, .. } | Error::Remote { message, .. } => message.clone(),
             other => other.to_string(),

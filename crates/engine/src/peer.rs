@@ -15,7 +15,9 @@ use crate::error::{Error, Result};
 use crate::plan::{plan_op, Path, PeerRoute};
 use crate::region::RegionDesc;
 use crate::transfer::{Transfer, TransferHandle, XferState};
-use crate::transport::{rdma::RdmaTransport, shm::ShmTransport, tcp::TcpTransport, Transport};
+use crate::transport::{
+    fabric::FabricTransport, rdma::RdmaTransport, shm::ShmTransport, tcp::TcpTransport, Transport,
+};
 use crate::wire::{Hello, Msg};
 
 #[derive(Debug)]
@@ -80,6 +82,45 @@ fn rdma_route(
     Ok((
         PeerRoute {
             transport: Path::Rdma,
+            reason,
+        },
+        Box::new(t),
+    ))
+}
+
+/// The fabric route when both agents offer it and the addresses are exchanged; otherwise why
+/// not.
+fn fabric_route(
+    agent: &Arc<AgentInner>,
+    info: &PeerInfo,
+    control: &Arc<Mutex<Conn>>,
+    why_not: &str,
+) -> std::result::Result<(PeerRoute, Box<dyn Transport>), String> {
+    let node = agent
+        .fabric
+        .as_ref()
+        .map_err(|why| format!("not offered here ({why})"))?;
+    if !info.transports.fabric {
+        return Err("the peer offers none (no libfabric provider there, or not enabled)".into());
+    }
+    let peer = node
+        .connect(&mut control.lock().unwrap_or_else(|p| p.into_inner()))
+        .map_err(|e| format!("offered by both, but the address exchange failed: {e}"))?;
+    let t = FabricTransport::new(
+        Arc::clone(node),
+        peer,
+        Arc::clone(control),
+        agent.cfg.io_timeout,
+    )
+    .map_err(|e| e.to_string())?;
+    let reason = format!(
+        "fabric: {}; both agents offer libfabric; {}",
+        why_not.trim_start_matches("tcp: "),
+        node.describe()
+    );
+    Ok((
+        PeerRoute {
+            transport: Path::Fabric,
             reason,
         },
         Box::new(t),
@@ -204,10 +245,13 @@ impl Peer {
                 },
                 Box::new(t),
             ),
-            Err(reason) => match rdma_route(&agent, &info, &control, &reason) {
+            Err(reason) => match rdma_route(&agent, &info, &control, &reason).or_else(|rdma_why| {
+                let reason = format!("{reason}; rdma: {rdma_why}");
+                fabric_route(&agent, &info, &control, &reason)
+                    .map_err(|fabric_why| format!("{reason}; fabric: {fabric_why}"))
+            }) {
                 Ok(r) => r,
-                Err(rdma_why) => {
-                    let reason = format!("{reason}; rdma: {rdma_why}");
+                Err(reason) => {
                     let mut streams = Vec::with_capacity(cfg.tcp_streams);
                     for i in 0..cfg.tcp_streams {
                         let s = TcpStream::connect_timeout(&addr, cfg.io_timeout).map_err(|e| {

@@ -32,6 +32,9 @@ pub enum Path {
     /// RDMA WRITE/READ between host memory on both ends (RC queue pairs, kernel bypass, zero
     /// copy).
     Rdma,
+    /// libfabric RMA (`fi_write`/`fi_read`) between host memory on both ends, over the
+    /// provider the route names (efa, verbs, cxi; tcp on loopback).
+    Fabric,
     /// GPUDirect RDMA: RDMA with GPU memory on one or both ends, which the NIC reads or writes
     /// directly (registered through dma-buf or nvidia-peermem).
     Gdr,
@@ -73,6 +76,7 @@ impl fmt::Display for Path {
             Path::ShmStaged => "shm-staged",
             Path::TcpStaged => "tcp-staged",
             Path::Rdma => "rdma",
+            Path::Fabric => "fabric",
             Path::Gdr => "gdr",
             Path::P2p => "p2p",
             Path::Ipc => "ipc",
@@ -145,6 +149,19 @@ pub(crate) fn plan_op(
                 route.reason.trim_start_matches("rdma: ")
             ),
         },
+        Path::Fabric if ends.is_empty() => Plan {
+            path: Path::Fabric,
+            reason: format!("{}; one-sided RMA between host memory", route.reason),
+        },
+        // No FI_HMEM registration yet: refused, never staged behind the caller's back (strict
+        // or not; the error says how to get the staged path).
+        Path::Fabric => {
+            return Err(Error::Fabric(format!(
+                "{}; {ends} would need FI_HMEM registration, which gdx does not do yet; \
+                 connect with GDX_TRANSPORTS=tcp,shm to stage GPU memory over tcp",
+                route.reason
+            )))
+        }
         Path::Tcp if ends.is_empty() => Plan {
             path: Path::Tcp,
             reason: format!("{}; {tcp_detail}", route.reason),

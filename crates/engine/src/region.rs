@@ -255,6 +255,8 @@ pub(crate) fn check_bounds(offset: u64, len: u64, region_len: u64) -> Result<()>
 pub(crate) struct Registry {
     /// The agent's RDMA side, told when a region goes so it deregisters it first.
     pub(crate) rdma: std::sync::OnceLock<Arc<crate::transport::rdma::RdmaNode>>,
+    /// The agent's fabric side, told likewise (it closes the region's MR).
+    pub(crate) fabric: std::sync::OnceLock<Arc<crate::transport::fabric::FabricNode>>,
     next_id: AtomicU64,
     regions: Mutex<HashMap<u64, Arc<RegionInner>>>,
     names: Mutex<HashMap<String, u64>>,
@@ -302,6 +304,9 @@ impl Registry {
 
     fn remove(&self, inner: &RegionInner) {
         if let Some(node) = self.rdma.get() {
+            node.forget(inner.id);
+        }
+        if let Some(node) = self.fabric.get() {
             node.forget(inner.id);
         }
         self.regions

@@ -21,6 +21,7 @@ fn far_agent(name: &str, rdma: bool) -> Agent {
             tcp: true,
             shm: true,
             rdma,
+            fabric: false,
         },
         ..config(name, false)
     })

@@ -49,13 +49,19 @@ fn transports(list: Vec<String>) -> PyResult<Transports> {
         tcp: false,
         shm: false,
         rdma: false,
+        fabric: false,
     };
     for s in list {
         match s.as_str() {
             "tcp" => t.tcp = true,
             "shm" => t.shm = true,
             "rdma" => t.rdma = true,
-            other => return Err(err(format!("unknown transport {other:?} (tcp, shm, rdma)"))),
+            "fabric" => t.fabric = true,
+            other => {
+                return Err(err(format!(
+                    "unknown transport {other:?} (tcp, shm, rdma, fabric)"
+                )))
+            }
         }
     }
     Ok(t)

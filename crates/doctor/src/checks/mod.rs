@@ -22,6 +22,7 @@ pub mod mtu;
 pub mod nccl_env;
 pub mod numa;
 pub mod nvml;
+pub mod ofi;
 pub mod p2p;
 pub mod peermem;
 pub mod probes;
@@ -64,6 +65,7 @@ pub fn all_checks() -> Vec<&'static dyn Check> {
         &nccl_env::NcclEnv,
         &cufile::Cufile,
         &fabric::FabricManager,
+        &ofi::Libfabric,
         &probes::ProbeCopy,
         &probes::ProbeRegister,
     ]

@@ -330,6 +330,28 @@ fn serve_control(
                         Err(e) => c.send(&Msg::Err(e))?,
                     }
                 }
+                Msg::FabricConnect { addr } => {
+                    let r = agent
+                        .fabric
+                        .as_ref()
+                        .map_err(|why| Error::Unavailable(format!("fabric: {why}")))
+                        .and_then(|node| node.accept(&addr));
+                    match r {
+                        Ok(mine) => c.send(&Msg::FabricConnect { addr: mine })?,
+                        Err(e) => c.send(&Msg::Err(e))?,
+                    }
+                }
+                Msg::FabricRegion { region, key } => {
+                    let r = agent
+                        .fabric
+                        .as_ref()
+                        .map_err(|why| Error::Unavailable(format!("fabric: {why}")))
+                        .and_then(|node| node.expose(&agent.registry, region, key));
+                    match r {
+                        Ok(m) => c.send(&m)?,
+                        Err(e) => c.send(&Msg::Err(e))?,
+                    }
+                }
                 Msg::Bye => return Ok(()),
                 m => {
                     return Err(Error::Protocol(format!(

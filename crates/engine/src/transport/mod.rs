@@ -3,7 +3,7 @@
 //! A transport runs whole transfers for one peer connection: it receives the transfer's shared state
 //! (ops already planned and validated), moves the bytes, reports each op through
 //! `XferState::chunk_done` / `fail_pending`, delivers the notification and calls `finish`: tcp
-//! (with GPU staging), shm (with the GPU ipc path) and rdma.
+//! (with GPU staging), shm (with the GPU ipc path), rdma and fabric (libfabric).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use crate::error::{Error, Result};
 use crate::transfer::XferState;
 
+pub(crate) mod fabric;
 pub(crate) mod rdma;
 pub(crate) mod shm;
 pub(crate) mod tcp;

@@ -372,6 +372,16 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
             }
         }
         Msg::RdmaConnect { data } => put_bytes(o, data),
+        Msg::FabricConnect { addr } => put_bytes(o, addr),
+        Msg::FabricRegion { region, key } => {
+            put_u64(o, *region);
+            put_u128(o, key.0);
+        }
+        Msg::FabricRegionInfo { addr, len, mr_key } => {
+            put_u64(o, *addr);
+            put_u64(o, *len);
+            put_u64(o, *mr_key);
+        }
         Msg::RdmaRegion { region, key, write } => {
             put_u64(o, *region);
             put_u128(o, key.0);
@@ -547,6 +557,16 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             mac: r.mac()?,
         },
         27 => Msg::Auth { mac: r.mac()? },
+        28 => Msg::FabricConnect { addr: r.bytes()? },
+        29 => Msg::FabricRegion {
+            region: r.u64()?,
+            key: RegionKey(r.u128()?),
+        },
+        30 => Msg::FabricRegionInfo {
+            addr: r.u64()?,
+            len: r.u64()?,
+            mr_key: r.u64()?,
+        },
         k => return Err(Error::UnknownFrame(k)),
     };
     r.finish()?;

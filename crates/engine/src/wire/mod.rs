@@ -23,7 +23,7 @@ pub(crate) const MAX_STR: usize = 4096;
 /// Most ops in one `ShmBegin` (and errors in one `ShmBeginResult`); more is `Malformed`.
 pub const MAX_OPS_PER_BEGIN: usize = 8192;
 /// Highest frame type this version knows.
-pub const MAX_KIND: u8 = 27;
+pub const MAX_KIND: u8 = 30;
 
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,6 +196,23 @@ pub enum Msg {
     Auth {
         mac: [u8; 32],
     },
+    /// The initiator's libfabric endpoint address (`fi_getname` bytes); the target inserts it
+    /// into its address vector and answers with its own in the same message, or `Err`.
+    FabricConnect {
+        addr: Vec<u8>,
+    },
+    /// Asks for the fabric MR of a region (checked like any op: key and access).
+    FabricRegion {
+        region: u64,
+        key: RegionKey,
+    },
+    /// The answer to `FabricRegion`: the address of the region's byte 0 in the provider's
+    /// addressing (virtual address under FI_MR_VIRT_ADDR, else 0), its length and MR key.
+    FabricRegionInfo {
+        addr: u64,
+        len: u64,
+        mr_key: u64,
+    },
 }
 
 impl Msg {
@@ -229,6 +246,9 @@ impl Msg {
             Msg::RdmaRegionInfo { .. } => 25,
             Msg::Challenge { .. } => 26,
             Msg::Auth { .. } => 27,
+            Msg::FabricConnect { .. } => 28,
+            Msg::FabricRegion { .. } => 29,
+            Msg::FabricRegionInfo { .. } => 30,
         }
     }
 

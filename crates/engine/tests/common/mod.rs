@@ -68,6 +68,7 @@ pub fn config(name: &str, shm: bool) -> AgentConfig {
             tcp: true,
             shm,
             rdma: true,
+            fabric: false,
         },
         io_timeout: Duration::from_secs(20),
         secret: Some(shared_secret()),

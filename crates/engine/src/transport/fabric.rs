@@ -1,0 +1,298 @@
+//! The fabric transport: one-sided `fi_write`/`fi_read` between registered host regions over
+//! libfabric (`gdx-fabric`), with the same shape as the rdma transport.
+//!
+//! - **Agent**: when `GDX_TRANSPORTS` names `fabric`, the agent opens one RDM endpoint at start
+//!   (provider from `GDX_FABRIC_PROVIDER`, or efa > verbs > cxi > tcp; tcp on 127.0.0.1 only);
+//!   without one it does not offer fabric and the reason goes into every route that could have
+//!   used it ([`crate::Agent::fabric_status`]).
+//! - **Handshake**: when both agents offer fabric and neither shm nor rdma applies, the
+//!   initiator sends its endpoint address in `FabricConnect` on the authenticated control
+//!   connection; the target inserts it into its address vector and answers with its own.
+//! - **Regions**: the initiator asks for each remote region once (`FabricRegion`: key and access
+//!   checked by the target like any op) and gets its address, length and MR key. Regions are
+//!   registered on first use and the registration is closed when the region is removed.
+//! - **Access**: registrations allow remote read and write, so a key is handed out only for a
+//!   region open to remote writes; a read-only region is refused with that reason.
+//! - **GPU memory**: not registered through FI_HMEM yet; an op with a GPU end is refused at plan
+//!   time (never staged behind the caller's back).
+//! - **Peer death**: a waiting batch watches the control connection; a peer whose control socket
+//!   closes fails the op with `PeerLost` without waiting for the deadline.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gdx_fabric::{
+    Endpoint, FabricConfig, FabricError, Memory, MemoryRegion, PeerAddr, RemoteRegion, RmaKind,
+    RmaOp,
+};
+
+use crate::conn::Conn;
+use crate::error::{Error, Result};
+use crate::region::{LeaseKind, RegionInner, RegionKey, Registry};
+use crate::transfer::{OpKind, XferState};
+use crate::transport::{SerialQueue, Transport};
+use crate::wire::Msg;
+
+fn fabric_err(e: FabricError) -> Error {
+    match e {
+        FabricError::PeerLost(s) => Error::PeerLost(format!("fabric: {s}")),
+        other => Error::Fabric(other.to_string()),
+    }
+}
+
+/// This agent's fabric endpoint and the registrations it made for its regions.
+pub(crate) struct FabricNode {
+    ep: Endpoint,
+    /// Region id → its registration (closed when the region is removed).
+    regs: Mutex<HashMap<u64, MemoryRegion>>,
+}
+
+impl std::fmt::Debug for FabricNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl FabricNode {
+    /// An endpoint on the chosen provider, or why there is none.
+    pub(crate) fn open() -> std::result::Result<FabricNode, String> {
+        let ep = Endpoint::open(&FabricConfig::default()).map_err(|e| e.to_string())?;
+        Ok(FabricNode {
+            ep,
+            regs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// "tcp;ofi_rxm on lo (127.0.0.1:40123), chosen because ...".
+    pub(crate) fn describe(&self) -> String {
+        let p = self.ep.provider();
+        format!(
+            "{} on {} ({}), {}",
+            p.provider,
+            p.domain,
+            self.ep.bound_address(),
+            self.ep.reason()
+        )
+    }
+
+    /// Live registrations and refused closes of this node's domain.
+    pub(crate) fn registrations(&self) -> (usize, usize) {
+        self.ep.registrations()
+    }
+
+    fn register(&self, r: &RegionInner) -> Result<MemoryRegion> {
+        let mut regs = self.regs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = regs.get(&r.id) {
+            return Ok(m.clone());
+        }
+        if r.device().is_some() {
+            return Err(Error::Fabric(format!(
+                "region {} is GPU memory ({}); gdx does not register GPU memory with libfabric \
+                 (FI_HMEM) yet; connect with GDX_TRANSPORTS=tcp,shm to stage it over tcp",
+                r.id, r.location
+            )));
+        }
+        let Some(ptr) = r.host_ptr() else {
+            return Err(Error::InvalidArgument(format!(
+                "region {} has no memory to register",
+                r.id
+            )));
+        };
+        // SAFETY: host memory of a registered region stays mapped until the region is removed,
+        // and removal closes this registration first (`forget`); the provider's accesses follow
+        // the region's one-sided access rights (a key is handed out only for writable regions).
+        let mem = unsafe { Memory::from_raw(ptr, r.len as usize) };
+        let m = self.ep.register(mem).map_err(fabric_err)?;
+        regs.insert(r.id, m.clone());
+        Ok(m)
+    }
+
+    /// Closes a region's registration: called when the region is removed, before its memory
+    /// can go.
+    pub(crate) fn forget(&self, region: u64) {
+        self.regs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&region);
+    }
+
+    /// The target's answer to `FabricRegion`: checks key and access, registers, says where.
+    pub(crate) fn expose(&self, reg: &Registry, id: u64, key: RegionKey) -> Result<Msg> {
+        let r = reg.get(id)?;
+        if !r.key.ct_eq(&key) {
+            return Err(Error::BadKey { region: id });
+        }
+        if !r.access.remote_write {
+            // Registrations allow remote read and write; the MR key would allow writes too.
+            return Err(Error::ReadOnly { region: id });
+        }
+        let m = self.register(&r)?;
+        let rr = m.remote();
+        Ok(Msg::FabricRegionInfo {
+            addr: rr.addr,
+            len: rr.len,
+            mr_key: rr.key,
+        })
+    }
+
+    /// The target's side of `FabricConnect`: the initiator's address into the AV, and ours back.
+    pub(crate) fn accept(&self, initiator: &[u8]) -> Result<Vec<u8>> {
+        self.ep.insert_peer(initiator).map_err(fabric_err)?;
+        self.ep.address().map_err(fabric_err)
+    }
+
+    /// The initiator's side: addresses exchanged through `control`.
+    pub(crate) fn connect(&self, control: &mut Conn) -> Result<PeerAddr> {
+        let addr = self.ep.address().map_err(fabric_err)?;
+        match control.request(&Msg::FabricConnect { addr })? {
+            Msg::FabricConnect { addr } => self.ep.insert_peer(&addr).map_err(fabric_err),
+            m => Err(Error::Protocol(format!(
+                "expected FabricConnect, got frame type {}",
+                m.kind()
+            ))),
+        }
+    }
+}
+
+/// Runs transfers to one peer, one at a time, on a worker thread.
+#[derive(Debug)]
+pub(crate) struct FabricTransport {
+    queue: SerialQueue,
+}
+
+struct Worker {
+    node: Arc<FabricNode>,
+    peer: PeerAddr,
+    control: Arc<Mutex<Conn>>,
+    /// Remote region id → where it is (asked once per region).
+    remote: HashMap<u64, RemoteRegion>,
+    wait: Duration,
+}
+
+impl FabricTransport {
+    pub(crate) fn new(
+        node: Arc<FabricNode>,
+        peer: PeerAddr,
+        control: Arc<Mutex<Conn>>,
+        wait: Duration,
+    ) -> Result<FabricTransport> {
+        let w = Worker {
+            node,
+            peer,
+            control,
+            remote: HashMap::new(),
+            wait,
+        };
+        let queue = SerialQueue::spawn("gdx-fabric", move |rx, alive| worker(w, rx, alive))?;
+        Ok(FabricTransport { queue })
+    }
+}
+
+impl Transport for FabricTransport {
+    fn submit(&self, xfer: Arc<XferState>) {
+        self.queue.submit(xfer);
+    }
+
+    fn is_alive(&self) -> bool {
+        self.queue.is_alive()
+    }
+
+    fn close(&self) {
+        self.queue.close();
+    }
+}
+
+fn worker(mut w: Worker, rx: Receiver<Arc<XferState>>, alive: Arc<AtomicBool>) {
+    for xfer in rx {
+        for i in 0..xfer.ops.len() {
+            if xfer.expired() {
+                xfer.chunk_done(i, 0, Err(xfer.timeout_error()));
+                continue;
+            }
+            match w.run_op(&xfer, i) {
+                Ok(()) => xfer.chunk_done(i, xfer.ops[i].len, Ok(())),
+                Err(e) => {
+                    if matches!(e, Error::PeerLost(_)) {
+                        alive.store(false, Ordering::SeqCst);
+                    }
+                    xfer.chunk_done(i, 0, Err(e));
+                }
+            }
+        }
+        if !xfer.has_failed() {
+            if let Some(data) = &xfer.notify {
+                let mut c = w.control.lock().unwrap_or_else(|p| p.into_inner());
+                if let Err(e) = c.request(&Msg::Notify {
+                    xfer: xfer.id,
+                    data: data.clone(),
+                }) {
+                    xfer.fail_transfer(e);
+                }
+            }
+        }
+        xfer.finish();
+    }
+}
+
+impl Worker {
+    fn remote_region(&mut self, id: u64, key: RegionKey) -> Result<RemoteRegion> {
+        if let Some(r) = self.remote.get(&id) {
+            return Ok(*r);
+        }
+        let reply = self
+            .control
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .request(&Msg::FabricRegion { region: id, key })?;
+        let Msg::FabricRegionInfo { addr, len, mr_key } = reply else {
+            return Err(Error::Protocol(format!(
+                "expected FabricRegionInfo, got frame type {}",
+                reply.kind()
+            )));
+        };
+        let r = RemoteRegion {
+            addr,
+            len,
+            key: mr_key,
+        };
+        self.remote.insert(id, r);
+        Ok(r)
+    }
+
+    fn run_op(&mut self, xfer: &XferState, i: usize) -> Result<()> {
+        let op = &xfer.ops[i];
+        let remote = self.remote_region(op.remote.id, op.remote.key)?;
+        let (lease, kind) = match op.kind {
+            OpKind::Write => (LeaseKind::Source, RmaKind::Write),
+            OpKind::Read => (LeaseKind::Sink, RmaKind::Read),
+        };
+        let _lease = op.local.lease(lease, self.wait)?;
+        let mr = self.node.register(&op.local)?;
+        let rma = RmaOp {
+            kind,
+            local: &mr,
+            local_offset: op.local_offset,
+            peer: self.peer,
+            remote,
+            remote_offset: op.remote_offset,
+            len: op.len,
+        };
+        // Between ops nothing is expected on the control connection, so input there (EOF
+        // included) while waiting means the peer closed it.
+        let control = Arc::clone(&self.control);
+        let mut peer_alive = || match control.try_lock() {
+            Ok(c) => !c.has_input(),
+            Err(_) => true,
+        };
+        self.node
+            .ep
+            .run_watched(&[rma], xfer.time_left(), &mut peer_alive)
+            .map_err(|e| match e {
+                FabricError::Timeout { .. } => xfer.timeout_error(),
+                other => fabric_err(other),
+            })
+    }
+}

@@ -1,0 +1,85 @@
+//! The crate's error type: one variant per failing libfabric call or gdx-side check, each naming
+//! what failed, so a caller (the engine, doctor) can tell a dead peer from a bad key.
+
+use gdx_sys::Unavailable;
+
+/// Errors from libfabric calls and from the checks this crate makes before posting.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FabricError {
+    /// libfabric could not be loaded (not installed, or too old).
+    #[error(transparent)]
+    Unavailable(#[from] Unavailable),
+    /// A libfabric call returned an error code.
+    #[error("{call} failed: {message} (-{code})")]
+    Call {
+        /// The C call, e.g. `fi_getinfo`.
+        call: &'static str,
+        /// The positive `FI_E*` / errno value.
+        code: i32,
+        /// `fi_strerror` of `code`.
+        message: String,
+    },
+    /// No provider offers what was asked (FI_RMA on an RDM endpoint, or the named provider).
+    #[error("no libfabric provider: {0}")]
+    NoProvider(String),
+    /// The chosen provider would use something other than loopback while gdx requires it.
+    #[error("refused: {0}")]
+    NotLoopback(String),
+    /// The provider needs an MR mode this crate does not handle (FI_MR_RAW keys, say).
+    #[error("provider {provider} needs an unsupported memory-registration mode: {what}")]
+    UnsupportedMrMode {
+        /// Provider name.
+        provider: String,
+        /// The mode bit or key size that is not handled.
+        what: String,
+    },
+    /// An operation's local or remote span is outside its registration; refused by gdx before
+    /// posting.
+    #[error("{side} span {offset}+{len} is outside the {size}-byte registration")]
+    OutOfBounds {
+        /// "local" or "remote".
+        side: &'static str,
+        /// Offset asked for.
+        offset: u64,
+        /// Length asked for.
+        len: u64,
+        /// Registered size.
+        size: u64,
+    },
+    /// The peer's address could not be inserted into the address vector.
+    #[error("bad peer address ({len} bytes): {why}")]
+    BadAddress {
+        /// Length of the address given.
+        len: usize,
+        /// What was wrong.
+        why: String,
+    },
+    /// The remote side refused the access (the provider reported a protection or key error
+    /// in the completion): wrong key, out-of-range address, or a registration that is gone.
+    #[error("remote access refused by the provider: {0}")]
+    RemoteAccess(String),
+    /// The peer went away (connection refused/reset, or the provider reports it unreachable).
+    #[error("peer lost: {0}")]
+    PeerLost(String),
+    /// A completion carried an error not covered above.
+    #[error("completion error: {0}")]
+    Completion(String),
+    /// Posted operations did not complete within the deadline; the endpoint keeps them
+    /// parked until they complete or the endpoint closes.
+    #[error("{pending} of {posted} operation(s) not complete after {waited_ms} ms")]
+    Timeout {
+        /// Operations still outstanding.
+        pending: usize,
+        /// Operations posted in the batch.
+        posted: usize,
+        /// How long it waited.
+        waited_ms: u128,
+    },
+    /// The endpoint was closed, or is broken after an earlier failure.
+    #[error("endpoint closed: {0}")]
+    Closed(String),
+}
+
+/// This crate's result.
+pub type Result<T> = std::result::Result<T, FabricError>;

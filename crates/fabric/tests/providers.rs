@@ -1,0 +1,62 @@
+//! Provider discovery and choice through the real libfabric (tcp must be present; CI installs
+//! libfabric1 through scripts/bootstrap.sh).
+
+use gdx_fabric::{Endpoint, FabricConfig, FabricError};
+
+#[test]
+fn providers_list_tcp_with_a_loopback_entry() {
+    let list = gdx_fabric::providers().expect("libfabric loads");
+    assert!(
+        list.iter()
+            .any(|p| p.core() == "tcp" && p.src_addr.starts_with("127.0.0.1:")),
+        "{list:#?}"
+    );
+    let (path, version) = gdx_fabric::library().expect("library");
+    assert!(path.contains("libfabric"), "{path}");
+    assert!(version.starts_with("1."), "{version}");
+}
+
+#[test]
+fn a_named_provider_that_is_absent_is_an_error_naming_what_exists() {
+    let cfg = FabricConfig {
+        provider: Some("nosuchprov".into()),
+    };
+    let e = Endpoint::open(&cfg).expect_err("no such provider");
+    match e {
+        FabricError::NoProvider(why) => {
+            assert!(why.contains("nosuchprov") && why.contains("tcp"), "{why}")
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn automatic_choice_says_why_and_binds_tcp_to_loopback() {
+    let ep = Endpoint::open(&FabricConfig::default()).expect("open");
+    let p = ep.provider();
+    if p.core() == "tcp" {
+        assert!(p.src_addr.starts_with("127.0.0.1:"), "{p:?}");
+        assert!(
+            ep.reason().contains("no efa, verbs or cxi"),
+            "{}",
+            ep.reason()
+        );
+    } else {
+        assert!(ep.reason().contains(p.core()), "{}", ep.reason());
+    }
+    // The address a peer would insert is the bound loopback socket.
+    let a = ep.address().expect("address");
+    if p.core() == "tcp" {
+        assert_eq!(&a[4..8], &[127, 0, 0, 1], "{a:?}");
+    }
+}
+
+#[test]
+fn a_peer_address_of_the_wrong_length_is_refused() {
+    let ep = Endpoint::open(&FabricConfig {
+        provider: Some("tcp".into()),
+    })
+    .expect("open");
+    let e = ep.insert_peer(&[1, 2, 3]).expect_err("3-byte address");
+    assert!(matches!(e, FabricError::BadAddress { len: 3, .. }), "{e}");
+}
