@@ -9,6 +9,8 @@
 //! checked once per path by reading them back; latency = p50 (p99) of LAT_ITERS submit+wait
 //! of one 8-byte write. A benchmark, not a test: nothing here asserts a time.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
+
 use gdx_engine::{Access, Agent, AgentConfig, Error, Path, Transfer, Transports};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -15,6 +15,8 @@
 //!
 //! Both processes share a secret through `GDX_SECRET_FILE`; without one, a temporary file is made.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
+
 use gdx_engine::{Access, Agent, AgentConfig, Error, Secret, Transfer};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::OpenOptionsExt;

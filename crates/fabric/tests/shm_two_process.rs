@@ -2,6 +2,8 @@
 //! FI_RMA on one host): sizes up to 1 MiB at unaligned offsets, bytes verified, and a wrong
 //! key that leaves the target's bytes alone. Needs libfabric with the shm provider (Debian's libfabric1 has it).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use std::time::Duration;

@@ -2,6 +2,8 @@
 //! 127.0.0.1. Needs libfabric with the tcp provider (`apt-get install libfabric1`); without it
 //! these tests fail (they do not pass silently): CI installs it through scripts/bootstrap.sh.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use std::time::{Duration, Instant};
