@@ -39,6 +39,9 @@ use crate::wire::{Msg, ShmOp};
 pub(crate) const BOUNCE_BYTES: usize = 8 << 20;
 use crate::wire::MAX_OPS_PER_BEGIN;
 
+#[path = "shm_ring.rs"]
+mod ring;
+
 /// Runs transfers over one shm connection, one transfer at a time, on a worker thread.
 #[derive(Debug)]
 pub(crate) struct ShmTransport {
@@ -54,6 +57,8 @@ struct Worker {
     /// when the target says the region is gone, or with the connection).
     imports: HashMap<u64, crate::gpu::DeviceRegion>,
     wait: Duration,
+    /// The control ring (every transfer whose ops fit it runs without the socket).
+    ring: Option<ring::RingClient>,
 }
 
 impl ShmTransport {
@@ -109,13 +114,37 @@ impl ShmTransport {
             },
         }
         conn.end_handshake(io_timeout)?;
+        // The control ring: attached once, before any transfer.
+        let r = crate::ring::Ring::create()?;
+        let rfd = r
+            .fd()
+            .ok_or_else(|| Error::Unavailable("shm ring has no fd".into()))?;
+        conn.send_with_fd(
+            &Msg::ShmRing {
+                slots: crate::ring::SLOTS as u32,
+                slot_bytes: crate::ring::SLOT_BYTES as u32,
+            },
+            rfd,
+        )?;
+        match conn.recv_frame(false)? {
+            (Msg::Ok, 0) => {}
+            (Msg::Err(e), _) => return Err(e),
+            (m, _) => {
+                return Err(Error::Protocol(format!(
+                    "expected Ok to ShmRing, got frame type {}",
+                    m.kind()
+                )))
+            }
+        }
         let sock = conn.shutdown_handle()?;
+        let ring = ring::RingClient::new(r, conn.raw_fd(), io_timeout);
         let w = Worker {
             conn,
             bounce,
             maps: HashMap::new(),
             imports: HashMap::new(),
             wait: io_timeout,
+            ring: Some(ring),
         };
         let queue = SerialQueue::spawn("gdx-shm", move |rx, alive| worker(w, rx, alive))?;
         Ok(ShmTransport { queue, sock })
@@ -171,6 +200,9 @@ impl Worker {
                     ok[i] = false;
                 }
             }
+        }
+        if self.run_ring(xfer, &plans, &ok)? {
+            return Ok(());
         }
         let idx: Vec<usize> = (0..xfer.ops.len()).filter(|&i| ok[i]).collect();
         for batch in idx.chunks(MAX_OPS_PER_BEGIN) {
@@ -257,6 +289,26 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// Delivers the notification of a transfer that ran on the ring (its bytes are in place).
+    fn send_notify(&mut self, xfer: &XferState, n: Vec<u8>) -> Result<()> {
+        match self.conn.request(&Msg::ShmEnd {
+            xfer: xfer.id,
+            notify: Some(n),
+        }) {
+            Ok(Msg::Ok) => Ok(()),
+            // The target refused it (queue full): the connection is fine, the transfer failed.
+            Err(e) if !e.is_fatal_for_stream() => {
+                xfer.fail_transfer(e);
+                Ok(())
+            }
+            Err(e) => Err(e),
+            Ok(m) => Err(Error::Protocol(format!(
+                "expected Ok to ShmEnd, got frame type {}",
+                m.kind()
+            ))),
+        }
     }
 
     /// `ShmMap`: the fd the target passes for a region (its memfd, or a VMM GPU region's POSIX
