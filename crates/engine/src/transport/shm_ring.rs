@@ -116,6 +116,15 @@ fn hung_up(fd: RawFd) -> bool {
     n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
 }
 
+/// Whether `xfer` is small enough to run on the submitting thread: one inline slot at most
+/// (its ops ≤ `INLINE_MAX`, their bytes ≤ the slot's data area). Whether it actually takes the
+/// ring is decided by `run_ring`.
+pub(super) fn fits_one_slot(xfer: &XferState) -> bool {
+    xfer.ops.len() <= MAX_RING_OPS
+        && xfer.ops.iter().all(|o| o.len <= INLINE_MAX)
+        && xfer.ops.iter().map(|o| o.len).sum::<u64>() <= DATA_BYTES as u64
+}
+
 /// Whether op `i` can go through the ring (inline, or leased and copied through a mapping).
 fn ring_class(w: &Worker, xfer: &XferState, plan: &Path, i: usize) -> Option<u32> {
     let op = &xfer.ops[i];
