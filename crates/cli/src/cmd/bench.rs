@@ -262,6 +262,9 @@ impl Observer for Cli<'_> {
                 .filter(|r| r.key == outcome.key)
                 .collect();
             print!("{}", render::case(outcome, &rows, self.style));
+            if let Some(f) = &report.header.latency_floors {
+                print!("{}", f.beside(&rows));
+            }
             let _ = std::io::stdout().flush();
         }
         self.export(report);
@@ -466,6 +469,8 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     if host_to_host && !args.mock {
         // Measured before the header, so the header can say how.
         let _ = ctx.host_ceiling();
+        // The round trips small host rows are judged against, under this run's load.
+        let _ = ctx.latency_floors();
     }
     let hdr = if args.mock {
         header::mock_header(&params)
