@@ -262,9 +262,12 @@ impl BenchCase for AgentCase {
         params: &Params,
         sink: &mut dyn FnMut(Row),
     ) -> Result<(), BenchError> {
+        let batch = u64::from(params.batch.max(1));
         let want = params
             .max_size()
-            .max(ROTATE_BYTES.min(params.max_size().max(1) * 64));
+            .saturating_mul(batch)
+            .max(ROTATE_BYTES.min(params.max_size().max(1) * 64))
+            .min(ROTATE_BYTES.max(params.max_size()));
         let (client, peer, remote, lb) = self.connect(want)?;
         let window = remote.len.min(want);
         let mut local = client
@@ -321,10 +324,10 @@ impl BenchCase for AgentCase {
             let cell = RefCell::new(&mut local);
             let timed = wall_loop(
                 params,
-                size as f64,
+                (size * batch) as f64,
                 |t| {
-                    total = t;
-                    let tb = touched(size, window, t) as usize;
+                    total = t * batch;
+                    let tb = touched(size, window, t * batch) as usize;
                     let mut l = cell.borrow_mut();
                     let mut b = l
                         .bytes_mut()
@@ -333,9 +336,11 @@ impl BenchCase for AgentCase {
                     Ok(())
                 },
                 |i| {
-                    let off = (i % n) * size;
                     let mut t = Transfer::new();
-                    t.write(&cell.borrow(), off, &remote, off, size);
+                    for k in 0..batch {
+                        let off = ((i * batch + k) % n) * size;
+                        t.write(&cell.borrow(), off, &remote, off, size);
+                    }
                     xfer(t)
                 },
             );
@@ -347,7 +352,14 @@ impl BenchCase for AgentCase {
                 }
             };
             let mut row = Row::new(&self.spec, size);
-            fill_wall_row(&mut row, size as f64, &timed);
+            fill_wall_row(&mut row, (size * batch) as f64, &timed);
+            if batch > 1 {
+                // Per op, not per transfer; bandwidth counts every op's bytes.
+                row.msg_rate_mops = row.msg_rate_mops.map(|m| m * batch as f64);
+                row.add_note(format!(
+                    "batch of {batch} ops per transfer; p50/p99 are per transfer"
+                ));
+            }
             row.cpu_s_per_gb = timed.cpu_s_per_gb;
             if lb.is_some() {
                 row.add_note("cpu includes both agents (loopback, one process)");

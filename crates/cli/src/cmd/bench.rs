@@ -115,6 +115,11 @@ pub struct BenchArgs {
     #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = ByteSize::parse, help = format!("Chunk of the staged GPU → host → GPU pipeline ({SIZE_HELP})"))]
     staged_chunk: u64,
 
+    /// Ops per transfer in the host shm/tcp cases: each transfer is a batch of N ops of the
+    /// row's size (Mop/s then counts ops)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8192))]
+    batch: u32,
+
     /// Skip checking the destination after the timed loop.
     #[arg(long)]
     no_verify: bool,
@@ -457,6 +462,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         iters: args.iters,
         verify: !args.no_verify,
         staged_chunk: args.staged_chunk,
+        batch: args.batch,
     };
     let uses_gpu = cases.iter().any(|c| {
         let s = c.spec();
