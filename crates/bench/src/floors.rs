@@ -71,6 +71,13 @@ impl LatencyFloors {
             let (Some(p50), true) = (r.lat_p50_us, r.size_bytes <= 64 << 10) else {
                 continue;
             };
+            // A p50 of a whole window (`--batch`/`--window`) is not one round trip.
+            if r.note
+                .as_deref()
+                .is_some_and(|n| n.contains(crate::host::WINDOW_NOTE))
+            {
+                continue;
+            }
             let size = crate::render::human_size(r.size_bytes);
             match r.path {
                 PathKind::Shm => {
@@ -202,7 +209,9 @@ mod tests {
         let mut t = row.clone();
         t.path = PathKind::Tcp;
         t.lat_p50_us = Some(24.0);
-        let s = fixed.beside(&[&row, &big, &t]);
+        let mut windowed = row.clone();
+        windowed.add_note(format!("p50 per {}", crate::host::WINDOW_NOTE));
+        let s = fixed.beside(&[&row, &big, &t, &windowed]);
         assert_eq!(
             s,
             "8 B shm p50 2.50 µs = 2.5× the shm floor, 0.25× the unix-socket floor\n\

@@ -120,6 +120,11 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8192))]
     batch: u32,
 
+    /// Transfers in flight at once in the host shm/tcp cases: each timed iteration submits N
+    /// transfers, then waits for all (Mop/s counts ops; p50/p99 are per window)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    window: u32,
+
     /// Skip checking the destination after the timed loop.
     #[arg(long)]
     no_verify: bool,
@@ -463,6 +468,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         verify: !args.no_verify,
         staged_chunk: args.staged_chunk,
         batch: args.batch,
+        window: args.window,
     };
     let uses_gpu = cases.iter().any(|c| {
         let s = c.spec();
