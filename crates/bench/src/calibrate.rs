@@ -62,6 +62,10 @@ pub struct Detail {
     pub staged_chunks: Vec<(u64, f64)>,
     /// The run header (machine, version, command line, method).
     pub header: Header,
+    /// What the measurements contradict: tcp beating shm between two agents of one host is a
+    /// defect or a loaded machine, never recorded as a preference (#17).
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// What `gdx calibrate` produced.
@@ -187,6 +191,27 @@ pub fn decide(
     ))
 }
 
+/// The warning for a host->host decision where tcp was faster than shm at some size.
+fn tcp_beats_shm(d: &Decision) -> Option<String> {
+    if d.cases[0] != "host_to_host_shm" || d.cases[1] != "host_to_host_tcp" {
+        return None;
+    }
+    let lost: Vec<String> = d
+        .evidence
+        .iter()
+        .filter(|e| e.2 < e.1)
+        .map(|e| format!("{} B ({:.2} vs {:.2} µs)", e.0, e.2, e.1))
+        .collect();
+    (!lost.is_empty()).then(|| {
+        format!(
+            "tcp beat shm between two agents of this host at {}: shm should win at every \
+             size on one host, so this is an engine defect or a loaded machine; not recorded \
+             as a preference for tcp (re-run on an idle machine, or report it)",
+            lost.join(", ")
+        )
+    })
+}
+
 /// The pairs of case keys to compare for `gpus` GPUs.
 pub fn pairs(gpus: u32) -> Vec<(String, String, String)> {
     let mut v = vec![(
@@ -222,8 +247,15 @@ pub fn from_report(
         ..Calibration::default()
     };
     let mut decisions = Vec::new();
+    let mut warnings = Vec::new();
     for (scope, a, b) in pairs(gpus) {
         if let Some((d, c)) = decide(&report, &scope, &a, &b) {
+            if let Some(w) = tcp_beats_shm(&d) {
+                warnings.push(w);
+            }
+            // shm must win at every size on one host: a measurement saying otherwise is
+            // reported above, never turned into a preference for tcp.
+            let c = c.filter(|c| !(c.prefer == Path::Tcp && c.over == Path::Shm));
             if let Some(c) = c {
                 // One crossover per path pair: keep the most conservative (smallest) threshold.
                 match cal
@@ -252,6 +284,7 @@ pub fn from_report(
             decisions,
             staged_chunks,
             header: report.header.clone(),
+            warnings,
         },
         report,
     }
@@ -352,6 +385,9 @@ pub fn show(cal: &Calibration, detail: Option<&Detail>) -> String {
         cal.p2p_streams.unwrap_or(1)
     );
     if let Some(d) = detail {
+        for w in &d.warnings {
+            let _ = writeln!(s, "warning: {w}");
+        }
         for dec in &d.decisions {
             let _ = writeln!(s, "{}", dec.summary);
             let _ = writeln!(

@@ -205,6 +205,12 @@ pub struct Params {
     pub verify: bool,
     /// Chunk of the staged pipeline in bytes.
     pub staged_chunk: u64,
+    /// Ops per transfer in the host shm/tcp cases (`--batch`): each transfer carries this many
+    /// ops of the row's size, and Mop/s counts ops.
+    pub batch: u32,
+    /// Transfers in flight at once in the host shm/tcp cases (`--window`): each timed
+    /// iteration submits this many transfers, then waits for all of them; Mop/s counts ops.
+    pub window: u32,
 }
 
 /// The default sweep: 8 B to 1 GiB in steps of ×4, plus 1 GiB.
@@ -228,6 +234,8 @@ impl Default for Params {
             iters: None,
             verify: true,
             staged_chunk: 16 << 20,
+            batch: 1,
+            window: 1,
         }
     }
 }

@@ -42,6 +42,7 @@ pub struct Ctx {
     cuda: OnceLock<Result<Cuda, Unavailable>>,
     nvml: OnceLock<Option<Nvml>>,
     host_ceiling: OnceLock<Option<HostCeiling>>,
+    latency_floors: OnceLock<crate::floors::LatencyFloors>,
     /// GPUs the mock backend pretends to have (its cases name GPU0 and GPU1).
     mock_gpus: Option<u32>,
     /// Why RDMA cannot run here (`None`: it can).
@@ -217,6 +218,17 @@ impl Ctx {
     /// The host ceiling if it was measured already (never measures).
     pub fn host_ceiling_if_measured(&self) -> Option<&HostCeiling> {
         self.host_ceiling.get().and_then(Option::as_ref)
+    }
+
+    /// The latency floors if they were measured already (never measures).
+    pub fn latency_floors_if_measured(&self) -> Option<&crate::floors::LatencyFloors> {
+        self.latency_floors.get()
+    }
+
+    /// The host latency floors ([`crate::floors`]), measured once per run on first use.
+    pub fn latency_floors(&self) -> &crate::floors::LatencyFloors {
+        self.latency_floors
+            .get_or_init(crate::floors::LatencyFloors::measure)
     }
 
     /// The host ceiling ([`crate::hostceil`]), measured once per run on first use.

@@ -107,6 +107,7 @@ pub fn live_header(
         method: method(params),
         notes,
         host_ceiling: ctx.host_ceiling_if_measured().cloned(),
+        latency_floors: ctx.latency_floors_if_measured().cloned(),
     }
 }
 
@@ -127,6 +128,7 @@ pub fn mock_header(params: &Params) -> Header {
         method: method(params),
         notes: vec!["mock backend: figures are synthetic".into()],
         host_ceiling: None,
+        latency_floors: None,
     }
 }
 

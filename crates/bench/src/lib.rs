@@ -26,6 +26,7 @@ pub mod compare;
 pub mod ctx;
 pub mod error;
 pub mod file;
+pub mod floors;
 pub mod gpu;
 pub mod header;
 pub mod host;

@@ -107,6 +107,9 @@ pub fn header(h: &Header) -> String {
     if let Some(c) = &h.host_ceiling {
         let _ = writeln!(s, "host ceiling: {}", c.method);
     }
+    if let Some(f) = &h.latency_floors {
+        let _ = writeln!(s, "{}", f.summary());
+    }
     for n in &h.notes {
         let _ = writeln!(s, "note: {n}");
     }

@@ -255,6 +255,9 @@ pub struct Header {
     /// The host ceiling and how it was measured, when host cases ran.
     #[serde(default)]
     pub host_ceiling: Option<crate::hostceil::HostCeiling>,
+    /// The host latency floors of this run, when host cases ran.
+    #[serde(default)]
+    pub latency_floors: Option<crate::floors::LatencyFloors>,
 }
 
 /// A whole run.

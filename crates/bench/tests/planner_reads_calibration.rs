@@ -104,3 +104,45 @@ fn the_planner_reads_the_file_and_chooses_accordingly() {
     let detail = detail_of(&text).unwrap();
     assert_eq!(detail.decisions.len(), 1);
 }
+
+/// tcp faster than shm at small sizes on one host: a warning, and no crossover preferring tcp.
+#[test]
+fn tcp_beating_shm_is_a_warning_not_a_preference() {
+    let mut results = Vec::new();
+    for (size, shm, tcp) in [
+        (8u64, 60.0, 50.0),
+        (4096, 62.0, 55.0),
+        (1 << 20, 100.0, 400.0),
+    ] {
+        results.push(row("host_to_host_shm", PathKind::Shm, size, shm));
+        results.push(row("host_to_host_tcp", PathKind::Tcp, size, tcp));
+    }
+    let report = Report {
+        schema_version: SCHEMA_VERSION,
+        header: header::mock_header(&Params::default()),
+        cases: vec![],
+        waived: vec![],
+        results,
+    };
+    // decide() alone still sees the crossover ...
+    let (_, c) = decide(
+        &report,
+        "host->host",
+        "host_to_host_shm",
+        "host_to_host_tcp",
+    )
+    .unwrap();
+    assert_eq!(c.map(|c| c.prefer), Some(Path::Tcp));
+    // ... but the calibration does not record it, and says why.
+    let o = from_report(report, 0, vec![], "test".into());
+    assert!(o.calibration.crossovers.is_empty(), "{:?}", o.calibration);
+    assert_eq!(o.detail.warnings.len(), 1);
+    assert!(
+        o.detail.warnings[0].contains("tcp beat shm"),
+        "{}",
+        o.detail.warnings[0]
+    );
+    assert!(o.detail.warnings[0].contains("8 B"));
+    let shown = gdx_bench::calibrate::show(&o.calibration, Some(&o.detail));
+    assert!(shown.contains("warning: tcp beat shm"));
+}

@@ -404,6 +404,11 @@ impl Conn {
         }
     }
 
+    /// The socket's descriptor (for `poll`; it stays owned by this connection).
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.sock.fd()
+    }
+
     /// The next fd received with `SCM_RIGHTS`, if any.
     pub(crate) fn take_fd(&mut self) -> Option<OwnedFd> {
         self.fds.pop_front()

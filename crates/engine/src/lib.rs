@@ -68,6 +68,7 @@ mod peer;
 mod plan;
 pub mod planner;
 mod region;
+mod ring;
 pub mod serve;
 mod server;
 mod stats;

@@ -829,3 +829,176 @@ fn connection_caps_total_and_per_address_are_enforced() {
         legit_round_trip(&target, 8);
     }
 }
+
+// ---- #17: the shm control ring, driven by hand ----------------------------------------------
+
+/// The documented ring layout (docs/wire-protocol.md, "The shm control ring").
+const RING_SLOTS: usize = 32;
+const RING_SLOT: usize = 256 << 10;
+const RING_BYTES: usize = 4096 + RING_SLOTS * RING_SLOT;
+
+struct RawRing {
+    fd: OwnedFd,
+    ptr: *mut u8,
+}
+
+impl RawRing {
+    fn new() -> RawRing {
+        let fd = memfd(RING_BYTES, true);
+        // SAFETY: a fresh shared mapping of our own memfd.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                RING_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let r = RawRing { fd, ptr: p.cast() };
+        r.word(0)
+            .store(0x4758_5247, std::sync::atomic::Ordering::SeqCst);
+        r
+    }
+
+    fn word(&self, at: usize) -> &std::sync::atomic::AtomicU32 {
+        assert!(at.is_multiple_of(4) && at + 4 <= RING_BYTES);
+        // SAFETY: aligned, inside the mapping, only accessed atomically.
+        unsafe { &*self.ptr.add(at).cast() }
+    }
+
+    /// Writes a request into slot 0 and posts it.
+    fn post(&self, seq: u32, kind: u32, ops: &[ShmOp]) {
+        let s = 4096;
+        self.word(s + 8).store(seq, Relaxed);
+        self.word(s + 12).store(kind, Relaxed);
+        self.word(s + 16).store(ops.len() as u32, Relaxed);
+        let mut at = s + 64 + (64 << 10);
+        for op in ops {
+            let mut b = Vec::new();
+            b.extend_from_slice(&u32::from(op.write).to_le_bytes());
+            b.extend_from_slice(&[0; 4]);
+            b.extend_from_slice(&op.region.to_le_bytes());
+            b.extend_from_slice(&op.key.0.to_le_bytes());
+            b.extend_from_slice(&op.offset.to_le_bytes());
+            b.extend_from_slice(&op.len.to_le_bytes());
+            // SAFETY: the op table lies inside slot 0.
+            unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), self.ptr.add(at), b.len()) };
+            at += b.len();
+        }
+        self.word(s).store(1, std::sync::atomic::Ordering::SeqCst);
+        self.word(4)
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Waits (bounded) for slot 0 to reach `state`.
+    fn reaches(&self, state: u32) -> bool {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < until {
+            if self.word(4096).load(std::sync::atomic::Ordering::SeqCst) == state {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    }
+}
+
+impl Drop for RawRing {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.ptr.cast(), RING_BYTES) };
+    }
+}
+
+fn attach_ring(target: &Agent) -> (raw::Session, UnixStream, RawRing) {
+    let bounce = memfd(1 << 16, true);
+    let (s, u, reply) = shm_join(target, &bounce);
+    assert_eq!(reply, Some(Msg::Ok));
+    let ring = RawRing::new();
+    send_with_fd(
+        &u,
+        &Msg::ShmRing {
+            slots: RING_SLOTS as u32,
+            slot_bytes: RING_SLOT as u32,
+        },
+        ring.fd.as_raw_fd(),
+    );
+    assert!(matches!(recv_with_fds(&u), Some((Msg::Ok, _))));
+    (s, u, ring)
+}
+
+#[test]
+fn a_ring_begin_holds_its_lease_until_end() {
+    let target = Agent::new(AgentConfig {
+        transfer_timeout: Duration::from_millis(300),
+        ..config("target", true)
+    })
+    .unwrap();
+    let mut r = target.alloc(4096, Access::READ_WRITE, None).unwrap();
+    let d = r.desc();
+    let (_s, _u, ring) = attach_ring(&target);
+    let op = ShmOp {
+        write: true,
+        region: d.id,
+        key: d.key,
+        offset: 0,
+        len: 64,
+    };
+    ring.post(0, 2, &[op]);
+    assert!(ring.reaches(2), "BEGIN never DONE");
+    assert_eq!(
+        ring.word(4096 + 20).load(Relaxed),
+        4,
+        "an empty result (no error)"
+    );
+    // The target holds a lease for the remote writer: the owner cannot write (or free) now.
+    assert!(matches!(r.bytes_mut(), Err(Error::Timeout(_))));
+    ring.word(4096)
+        .store(3, std::sync::atomic::Ordering::SeqCst);
+    ring.word(4)
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    assert!(ring.reaches(0), "END never released the slot");
+    r.bytes_mut().expect("the lease outlived END");
+}
+
+#[test]
+fn a_ring_request_out_of_protocol_closes_the_connection() {
+    let target = agent("target", true);
+    let r = target.alloc(4096, Access::READ_WRITE, None).unwrap();
+    let d = r.desc();
+    let op = ShmOp {
+        write: true,
+        region: d.id,
+        key: d.key,
+        offset: 0,
+        len: 64,
+    };
+    // An unknown request kind, an out-of-order seq, more inline bytes than an op may carry.
+    for (seq, kind, len) in [(0, 9, 64), (5, 1, 64), (0, 1, 1 << 20)] {
+        let (_s, u, ring) = attach_ring(&target);
+        ring.post(seq, kind, &[ShmOp { len, ..op }]);
+        assert!(
+            recv_with_fds(&u).is_none(),
+            "kind {kind} seq {seq} len {len}"
+        );
+        assert_ne!(ring.word(4096).load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+    // A ring of the wrong size is refused before it is mapped.
+    let bounce = memfd(1 << 16, true);
+    let (_s, u, _) = shm_join(&target, &bounce);
+    let small = memfd(RING_BYTES - 4096, true);
+    send_with_fd(
+        &u,
+        &Msg::ShmRing {
+            slots: RING_SLOTS as u32,
+            slot_bytes: RING_SLOT as u32,
+        },
+        small.as_raw_fd(),
+    );
+    assert!(!matches!(recv_with_fds(&u), Some((Msg::Ok, _))));
+    // The target is still serving legitimate peers.
+    legit_round_trip(&target, 3);
+}

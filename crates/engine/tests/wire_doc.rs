@@ -200,6 +200,13 @@ fn seed_messages() -> Vec<(String, Msg)> {
             },
         ),
         (
+            "shmring",
+            Msg::ShmRing {
+                slots: 32,
+                slot_bytes: 256 << 10,
+            },
+        ),
+        (
             "shmend",
             Msg::ShmEnd {
                 xfer: 3,

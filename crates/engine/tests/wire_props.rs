@@ -128,6 +128,8 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
         }),
         (any::<u128>(), any::<[u8; 32]>()).prop_map(|(nonce, mac)| Msg::Challenge { nonce, mac }),
         any::<[u8; 32]>().prop_map(|mac| Msg::Auth { mac }),
+        (any::<u32>(), any::<u32>())
+            .prop_map(|(slots, slot_bytes)| Msg::ShmRing { slots, slot_bytes }),
         Just(Msg::Ok),
         Just(Msg::Bye),
         Just(Msg::ListRegions),

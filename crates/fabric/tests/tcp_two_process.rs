@@ -234,7 +234,13 @@ fn wrong_key_and_forged_bounds_are_refused_by_the_target_provider() {
     let e = ep2
         .run(&[forged], Duration::from_secs(20))
         .expect_err("straddling write");
-    assert!(matches!(e, FabricError::RemoteAccess(_)), "{e}");
+    // The tcp provider may already have torn the connection down after the previous access
+    // error (EPIPE on the next send): a refusal either way; what matters is checked below,
+    // that the target's bytes past the end are untouched.
+    assert!(
+        matches!(e, FabricError::RemoteAccess(_) | FabricError::PeerLost(_)),
+        "{e}"
+    );
     assert_eq!(
         t.ask(&format!("check {} 8 {TARGET_SEED}", (1 << 16) - 8)),
         "ok"

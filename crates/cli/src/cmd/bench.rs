@@ -119,6 +119,16 @@ pub struct BenchArgs {
     #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = ByteSize::parse, help = format!("Chunk of the staged GPU → host → GPU pipeline ({SIZE_HELP})"))]
     staged_chunk: u64,
 
+    /// Ops per transfer in the host shm/tcp cases: each transfer is a batch of N ops of the
+    /// row's size (Mop/s then counts ops)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8192))]
+    batch: u32,
+
+    /// Transfers in flight at once in the host shm/tcp cases: each timed iteration submits N
+    /// transfers, then waits for all (Mop/s counts ops; p50/p99 are per window)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    window: u32,
+
     /// Skip checking the destination after the timed loop.
     #[arg(long)]
     no_verify: bool,
@@ -266,6 +276,9 @@ impl Observer for Cli<'_> {
                 .filter(|r| r.key == outcome.key)
                 .collect();
             print!("{}", render::case(outcome, &rows, self.style));
+            if let Some(f) = &report.header.latency_floors {
+                print!("{}", f.beside(&rows));
+            }
             let _ = std::io::stdout().flush();
         }
         self.export(report);
@@ -462,6 +475,8 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         iters: args.iters,
         verify: !args.no_verify,
         staged_chunk: args.staged_chunk,
+        batch: args.batch,
+        window: args.window,
     };
     let uses_gpu = cases.iter().any(|c| {
         let s = c.spec();
@@ -474,6 +489,8 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     if host_to_host && !args.mock {
         // Measured before the header, so the header can say how.
         let _ = ctx.host_ceiling();
+        // The round trips small host rows are judged against, under this run's load.
+        let _ = ctx.latency_floors();
     }
     let hdr = if args.mock {
         header::mock_header(&params)

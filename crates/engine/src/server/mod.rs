@@ -545,5 +545,6 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
 }
 
 mod shm;
+mod shm_ring;
 
 use shm::serve_shm;

@@ -6,6 +6,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
+use super::shm_ring::RingServer;
 use super::{authenticated, join_handshake, note_wait, with_conn};
 use crate::agent::{AgentInner, Notification};
 use crate::conn::{trim_fds, Conn, Sock};
@@ -65,13 +66,32 @@ pub(super) fn serve_shm(agent: Arc<AgentInner>, s: UnixStream, slot: Slot) {
     });
 }
 
-fn serve_shm_loop(agent: &AgentInner, c: &mut Conn, bounce: &Mapping, from: &str) -> Result<()> {
+fn serve_shm_loop(
+    agent: &Arc<AgentInner>,
+    c: &mut Conn,
+    bounce: &Mapping,
+    from: &str,
+) -> Result<()> {
     let reg: &Registry = &agent.registry;
     let wait = agent.cfg.io_timeout;
     let mut held: Vec<Lease> = Vec::new();
+    // Declared after `held` so it is dropped first: its thread stops and releases its leases.
+    let mut ring: Option<RingServer> = None;
     loop {
         trim_fds(c);
-        let (msg, payload) = c.recv_frame(true)?;
+        let (msg, payload) = match c.recv_frame(true) {
+            Ok(f) => f,
+            // A connection whose traffic goes through the ring is idle on the socket, not idle.
+            Err(Error::LimitReached { what, .. })
+                if what.contains("idle_timeout")
+                    && ring
+                        .as_ref()
+                        .is_some_and(|r| r.active_within(agent.cfg.limits.idle_timeout)) =>
+            {
+                continue
+            }
+            Err(e) => return Err(e),
+        };
         if payload != 0 {
             return Err(Error::Protocol("payload on the shm connection".into()));
         }
@@ -164,6 +184,31 @@ fn serve_shm_loop(agent: &AgentInner, c: &mut Conn, bounce: &Mapping, from: &str
                     Ok(()) => c.send(&Msg::Ok)?,
                     Err(e) => c.send(&Msg::Err(e))?,
                 }
+            }
+            Msg::ShmRing { slots, slot_bytes } => {
+                let fd = c
+                    .take_fd()
+                    .ok_or_else(|| Error::Protocol("ShmRing without an fd".into()))?;
+                if ring.is_some() {
+                    return Err(Error::Protocol("a second ShmRing on one connection".into()));
+                }
+                if slots as usize != crate::ring::SLOTS
+                    || slot_bytes as usize != crate::ring::SLOT_BYTES
+                {
+                    return Err(Error::Protocol(format!(
+                        "shm ring of {slots} x {slot_bytes} B, expected {} x {} B",
+                        crate::ring::SLOTS,
+                        crate::ring::SLOT_BYTES
+                    )));
+                }
+                let r = crate::ring::Ring::attach(fd.as_raw_fd())?;
+                drop(fd);
+                ring = Some(RingServer::start(
+                    Arc::clone(agent),
+                    r,
+                    c.shutdown_handle()?,
+                )?);
+                c.send(&Msg::Ok)?;
             }
             Msg::Bye => return Ok(()),
             m => {

@@ -20,9 +20,9 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::conn::{Conn, Sock};
@@ -39,11 +39,22 @@ use crate::wire::{Msg, ShmOp};
 pub(crate) const BOUNCE_BYTES: usize = 8 << 20;
 use crate::wire::MAX_OPS_PER_BEGIN;
 
+#[path = "shm_ring.rs"]
+mod ring;
+
 /// Runs transfers over one shm connection, one transfer at a time, on a worker thread.
 #[derive(Debug)]
 pub(crate) struct ShmTransport {
     queue: SerialQueue,
     sock: Sock,
+    /// The connection's state, used by the worker thread and, for small transfers on an idle
+    /// connection, by the submitting thread itself (no thread hand-off on the latency path).
+    worker: Arc<Mutex<Worker>>,
+    /// Transfers queued to the worker thread and not yet finished: a transfer runs on the
+    /// submitting thread only when this is 0, so transfers still run in submission order.
+    queued: Arc<AtomicUsize>,
+    /// Set when the connection broke on the submitting thread.
+    dead: Arc<AtomicBool>,
 }
 
 struct Worker {
@@ -54,6 +65,19 @@ struct Worker {
     /// when the target says the region is gone, or with the connection).
     imports: HashMap<u64, crate::gpu::DeviceRegion>,
     wait: Duration,
+    /// The control ring (every transfer whose ops fit it runs without the socket).
+    ring: Option<ring::RingClient>,
+    /// Why the connection is unusable, once it is.
+    broken: Option<Error>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("maps", &self.maps.len())
+            .field("broken", &self.broken)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ShmTransport {
@@ -109,26 +133,78 @@ impl ShmTransport {
             },
         }
         conn.end_handshake(io_timeout)?;
+        // The control ring: attached once, before any transfer.
+        let r = crate::ring::Ring::create()?;
+        let rfd = r
+            .fd()
+            .ok_or_else(|| Error::Unavailable("shm ring has no fd".into()))?;
+        conn.send_with_fd(
+            &Msg::ShmRing {
+                slots: crate::ring::SLOTS as u32,
+                slot_bytes: crate::ring::SLOT_BYTES as u32,
+            },
+            rfd,
+        )?;
+        match conn.recv_frame(false)? {
+            (Msg::Ok, 0) => {}
+            (Msg::Err(e), _) => return Err(e),
+            (m, _) => {
+                return Err(Error::Protocol(format!(
+                    "expected Ok to ShmRing, got frame type {}",
+                    m.kind()
+                )))
+            }
+        }
         let sock = conn.shutdown_handle()?;
+        let ring = ring::RingClient::new(r, conn.raw_fd(), io_timeout);
         let w = Worker {
             conn,
             bounce,
             maps: HashMap::new(),
             imports: HashMap::new(),
             wait: io_timeout,
+            ring: Some(ring),
+            broken: None,
         };
-        let queue = SerialQueue::spawn("gdx-shm", move |rx, alive| worker(w, rx, alive))?;
-        Ok(ShmTransport { queue, sock })
+        let worker = Arc::new(Mutex::new(w));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let dead = Arc::new(AtomicBool::new(false));
+        let (w, q, d) = (Arc::clone(&worker), Arc::clone(&queued), Arc::clone(&dead));
+        let queue = SerialQueue::spawn("gdx-shm", move |rx, alive| {
+            worker_thread(&w, rx, &alive, &q, &d)
+        })?;
+        Ok(ShmTransport {
+            queue,
+            sock,
+            worker,
+            queued,
+            dead,
+        })
     }
 }
 
 impl Transport for ShmTransport {
     fn submit(&self, xfer: Arc<XferState>) {
+        if self.queued.load(Ordering::SeqCst) == 0 && ring::fits_one_slot(&xfer) {
+            if let Ok(mut w) = self.worker.try_lock() {
+                // Re-checked under the lock: the worker thread finishes a transfer before it
+                // lowers the count, so nothing submitted earlier is still running.
+                if self.queued.load(Ordering::SeqCst) == 0 && self.queue.is_alive() {
+                    if w.run_guarded(&xfer) {
+                        self.dead.store(true, Ordering::SeqCst);
+                    }
+                    drop(w);
+                    xfer.finish();
+                    return;
+                }
+            }
+        }
+        self.queued.fetch_add(1, Ordering::SeqCst);
         self.queue.submit(xfer);
     }
 
     fn is_alive(&self) -> bool {
-        self.queue.is_alive()
+        self.queue.is_alive() && !self.dead.load(Ordering::SeqCst)
     }
 
     fn close(&self) {
@@ -137,24 +213,48 @@ impl Transport for ShmTransport {
     }
 }
 
-fn worker(mut w: Worker, rx: Receiver<Arc<XferState>>, alive: Arc<AtomicBool>) {
-    let mut broken: Option<Error> = None;
+fn worker_thread(
+    w: &Mutex<Worker>,
+    rx: Receiver<Arc<XferState>>,
+    alive: &AtomicBool,
+    queued: &AtomicUsize,
+    dead: &AtomicBool,
+) {
     for xfer in rx {
-        if let Some(e) = &broken {
-            xfer.fail_pending(e);
-        } else if let Err(e) = w.run(&xfer) {
-            xfer.fail_pending(&e);
-            alive.store(false, Ordering::SeqCst);
-            broken = Some(e);
+        {
+            let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
+            if w.run_guarded(&xfer) {
+                alive.store(false, Ordering::SeqCst);
+                dead.store(true, Ordering::SeqCst);
+            }
         }
         xfer.finish();
+        queued.fetch_sub(1, Ordering::SeqCst);
     }
-    if broken.is_none() {
+    let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
+    if w.broken.is_none() {
         let _ = w.conn.send(&Msg::Bye);
     }
 }
 
 impl Worker {
+    /// Runs one transfer (or fails it at once on a broken connection); true when this transfer
+    /// broke the connection.
+    fn run_guarded(&mut self, xfer: &XferState) -> bool {
+        if let Some(e) = &self.broken {
+            xfer.fail_pending(e);
+            return false;
+        }
+        match self.run(xfer) {
+            Ok(()) => false,
+            Err(e) => {
+                xfer.fail_pending(&e);
+                self.broken = Some(e);
+                true
+            }
+        }
+    }
+
     /// Runs one transfer; `Err` means the connection is unusable.
     fn run(&mut self, xfer: &XferState) -> Result<()> {
         let plans: Vec<Path> = xfer.plans().into_iter().map(|p| p.path).collect();
@@ -171,6 +271,9 @@ impl Worker {
                     ok[i] = false;
                 }
             }
+        }
+        if self.run_ring(xfer, &plans, &ok)? {
+            return Ok(());
         }
         let idx: Vec<usize> = (0..xfer.ops.len()).filter(|&i| ok[i]).collect();
         for batch in idx.chunks(MAX_OPS_PER_BEGIN) {
@@ -257,6 +360,26 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// Delivers the notification of a transfer that ran on the ring (its bytes are in place).
+    fn send_notify(&mut self, xfer: &XferState, n: Vec<u8>) -> Result<()> {
+        match self.conn.request(&Msg::ShmEnd {
+            xfer: xfer.id,
+            notify: Some(n),
+        }) {
+            Ok(Msg::Ok) => Ok(()),
+            // The target refused it (queue full): the connection is fine, the transfer failed.
+            Err(e) if !e.is_fatal_for_stream() => {
+                xfer.fail_transfer(e);
+                Ok(())
+            }
+            Err(e) => Err(e),
+            Ok(m) => Err(Error::Protocol(format!(
+                "expected Ok to ShmEnd, got frame type {}",
+                m.kind()
+            ))),
+        }
     }
 
     /// `ShmMap`: the fd the target passes for a region (its memfd, or a VMM GPU region's POSIX

@@ -403,6 +403,10 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
             o.extend_from_slice(mac);
         }
         Msg::Auth { mac } => o.extend_from_slice(mac),
+        Msg::ShmRing { slots, slot_bytes } => {
+            put_u32(o, *slots);
+            put_u32(o, *slot_bytes);
+        }
     }
 }
 
@@ -566,6 +570,10 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             addr: r.u64()?,
             len: r.u64()?,
             mr_key: r.u64()?,
+        },
+        31 => Msg::ShmRing {
+            slots: r.u32()?,
+            slot_bytes: r.u32()?,
         },
         k => return Err(Error::UnknownFrame(k)),
     };

@@ -11,7 +11,7 @@ use crate::region::{RegionDesc, RegionKey};
 /// First two bytes of every frame: `"GX"`.
 pub const MAGIC: u16 = 0x4758;
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Size of the fixed frame header.
 pub const HEADER_LEN: usize = 16;
 /// Largest frame body accepted (1 MiB).
@@ -23,7 +23,7 @@ pub(crate) const MAX_STR: usize = 4096;
 /// Most ops in one `ShmBegin` (and errors in one `ShmBeginResult`); more is `Malformed`.
 pub const MAX_OPS_PER_BEGIN: usize = 8192;
 /// Highest frame type this version knows.
-pub const MAX_KIND: u8 = 30;
+pub const MAX_KIND: u8 = 31;
 
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,6 +213,12 @@ pub enum Msg {
         len: u64,
         mr_key: u64,
     },
+    /// Shm: attaches the control ring (its memfd travels with the frame); `slots` and
+    /// `slot_bytes` must match the target's layout (`ring.rs`).
+    ShmRing {
+        slots: u32,
+        slot_bytes: u32,
+    },
 }
 
 impl Msg {
@@ -249,6 +255,7 @@ impl Msg {
             Msg::FabricConnect { .. } => 28,
             Msg::FabricRegion { .. } => 29,
             Msg::FabricRegionInfo { .. } => 30,
+            Msg::ShmRing { .. } => 31,
         }
     }
 

@@ -1,0 +1,362 @@
+//! The shm control ring: the layout both agents map, its slot state machine and the doorbells.
+//!
+//! The initiator creates one ring memfd per shm connection (sealed against shrink/grow like every
+//! shared memfd) and passes it with `ShmRing` on the unix socket; after that a transfer costs one
+//! ring round trip instead of two socket round trips. The socket stays for set-up, fd passing,
+//! notifications and liveness.
+//!
+//! Layout: a 4 KiB header (`magic`, `doorbell`, `target_sleeping`), then `SLOTS` slots of
+//! `SLOT_BYTES`. A slot: a 64-byte control block (`state`, `waiting`, `seq`, `kind`, `n_ops`,
+//! `result_len`, `xfer`), a result area (`RESULT_BYTES`: the body of a `ShmBeginResult`, encoded
+//! with the wire codec), the op table (`n_ops` × `OP_BYTES`), then inline data (the ops' bytes,
+//! packed in op order).
+//!
+//! Slot states (`state`): `FREE` → (initiator fills it) `POSTED` → (target checked every op;
+//! inline ops copied; `BEGIN` ops leased) `DONE` → for `INLINE`: the initiator reads the
+//! result (and the read data) and frees the slot; for `BEGIN`: the initiator copies through its
+//! mappings and sets `END` → the target drops the slot's leases and sets `FREE`. Slots are used in
+//! sequence order (`seq`), so the target needs no queue besides the slots.
+//!
+//! Everything the other side writes is untrusted: the target copies the control block and op
+//! table out of shared memory once and checks them before acting (`read_request`); the initiator
+//! decodes the result with the bounded wire decoder.
+//!
+//! Waiting: spin briefly, then sleep on a futex (shared, not `FUTEX_PRIVATE`: the word lives in
+//! a memfd two processes map) with a short timeout, so a missed wake or a dead peer costs at most
+//! one timeout before the waiter re-checks liveness.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::mem::Mapping;
+use crate::region::RegionKey;
+use crate::wire::ShmOp;
+
+/// Number of slots.
+pub(crate) const SLOTS: usize = 32;
+/// Bytes per slot.
+pub(crate) const SLOT_BYTES: usize = 256 << 10;
+/// The header before the slots.
+pub(crate) const HEADER_BYTES: usize = 4096;
+/// Total size of the ring memfd; the target accepts exactly this size.
+pub(crate) const RING_BYTES: usize = HEADER_BYTES + SLOTS * SLOT_BYTES;
+const CTRL_BYTES: usize = 64;
+/// Room for the encoded `ShmBeginResult` body.
+pub(crate) const RESULT_BYTES: usize = 64 << 10;
+/// One op in the table: flags u32, pad u32, region u64, key u128, offset u64, len u64.
+const OP_BYTES: usize = 48;
+/// Most ops one slot carries (a larger transfer takes several slots).
+pub(crate) const MAX_RING_OPS: usize = 1024;
+const OPS_AT: usize = CTRL_BYTES + RESULT_BYTES;
+const DATA_AT: usize = OPS_AT + MAX_RING_OPS * OP_BYTES;
+/// Inline data room per slot.
+pub(crate) const DATA_BYTES: usize = SLOT_BYTES - DATA_AT;
+/// Largest op that travels inline (its bytes copied through the slot by both sides); larger
+/// ops are leased in the ring and copied once through the initiator's mapping.
+pub(crate) const INLINE_MAX: u64 = 16 << 10;
+
+const MAGIC: u32 = 0x4758_5247; // "GRXG"
+
+pub(crate) const FREE: u32 = 0;
+pub(crate) const POSTED: u32 = 1;
+pub(crate) const DONE: u32 = 2;
+pub(crate) const END: u32 = 3;
+
+/// Ops copied by the target through the slot.
+pub(crate) const KIND_INLINE: u32 = 1;
+/// Ops leased by the target and copied by the initiator through its mappings.
+pub(crate) const KIND_BEGIN: u32 = 2;
+
+/// How long a waiter sleeps on the futex before it re-checks the peer.
+pub(crate) const NAP: Duration = Duration::from_millis(2);
+
+/// A request as the target read it out of a slot (its own copy: the initiator cannot change it).
+#[derive(Debug)]
+pub(crate) struct Request {
+    pub(crate) seq: u32,
+    pub(crate) kind: u32,
+    pub(crate) xfer: u64,
+    pub(crate) ops: Vec<ShmOp>,
+    /// Offset of each op's inline bytes within the data area (inline requests).
+    pub(crate) data_off: Vec<usize>,
+    /// Ops the initiator withdrew after writing the request (its local copy failed): the target
+    /// neither copies nor reports them.
+    pub(crate) skip: Vec<bool>,
+}
+
+/// One side's view of a ring mapping.
+#[derive(Debug)]
+pub(crate) struct Ring {
+    map: Mapping,
+}
+
+impl Ring {
+    /// A fresh ring (initiator side): a sealed memfd of `RING_BYTES`, zeroed (every slot `FREE`).
+    pub(crate) fn create() -> Result<Ring> {
+        let map = Mapping::memfd(RING_BYTES, "ring")?;
+        let r = Ring { map };
+        r.word(0).store(MAGIC, Ordering::Release);
+        Ok(r)
+    }
+
+    /// Maps a ring the initiator passed (target side), after checking its seals and size.
+    pub(crate) fn attach(fd: std::os::fd::RawFd) -> Result<Ring> {
+        let size = crate::mem::verify_memfd(fd, None, false)?;
+        if size != RING_BYTES {
+            return Err(Error::Protocol(format!(
+                "shm ring of {size} bytes, expected {RING_BYTES}"
+            )));
+        }
+        let map = Mapping::map_fd(fd, RING_BYTES, true)?;
+        let r = Ring { map };
+        if r.word(0).load(Ordering::Acquire) != MAGIC {
+            return Err(Error::Protocol("shm ring without its magic".into()));
+        }
+        Ok(r)
+    }
+
+    pub(crate) fn fd(&self) -> Option<std::os::fd::RawFd> {
+        self.map.fd()
+    }
+
+    /// The 32-bit word at byte `at` of the mapping.
+    fn word(&self, at: usize) -> &AtomicU32 {
+        debug_assert!(at.is_multiple_of(4) && at + 4 <= RING_BYTES);
+        // SAFETY: `at` is 4-aligned and inside the mapping (all callers pass constants within
+        // the header or a slot's control block); the mapping is page-aligned and lives as long
+        // as `self`; the word is only ever accessed atomically by both processes.
+        unsafe { &*self.map.ptr().add(at).cast::<AtomicU32>() }
+    }
+
+    fn slot_at(slot: usize) -> usize {
+        HEADER_BYTES + (slot % SLOTS) * SLOT_BYTES
+    }
+
+    /// The doorbell the target sleeps on; bumped after every post and every `END`.
+    pub(crate) fn doorbell(&self) -> &AtomicU32 {
+        self.word(4)
+    }
+
+    /// Non-zero while the target sleeps on the doorbell.
+    pub(crate) fn target_sleeping(&self) -> &AtomicU32 {
+        self.word(8)
+    }
+
+    pub(crate) fn state(&self, slot: usize) -> &AtomicU32 {
+        self.word(Self::slot_at(slot))
+    }
+
+    /// Non-zero while the initiator sleeps on the slot's state.
+    pub(crate) fn waiting(&self, slot: usize) -> &AtomicU32 {
+        self.word(Self::slot_at(slot) + 4)
+    }
+
+    fn field(&self, slot: usize, at: usize) -> &AtomicU32 {
+        self.word(Self::slot_at(slot) + at)
+    }
+
+    /// Pointer to byte `at` of slot `slot`.
+    pub(crate) fn slot_ptr(&self, slot: usize, at: usize) -> *mut u8 {
+        debug_assert!(at <= SLOT_BYTES);
+        // SAFETY: the slot lies within the mapping and `at <= SLOT_BYTES`.
+        unsafe { self.map.ptr().add(Self::slot_at(slot) + at) }
+    }
+
+    /// Pointer to inline data byte `off` of slot `slot`.
+    pub(crate) fn data_ptr(&self, slot: usize, off: usize) -> *mut u8 {
+        self.slot_ptr(slot, DATA_AT + off.min(DATA_BYTES))
+    }
+
+    /// Initiator: writes the request into `slot` (which must be `FREE`) without posting it.
+    pub(crate) fn write_request(&self, slot: usize, seq: u32, kind: u32, xfer: u64, ops: &[ShmOp]) {
+        self.field(slot, 8).store(seq, Ordering::Relaxed);
+        self.field(slot, 12).store(kind, Ordering::Relaxed);
+        self.field(slot, 16)
+            .store(ops.len() as u32, Ordering::Relaxed);
+        self.field(slot, 24).store(xfer as u32, Ordering::Relaxed);
+        self.field(slot, 28)
+            .store((xfer >> 32) as u32, Ordering::Relaxed);
+        let mut b = Vec::with_capacity(ops.len() * OP_BYTES);
+        for op in ops {
+            b.extend_from_slice(&u32::from(op.write).to_le_bytes());
+            b.extend_from_slice(&0u32.to_le_bytes());
+            b.extend_from_slice(&op.region.to_le_bytes());
+            b.extend_from_slice(&op.key.0.to_le_bytes());
+            b.extend_from_slice(&op.offset.to_le_bytes());
+            b.extend_from_slice(&op.len.to_le_bytes());
+        }
+        let n = b.len().min(MAX_RING_OPS * OP_BYTES);
+        // SAFETY: the op table holds MAX_RING_OPS * OP_BYTES bytes from OPS_AT; `n` is capped to it;
+        // `b` is a private buffer, so the spans do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), self.slot_ptr(slot, OPS_AT), n) };
+    }
+
+    /// Initiator: withdraws op `j` of the request prepared in `slot` (before it is posted).
+    pub(crate) fn skip_op(&self, slot: usize, j: usize) {
+        if j < MAX_RING_OPS {
+            let at = Self::slot_at(slot) + OPS_AT + j * OP_BYTES;
+            let flags = self.word(at).load(Ordering::Relaxed);
+            self.word(at).store(flags | 2, Ordering::Relaxed);
+        }
+    }
+
+    /// Target: copies the request in `slot` out of shared memory and checks it. `Err` means the
+    /// initiator broke the ring protocol (the connection is closed).
+    pub(crate) fn read_request(&self, slot: usize) -> Result<Request> {
+        let seq = self.field(slot, 8).load(Ordering::Relaxed);
+        let kind = self.field(slot, 12).load(Ordering::Relaxed);
+        let n = self.field(slot, 16).load(Ordering::Relaxed) as usize;
+        let xfer = u64::from(self.field(slot, 24).load(Ordering::Relaxed))
+            | (u64::from(self.field(slot, 28).load(Ordering::Relaxed)) << 32);
+        if kind != KIND_INLINE && kind != KIND_BEGIN {
+            return Err(Error::Protocol(format!("shm ring request of kind {kind}")));
+        }
+        if n == 0 || n > MAX_RING_OPS {
+            return Err(Error::Protocol(format!(
+                "shm ring request with {n} ops (1..={MAX_RING_OPS})"
+            )));
+        }
+        let mut b = vec![0u8; n * OP_BYTES];
+        // SAFETY: n <= MAX_RING_OPS, so the span lies in the slot's op table; `b` is private.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.slot_ptr(slot, OPS_AT), b.as_mut_ptr(), b.len())
+        };
+        let mut ops = Vec::with_capacity(n);
+        let mut data_off = Vec::new();
+        let mut skip = Vec::with_capacity(n);
+        let mut total = 0usize;
+        for c in b.chunks_exact(OP_BYTES) {
+            let u64_at = |i: usize| u64::from_le_bytes(c[i..i + 8].try_into().unwrap_or([0; 8]));
+            let flags = u32::from_le_bytes(c[0..4].try_into().unwrap_or([0; 4]));
+            if flags > 3 {
+                return Err(Error::Protocol(format!("shm ring op flags {flags}")));
+            }
+            skip.push(flags & 2 != 0);
+            let key = u128::from_le_bytes(c[16..32].try_into().unwrap_or([0; 16]));
+            let op = ShmOp {
+                write: flags & 1 != 0,
+                region: u64_at(8),
+                key: RegionKey(key),
+                offset: u64_at(32),
+                len: u64_at(40),
+            };
+            if kind == KIND_INLINE {
+                let len = usize::try_from(op.len).unwrap_or(usize::MAX);
+                if op.len > INLINE_MAX || total + len > DATA_BYTES {
+                    return Err(Error::Protocol(format!(
+                        "shm ring inline data beyond the slot ({} + {} > {DATA_BYTES})",
+                        total, op.len
+                    )));
+                }
+                data_off.push(total);
+                total += len;
+            }
+            ops.push(op);
+        }
+        Ok(Request {
+            seq,
+            kind,
+            xfer,
+            ops,
+            data_off,
+            skip,
+        })
+    }
+
+    /// Target: stores the encoded result of `slot`.
+    pub(crate) fn write_result(&self, slot: usize, errors: Vec<(u32, Error)>) {
+        let mut body = encode_result(&errors);
+        if body.len() > RESULT_BYTES {
+            // Too many long messages: keep codes and arguments, drop the texts.
+            let short = errors
+                .into_iter()
+                .map(|(i, e)| {
+                    let (a, b, c) = e.wire_args();
+                    (i, Error::from_wire(e.code(), a, b, c, String::new()))
+                })
+                .collect::<Vec<_>>();
+            body = encode_result(&short);
+        }
+        let n = body.len().min(RESULT_BYTES);
+        // SAFETY: the result area holds RESULT_BYTES from CTRL_BYTES; `n` is capped to it.
+        unsafe { std::ptr::copy_nonoverlapping(body.as_ptr(), self.slot_ptr(slot, CTRL_BYTES), n) };
+        self.field(slot, 20).store(n as u32, Ordering::Relaxed);
+    }
+
+    /// Initiator: decodes the result the target wrote into `slot` (bounded; untrusted).
+    pub(crate) fn read_result(&self, slot: usize) -> Result<Vec<(u32, Error)>> {
+        let n = self.field(slot, 20).load(Ordering::Relaxed) as usize;
+        if n > RESULT_BYTES {
+            return Err(Error::Protocol(format!("shm ring result of {n} bytes")));
+        }
+        let mut b = vec![0u8; n];
+        // SAFETY: n <= RESULT_BYTES: the span lies in the slot's result area; `b` is private.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.slot_ptr(slot, CTRL_BYTES), b.as_mut_ptr(), n)
+        };
+        match crate::wire::decode_body(19, &b)? {
+            crate::wire::Msg::ShmBeginResult { errors } => Ok(errors),
+            _ => Err(Error::Protocol(
+                "shm ring result is not a ShmBeginResult".into(),
+            )),
+        }
+    }
+}
+
+fn encode_result(errors: &[(u32, Error)]) -> Vec<u8> {
+    let frame = crate::wire::encode(
+        &crate::wire::Msg::ShmBeginResult {
+            errors: errors.to_vec(),
+        },
+        0,
+    );
+    frame[crate::wire::HEADER_LEN..].to_vec()
+}
+
+/// Sleeps while `word` holds `expected`, at most `timeout` (spurious returns are fine: callers
+/// re-check).
+pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT (shared: the word is in a MAP_SHARED memfd mapping other processes use)
+    // on a live, aligned 32-bit word, with a valid timespec; it only reads the word.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        )
+    };
+}
+
+/// Wakes every waiter on `word`.
+pub(crate) fn futex_wake(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a live, aligned 32-bit word; no memory is accessed through it.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
+}
+
+/// Spins (with the odd yield, since this machine may have few cores) until `done()` or `spin`
+/// elapsed; true when `done()` became true.
+pub(crate) fn spin_until(spin: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    let mut i = 0u32;
+    loop {
+        if done() {
+            return true;
+        }
+        i = i.wrapping_add(1);
+        if i.is_multiple_of(64) {
+            if start.elapsed() >= spin {
+                return false;
+            }
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! The target's side of the shm control ring: one thread per attached ring, started by
+//! `ShmRing` on an authenticated shm connection and stopped (leases dropped) when that connection
+//! ends.
+//!
+//! Each posted request goes through the same check as every op (`Registry::check_remote`: region,
+//! key, access, bounds, lease). Inline ops are copied between the slot and the region under a
+//! lease held for the copy; `BEGIN` ops keep their leases until the initiator marks the slot
+//! `END`, so a region is never freed under the initiator's copy. A request that breaks the ring
+//! protocol shuts the connection down.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::agent::AgentInner;
+use crate::conn::Sock;
+use crate::error::{Error, Result};
+use crate::gpu::{copy_span, Dir};
+use crate::region::Lease;
+use crate::ring::{self, Ring, DONE, END, FREE, KIND_BEGIN, POSTED, SLOTS};
+
+/// How long the ring thread spins after its last request before it sleeps on the doorbell.
+const SPIN: Duration = Duration::from_micros(200);
+/// Longest sleep between checks of the stop flag.
+const SLEEP: Duration = Duration::from_millis(100);
+
+/// A running ring thread; dropping it stops the thread and releases its leases.
+#[derive(Debug)]
+pub(super) struct RingServer {
+    stop: Arc<AtomicBool>,
+    ring: Arc<Ring>,
+    base: Instant,
+    last_active_ms: Arc<AtomicU64>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl RingServer {
+    pub(super) fn start(agent: Arc<AgentInner>, ring: Ring, sock: Sock) -> Result<RingServer> {
+        let ring = Arc::new(ring);
+        let stop = Arc::new(AtomicBool::new(false));
+        let base = Instant::now();
+        let last = Arc::new(AtomicU64::new(0));
+        let (r, s, l) = (Arc::clone(&ring), Arc::clone(&stop), Arc::clone(&last));
+        let thread = std::thread::Builder::new()
+            .name("gdx-shm-ring".into())
+            .spawn(move || {
+                if let Err(e) = serve(&agent, &r, &s, base, &l) {
+                    log::warn!("shm ring closed: {e}");
+                    sock.shutdown();
+                }
+            })
+            .map_err(|e| Error::os("spawn", e))?;
+        Ok(RingServer {
+            stop,
+            ring,
+            base,
+            last_active_ms: last,
+            thread: Some(thread),
+        })
+    }
+
+    /// Whether the ring carried a request within `d` (the socket may then be idle).
+    pub(super) fn active_within(&self, d: Duration) -> bool {
+        let now = self.base.elapsed().as_millis() as u64;
+        now.saturating_sub(self.last_active_ms.load(Ordering::Relaxed)) < d.as_millis() as u64
+    }
+}
+
+impl Drop for RingServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.ring.doorbell().fetch_add(1, Ordering::SeqCst);
+        ring::futex_wake(self.ring.doorbell());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve(
+    agent: &AgentInner,
+    ring: &Ring,
+    stop: &AtomicBool,
+    base: Instant,
+    last: &AtomicU64,
+) -> Result<()> {
+    let max = agent.cfg.limits.max_leases_per_conn;
+    let mut next: u32 = 0;
+    let mut held: Vec<Option<Vec<Lease>>> = (0..SLOTS).map(|_| None).collect();
+    let mut held_count = 0usize;
+    let mut idle_since = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        let mut worked = false;
+        let s = next as usize % SLOTS;
+        if ring.state(s).load(Ordering::Acquire) == POSTED {
+            if held[s].is_some() {
+                return Err(Error::Protocol(format!(
+                    "shm ring slot {s} posted again before END"
+                )));
+            }
+            let req = ring.read_request(s)?;
+            if req.seq != next {
+                return Err(Error::Protocol(format!(
+                    "shm ring request seq {} (xfer {}) where {next} was due",
+                    req.seq, req.xfer
+                )));
+            }
+            let (errors, leases) = run_request(agent, ring, s, &req, max, held_count);
+            ring.write_result(s, errors);
+            if req.kind == KIND_BEGIN {
+                held_count += leases.len();
+                held[s] = Some(leases);
+            }
+            set_state(ring, s, DONE);
+            next = next.wrapping_add(1);
+            worked = true;
+        }
+        for (slot, h) in held.iter_mut().enumerate() {
+            if h.is_some() && ring.state(slot).load(Ordering::Acquire) == END {
+                held_count -= h.take().map_or(0, |l| l.len());
+                set_state(ring, slot, FREE);
+                worked = true;
+            }
+        }
+        if worked {
+            last.store(base.elapsed().as_millis() as u64, Ordering::Relaxed);
+            idle_since = Instant::now();
+            continue;
+        }
+        if idle_since.elapsed() < SPIN {
+            std::hint::spin_loop();
+            std::thread::yield_now();
+            continue;
+        }
+        ring.target_sleeping().store(1, Ordering::SeqCst);
+        let bell = ring.doorbell().load(Ordering::SeqCst);
+        let due = ring.state(next as usize % SLOTS).load(Ordering::SeqCst) == POSTED
+            || held
+                .iter()
+                .enumerate()
+                .any(|(i, h)| h.is_some() && ring.state(i).load(Ordering::SeqCst) == END);
+        if !due {
+            ring::futex_wait(ring.doorbell(), bell, SLEEP);
+        }
+        ring.target_sleeping().store(0, Ordering::SeqCst);
+        idle_since = Instant::now();
+    }
+    Ok(())
+}
+
+/// Publishes a slot state and wakes the initiator if it sleeps on it.
+fn set_state(ring: &Ring, slot: usize, state: u32) {
+    ring.state(slot).store(state, Ordering::SeqCst);
+    if ring.waiting(slot).load(Ordering::SeqCst) != 0 {
+        ring::futex_wake(ring.state(slot));
+    }
+}
+
+/// Checks (and for inline requests copies) every op; returns the per-op errors and, for `BEGIN`,
+/// the leases to hold until `END`.
+fn run_request(
+    agent: &AgentInner,
+    ring: &Ring,
+    s: usize,
+    req: &ring::Request,
+    max: usize,
+    held: usize,
+) -> (Vec<(u32, Error)>, Vec<Lease>) {
+    let reg = &agent.registry;
+    let wait = agent.cfg.io_timeout;
+    let mut errors = Vec::new();
+    let mut leases = Vec::new();
+    let mut refused = 0usize;
+    for (i, op) in req.ops.iter().enumerate() {
+        if req.skip.get(i).copied().unwrap_or(false) {
+            continue;
+        }
+        let lease = match reg.check_remote(op.region, op.key, op.offset, op.len, op.write, wait) {
+            Ok(l) => l,
+            Err(e) => {
+                errors.push((i as u32, e));
+                continue;
+            }
+        };
+        if req.kind == KIND_BEGIN {
+            if held + leases.len() >= max {
+                refused += 1;
+                errors.push((
+                    i as u32,
+                    Error::LimitReached {
+                        what: "leases held by this shm ring (BEGIN without END) reached \
+                               max_leases_per_conn"
+                            .into(),
+                        limit: max as u64,
+                    },
+                ));
+                continue;
+            }
+            leases.push(lease);
+            continue;
+        }
+        let dir = if op.write {
+            Dir::IntoRegion
+        } else {
+            Dir::OutOfRegion
+        };
+        let at = req.data_off.get(i).copied().unwrap_or(0);
+        // SAFETY: the slot's data span [at, at + len) was checked by `read_request` to lie in
+        // the data area (len <= INLINE_MAX, at + len <= DATA_BYTES); the region span is
+        // bounds-checked and leased; a slot and a region are distinct mappings.
+        let r = unsafe {
+            copy_span(
+                &lease,
+                op.offset,
+                ring.data_ptr(s, at),
+                op.len as usize,
+                dir,
+            )
+        };
+        if let Err(e) = r {
+            errors.push((i as u32, e));
+        }
+    }
+    if refused > 0 {
+        agent.hits.hit(
+            &agent.hits.leases,
+            &format!("{refused} shm ring op(s) refused: max_leases_per_conn ({max})"),
+        );
+    }
+    (errors, leases)
+}

@@ -1,0 +1,265 @@
+//! The shm control ring (#17): windows of outstanding transfers, big batches, and the ring
+//! protocol under random op mixes with the target process killed at random points — every op
+//! ends completed with verified bytes or failed with a named reason (`PeerLost`, `Timeout`),
+//! never both and never a hang. The killed target is this same test binary re-run with
+//! `GDX_TEST_ROLE=ring-server`.
+
+mod common;
+
+use common::*;
+use gdx_engine::serve::{self, ServeConfig};
+use gdx_engine::{Access, Agent, AgentConfig, Error, OpStatus, Path, RegionDesc, Transfer};
+use proptest::prelude::*;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const LEN: u64 = 8 << 20;
+const SEED: u64 = 1717;
+
+/// Child: serve an 8 MiB region filled with `fill_pattern(SEED)` until killed or stdin closes.
+#[test]
+fn ring_server() {
+    if std::env::var("GDX_TEST_ROLE").as_deref() != Ok("ring-server") {
+        return;
+    }
+    let mut h = serve::run(ServeConfig {
+        agent: AgentConfig::from_env().unwrap(),
+        region_len: LEN,
+        ..ServeConfig::default()
+    })
+    .unwrap();
+    fill_pattern(&mut h.region().bytes_mut().unwrap(), SEED);
+    println!("{}", h.summary_line());
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+}
+
+struct Server(Child);
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_server() -> (Server, String, RegionDesc) {
+    let mut c = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "ring_server", "--nocapture", "--test-threads=1"])
+        .env("GDX_TEST_ROLE", "ring-server")
+        .env("GDX_SECRET_FILE", secret_file())
+        .env("GDX_TRANSPORTS", "tcp,shm")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = c.stdout.take().unwrap();
+    let server = Server(c);
+    for l in BufReader::new(out).lines() {
+        let l = l.unwrap();
+        if let Some(i) = l.find("GDX_SERVE ") {
+            let f = |k: &str| {
+                l[i..]
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix(k))
+                    .unwrap()
+                    .to_string()
+            };
+            return (server, f("addr="), f("region=").parse().unwrap());
+        }
+    }
+    panic!("the ring server printed no GDX_SERVE line");
+}
+
+/// 64 transfers in flight at once (writes of 1 B .. 1 MiB, each to its own span), every one
+/// completing on its own; then 64 reads in flight, each verified byte for byte.
+#[test]
+fn a_window_of_64_outstanding_transfers_is_verified_byte_for_byte() {
+    let target = agent("target", true);
+    let init = agent("init", true);
+    let span = 64u64 << 10;
+    let dst = target
+        .alloc(64 * span, Access::READ_WRITE, Some("w"))
+        .unwrap();
+    let peer = init.connect(target.listen_addr().unwrap()).unwrap();
+    assert_eq!(peer.route().transport, Path::Shm);
+    let remote = peer.region("w").unwrap();
+    let mut src = init.alloc(64 * span, Access::LOCAL, None).unwrap();
+    fill_pattern(&mut src.bytes_mut().unwrap(), 5);
+    // Sizes from 1 B to the span: inline ones and leased ones mixed.
+    let len = |i: u64| [1, 7, 8, 64, 4096, 16 << 10, (16 << 10) + 1, span][i as usize % 8];
+    let handles: Vec<_> = (0..64u64)
+        .map(|i| {
+            let mut t = Transfer::new();
+            t.write(&src, i * span, &remote, i * span, len(i));
+            peer.submit(t).unwrap()
+        })
+        .collect();
+    for (i, h) in handles.iter().enumerate() {
+        let rep = h.wait(WAIT).unwrap();
+        assert_eq!(rep.ops[0].plan.path, Path::Shm, "transfer {i}");
+    }
+    {
+        let got = dst.bytes().unwrap();
+        let want = src.bytes().unwrap();
+        for i in 0..64u64 {
+            let (o, n) = ((i * span) as usize, len(i) as usize);
+            assert_eq!(
+                first_diff(&got[o..o + n], &want[o..o + n]),
+                None,
+                "write {i}"
+            );
+        }
+    }
+    let back = init.alloc(64 * span, Access::LOCAL, None).unwrap();
+    let handles: Vec<_> = (0..64u64)
+        .map(|i| {
+            let mut t = Transfer::new();
+            t.read(&back, i * span, &remote, i * span, len(i));
+            peer.submit(t).unwrap()
+        })
+        .collect();
+    for h in &handles {
+        h.wait(WAIT).unwrap();
+    }
+    let got = back.bytes().unwrap();
+    let want = src.bytes().unwrap();
+    for i in 0..64u64 {
+        let (o, n) = ((i * span) as usize, len(i) as usize);
+        assert_eq!(
+            first_diff(&got[o..o + n], &want[o..o + n]),
+            None,
+            "read {i}"
+        );
+    }
+}
+
+/// A batch of 1,000 × 4 KiB ops in one transfer (one ring slot), written and read back.
+#[test]
+fn a_batch_of_1000_4k_ops_round_trips() {
+    let target = agent("target", true);
+    let init = agent("init", true);
+    let n = 1000u64;
+    let dst = target
+        .alloc(n * 4096, Access::READ_WRITE, Some("b"))
+        .unwrap();
+    let peer = init.connect(target.listen_addr().unwrap()).unwrap();
+    let remote = peer.region("b").unwrap();
+    let mut src = init.alloc(n * 4096, Access::LOCAL, None).unwrap();
+    fill_pattern(&mut src.bytes_mut().unwrap(), 9);
+    let mut t = Transfer::new();
+    for i in 0..n {
+        // Reversed placement, so an op landing at the wrong offset shows.
+        t.write(&src, i * 4096, &remote, (n - 1 - i) * 4096, 4096);
+    }
+    let rep = peer.submit(t).unwrap().wait(WAIT).unwrap();
+    assert_eq!(rep.bytes, n * 4096);
+    assert!(rep.ops.iter().all(|o| o.status == OpStatus::Completed));
+    {
+        let got = dst.bytes().unwrap();
+        let want = src.bytes().unwrap();
+        for i in 0..n as usize {
+            let (a, b) = (i * 4096, (n as usize - 1 - i) * 4096);
+            assert_eq!(got[b..b + 4096], want[a..a + 4096], "op {i}");
+        }
+    }
+    let back = init.alloc(n * 4096, Access::LOCAL, None).unwrap();
+    let mut t = Transfer::new();
+    for i in 0..n {
+        t.read(&back, i * 4096, &remote, (n - 1 - i) * 4096, 4096);
+    }
+    peer.submit(t).unwrap().wait(WAIT).unwrap();
+    assert_eq!(
+        first_diff(&back.bytes().unwrap(), &src.bytes().unwrap()),
+        None
+    );
+}
+
+fn named(e: &Error) -> bool {
+    matches!(e, Error::PeerLost(_) | Error::Timeout(_))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// Random mixes of reads (1 B .. 1 MiB, verified against the server's pattern) over the
+    /// ring, several transfers in flight, the server killed at a random moment (or not at all).
+    #[test]
+    fn ring_ops_complete_verified_or_fail_named_under_peer_death(
+        ops in proptest::collection::vec((0u64..LEN, 1u64..=(1 << 20), any::<bool>()), 1..24),
+        per_xfer in 1usize..6,
+        kill_after_us in proptest::option::of(0u64..3000),
+    ) {
+        let (mut server, addr, remote) = spawn_server();
+        let me = Agent::new(AgentConfig {
+            listen: None,
+            transfer_timeout: Duration::from_secs(20),
+            ..config("ring-prop", true)
+        })
+        .unwrap();
+        let peer = me.connect(addr.as_str()).unwrap();
+        prop_assert_eq!(peer.route().transport, Path::Shm);
+        let mut want = vec![0u8; LEN as usize];
+        fill_pattern(&mut want, SEED);
+        // Each op reads into its own span of `dst`; some are small enough to travel inline.
+        let ops: Vec<(u64, u64)> = ops
+            .into_iter()
+            .map(|(off, len, small)| {
+                let len = if small { 1 + len % (16 << 10) } else { len };
+                let off = off.min(LEN - len);
+                (off, len)
+            })
+            .collect();
+        let total: u64 = ops.iter().map(|o| o.1).sum();
+        let dst = me.alloc(total, Access::LOCAL, None).unwrap();
+        let mut at = 0;
+        let mut handles = Vec::new();
+        for chunk in ops.chunks(per_xfer) {
+            let mut t = Transfer::new();
+            let mut spans = Vec::new();
+            for &(off, len) in chunk {
+                t.read(&dst, at, &remote, off, len);
+                spans.push((at, off, len));
+                at += len;
+            }
+            handles.push((peer.submit(t).unwrap(), spans));
+        }
+        if let Some(us) = kill_after_us {
+            std::thread::sleep(Duration::from_micros(us));
+            let _ = server.0.kill();
+        }
+        for (h, spans) in &handles {
+            // A hang would show as Timeout from wait(WAIT), which is not accepted below.
+            let r = h.wait(WAIT);
+            if kill_after_us.is_none() {
+                prop_assert!(r.is_ok(), "no kill, yet {:?}", r.err());
+            }
+            let results = h.op_results();
+            let got = dst.bytes().unwrap();
+            for (j, (res, &(local, off, len))) in results.iter().zip(spans).enumerate() {
+                match &res.status {
+                    OpStatus::Completed => prop_assert_eq!(
+                        first_diff(
+                            &got[local as usize..(local + len) as usize],
+                            &want[off as usize..(off + len) as usize]
+                        ),
+                        None,
+                        "op {} completed with wrong bytes",
+                        j
+                    ),
+                    OpStatus::Failed(e) => prop_assert!(named(e), "op {} failed: {}", j, e),
+                    OpStatus::Pending => prop_assert!(false, "op {} still pending", j),
+                }
+            }
+            if let Err(e) = &r {
+                prop_assert!(named(e) || kill_after_us.is_some(), "{}", e);
+                prop_assert!(
+                    results.iter().any(|o| matches!(o.status, OpStatus::Failed(_))),
+                    "transfer failed ({}) with every op completed",
+                    e
+                );
+            }
+        }
+        drop(server);
+    }
+}
