@@ -4,6 +4,8 @@
 //! never both and never a hang. The killed target is this same test binary re-run with
 //! `GDX_TEST_ROLE=ring-server`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::*;
