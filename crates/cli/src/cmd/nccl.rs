@@ -2,6 +2,7 @@
 //! recommend NCCL's environment, and run nccl-tests-style collectives on the local GPUs. The
 //! work is in `gdx-nccl`; this file maps flags to it and its data to text, JSON and exit codes.
 
+use super::output::{paint_verdicts, OutputArgs};
 use anyhow::{Context as _, Result};
 use clap::{Args, Subcommand};
 use gdx_nccl::judge::{judge, Machine};
@@ -59,6 +60,9 @@ pub struct ExplainArgs {
     /// Print JSON: {"log":{..},"pair_classes":[..],"judged":{..}}.
     #[arg(long)]
     json: bool,
+
+    #[command(flatten)]
+    out: OutputArgs,
 }
 
 /// The NCCL_* environment for this machine, each variable with its reason, as shell
@@ -71,6 +75,9 @@ pub struct EnvArgs {
     /// Print JSON: {"topology":..,"gpus":[..],"vars":[{"name","value","reason"}]}.
     #[arg(long)]
     json: bool,
+
+    #[command(flatten)]
+    out: OutputArgs,
 }
 
 /// A loaded machine: topology (when readable), doctor findings, a description.
@@ -162,9 +169,13 @@ fn explain(args: &ExplainArgs) -> Result<ExitCode> {
             gdx_nccl::render::explain_json(&log, &judged, &machine.description)
         )?;
     } else {
-        out.write_all(
-            gdx_nccl::render::explain_text(&log, &judged, &machine.description).as_bytes(),
-        )?;
+        let text = gdx_nccl::render::explain_text(&log, &judged, &machine.description);
+        // Quiet: only the judgement (what NCCL left on the table); the exit code says the rest.
+        let text = match (args.out.quiet, text.find("\nJudgement")) {
+            (true, Some(i)) => text[i + 1..].to_string(),
+            _ => text,
+        };
+        out.write_all(paint_verdicts(args.out.color.enabled(), &text).as_bytes())?;
     }
     Ok(ExitCode::from(judged.exit_code()))
 }
@@ -189,7 +200,15 @@ fn env(args: &EnvArgs) -> Result<ExitCode> {
     if args.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&advice)?)?;
     } else {
-        out.write_all(gdx_nccl::env::render_shell(&advice).as_bytes())?;
+        let text = gdx_nccl::env::render_shell(&advice);
+        if args.out.quiet {
+            // Quiet: the export lines alone, ready for `eval "$(gdx nccl env -q)"`.
+            for l in text.lines().filter(|l| l.starts_with("export ")) {
+                writeln!(out, "{l}")?;
+            }
+        } else {
+            out.write_all(text.as_bytes())?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -255,6 +274,9 @@ pub struct RunArgs {
     /// Print JSON: {"status":"ran",..,"rows":[..],"judged":{..}} or {"status":"waived","reason":..}.
     #[arg(long)]
     json: bool,
+
+    #[command(flatten)]
+    out: OutputArgs,
 }
 
 fn run_collectives(args: &RunArgs) -> Result<ExitCode> {
@@ -305,10 +327,12 @@ fn run_collectives(args: &RunArgs) -> Result<ExitCode> {
         writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
     } else {
         out.write_all(render_run(&report).as_bytes())?;
-        writeln!(out, "\n--- NCCL's log, explained ---")?;
-        out.write_all(
-            gdx_nccl::render::explain_text(&report.log, &judged, &machine.description).as_bytes(),
-        )?;
+        // Quiet: the table alone (the log's explanation is what `gdx nccl explain` prints).
+        if !args.out.quiet {
+            writeln!(out, "\n--- NCCL's log, explained ---")?;
+            let text = gdx_nccl::render::explain_text(&report.log, &judged, &machine.description);
+            out.write_all(paint_verdicts(args.out.color.enabled(), &text).as_bytes())?;
+        }
     }
     Ok(ExitCode::from(judged.exit_code()))
 }

@@ -56,3 +56,47 @@ pub fn error_chain(err: &anyhow::Error) -> String {
     }
     line
 }
+
+/// `-q/--quiet` and `--color`, flattened into subcommands that have no flags of their own for
+/// them (`gdx nccl …`, `gdx peers`).
+#[derive(clap::Args, Debug, Clone, Copy, Default)]
+pub struct OutputArgs {
+    /// Print only what answers the question (judgements that failed, export lines, the table,
+    /// the names); warnings on stderr are dropped too.
+    #[arg(long, short)]
+    pub quiet: bool,
+
+    /// Colour: auto (only on a terminal, and not under NO_COLOR), always or never.
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = ColorWhen::Auto)]
+    pub color: ColorWhen,
+}
+
+/// Colour the verdict words of a text report (`FAIL`/`NOT BEST` red, `WARN` yellow,
+/// `PASS`/`best` green) when `on`.
+pub fn paint_verdicts(on: bool, text: &str) -> String {
+    if !on {
+        return text.to_string();
+    }
+    text.lines()
+        .map(|l| {
+            let t = l.trim_start();
+            let indent = &l[..l.len() - t.len()];
+            for (word, code) in [
+                ("NOT BEST", "31"),
+                ("FAIL", "31"),
+                ("WARN", "33"),
+                ("PASS", "32"),
+                ("best", "32"),
+            ] {
+                if let Some(rest) = t.strip_prefix(word) {
+                    if rest.is_empty() || rest.starts_with(' ') {
+                        return format!("{indent}{}{rest}", paint(true, code, word));
+                    }
+                }
+            }
+            l.to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + if text.ends_with('\n') { "\n" } else { "" }
+}

@@ -30,6 +30,9 @@ pub struct PeersArgs {
     #[arg(long)]
     json: bool,
 
+    #[command(flatten)]
+    out: super::output::OutputArgs,
+
     /// After the listing, print joins and leaves until interrupted.
     #[arg(long)]
     watch: bool,
@@ -142,6 +145,11 @@ pub fn run(args: &PeersArgs) -> Result<ExitCode> {
             "{}",
             serde_json::json!({"cluster": args.cluster, "agents": list})
         );
+    } else if args.out.quiet {
+        // Quiet: the agent names alone, one per line (for scripts).
+        for a in &list {
+            println!("{}", a.agent.name);
+        }
     } else if list.is_empty() {
         println!("no agents in cluster {:?}", args.cluster);
     } else {
@@ -150,7 +158,10 @@ pub fn run(args: &PeersArgs) -> Result<ExitCode> {
     if let Some(rx) = events {
         use std::io::Write;
         for e in rx {
-            println!("{}", event_line(&e, args.json));
+            let line = event_line(&e, args.json);
+            let on = args.out.color.enabled() && !args.json;
+            let code = if line.starts_with('+') { "32" } else { "31" };
+            println!("{}", super::output::paint(on, code, &line));
             let _ = std::io::stdout().flush();
         }
     }
