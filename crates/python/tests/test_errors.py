@@ -162,9 +162,13 @@ def test_connect_to_a_stopped_peer_times_out(agent, peer):
 def test_ctrl_c_interrupts_a_transfer_wait(agent, peer):
     p = agent.connect(peer.address, timeout=10)
     rd = p.region("kv")
-    src = agent.register(np.ones(4096, np.uint8), access="none")
+    # 64 KiB: above the shm ring's inline size, so the submission is queued to the connection's
+    # worker and `write` returns at once; a small inline op on an idle connection may run on the
+    # submitting thread itself (the latency fast path), and then the wait has nothing to wait for.
+    n = 64 << 10
+    src = agent.register(np.ones(n, np.uint8), access="none")
     peer.kill(signal.SIGSTOP)
-    h = p.write([(src, 0, rd, 0, 4096)], notify=b"x")
+    h = p.write([(src, 0, rd, 0, n)], notify=b"x")
     t = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
     t.start()
     try:
