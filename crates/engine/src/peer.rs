@@ -15,9 +15,7 @@ use crate::error::{Error, Result};
 use crate::plan::{plan_op, Path, PeerRoute};
 use crate::region::RegionDesc;
 use crate::transfer::{Transfer, TransferHandle, XferState};
-use crate::transport::{
-    fabric::FabricTransport, rdma::RdmaTransport, shm::ShmTransport, tcp::TcpTransport, Transport,
-};
+use crate::transport::{fabric, rdma, shm::ShmTransport, tcp::TcpTransport, Transport};
 use crate::wire::{Hello, Msg};
 
 #[derive(Debug)]
@@ -67,7 +65,7 @@ fn rdma_route(
     let qp = node
         .connect(&mut control.lock().unwrap_or_else(|p| p.into_inner()))
         .map_err(|e| format!("offered by both, but the queue pairs did not connect: {e}"))?;
-    let t = RdmaTransport::new(
+    let t = rdma::spawn(
         Arc::clone(node),
         qp,
         Arc::clone(control),
@@ -106,7 +104,7 @@ fn fabric_route(
     let peer = node
         .connect(&mut control.lock().unwrap_or_else(|p| p.into_inner()))
         .map_err(|e| format!("offered by both, but the address exchange failed: {e}"))?;
-    let t = FabricTransport::new(
+    let t = fabric::spawn(
         Arc::clone(node),
         peer,
         Arc::clone(control),

@@ -33,7 +33,7 @@ use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::region::{LeaseKind, RegionInner, RegionKey, Registry};
 use crate::transfer::{OpKind, XferState};
-use crate::transport::{SerialQueue, Transport};
+use crate::transport::SerialQueue;
 use crate::wire::Msg;
 
 fn fabric_err(e: FabricError) -> Error {
@@ -157,12 +157,6 @@ impl FabricNode {
     }
 }
 
-/// Runs transfers to one peer, one at a time, on a worker thread.
-#[derive(Debug)]
-pub(crate) struct FabricTransport {
-    queue: SerialQueue,
-}
-
 struct Worker {
     node: Arc<FabricNode>,
     peer: PeerAddr,
@@ -172,37 +166,22 @@ struct Worker {
     wait: Duration,
 }
 
-impl FabricTransport {
-    pub(crate) fn new(
-        node: Arc<FabricNode>,
-        peer: PeerAddr,
-        control: Arc<Mutex<Conn>>,
-        wait: Duration,
-    ) -> Result<FabricTransport> {
-        let w = Worker {
-            node,
-            peer,
-            control,
-            remote: HashMap::new(),
-            wait,
-        };
-        let queue = SerialQueue::spawn("gdx-fabric", move |rx, alive| worker(w, rx, alive))?;
-        Ok(FabricTransport { queue })
-    }
-}
-
-impl Transport for FabricTransport {
-    fn submit(&self, xfer: Arc<XferState>) {
-        self.queue.submit(xfer);
-    }
-
-    fn is_alive(&self) -> bool {
-        self.queue.is_alive()
-    }
-
-    fn close(&self) {
-        self.queue.close();
-    }
+/// Starts the worker thread that runs transfers to one peer, one at a time; the returned
+/// [`SerialQueue`] is the whole submitting side.
+pub(crate) fn spawn(
+    node: Arc<FabricNode>,
+    peer: PeerAddr,
+    control: Arc<Mutex<Conn>>,
+    wait: Duration,
+) -> Result<SerialQueue> {
+    let w = Worker {
+        node,
+        peer,
+        control,
+        remote: HashMap::new(),
+        wait,
+    };
+    SerialQueue::spawn("gdx-fabric", move |rx, alive| worker(w, rx, alive))
 }
 
 fn worker(mut w: Worker, rx: Receiver<Arc<XferState>>, alive: Arc<AtomicBool>) {

@@ -81,3 +81,19 @@ impl SerialQueue {
         self.alive.store(false, Ordering::SeqCst);
     }
 }
+
+/// A serial queue is the whole transport for paths whose worker thread does all the work
+/// (rdma, fabric): nothing else to hold on the submitting side.
+impl Transport for SerialQueue {
+    fn submit(&self, xfer: Arc<XferState>) {
+        SerialQueue::submit(self, xfer);
+    }
+
+    fn is_alive(&self) -> bool {
+        SerialQueue::is_alive(self)
+    }
+
+    fn close(&self) {
+        SerialQueue::close(self);
+    }
+}

@@ -36,7 +36,7 @@ use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::region::{LeaseKind, RegionInner, RegionKey, Registry};
 use crate::transfer::{OpKind, XferState};
-use crate::transport::{SerialQueue, Transport};
+use crate::transport::SerialQueue;
 use crate::wire::Msg;
 
 /// Queue pairs per peer connection.
@@ -228,12 +228,6 @@ impl RdmaNode {
     }
 }
 
-/// Runs transfers over one peer's queue pairs, one transfer at a time, on a worker thread.
-#[derive(Debug)]
-pub(crate) struct RdmaTransport {
-    queue: SerialQueue,
-}
-
 struct Worker {
     node: Arc<RdmaNode>,
     qp: Qp,
@@ -243,37 +237,22 @@ struct Worker {
     wait: Duration,
 }
 
-impl RdmaTransport {
-    pub(crate) fn new(
-        node: Arc<RdmaNode>,
-        qp: Qp,
-        control: Arc<Mutex<Conn>>,
-        wait: Duration,
-    ) -> Result<RdmaTransport> {
-        let w = Worker {
-            node,
-            qp,
-            control,
-            remote: HashMap::new(),
-            wait,
-        };
-        let queue = SerialQueue::spawn("gdx-rdma", move |rx, alive| worker(w, rx, alive))?;
-        Ok(RdmaTransport { queue })
-    }
-}
-
-impl Transport for RdmaTransport {
-    fn submit(&self, xfer: Arc<XferState>) {
-        self.queue.submit(xfer);
-    }
-
-    fn is_alive(&self) -> bool {
-        self.queue.is_alive()
-    }
-
-    fn close(&self) {
-        self.queue.close();
-    }
+/// Starts the worker thread that runs transfers over one peer's queue pairs, one at a time; the returned
+/// [`SerialQueue`] is the whole submitting side.
+pub(crate) fn spawn(
+    node: Arc<RdmaNode>,
+    qp: Qp,
+    control: Arc<Mutex<Conn>>,
+    wait: Duration,
+) -> Result<SerialQueue> {
+    let w = Worker {
+        node,
+        qp,
+        control,
+        remote: HashMap::new(),
+        wait,
+    };
+    SerialQueue::spawn("gdx-rdma", move |rx, alive| worker(w, rx, alive))
 }
 
 fn worker(mut w: Worker, rx: Receiver<Arc<XferState>>, alive: Arc<AtomicBool>) {
