@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use nix::sys::resource::{getrusage, UsageWho};
-
 use crate::report::Row;
 
 pub use gdx_sys::stats::{median, quantile, sorted_secs, Summary};
@@ -36,13 +34,7 @@ impl CpuClock {
     /// Read the clock now (`getrusage(RUSAGE_SELF)`); unreadable gives a clock that yields
     /// no figure.
     pub fn now() -> CpuClock {
-        CpuClock(getrusage(UsageWho::RUSAGE_SELF).ok().map(|u| {
-            let t = |tv: nix::sys::time::TimeVal| {
-                Duration::from_secs(tv.tv_sec().max(0) as u64)
-                    + Duration::from_micros(tv.tv_usec().max(0) as u64)
-            };
-            t(u.user_time()) + t(u.system_time())
-        }))
+        CpuClock(gdx_sys::os::process_cpu_time().ok())
     }
 
     /// CPU seconds per GB (1e9 bytes) for `bytes` moved since `self`.

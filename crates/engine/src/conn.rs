@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,15 @@ impl Sock {
         match self {
             Sock::Tcp(s) => s.as_raw_fd(),
             Sock::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+impl AsFd for Sock {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Sock::Tcp(s) => s.as_fd(),
+            Sock::Unix(s) => s.as_fd(),
         }
     }
 }
@@ -143,44 +152,21 @@ impl Conn {
             self.end -= self.start;
             self.start = 0;
         }
-        let mut iov = libc::iovec {
-            // SAFETY: end <= buf.len(), so the pointer stays within the buffer.
-            iov_base: unsafe { self.buf.as_mut_ptr().add(self.end) }.cast(),
-            iov_len: self.buf.len() - self.end,
-        };
-        // A u64 array keeps the control buffer aligned for cmsghdr.
-        let mut cbuf = [0u64; 16];
-        // SAFETY: zeroed msghdr is valid; we fill the fields we use below.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+        use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+        // 128 bytes of control space, as before: room for more fds than a frame ever carries.
+        let mut space = [std::mem::MaybeUninit::<u8>::uninit(); 128];
+        let mut cmsg = RecvAncillaryBuffer::new(&mut space);
         let n = loop {
-            // SAFETY: iov points into our buffer's free tail, control into cbuf; both outlive the call.
-            let n = unsafe { libc::recvmsg(self.sock.fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
+            let mut iov = [io::IoSliceMut::new(&mut self.buf[self.end..])];
+            match rustix::net::recvmsg(&self.sock, &mut iov, &mut cmsg, RecvFlags::CMSG_CLOEXEC) {
+                Ok(r) => break r.bytes,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
             }
-            break n as usize;
         };
-        // SAFETY: msg was filled by recvmsg; the CMSG_* walk stays within msg_controllen.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(&msg);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                    let data = libc::CMSG_DATA(c).cast::<RawFd>();
-                    let bytes = (*c).cmsg_len as usize - (data as usize - c as usize);
-                    for i in 0..bytes / std::mem::size_of::<RawFd>() {
-                        let fd = data.add(i).read_unaligned();
-                        self.fds.push_back(OwnedFd::from_raw_fd(fd));
-                    }
-                }
-                c = libc::CMSG_NXTHDR(&msg, c);
+        for m in cmsg.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = m {
+                self.fds.extend(fds);
             }
         }
         if n == 0 {
@@ -308,13 +294,9 @@ impl Conn {
         if self.end > self.start {
             return true;
         }
-        let mut p = libc::pollfd {
-            fd: self.sock.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, zero timeout.
-        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        use rustix::event::{PollFd, PollFlags};
+        let mut p = [PollFd::new(&self.sock, PollFlags::IN)];
+        let n = rustix::event::poll(&mut p, Some(&rustix::event::Timespec::default())).unwrap_or(0);
         n > 0
     }
 
@@ -363,39 +345,25 @@ impl Conn {
     /// Sends a frame with `fd` attached (`SCM_RIGHTS`; unix sockets only).
     pub(crate) fn send_with_fd(&mut self, msg: &Msg, fd: RawFd) -> Result<()> {
         let head = wire::encode(msg, 0);
-        let mut iov = libc::iovec {
-            iov_base: head.as_ptr() as *mut libc::c_void,
-            iov_len: head.len(),
-        };
-        let mut cbuf = [0u64; 4];
-        // SAFETY: zeroed msghdr is valid; fields are set below and point at live locals.
-        let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
-        m.msg_iov = &mut iov;
-        m.msg_iovlen = 1;
-        m.msg_control = cbuf.as_mut_ptr().cast();
-        // SAFETY: CMSG_SPACE is a pure size computation.
-        m.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as _;
-        // SAFETY: the control buffer is large enough for one fd (checked by CMSG_SPACE above).
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&m);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-            libc::CMSG_DATA(c).cast::<RawFd>().write_unaligned(fd);
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        // SAFETY: the caller's fd is open for this call; sendmsg only looks it up (EBADF if not)
+        // and the kernel duplicates it into the peer.
+        let fds = [unsafe { BorrowedFd::borrow_raw(fd) }];
+        let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut cmsg = SendAncillaryBuffer::new(&mut space);
+        if !cmsg.push(SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(Error::Protocol("no control space for one fd".into()));
         }
+        let iov = [io::IoSlice::new(&head)];
         loop {
-            // SAFETY: m describes live buffers; the kernel duplicates fd into the peer.
-            let n = unsafe { libc::sendmsg(self.sock.fd(), &m, libc::MSG_NOSIGNAL) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(self.lost(e));
-            }
-            if (n as usize) < head.len() {
+            let n = match rustix::net::sendmsg(&self.sock, &iov, &mut cmsg, SendFlags::NOSIGNAL) {
+                Ok(n) => n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(self.lost(e.into())),
+            };
+            if n < head.len() {
                 // The fd went with the first bytes; send the rest plainly.
-                let rest = &head[n as usize..];
+                let rest = &head[n..];
                 // SAFETY: rest is a live slice.
                 unsafe { send_all_raw(self.sock.fd(), &[(rest.as_ptr(), rest.len())]) }
                     .map_err(|e| self.lost(e))?;

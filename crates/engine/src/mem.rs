@@ -6,8 +6,11 @@
 //! no `&mut [u8]` is ever formed over memory a peer may also be touching.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
 
 use crate::error::{Error, Result};
 
@@ -32,19 +35,9 @@ impl Mapping {
             return Err(Error::InvalidArgument("region length must be > 0".into()));
         }
         let cname = std::ffi::CString::new(format!("gdx:{name}")).unwrap_or_default();
-        // SAFETY: cname is a valid NUL-terminated string; flags are valid memfd flags.
-        let raw = unsafe {
-            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        };
-        if raw < 0 {
-            return Err(Error::os("memfd_create", io::Error::last_os_error()));
-        }
-        // SAFETY: raw is a freshly created fd that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: fd is a valid memfd.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(Error::os("ftruncate", io::Error::last_os_error()));
-        }
+        let fd = rustix::fs::memfd_create(&cname, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(|e| Error::os("memfd_create", e.into()))?;
+        rustix::fs::ftruncate(&fd, len as u64).map_err(|e| Error::os("ftruncate", e.into()))?;
         let mut m = Self::map_fd(fd.as_raw_fd(), len, true)?;
         // Whoever gets this fd (a same-host peer) can never shrink it under our mapping (the
         // SIGBUS attack) nor grow it.
@@ -60,7 +53,7 @@ impl Mapping {
     /// shared writable.
     pub(crate) fn seal_future_write(&mut self) {
         let Some(fd) = &self.fd else { return };
-        if let Err(e) = add_seals(fd.as_raw_fd(), libc::F_SEAL_FUTURE_WRITE) {
+        if let Err(e) = add_seals(fd.as_raw_fd(), SealFlags::FUTURE_WRITE) {
             log::warn!("read-only region not shared by fd: {e}");
             self.fd = None;
         }
@@ -73,24 +66,24 @@ impl Mapping {
             return Err(Error::InvalidArgument("mapping length must be > 0".into()));
         }
         let prot = if write {
-            libc::PROT_READ | libc::PROT_WRITE
+            ProtFlags::READ | ProtFlags::WRITE
         } else {
-            libc::PROT_READ
+            ProtFlags::READ
         };
+        // SAFETY: the caller's fd is open for this call; mmap only looks it up (EBADF if not).
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
         // SAFETY: a fresh mapping at a kernel-chosen address; it aliases no Rust object.
         let p = unsafe {
-            libc::mmap(
+            rustix::mm::mmap(
                 std::ptr::null_mut(),
                 len,
                 prot,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
+                MapFlags::SHARED | MapFlags::POPULATE,
                 fd,
                 0,
             )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::os("mmap", io::Error::last_os_error()));
         }
+        .map_err(|e| Error::os("mmap", e.into()))?;
         let ptr = NonNull::new(p.cast::<u8>())
             .ok_or_else(|| Error::os("mmap", io::Error::other("null")))?;
         Ok(Mapping { ptr, len, fd: None })
@@ -112,26 +105,24 @@ impl Mapping {
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: ptr/len describe a mapping created by `map_fd` and owned solely by self.
-        let rc = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-        if rc != 0 {
+        let rc = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+        if let Err(e) = rc {
             log::warn!(
                 "munmap of {} bytes failed: {}",
                 self.len,
-                io::Error::last_os_error()
+                io::Error::from(e)
             );
         }
     }
 }
 
 /// The seals every shared memfd carries.
-pub(crate) const SIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+pub(crate) const SIZE_SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW);
 
-fn add_seals(fd: RawFd, seals: libc::c_int) -> Result<()> {
-    // SAFETY: fcntl on a valid fd with an integer argument.
-    if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } != 0 {
-        return Err(Error::os("fcntl(F_ADD_SEALS)", io::Error::last_os_error()));
-    }
-    Ok(())
+fn add_seals(fd: RawFd, seals: SealFlags) -> Result<()> {
+    // SAFETY: the caller's fd is open for this call; fcntl only looks it up (EBADF if not).
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    rustix::fs::fcntl_add_seals(fd, seals).map_err(|e| Error::os("fcntl(F_ADD_SEALS)", e.into()))
 }
 
 /// Checks a memfd received from a peer before it is mapped: it must be sealed against
@@ -140,28 +131,20 @@ fn add_seals(fd: RawFd, seals: libc::c_int) -> Result<()> {
 /// Returns its size.
 pub(crate) fn verify_memfd(fd: RawFd, want_len: Option<usize>, read_only: bool) -> Result<usize> {
     let bad = |why: String| Error::Protocol(format!("received memfd refused: {why}"));
-    // SAFETY: fcntl F_GET_SEALS on a valid fd.
-    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
-    if seals < 0 {
+    // SAFETY: the caller's fd is open for this call; fcntl/fstat only look it up (EBADF if not).
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let seals = rustix::fs::fcntl_get_seals(fd)
+        .map_err(|e| bad(format!("not a sealable memfd ({})", io::Error::from(e))))?;
+    if !seals.contains(SIZE_SEALS) {
         return Err(bad(format!(
-            "not a sealable memfd ({})",
-            io::Error::last_os_error()
+            "not sealed against shrink and grow (seals {:#x})",
+            seals.bits()
         )));
     }
-    if seals & SIZE_SEALS != SIZE_SEALS {
-        return Err(bad(format!(
-            "not sealed against shrink and grow (seals {seals:#x})"
-        )));
-    }
-    if read_only && seals & (libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_WRITE) == 0 {
+    if read_only && !seals.intersects(SealFlags::FUTURE_WRITE | SealFlags::WRITE) {
         return Err(bad("a read-only mapping without a write seal".into()));
     }
-    // SAFETY: fstat on a valid fd into a zeroed stat buffer.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fd is valid; st is a valid out-pointer.
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return Err(Error::os("fstat", io::Error::last_os_error()));
-    }
+    let st = rustix::fs::fstat(fd).map_err(|e| Error::os("fstat", e.into()))?;
     let size = usize::try_from(st.st_size).map_err(|_| bad("negative size".into()))?;
     if let Some(w) = want_len {
         if size < w {
@@ -173,126 +156,31 @@ pub(crate) fn verify_memfd(fd: RawFd, want_len: Option<usize>, read_only: bool) 
 
 /// The uid of the process at the other end of a unix socket (`SO_PEERCRED`).
 pub(crate) fn peer_uid(fd: RawFd) -> Result<u32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cred`, a live local.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(Error::os(
-            "getsockopt(SO_PEERCRED)",
-            io::Error::last_os_error(),
-        ));
-    }
-    Ok(cred.uid)
+    // SAFETY: the caller's fd is open for this call; getsockopt only looks it up (EBADF if not).
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let cred = rustix::net::sockopt::socket_peercred(fd)
+        .map_err(|e| Error::os("getsockopt(SO_PEERCRED)", e.into()))?;
+    Ok(cred.uid.as_raw())
 }
 
 /// This process's effective uid.
 pub(crate) fn my_uid() -> u32 {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
 }
 
-/// Receives exactly `len` bytes from socket `fd` into `ptr`. EOF, reset and `SO_RCVTIMEO` expiry are
-/// returned as `io::Error`s.
-///
-/// # Safety
-/// - `ptr..ptr+len` must be valid for writes for the whole call and not be freed or unmapped during it.
-pub(crate) unsafe fn recv_exact_raw(fd: RawFd, mut ptr: *mut u8, mut len: usize) -> io::Result<()> {
-    while len > 0 {
-        // SAFETY: the caller guarantees ptr..ptr+len is writable.
-        let n = unsafe { libc::recv(fd, ptr.cast(), len, 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed by peer",
-            ));
-        }
-        let n = n as usize;
-        // SAFETY: n <= len, so the result stays within the caller's span.
-        ptr = unsafe { ptr.add(n) };
-        len -= n;
-    }
-    Ok(())
-}
-
-/// Sends `parts` (raw spans) completely on socket `fd`, using `sendmsg` with an iovec so that a
-/// small header and a large payload go out in one call.
-///
-/// # Safety
-/// - every `(ptr, len)` in `parts` must be valid for reads for the whole call.
-pub(crate) unsafe fn send_all_raw(fd: RawFd, parts: &[(*const u8, usize)]) -> io::Result<()> {
-    let mut iov: Vec<libc::iovec> = parts
-        .iter()
-        .filter(|p| p.1 > 0)
-        .map(|&(p, l)| libc::iovec {
-            iov_base: p as *mut libc::c_void,
-            iov_len: l,
-        })
-        .collect();
-    let mut start = 0;
-    while start < iov.len() {
-        // SAFETY: zeroed msghdr is a valid "no name, no control" header.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = iov[start..].as_mut_ptr();
-        msg.msg_iovlen = (iov.len() - start) as _;
-        // SAFETY: the iovecs point at spans the caller guarantees readable.
-        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        let mut n = n as usize;
-        while n > 0 && start < iov.len() {
-            if n >= iov[start].iov_len {
-                n -= iov[start].iov_len;
-                start += 1;
-            } else {
-                // SAFETY: advancing within the span by n < iov_len.
-                iov[start].iov_base = unsafe { iov[start].iov_base.cast::<u8>().add(n) }.cast();
-                iov[start].iov_len -= n;
-                n = 0;
-            }
-        }
-    }
-    Ok(())
-}
+/// Socket I/O straight into / out of raw spans (rustix takes Rust slices, which must not be
+/// formed over memory a peer may touch), in gdx-sys with the other calls rustix lacks.
+pub(crate) use gdx_sys::os::{recv_exact_raw, send_all_raw};
 
 /// Fills `buf` from the kernel's random source (`getrandom(2)`).
 pub(crate) fn random_bytes(buf: &mut [u8]) -> Result<()> {
     let mut done = 0;
     while done < buf.len() {
-        // SAFETY: writes at most buf.len()-done bytes into buf[done..].
-        let n = unsafe { libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(Error::os("getrandom", e));
+        match rustix::rand::getrandom(&mut buf[done..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(Error::os("getrandom", e.into())),
         }
-        done += n as usize;
     }
     Ok(())
 }
@@ -333,14 +221,8 @@ mod tests {
         // SAFETY: ro owns 4096 mapped bytes.
         unsafe { ro.ptr().write(7) };
 
-        let name = std::ffi::CString::new("unsealed").unwrap_or_default();
-        // SAFETY: valid name and flags.
-        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(raw >= 0);
-        // SAFETY: a fresh fd nobody else owns.
-        let unsealed = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: plain syscall on our fd.
-        assert_eq!(unsafe { libc::ftruncate(unsealed.as_raw_fd(), 4096) }, 0);
+        let unsealed = rustix::fs::memfd_create("unsealed", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&unsealed, 4096).unwrap();
         let e = verify_memfd(unsealed.as_raw_fd(), Some(4096), false)
             .expect_err("an unsealed memfd must be refused");
         assert!(

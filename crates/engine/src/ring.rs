@@ -317,27 +317,24 @@ fn encode_result(errors: &[(u32, Error)]) -> Vec<u8> {
 /// Sleeps while `word` holds `expected`, at most `timeout` (spurious returns are fine: callers
 /// re-check).
 pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    let ts = rustix::thread::futex::Timespec {
+        tv_sec: timeout.as_secs() as _,
+        tv_nsec: timeout.subsec_nanos() as _,
     };
-    // SAFETY: FUTEX_WAIT (shared: the word is in a MAP_SHARED memfd mapping other processes use)
-    // on a live, aligned 32-bit word, with a valid timespec; it only reads the word.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-        )
-    };
+    // FUTEX_WAIT, shared (no PRIVATE flag: the word is in a MAP_SHARED memfd mapping other
+    // processes use); an error (EAGAIN: the word changed, EINTR, ETIMEDOUT) is a return too.
+    let _ = rustix::thread::futex::wait(
+        word,
+        rustix::thread::futex::Flags::empty(),
+        expected,
+        Some(&ts),
+    );
 }
 
 /// Wakes every waiter on `word`.
 pub(crate) fn futex_wake(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE on a live, aligned 32-bit word; no memory is accessed through it.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
+    let _ =
+        rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), i32::MAX as u32);
 }
 
 /// Spins (with the odd yield, since this machine may have few cores) until `done()` or `spin`

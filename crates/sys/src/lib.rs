@@ -14,7 +14,8 @@
 //! [`libraries`] summarises all five for the headers of `gdx topo` and `gdx doctor`.
 //!
 //! [`bytesize`] is the one byte-count parser every command uses (`1GB` = 10^9, `1GiB` = 2^30);
-//! [`stats`] the one median / quantile / σ every probe and benchmark reports.
+//! [`stats`] the one median / quantile / σ every probe and benchmark reports; [`os`] the few
+//! POSIX calls rustix (the workspace's syscall crate) lacks.
 //!
 //! # Library dependency
 //!
@@ -56,6 +57,7 @@ pub mod cuda;
 pub mod cufile;
 pub mod nccl;
 pub mod nvml;
+pub mod os;
 pub mod stats;
 pub mod verbs;
 

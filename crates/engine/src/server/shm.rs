@@ -229,7 +229,6 @@ fn map_fd_for(
     key: crate::region::RegionKey,
     write: bool,
 ) -> Result<(std::os::fd::OwnedFd, u64, bool)> {
-    use std::os::fd::FromRawFd;
     let r = reg.get(id)?;
     if !r.key.ct_eq(&key) {
         return Err(Error::BadKey { region: id });
@@ -250,21 +249,17 @@ fn map_fd_for(
     let fd = r
         .fd()
         .ok_or_else(|| Error::Unavailable(format!("region {id} is not shareable")))?;
-    let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).unwrap_or_default();
     let flags = if writable {
-        libc::O_RDWR
+        rustix::fs::OFlags::RDWR
     } else {
-        libc::O_RDONLY
+        rustix::fs::OFlags::RDONLY
     };
-    // SAFETY: path is a valid C string; open returns a new fd or -1.
-    let nfd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) };
-    if nfd < 0 {
-        return Err(Error::os("open", std::io::Error::last_os_error()));
-    }
-    // SAFETY: nfd is a fresh fd owned by nobody else.
-    Ok((
-        unsafe { std::os::fd::OwnedFd::from_raw_fd(nfd) },
-        r.len,
-        writable,
-    ))
+    let path = format!("/proc/self/fd/{fd}");
+    let nfd = rustix::fs::open(
+        path,
+        flags | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| Error::os("open", e.into()))?;
+    Ok((nfd, r.len, writable))
 }

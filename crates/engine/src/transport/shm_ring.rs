@@ -106,14 +106,14 @@ impl RingClient {
 
 /// True when the peer hung up the socket (or it failed).
 fn hung_up(fd: RawFd) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLRDHUP,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, zero timeout.
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+    use rustix::event::{PollFd, PollFlags};
+    // SAFETY: the transport keeps the socket open while its ring client lives; poll only looks
+    // the number up (POLLNVAL if it were closed).
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let mut p = [PollFd::from_borrowed_fd(fd, PollFlags::RDHUP)];
+    let n = rustix::event::poll(&mut p, Some(&rustix::event::Timespec::default())).unwrap_or(0);
+    let hup = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL;
+    n > 0 && p[0].revents().intersects(hup)
 }
 
 /// Whether `xfer` is small enough to run on the submitting thread: one inline slot at most

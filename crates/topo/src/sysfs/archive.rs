@@ -231,17 +231,14 @@ impl Drop for TempFolder {
 /// # Errors
 /// [`TopoError::Io`] when the signal mask cannot be changed or the thread cannot start.
 pub fn remove_unpacked_on_signal() -> Result<(), TopoError> {
-    use nix::sys::signal::{SigSet, Signal};
     static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     if INSTALLED.get().is_some() {
         return Ok(());
     }
-    let mut set = SigSet::empty();
-    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-        set.add(s);
-    }
-    let io = |e: nix::Error| TopoError::io("signal mask", std::io::Error::from(e));
-    set.thread_block().map_err(io)?;
+    // Waited for with `sigwait` on a thread of its own (gdx-sys: rustix has no signal masks).
+    let set = gdx_sys::os::SignalSet::termination();
+    set.block_in_this_thread()
+        .map_err(|e| TopoError::io("signal mask", e))?;
     std::thread::Builder::new()
         .name("gdx-signal-cleanup".into())
         .spawn(move || {
@@ -252,7 +249,7 @@ pub fn remove_unpacked_on_signal() -> Result<(), TopoError> {
                         let _ = std::fs::remove_dir_all(d);
                     }
                 }
-                std::process::exit(128 + sig as i32);
+                std::process::exit(128 + sig);
             }
         })
         .map_err(|e| TopoError::io("signal thread", e))?;

@@ -1,0 +1,221 @@
+//! The few POSIX calls that rustix (the workspace's one syscall crate) does not offer, each
+//! behind a small wrapper so that no crate above this one needs `libc` or `unsafe` for them:
+//!
+//! - [`process_cpu_time`]: `getrusage(2)` (rustix has no `getrusage`).
+//! - [`SignalSet`]: `pthread_sigmask(3)` and `sigwait(3)`, which rustix leaves to libc
+//!   (`rustix::not_implemented::libc_internals`).
+//! - [`recv_exact_raw`] and [`send_all_raw`]: socket I/O straight into / out of raw spans of
+//!   memory a peer may also be touching (shared mappings). rustix takes `&mut [u8]` /
+//!   `IoSlice` buffers, i.e. Rust references, which must never be formed over such memory;
+//!   these take raw pointers so that only the kernel reads or writes the bytes.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+/// User + system CPU time of the whole process (all threads) so far (`getrusage(RUSAGE_SELF)`).
+///
+/// # Errors
+/// The OS error of `getrusage`.
+pub fn process_cpu_time() -> io::Result<Duration> {
+    let mut u = MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: RUSAGE_SELF with a valid out-pointer to a live local, which getrusage fills.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: getrusage returned 0, so it filled the whole struct.
+    let u = unsafe { u.assume_init() };
+    let t = |tv: libc::timeval| {
+        Duration::from_secs(tv.tv_sec.max(0) as u64)
+            + Duration::from_micros(tv.tv_usec.max(0) as u64)
+    };
+    Ok(t(u.ru_utime) + t(u.ru_stime))
+}
+
+/// A set of signals to block and then wait for synchronously on a thread of one's own.
+#[derive(Clone, Copy)]
+pub struct SignalSet(libc::sigset_t);
+
+impl std::fmt::Debug for SignalSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SignalSet")
+    }
+}
+
+impl SignalSet {
+    /// SIGINT, SIGTERM and SIGHUP: the signals that ask a command to stop.
+    pub fn termination() -> SignalSet {
+        let mut set = MaybeUninit::<libc::sigset_t>::uninit();
+        // SAFETY: sigemptyset initialises the set behind a valid pointer (it cannot fail then).
+        unsafe { libc::sigemptyset(set.as_mut_ptr()) };
+        // SAFETY: initialised just above.
+        let mut set = unsafe { set.assume_init() };
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            // SAFETY: a valid set and a valid signal number (so it cannot fail).
+            unsafe { libc::sigaddset(&mut set, s) };
+        }
+        SignalSet(set)
+    }
+
+    /// Blocks these signals in the calling thread (`pthread_sigmask(SIG_BLOCK)`); threads it
+    /// starts afterwards inherit the block.
+    ///
+    /// # Errors
+    /// The error `pthread_sigmask` returns.
+    pub fn block_in_this_thread(&self) -> io::Result<()> {
+        // SAFETY: a valid set; a null old-set pointer is allowed.
+        let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &self.0, std::ptr::null_mut()) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(())
+    }
+
+    /// Waits until one of these (blocked) signals is pending and returns its number (`sigwait`).
+    ///
+    /// # Errors
+    /// The error `sigwait` returns (an invalid set).
+    pub fn wait(&self) -> io::Result<i32> {
+        let mut sig = 0;
+        // SAFETY: a valid set and a valid out-pointer to a live local.
+        let rc = unsafe { libc::sigwait(&self.0, &mut sig) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(sig)
+    }
+}
+
+/// Receives exactly `len` bytes from socket `fd` into `ptr`. EOF, reset and `SO_RCVTIMEO` expiry are
+/// returned as `io::Error`s.
+///
+/// # Safety
+/// - `ptr..ptr+len` must be valid for writes for the whole call and not be freed or unmapped during it.
+pub unsafe fn recv_exact_raw(fd: RawFd, mut ptr: *mut u8, mut len: usize) -> io::Result<()> {
+    while len > 0 {
+        // SAFETY: the caller guarantees ptr..ptr+len is writable.
+        let n = unsafe { libc::recv(fd, ptr.cast(), len, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed by peer",
+            ));
+        }
+        let n = n as usize;
+        // SAFETY: n <= len, so the result stays within the caller's span.
+        ptr = unsafe { ptr.add(n) };
+        len -= n;
+    }
+    Ok(())
+}
+
+/// Sends `parts` (raw spans) completely on socket `fd`, using `sendmsg` with an iovec so that a
+/// small header and a large payload go out in one call.
+///
+/// # Safety
+/// - every `(ptr, len)` in `parts` must be valid for reads for the whole call.
+pub unsafe fn send_all_raw(fd: RawFd, parts: &[(*const u8, usize)]) -> io::Result<()> {
+    let mut iov: Vec<libc::iovec> = parts
+        .iter()
+        .filter(|p| p.1 > 0)
+        .map(|&(p, l)| libc::iovec {
+            iov_base: p as *mut libc::c_void,
+            iov_len: l,
+        })
+        .collect();
+    let mut start = 0;
+    while start < iov.len() {
+        // SAFETY: zeroed msghdr is a valid "no name, no control" header.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov[start..].as_mut_ptr();
+        msg.msg_iovlen = (iov.len() - start) as _;
+        // SAFETY: the iovecs point at spans the caller guarantees readable.
+        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let mut n = n as usize;
+        while n > 0 && start < iov.len() {
+            if n >= iov[start].iov_len {
+                n -= iov[start].iov_len;
+                start += 1;
+            } else {
+                // SAFETY: advancing within the span by n < iov_len.
+                iov[start].iov_base = unsafe { iov[start].iov_base.cast::<u8>().add(n) }.cast();
+                iov[start].iov_len -= n;
+                n = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn cpu_time_grows_with_work() {
+        let a = process_cpu_time().unwrap();
+        let mut x = 0u64;
+        let until = std::time::Instant::now() + Duration::from_millis(30);
+        while std::time::Instant::now() < until {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        std::hint::black_box(x);
+        let b = process_cpu_time().unwrap();
+        assert!(b > a, "{a:?} then {b:?}");
+    }
+
+    #[test]
+    fn raw_spans_cross_a_socket_intact() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let head = [1u8, 2, 3];
+        let body: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let sender = std::thread::spawn(move || {
+            // SAFETY: both spans are live locals for the whole call.
+            unsafe {
+                send_all_raw(
+                    a.as_raw_fd(),
+                    &[(head.as_ptr(), head.len()), (body.as_ptr(), body.len())],
+                )
+            }
+            .unwrap();
+            body
+        });
+        let mut got = vec![0u8; 3 + 100_000];
+        // SAFETY: got is a live buffer of exactly that length.
+        unsafe { recv_exact_raw(b.as_raw_fd(), got.as_mut_ptr(), got.len()) }.unwrap();
+        let body = sender.join().unwrap();
+        assert_eq!(&got[..3], &[1, 2, 3]);
+        assert_eq!(&got[3..], &body[..]);
+        drop(b);
+        let mut more = [0u8; 1];
+        // SAFETY: a live one-byte buffer.
+        let e = unsafe { recv_exact_raw(-1, more.as_mut_ptr(), 1) }.unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EBADF));
+    }
+
+    #[test]
+    fn a_blocked_signal_is_waited_for() {
+        let set = SignalSet::termination();
+        set.block_in_this_thread().unwrap();
+        // SAFETY: raising a signal this thread blocks only makes it pending for this thread.
+        let rc = unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGHUP) };
+        assert_eq!(rc, 0);
+        assert_eq!(set.wait().unwrap(), libc::SIGHUP);
+    }
+}
