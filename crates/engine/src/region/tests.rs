@@ -1,6 +1,10 @@
 //! Lease and remote-check tests of the region registry.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use super::*;
+use crate::error::Error;
 
 #[test]
 fn lease_compatibility_and_retire() {

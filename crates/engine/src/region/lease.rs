@@ -1,0 +1,227 @@
+//! The per-region lease protocol: who may touch a region's bytes, and how, at any moment, and
+//! the shared state ([`RegionInner`]) each registered region keeps it in.
+
+use std::fmt;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::mem::Mapping;
+
+use super::{Access, Location, RegionDesc, RegionKey};
+
+/// What a lease is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseKind {
+    /// The user reads through a shared view.
+    UserRead,
+    /// The user writes through a mutable view.
+    UserWrite,
+    /// A transport reads bytes out of the region (they leave it).
+    Source,
+    /// A transport writes bytes into the region.
+    Sink,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct LeaseState {
+    user_readers: u32,
+    user_writer: bool,
+    sources: u32,
+    sinks: u32,
+    dying: bool,
+}
+
+impl LeaseState {
+    fn compatible(&self, k: LeaseKind) -> bool {
+        match k {
+            LeaseKind::UserRead => !self.user_writer && self.sinks == 0,
+            LeaseKind::UserWrite => {
+                !self.user_writer && self.user_readers == 0 && self.sources == 0 && self.sinks == 0
+            }
+            LeaseKind::Source => !self.user_writer,
+            LeaseKind::Sink => !self.user_writer && self.user_readers == 0,
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.user_readers == 0 && !self.user_writer && self.sources == 0 && self.sinks == 0
+    }
+}
+
+pub(super) enum Backing {
+    Owned(Mapping),
+    Borrowed {
+        ptr: *mut u8,
+    },
+    /// GPU memory ([`crate::Agent::register_gpu`]): never dereferenced on the host; transports
+    /// copy through [`crate::gpu::AgentGpu`].
+    Device(crate::gpu::AgentGpu),
+}
+
+/// The shared state of one registered region.
+pub(crate) struct RegionInner {
+    pub(crate) id: u64,
+    pub(crate) key: RegionKey,
+    pub(crate) len: u64,
+    pub(crate) access: Access,
+    pub(crate) location: Location,
+    pub(crate) name: Option<String>,
+    pub(super) backing: Backing,
+    pub(super) state: Mutex<LeaseState>,
+    pub(super) cv: Condvar,
+}
+
+// SAFETY: the raw pointer of a borrowed backing is only dereferenced under a lease, and leases are
+// refused once the region is retired (before its borrow ends); see the module invariants.
+unsafe impl Send for RegionInner {}
+// SAFETY: as above; all mutable state is behind the Mutex.
+unsafe impl Sync for RegionInner {}
+
+impl fmt::Debug for RegionInner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Region")
+            .field("id", &self.id)
+            .field("len", &self.len)
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+impl RegionInner {
+    fn lock(&self) -> MutexGuard<'_, LeaseState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The host address of the region's bytes; `None` for GPU memory.
+    pub(crate) fn host_ptr(&self) -> Option<*mut u8> {
+        match &self.backing {
+            Backing::Owned(m) => Some(m.ptr()),
+            Backing::Borrowed { ptr } => Some(*ptr),
+            Backing::Device(_) => None,
+        }
+    }
+
+    /// The GPU memory behind a region registered with [`crate::Agent::register_gpu`].
+    pub(crate) fn device(&self) -> Option<&crate::gpu::AgentGpu> {
+        match &self.backing {
+            Backing::Device(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// The memfd of an agent-allocated region.
+    pub(crate) fn fd(&self) -> Option<std::os::fd::RawFd> {
+        match &self.backing {
+            Backing::Owned(m) => m.fd(),
+            Backing::Borrowed { .. } | Backing::Device(_) => None,
+        }
+    }
+
+    pub(super) fn not_host(&self) -> Error {
+        Error::InvalidArgument(format!(
+            "region {} is {} memory: it has no host bytes (copy it with the LocalPeer it was \
+             registered from)",
+            self.id, self.location
+        ))
+    }
+
+    pub(crate) fn desc(&self) -> RegionDesc {
+        RegionDesc {
+            id: self.id,
+            key: self.key,
+            len: self.len,
+            location: self.location,
+            access: self.access,
+            shareable: self.fd().is_some(),
+            name: self.name.clone(),
+            ipc: self.device().and_then(|d| d.ipc.clone()),
+        }
+    }
+
+    /// Takes a lease of `kind`, waiting up to `timeout` for incompatible leases to end.
+    pub(crate) fn lease(self: &Arc<Self>, kind: LeaseKind, timeout: Duration) -> Result<Lease> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        loop {
+            if st.dying {
+                return Err(Error::RegionGone { region: self.id });
+            }
+            if st.compatible(kind) {
+                match kind {
+                    LeaseKind::UserRead => st.user_readers += 1,
+                    LeaseKind::UserWrite => st.user_writer = true,
+                    LeaseKind::Source => st.sources += 1,
+                    LeaseKind::Sink => st.sinks += 1,
+                }
+                return Ok(Lease {
+                    region: Arc::clone(self),
+                    kind,
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout(timeout));
+            }
+            st = self
+                .cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Refuses new leases and waits until the running ones end. Idempotent.
+    pub(crate) fn retire(&self) {
+        let mut st = self.lock();
+        st.dying = true;
+        while !st.idle() {
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// A held right to touch `region`'s memory in one way; released on drop.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    region: Arc<RegionInner>,
+    kind: LeaseKind,
+}
+
+impl Lease {
+    pub(crate) fn region(&self) -> &Arc<RegionInner> {
+        &self.region
+    }
+
+    /// Host pointer to byte `offset`; the caller has bounds-checked `offset + len <=
+    /// region.len`. An error for GPU memory, which transports reach through
+    /// [`Lease::device`] instead.
+    pub(crate) fn ptr_at(&self, offset: u64) -> Result<*mut u8> {
+        debug_assert!(offset <= self.region.len);
+        let base = self
+            .region
+            .host_ptr()
+            .ok_or_else(|| self.region.not_host())?;
+        // SAFETY: offset <= len, so the result is within (or one past) the region's span.
+        Ok(unsafe { base.add(offset as usize) })
+    }
+
+    /// The GPU memory of a GPU region (see [`crate::Agent::register_gpu`]).
+    pub(crate) fn device(&self) -> Option<&crate::gpu::AgentGpu> {
+        self.region.device()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut st = self.region.lock();
+        match self.kind {
+            LeaseKind::UserRead => st.user_readers -= 1,
+            LeaseKind::UserWrite => st.user_writer = false,
+            LeaseKind::Source => st.sources -= 1,
+            LeaseKind::Sink => st.sinks -= 1,
+        }
+        drop(st);
+        self.region.cv.notify_all();
+    }
+}

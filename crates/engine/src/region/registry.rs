@@ -1,0 +1,203 @@
+//! The agent's table of registered regions and the check every remote access goes through.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::mem::Mapping;
+
+use super::lease::{Backing, Lease, LeaseKind, LeaseState, RegionInner};
+use super::{Access, Location, RegionDesc, RegionKey};
+
+/// Checks `offset + len` against a region length.
+pub(crate) fn check_bounds(offset: u64, len: u64, region_len: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= region_len => Ok(()),
+        _ => Err(Error::OutOfBounds {
+            offset,
+            len,
+            region_len,
+        }),
+    }
+}
+
+/// The agent's table of registered regions.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    /// The agent's RDMA side, told when a region goes so it deregisters it first.
+    pub(crate) rdma: std::sync::OnceLock<Arc<crate::transport::rdma::RdmaNode>>,
+    /// The agent's fabric side, told likewise (it closes the region's MR).
+    pub(crate) fabric: std::sync::OnceLock<Arc<crate::transport::fabric::FabricNode>>,
+    next_id: AtomicU64,
+    regions: Mutex<HashMap<u64, Arc<RegionInner>>>,
+    names: Mutex<HashMap<String, u64>>,
+}
+
+impl Registry {
+    fn insert(
+        &self,
+        backing: Backing,
+        len: u64,
+        access: Access,
+        name: Option<String>,
+    ) -> Result<Arc<RegionInner>> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let location = match &backing {
+            Backing::Device(d) => d.region.location(),
+            _ => Location::Host,
+        };
+        let inner = Arc::new(RegionInner {
+            id,
+            key: RegionKey(crate::mem::random_u128()?),
+            len,
+            access,
+            location,
+            name: name.clone(),
+            backing,
+            state: Mutex::new(LeaseState::default()),
+            cv: Condvar::new(),
+        });
+        if let Some(n) = name {
+            let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+            if names.contains_key(&n) {
+                return Err(Error::InvalidArgument(format!(
+                    "a region named {n:?} is already published"
+                )));
+            }
+            names.insert(n, id);
+        }
+        self.regions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, Arc::clone(&inner));
+        Ok(inner)
+    }
+
+    pub(super) fn remove(&self, inner: &RegionInner) {
+        if let Some(node) = self.rdma.get() {
+            node.forget(inner.id);
+        }
+        if let Some(node) = self.fabric.get() {
+            node.forget(inner.id);
+        }
+        self.regions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&inner.id);
+        if let Some(n) = &inner.name {
+            let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+            if names.get(n) == Some(&inner.id) {
+                names.remove(n);
+            }
+        }
+    }
+
+    pub(crate) fn get(&self, id: u64) -> Result<Arc<RegionInner>> {
+        self.regions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+            .ok_or(Error::NoSuchRegion { region: id })
+    }
+
+    pub(crate) fn by_name(&self, name: &str) -> Result<RegionDesc> {
+        let id = *self
+            .names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .ok_or_else(|| Error::NoSuchName(name.to_string()))?;
+        Ok(self.get(id)?.desc())
+    }
+
+    pub(crate) fn published(&self) -> Vec<RegionDesc> {
+        let ids: Vec<u64> = self
+            .names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .copied()
+            .collect();
+        ids.into_iter()
+            .filter_map(|id| self.get(id).ok())
+            .map(|r| r.desc())
+            .collect()
+    }
+
+    /// The check every remote access goes through: id, key, access right, bounds, then a lease.
+    /// `write` is true when bytes go *into* the region.
+    pub(crate) fn check_remote(
+        &self,
+        id: u64,
+        key: RegionKey,
+        offset: u64,
+        len: u64,
+        write: bool,
+        timeout: Duration,
+    ) -> Result<Lease> {
+        let r = self.get(id)?;
+        if !r.key.ct_eq(&key) {
+            return Err(Error::BadKey { region: id });
+        }
+        if write && !r.access.remote_write {
+            return Err(Error::ReadOnly { region: id });
+        }
+        if !write && !r.access.remote_read {
+            return Err(Error::NotReadable { region: id });
+        }
+        check_bounds(offset, len, r.len)?;
+        r.lease(
+            if write {
+                LeaseKind::Sink
+            } else {
+                LeaseKind::Source
+            },
+            timeout,
+        )
+    }
+
+    pub(crate) fn alloc(
+        &self,
+        len: u64,
+        access: Access,
+        name: Option<String>,
+    ) -> Result<Arc<RegionInner>> {
+        let ulen =
+            usize::try_from(len).map_err(|_| Error::InvalidArgument("region too large".into()))?;
+        let mut m = Mapping::memfd(ulen, name.as_deref().unwrap_or("region"))?;
+        if !access.remote_write {
+            m.seal_future_write();
+        }
+        self.insert(Backing::Owned(m), len, access, name)
+    }
+
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid and unaliased by Rust references until the region is retired.
+    pub(crate) unsafe fn register_raw(
+        &self,
+        ptr: *mut u8,
+        len: u64,
+        access: Access,
+        name: Option<String>,
+    ) -> Result<Arc<RegionInner>> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("region length must be > 0".into()));
+        }
+        self.insert(Backing::Borrowed { ptr }, len, access, name)
+    }
+
+    /// Registers GPU memory; peers reach it through the transports' staging or, on the same
+    /// host, through its IPC handle.
+    pub(crate) fn register_device(
+        &self,
+        gpu: crate::gpu::AgentGpu,
+        access: Access,
+        name: Option<String>,
+    ) -> Result<Arc<RegionInner>> {
+        let len = gpu.region.len();
+        self.insert(Backing::Device(gpu), len, access, name)
+    }
+}
