@@ -4,29 +4,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
 use assert_cmd::Command;
+use gdx_sys::cuda::probe::pattern;
 use predicates::prelude::*;
 
 fn gdx() -> Command {
     Command::cargo_bin("gdx").expect("gdx binary built by cargo")
 }
 
-fn random(n: usize) -> Vec<u8> {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
 #[test]
 fn file_to_host_with_verify_reports_path_rate_ceiling_and_check() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("data.bin");
-    std::fs::write(&p, random(3 << 20)).unwrap();
+    std::fs::write(&p, pattern(3 << 20, 1)).unwrap();
     gdx()
         .args([
             "cp",
@@ -196,7 +185,7 @@ fn file_to_gpu_and_back_verified() {
     let gpu = std::env::var("GDX_TEST_GPU").unwrap_or_else(|_| "0".into());
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("data.bin");
-    std::fs::write(&p, random((8 << 20) + 5)).unwrap();
+    std::fs::write(&p, pattern((8 << 20) + 5, 2)).unwrap();
     for path in ["auto", "file-staged", "gds"] {
         gdx()
             .args([
@@ -232,7 +221,7 @@ fn file_to_gpu_and_back_verified() {
 fn a_bare_path_is_a_file() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("src.bin");
-    std::fs::write(&p, random(64 << 10)).unwrap();
+    std::fs::write(&p, pattern(64 << 10, 3)).unwrap();
     gdx()
         .args(["cp", p.to_str().unwrap(), "host", "--verify"])
         .assert()
@@ -255,7 +244,7 @@ fn a_bare_path_is_a_file() {
 fn length_units_are_decimal_and_binary() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("small.bin");
-    std::fs::write(&p, random(4096)).unwrap();
+    std::fs::write(&p, pattern(4096, 4)).unwrap();
     for (flag, bytes) in [("1GB", "1000000000"), ("1GiB", "1073741824")] {
         gdx()
             .args(["cp", p.to_str().unwrap(), "host", "--length", flag])
@@ -286,7 +275,7 @@ fn length_units_are_decimal_and_binary() {
 fn impossible_ranges_and_streams_are_refused_before_any_allocation() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("one-mib.bin");
-    std::fs::write(&p, random(1 << 20)).unwrap();
+    std::fs::write(&p, pattern(1 << 20, 5)).unwrap();
     for len in ["100T", "18446744073709551615"] {
         gdx()
             .args(["cp", p.to_str().unwrap(), "host", "--length", len])
@@ -367,7 +356,7 @@ fn a_failed_write_leaves_no_partial_file() {
 fn quiet_prints_nothing_on_success_and_color_is_a_choice() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("q.bin");
-    std::fs::write(&p, random(8192)).unwrap();
+    std::fs::write(&p, pattern(8192, 6)).unwrap();
     gdx()
         .args(["cp", p.to_str().unwrap(), "host", "--verify", "-q"])
         .assert()

@@ -3,21 +3,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
 use assert_cmd::Command;
+use gdx_topo::fixture::h200x2_capture as h200_capture;
 use predicates::prelude::*;
-use std::path::PathBuf;
 
 fn gdx() -> Command {
     Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
-
-/// The real 2× H200 capture committed with the topo crate, found at run time.
-fn h200_capture() -> PathBuf {
-    let rel = "../topo/tests/data/h200x2-capture.tar.gz";
-    let base = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(PathBuf::from)
-        .filter(|d| d.join(rel).is_file())
-        .unwrap_or_else(|| PathBuf::from("crates/cli"));
-    base.join(rel)
 }
 
 #[test]

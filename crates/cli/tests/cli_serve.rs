@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
 use gdx_engine::{Access, Agent, AgentConfig, Error, Secret, Transfer};
+use gdx_sys::cuda::probe::fill_pattern;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -115,13 +116,7 @@ fn serve_accepts_writes_and_reads_back() {
 
     let len = (3 << 20) - 5; // unaligned on purpose
     let mut src = agent.alloc(len, Access::LOCAL, None).unwrap();
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    for b in src.bytes_mut().unwrap().iter_mut() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
+    fill_pattern(&mut src.bytes_mut().unwrap(), 7);
     let mut t = Transfer::new();
     t.write(&src, 0, &remote, 3, len);
     let rep = peer

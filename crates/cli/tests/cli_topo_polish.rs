@@ -6,20 +6,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
 use assert_cmd::Command;
+use gdx_topo::fixture::h200x2_capture as h200_capture;
 use gdx_topo::fixture::{RdmaPort, SysfsFixture};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 fn gdx() -> Command {
     Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
-
-fn h200_capture() -> PathBuf {
-    let rel = "../topo/tests/data/h200x2-capture.tar.gz";
-    let base = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(PathBuf::from)
-        .filter(|d| d.join(rel).is_file())
-        .unwrap_or_else(|| PathBuf::from("crates/cli"));
-    base.join(rel)
 }
 
 /// A VM-like machine: one NUMA node the platform does not report (numa_node -1), a GPU, an

@@ -6,17 +6,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
+use gdx_topo::fixture::h200x2_capture as h200_capture;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-
-fn h200_capture() -> PathBuf {
-    let rel = "../topo/tests/data/h200x2-capture.tar.gz";
-    let base = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(PathBuf::from)
-        .filter(|d| d.join(rel).is_file())
-        .unwrap_or_else(|| PathBuf::from("crates/cli"));
-    base.join(rel)
-}
 
 /// Names in `dir` starting with `prefix`.
 fn with_prefix(dir: &Path, prefix: &str) -> Vec<PathBuf> {

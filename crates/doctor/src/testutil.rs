@@ -133,6 +133,40 @@ impl Tree {
         }
     }
 
+    /// The NIC most check tests need: a ConnectX-7-like function at 0000:00:03.0 under
+    /// pci0000:00 with RDMA device `mlx5_0`, one active InfiniBand port and no netdev.
+    pub fn ib_nic(&self) -> &Self {
+        self.nic("pci0000:00", &[], "0000:00:03.0");
+        self.rdma(
+            "mlx5_0",
+            "0000:00:03.0",
+            &[("4: ACTIVE", "InfiniBand")],
+            None,
+        );
+        self
+    }
+
+    /// A tree with an H200-like GPU at 0000:00:06.0 and [`Tree::ib_nic`]: the machine of the
+    /// GPUDirect RDMA checks.
+    pub fn with_gpu_and_ib_nic() -> Tree {
+        let t = Tree::new();
+        t.gpu("pci0000:00", &[], "0000:00:06.0");
+        t.ib_nic();
+        t
+    }
+
+    /// The same NIC as [`Tree::ib_nic`] as RoCE: one active Ethernet port on netdev `eth2`.
+    pub fn roce_nic(&self) -> &Self {
+        self.nic("pci0000:00", &[], "0000:00:03.0");
+        self.rdma(
+            "mlx5_0",
+            "0000:00:03.0",
+            &[("4: ACTIVE", "Ethernet")],
+            Some("eth2"),
+        );
+        self
+    }
+
     /// A context builder over this tree.
     pub fn ctx(&self) -> CtxBuilder<'_> {
         CtxBuilder {

@@ -115,10 +115,7 @@ fn registration_cache_hits_on_the_real_device() {
 #[ignore = "requires an RDMA NIC and a GPU; GDX_TEST_NIC=mlx5_0 GDX_TEST_GPU=0 cargo test -p gdx-rdma --test hardware -- --ignored"]
 fn gpu_memory_registers_by_dmabuf_or_peermem_and_moves_data() {
     use gdx_sys::cuda::{Context, Cuda, DeviceBuffer, PinnedHostBuffer, Stream};
-    let gpu: u32 = std::env::var("GDX_TEST_GPU")
-        .ok()
-        .and_then(|g| g.parse().ok())
-        .unwrap_or(0);
+    let gpu = gdx_sys::cuda::probe::test_gpu();
     let cuda = Cuda::load().unwrap();
     let ctx = Context::new(&cuda.device(gpu).unwrap()).unwrap();
     let buf = Arc::new(DeviceBuffer::new(&ctx, 4 << 20).unwrap());

@@ -9,22 +9,10 @@ use gdx_storage::{
     checksum_bytes, checksum_file, copy_file_to_host, copy_host_to_file, read_file, CopyOptions,
     FileRange, PathChoice, ProgressFn, StorageError, StoragePath,
 };
+use gdx_sys::cuda::probe::pattern;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-
-/// Deterministic bytes that differ at every offset of a run (xorshift).
-fn random(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
 
 /// Small chunks and a few in flight, so that even small files cross several chunks.
 fn small_chunks() -> CopyOptions {
@@ -62,7 +50,7 @@ fn every_size_round_trips_through_the_pipeline() {
     .into_iter()
     .enumerate()
     {
-        let data = random(len, i as u64 + 1);
+        let data = pattern(len, i as u64 + 1);
         let opts = CopyOptions {
             truncate: true,
             ..small_chunks()
@@ -91,7 +79,7 @@ fn every_size_round_trips_through_the_pipeline() {
 fn unaligned_ranges_read_and_write_exactly_their_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("f.bin");
-    let base = random(300_000, 9);
+    let base = pattern(300_000, 9);
     std::fs::write(&p, &base).unwrap();
     for (offset, len) in [
         (1u64, 1u64),
@@ -113,7 +101,7 @@ fn unaligned_ranges_read_and_write_exactly_their_bytes() {
     // Writes into the middle keep every byte around the range.
     let mut expected = base.clone();
     for (offset, len) in [(3u64, 10usize), (4095, 4098), (12_345, 70_001)] {
-        let patch = random(len, offset);
+        let patch = pattern(len, offset);
         expected[offset as usize..offset as usize + len].copy_from_slice(&patch);
         copy_host_to_file(
             &patch,
@@ -129,7 +117,7 @@ fn unaligned_ranges_read_and_write_exactly_their_bytes() {
 fn buffered_path_is_taken_when_asked_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("f.bin");
-    let data = random(100_003, 3);
+    let data = pattern(100_003, 3);
     let opts = CopyOptions {
         path: PathChoice::Buffered,
         ..small_chunks()
@@ -176,9 +164,9 @@ fn a_range_across_4_gib_of_a_sparse_file() {
     // Marker blocks just below, across and above the 4 GiB line, written unaligned through the
     // pipeline itself.
     let markers = [
-        (GIB4 - (1 << 20) - 3, random(5000, 1)),
-        (GIB4 - 5, random(10, 2)),
-        (GIB4 + 70_000, random(4096, 3)),
+        (GIB4 - (1 << 20) - 3, pattern(5000, 1)),
+        (GIB4 - 5, pattern(10, 2)),
+        (GIB4 + 70_000, pattern(4096, 3)),
     ];
     for (at, bytes) in &markers {
         let r = copy_host_to_file(
@@ -214,7 +202,7 @@ fn a_range_across_4_gib_of_a_sparse_file() {
 fn a_file_that_shrinks_during_the_copy_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("shrinks.bin");
-    std::fs::write(&p, random(8 << 20, 4)).unwrap();
+    std::fs::write(&p, pattern(8 << 20, 4)).unwrap();
     // Another writer truncates the file as soon as the first chunk has arrived; 3 chunks of
     // 64 KiB are in flight at most, so most of the file is still to be read.
     let victim: PathBuf = p.clone();
@@ -338,7 +326,7 @@ fn a_missing_file_is_a_clear_error() {
 fn ranges_and_buffers_are_checked_before_any_io() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("f.bin");
-    std::fs::write(&p, random(1000, 5)).unwrap();
+    std::fs::write(&p, pattern(1000, 5)).unwrap();
     let e = copy_file_to_host(
         &FileRange::new(&p, 900, 101),
         &mut [0u8; 200],
@@ -398,7 +386,7 @@ fn truncate_replaces_and_its_absence_keeps_the_tail() {
 fn read_file_streams_contiguous_chunks_in_order_with_progress() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("f.bin");
-    let data = random(1_000_003, 6);
+    let data = pattern(1_000_003, 6);
     std::fs::write(&p, &data).unwrap();
     let last = Arc::new(std::sync::Mutex::new((0u64, 0u64)));
     let progress: ProgressFn = {

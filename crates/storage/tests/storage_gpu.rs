@@ -9,46 +9,17 @@ use gdx_storage::{
     checksum_bytes, checksum_gpu, copy_file_to_gpu, copy_gpu_to_file, cufile_status, CopyOptions,
     CufileStatus, FileRange, PathChoice, StoragePath,
 };
+use gdx_sys::cuda::probe::{pattern, replay_seed as seed, test_gpu};
 use gdx_sys::cuda::{Context, Cuda, DeviceBuffer, PinnedHostBuffer, Stream};
 use gdx_sys::cufile::{BufferRegistration, Cufile, Driver, FileHandle};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 const POISON: u8 = 0xA5;
-
-fn test_gpu() -> u32 {
-    std::env::var("GDX_TEST_GPU")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
 
 fn setup() -> (Context, Stream) {
     let cuda = Cuda::load().expect("libcuda");
     let ctx = cuda.context(test_gpu()).expect("context");
     let stream = Stream::new(&ctx).expect("stream");
     (ctx, stream)
-}
-
-/// A seed that differs per run, printed so a failure can be replayed.
-fn seed() -> u64 {
-    let s = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1);
-    eprintln!("seed {s:#x}");
-    s
-}
-
-fn random(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 /// All of `dev`, copied back to the host.
@@ -104,7 +75,7 @@ fn file_to_gpu(choice: PathChoice, expect: StoragePath) {
         ((16 << 20) + 1, 1, 4096),
         ((64 << 20) + 3, 4096 * 3, 7),
     ] {
-        let data = random(file_off as usize + len + 17, s ^ len as u64);
+        let data = pattern(file_off as usize + len + 17, s ^ len as u64);
         std::fs::write(&p, &data).unwrap();
         let total = dev_off + len + 11;
         let mut dev = poisoned(&ctx, &stream, total);
@@ -159,7 +130,7 @@ fn gpu_to_file(choice: PathChoice, expect: StoragePath) {
         ((16 << 20) + 1, 4096, 1),
         ((64 << 20) + 3, 7, 4096 * 3),
     ] {
-        let data = random(dev_off + len + 9, s ^ len as u64);
+        let data = pattern(dev_off + len + 9, s ^ len as u64);
         let dev = upload(&ctx, &stream, &data);
         let old = vec![POISON; file_off as usize + len + 4099];
         std::fs::write(&p, &old).unwrap();
@@ -250,7 +221,7 @@ fn auto_reports_its_choice_and_why() {
     let (ctx, stream) = setup();
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("f.bin");
-    let data = random(1 << 20, seed());
+    let data = pattern(1 << 20, seed());
     std::fs::write(&p, &data).unwrap();
     let mut dev = poisoned(&ctx, &stream, data.len());
     let r = copy_file_to_gpu(&FileRange::whole(&p), &mut dev, 0, &CopyOptions::default()).unwrap();
@@ -281,7 +252,7 @@ fn cufile_handles_and_registrations_release_on_drop() {
     assert_eq!(again.mode(), driver.mode());
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("f.bin");
-    let data = random(3 << 20, seed());
+    let data = pattern(3 << 20, seed());
     std::fs::write(&p, &data).unwrap();
     let mut dev = poisoned(&ctx, &stream, data.len());
     for round in 0..3 {

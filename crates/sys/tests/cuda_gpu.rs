@@ -7,35 +7,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use gdx_sys::cuda::probe::{self, fill_pattern, find_mismatch, Loc, POISON};
+use gdx_sys::cuda::probe::{
+    self, fill_pattern, find_mismatch, replay_seed as seed, test_gpu, Loc, POISON,
+};
 use gdx_sys::cuda::{
     Context, Cuda, CudaError, DeviceBuffer, Event, MemoryType, PinnedHostBuffer, RegisteredHost,
     Stream,
 };
-use std::time::{SystemTime, UNIX_EPOCH};
-
-fn test_gpu() -> u32 {
-    std::env::var("GDX_TEST_GPU")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
 
 fn setup() -> (Cuda, Context, Stream) {
     let cuda = Cuda::load().expect("libcuda");
     let ctx = cuda.context(test_gpu()).expect("context");
     let stream = Stream::new(&ctx).expect("stream");
     (cuda, ctx, stream)
-}
-
-/// A seed that differs per run, printed so a failure can be replayed.
-fn seed() -> u64 {
-    let s = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1);
-    eprintln!("pattern seed {s:#x}");
-    s
 }
 
 /// The other GPU for peer tests, or `None` (printed) where the test has a one-GPU part to run.

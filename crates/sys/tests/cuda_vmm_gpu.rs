@@ -8,19 +8,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use gdx_sys::cuda::probe::{fill_pattern, find_mismatch, POISON};
+use gdx_sys::cuda::probe::{fill_pattern, find_mismatch, replay_seed as seed, test_gpu, POISON};
 use gdx_sys::cuda::{
     Context, Cuda, CudaError, DeviceBuffer, Event, MemoryType, PinnedHostBuffer, Stream,
 };
 use std::os::fd::AsFd;
-use std::time::{SystemTime, UNIX_EPOCH};
-
-fn test_gpu() -> u32 {
-    std::env::var("GDX_TEST_GPU")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
 
 /// The driver, the test GPU's context and a stream, or a panic naming what is missing (these
 /// tests run only when asked for with `--ignored`, so a missing GPU is a failure, never `ok`).
@@ -41,16 +33,6 @@ fn setup(test: &str) -> (Cuda, Context, Stream) {
     let ctx = cuda.context(test_gpu()).expect("context");
     let stream = Stream::new(&ctx).expect("stream");
     (cuda, ctx, stream)
-}
-
-/// A seed that differs per run, printed so a failure can be replayed.
-fn seed() -> u64 {
-    let s = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1);
-    eprintln!("pattern seed {s:#x}");
-    s
 }
 
 /// `DeviceBuffer::new_shareable`, or a panic naming what the driver or GPU lacks (VMM

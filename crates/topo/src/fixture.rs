@@ -538,3 +538,20 @@ pub fn reference_topologies() -> Option<std::path::PathBuf> {
     }
     found
 }
+
+/// The real 2× H200 capture (`crates/topo/tests/data/h200x2-capture.tar.gz`, a Firecracker VM
+/// with a flat PCI bus and 18 NVLinks per GPU), found at run time like
+/// [`reference_topologies`]: from `CARGO_MANIFEST_DIR` or the working directory upwards.
+/// Panics when it is not there (it is committed with this crate).
+pub fn h200x2_capture() -> std::path::PathBuf {
+    const REL: &str = "crates/topo/tests/data/h200x2-capture.tar.gz";
+    let starts = [
+        std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from),
+        std::env::current_dir().ok(),
+    ];
+    starts
+        .iter()
+        .flatten()
+        .find_map(|start| start.ancestors().map(|a| a.join(REL)).find(|p| p.is_file()))
+        .unwrap_or_else(|| panic!("fixture {REL} not found above {starts:?}"))
+}

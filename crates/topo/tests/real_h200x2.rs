@@ -5,21 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
+use gdx_topo::fixture::h200x2_capture as capture;
 use gdx_topo::{from_root, DeviceKind, PathClass, Source};
-use std::path::PathBuf;
-
-/// Found at run time: cargo sets CARGO_MANIFEST_DIR for `cargo test`; a test binary run by
-/// hand from the repository root finds it under crates/topo.
-fn capture() -> PathBuf {
-    let rel = "tests/data/h200x2-capture.tar.gz";
-    let base = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(PathBuf::from)
-        .filter(|d| d.join(rel).is_file())
-        .unwrap_or_else(|| PathBuf::from("crates/topo"));
-    let p = base.join(rel);
-    assert!(p.is_file(), "fixture {} not found", p.display());
-    p
-}
 
 #[test]
 fn h200x2_capture_gives_nv18_like_nvidia_smi() {

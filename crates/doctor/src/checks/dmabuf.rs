@@ -213,15 +213,7 @@ mod tests {
     use crate::testutil::{cuda_facts, run, subject, Tree};
 
     fn tree() -> Tree {
-        let t = Tree::new();
-        t.gpu("pci0000:00", &[], "0000:00:06.0");
-        t.nic("pci0000:00", &[], "0000:00:03.0");
-        t.rdma(
-            "mlx5_0",
-            "0000:00:03.0",
-            &[("4: ACTIVE", "InfiniBand")],
-            None,
-        );
+        let t = Tree::with_gpu_and_ib_nic();
         t.file("proc/sys/kernel/osrelease", "6.8.0-45-generic\n");
         t
     }

@@ -79,16 +79,7 @@ mod tests {
     use crate::testutil::{cuda_facts, run, Tree};
 
     fn tree() -> Tree {
-        let t = Tree::new();
-        t.gpu("pci0000:00", &[], "0000:00:06.0");
-        t.nic("pci0000:00", &[], "0000:00:03.0");
-        t.rdma(
-            "mlx5_0",
-            "0000:00:03.0",
-            &[("4: ACTIVE", "InfiniBand")],
-            None,
-        );
-        t
+        Tree::with_gpu_and_ib_nic()
     }
 
     #[test]

@@ -109,13 +109,7 @@ mod tests {
     #[test]
     fn unlimited_passes_limited_fails_with_rdma() {
         let t = Tree::new();
-        t.nic("pci0000:00", &[], "0000:00:03.0");
-        t.rdma(
-            "mlx5_0",
-            "0000:00:03.0",
-            &[("4: ACTIVE", "InfiniBand")],
-            None,
-        );
+        t.ib_nic();
         t.file(
             "proc/self/limits",
             format!(

@@ -56,6 +56,19 @@ pub fn nic_devctl(ctx: &Context) -> Vec<NicDevCtl> {
     out
 }
 
+/// [`nic_devctl`], or the skip finding of check `id` when there is no RDMA PCI function.
+pub(crate) fn nic_devctl_or_skip(ctx: &Context, id: &str) -> Result<Vec<NicDevCtl>, Vec<Finding>> {
+    let nics = nic_devctl(ctx);
+    if nics.is_empty() {
+        return Err(vec![Finding::skip(
+            id,
+            "host",
+            "no RDMA device on a PCI function",
+        )]);
+    }
+    Ok(nics)
+}
+
 impl Check for Mrrs {
     fn id(&self) -> &'static str {
         "mrrs"
@@ -65,14 +78,10 @@ impl Check for Mrrs {
     }
     fn run(&self, ctx: &Context) -> Vec<Finding> {
         let id = self.id();
-        let nics = nic_devctl(ctx);
-        if nics.is_empty() {
-            return vec![Finding::skip(
-                id,
-                "host",
-                "no RDMA device on a PCI function",
-            )];
-        }
+        let nics = match nic_devctl_or_skip(ctx, id) {
+            Ok(n) => n,
+            Err(fs) => return fs,
+        };
         nics.into_iter()
             .map(|n| {
                 let (dc, ev) = match n.devctl {
@@ -109,13 +118,7 @@ mod tests {
 
     fn tree(devctl: u16, len: Option<usize>) -> Tree {
         let t = Tree::new();
-        t.nic("pci0000:00", &[], "0000:00:03.0");
-        t.rdma(
-            "mlx5_0",
-            "0000:00:03.0",
-            &[("4: ACTIVE", "InfiniBand")],
-            None,
-        );
+        t.ib_nic();
         let mut c = ConfigBuilder::new().dev_ctl(devctl);
         if let Some(l) = len {
             c = c.truncate(l);

@@ -118,13 +118,7 @@ mod tests {
 
     fn tree(mtu: &str) -> Tree {
         let t = Tree::new();
-        t.nic("pci0000:00", &[], "0000:00:03.0");
-        t.rdma(
-            "mlx5_0",
-            "0000:00:03.0",
-            &[("4: ACTIVE", "Ethernet")],
-            Some("eth2"),
-        );
+        t.roce_nic();
         t.file("sys/class/net/eth2/mtu", format!("{mtu}\n"));
         t
     }

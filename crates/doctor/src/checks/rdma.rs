@@ -156,13 +156,7 @@ mod tests {
     #[test]
     fn missing_uverbs_on_a_live_like_root_fails() {
         let t = Tree::new();
-        t.nic("pci0000:00", &[], "0000:00:03.0");
-        t.rdma(
-            "mlx5_0",
-            "0000:00:03.0",
-            &[("4: ACTIVE", "InfiniBand")],
-            None,
-        );
+        t.ib_nic();
         t.dir("dev/infiniband");
         t.file("dev/infiniband/rdma_cm", "");
         let fs = run(&RdmaDevices, &t.ctx().build());

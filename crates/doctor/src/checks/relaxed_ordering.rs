@@ -2,7 +2,7 @@
 //! NCCL's use of it (`NCCL_IB_PCI_RELAXED_ORDERING`, default 2 = auto). Relaxed ordering on
 //! RDMA writes matters most on AMD and virtualised hosts (gdr-checks C1).
 
-use super::mrrs::nic_devctl;
+use super::mrrs::nic_devctl_or_skip;
 use super::Check;
 use crate::context::Context;
 use crate::finding::Finding;
@@ -19,14 +19,10 @@ impl Check for RelaxedOrdering {
     }
     fn run(&self, ctx: &Context) -> Vec<Finding> {
         let id = self.id();
-        let nics = nic_devctl(ctx);
-        if nics.is_empty() {
-            return vec![Finding::skip(
-                id,
-                "host",
-                "no RDMA device on a PCI function",
-            )];
-        }
+        let nics = match nic_devctl_or_skip(ctx, id) {
+            Ok(n) => n,
+            Err(fs) => return fs,
+        };
         let mut out = Vec::new();
         if let Some(v) = ctx.env("NCCL_IB_PCI_RELAXED_ORDERING") {
             if v.trim() == "0" {
@@ -82,13 +78,7 @@ mod tests {
 
     fn tree(devctl: u16) -> Tree {
         let t = Tree::new();
-        t.nic("pci0000:00", &[], "0000:00:03.0");
-        t.rdma(
-            "mlx5_0",
-            "0000:00:03.0",
-            &[("4: ACTIVE", "InfiniBand")],
-            None,
-        );
+        t.ib_nic();
         t.attr(
             "0000:00:03.0",
             "config",

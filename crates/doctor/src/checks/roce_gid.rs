@@ -147,13 +147,7 @@ mod tests {
 
     fn tree(with_ip: bool) -> Tree {
         let t = Tree::new();
-        t.nic("pci0000:00", &[], "0000:00:03.0");
-        t.rdma(
-            "mlx5_0",
-            "0000:00:03.0",
-            &[("4: ACTIVE", "Ethernet")],
-            Some("eth2"),
-        );
+        t.roce_nic();
         let pd = "sys/class/infiniband/mlx5_0/ports/1";
         let ll = "fe80:0000:0000:0000:0ae0:d4ff:fe5a:1b2c";
         let ip = "0000:0000:0000:0000:0000:ffff:c0a8:f238";
@@ -222,13 +216,7 @@ mod tests {
     #[test]
     fn ib_ports_are_not_roce() {
         let t = Tree::new();
-        t.nic("pci0000:00", &[], "0000:00:03.0");
-        t.rdma(
-            "mlx5_0",
-            "0000:00:03.0",
-            &[("4: ACTIVE", "InfiniBand")],
-            None,
-        );
+        t.ib_nic();
         assert_eq!(run(&RoceGid, &t.ctx().build())[0].status, Status::Skip);
     }
 

@@ -118,6 +118,34 @@ pub fn fill_pattern(buf: &mut [u8], seed: u64) {
     tail.copy_from_slice(&w[..tail.len()]);
 }
 
+/// The GPU the hardware tests run on: `GDX_TEST_GPU`, default 0 (every GPU test suite of the
+/// workspace reads it through here).
+pub fn test_gpu() -> u32 {
+    std::env::var("GDX_TEST_GPU")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A pattern seed that differs per run, printed to stderr so that a failing test can be
+/// replayed with the same bytes.
+pub fn replay_seed() -> u64 {
+    let s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    eprintln!("pattern seed {s:#x}");
+    s
+}
+
+/// `len` bytes of the pattern of `seed` (see [`fill_pattern`]): test data that differs at every
+/// offset, so a misplaced or repeated block is caught.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    fill_pattern(&mut v, seed);
+    v
+}
+
 /// The first byte of `buf` that differs from the pattern of `seed`, if any.
 pub fn find_mismatch(buf: &[u8], seed: u64) -> Option<Mismatch> {
     let first_in = |base: usize, got: &[u8], want: &[u8]| {

@@ -2,14 +2,7 @@
 //! `Unavailable` naming what was tried; with it, a handle with sane values.
 
 use super::*;
-
-/// `GDX_TEST_GPU`, default 0.
-fn test_gpu() -> u32 {
-    std::env::var("GDX_TEST_GPU")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
+use crate::cuda::probe::test_gpu;
 
 #[test]
 fn load_returns_a_handle_or_names_every_candidate() {
