@@ -384,8 +384,11 @@ fn sigterm_revokes_the_lease_and_bench_finds_a_peer_by_name() {
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("no agent named \"nobody\""));
 
     assert_eq!(agents(&url).len(), 1);
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(c.0.id() as i32, libc::SIGTERM) }, 0);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&c.0),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while !agents(&url).is_empty() {
         assert!(

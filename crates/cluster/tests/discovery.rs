@@ -161,7 +161,7 @@ fn stalled_write(
     let src = b.agent().alloc(64 << 20, Access::LOCAL, None).expect("src");
     let mut t = Transfer::new();
     t.write(&src, 0, &remote, 0, 64 << 20);
-    child.signal(libc::SIGSTOP);
+    child.signal(rustix::process::Signal::STOP);
     p.submit(t).expect("submit")
 }
 
@@ -175,7 +175,7 @@ fn kill_9_drops_keys_within_ttl_and_fails_in_flight_transfer() {
     // The child is stopped first so the 64 MiB write is still in flight when it dies.
     let x = stalled_write(&b, "victim", &child);
     assert!(matches!(x.handle().status(), gdx_engine::Status::Pending));
-    child.signal(libc::SIGKILL);
+    child.signal(rustix::process::Signal::KILL);
     let killed = std::time::Instant::now();
     match x.wait(Duration::from_secs(60)) {
         Err(Error::PeerLost(_)) => {}
@@ -205,7 +205,7 @@ fn lease_expiry_fails_in_flight_transfer_with_peer_lost() {
         Err(Error::PeerLost(m)) => assert!(m.starts_with(LEASE_EXPIRED), "{m}"),
         r => panic!("expected PeerLost(lease expired), got {r:?}"),
     }
-    child.signal(libc::SIGKILL);
+    child.signal(rustix::process::Signal::KILL);
 }
 
 #[test]

@@ -64,10 +64,9 @@ pub struct ChildAgent {
 }
 
 impl ChildAgent {
-    pub fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on our own child's pid; no memory is involved.
-        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
-        assert_eq!(rc, 0, "kill({sig})");
+    pub fn signal(&self, sig: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, sig).unwrap_or_else(|e| panic!("kill({sig:?}): {e}"));
     }
 }
 
