@@ -11,10 +11,10 @@ use common::raw::{self, closed, hmac, read_msg, send};
 use common::*;
 use gdx_engine::wire::{decode_frame, encode, Hello, Msg, ShmOp, MAX_OPS_PER_BEGIN};
 use gdx_engine::{Access, Agent, AgentConfig, Error, Limits, RegionKey, Transfer};
-use std::ffi::CString;
+use rustix::io::Errno;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering::Relaxed;
@@ -209,55 +209,36 @@ fn a_leaked_key_is_useless_without_a_session_and_rotates_on_re_registration() {
 // ---- 2 and 3: shm: reopen-to-write, SIGBUS by truncation ----------------------------------
 
 fn memfd(len: usize, seal: bool) -> OwnedFd {
-    let name = CString::new("hostile").unwrap();
-    // SAFETY: valid name, valid flags.
-    let fd =
-        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    assert!(fd >= 0);
-    // SAFETY: a fresh fd owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: plain syscalls on our own fd.
-    unsafe {
-        assert_eq!(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t), 0);
-        if seal {
-            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-            assert_eq!(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals), 0);
-        }
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create("hostile", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .unwrap();
+    rustix::fs::ftruncate(&fd, len as u64).unwrap();
+    if seal {
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW).unwrap();
     }
     fd
 }
 
-fn send_with_fd(s: &UnixStream, m: &Msg, fd: RawFd) {
+fn send_with_fd(s: &UnixStream, m: &Msg, fd: impl AsFd) {
     let sent = try_send_with_fd(s, m, fd);
     assert_eq!(sent, encode(m, 0).len() as isize);
 }
 
 /// `sendmsg` of one frame with one fd; what it returned (-1 when the peer already closed).
-fn try_send_with_fd(s: &UnixStream, m: &Msg, fd: RawFd) -> isize {
+fn try_send_with_fd(s: &UnixStream, m: &Msg, fd: impl AsFd) -> isize {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
     let bytes = encode(m, 0);
-    let mut iov = libc::iovec {
-        iov_base: bytes.as_ptr() as *mut libc::c_void,
-        iov_len: bytes.len(),
-    };
-    let mut cbuf = [0u64; 4];
-    // SAFETY: a zeroed msghdr pointing at live locals; one fd in a buffer sized for it.
-    unsafe {
-        let mut h: libc::msghdr = std::mem::zeroed();
-        h.msg_iov = &mut iov;
-        h.msg_iovlen = 1;
-        h.msg_control = cbuf.as_mut_ptr().cast();
-        h.msg_controllen = libc::CMSG_SPACE(4) as _;
-        let c = libc::CMSG_FIRSTHDR(&h);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(4) as _;
-        libc::CMSG_DATA(c).cast::<RawFd>().write_unaligned(fd);
-        libc::sendmsg(s.as_raw_fd(), &h, libc::MSG_NOSIGNAL)
-    }
+    let fds = [fd.as_fd()];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut cmsg = SendAncillaryBuffer::new(&mut space);
+    assert!(cmsg.push(SendAncillaryMessage::ScmRights(&fds)));
+    let iov = [std::io::IoSlice::new(&bytes)];
+    rustix::net::sendmsg(s, &iov, &mut cmsg, SendFlags::NOSIGNAL).map_or(-1, |n| n as isize)
 }
 
 /// One frame from a unix socket, with any fds that came with it.
 fn recv_with_fds(s: &UnixStream) -> Option<(Msg, Vec<OwnedFd>)> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let (mut buf, mut fds) = (Vec::new(), Vec::new());
     loop {
@@ -265,33 +246,22 @@ fn recv_with_fds(s: &UnixStream) -> Option<(Msg, Vec<OwnedFd>)> {
             return Some((m, fds));
         }
         let mut tmp = [0u8; 4096];
-        let mut cbuf = [0u64; 16];
-        let mut iov = libc::iovec {
-            iov_base: tmp.as_mut_ptr().cast(),
-            iov_len: tmp.len(),
+        let mut space = [std::mem::MaybeUninit::uninit(); 128];
+        let mut cmsg = RecvAncillaryBuffer::new(&mut space);
+        let mut iov = [std::io::IoSliceMut::new(&mut tmp)];
+        let n = match rustix::net::recvmsg(s, &mut iov, &mut cmsg, RecvFlags::CMSG_CLOEXEC) {
+            Ok(r) => r.bytes,
+            Err(_) => 0,
         };
-        // SAFETY: recvmsg into live locals; the CMSG walk stays within what the kernel wrote.
-        let n = unsafe {
-            let mut h: libc::msghdr = std::mem::zeroed();
-            h.msg_iov = &mut iov;
-            h.msg_iovlen = 1;
-            h.msg_control = cbuf.as_mut_ptr().cast();
-            h.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-            let n = libc::recvmsg(s.as_raw_fd(), &mut h, libc::MSG_CMSG_CLOEXEC);
-            let mut c = libc::CMSG_FIRSTHDR(&h);
-            while !c.is_null() {
-                if (*c).cmsg_type == libc::SCM_RIGHTS {
-                    let fd = libc::CMSG_DATA(c).cast::<RawFd>().read_unaligned();
-                    fds.push(OwnedFd::from_raw_fd(fd));
-                }
-                c = libc::CMSG_NXTHDR(&h, c);
+        for m in cmsg.drain() {
+            if let RecvAncillaryMessage::ScmRights(got) = m {
+                fds.extend(got);
             }
-            n
-        };
-        if n <= 0 {
+        }
+        if n == 0 {
             return None;
         }
-        buf.extend_from_slice(&tmp[..n as usize]);
+        buf.extend_from_slice(&tmp[..n]);
     }
 }
 
@@ -309,7 +279,7 @@ fn shm_join(target: &Agent, bounce: &OwnedFd) -> (raw::Session, UnixStream, Opti
             token: 0,
             nonce: cn,
         },
-        bounce.as_raw_fd(),
+        bounce,
     );
     let Some((Msg::Challenge { nonce: sn, mac }, _)) = recv_with_fds(&u) else {
         panic!("no shm challenge")
@@ -324,10 +294,6 @@ fn shm_join(target: &Agent, bounce: &OwnedFd) -> (raw::Session, UnixStream, Opti
     (&u).write_all(&encode(&Msg::Auth { mac }, 0)).unwrap();
     let reply = recv_with_fds(&u).map(|(m, _)| m);
     (s, u, reply)
-}
-
-fn errno_of(rc: isize) -> Option<i32> {
-    (rc < 0).then(|| std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
 }
 
 #[test]
@@ -354,42 +320,36 @@ fn read_only_region_cannot_be_written_through_a_reopened_fd() {
     assert!(!writable);
     let fd = fds.into_iter().next().expect("an fd");
     // The v2 attack: reopen /proc/self/fd/N read-write, then map it shared writable or write.
-    let path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
-    // SAFETY: valid path; the result is checked.
-    let rw = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    if rw >= 0 {
-        // SAFETY: rw is our fresh fd.
-        let rw = unsafe { OwnedFd::from_raw_fd(rw) };
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    use rustix::fs::{Mode, OFlags};
+    if let Ok(rw) = rustix::fs::open(path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()) {
+        use rustix::mm::{MapFlags, ProtFlags};
         // SAFETY: a fresh mapping request; a success would be unmapped below.
         let p = unsafe {
-            libc::mmap(
+            rustix::mm::mmap(
                 std::ptr::null_mut(),
                 8192,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                rw.as_raw_fd(),
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &rw,
                 0,
             )
         };
-        assert_eq!(p, libc::MAP_FAILED, "a writable shared mapping was granted");
-        // SAFETY: writing 4 bytes from a live array.
-        let n = unsafe { libc::pwrite(rw.as_raw_fd(), b"evil".as_ptr().cast(), 4, 0) };
+        if let Ok(p) = p {
+            // SAFETY: the mapping just made, of 8192 bytes.
+            let _ = unsafe { rustix::mm::munmap(p, 8192) };
+            panic!("a writable shared mapping was granted");
+        }
         assert_eq!(
-            errno_of(n),
-            Some(libc::EPERM),
+            rustix::io::pwrite(&rw, b"evil", 0).err(),
+            Some(Errno::PERM),
             "write(2) through the reopened fd"
         );
         // Nor shrunk or grown (truncation = SIGBUS for the target's own mapping).
-        // SAFETY: plain syscalls on our reopened fd.
-        unsafe {
-            let rc = libc::ftruncate(rw.as_raw_fd(), 0) as isize;
-            assert_eq!(errno_of(rc), Some(libc::EPERM));
-            let rc = libc::ftruncate(rw.as_raw_fd(), 1 << 20) as isize;
-            assert_eq!(errno_of(rc), Some(libc::EPERM));
-        }
+        assert_eq!(rustix::fs::ftruncate(&rw, 0).err(), Some(Errno::PERM));
+        assert_eq!(rustix::fs::ftruncate(&rw, 1 << 20).err(), Some(Errno::PERM));
     }
-    // SAFETY: plain syscall on the received (read-only) fd.
-    assert_ne!(unsafe { libc::ftruncate(fd.as_raw_fd(), 0) }, 0);
+    assert!(rustix::fs::ftruncate(&fd, 0).is_err());
     assert!(ro.bytes().unwrap().iter().all(|&b| b == 0x33));
 }
 
@@ -404,8 +364,7 @@ fn truncating_a_shared_memfd_cannot_crash_either_side() {
         Some(Msg::Err(e)) => assert!(e.to_string().contains("sealed"), "{e}"),
         other => panic!("an unsealed bounce buffer was accepted: {other:?}"),
     }
-    // SAFETY: truncating our own fd.
-    unsafe { assert_eq!(libc::ftruncate(unsealed.as_raw_fd(), 0), 0) };
+    rustix::fs::ftruncate(&unsealed, 0).unwrap();
 
     // A region memfd the target hands out is sealed: the receiver cannot shrink it.
     let rw = target.alloc(8192, Access::READ_WRITE, Some("rw")).unwrap();
@@ -426,9 +385,7 @@ fn truncating_a_shared_memfd_cannot_crash_either_side() {
         panic!("no ShmMapped")
     };
     let fd = fds.into_iter().next().expect("an fd");
-    // SAFETY: plain syscall on a received fd.
-    let rc = unsafe { libc::ftruncate(fd.as_raw_fd(), 0) };
-    assert_eq!(errno_of(rc as isize), Some(libc::EPERM));
+    assert_eq!(rustix::fs::ftruncate(&fd, 0).err(), Some(Errno::PERM));
     // The target still serves (it did not die of SIGBUS), through its own sealed bounce too.
     legit_round_trip(&target, 3);
 }
@@ -742,7 +699,7 @@ fn peercred_client(name: &str) {
     };
     // The agent may close before the join is even sent (it checks SO_PEERCRED on accept):
     // a failed send is the same answer as a closed socket.
-    if try_send_with_fd(&u, &join, bounce.as_raw_fd()) < 0 {
+    if try_send_with_fd(&u, &join, &bounce) < 0 {
         println!("GDX_PEERCRED closed");
         return;
     }
@@ -757,8 +714,7 @@ fn another_user_is_refused_on_the_shm_socket() {
     if let Ok(name) = std::env::var("GDX_HOSTILE_SHM") {
         return peercred_client(&name);
     }
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         eprintln!("skipped: needs root to start a process as another user");
         return;
     }
@@ -845,18 +801,19 @@ struct RawRing {
 impl RawRing {
     fn new() -> RawRing {
         let fd = memfd(RING_BYTES, true);
+        use rustix::mm::{MapFlags, ProtFlags};
         // SAFETY: a fresh shared mapping of our own memfd.
         let p = unsafe {
-            libc::mmap(
+            rustix::mm::mmap(
                 std::ptr::null_mut(),
                 RING_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &fd,
                 0,
             )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
+        }
+        .unwrap();
         let r = RawRing { fd, ptr: p.cast() };
         r.word(0)
             .store(0x4758_5247, std::sync::atomic::Ordering::SeqCst);
@@ -909,7 +866,7 @@ impl RawRing {
 impl Drop for RawRing {
     fn drop(&mut self) {
         // SAFETY: our own mapping.
-        unsafe { libc::munmap(self.ptr.cast(), RING_BYTES) };
+        let _ = unsafe { rustix::mm::munmap(self.ptr.cast(), RING_BYTES) };
     }
 }
 
@@ -924,7 +881,7 @@ fn attach_ring(target: &Agent) -> (raw::Session, UnixStream, RawRing) {
             slots: RING_SLOTS as u32,
             slot_bytes: RING_SLOT as u32,
         },
-        ring.fd.as_raw_fd(),
+        &ring.fd,
     );
     assert!(matches!(recv_with_fds(&u), Some((Msg::Ok, _))));
     (s, u, ring)
@@ -996,7 +953,7 @@ fn a_ring_request_out_of_protocol_closes_the_connection() {
             slots: RING_SLOTS as u32,
             slot_bytes: RING_SLOT as u32,
         },
-        small.as_raw_fd(),
+        &small,
     );
     assert!(!matches!(recv_with_fds(&u), Some((Msg::Ok, _))));
     // The target is still serving legitimate peers.
