@@ -67,9 +67,41 @@ pub enum BenchError {
     /// Drawing the plot failed.
     #[error("plotting: {0}")]
     Plot(String),
+    /// A plot file that is neither `.svg` nor `.png`.
+    #[error("--plot {}: the file must end in .svg or .png", .0.display())]
+    PlotFormat(std::path::PathBuf),
+    /// A PNG plot could not be converted: `rsvg-convert` failed (`status`) or is missing
+    /// (`source`).
+    #[error("{}", rsvg_why(path, status, source))]
+    Rsvg {
+        /// The PNG asked for.
+        path: std::path::PathBuf,
+        /// Its exit status, when it ran.
+        status: Option<std::process::ExitStatus>,
+        /// Why it did not start.
+        #[source]
+        source: Option<std::io::Error>,
+    },
+    /// The report could not be encoded as JSON.
+    #[error("encoding the report as JSON: {0}")]
+    Json(#[source] serde_json::Error),
     /// The case panicked (a bug; the run goes on).
     #[error("panicked: {0}")]
     Panicked(String),
+}
+
+fn rsvg_why(
+    path: &std::path::Path,
+    status: &Option<std::process::ExitStatus>,
+    source: &Option<std::io::Error>,
+) -> String {
+    match (status, source) {
+        (_, Some(e)) => format!(
+            "writing a PNG needs rsvg-convert ({e}; apt-get install librsvg2-bin), or give a .svg file"
+        ),
+        (Some(s), None) => format!("rsvg-convert failed ({s}) writing {}", path.display()),
+        (None, None) => format!("rsvg-convert did not write {}", path.display()),
+    }
 }
 
 impl BenchError {

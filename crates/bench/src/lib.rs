@@ -25,6 +25,7 @@ pub mod ceiling;
 pub mod compare;
 pub mod ctx;
 pub mod error;
+pub mod export;
 pub mod file;
 pub mod floors;
 pub mod gpu;
@@ -43,6 +44,7 @@ pub use case::{
 };
 pub use ctx::{gpu_missing, Ctx};
 pub use error::{BenchError, Mismatch};
+pub use export::Exporter;
 pub use report::{CaseOutcome, Header, Method, Report, Row, Status, WaivedGroup, SCHEMA_VERSION};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

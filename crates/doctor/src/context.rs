@@ -8,6 +8,7 @@
 
 use crate::facts::Gathered;
 use crate::probe::ProbeState;
+use crate::DoctorError;
 use gdx_topo::sysfs::devices::{self as pci, PciFn, RdmaDev};
 use gdx_topo::sysfs::RootFs;
 use gdx_topo::{Device, PathClass, PciAddr, Topology};
@@ -30,10 +31,10 @@ pub struct Context {
     /// Files under the root.
     pub fs: RootFs,
     env: BTreeMap<String, String>,
-    topo: Result<Topology, String>,
-    live: Result<Gathered, String>,
+    topo: Result<Topology, DoctorError>,
+    live: Result<Gathered, DoctorError>,
     probes: ProbeState,
-    pci: Result<Vec<PciFn>, String>,
+    pci: Result<Vec<PciFn>, DoctorError>,
     gpus: Vec<GpuRef>,
     rdma: Vec<RdmaDev>,
     nic_labels: BTreeMap<String, String>,
@@ -46,8 +47,8 @@ impl Context {
     pub fn new(
         root: impl Into<PathBuf>,
         env: BTreeMap<String, String>,
-        topo: Result<Topology, String>,
-        live: Result<Gathered, String>,
+        topo: Result<Topology, DoctorError>,
+        live: Result<Gathered, DoctorError>,
     ) -> Self {
         Context::with_fs(RootFs::new(root.into()), env, topo, live)
     }
@@ -57,10 +58,10 @@ impl Context {
     pub fn with_fs(
         fs: RootFs,
         env: BTreeMap<String, String>,
-        topo: Result<Topology, String>,
-        live: Result<Gathered, String>,
+        topo: Result<Topology, DoctorError>,
+        live: Result<Gathered, DoctorError>,
     ) -> Self {
-        let pci = pci::scan(&fs).map_err(|e| e.to_string());
+        let pci = pci::scan(&fs).map_err(DoctorError::File);
         let rdma = pci::rdma_devices(&fs);
         let mut ctx = Context {
             fs,
@@ -154,8 +155,8 @@ impl Context {
     }
 
     /// The topology, or why there is none.
-    pub fn topology(&self) -> Result<&Topology, &str> {
-        self.topo.as_ref().map_err(String::as_str)
+    pub fn topology(&self) -> Result<&Topology, &DoctorError> {
+        self.topo.as_ref()
     }
 
     /// The topology as sysfs under the root shows it, for checks that need what only sysfs
@@ -164,18 +165,18 @@ impl Context {
     ///
     /// # Errors
     /// Why no topology could be read from the root.
-    pub fn sysfs_topology(&self) -> Result<Cow<'_, Topology>, String> {
+    pub fn sysfs_topology(&self) -> Result<Cow<'_, Topology>, DoctorError> {
         match &self.topo {
             Ok(t) if matches!(t.source, gdx_topo::Source::Sysfs(_)) => Ok(Cow::Borrowed(t)),
             _ => gdx_topo::from_root(self.fs.root())
                 .map(Cow::Owned)
-                .map_err(|e| e.to_string()),
+                .map_err(DoctorError::Topology),
         }
     }
 
     /// Live facts, or why they are not consulted.
-    pub fn live(&self) -> Result<&Gathered, &str> {
-        self.live.as_ref().map_err(String::as_str)
+    pub fn live(&self) -> Result<&Gathered, &DoctorError> {
+        self.live.as_ref()
     }
 
     /// Probe results.
@@ -184,8 +185,8 @@ impl Context {
     }
 
     /// PCI functions, or why the PCI tree could not be read.
-    pub fn pci(&self) -> Result<&[PciFn], &str> {
-        self.pci.as_deref().map_err(String::as_str)
+    pub fn pci(&self) -> Result<&[PciFn], &DoctorError> {
+        self.pci.as_deref()
     }
 
     /// NVIDIA GPUs in label order.

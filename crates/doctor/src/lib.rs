@@ -50,7 +50,9 @@ use report::{Header, HeaderDevice, Summary};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-/// Why the doctor could not run at all (exit code 2).
+/// Why the doctor could not run at all (exit code 2: the two root variants), and why a part of
+/// it could not be looked at (the others: each becomes a `skip` finding's or a note's reason,
+/// keeping the library's error as its source).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DoctorError {
@@ -65,6 +67,42 @@ pub enum DoctorError {
         /// What is wrong with it.
         why: String,
     },
+    /// No topology could be built from the root.
+    #[error("{0}")]
+    Topology(#[source] gdx_topo::TopoError),
+    /// No topology was given (a test's context).
+    #[error("no topology was given")]
+    NoTopology,
+    /// A file under the root could not be read (it names the file).
+    #[error("{0}")]
+    File(#[from] gdx_topo::sysfs::files::FileError),
+    /// A register could not be read from a device's config space.
+    #[error("{0}")]
+    Config(#[from] gdx_topo::sysfs::config::CfgError),
+    /// The bridges above a device are unknown.
+    #[error("{0}")]
+    Chain(#[from] gdx_topo::sysfs::devices::ChainError),
+    /// Live library facts describe this machine, and the root is a captured one.
+    #[error(
+        "--root {} is a captured machine: live libraries describe this machine, not that one",
+        .0.display()
+    )]
+    CapturedRoot(PathBuf),
+    /// The caller gave no live library facts.
+    #[error("no live library facts were provided")]
+    NoLiveFacts,
+    /// A vendor library a probe needs did not load.
+    #[error("{0}")]
+    Unavailable(#[from] gdx_sys::Unavailable),
+    /// A CUDA call of a probe failed.
+    #[error("{0}")]
+    Cuda(#[from] gdx_sys::cuda::CudaError),
+    /// The probe's GPU memory could not be registered with the RDMA device.
+    #[error("{0}")]
+    Register(#[from] gdx_sys::verbs::RegisterError),
+    /// A probe size this machine cannot address.
+    #[error("{0} bytes do not fit usize")]
+    TooLarge(u64),
 }
 
 /// What to examine and with what.
@@ -130,9 +168,9 @@ pub fn run(opts: &Options<'_>) -> Result<Report, DoctorError> {
             .root_is_this_machine
             .unwrap_or_else(|| gdx_topo::sysfs::rootfs::is_host_root(&dir));
 
-    let mut topo: Result<gdx_topo::Topology, String> = match &opts.topology {
+    let mut topo: Result<gdx_topo::Topology, DoctorError> = match &opts.topology {
         Some(t) => Ok(t.clone()),
-        None => gdx_topo::from_open_root(&opened).map_err(|e| e.to_string()),
+        None => gdx_topo::from_open_root(&opened).map_err(DoctorError::Topology),
     };
     // On this machine sysfs cannot see NVLinks: add NVML's view, as `gdx_topo::discover`
     // does, unless the caller's topology or a capture's snapshot already has it.
@@ -154,12 +192,9 @@ pub fn run(opts: &Options<'_>) -> Result<Report, DoctorError> {
         Err(e) => format!("unavailable: {e}"),
     };
     let (env, env_origin, env_note) = environment(opts, &dir, is_live);
-    let live: Result<Gathered, String> = match (is_live, opts.live) {
-        (false, _) => Err(format!(
-            "--root {} is a captured machine: live libraries describe this machine, not that one",
-            opts.root.display()
-        )),
-        (true, None) => Err("no live library facts were provided".into()),
+    let live: Result<Gathered, DoctorError> = match (is_live, opts.live) {
+        (false, _) => Err(DoctorError::CapturedRoot(opts.root.clone())),
+        (true, None) => Err(DoctorError::NoLiveFacts),
         (true, Some(src)) => Ok(Gathered::from(src)),
     };
     let fs = if opened.is_archive() {
@@ -213,6 +248,11 @@ pub fn run(opts: &Options<'_>) -> Result<Report, DoctorError> {
 /// characters of archive names already escaped by the unpacker.
 fn root_why(e: gdx_topo::TopoError) -> String {
     match e {
+        gdx_topo::TopoError::RootUnusable {
+            why,
+            source: Some(s),
+            ..
+        } => format!("{why}: {s}"),
         gdx_topo::TopoError::RootUnusable { why, .. } => why,
         e => e.to_string(),
     }

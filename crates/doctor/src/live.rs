@@ -14,6 +14,7 @@ use crate::facts::{
     Unavailable, UnavailableKind, VerbsDevice, VerbsFacts, VerbsPort,
 };
 use crate::probe::{CopySamples, Endpoint, ProbeBackend, RegMethod};
+use crate::DoctorError;
 
 /// The active probes on this machine through `gdx-sys`: event-timed, pattern-verified copies
 /// (`cuMemAlloc` and pinned memory, never pool memory) and GPU memory registration with
@@ -28,15 +29,15 @@ impl ProbeBackend for SystemProbe {
         to: Endpoint,
         bytes: u64,
         reps: u32,
-    ) -> Result<CopySamples, String> {
+    ) -> Result<CopySamples, DoctorError> {
         use gdx_sys::cuda::probe::{timed_copy, Loc};
-        let cuda = gdx_sys::cuda::Cuda::load().map_err(|u| u.to_string())?;
+        let cuda = gdx_sys::cuda::Cuda::load()?;
         let loc = |e| match e {
             Endpoint::Gpu(o) => Loc::Gpu(o),
             Endpoint::Host => Loc::PinnedHost,
         };
-        let len = usize::try_from(bytes).map_err(|_| format!("{bytes} bytes do not fit usize"))?;
-        let t = timed_copy(&cuda, loc(from), loc(to), len, reps).map_err(|e| e.to_string())?;
+        let len = usize::try_from(bytes).map_err(|_| DoctorError::TooLarge(bytes))?;
+        let t = timed_copy(&cuda, loc(from), loc(to), len, reps)?;
         Ok(CopySamples {
             bytes: t.bytes as u64,
             samples: t.samples,
@@ -51,14 +52,14 @@ impl ProbeBackend for SystemProbe {
         rdma_device: &str,
         method: RegMethod,
         bytes: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), DoctorError> {
         use gdx_sys::cuda::{Context, Cuda, DeviceBuffer};
         use gdx_sys::verbs::{register_gpu_memory, RegMethod as SysMethod};
-        let cuda = Cuda::load().map_err(|u| u.to_string())?;
-        let dev = cuda.device(gpu).map_err(|e| e.to_string())?;
-        let ctx = Context::new(&dev).map_err(|e| e.to_string())?;
-        let len = usize::try_from(bytes).map_err(|_| format!("{bytes} bytes do not fit usize"))?;
-        let buf = DeviceBuffer::new(&ctx, len).map_err(|e| e.to_string())?;
+        let cuda = Cuda::load()?;
+        let dev = cuda.device(gpu)?;
+        let ctx = Context::new(&dev)?;
+        let len = usize::try_from(bytes).map_err(|_| DoctorError::TooLarge(bytes))?;
+        let buf = DeviceBuffer::new(&ctx, len)?;
         let m = match method {
             RegMethod::DmaBuf => SysMethod::DmaBuf,
             RegMethod::PeerMem => SysMethod::PeerMem,
@@ -66,7 +67,7 @@ impl ProbeBackend for SystemProbe {
         // Registered and, on drop, deregistered: success is all the probe needs to know.
         register_gpu_memory(rdma_device, m, &buf)
             .map(drop)
-            .map_err(|e| e.to_string())
+            .map_err(DoctorError::from)
     }
 }
 

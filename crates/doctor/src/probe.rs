@@ -9,6 +9,7 @@
 //! silently fall back to a slow path unless `cuMemPoolSetAccess` is set) and pinned host memory.
 
 use crate::context::{Context, GpuRef};
+use crate::DoctorError;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
@@ -55,7 +56,7 @@ pub trait ProbeBackend {
         to: Endpoint,
         bytes: u64,
         reps: u32,
-    ) -> Result<CopySamples, String>;
+    ) -> Result<CopySamples, DoctorError>;
 
     /// Whether [`ProbeBackend::register`] is implemented. A backend without it (verbs
     /// registration not wired yet) makes `probe-register` skip rather than fail.
@@ -71,7 +72,7 @@ pub trait ProbeBackend {
         rdma_device: &str,
         method: RegMethod,
         bytes: u64,
-    ) -> Result<(), String>;
+    ) -> Result<(), DoctorError>;
 }
 
 /// How much to probe.
@@ -259,7 +260,7 @@ pub fn run(ctx: &Context, backend: &dyn ProbeBackend, plan: &ProbePlan) -> Probe
                     ));
                 }
             }
-            Err(e) => p.error = Some(e),
+            Err(e) => p.error = Some(e.to_string()),
         }
         out.copies.push(p);
     }
@@ -277,6 +278,7 @@ pub fn run(ctx: &Context, backend: &dyn ProbeBackend, plan: &ProbePlan) -> Probe
                 backend
                     .register(*o, &nic.name, m, plan.register_bytes)
                     .err()
+                    .map(|e| e.to_string())
             };
             out.registrations.push(RegisterProbe {
                 gpu: g.label.clone(),

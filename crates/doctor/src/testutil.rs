@@ -3,6 +3,7 @@
 
 use crate::context::Context;
 use crate::facts::{Gathered, StaticFacts};
+use crate::DoctorError;
 use gdx_topo::{
     Attachment, Device, DeviceKind, NvLink, NvLinkTarget, PciAddr, Source, Switch, SwitchId,
     Topology,
@@ -172,8 +173,8 @@ impl Tree {
         CtxBuilder {
             tree: self,
             env: BTreeMap::new(),
-            topo: Err("no topology in this test".into()),
-            live: Err("live facts not given in this test".into()),
+            topo: Err(DoctorError::NoTopology),
+            live: Err(DoctorError::NoLiveFacts),
         }
     }
 }
@@ -182,8 +183,8 @@ impl Tree {
 pub struct CtxBuilder<'a> {
     tree: &'a Tree,
     env: BTreeMap<String, String>,
-    topo: Result<Topology, String>,
-    live: Result<Gathered, String>,
+    topo: Result<Topology, DoctorError>,
+    live: Result<Gathered, DoctorError>,
 }
 
 impl CtxBuilder<'_> {

@@ -120,20 +120,30 @@ fn gpu_pair(ctx: &Context, fs: &[Finding], a: &GpuRef, b: &GpuRef) -> Verdict {
     }
 }
 
-/// How GPU memory gets registered with a NIC: `Ok(method)` / `Err(why not)` / unknown.
+/// How GPU memory gets registered with a NIC, as far as the findings show.
+enum Registration {
+    /// By this method (`dma-buf`, `peermem`).
+    By(&'static str),
+    /// Neither way, and why.
+    Neither(String),
+}
+
+/// How GPU memory gets registered with a NIC; `None` when unknown.
 fn registration(
     ctx: &Context,
     fs: &[Finding],
     g: &GpuRef,
     nic_label: &str,
     by: &mut Vec<FindingRef>,
-) -> Option<Result<&'static str, String>> {
+) -> Option<Registration> {
     if let Some(f) = find(fs, "probe-register", &pair(&g.label, nic_label)) {
         by.push(FindingRef::to(f));
         return Some(match f.status {
-            Status::Fail => Err("the probe could not register GPU memory either way".into()),
-            _ if f.message.contains("via dma-buf") => Ok("dma-buf"),
-            _ => Ok("peermem"),
+            Status::Fail => {
+                Registration::Neither("the probe could not register GPU memory either way".into())
+            }
+            _ if f.message.contains("via dma-buf") => Registration::By("dma-buf"),
+            _ => Registration::By("peermem"),
         });
     }
     let dmabuf_gpu = find(fs, "dmabuf", &g.label);
@@ -148,18 +158,20 @@ fn registration(
     let dmabuf_ok = dmabuf_gpu.is_some_and(|f| f.status == Status::Pass)
         && dmabuf_host.is_none_or(|f| f.status == Status::Pass);
     if dmabuf_ok {
-        return Some(Ok("dma-buf"));
+        return Some(Registration::By("dma-buf"));
     }
     if peermem.is_some_and(|f| f.status == Status::Pass) {
-        return Some(Ok("peermem"));
+        return Some(Registration::By("peermem"));
     }
     match dmabuf::outlook(ctx) {
-        Outlook::Works(_) => Some(Ok("dma-buf")),
-        Outlook::Likely(_) => Some(Ok("dma-buf (likely; not confirmed by CUDA)")),
-        Outlook::No(why) => Some(Err(format!("no peermem and no dma-buf ({why})"))),
-        Outlook::Unknown(_) if peermem.is_some_and(|f| f.status == Status::Fail) => {
-            Some(Err("no peermem, and dma-buf not shown to work".into()))
-        }
+        Outlook::Works(_) => Some(Registration::By("dma-buf")),
+        Outlook::Likely(_) => Some(Registration::By("dma-buf (likely; not confirmed by CUDA)")),
+        Outlook::No(why) => Some(Registration::Neither(format!(
+            "no peermem and no dma-buf ({why})"
+        ))),
+        Outlook::Unknown(_) if peermem.is_some_and(|f| f.status == Status::Fail) => Some(
+            Registration::Neither("no peermem, and dma-buf not shown to work".into()),
+        ),
         Outlook::Unknown(_) => None,
     }
 }
@@ -202,7 +214,7 @@ fn gpu_nic(ctx: &Context, fs: &[Finding], g: &GpuRef, nic: &RdmaDev) -> Verdict 
         );
     }
     let reg = registration(ctx, fs, g, &nl, &mut by);
-    if let Some(Err(why)) = &reg {
+    if let Some(Registration::Neither(why)) = &reg {
         return v(DataPath::Staged, format!("staged through host: {why}"), by);
     }
     if let Some(c) = class {
@@ -218,7 +230,7 @@ fn gpu_nic(ctx: &Context, fs: &[Finding], g: &GpuRef, nic: &RdmaDev) -> Verdict 
         }
     }
     let how = match &reg {
-        Some(Ok(m)) => format!("gdr via {m}"),
+        Some(Registration::By(m)) => format!("gdr via {m}"),
         _ => "gdr (registration method unconfirmed)".to_string(),
     };
     let at = class.map(|c| format!(" over {c}")).unwrap_or_default();

@@ -5,7 +5,8 @@
 
 use gdx_doctor::facts::{CudaDevice, CudaFacts, CufileFacts, StaticFacts, VerbsFacts};
 use gdx_doctor::probe::{CopySamples, Endpoint, ProbeBackend, RegMethod};
-use gdx_doctor::{run, DataPath, Options, Report, Status};
+use gdx_doctor::{run, DataPath, DoctorError, Options, Report, Status};
+use gdx_sys::verbs::{RegMethod as SysMethod, RegisterError};
 use gdx_topo::enrich::{NvmlGpu, NvmlLink, NvmlSnapshot};
 use gdx_topo::fixture::{ConfigSpace, RdmaPort, SysfsFixture, DOWNSTREAM_PORT};
 use gdx_topo::{NvLinkTarget, PciAddr};
@@ -33,7 +34,7 @@ impl ProbeBackend for FakeProbe {
         to: Endpoint,
         bytes: u64,
         reps: u32,
-    ) -> Result<CopySamples, String> {
+    ) -> Result<CopySamples, DoctorError> {
         let gbps = match (from, to) {
             (Endpoint::Gpu(_), Endpoint::Gpu(_)) => self.peer_gbps,
             _ => self.host_gbps,
@@ -47,17 +48,29 @@ impl ProbeBackend for FakeProbe {
     }
     fn register(
         &self,
-        _gpu: u32,
-        _dev: &str,
+        gpu: u32,
+        dev: &str,
         method: RegMethod,
-        _bytes: u64,
-    ) -> Result<(), String> {
+        bytes: u64,
+    ) -> Result<(), DoctorError> {
+        let failed = |call, method, detail: &str| {
+            Err(DoctorError::Register(RegisterError::Verbs {
+                call,
+                device: dev.into(),
+                gpu,
+                len: bytes as usize,
+                method,
+                detail: detail.into(),
+            }))
+        };
         match method {
             RegMethod::DmaBuf if self.dmabuf_ok => Ok(()),
-            RegMethod::DmaBuf => {
-                Err("ibv_reg_dmabuf_mr: Operation not supported (EOPNOTSUPP)".into())
-            }
-            RegMethod::PeerMem => Err("ibv_reg_mr: Bad address (EFAULT)".into()),
+            RegMethod::DmaBuf => failed(
+                "ibv_reg_dmabuf_mr",
+                SysMethod::DmaBuf,
+                "Operation not supported (EOPNOTSUPP)",
+            ),
+            RegMethod::PeerMem => failed("ibv_reg_mr", SysMethod::PeerMem, "Bad address (EFAULT)"),
         }
     }
 }

@@ -148,13 +148,13 @@ pub(crate) struct AgentInner {
     /// Strict mode for GPU regions ([`Agent::set_strict`]; `GDX_STRICT` at start).
     pub(crate) strict: AtomicBool,
     /// The RDMA endpoint, or why this agent does not offer rdma.
-    pub(crate) rdma: std::result::Result<Arc<RdmaNode>, String>,
+    pub(crate) rdma: Result<Arc<RdmaNode>>,
     /// Queue pairs of inbound rdma connections, per control session.
     pub(crate) rdma_qps: Mutex<HashMap<u128, gdx_rdma::Qp>>,
     /// What this agent moved ([`Agent::stats`]).
     pub(crate) stats: Arc<Stats>,
     /// The libfabric endpoint, or why this agent does not offer fabric.
-    pub(crate) fabric: std::result::Result<Arc<FabricNode>, String>,
+    pub(crate) fabric: Result<Arc<FabricNode>>,
 }
 
 impl AgentInner {
@@ -258,12 +258,16 @@ impl Agent {
         let rdma = if cfg.transports.rdma {
             RdmaNode::open().map(Arc::new)
         } else {
-            Err("rdma disabled on this agent (GDX_TRANSPORTS)".to_string())
+            Err(Error::Unavailable(
+                "rdma disabled on this agent (GDX_TRANSPORTS)".to_string(),
+            ))
         };
         let fabric = if cfg.transports.fabric {
-            FabricNode::open().map(Arc::new)
+            FabricNode::open().map(Arc::new).map_err(Error::Fabric)
         } else {
-            Err("fabric not enabled on this agent (GDX_TRANSPORTS does not name it)".to_string())
+            Err(Error::Unavailable(
+                "fabric not enabled on this agent (GDX_TRANSPORTS does not name it)".to_string(),
+            ))
         };
         let notes = NoteQueue::new(
             cfg.limits.max_queued_notifications,
@@ -399,7 +403,11 @@ impl Agent {
 
     /// The RDMA device port this agent offers to peers ("mlx5_0 port 1 (Ethernet, GID index
     /// 3)"), or why it offers none ("no RDMA device: ...", "rdma disabled ...").
-    pub fn rdma_status(&self) -> std::result::Result<String, String> {
+    ///
+    /// # Errors
+    /// Why rdma is not offered: [`Error::Unavailable`] when disabled, [`Error::Rdma`] with the
+    /// verbs error as its source when no device port opened.
+    pub fn rdma_status(&self) -> Result<String> {
         match &self.inner.rdma {
             Ok(n) => Ok(n.describe()),
             Err(e) => Err(e.clone()),
@@ -408,7 +416,11 @@ impl Agent {
 
     /// The libfabric provider this agent offers to peers ("tcp;ofi_rxm on lo (127.0.0.1:..),
     /// ..."), or why it offers none.
-    pub fn fabric_status(&self) -> std::result::Result<String, String> {
+    ///
+    /// # Errors
+    /// Why fabric is not offered: [`Error::Unavailable`] when not enabled, [`Error::Fabric`]
+    /// when no provider opened.
+    pub fn fabric_status(&self) -> Result<String> {
         match &self.inner.fabric {
             Ok(n) => Ok(n.describe()),
             Err(e) => Err(e.clone()),

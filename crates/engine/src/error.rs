@@ -3,16 +3,22 @@
 //! Every rejection the wire protocol can produce has a named variant, and the same variant is used on
 //! both sides: the target rejects an op with [`Error::BadKey`], the wire carries the code
 //! ([`Error::code`]), and the initiator's per-op result carries [`Error::BadKey`] again
-//! ([`Error::from_code`]). `Display` is lowercase with no trailing period.
+//! ([`Error::from_wire`]). `Display` is lowercase with no trailing period.
+//!
+//! Locally an error keeps its cause as `source()` (the verbs error, the `io::Error`, the storage
+//! error); what crosses the wire is its [`RemoteError`] form (code, three numbers, text), since a
+//! cause cannot travel. Two errors are equal when their wire forms are.
 
+use crate::wire::RemoteError;
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Result alias used throughout the engine.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in the engine.
-#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error, Clone)]
 #[non_exhaustive]
 pub enum Error {
     /// The connection to the peer broke (reset, EOF, no answer within the I/O timeout); the bytes of
@@ -100,10 +106,16 @@ pub enum Error {
     /// Strict mode refused a plan that leaves the direct path; the message is the plan's reason.
     #[error("strict mode: {0}")]
     Strict(String),
-    /// An RDMA verbs step failed (registration, connection, a work completion error by name:
-    /// remote access, retry exceeded, local protection, flushed ...).
+    /// An RDMA verbs step failed here (registration, connection, a work completion error by
+    /// name: remote access, retry exceeded, local protection, flushed ...); the verbs error is
+    /// the source.
     #[error("rdma: {0}")]
-    Rdma(String),
+    Rdma(#[source] gdx_rdma::RdmaError),
+    /// RDMA cannot serve what was asked, for a reason the engine found (a staged registration,
+    /// a region without an rkey), or the peer's RDMA failure as it arrived over the wire (its
+    /// cause stays on the peer). Same wire code as [`Error::Rdma`].
+    #[error("rdma: {0}")]
+    RdmaRefused(String),
     /// A libfabric step failed (provider choice, registration, address exchange, a completion
     /// error by name: refused access, cancelled, ...).
     #[error("fabric: {0}")]
@@ -127,21 +139,51 @@ pub enum Error {
         limit: u64,
     },
     /// An operating-system call failed.
-    #[error("{call} failed: {message}")]
+    #[error("{call} failed: {source}")]
     Os {
         /// The call that failed (`memfd_create`, `mmap`, `connect` ...).
         call: &'static str,
-        /// The error text (`strerror`), with the errno name where known.
-        message: String,
+        /// The OS error, shared so that the error stays cloneable (`source()` is the `Arc`;
+        /// [`Error::os_error`] gives the `io::Error`).
+        #[source]
+        source: Arc<io::Error>,
     },
-    /// The peer reported an error code this build does not know.
-    #[error("remote error {code}: {message}")]
-    Remote {
-        /// Wire code.
-        code: u16,
-        /// Text sent by the peer.
-        message: String,
-    },
+    /// A file copy through `gdx-storage` failed (I/O, cuFile); travels as an OS error (code
+    /// 18).
+    #[error("file copy failed: {0}")]
+    Storage(#[source] Arc<gdx_storage::StorageError>),
+    /// The peer reported an error whose cause stayed on the peer (an OS call, CUDA) or a code
+    /// this build does not know: its wire form as it arrived.
+    #[error(transparent)]
+    Remote(RemoteError),
+}
+
+impl PartialEq for Error {
+    /// Equal when they travel alike: the same code, numbers and text (sources cannot be
+    /// compared, and a source-carrying error equals its text as the peer sees it).
+    fn eq(&self, other: &Self) -> bool {
+        RemoteError::from(self) == RemoteError::from(other)
+    }
+}
+
+impl Eq for Error {}
+
+impl From<&Error> for RemoteError {
+    fn from(e: &Error) -> Self {
+        let (a, b, c) = e.wire_args();
+        RemoteError {
+            code: e.code(),
+            args: [a, b, c],
+            message: e.wire_message(),
+        }
+    }
+}
+
+impl From<RemoteError> for Error {
+    fn from(r: RemoteError) -> Self {
+        let [a, b, c] = r.args;
+        Error::from_wire(r.code, a, b, c, r.message)
+    }
 }
 
 impl Error {
@@ -149,7 +191,15 @@ impl Error {
     pub fn os(call: &'static str, err: io::Error) -> Self {
         Error::Os {
             call,
-            message: err.to_string(),
+            source: Arc::new(err),
+        }
+    }
+
+    /// The OS error of an [`Error::Os`] (its errno, its kind).
+    pub fn os_error(&self) -> Option<&io::Error> {
+        match self {
+            Error::Os { source, .. } => Some(source),
+            _ => None,
         }
     }
 
@@ -179,21 +229,22 @@ impl Error {
             Error::RegionGone { .. } => 15,
             Error::InvalidArgument(_) => 16,
             Error::Unavailable(_) => 17,
-            Error::Os { .. } => 18,
+            Error::Os { .. } | Error::Storage(_) => 18,
             Error::Cuda(_) => 19,
             Error::Strict(_) => 20,
-            Error::Rdma(_) => 21,
+            Error::Rdma(_) | Error::RdmaRefused(_) => 21,
             Error::AuthFailed(_) => 22,
             Error::LimitReached { .. } => 23,
             Error::Unreachable(_) => 24,
             Error::Fabric(_) => 25,
-            Error::Remote { code, .. } => *code,
+            Error::Remote(r) => r.code,
         }
     }
 
     /// Rebuilds an error from its wire code, the numeric argument and the message the peer sent.
-    /// Codes carrying structured data keep it (`region`, offsets); unknown codes become
-    /// [`Error::Remote`].
+    /// Codes carrying structured data keep it (`region`, offsets); codes whose local variant
+    /// holds a source (an OS call, CUDA) and unknown codes become [`Error::Remote`]; an RDMA
+    /// failure becomes [`Error::RdmaRefused`] with the peer's text.
     pub fn from_wire(code: u16, a: u64, b: u64, c: u64, message: String) -> Self {
         match code {
             1 => Error::PeerLost(message),
@@ -217,12 +268,8 @@ impl Error {
             15 => Error::RegionGone { region: a },
             16 => Error::InvalidArgument(message),
             17 => Error::Unavailable(message),
-            18 => Error::Os {
-                call: "remote",
-                message,
-            },
             20 => Error::Strict(message),
-            21 => Error::Rdma(message),
+            21 => Error::RdmaRefused(message),
             22 => Error::AuthFailed(message),
             23 => Error::LimitReached {
                 what: message,
@@ -230,7 +277,11 @@ impl Error {
             },
             24 => Error::Unreachable(message),
             25 => Error::Fabric(message),
-            code => Error::Remote { code, message },
+            code => Error::Remote(RemoteError {
+                code,
+                args: [a, b, c],
+                message,
+            }),
         }
     }
 
@@ -238,6 +289,7 @@ impl Error {
     pub fn wire_args(&self) -> (u64, u64, u64) {
         match self {
             Error::Timeout(d) => (d.as_millis() as u64, 0, 0),
+            Error::Remote(r) => (r.args[0], r.args[1], r.args[2]),
             Error::BadKey { region }
             | Error::NoSuchRegion { region }
             | Error::ReadOnly { region }
@@ -258,7 +310,8 @@ impl Error {
     }
 
     /// The text that travels with [`Error::code`]: the inner string for string-carrying variants
-    /// (so they round-trip), the display text otherwise.
+    /// (so they round-trip), the source's text for [`Error::Rdma`] (it arrives as
+    /// [`Error::RdmaRefused`], which adds the `rdma: ` again), the display text otherwise.
     pub fn wire_message(&self) -> String {
         match self {
             Error::PeerLost(s)
@@ -268,12 +321,13 @@ impl Error {
             | Error::InvalidArgument(s)
             | Error::Unavailable(s)
             | Error::Strict(s)
-            | Error::Rdma(s)
+            | Error::RdmaRefused(s)
             | Error::AuthFailed(s)
             | Error::Unreachable(s)
             | Error::Fabric(s) => s.clone(),
             Error::LimitReached { what, .. } => what.clone(),
-            Error::Os { message, .. } | Error::Remote { message, .. } => message.clone(),
+            Error::Rdma(source) => source.to_string(),
+            Error::Remote(r) => r.message.clone(),
             other => other.to_string(),
         }
     }
@@ -292,5 +346,61 @@ impl Error {
                 | Error::Protocol(_)
                 | Error::AuthFailed(_)
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn an_os_error_keeps_its_source_and_travels_as_code_18_text() {
+        let e = Error::os("mmap", io::Error::from_raw_os_error(12));
+        let src = e.source().expect("the io::Error stays the source");
+        assert!(src.downcast_ref::<Arc<io::Error>>().is_some(), "{src:?}");
+        assert_eq!(e.os_error().and_then(io::Error::raw_os_error), Some(12));
+        let r = RemoteError::from(&e);
+        assert_eq!(r.code, 18);
+        assert!(r.message.starts_with("mmap failed: "), "{}", r.message);
+        // On the peer the cause is gone: the wire form is what arrives.
+        let back = Error::from(r.clone());
+        assert!(matches!(&back, Error::Remote(x) if *x == r), "{back:?}");
+        assert!(back.source().is_none());
+        assert_eq!(back, e, "equal as they travel");
+    }
+
+    #[test]
+    fn an_rdma_error_arrives_with_the_same_text() {
+        let local = Error::Rdma(gdx_rdma::RdmaError::Mismatch("mtu 1024 vs 4096".into()));
+        assert!(local.source().is_some());
+        let back = Error::from(RemoteError::from(&local));
+        assert!(matches!(back, Error::RdmaRefused(_)), "{back:?}");
+        assert_eq!(back.to_string(), local.to_string());
+        assert_eq!(back.code(), 21);
+    }
+
+    #[test]
+    fn structured_errors_round_trip_through_their_wire_form() {
+        for e in [
+            Error::OutOfBounds {
+                offset: 8,
+                len: 16,
+                region_len: 20,
+            },
+            Error::BadKey { region: 7 },
+            Error::LimitReached {
+                what: "max_leases (GDX_MAX_LEASES)".into(),
+                limit: 4,
+            },
+            Error::Remote(RemoteError {
+                code: 900,
+                args: [1, 2, 3],
+                message: "from a newer build".into(),
+            }),
+        ] {
+            let back = Error::from(RemoteError::from(&e));
+            assert_eq!(format!("{back:?}"), format!("{e:?}"));
+        }
     }
 }

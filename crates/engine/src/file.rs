@@ -41,10 +41,7 @@ pub(crate) fn storage_err(e: StorageError) -> Error {
         | StorageError::OutOfBounds { .. }
         | StorageError::LengthMismatch { .. }
         | StorageError::RangePastEnd { .. }) => Error::InvalidArgument(e.to_string()),
-        e => Error::Os {
-            call: "file copy",
-            message: e.to_string(),
-        },
+        e => Error::Storage(std::sync::Arc::new(e)),
     }
 }
 

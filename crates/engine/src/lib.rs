@@ -94,3 +94,4 @@ pub use region::{
 };
 pub use stats::{reason_label, LatencyStat, PathStat, StatsSnapshot, LATENCY_BOUNDS_S};
 pub use transfer::{OpKind, OpResult, OpStatus, Status, Transfer, TransferHandle, TransferReport};
+pub use wire::RemoteError;

@@ -48,30 +48,46 @@ pub struct Peer {
     inner: Arc<PeerInner>,
 }
 
+/// Why a transport's route was not taken: text for the chosen route's [`PeerRoute::reason`]
+/// (a route not taken is not an error; the connection goes on over another).
+struct WhyNot(String);
+
+impl std::fmt::Display for WhyNot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// The rdma route when both agents offer it and the queue pairs connect; otherwise why not.
 fn rdma_route(
     agent: &Arc<AgentInner>,
     info: &PeerInfo,
     control: &Arc<Mutex<Conn>>,
     why_not_shm: &str,
-) -> std::result::Result<(PeerRoute, Box<dyn Transport>), String> {
+) -> std::result::Result<(PeerRoute, Box<dyn Transport>), WhyNot> {
     let node = agent
         .rdma
         .as_ref()
-        .map_err(|why| format!("not offered here ({why})"))?;
+        .map_err(|why| WhyNot(format!("not offered here ({why})")))?;
     if !info.transports.rdma {
-        return Err("the peer offers none (no RDMA device there, or disabled)".into());
+        return Err(WhyNot(
+            "the peer offers none (no RDMA device there, or disabled)".into(),
+        ));
     }
     let qp = node
         .connect(&mut control.lock().unwrap_or_else(|p| p.into_inner()))
-        .map_err(|e| format!("offered by both, but the queue pairs did not connect: {e}"))?;
+        .map_err(|e| {
+            WhyNot(format!(
+                "offered by both, but the queue pairs did not connect: {e}"
+            ))
+        })?;
     let t = rdma::spawn(
         Arc::clone(node),
         qp,
         Arc::clone(control),
         agent.cfg.io_timeout,
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| WhyNot(e.to_string()))?;
     let reason = format!(
         "rdma: {}; both agents offer RDMA; RC queue pairs on {}",
         why_not_shm.trim_start_matches("tcp: "),
@@ -93,24 +109,30 @@ fn fabric_route(
     info: &PeerInfo,
     control: &Arc<Mutex<Conn>>,
     why_not: &str,
-) -> std::result::Result<(PeerRoute, Box<dyn Transport>), String> {
+) -> std::result::Result<(PeerRoute, Box<dyn Transport>), WhyNot> {
     let node = agent
         .fabric
         .as_ref()
-        .map_err(|why| format!("not offered here ({why})"))?;
+        .map_err(|why| WhyNot(format!("not offered here ({why})")))?;
     if !info.transports.fabric {
-        return Err("the peer offers none (no libfabric provider there, or not enabled)".into());
+        return Err(WhyNot(
+            "the peer offers none (no libfabric provider there, or not enabled)".into(),
+        ));
     }
     let peer = node
         .connect(&mut control.lock().unwrap_or_else(|p| p.into_inner()))
-        .map_err(|e| format!("offered by both, but the address exchange failed: {e}"))?;
+        .map_err(|e| {
+            WhyNot(format!(
+                "offered by both, but the address exchange failed: {e}"
+            ))
+        })?;
     let t = fabric::spawn(
         Arc::clone(node),
         peer,
         Arc::clone(control),
         agent.cfg.io_timeout,
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| WhyNot(e.to_string()))?;
     let reason = format!(
         "fabric: {}; both agents offer libfabric; {}",
         why_not.trim_start_matches("tcp: "),

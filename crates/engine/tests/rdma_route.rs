@@ -40,7 +40,13 @@ fn without_a_device_routes_say_why_rdma_was_not_used() {
     }
     let target = far_agent("target", true);
     let me = far_agent("me-agent", true);
-    let why = me.rdma_status().unwrap_err();
+    let err = me.rdma_status().unwrap_err();
+    // The verbs error stays the source, not only text.
+    assert!(
+        matches!(&err, gdx_engine::Error::Rdma(_)) && std::error::Error::source(&err).is_some(),
+        "{err:?}"
+    );
+    let why = err.to_string();
     assert!(
         why.to_lowercase().contains("rdma") || why.contains("libibverbs"),
         "{why}"
@@ -68,7 +74,9 @@ fn without_a_device_routes_say_why_rdma_was_not_used() {
 #[test]
 fn disabled_rdma_is_named_as_disabled() {
     let me = far_agent("me", false);
-    let why = me.rdma_status().unwrap_err();
+    let err = me.rdma_status().unwrap_err();
+    assert!(matches!(err, gdx_engine::Error::Unavailable(_)), "{err:?}");
+    let why = err.to_string();
     assert!(why.contains("disabled"), "{why}");
     let target = far_agent("target", true);
     let peer = me.connect(target.listen_addr().unwrap()).unwrap();

@@ -351,7 +351,7 @@ pub fn port_mtus_at_root(topo: &Topology, root: &Path, verbs: &VerbsMtuLookup<'_
 }
 
 /// What registering a GPU buffer on one NIC did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct NicRegProbe {
     /// RDMA device.
     pub device: String,
@@ -360,11 +360,22 @@ pub struct NicRegProbe {
     /// Buffer size.
     pub bytes: u64,
     /// dma-buf: `Ok` or why not.
-    pub dmabuf: Result<(), String>,
+    #[serde(serialize_with = "ser_outcome")]
+    pub dmabuf: Result<(), RdmaError>,
     /// peermem: `Ok` or why not.
-    pub peermem: Result<(), String>,
+    #[serde(serialize_with = "ser_outcome")]
+    pub peermem: Result<(), RdmaError>,
     /// The mechanism gdx would use (dma-buf preferred), `None` when neither works.
     pub worked: Option<Mechanism>,
+}
+
+/// A registration outcome as it serialised when its error was text: `{"Ok": null}` or
+/// `{"Err": "why"}`.
+fn ser_outcome<S: serde::Serializer>(r: &Result<(), RdmaError>, s: S) -> Result<S::Ok, S::Error> {
+    r.as_ref()
+        .map(|_| ())
+        .map_err(ToString::to_string)
+        .serialize(s)
 }
 
 /// The active probe: allocate `bytes` on GPU `gpu` and register it on every RDMA device
@@ -372,7 +383,7 @@ pub struct NicRegProbe {
 pub fn probe_gpu_registration(gpu: u32, bytes: usize) -> Result<Vec<NicRegProbe>, RdmaError> {
     use gdx_sys::cuda::{Context, Cuda, DeviceBuffer};
     let devices = discovery::discover()?;
-    let cuda = Cuda::load().map_err(|u| RdmaError::InvalidArgument(u.to_string()))?;
+    let cuda = Cuda::load().map_err(RdmaError::Library)?;
     let ctx = Context::new(&cuda.device(gpu)?)?;
     let buf = Arc::new(DeviceBuffer::new(&ctx, bytes)?);
     let mut out = Vec::new();
@@ -380,18 +391,19 @@ pub fn probe_gpu_registration(gpu: u32, bytes: usize) -> Result<Vec<NicRegProbe>
         let rctx = match RdmaContext::open(&d.name) {
             Ok(c) => c,
             Err(e) => {
+                let e = RdmaError::from(e);
                 out.push(NicRegProbe {
                     device: d.name.clone(),
                     gpu,
                     bytes: bytes as u64,
-                    dmabuf: Err(e.to_string()),
-                    peermem: Err(e.to_string()),
+                    dmabuf: Err(e.clone()),
+                    peermem: Err(e),
                     worked: None,
                 });
                 continue;
             }
         };
-        let try_one = |dmabuf: bool| -> Result<(), String> {
+        let try_one = |dmabuf: bool| -> Result<(), RdmaError> {
             let r = VerbsRegistrar::new(
                 rctx.clone(),
                 RegPolicy {
@@ -401,9 +413,7 @@ pub fn probe_gpu_registration(gpu: u32, bytes: usize) -> Result<Vec<NicRegProbe>
                     access: Access::ALL,
                 },
             );
-            r.register(&Memory::gpu(Arc::clone(&buf)))
-                .map(drop)
-                .map_err(|e| e.to_string())
+            r.register(&Memory::gpu(Arc::clone(&buf))).map(drop)
         };
         let dmabuf = try_one(true);
         let peermem = try_one(false);

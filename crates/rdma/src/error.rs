@@ -22,6 +22,9 @@ pub enum RdmaError {
     /// A verbs call failed.
     #[error(transparent)]
     Verbs(#[from] VerbsError),
+    /// Another vendor library the operation needs (the CUDA driver) did not load.
+    #[error(transparent)]
+    Library(#[from] gdx_sys::Unavailable),
     /// A CUDA call failed (dma-buf export, GPU buffer).
     #[error(transparent)]
     Cuda(#[from] CudaError),

@@ -7,12 +7,14 @@
 //! as unknown, with the reason, never guessed. Throughput per lane: 8b/10b encoding up to
 //! 5 GT/s (PCIe 1 and 2), 128b/130b above (PCIe 3 to 5), 242/256 FLIT for 64 GT/s (PCIe 6).
 
+use crate::StorageError;
 use gdx_topo::sysfs::devices::{block_dev, dev_dir};
 use gdx_topo::sysfs::RootFs;
 use gdx_topo::PciAddr;
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// A PCIe link.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -85,7 +87,11 @@ fn link_in(fs: &RootFs, dir: &Path) -> Option<PciLink> {
 
 /// The PCIe link of the GPU at `bus_id` (CUDA's `0000:06:00.0` or NVML's `00000000:06:00.0`)
 /// on the machine whose root is `root`.
-pub fn gpu_link(root: &Path, bus_id: &str) -> Result<PciLink, String> {
+///
+/// # Errors
+/// [`StorageError::BusId`] for a bus id that is not a PCI address,
+/// [`StorageError::LinkUnknown`] when sysfs shows no link speed for it.
+pub fn gpu_link(root: &Path, bus_id: &str) -> Result<PciLink, StorageError> {
     let id = bus_id.trim().to_ascii_lowercase();
     let id = match id.split_once(':') {
         Some((domain, rest)) if domain.len() > 4 => {
@@ -94,17 +100,29 @@ pub fn gpu_link(root: &Path, bus_id: &str) -> Result<PciLink, String> {
         _ => id,
     };
     let fs = RootFs::new(root);
-    let bdf: PciAddr = id
-        .parse()
-        .map_err(|e| format!("GPU bus id {id} is not a PCI address: {e}"))?;
+    let bdf: PciAddr = match id.parse() {
+        Ok(b) => b,
+        Err(source) => return Err(StorageError::BusId { id, source }),
+    };
     let dir = dev_dir(bdf);
-    link_in(&fs, Path::new(&dir))
-        .ok_or_else(|| format!("no PCIe link speed for GPU {id} in {}", fs.show(&dir)))
+    link_in(&fs, Path::new(&dir)).ok_or_else(|| {
+        StorageError::LinkUnknown(format!(
+            "no PCIe link speed for GPU {id} in {}",
+            fs.show(&dir)
+        ))
+    })
 }
 
 /// The disk behind `file`: its name and PCIe link.
-pub fn disk_link(root: &Path, file: &Path) -> Result<(String, PciLink), String> {
-    let meta = std::fs::metadata(file).map_err(|e| format!("{}: {e}", file.display()))?;
+///
+/// # Errors
+/// [`StorageError::Stat`] when the file cannot be looked at, [`StorageError::LinkUnknown`]
+/// when its disk has no PCIe link to find (tmpfs, virtio, none above it in sysfs).
+pub fn disk_link(root: &Path, file: &Path) -> Result<(String, PciLink), StorageError> {
+    let meta = std::fs::metadata(file).map_err(|source| StorageError::Stat {
+        path: file.to_path_buf(),
+        source,
+    })?;
     let dev = if meta.file_type().is_block_device() {
         meta.rdev()
     } else {
@@ -112,16 +130,16 @@ pub fn disk_link(root: &Path, file: &Path) -> Result<(String, PciLink), String> 
     };
     let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
     if major == 0 {
-        return Err(format!(
+        return Err(StorageError::LinkUnknown(format!(
             "{} is on a file system without a block device (device {major}:{minor}, e.g. tmpfs or overlayfs)",
             file.display()
-        ));
+        )));
     }
     let fs = RootFs::new(root);
     let link = block_dev(major, minor);
     let dir = fs
         .resolve(&link)
-        .ok_or_else(|| format!("{}: not found", fs.show(&link)))?;
+        .ok_or_else(|| StorageError::LinkUnknown(format!("{}: not found", fs.show(&link))))?;
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -135,47 +153,67 @@ pub fn disk_link(root: &Path, file: &Path) -> Result<(String, PciLink), String> 
         if d.file_name()
             .is_some_and(|n| n.to_string_lossy().starts_with("virtio"))
         {
-            return Err(format!(
+            return Err(StorageError::LinkUnknown(format!(
                 "{name} is a virtio disk: its link speed says nothing about the storage behind it"
-            ));
+            )));
         }
         if let Some(l) = link_in(&fs, &d) {
             return Ok((name, l));
         }
         at = d.parent().map(Path::to_path_buf);
     }
-    Err(format!(
+    Err(StorageError::LinkUnknown(format!(
         "{name}: no PCIe link found above {}",
         fs.show(&dir.to_string_lossy())
-    ))
+    )))
+}
+
+/// A link lookup serialised as before errors were typed: `{"Ok": link}` or `{"Err": "why"}`.
+fn disk_as_text<S: Serializer>(
+    r: &Result<(String, PciLink), Arc<StorageError>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    r.as_ref().map_err(|e| e.to_string()).serialize(s)
+}
+
+/// [`disk_as_text`] for the GPU's link.
+fn gpu_as_text<S: Serializer>(
+    r: &Option<Result<PciLink, Arc<StorageError>>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    r.as_ref()
+        .map(|r| r.as_ref().map_err(|e| e.to_string()))
+        .serialize(s)
 }
 
 /// The ceiling of a copy between `file` and, when given, the GPU at `gpu_bus_id`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Ceiling {
     /// The lower of the known links, GB/s; `None` when neither is known.
     pub gbps: Option<f64>,
     /// Which bounds it: `disk` or `pcie`; `None` when unknown.
     pub bound: Option<&'static str>,
-    /// The disk's link, or why it is unknown.
-    pub disk: Result<(String, PciLink), String>,
+    /// The disk's link, or why it is unknown (shared, so that the ceiling stays cloneable).
+    #[serde(serialize_with = "disk_as_text")]
+    pub disk: Result<(String, PciLink), Arc<StorageError>>,
     /// The GPU's link, or why it is unknown; `None` for host-memory copies.
-    pub gpu: Option<Result<PciLink, String>>,
+    #[serde(serialize_with = "gpu_as_text")]
+    pub gpu: Option<Result<PciLink, Arc<StorageError>>>,
 }
 
 impl Ceiling {
     /// Look both links up on this machine.
     pub fn find(file: &Path, gpu_bus_id: Option<&str>) -> Ceiling {
         Ceiling::from_links(
-            disk_link(Path::new("/"), file),
-            gpu_bus_id.map(|id| gpu_link(Path::new("/"), id)),
+            disk_link(Path::new("/"), file).map_err(Arc::new),
+            gpu_bus_id.map(|id| gpu_link(Path::new("/"), id).map_err(Arc::new)),
         )
     }
 
     /// The ceiling from the two links.
     pub fn from_links(
-        disk: Result<(String, PciLink), String>,
-        gpu: Option<Result<PciLink, String>>,
+        disk: Result<(String, PciLink), Arc<StorageError>>,
+        gpu: Option<Result<PciLink, Arc<StorageError>>>,
     ) -> Ceiling {
         let d = disk.as_ref().ok().map(|(_, l)| l.gbps());
         let g = gpu
@@ -285,7 +323,7 @@ mod tests {
         let c = Ceiling::from_links(Ok(("nvme0n1".into(), gen4x4)), Some(Ok(gen5)));
         assert_eq!(c.bound, Some("disk"));
         assert!((c.gbps.unwrap() - gen4x4.gbps()).abs() < 1e-9);
-        let c = Ceiling::from_links(Err("vda is a virtio disk".into()), Some(Ok(gen5)));
+        let c = Ceiling::from_links(Err(unknown("vda is a virtio disk")), Some(Ok(gen5)));
         assert_eq!(c.bound, Some("pcie"));
         assert!(
             c.describe()
@@ -293,9 +331,30 @@ mod tests {
             "{}",
             c.describe()
         );
-        let c = Ceiling::from_links(Err("tmpfs".into()), None);
+        let c = Ceiling::from_links(Err(unknown("tmpfs")), None);
+        // Serialised as it was when the reasons were strings.
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["disk"], serde_json::json!({"Err": "tmpfs"}));
+        assert_eq!(v["gpu"], serde_json::Value::Null);
         assert_eq!(c.gbps, None);
         assert!(c.describe().starts_with("unknown; "));
+    }
+
+    fn unknown(why: &str) -> Arc<StorageError> {
+        Arc::new(StorageError::LinkUnknown(why.into()))
+    }
+
+    #[test]
+    fn a_bus_id_that_is_no_pci_address_keeps_the_parse_error() {
+        let root = tempfile::tempdir().unwrap();
+        let e = gpu_link(root.path(), "GPU-7").unwrap_err();
+        assert!(matches!(e, StorageError::BusId { .. }), "{e}");
+        assert!(std::error::Error::source(&e).is_some());
+        assert!(
+            e.to_string()
+                .starts_with("GPU bus id gpu-7 is not a PCI address: "),
+            "{e}"
+        );
     }
 
     #[test]
@@ -305,7 +364,7 @@ mod tests {
             Ok((name, l)) => eprintln!("{name}: {l}"),
             Err(why) => {
                 eprintln!("{why}");
-                assert!(!why.is_empty());
+                assert!(!why.to_string().is_empty());
             }
         }
     }

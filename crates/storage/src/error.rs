@@ -134,6 +134,28 @@ pub enum StorageError {
         /// Why it cannot run.
         reason: String,
     },
+    /// A GPU bus id that is not a PCI address (for its link lookup).
+    #[error("GPU bus id {id} is not a PCI address: {source}")]
+    BusId {
+        /// The bus id as normalised.
+        id: String,
+        /// The parse error.
+        #[source]
+        source: gdx_topo::PciAddrError,
+    },
+    /// A PCIe link (the disk's or the GPU's) is not known: the reason, with the device and
+    /// the sysfs path looked at. The ceiling is then unknown, never guessed.
+    #[error("{0}")]
+    LinkUnknown(String),
+    /// `stat` of a file failed (for its disk's link).
+    #[error("{}: {source}", path.display())]
+    Stat {
+        /// The file.
+        path: PathBuf,
+        /// The system error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A CUDA driver call failed.
     #[error("{context}: {source}")]
     Cuda {

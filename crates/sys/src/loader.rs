@@ -154,12 +154,12 @@ pub(crate) fn open_first<S: AsRef<str>>(
 #[derive(Debug, Default)]
 pub(crate) struct MissingSymbols {
     names: Vec<&'static str>,
-    first_error: Option<String>,
+    first_error: Option<libloading::Error>,
 }
 
 impl MissingSymbols {
     /// Record one missing symbol.
-    pub(crate) fn push(&mut self, name: &'static str, error: String) {
+    pub(crate) fn push(&mut self, name: &'static str, error: libloading::Error) {
         self.names.push(name);
         if self.first_error.is_none() {
             self.first_error = Some(error);
@@ -174,7 +174,9 @@ impl MissingSymbols {
                 "{} lacks required symbol(s) {} ({}); it is not {library} or is too old",
                 opened.candidate,
                 self.names.join(", "),
-                self.first_error.as_deref().unwrap_or("dlsym failed"),
+                self.first_error
+                    .as_ref()
+                    .map_or_else(|| "dlsym failed".to_string(), ToString::to_string),
             ),
         )
     }
@@ -186,12 +188,12 @@ impl MissingSymbols {
 ///
 /// - `T` must be the function-pointer type of the C symbol `name` (same arguments, return type
 ///   and calling convention); calling through a mismatched type is undefined behaviour.
-pub(crate) unsafe fn symbol<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T, String> {
+pub(crate) unsafe fn symbol<T: Copy>(
+    lib: &libloading::Library,
+    name: &str,
+) -> Result<T, libloading::Error> {
     // SAFETY: the caller guarantees that `T` matches the symbol's C type.
-    match unsafe { lib.get::<T>(name.as_bytes()) } {
-        Ok(sym) => Ok(*sym),
-        Err(e) => Err(e.to_string()),
-    }
+    unsafe { lib.get::<T>(name.as_bytes()) }.map(|sym| *sym)
 }
 
 /// The file name of the loaded object that contains `addr` (`dladdr`), if any.

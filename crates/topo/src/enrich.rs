@@ -56,8 +56,11 @@ pub struct NvmlLink {
     pub remote: NvLinkTarget,
 }
 
-/// Query NVML on this machine. `Err` carries a one-line reason (library missing, init failed).
-pub fn live_snapshot() -> Result<NvmlSnapshot, String> {
+/// Query NVML on this machine.
+///
+/// # Errors
+/// [`TopoError::Nvml`] with gdx-sys's reason (library missing, init failed).
+pub fn live_snapshot() -> Result<NvmlSnapshot, TopoError> {
     gdx_sys::nvml::snapshot()
         .map(|s| NvmlSnapshot {
             driver_version: s.driver_version,
@@ -101,7 +104,7 @@ pub fn live_snapshot() -> Result<NvmlSnapshot, String> {
                 })
                 .collect(),
         })
-        .map_err(|e| e.to_string())
+        .map_err(TopoError::Nvml)
 }
 
 /// Read `gdx/nvml.json` under a capture root; `Ok(None)` when the capture has none. The file

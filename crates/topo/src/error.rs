@@ -3,6 +3,14 @@
 
 use std::path::PathBuf;
 
+/// `": the cause"`, or nothing.
+fn caused_by(source: &Option<std::io::Error>) -> String {
+    source
+        .as_ref()
+        .map(|e| format!(": {e}"))
+        .unwrap_or_default()
+}
+
 /// Why a topology could not be built or written.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -14,12 +22,16 @@ pub enum TopoError {
         path: PathBuf,
     },
     /// `--root` exists but holds no sysfs tree gdx can read.
-    #[error("root {path}: {why}")]
+    #[error("root {path}: {why}{}", caused_by(.source))]
     RootUnusable {
         /// The root given.
         path: PathBuf,
         /// What is missing, e.g. "no sys/bus/pci/devices folder: not a captured machine".
         why: String,
+        /// The read or write error behind it, when one is (an archive that does not
+        /// decompress, an entry that cannot be written).
+        #[source]
+        source: Option<std::io::Error>,
     },
     /// A file or folder could not be read or written.
     #[error("{path}: {source}")]
@@ -67,6 +79,15 @@ pub enum TopoError {
         /// What is wrong.
         message: String,
     },
+    /// NVML could not be queried on this machine (library missing, init failed).
+    #[error("{0}")]
+    Nvml(#[source] gdx_sys::Unavailable),
+    /// A view that needs NVML's facts (the P2P matrix) on a topology that has none.
+    #[error("NVML not available: {0}")]
+    NoNvml(String),
+    /// A CPU mask (NCCL's `affinity`) with a group that is not a 32-bit hex number.
+    #[error("group {0:?} is not a 32-bit hex number (expected a mask like 0000ffff,ffffffff)")]
+    CpuMask(String),
     /// A file gdx writes into a capture (`gdx/env.json`) is malformed.
     #[error("capture file {path}: {message} (re-capture the machine with `gdx topo --capture`)")]
     CaptureFile {

@@ -10,7 +10,7 @@
 use crate::model::{Device, DeviceKind, Link, LinkStatus, Source, Topology};
 use crate::sysfs::archive::printable;
 use crate::xml::NO_NVLINK_FACTS;
-use crate::PathClass;
+use crate::{PathClass, TopoError};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -484,8 +484,10 @@ pub const P2P_LEGEND: [(&str, &str); 8] = [
 /// there is none: NVML was not used (no library, an NCCL file, a capture without its facts).
 ///
 /// # Errors
-/// A sentence saying why NVML's facts are not available.
-pub fn p2p_matrix(topo: &Topology) -> Result<BTreeMap<String, BTreeMap<String, String>>, String> {
+/// [`TopoError::NoNvml`], saying why NVML's facts are not available.
+pub fn p2p_matrix(
+    topo: &Topology,
+) -> Result<BTreeMap<String, BTreeMap<String, String>>, TopoError> {
     if !topo.nvml_enriched {
         let why = match &topo.source {
             Source::NcclXml(_) => {
@@ -503,7 +505,7 @@ pub fn p2p_matrix(topo: &Topology) -> Result<BTreeMap<String, BTreeMap<String, S
                     .to_string()
             }
         };
-        return Err(format!("NVML not available: {why}"));
+        return Err(TopoError::NoNvml(why));
     }
     let gpus: Vec<&Device> = topo.gpus().collect();
     let mut m = BTreeMap::new();
@@ -529,7 +531,7 @@ pub fn p2p_matrix(topo: &Topology) -> Result<BTreeMap<String, BTreeMap<String, S
 ///
 /// # Errors
 /// As [`p2p_matrix`].
-pub fn render_p2p(topo: &Topology, color: bool) -> Result<String, String> {
+pub fn render_p2p(topo: &Topology, color: bool) -> Result<String, TopoError> {
     let m = p2p_matrix(topo)?;
     let labels: Vec<&str> = topo.gpus().map(|d| d.label.as_str()).collect();
     let mut out = String::new();

@@ -76,6 +76,7 @@ pub fn from_open_root(opened: &archive::OpenRoot) -> Result<Topology, TopoError>
         return Err(TopoError::RootUnusable {
             path: opened.given().to_path_buf(),
             why: archive::NOT_A_ROOT.into(),
+            source: None,
         });
     }
     Ok(build(&fs, opened.given().display().to_string()))

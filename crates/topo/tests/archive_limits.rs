@@ -93,7 +93,8 @@ fn refused(archive: &Path, limits: &ArchiveLimits) -> String {
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
     assert!(left.is_empty(), "unpacked files left behind: {left:?}");
     match r {
-        Err(TopoError::RootUnusable { why, .. }) => why,
+        // The message as shown: the reason and, for a read error, its cause.
+        Err(e @ TopoError::RootUnusable { .. }) => e.to_string(),
         Err(e) => panic!("unexpected error {e}"),
         Ok(o) => panic!("accepted, unpacked at {}", o.dir().display()),
     }

@@ -17,14 +17,12 @@ use clap::Args;
 use gdx_bench::render::Style;
 use gdx_bench::{
     all_cases, compare, filter_pair, gpu_missing, header, plan, render, select, BenchCase,
-    CaseOutcome, CaseSpec, Ctx, Observer, Params, Report, Row, WaivedGroup,
+    CaseOutcome, CaseSpec, Ctx, Exporter, Observer, Params, Report, Row, WaivedGroup,
 };
 use gdx_sys::bytesize::{ByteSize, SIZE_HELP};
 
-mod export;
 mod parse;
 
-pub use export::{write_out, write_plot};
 pub use parse::{
     color_on, parse_duration, parse_pair, parse_pct, parse_sizes, sizes_help, ColorWhen, SizeList,
 };
@@ -193,7 +191,7 @@ pub struct BenchArgs {
 
 /// Progress, streaming tables and incremental exports.
 struct Cli<'a> {
-    args: &'a BenchArgs,
+    exporter: &'a Exporter,
     progress: bool,
     tables: bool,
     /// Waived groups go to stdout with the tables, else (stdout taken, or quiet) at the end.
@@ -211,29 +209,8 @@ impl Cli<'_> {
     }
 
     fn export(&self, report: &Report) {
-        let write = |p: &Option<PathBuf>, text: Result<String, String>| {
-            if let Some(p) = p {
-                if p.as_os_str() == "-" {
-                    return; // stdout exports are written once, at the end
-                }
-                if let Err(e) = text
-                    .map_err(anyhow::Error::msg)
-                    .and_then(|t| write_out(p, &t))
-                {
-                    eprintln!("gdx: warning: {e:#}");
-                }
-            }
-        };
-        write(
-            &self.args.export_json,
-            report.to_json().map_err(|e| e.to_string()),
-        );
-        write(&self.args.export_csv, Ok(report.to_csv()));
-        // An SVG plot is redrawn too (cheap); a PNG only at the end (it runs rsvg-convert).
-        if let Some(p) = &self.args.plot {
-            if p.extension().and_then(|e| e.to_str()) == Some("svg") && !report.results.is_empty() {
-                let _ = write_plot(p, report);
-            }
+        for e in self.exporter.after_case(report) {
+            eprintln!("gdx: warning: {}", e.chain());
         }
     }
 }
@@ -457,15 +434,13 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         }
         None => None,
     };
+    let exporter = Exporter {
+        json: args.export_json.clone(),
+        csv: args.export_csv.clone(),
+        plot: args.plot.clone(),
+    };
     // Create the export files now, so a bad path fails before any measuring.
-    for p in [&args.export_json, &args.export_csv, &args.plot]
-        .into_iter()
-        .flatten()
-    {
-        if p.as_os_str() != "-" {
-            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
-        }
-    }
+    exporter.create()?;
     let params = Params {
         sizes: args.size.0.clone(),
         warmup: args.warmup,
@@ -497,12 +472,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     } else {
         header::live_header(&ctx, &params, std::env::args().collect(), uses_gpu)
     };
-    let stdout_taken = args.json
-        || args.csv
-        || [&args.export_json, &args.export_csv]
-            .into_iter()
-            .flatten()
-            .any(|p| p.as_os_str() == "-");
+    let stdout_taken = args.json || args.csv || exporter.stdout_taken();
     let style = Style {
         color: !stdout_taken && color_on(args.color),
     };
@@ -511,7 +481,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         println!();
     }
     let mut obs = Cli {
-        args,
+        exporter: &exporter,
         progress: !args.quiet && std::io::stderr().is_terminal(),
         tables: !stdout_taken && !args.quiet,
         style,
@@ -526,18 +496,9 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     } else if args.csv {
         print!("{}", report.to_csv());
     }
-    for (p, text) in [
-        (&args.export_json, report.to_json()?),
-        (&args.export_csv, report.to_csv()),
-    ] {
-        if let Some(p) = p {
-            write_out(p, &text)?;
-        }
-    }
-    if let Some(p) = &args.plot {
-        if let Err(e) = write_plot(p, &report) {
-            eprintln!("gdx: warning: no plot: {e:#}");
-        }
+    exporter.finish(&report)?;
+    if let Err(e) = exporter.finish_plot(&report) {
+        eprintln!("gdx: warning: no plot: {}", e.chain());
     }
     let out_or_err = |s: String| {
         if stdout_taken {

@@ -132,7 +132,7 @@ pub fn run(args: &TopoArgs) -> Result<ExitCode> {
     }
     let color = use_color(&args.color);
     if args.p2p {
-        let why = |e: String| {
+        let why = |e: gdx_topo::TopoError| {
             anyhow::anyhow!(
                 "--p2p: {e} (the path classes without P2P status: `gdx topo` without --p2p)"
             )

@@ -10,6 +10,7 @@
 use super::Check;
 use crate::context::{pair, Context, GpuRef};
 use crate::finding::Finding;
+use crate::DoctorError;
 use gdx_topo::sysfs::config::{AcsCtl, Config};
 use gdx_topo::sysfs::devices::{self as pci, dev_dir};
 use gdx_topo::PciAddr;
@@ -19,16 +20,16 @@ use std::collections::BTreeMap;
 pub struct Acs;
 
 /// Bridges between two devices whose ACS settings matter, from their sysfs chains.
-pub fn pair_bridges(ctx: &Context, a: PciAddr, b: PciAddr) -> Result<Vec<PciAddr>, String> {
-    let ca = pci::chain(&ctx.fs, a).map_err(|e| e.to_string())?;
-    let cb = pci::chain(&ctx.fs, b).map_err(|e| e.to_string())?;
+pub fn pair_bridges(ctx: &Context, a: PciAddr, b: PciAddr) -> Result<Vec<PciAddr>, DoctorError> {
+    let ca = pci::chain(&ctx.fs, a)?;
+    let cb = pci::chain(&ctx.fs, b)?;
     Ok(pci::bridges_between(&ca, &cb))
 }
 
 /// The ACS control of a bridge, or why it cannot be read.
-pub fn read_acs(ctx: &Context, bdf: PciAddr) -> Result<(Option<AcsCtl>, String), String> {
+pub fn read_acs(ctx: &Context, bdf: PciAddr) -> Result<(Option<AcsCtl>, String), DoctorError> {
     let rel = format!("{}/config", dev_dir(bdf));
-    let bytes = ctx.fs.file_bytes(&rel).map_err(|e| e.to_string())?;
+    let bytes = ctx.fs.file_bytes(&rel)?;
     let shown = ctx.fs.show(&rel);
     match Config::new(&bytes).acs_ctl() {
         Ok(Some(c)) => Ok((
@@ -36,7 +37,7 @@ pub fn read_acs(ctx: &Context, bdf: PciAddr) -> Result<(Option<AcsCtl>, String),
             format!("{shown}: ACSCtl 0x{:04x}: {}", c.0, c.describe()),
         )),
         Ok(None) => Ok((None, format!("{shown}: no ACS capability"))),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -92,7 +93,7 @@ impl Check for Acs {
                         bridges.entry(br).or_default().push(subject.clone());
                     }
                 }
-                Err(why) => out.push(Finding::skip(id, subject.clone(), why)),
+                Err(why) => out.push(Finding::skip(id, subject.clone(), why.to_string())),
             }
         }
         if bridges.is_empty() && out.is_empty() {
@@ -107,7 +108,7 @@ impl Check for Acs {
         for (br, subjects) in bridges {
             let on = format!("on the path {}", subjects.join(", "));
             let f = match read_acs(ctx, br) {
-                Err(why) => Finding::skip(id, br.to_string(), why),
+                Err(why) => Finding::skip(id, br.to_string(), why.to_string()),
                 Ok((None, ev)) => {
                     Finding::pass(id, br.to_string(), format!("bridge {br} has no ACS capability")).evidence(ev)
                 }

@@ -111,7 +111,7 @@ pub(crate) fn live_or_skip<'a>(
     id: &str,
 ) -> Result<&'a crate::facts::Gathered, Vec<Finding>> {
     ctx.live()
-        .map_err(|why| vec![Finding::skip(id, "host", why)])
+        .map_err(|why| vec![Finding::skip(id, "host", why.to_string())])
 }
 
 /// The sysfs topology for checks of RDMA ports, or the skip finding: ports unreadable, or no

@@ -5,6 +5,7 @@
 use super::Check;
 use crate::context::Context;
 use crate::finding::Finding;
+use crate::DoctorError;
 use gdx_topo::sysfs::config::{Config, DevCtl};
 use gdx_topo::sysfs::devices::dev_dir;
 use gdx_topo::PciAddr;
@@ -19,7 +20,7 @@ pub struct NicDevCtl {
     /// PCI address.
     pub bdf: PciAddr,
     /// The register and its evidence line, or the skip reason.
-    pub devctl: Result<(DevCtl, String), String>,
+    pub devctl: Result<(DevCtl, String), DoctorError>,
 }
 
 /// Device Control of every RDMA PCI function (deduplicated).
@@ -34,8 +35,8 @@ pub fn nic_devctl(ctx: &Context) -> Vec<NicDevCtl> {
         let devctl = ctx
             .fs
             .file_bytes(&rel)
-            .map_err(|e| e.to_string())
-            .and_then(|b| Config::new(&b).dev_ctl().map_err(|e| e.to_string()))
+            .map_err(DoctorError::File)
+            .and_then(|b| Config::new(&b).dev_ctl().map_err(DoctorError::Config))
             .map(|dc| {
                 let ev = format!(
                     "{}: DevCtl 0x{:04x}: MaxPayload {} bytes, MaxReadReq {} bytes, RlxdOrd{}",
@@ -86,7 +87,7 @@ impl Check for Mrrs {
             .map(|n| {
                 let (dc, ev) = match n.devctl {
                     Ok(x) => x,
-                    Err(why) => return Finding::skip(id, n.label, why),
+                    Err(why) => return Finding::skip(id, n.label, why.to_string()),
                 };
                 let m = dc.max_read_request();
                 // Same register with bits 14:12 = 101 (4096 bytes): the exact setpci value.

@@ -30,7 +30,7 @@ impl Check for Libfabric {
         let efa = efa_devices(ctx);
         // Providers are the running host's library: only consulted live.
         if let Err(why) = ctx.live() {
-            return vec![Finding::skip(id, "host", why)];
+            return vec![Finding::skip(id, "host", why.to_string())];
         }
         let list = match gdx_fabric::providers() {
             Ok(l) => l,

@@ -41,7 +41,7 @@ impl Check for RelaxedOrdering {
             let (dc, ev) = match n.devctl {
                 Ok(x) => x,
                 Err(why) => {
-                    out.push(Finding::skip(id, n.label, why));
+                    out.push(Finding::skip(id, n.label, why.to_string()));
                     continue;
                 }
             };

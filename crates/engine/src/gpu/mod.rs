@@ -396,7 +396,7 @@ impl LocalPeer {
             location: m.location(),
             imported: matches!(m, Mem::Gpu(r) if matches!(r.origin(), DeviceOrigin::Imported { .. })),
             not_peer_mapped: match (m, other) {
-                (Mem::Gpu(r), Some(o)) => r.peer_mapped(o).err(),
+                (Mem::Gpu(r), Some(o)) => r.not_peer_mapped(o).map(str::to_string),
                 _ => None,
             },
         };

@@ -110,11 +110,19 @@ impl DeviceRegion {
     /// stream-ordered pool memory of GPU1 without access for GPU0 (cuMemPoolSetAccess not
     /// granted)"). Only memory from a pool can be unmapped for a GPU whose context has peer
     /// access.
-    pub fn peer_mapped(&self, ordinal: u32) -> std::result::Result<(), String> {
-        match self.inner.not_peer_mapped.get(&ordinal) {
-            Some(why) => Err(why.clone()),
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] with the reason.
+    pub fn peer_mapped(&self, ordinal: u32) -> Result<()> {
+        match self.not_peer_mapped(ordinal) {
+            Some(why) => Err(Error::Unavailable(why.to_string())),
             None => Ok(()),
         }
+    }
+
+    /// Why GPU `ordinal` cannot reach this memory directly; `None` when it can.
+    pub(crate) fn not_peer_mapped(&self, ordinal: u32) -> Option<&str> {
+        self.inner.not_peer_mapped.get(&ordinal).map(String::as_str)
     }
 
     /// Copy `bytes` from ordinary host memory into the region at `offset`, and wait.

@@ -44,8 +44,8 @@ const QPS_PER_PEER: u16 = 2;
 /// Completion-queue entries per peer connection.
 const CQ_ENTRIES: u32 = 1024;
 
-fn rdma_err(e: RdmaError) -> Error {
-    Error::Rdma(e.to_string())
+fn rdma_err(e: impl Into<RdmaError>) -> Error {
+    Error::Rdma(e.into())
 }
 
 /// This agent's RDMA endpoint and the registrations it made for its regions.
@@ -62,9 +62,12 @@ impl std::fmt::Debug for RdmaNode {
 }
 
 impl RdmaNode {
-    /// The first RDMA device whose endpoint opens (or `GDX_IB_DEVICE`), or why there is none.
-    pub(crate) fn open() -> std::result::Result<RdmaNode, String> {
-        let devices = gdx_rdma::discover().map_err(|u| u.to_string())?;
+    /// The first RDMA device whose endpoint opens (or `GDX_IB_DEVICE`), or why there is none:
+    /// [`Error::Rdma`] with the verbs error (no device, or the one device failed),
+    /// [`Error::InvalidArgument`] for a `GDX_IB_DEVICE` that names no device,
+    /// [`Error::RdmaRefused`] naming each device when several failed.
+    pub(crate) fn open() -> Result<RdmaNode> {
+        let devices = gdx_rdma::discover().map_err(rdma_err)?;
         let want = std::env::var("GDX_IB_DEVICE")
             .ok()
             .filter(|v| !v.is_empty());
@@ -80,18 +83,29 @@ impl RdmaNode {
                         regs: Mutex::new(HashMap::new()),
                     })
                 }
-                Err(e) => why.push(format!("{}: {e}", d.name)),
+                Err(e) => why.push((d.name.as_str(), e)),
             }
         }
-        if why.is_empty() {
-            let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
-            return Err(format!(
-                "GDX_IB_DEVICE={} is not among the RDMA devices ({})",
-                want.unwrap_or_default(),
-                names.join(", ")
-            ));
+        match why.len() {
+            0 => {
+                let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+                Err(Error::InvalidArgument(format!(
+                    "GDX_IB_DEVICE={} is not among the RDMA devices ({})",
+                    want.unwrap_or_default(),
+                    names.join(", ")
+                )))
+            }
+            // One device tried: its error is the cause.
+            1 => Err(rdma_err(why.swap_remove(0).1)),
+            // Several: one error cannot hold them all as sources; name each.
+            _ => {
+                let each: Vec<String> = why.iter().map(|(d, e)| format!("{d}: {e}")).collect();
+                Err(Error::RdmaRefused(format!(
+                    "no RDMA device port opened: {}",
+                    each.join("; ")
+                )))
+            }
         }
-        Err(format!("no RDMA device port opened: {}", why.join("; ")))
     }
 
     /// "mlx5_0 port 1 (Ethernet, GID index 3)".
@@ -141,7 +155,7 @@ impl RdmaNode {
         };
         let h = self.ep.register(&mem).map_err(rdma_err)?;
         if h.handle.mechanism() == Mechanism::Staged {
-            return Err(Error::Rdma(format!(
+            return Err(Error::RdmaRefused(format!(
                 "region {} ({}) has no GPUDirect RDMA registration on {} (tried: {:?}); \
                  connect with GDX_TRANSPORTS=tcp,shm to stage it over tcp",
                 r.id,
@@ -180,7 +194,7 @@ impl RdmaNode {
         }
         let h = self.register(&r)?;
         let remote = h.handle.remote_region(id).ok_or_else(|| {
-            Error::Rdma(format!("region {id} has no rkey (it is not registered)"))
+            Error::RdmaRefused(format!("region {id} has no rkey (it is not registered)"))
         })?;
         Ok(Msg::RdmaRegionInfo {
             addr: remote.addr,
@@ -193,13 +207,10 @@ impl RdmaNode {
     /// The target's side of `RdmaConnect`: connects queue pairs to the initiator's and returns
     /// them with this side's connection data.
     pub(crate) fn accept(&self, initiator: &[u8]) -> Result<(Qp, Vec<u8>)> {
-        let theirs = ConnData::decode(initiator).map_err(|e| Error::Rdma(e.to_string()))?;
+        let theirs = ConnData::decode(initiator).map_err(rdma_err)?;
         let cq = self.ep.completion_queue(CQ_ENTRIES).map_err(rdma_err)?;
         let prepared = self.ep.prepare(&cq, QPS_PER_PEER).map_err(rdma_err)?;
-        let mine = prepared
-            .conn_data()
-            .encode()
-            .map_err(|e| Error::Rdma(e.to_string()))?;
+        let mine = prepared.conn_data().encode().map_err(rdma_err)?;
         let qp = prepared.connect(&theirs).map_err(rdma_err)?;
         Ok((qp, mine))
     }
@@ -209,14 +220,9 @@ impl RdmaNode {
     pub(crate) fn connect(&self, control: &mut Conn) -> Result<Qp> {
         let cq = self.ep.completion_queue(CQ_ENTRIES).map_err(rdma_err)?;
         let prepared = self.ep.prepare(&cq, QPS_PER_PEER).map_err(rdma_err)?;
-        let data = prepared
-            .conn_data()
-            .encode()
-            .map_err(|e| Error::Rdma(e.to_string()))?;
+        let data = prepared.conn_data().encode().map_err(rdma_err)?;
         let theirs = match control.request(&Msg::RdmaConnect { data })? {
-            Msg::RdmaConnect { data } => {
-                ConnData::decode(&data).map_err(|e| Error::Rdma(e.to_string()))?
-            }
+            Msg::RdmaConnect { data } => ConnData::decode(&data).map_err(rdma_err)?,
             m => {
                 return Err(Error::Protocol(format!(
                     "expected RdmaConnect, got frame type {}",

@@ -2,7 +2,7 @@
 //! strings and byte strings, counted vectors. The reader is bounds-checked and refuses counts larger
 //! than the bytes left, so a hostile body cannot make it allocate.
 
-use super::{Hello, Msg, ShmOp, MAX_OPS_PER_BEGIN, MAX_STR};
+use super::{Hello, Msg, RemoteError, ShmOp, MAX_OPS_PER_BEGIN, MAX_STR};
 use crate::error::{Error, Result};
 use crate::region::{Access, Location, RegionDesc, RegionKey};
 
@@ -207,20 +207,25 @@ pub(crate) fn get_desc(r: &mut Reader<'_>) -> Result<RegionDesc> {
     })
 }
 
+/// An error travels as its [`RemoteError`] form: code, three numbers, text.
 fn put_err(o: &mut Vec<u8>, e: &Error) {
-    put_u16(o, e.code());
-    let (a, b, c) = e.wire_args();
-    put_u64(o, a);
-    put_u64(o, b);
-    put_u64(o, c);
-    put_str(o, &e.wire_message());
+    let r = RemoteError::from(e);
+    put_u16(o, r.code);
+    for n in r.args {
+        put_u64(o, n);
+    }
+    put_str(o, &r.message);
 }
 
 fn get_err(r: &mut Reader<'_>) -> Result<Error> {
     let code = r.u16()?;
-    let (a, b, c) = (r.u64()?, r.u64()?, r.u64()?);
-    let msg = r.string()?;
-    Ok(Error::from_wire(code, a, b, c, msg))
+    let args = [r.u64()?, r.u64()?, r.u64()?];
+    let message = r.string()?;
+    Ok(Error::from(RemoteError {
+        code,
+        args,
+        message,
+    }))
 }
 
 pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {

@@ -8,6 +8,9 @@
 use crate::error::{Error, Result};
 use crate::region::{RegionDesc, RegionKey};
 
+mod remote;
+pub use remote::RemoteError;
+
 /// First two bytes of every frame: `"GX"`.
 pub const MAGIC: u16 = 0x4758;
 /// The protocol version this build speaks.

@@ -79,7 +79,7 @@ fn open() -> std::result::Result<Api, Unavailable> {
         match unsafe { libloading::Library::new(c) } {
             Ok(lib) => {
                 let lib: &'static libloading::Library = Box::leak(Box::new(lib));
-                return resolve(lib, c).map_err(|why| Unavailable::new("libfabric.so.1", why));
+                return resolve(lib, c);
             }
             Err(e) => tried.push(format!("{c}: {e}")),
         }
@@ -90,13 +90,13 @@ fn open() -> std::result::Result<Api, Unavailable> {
     ))
 }
 
-fn resolve(lib: &'static libloading::Library, path: &str) -> std::result::Result<Api, String> {
-    fn get<T: Copy>(lib: &libloading::Library, name: &str) -> std::result::Result<T, String> {
+fn resolve(lib: &'static libloading::Library, path: &str) -> std::result::Result<Api, Unavailable> {
+    fn get<T: Copy>(lib: &libloading::Library, name: &str) -> std::result::Result<T, Unavailable> {
         // SAFETY: each call below names the function type of that libfabric symbol as
         // declared in rdma/fabric.h (the same prototypes bindgen produced).
         unsafe { lib.get::<T>(name.as_bytes()) }
             .map(|s| *s)
-            .map_err(|e| format!("{name}: {e}"))
+            .map_err(|e| Unavailable::new("libfabric.so.1", format!("{name}: {e}")))
     }
     let api = Api {
         getinfo: get(lib, "fi_getinfo")?,
@@ -109,8 +109,9 @@ fn resolve(lib: &'static libloading::Library, path: &str) -> std::result::Result
     };
     let (maj, min) = api.runtime_version();
     if (maj << 16 | min) < API_VERSION {
-        return Err(format!(
-            "{path} is libfabric {maj}.{min}; gdx needs API 1.11 or newer"
+        return Err(Unavailable::new(
+            "libfabric.so.1",
+            format!("{path} is libfabric {maj}.{min}; gdx needs API 1.11 or newer"),
         ));
     }
     Ok(api)

@@ -113,10 +113,7 @@ pub fn open_root_with(
     limits: &ArchiveLimits,
     temp_parent: Option<&Path>,
 ) -> Result<OpenRoot, TopoError> {
-    let unusable = |why: String| TopoError::RootUnusable {
-        path: root.to_path_buf(),
-        why,
-    };
+    let unusable = |why: String| unusable(root, why, None);
     let meta = match std::fs::metadata(root) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -274,10 +271,7 @@ fn unpack(
     };
     // From here on, an error drops `out` and so removes everything written.
     let out = TempFolder::new(tmp);
-    let why = |w: String| TopoError::RootUnusable {
-        path: archive.to_path_buf(),
-        why: w,
-    };
+    let why = |w: String| unusable(archive, w, None);
     // The whole decompressed stream is bounded too: tar reads GNU long names and pax headers
     // into memory itself, before any entry reaches the byte cap below.
     let stream_cap = limits
@@ -291,8 +285,9 @@ fn unpack(
     let mut ar = tar::Archive::new(stream);
     let entries = ar
         .entries()
-        .map_err(|e| why(format!("cannot unpack as .tar.gz: {e}")))?;
+        .map_err(|e| unusable(archive, "cannot unpack as .tar.gz".into(), Some(e)))?;
     let mut u = Unpacker {
+        archive: archive.to_path_buf(),
         dst: out.path().to_path_buf(),
         limits: *limits,
         written: 0,
@@ -305,8 +300,9 @@ fn unpack(
                 limits.max_entries
             )));
         }
-        let entry = entry.map_err(|e| why(format!("cannot unpack as .tar.gz: {e}")))?;
-        u.entry(entry).map_err(why)?;
+        let entry =
+            entry.map_err(|e| unusable(archive, "cannot unpack as .tar.gz".into(), Some(e)))?;
+        u.entry(entry)?;
     }
     Ok(out)
 }
@@ -345,40 +341,64 @@ impl<R: std::io::Read> std::io::Read for Capped<R> {
     }
 }
 
+/// [`TopoError::RootUnusable`] for `archive`.
+fn unusable(archive: &Path, why: String, source: Option<std::io::Error>) -> TopoError {
+    TopoError::RootUnusable {
+        path: archive.to_path_buf(),
+        why,
+        source,
+    }
+}
+
 struct Unpacker {
+    /// The archive, as its errors name it.
+    archive: PathBuf,
     dst: PathBuf,
     limits: ArchiveLimits,
     written: u64,
 }
 
 impl Unpacker {
-    fn entry<R: std::io::Read>(&mut self, mut e: tar::Entry<'_, R>) -> Result<(), String> {
+    fn entry<R: std::io::Read>(&mut self, mut e: tar::Entry<'_, R>) -> Result<(), TopoError> {
+        let archive = self.archive.clone();
+        let refuse = |why: String| unusable(&archive, why, None);
         let raw = e
             .path()
-            .map_err(|err| format!("entry with an unreadable name: {err}"))?
+            .map_err(|err| unusable(&archive, "entry with an unreadable name".into(), Some(err)))?
             .into_owned();
         let shown = printable(&raw.to_string_lossy());
-        let rel = clean_name(&raw).map_err(|w| format!("entry {shown:?}: {w}"))?;
+        let rel = clean_name(&raw).map_err(|w| refuse(format!("entry {shown:?}: {w}")))?;
         let kind = e.header().entry_type();
         if rel.as_os_str().is_empty() {
             // `./` itself: the folder exists already.
             return if kind.is_dir() {
                 Ok(())
             } else {
-                Err(format!("entry {shown:?}: not a folder but names the root"))
+                Err(refuse(format!(
+                    "entry {shown:?}: not a folder but names the root"
+                )))
             };
         }
         let depth = rel.components().count();
         if depth > self.limits.max_depth {
-            return Err(format!(
+            return Err(refuse(format!(
                 "entry {shown:?} is {depth} levels deep, more than the {} a capture may have",
                 self.limits.max_depth
-            ));
+            )));
         }
-        self.no_link_on_the_way(&rel)
-            .map_err(|w| format!("entry {shown:?}: {w}"))?;
+        if let Some(link) = self.link_on_the_way(&rel) {
+            return Err(refuse(format!(
+                "entry {shown:?}: goes through or replaces the symlink {link:?}: refused"
+            )));
+        }
         let host = self.dst.join(&rel);
-        let io = |err: std::io::Error| format!("entry {shown:?}: cannot write: {err}");
+        let io = |err: std::io::Error| {
+            unusable(
+                &archive,
+                format!("entry {shown:?}: cannot write"),
+                Some(err),
+            )
+        };
         if kind.is_dir() {
             return std::fs::create_dir_all(&host).map_err(io);
         }
@@ -391,32 +411,38 @@ impl Unpacker {
             // Count what really comes out of the decoder, not what the header claims.
             let n = std::io::copy(&mut (&mut e).take(left + 1), &mut f).map_err(io)?;
             if n > left {
-                return Err(format!(
+                return Err(refuse(format!(
                     "holds more than {} MiB of files (the cap for a capture archive; a gdx \
                      capture is a few MB): not unpacked",
                     self.limits.max_bytes >> 20
-                ));
+                )));
             }
             self.written += n;
             return Ok(());
         }
         if kind.is_symlink() {
             if depth == 1 {
-                return Err(format!(
+                return Err(refuse(format!(
                     "entry {shown:?} is a symlink at the top level: refused (it would make the \
                      root point outside the archive)"
-                ));
+                )));
             }
             let target = e
                 .link_name()
-                .map_err(|err| format!("entry {shown:?}: unreadable link target: {err}"))?
-                .ok_or_else(|| format!("entry {shown:?}: symlink without a target"))?
+                .map_err(|err| {
+                    unusable(
+                        &archive,
+                        format!("entry {shown:?}: unreadable link target"),
+                        Some(err),
+                    )
+                })?
+                .ok_or_else(|| refuse(format!("entry {shown:?}: symlink without a target")))?
                 .into_owned();
             let shown_t = printable(&target.to_string_lossy());
             if !stays_inside(&rel, &target) {
-                return Err(format!(
+                return Err(refuse(format!(
                     "entry {shown:?} links to {shown_t:?}, outside the archive: refused"
-                ));
+                )));
             }
             return std::os::unix::fs::symlink(&target, &host).map_err(io);
         }
@@ -432,29 +458,29 @@ impl Unpacker {
         } else {
             "of a kind no capture holds"
         };
-        Err(format!(
+        Err(refuse(format!(
             "entry {shown:?} is {what}: refused (a capture has folders, files and symlinks)"
-        ))
+        )))
     }
 
-    /// Refuse writing through a link made by an earlier entry (that is how a link that stays
-    /// inside would let a later entry land outside), and overwriting a link.
-    fn no_link_on_the_way(&self, rel: &Path) -> Result<(), String> {
+    /// The link (as shown) that an entry at `rel` would write through or replace; `None` when
+    /// there is none. Both are refused: that is how a link that stays inside would let a
+    /// later entry land outside.
+    fn link_on_the_way(&self, rel: &Path) -> Option<String> {
         let mut at = self.dst.clone();
         for c in rel.components() {
             at.push(c);
             match std::fs::symlink_metadata(&at) {
                 Ok(m) if m.file_type().is_symlink() => {
-                    return Err(format!(
-                        "goes through or replaces the symlink {:?}: refused",
-                        printable(&at.strip_prefix(&self.dst).unwrap_or(&at).to_string_lossy())
+                    return Some(printable(
+                        &at.strip_prefix(&self.dst).unwrap_or(&at).to_string_lossy(),
                     ))
                 }
                 Ok(_) => {}
-                Err(_) => return Ok(()),
+                Err(_) => return None,
             }
         }
-        Ok(())
+        None
     }
 }
 

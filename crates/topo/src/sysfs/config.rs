@@ -49,6 +49,8 @@ impl fmt::Display for CfgError {
     }
 }
 
+impl std::error::Error for CfgError {}
+
 /// A view on config space bytes.
 #[derive(Debug, Clone, Copy)]
 pub struct Config<'a> {

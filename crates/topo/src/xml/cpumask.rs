@@ -2,12 +2,14 @@
 //! groups separated by commas, most significant first) and as the model keeps them (a
 //! `cpulist` such as `0-47,96-143`).
 
+use crate::TopoError;
+
 /// Highest CPU number written into an affinity mask: far above any real machine, low enough
 /// that a hostile CPU list cannot make the mask huge.
 const MAX_CPU: u64 = 65_535;
 
 /// Mask (`00000000,0000ffff,ffffffff`) to CPU list (`0-47`); an empty mask gives `""`.
-pub(super) fn mask_to_list(mask: &str) -> Result<String, String> {
+pub(super) fn mask_to_list(mask: &str) -> Result<String, TopoError> {
     let mask = mask.trim();
     if mask.is_empty() {
         return Ok(String::new());
@@ -17,11 +19,9 @@ pub(super) fn mask_to_list(mask: &str) -> Result<String, String> {
     for (i, group) in mask.rsplit(',').enumerate() {
         let g = group.trim();
         if g.is_empty() || g.len() > 8 || !g.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!(
-                "group {g:?} is not a 32-bit hex number (expected a mask like 0000ffff,ffffffff)"
-            ));
+            return Err(TopoError::CpuMask(g.to_string()));
         }
-        let bits = u32::from_str_radix(g, 16).map_err(|e| e.to_string())?;
+        let bits = u32::from_str_radix(g, 16).map_err(|_| TopoError::CpuMask(g.to_string()))?;
         let base = 32 * i as u64;
         for b in 0..32u64 {
             if bits & (1 << b) == 0 {
