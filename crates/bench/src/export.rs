@@ -1,5 +1,5 @@
-//! [`Exporter`]: where a run's report goes besides the terminal — the JSON report, CSV and a
-//! plot, each a file or `-` (stdout).
+//! [`Exporter`]: where a run's report goes besides the terminal — the JSON report, CSV, a
+//! Markdown table and a plot, each a file or `-` (stdout).
 //!
 //! Files are created before the first case ([`Exporter::create`]: a bad path fails before any
 //! measuring) and rewritten after every case ([`Exporter::after_case`]), so partial results
@@ -19,6 +19,8 @@ pub struct Exporter {
     pub json: Option<PathBuf>,
     /// The CSV rows ([`Report::to_csv`]).
     pub csv: Option<PathBuf>,
+    /// The CSV columns as a Markdown table ([`Report::to_markdown`]).
+    pub markdown: Option<PathBuf>,
     /// Bandwidth and latency against size, `.svg` or `.png`.
     pub plot: Option<PathBuf>,
 }
@@ -30,7 +32,7 @@ fn is_stdout(p: &Path) -> bool {
 impl Exporter {
     /// Whether the JSON or CSV export goes to stdout (which then carries nothing else).
     pub fn stdout_taken(&self) -> bool {
-        [&self.json, &self.csv]
+        [&self.json, &self.csv, &self.markdown]
             .into_iter()
             .flatten()
             .any(|p| is_stdout(p))
@@ -41,7 +43,10 @@ impl Exporter {
     /// # Errors
     /// [`BenchError::Io`] naming the file that cannot be created.
     pub fn create(&self) -> Result<(), BenchError> {
-        for p in [&self.json, &self.csv, &self.plot].into_iter().flatten() {
+        for p in [&self.json, &self.csv, &self.markdown, &self.plot]
+            .into_iter()
+            .flatten()
+        {
             if !is_stdout(p) {
                 std::fs::File::create(p)
                     .map_err(BenchError::io(format!("creating {}", p.display())))?;
@@ -72,6 +77,11 @@ impl Exporter {
                 failed.push(e);
             }
         }
+        if let Some(p) = self.markdown.as_deref().filter(|p| !is_stdout(p)) {
+            if let Err(e) = write_out(p, &report.to_markdown()) {
+                failed.push(e);
+            }
+        }
         if let Some(p) = &self.plot {
             if p.extension().and_then(|e| e.to_str()) == Some("svg") && !report.results.is_empty() {
                 let _ = write_plot(p, report);
@@ -90,6 +100,9 @@ impl Exporter {
         }
         if let Some(p) = &self.csv {
             write_out(p, &report.to_csv())?;
+        }
+        if let Some(p) = &self.markdown {
+            write_out(p, &report.to_markdown())?;
         }
         Ok(())
     }
@@ -187,6 +200,7 @@ mod tests {
         let ex = Exporter {
             json: Some(dir.path().join("r.json")),
             csv: Some(dir.path().join("r.csv")),
+            markdown: Some(dir.path().join("r.md")),
             plot: Some(dir.path().join("r.svg")),
         };
         assert!(!ex.stdout_taken());
@@ -203,6 +217,21 @@ mod tests {
         );
         let csv = std::fs::read_to_string(ex.csv.as_ref().unwrap()).unwrap();
         assert_eq!(csv, r.to_csv());
+        let md = std::fs::read_to_string(ex.markdown.as_ref().unwrap()).unwrap();
+        assert_eq!(md, r.to_markdown());
+        // One header, one rule, one line per row; every line has the CSV's column count.
+        let table: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
+        assert_eq!(table.len(), 2 + r.results.len(), "{md}");
+        let cols = crate::report::CSV_HEADER.split(',').count();
+        assert_eq!(table[1].matches("---|").count(), cols, "{md}");
+        for l in table
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 1)
+            .map(|(_, l)| l)
+        {
+            assert_eq!(l.matches(" | ").count() + 1, cols, "{l}");
+        }
         let svg = std::fs::read_to_string(ex.plot.as_ref().unwrap()).unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(80)]);
     }

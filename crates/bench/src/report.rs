@@ -305,30 +305,27 @@ impl Report {
         let mut out = String::from(CSV_HEADER);
         out.push('\n');
         for r in &self.results {
-            let f = |v: Option<f64>| v.map(|x| format!("{x:.6}")).unwrap_or_default();
-            let fields = [
-                r.key.clone(),
-                r.path.name().to_string(),
-                r.src.clone(),
-                r.dst.clone(),
-                r.bidir.to_string(),
-                r.size_bytes.to_string(),
-                f(r.bw_gbps),
-                f(r.msg_rate_mops),
-                f(r.lat_p50_us),
-                f(r.lat_p99_us),
-                f(r.cpu_s_per_gb),
-                f(r.gpu_util_pct),
-                f(r.ceiling_gbps),
-                f(r.pct_of_ceiling),
-                r.iters.to_string(),
-                r.verified.map(|b| b.to_string()).unwrap_or_default(),
-                format!("{:?}", r.status).to_lowercase(),
-                r.note.clone().unwrap_or_default(),
-            ];
-            let line: Vec<String> = fields.iter().map(|s| csv_field(s)).collect();
+            let line: Vec<String> = r.export_fields().iter().map(|s| csv_field(s)).collect();
             out.push_str(&line.join(","));
             out.push('\n');
+        }
+        out
+    }
+
+    /// The same columns as [`Report::to_csv`] as a Markdown table, under a line naming the
+    /// machine and the gdx build — for pasting into BENCHMARKS.md or an issue.
+    pub fn to_markdown(&self) -> String {
+        let h = &self.header;
+        let mut out = format!(
+            "gdx bench on {} ({}), gdx {}\n\n",
+            h.host, h.cpu, h.gdx_version
+        );
+        let cols: Vec<&str> = CSV_HEADER.split(',').collect();
+        out.push_str(&format!("| {} |\n", cols.join(" | ")));
+        out.push_str(&format!("|{}\n", "---|".repeat(cols.len())));
+        for r in &self.results {
+            let cells: Vec<String> = r.export_fields().iter().map(|s| md_cell(s)).collect();
+            out.push_str(&format!("| {} |\n", cells.join(" | ")));
         }
         out
     }
@@ -360,6 +357,38 @@ pub enum ReportError {
 
 /// The CSV columns, in order.
 pub const CSV_HEADER: &str = "key,path,src,dst,bidir,size_bytes,bw_gbps,msg_rate_mops,lat_p50_us,lat_p99_us,cpu_s_per_gb,gpu_util_pct,ceiling_gbps,pct_of_ceiling,iters,verified,status,note";
+
+impl Row {
+    /// The exported columns, in [`CSV_HEADER`]'s order (one list for CSV and Markdown).
+    fn export_fields(&self) -> [String; 18] {
+        let f = |v: Option<f64>| v.map(|x| format!("{x:.6}")).unwrap_or_default();
+        [
+            self.key.clone(),
+            self.path.name().to_string(),
+            self.src.clone(),
+            self.dst.clone(),
+            self.bidir.to_string(),
+            self.size_bytes.to_string(),
+            f(self.bw_gbps),
+            f(self.msg_rate_mops),
+            f(self.lat_p50_us),
+            f(self.lat_p99_us),
+            f(self.cpu_s_per_gb),
+            f(self.gpu_util_pct),
+            f(self.ceiling_gbps),
+            f(self.pct_of_ceiling),
+            self.iters.to_string(),
+            self.verified.map(|b| b.to_string()).unwrap_or_default(),
+            format!("{:?}", self.status).to_lowercase(),
+            self.note.clone().unwrap_or_default(),
+        ]
+    }
+}
+
+/// A Markdown table cell: `|` escaped, line breaks folded (a note may hold either).
+fn md_cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
 
 /// Quote a CSV field when it needs it (RFC 4180).
 fn csv_field(s: &str) -> String {

@@ -116,10 +116,13 @@ fn table_csv_and_plot() {
     let csv = dir.path().join("r.csv");
     let svg = dir.path().join("r.svg");
     let json = dir.path().join("r.json");
+    let md = dir.path().join("r.md");
     let out = gdx()
         .args(["bench", "--mock", "--path", "mock_host", "--size", "8:1MiB"])
         .arg("--export-csv")
         .arg(&csv)
+        .arg("--export-md")
+        .arg(&md)
         .arg("--export-json")
         .arg(&json)
         .arg("--plot")
@@ -157,6 +160,12 @@ fn table_csv_and_plot() {
         .unwrap()
         .starts_with("key,path,src,dst,bidir,size_bytes,bw_gbps"));
     assert_eq!(lines.count(), 10);
+    // The Markdown table: the same ten rows under a header and a rule.
+    let md = std::fs::read_to_string(&md).unwrap();
+    let table: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
+    assert_eq!(table.len(), 12, "{md}");
+    assert!(table[0].starts_with("| key | path | src | dst |"), "{md}");
+    assert!(table[2].contains("mock_host_to_host_fast"), "{md}");
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("mock_host_to_host_fast"));
     assert!(serde_json::from_str::<Value>(&std::fs::read_to_string(&json).unwrap()).is_ok());

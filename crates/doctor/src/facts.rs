@@ -205,13 +205,23 @@ pub struct VerbsFacts {
     pub dmabuf_probe: Option<DmabufProbe>,
 }
 
+/// What `cuFileDriverOpen` answered, as recorded data (the text is cuFile's, kept verbatim).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriverOpen {
+    /// The driver opened.
+    Opened,
+    /// It refused, with cuFile's error text.
+    Refused(String),
+}
+
 /// What cuFile says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CufileFacts {
     /// `cuFileGetVersion`, when available.
     pub version: Option<String>,
-    /// `cuFileDriverOpen`: `Ok` or the error text; `None` when not tried.
-    pub driver_open: Option<Result<(), String>>,
+    /// `cuFileDriverOpen`'s outcome; `None` when not tried.
+    pub driver_open: Option<DriverOpen>,
     /// nvidia-fs version from `cuFileDriverGetProperties`, when the module is in use.
     pub nvfs_version: Option<String>,
     /// True when cuFile reports it will run in compatibility (POSIX, host-staged) mode.

@@ -151,6 +151,11 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     export_csv: Option<PathBuf>,
 
+    /// Write the CSV columns as a Markdown table to FILE (`-` for stdout), rewritten after
+    /// every case.
+    #[arg(long, value_name = "FILE")]
+    export_md: Option<PathBuf>,
+
     /// Draw bandwidth and latency against size to FILE.svg (or FILE.png, through
     /// rsvg-convert).
     #[arg(long, value_name = "FILE")]
@@ -437,6 +442,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     let exporter = Exporter {
         json: args.export_json.clone(),
         csv: args.export_csv.clone(),
+        markdown: args.export_md.clone(),
         plot: args.plot.clone(),
     };
     // Create the export files now, so a bad path fails before any measuring.

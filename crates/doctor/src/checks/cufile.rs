@@ -4,7 +4,7 @@
 
 use super::Check;
 use crate::context::Context;
-use crate::facts::UnavailableKind;
+use crate::facts::{DriverOpen, UnavailableKind};
 use crate::finding::Finding;
 
 /// The `cufile` check.
@@ -147,8 +147,8 @@ impl Cufile {
         let live = ctx.live().ok().map(|l| &l.cufile);
         if let Some(Ok(c)) = live {
             match &c.driver_open {
-                Some(Ok(())) => ev.push("cuFileDriverOpen: ok".to_string()),
-                Some(Err(e)) => ev.push(format!("cuFileDriverOpen: {e}")),
+                Some(DriverOpen::Opened) => ev.push("cuFileDriverOpen: ok".to_string()),
+                Some(DriverOpen::Refused(e)) => ev.push(format!("cuFileDriverOpen: {e}")),
                 None => {}
             }
             if let Some(v) = &c.version {
@@ -157,7 +157,7 @@ impl Cufile {
             if let Some(v) = &c.nvfs_version {
                 ev.push(format!("cuFileDriverGetProperties: nvidia-fs {v}"));
             }
-            if let Some(Err(e)) = &c.driver_open {
+            if let Some(DriverOpen::Refused(e)) = &c.driver_open {
                 return vec![Finding::fail(id, "host", format!("cuFile cannot open its driver: {e}"))
                     .evidence_all(ev)
                     .fix("load nvidia-fs (`modprobe nvidia-fs`) or set \"allow_compat_mode\": true in /etc/cufile.json")];
@@ -260,7 +260,7 @@ mod tests {
         let mut f = cuda_facts(&["0000:00:06.0"]);
         f.cufile = Ok(CufileFacts {
             version: Some("1.15".into()),
-            driver_open: Some(Err("CU_FILE_DRIVER_NOT_INITIALIZED".into())),
+            driver_open: Some(DriverOpen::Refused("CU_FILE_DRIVER_NOT_INITIALIZED".into())),
             nvfs_version: None,
             compat_mode: None,
         });
@@ -269,7 +269,7 @@ mod tests {
             Status::Fail
         );
         if let Ok(c) = f.cufile.as_mut() {
-            c.driver_open = Some(Ok(()));
+            c.driver_open = Some(DriverOpen::Opened);
             c.compat_mode = Some(true);
         }
         let fs = run(&Cufile, &t.ctx().live(f).build());
