@@ -25,6 +25,7 @@ pub mod ceiling;
 pub mod compare;
 pub mod ctx;
 pub mod error;
+pub mod fabric;
 pub mod file;
 pub mod floors;
 pub mod gpu;
@@ -65,6 +66,7 @@ pub fn all_cases(ctx: &Ctx) -> Vec<Box<dyn BenchCase>> {
         ctx.rdma_peer.as_deref(),
         ctx.gpu_count().max(1),
     ));
+    v.extend(fabric::cases(ctx));
     v
 }
 

@@ -261,7 +261,7 @@ impl Agent {
             Err("rdma disabled on this agent (GDX_TRANSPORTS)".to_string())
         };
         let fabric = if cfg.transports.fabric {
-            FabricNode::open().map(Arc::new)
+            FabricNode::open(cfg.fabric_provider.clone()).map(Arc::new)
         } else {
             Err("fabric not enabled on this agent (GDX_TRANSPORTS does not name it)".to_string())
         };

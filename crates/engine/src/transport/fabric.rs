@@ -57,9 +57,10 @@ impl std::fmt::Debug for FabricNode {
 }
 
 impl FabricNode {
-    /// An endpoint on the chosen provider, or why there is none.
-    pub(crate) fn open() -> std::result::Result<FabricNode, String> {
-        let ep = Endpoint::open(&FabricConfig::default()).map_err(|e| e.to_string())?;
+    /// An endpoint on `provider` (`None`: `GDX_FABRIC_PROVIDER`, else automatic), or why
+    /// there is none.
+    pub(crate) fn open(provider: Option<String>) -> std::result::Result<FabricNode, String> {
+        let ep = Endpoint::open(&FabricConfig { provider }).map_err(|e| e.to_string())?;
         Ok(FabricNode {
             ep,
             regs: Mutex::new(HashMap::new()),
