@@ -160,6 +160,12 @@ pub fn would_choose(cfg: &FabricConfig) -> Result<(ProviderInfo, String)> {
 pub(crate) fn choose(cfg: &FabricConfig) -> Result<(OwnedInfo, Entry, String)> {
     let api = sys::api()?;
     let wanted = cfg.wanted();
+    // Who named it: the caller (`gdx bench --provider`, an agent's config) or the environment.
+    let by = if cfg.provider.is_some() {
+        "named by the caller"
+    } else {
+        "named by GDX_FABRIC_PROVIDER"
+    };
     let core = |e: &Entry| e.provider.split(';').next().unwrap_or("").to_string();
     let usable = |e: &Entry| e.mr_key_size <= 8 && e.thread_safe;
     // tcp: only its loopback entry, asked for by source address so nothing else is bound.
@@ -186,11 +192,7 @@ pub(crate) fn choose(cfg: &FabricConfig) -> Result<(OwnedInfo, Entry, String)> {
     if let Some(w) = wanted {
         if w == "tcp" {
             return match pick_tcp()? {
-                Some((info, e)) => Ok((
-                    info,
-                    e,
-                    "tcp: named by GDX_FABRIC_PROVIDER (loopback domain only)".into(),
-                )),
+                Some((info, e)) => Ok((info, e, format!("tcp: {by} (loopback domain only)"))),
                 None => Err(FabricError::NoProvider(format!(
                     "tcp offers no thread-safe FI_RMA RDM entry on 127.0.0.1 (offered: {})",
                     offered.join(", ")
@@ -200,11 +202,7 @@ pub(crate) fn choose(cfg: &FabricConfig) -> Result<(OwnedInfo, Entry, String)> {
         for (i, e) in entries.iter().enumerate() {
             if core(e) == w {
                 check_usable(e)?;
-                return Ok((
-                    all.take(i)?,
-                    e.clone(),
-                    format!("{w}: named by GDX_FABRIC_PROVIDER"),
-                ));
+                return Ok((all.take(i)?, e.clone(), format!("{w}: {by}")));
             }
         }
         return Err(FabricError::NoProvider(format!(
