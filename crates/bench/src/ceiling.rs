@@ -250,7 +250,7 @@ fn likely_cause(spec: &CaseSpec, c: &Ceiling, row: &Row) -> String {
         },
         PathKind::Staged => "staged crosses host memory twice; the pipeline depth or chunk may be too small".into(),
         PathKind::Rdma => "check `gdx doctor` (gpu-nic-distance, peermem/dmabuf, mtu, relaxed-ordering) and the registration mechanism in the note".into(),
-        PathKind::Fabric => "check `gdx doctor` (fabric: provider, MR mode, progress) and the provider in the note; the tcp provider copies through kernel sockets".into(),
+        PathKind::Fabric => "check `gdx doctor` (fabric: provider, MR mode, progress) and the provider in the note; the tcp and shm providers copy through the host (kernel sockets, shared memory)".into(),
         PathKind::Shm | PathKind::Tcp | PathKind::Memcpy => match row.cpu_s_per_gb {
             Some(cpu) => format!("CPU-bound host copies ({cpu:.2} CPU s per GB moved)"),
             None => "CPU-bound host copies".into(),

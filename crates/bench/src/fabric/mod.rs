@@ -72,10 +72,16 @@ pub fn gpu_waiver(info: &ProviderInfo) -> Waived {
 }
 
 /// "8 B fabric p50 41.2 µs = 1.83× the tcp loopback floor (22.5 µs, same run)" for a small
-/// loopback row, `None` for large rows, rows without a p50, remote rows, and real NICs.
+/// loopback row, `None` for large rows, rows without a p50, windowed rows (`--batch`,
+/// `--window`), remote rows, and real NICs.
 pub fn floor_note(info: &ProviderInfo, floors: &LatencyFloors, row: &Row) -> Option<String> {
     let p50 = row.lat_p50_us?;
-    if row.size_bytes > FLOOR_NOTE_MAX || row.dst != "host" {
+    // A p50 of a whole window (`--batch`/`--window`) is not one round trip.
+    let windowed = row
+        .note
+        .as_deref()
+        .is_some_and(|n| n.contains(crate::host::WINDOW_NOTE));
+    if row.size_bytes > FLOOR_NOTE_MAX || row.dst != "host" || windowed {
         return None;
     }
     let (floor, name) = match info.core() {

@@ -85,6 +85,9 @@ fn small_loopback_rows_are_set_beside_their_floor() {
     let mut remote = row.clone();
     remote.dst = "remote:10.0.0.2:7447".into();
     assert_eq!(floor_note(&info("tcp", false), &floors(), &remote), None);
+    let mut windowed = row.clone();
+    windowed.add_note(format!("p50 per {}", crate::host::WINDOW_NOTE));
+    assert_eq!(floor_note(&info("tcp", false), &floors(), &windowed), None);
     let mut none = row;
     none.lat_p50_us = None;
     assert_eq!(floor_note(&info("tcp", false), &floors(), &none), None);
