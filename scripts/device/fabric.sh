@@ -44,7 +44,7 @@ step bench-fabric-tcp 50 "$GDX" bench --path fabric --provider tcp --size "$SIZE
   --duration 100ms --export-json "$OUT/bench-fabric-tcp.json"
 step bench-fabric-auto 12 "$GDX" bench --path fabric --size 8,1MiB --duration 100ms \
   --export-json "$OUT/bench-fabric-auto.json"
-step bench-fabric-shm 12 "$GDX" bench --path host_to_host_fabric --provider shm \
+step bench-fabric-shm 12 "$GDX" bench --path fabric --provider shm \
   --size 8,1MiB --duration 100ms --export-json "$OUT/bench-fabric-shm.json"
 {
   echo "-- providers"; grep -vE '^(==|--)' "$OUT/fi_info.txt" | head -20
