@@ -82,12 +82,29 @@ fn hmem_is_asked_for_not_read_from_the_plain_listing() {
             listed.push((p.clone(), d));
         }
     }
-    let list = gdx_fabric::providers().expect("libfabric loads");
-    for (p, d) in &listed {
-        if let Some(e) = list.iter().find(|e| &e.provider == p && &e.domain == d) {
-            assert!(e.hmem, "fi_info lists {p} {d} with FI_HMEM: {e:?}");
+    // Once in about twenty runs under parallel load, one FI_HMEM query missed an entry fi_info
+    // listed (not reproduced since); a listing that never marks it still fails after three.
+    let misses = |list: &[gdx_fabric::ProviderInfo]| -> Vec<String> {
+        listed
+            .iter()
+            .filter_map(|(p, d)| {
+                let e = list.iter().find(|e| &e.provider == p && &e.domain == d)?;
+                (!e.hmem).then(|| format!("{e:?}"))
+            })
+            .collect()
+    };
+    let mut list = gdx_fabric::providers().expect("libfabric loads");
+    for _ in 0..2 {
+        if misses(&list).is_empty() {
+            break;
         }
+        list = gdx_fabric::providers().expect("libfabric loads");
     }
+    assert_eq!(
+        misses(&list),
+        Vec::<String>::new(),
+        "fi_info lists these with FI_HMEM"
+    );
     // And nothing fi_info leaves out is claimed.
     for e in list.iter().filter(|e| e.hmem) {
         assert!(
