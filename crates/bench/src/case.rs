@@ -44,6 +44,9 @@ pub enum PathKind {
     /// RDMA WRITE or READ through `gdx-rdma`, host or GPU memory on either side, against
     /// `gdx serve --rdma-listen` or a loopback server in this process. Opt-in: `--path rdma`.
     Rdma,
+    /// One-sided RMA through libfabric (the engine's fabric transport) between two agents,
+    /// over the provider `--provider` names or the automatic choice. Opt-in: `--path fabric`.
+    Fabric,
 }
 
 impl PathKind {
@@ -61,6 +64,7 @@ impl PathKind {
             PathKind::Mock => "mock",
             PathKind::File => "file",
             PathKind::Rdma => "rdma",
+            PathKind::Fabric => "fabric",
         }
     }
 }

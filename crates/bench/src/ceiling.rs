@@ -103,7 +103,12 @@ fn class_name(c: PathClass) -> String {
 
 /// The ceiling of `spec` on this machine, if the topology (or the memcpy baseline) gives one.
 pub fn ceiling(ctx: &Ctx, spec: &CaseSpec) -> Option<Ceiling> {
-    let one = match (spec.path, &spec.src, &spec.dst) {
+    // A fabric row is judged as tcp (loopback providers) or rdma (a NIC provider).
+    let one = match (
+        crate::fabric::judged_as(ctx, spec.path),
+        &spec.src,
+        &spec.dst,
+    ) {
         (PathKind::Mock, _, _) => ctx.mock_ceiling_gbps.map(|g| Ceiling {
             gbps: g,
             basis: "mock ceiling".into(),
@@ -245,6 +250,7 @@ fn likely_cause(spec: &CaseSpec, c: &Ceiling, row: &Row) -> String {
         },
         PathKind::Staged => "staged crosses host memory twice; the pipeline depth or chunk may be too small".into(),
         PathKind::Rdma => "check `gdx doctor` (gpu-nic-distance, peermem/dmabuf, mtu, relaxed-ordering) and the registration mechanism in the note".into(),
+        PathKind::Fabric => "check `gdx doctor` (fabric: provider, MR mode, progress) and the provider in the note; the tcp and shm providers copy through the host (kernel sockets, shared memory)".into(),
         PathKind::Shm | PathKind::Tcp | PathKind::Memcpy => match row.cpu_s_per_gb {
             Some(cpu) => format!("CPU-bound host copies ({cpu:.2} CPU s per GB moved)"),
             None => "CPU-bound host copies".into(),

@@ -39,6 +39,11 @@ pub struct Ctx {
     /// Directory for the file cases' scratch files (`--file-dir`); `None`: `GDX_BENCH_DIR`,
     /// else the system temp dir (see [`crate::file::scratch_dir`]).
     pub file_dir: Option<std::path::PathBuf>,
+    /// libfabric provider for the fabric cases (`--provider`; `None`: `GDX_FABRIC_PROVIDER`,
+    /// else automatic).
+    pub fabric_provider: Option<String>,
+    /// The provider the fabric cases would use and why, or why there is none (asked once).
+    fabric: OnceLock<Result<(gdx_fabric::ProviderInfo, String), String>>,
     cuda: OnceLock<Result<Cuda, Unavailable>>,
     nvml: OnceLock<Option<Nvml>>,
     host_ceiling: OnceLock<Option<HostCeiling>>,
@@ -81,7 +86,27 @@ impl Ctx {
         let _ = ctx
             .rdma
             .set(Some("RDMA cases disabled in this context".into()));
+        let _ = ctx
+            .fabric
+            .set(Err("fabric cases disabled in this context".into()));
         ctx
+    }
+
+    /// The libfabric provider the fabric cases would use (`--provider`, else
+    /// `GDX_FABRIC_PROVIDER`, else automatic) and why, asked of gdx-fabric once per run.
+    ///
+    /// # Errors
+    /// Why there is none (no libfabric, the named provider offers no FI_RMA entry).
+    pub fn fabric_choice(&self) -> Result<&(gdx_fabric::ProviderInfo, String), &str> {
+        self.fabric
+            .get_or_init(|| {
+                let cfg = gdx_fabric::FabricConfig {
+                    provider: self.fabric_provider.clone(),
+                };
+                gdx_fabric::would_choose(&cfg).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(String::as_str)
     }
 
     /// The deterministic mock backend (see [`crate::mock`]).

@@ -156,11 +156,13 @@ impl BenchCase for Memcpy {
     }
 }
 
-/// shm or tcp between two agents.
-struct AgentCase {
-    spec: CaseSpec,
-    peer: Option<String>,
-    region: String,
+/// shm, tcp or fabric between two agents.
+pub(crate) struct AgentCase {
+    pub(crate) spec: CaseSpec,
+    pub(crate) peer: Option<String>,
+    pub(crate) region: String,
+    /// The libfabric provider of a fabric case (`None`: `GDX_FABRIC_PROVIDER` or automatic).
+    pub(crate) provider: Option<String>,
 }
 
 /// The loopback target: an agent in this process serving one region.
@@ -171,10 +173,10 @@ struct Loopback {
 
 impl AgentCase {
     fn want(&self) -> Path {
-        if self.spec.path == PathKind::Shm {
-            Path::Shm
-        } else {
-            Path::Tcp
+        match self.spec.path {
+            PathKind::Shm => Path::Shm,
+            PathKind::Fabric => Path::Fabric,
+            _ => Path::Tcp,
         }
     }
 
@@ -184,6 +186,7 @@ impl AgentCase {
     ) -> Result<(Agent, Peer, RegionDesc, Option<Loopback>), BenchError> {
         let base = AgentConfig::from_env().map_err(BenchError::engine("GDX_* settings"))?;
         let shm = self.spec.path == PathKind::Shm;
+        let fabric = self.spec.path == PathKind::Fabric;
         let client_cfg = AgentConfig {
             name: format!("gdx-bench-{}", std::process::id()),
             // The tcp/shm cases measure those paths: rdma stays off even where a NIC exists.
@@ -191,8 +194,9 @@ impl AgentCase {
                 tcp: true,
                 shm,
                 rdma: false,
-                fabric: false,
+                fabric,
             },
+            fabric_provider: self.provider.clone(),
             ..base.clone()
         };
         let client =
@@ -207,8 +211,9 @@ impl AgentCase {
                         tcp: true,
                         shm: true,
                         rdma: false,
-                        fabric: false,
+                        fabric,
                     },
+                    fabric_provider: self.provider.clone(),
                     ..base
                 })
                 .map_err(BenchError::engine("starting the loopback agent"))?;
@@ -445,6 +450,7 @@ pub fn cases_for(peer: Option<&str>, region: &str) -> Vec<Box<dyn BenchCase>> {
             },
             peer: peer.map(str::to_string),
             region: region.to_string(),
+            provider: None,
         })
     };
     vec![

@@ -26,6 +26,7 @@ pub mod compare;
 pub mod ctx;
 pub mod error;
 pub mod export;
+pub mod fabric;
 pub mod file;
 pub mod floors;
 pub mod gpu;
@@ -67,6 +68,7 @@ pub fn all_cases(ctx: &Ctx) -> Vec<Box<dyn BenchCase>> {
         ctx.rdma_peer.as_deref(),
         ctx.gpu_count().max(1),
     ));
+    v.extend(fabric::cases(ctx));
     v
 }
 

@@ -34,6 +34,7 @@ pub struct Context {
     topo: Result<Topology, DoctorError>,
     live: Result<Gathered, DoctorError>,
     probes: ProbeState,
+    fabric_probe: crate::probe_fabric::FabricProbeState,
     pci: Result<Vec<PciFn>, DoctorError>,
     gpus: Vec<GpuRef>,
     rdma: Vec<RdmaDev>,
@@ -69,6 +70,9 @@ impl Context {
             topo,
             live,
             probes: ProbeState::NotRun("probes not requested".into()),
+            fabric_probe: crate::probe_fabric::FabricProbeState::NotRun(
+                "probes not requested".into(),
+            ),
             pci,
             gpus: Vec::new(),
             rdma,
@@ -126,6 +130,16 @@ impl Context {
             out.insert(d.name.clone(), label);
         }
         out
+    }
+
+    /// Replace the fabric probe's state (the runner sets it after probing).
+    pub fn set_fabric_probe(&mut self, p: crate::probe_fabric::FabricProbeState) {
+        self.fabric_probe = p;
+    }
+
+    /// The fabric probe's state.
+    pub fn fabric_probe(&self) -> &crate::probe_fabric::FabricProbeState {
+        &self.fabric_probe
     }
 
     /// Replace the probe state (the runner sets it after probing).

@@ -31,6 +31,7 @@ pub mod facts;
 pub mod finding;
 pub mod live;
 pub mod probe;
+pub mod probe_fabric;
 pub mod render;
 pub mod report;
 #[cfg(test)]
@@ -227,6 +228,18 @@ pub fn run(opts: &Options<'_>) -> Result<Report, DoctorError> {
         ),
     };
     ctx.set_probes(probes);
+    // The fabric probe needs no GPU: it runs whenever probes are on for this machine.
+    ctx.set_fabric_probe(match (opts.probe, is_live) {
+        (None, _) => probe_fabric::FabricProbeState::NotRun("probes off (--no-probe)".into()),
+        (Some(_), false) => probe_fabric::FabricProbeState::NotRun(
+            "probes run only on this machine, not on a captured root".into(),
+        ),
+        (Some(_), true) => probe_fabric::run(
+            ctx.env("GDX_FABRIC_PROVIDER")
+                .filter(|v| !v.is_empty() && *v != "auto")
+                .map(str::to_string),
+        ),
+    });
 
     let findings = checks::run_checks(&ctx, &checks::all_checks());
     let verdicts = verdict::compute(&ctx, &findings);

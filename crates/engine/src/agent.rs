@@ -263,7 +263,7 @@ impl Agent {
             ))
         };
         let fabric = if cfg.transports.fabric {
-            FabricNode::open().map(Arc::new).map_err(Error::Fabric)
+            FabricNode::open(cfg.fabric_provider.clone()).map(Arc::new)
         } else {
             Err(Error::Unavailable(
                 "fabric not enabled on this agent (GDX_TRANSPORTS does not name it)".to_string(),

@@ -129,6 +129,9 @@ pub struct AgentConfig {
     pub limits: Limits,
     /// User ids allowed on the shm socket besides this process's own (`SO_PEERCRED`).
     pub shm_allowed_uids: Vec<u32>,
+    /// The libfabric provider of the `fabric` transport (`tcp`, `shm`, `efa`); `None`:
+    /// `GDX_FABRIC_PROVIDER`, else automatic (efa > verbs > cxi > tcp).
+    pub fabric_provider: Option<String>,
 }
 
 impl Default for AgentConfig {
@@ -151,6 +154,7 @@ impl Default for AgentConfig {
             insecure: false,
             limits: Limits::default(),
             shm_allowed_uids: Vec::new(),
+            fabric_provider: None,
         }
     }
 }

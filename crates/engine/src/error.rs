@@ -117,9 +117,15 @@ pub enum Error {
     #[error("rdma: {0}")]
     RdmaRefused(String),
     /// A libfabric step failed (provider choice, registration, address exchange, a completion
-    /// error by name: refused access, cancelled, ...).
+    /// error by name: refused access, cancelled, ...); gdx-fabric's error is the source (shared,
+    /// so that the error stays cloneable).
     #[error("fabric: {0}")]
-    Fabric(String),
+    Fabric(#[source] Arc<gdx_fabric::FabricError>),
+    /// The fabric path cannot serve what was asked, for a reason the engine found (GPU memory
+    /// without FI_HMEM registration), or the peer's fabric failure as it arrived over the wire.
+    /// Same wire code as [`Error::Fabric`].
+    #[error("fabric: {0}")]
+    FabricRefused(String),
     /// The peer did not prove it holds this agent's secret, or this side refused the peer's
     /// authentication mode (one side `insecure`, the other not). Nothing was shared.
     #[error("authentication failed: {0}")]
@@ -236,7 +242,7 @@ impl Error {
             Error::AuthFailed(_) => 22,
             Error::LimitReached { .. } => 23,
             Error::Unreachable(_) => 24,
-            Error::Fabric(_) => 25,
+            Error::Fabric(_) | Error::FabricRefused(_) => 25,
             Error::Remote(r) => r.code,
         }
     }
@@ -276,7 +282,7 @@ impl Error {
                 limit: a,
             },
             24 => Error::Unreachable(message),
-            25 => Error::Fabric(message),
+            25 => Error::FabricRefused(message),
             code => Error::Remote(RemoteError {
                 code,
                 args: [a, b, c],
@@ -324,9 +330,10 @@ impl Error {
             | Error::RdmaRefused(s)
             | Error::AuthFailed(s)
             | Error::Unreachable(s)
-            | Error::Fabric(s) => s.clone(),
+            | Error::FabricRefused(s) => s.clone(),
             Error::LimitReached { what, .. } => what.clone(),
             Error::Rdma(source) => source.to_string(),
+            Error::Fabric(source) => source.to_string(),
             Error::Remote(r) => r.message.clone(),
             other => other.to_string(),
         }

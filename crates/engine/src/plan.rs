@@ -156,7 +156,7 @@ pub(crate) fn plan_op(
         // No FI_HMEM registration yet: refused, never staged behind the caller's back (strict
         // or not; the error says how to get the staged path).
         Path::Fabric => {
-            return Err(Error::Fabric(format!(
+            return Err(Error::FabricRefused(format!(
                 "{}; {ends} would need FI_HMEM registration, which gdx does not do yet; \
                  connect with GDX_TRANSPORTS=tcp,shm to stage GPU memory over tcp",
                 route.reason

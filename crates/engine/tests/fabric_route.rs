@@ -113,6 +113,51 @@ fn wrong_key_and_read_only_regions_are_refused_by_the_target_agent() {
     assert!(format!("{e:?}").contains("ReadOnly"), "{e:?}");
 }
 
+/// GPU memory on either end of a fabric route needs FI_HMEM registration, which gdx does not
+/// do: the op is refused at plan time, strict mode or not, and never staged over tcp behind
+/// the caller's back. The peer's GPU region is a descriptor claiming GPU0 (no GPU here), so
+/// the decision is exercised without one.
+#[test]
+fn gpu_memory_over_fabric_is_refused_not_staged() {
+    let target = fabric_agent("target", 0xf9);
+    let me = fabric_agent("me", 0xfa);
+    let peer = me.connect(target.listen_addr().unwrap()).unwrap();
+    assert_eq!(
+        peer.route().transport,
+        Path::Fabric,
+        "{}",
+        peer.route().reason
+    );
+    let mut src = me.alloc(4096, Access::LOCAL, None).unwrap();
+    fill_pattern(&mut src.bytes_mut().unwrap(), 5);
+    let dst = target.alloc(4096, Access::READ_WRITE, Some("g")).unwrap();
+    let mut gpu: RegionDesc = peer.region("g").unwrap();
+    gpu.location = gdx_engine::Location::Gpu(0);
+    for strict in [false, true] {
+        me.set_strict(strict);
+        let mut t = Transfer::new();
+        t.write(&src, 0, &gpu, 0, 64);
+        let e = match peer.submit(t) {
+            Ok(h) => h.wait(WAIT).expect_err("GPU memory over fabric"),
+            Err(e) => e,
+        };
+        let text = e.to_string();
+        assert!(
+            matches!(e, Error::FabricRefused(_)),
+            "strict {strict}: {e:?}"
+        );
+        assert!(
+            text.contains("FI_HMEM") && text.contains("the peer's GPU0"),
+            "{text}"
+        );
+        assert!(text.contains("GDX_TRANSPORTS=tcp,shm"), "{text}");
+    }
+    assert!(
+        dst.bytes().unwrap().iter().all(|&b| b == 0),
+        "nothing moved"
+    );
+}
+
 #[test]
 fn registrations_close_when_regions_drop() {
     let target = fabric_agent("target", 0xf5);

@@ -131,15 +131,43 @@ fn hints(node: Option<&str>) -> Hints {
     }
 }
 
+/// `(provider, fabric, domain)` of the entries that also match with FI_HMEM (and
+/// FI_MR_HMEM) asked for. FI_HMEM is a primary capability: a provider reports it only when
+/// the hints request it, so the plain FI_RMA listing never shows it (shm lists it only so).
+fn hmem_keys(api: &'static sys::Api, node: Option<&str>) -> Vec<(String, String, String)> {
+    let mut h = hints(node);
+    h.caps |= ffi::FI_HMEM;
+    h.mr_mode |= ffi::FI_MR_HMEM as i32;
+    // An error (a provider refusing the hints) counts as no entry: nothing claims FI_HMEM.
+    InfoList::get(api, &h)
+        .map(|l| {
+            l.entries()
+                .iter()
+                .map(|e| (e.provider.clone(), e.fabric.clone(), e.domain.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Marks `p` as offering FI_HMEM when it is among `keys`.
+fn with_hmem(mut p: ProviderInfo, keys: &[(String, String, String)]) -> ProviderInfo {
+    p.hmem |= keys
+        .iter()
+        .any(|(a, b, c)| *a == p.provider && *b == p.fabric && *c == p.domain);
+    p
+}
+
 /// Every provider entry offering FI_RMA on an RDM endpoint (the listing doctor prints; tcp
-/// appears once per interface here, but gdx only ever opens its loopback entry).
+/// appears once per interface here, but gdx only ever opens its loopback entry), each with
+/// whether it also offers FI_HMEM.
 pub fn providers() -> Result<Vec<ProviderInfo>> {
     let api = sys::api()?;
     let list = InfoList::get(api, &hints(None))?;
+    let keys = hmem_keys(api, None);
     Ok(list
         .entries()
         .iter()
-        .map(ProviderInfo::from_entry)
+        .map(|e| with_hmem(ProviderInfo::from_entry(e), &keys))
         .collect())
 }
 
@@ -153,13 +181,24 @@ pub fn library() -> Result<(String, String)> {
 /// The provider [`crate::Endpoint::open`] would use with `cfg`, and why, without opening it.
 pub fn would_choose(cfg: &FabricConfig) -> Result<(ProviderInfo, String)> {
     let (_, e, why) = choose(cfg)?;
-    Ok((ProviderInfo::from_entry(&e), why))
+    let api = sys::api()?;
+    let node = (e.provider.split(';').next() == Some("tcp")).then_some("127.0.0.1");
+    Ok((
+        with_hmem(ProviderInfo::from_entry(&e), &hmem_keys(api, node)),
+        why,
+    ))
 }
 
 /// The provider gdx would open, the `fi_info` to open it from, and why it was chosen.
 pub(crate) fn choose(cfg: &FabricConfig) -> Result<(OwnedInfo, Entry, String)> {
     let api = sys::api()?;
     let wanted = cfg.wanted();
+    // Who named it: the caller (`gdx bench --provider`, an agent's config) or the environment.
+    let by = if cfg.provider.is_some() {
+        "named by the caller"
+    } else {
+        "named by GDX_FABRIC_PROVIDER"
+    };
     let core = |e: &Entry| e.provider.split(';').next().unwrap_or("").to_string();
     let usable = |e: &Entry| e.mr_key_size <= 8 && e.thread_safe;
     // tcp: only its loopback entry, asked for by source address so nothing else is bound.
@@ -186,11 +225,7 @@ pub(crate) fn choose(cfg: &FabricConfig) -> Result<(OwnedInfo, Entry, String)> {
     if let Some(w) = wanted {
         if w == "tcp" {
             return match pick_tcp()? {
-                Some((info, e)) => Ok((
-                    info,
-                    e,
-                    "tcp: named by GDX_FABRIC_PROVIDER (loopback domain only)".into(),
-                )),
+                Some((info, e)) => Ok((info, e, format!("tcp: {by} (loopback domain only)"))),
                 None => Err(FabricError::NoProvider(format!(
                     "tcp offers no thread-safe FI_RMA RDM entry on 127.0.0.1 (offered: {})",
                     offered.join(", ")
@@ -200,11 +235,7 @@ pub(crate) fn choose(cfg: &FabricConfig) -> Result<(OwnedInfo, Entry, String)> {
         for (i, e) in entries.iter().enumerate() {
             if core(e) == w {
                 check_usable(e)?;
-                return Ok((
-                    all.take(i)?,
-                    e.clone(),
-                    format!("{w}: named by GDX_FABRIC_PROVIDER"),
-                ));
+                return Ok((all.take(i)?, e.clone(), format!("{w}: {by}")));
             }
         }
         return Err(FabricError::NoProvider(format!(

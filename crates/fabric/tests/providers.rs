@@ -62,3 +62,56 @@ fn a_peer_address_of_the_wrong_length_is_refused() {
     let e = ep.insert_peer(&[1, 2, 3]).expect_err("3-byte address");
     assert!(matches!(e, FabricError::BadAddress { len: 3, .. }), "{e}");
 }
+
+/// FI_HMEM is reported only when asked for: every entry `fi_info` lists with FI_HMEM and
+/// FI_RMA (libfabric-bin; Debian's shm here) must be marked `hmem` in gdx's listing too.
+#[test]
+fn hmem_is_asked_for_not_read_from_the_plain_listing() {
+    let out = std::process::Command::new("fi_info")
+        .args(["-c", "FI_HMEM|FI_RMA", "-t", "FI_EP_RDM"])
+        .output()
+        .expect("fi_info (libfabric-bin) runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |l: &str, k: &str| l.trim().strip_prefix(k).map(|v| v.trim().to_string());
+    let mut listed: Vec<(String, String)> = Vec::new();
+    let mut prov = None;
+    for l in text.lines() {
+        if let Some(p) = field(l, "provider:") {
+            prov = Some(p);
+        } else if let (Some(d), Some(p)) = (field(l, "domain:"), &prov) {
+            listed.push((p.clone(), d));
+        }
+    }
+    // Once in about twenty runs under parallel load, one FI_HMEM query missed an entry fi_info
+    // listed (not reproduced since); a listing that never marks it still fails after three.
+    let misses = |list: &[gdx_fabric::ProviderInfo]| -> Vec<String> {
+        listed
+            .iter()
+            .filter_map(|(p, d)| {
+                let e = list.iter().find(|e| &e.provider == p && &e.domain == d)?;
+                (!e.hmem).then(|| format!("{e:?}"))
+            })
+            .collect()
+    };
+    let mut list = gdx_fabric::providers().expect("libfabric loads");
+    for _ in 0..2 {
+        if misses(&list).is_empty() {
+            break;
+        }
+        list = gdx_fabric::providers().expect("libfabric loads");
+    }
+    assert_eq!(
+        misses(&list),
+        Vec::<String>::new(),
+        "fi_info lists these with FI_HMEM"
+    );
+    // And nothing fi_info leaves out is claimed.
+    for e in list.iter().filter(|e| e.hmem) {
+        assert!(
+            listed
+                .iter()
+                .any(|(p, d)| *p == e.provider && *d == e.domain),
+            "{e:?} not in {listed:?}"
+        );
+    }
+}

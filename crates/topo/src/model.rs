@@ -264,6 +264,10 @@ pub struct NicInfo {
     pub ports: Vec<NicPort>,
     /// Speed in Mb/s of a plain netdev or NCCL `<net speed>`, when known.
     pub speed_mbps: Option<u64>,
+    /// An AWS Elastic Fabric Adapter (see [`crate::sysfs::is_efa`]): driven through libfabric's
+    /// efa provider, not raw verbs.
+    #[serde(default)]
+    pub efa: bool,
 }
 
 /// A device of interest: a GPU, NIC or NVMe controller.

@@ -31,7 +31,9 @@ pub struct RenderOptions {
 /// every NIC of an NCCL file (NCCL lists only the NICs it uses).
 pub fn is_matrix_nic(topo: &Topology, d: &Device) -> bool {
     matches!(topo.source, Source::NcclXml(_))
-        || d.nic.as_ref().is_some_and(|n| n.rdma_name.is_some())
+        || d.nic
+            .as_ref()
+            .is_some_and(|n| n.rdma_name.is_some() || n.efa)
 }
 
 /// The devices of the matrix, GPUs first, then NICs (see [`is_matrix_nic`]).
@@ -454,7 +456,9 @@ fn details(d: &Device) -> String {
                 if let Some(s) = n.speed_mbps {
                     parts.push(format!("{} Gb/s", s as f64 / 1000.0));
                 }
-                if n.rdma_name.is_none() {
+                if n.efa {
+                    parts.push("EFA (libfabric efa provider)".into());
+                } else if n.rdma_name.is_none() {
                     parts.push("no RDMA".into());
                 }
             }

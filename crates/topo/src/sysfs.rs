@@ -37,6 +37,7 @@ use crate::model::{
 };
 use crate::TopoError;
 pub use files::FileError;
+pub use net::is_efa;
 pub use rootfs::{ReadError, RootFs};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -87,6 +87,7 @@ fn machine() -> Topology {
             ..NicPort::default()
         }],
         speed_mbps: None,
+        efa: false,
     });
     let mut eth = device(DeviceKind::Nic, "0000:41:00.0", "pci0000:40", Some(0), &[]);
     eth.class = Some(0x020000);

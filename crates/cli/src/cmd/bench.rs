@@ -24,7 +24,8 @@ use gdx_sys::bytesize::{ByteSize, SIZE_HELP};
 mod parse;
 
 pub use parse::{
-    color_on, parse_duration, parse_pair, parse_pct, parse_sizes, sizes_help, ColorWhen, SizeList,
+    color_on, parse_duration, parse_pair, parse_pct, parse_provider, parse_sizes, sizes_help,
+    ColorWhen, SizeList,
 };
 
 /// Measure every data path at every size and judge it against the hardware's ceiling.
@@ -42,6 +43,7 @@ pub use parse::{
   gdx bench --path rdma --peer 10.0.0.2:7448  RDMA WRITE/READ against `gdx serve --rdma-listen 0.0.0.0:7448`
   gdx bench --path rdma                       RDMA loopback through this machine's NIC (opt-in; waived
                                               with the reason where there is no RDMA device)
+  gdx bench --path fabric --provider tcp --size 8,1GiB   libfabric RMA (loopback pair) beside gdx's tcp
   gdx bench --export-json run.json --plot run.svg
   gdx bench --compare old.json                bandwidth and latency against an earlier run
   gdx bench --compare old.json --fail-on-drop 5   exit 1 when a figure is > 5 % worse (CI gate)
@@ -109,6 +111,11 @@ pub struct BenchArgs {
     /// RDMA device for the rdma cases (default: the NIC nearest to the local memory).
     #[arg(long, value_name = "NAME")]
     rdma_device: Option<String>,
+
+    /// libfabric provider for the fabric cases (`tcp`, `shm`, `efa`, `verbs`, ...; default:
+    /// $GDX_FABRIC_PROVIDER, else efa > verbs > cxi > tcp). `gdx doctor` lists the providers.
+    #[arg(long, value_name = "NAME", value_parser = parse_provider)]
+    provider: Option<String>,
 
     /// Region name the peer serves (`gdx serve --name`).
     #[arg(long, value_name = "NAME", default_value = "serve", requires = "peer")]
@@ -378,6 +385,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     ctx.rdma_peer = args.rdma_peer.clone().or(peer);
     ctx.rdma_device.clone_from(&args.rdma_device);
     ctx.file_dir.clone_from(&args.file_dir);
+    ctx.fabric_provider.clone_from(&args.provider);
     let cases = all_cases(&ctx);
     if args.list {
         print!("{}", list(&cases, &ctx));
@@ -390,6 +398,16 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     }
     if cases.is_empty() {
         bail!("no case left to run after --path/--pair");
+    }
+    if cases
+        .iter()
+        .any(|c| c.spec().path == gdx_bench::PathKind::Fabric)
+    {
+        // gdx's own tcp transport in the same run: what the fabric rows are read against.
+        cases = gdx_bench::fabric::with_tcp_comparison(cases, all_cases(&ctx));
+        ctx.notes.push(gdx_bench::fabric::header_note(&ctx));
+    } else if let Some(p) = &args.provider {
+        bail!("--provider {p} applies to the fabric cases only: add --path fabric");
     }
     let path_in = |k: &[gdx_bench::PathKind]| cases.iter().any(|c| k.contains(&c.spec().path));
     if args.peer.is_some()

@@ -68,6 +68,7 @@ pub fn all_checks() -> Vec<&'static dyn Check> {
         &ofi::Libfabric,
         &probes::ProbeCopy,
         &probes::ProbeRegister,
+        &probes::ProbeFabric,
     ]
 }
 

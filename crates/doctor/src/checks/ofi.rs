@@ -9,12 +9,29 @@ use crate::finding::Finding;
 /// The `fabric` check.
 pub struct Libfabric;
 
-/// EFA devices under `sys/class/infiniband` (names containing `efa`).
+/// EFA devices under `sys/class/infiniband`: named like one (`efa_0`), or on a PCI function
+/// that is an EFA by driver or ids (newer kernels name them `rdmap16s27`); topo's rule
+/// ([`gdx_topo::sysfs::is_efa`]).
 fn efa_devices(ctx: &Context) -> Vec<String> {
-    gdx_topo::sysfs::devices::rdma_devices(&ctx.fs)
+    use gdx_topo::sysfs::devices;
+    devices::rdma_devices(&ctx.fs)
         .into_iter()
+        .filter(|d| {
+            let (f, driver) = match d.bdf {
+                Some(b) => (
+                    Some(devices::read_fn(&ctx.fs, b)),
+                    ctx.fs.link_name(&format!("{}/driver", devices::dev_dir(b))),
+                ),
+                None => (None, None),
+            };
+            gdx_topo::sysfs::is_efa(
+                f.as_ref().and_then(|f| f.vendor),
+                f.as_ref().and_then(|f| f.device),
+                driver.as_deref(),
+                Some(&d.name),
+            )
+        })
         .map(|d| d.name)
-        .filter(|n| n.contains("efa"))
         .collect()
 }
 
@@ -126,5 +143,26 @@ mod tests {
         assert_eq!(efa_devices(&t.ctx().build()), Vec::<String>::new());
         t.file("sys/class/infiniband/efa_0/ports/1/state", "4: ACTIVE");
         assert_eq!(efa_devices(&t.ctx().build()), vec!["efa_0".to_string()]);
+    }
+
+    #[test]
+    fn an_efa_named_like_any_rdma_device_is_found_by_its_pci_ids() {
+        // Newer kernels name EFAs rdmap<bus>s<slot>; Amazon's 1d0f:efa1 says what it is.
+        let t = Tree::new();
+        t.pci("pci0000:00", &[], "0000:10:00.0", 0x1d0f, 0xefa1, 0x020000);
+        t.rdma(
+            "rdmap16s0",
+            "0000:10:00.0",
+            &[("4: ACTIVE", "Unspecified")],
+            None,
+        );
+        t.nic("pci0000:00", &[], "0000:20:00.0");
+        t.rdma(
+            "mlx5_0",
+            "0000:20:00.0",
+            &[("4: ACTIVE", "InfiniBand")],
+            None,
+        );
+        assert_eq!(efa_devices(&t.ctx().build()), vec!["rdmap16s0".to_string()]);
     }
 }

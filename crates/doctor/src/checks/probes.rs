@@ -1,18 +1,86 @@
-//! `probe-copy` and `probe-register`: the active probes' results as findings. A copy that
-//! fails or returns wrong bytes fails; one below half the link ceiling warns (a silent slow
-//! path, like pool memory peer copies at 38 GB/s on a 478 GB/s NVLink). A GPU × RDMA device
-//! pair passes when at least one registration method works.
+//! `probe-copy`, `probe-register` and `probe-fabric`: the active probes' results as findings.
+//! A copy that fails or returns wrong bytes fails; one below half the link ceiling warns (a
+//! silent slow path, like pool memory peer copies at 38 GB/s on a 478 GB/s NVLink). A GPU ×
+//! RDMA device pair passes when at least one registration method works. The fabric probe
+//! passes when a registered buffer written and read back through libfabric verifies.
 
 use super::Check;
 use crate::context::{pair, Context};
 use crate::finding::Finding;
 use crate::probe::ProbeState;
+use crate::probe_fabric::FabricProbeState;
 
 /// The `probe-copy` check.
 pub struct ProbeCopy;
 
 /// The `probe-register` check.
 pub struct ProbeRegister;
+
+/// The `probe-fabric` check.
+pub struct ProbeFabric;
+
+impl Check for ProbeFabric {
+    fn id(&self) -> &'static str {
+        "probe-fabric"
+    }
+    fn title(&self) -> &'static str {
+        "active probe: a registered buffer written and read back through libfabric, verified"
+    }
+    fn run(&self, ctx: &Context) -> Vec<Finding> {
+        let id = self.id();
+        let p = match ctx.fabric_probe() {
+            FabricProbeState::NotRun(why) => {
+                return vec![Finding::skip(
+                    id,
+                    "host",
+                    format!("{why} (only the fabric transport needs libfabric)"),
+                )]
+            }
+            FabricProbeState::Ran(p) => p,
+        };
+        let mr = if p.mr_mode.is_empty() {
+            "none".to_string()
+        } else {
+            p.mr_mode.join(" ")
+        };
+        let ev = [
+            format!(
+                "provider {} fabric {} domain {}, MR mode [{mr}]",
+                p.provider, p.fabric, p.domain
+            ),
+            format!("chosen: {}", p.reason),
+            format!(
+                "{} bytes at offset 1: fi_write {}, fi_read {}",
+                p.bytes,
+                if p.write_verified {
+                    "verified"
+                } else {
+                    "not verified"
+                },
+                if p.read_verified {
+                    "verified"
+                } else {
+                    "not verified"
+                }
+            ),
+        ];
+        let f = match &p.error {
+            None => Finding::pass(
+                id,
+                "host",
+                format!(
+                    "{} bytes written and read back through {} on {}, bytes verified",
+                    p.bytes, p.provider, p.domain
+                ),
+            ),
+            Some(e) => Finding::fail(id, "host", format!("through {}: {e}", p.provider)).fix(
+                "see the `fabric` finding (provider, MR mode); try another provider with \
+                 GDX_FABRIC_PROVIDER, and check the provider's log with FI_LOG_LEVEL=warn",
+            ),
+        };
+        vec![f.evidence_all(ev)]
+    }
+}
 
 impl Check for ProbeCopy {
     fn id(&self) -> &'static str {
@@ -162,6 +230,51 @@ mod tests {
         let fs = run(&ProbeRegister, &ctx);
         assert_eq!(fs[0].status, Status::Skip);
         assert_eq!(fs[0].reason.as_deref(), Some("cannot register yet"));
+    }
+
+    fn fabric(error: Option<&str>) -> FabricProbeState {
+        FabricProbeState::Ran(crate::probe_fabric::FabricProbe {
+            provider: "tcp;ofi_rxm".into(),
+            fabric: "127.0.0.1/32".into(),
+            domain: "lo".into(),
+            mr_mode: vec![],
+            reason: "tcp: named by GDX_FABRIC_PROVIDER".into(),
+            bytes: 1 << 20,
+            write_verified: error.is_none(),
+            read_verified: error.is_none(),
+            error: error.map(str::to_string),
+        })
+    }
+
+    #[test]
+    fn fabric_probe_pass_fail_and_skip() {
+        let t = Tree::new();
+        let mut ctx = t.ctx().build();
+        let fs = run(&ProbeFabric, &ctx);
+        assert_eq!(fs[0].status, Status::Skip);
+        ctx.set_fabric_probe(fabric(None));
+        let fs = run(&ProbeFabric, &ctx);
+        assert_eq!(fs[0].status, Status::Pass);
+        assert!(fs[0].message.contains("bytes verified"));
+        let ev = fs[0].evidence.join("\n");
+        assert!(
+            ev.contains("provider tcp;ofi_rxm fabric 127.0.0.1/32 domain lo, MR mode [none]"),
+            "{ev}"
+        );
+        ctx.set_fabric_probe(fabric(Some(
+            "after fi_write: byte 3 is 0x00, expected 0x89",
+        )));
+        let fs = run(&ProbeFabric, &ctx);
+        assert_eq!(fs[0].status, Status::Fail);
+        assert!(fs[0].message.contains("byte 3"));
+        ctx.set_fabric_probe(FabricProbeState::NotRun("libfabric.so.1 not found".into()));
+        let fs = run(&ProbeFabric, &ctx);
+        assert_eq!(fs[0].status, Status::Skip);
+        assert!(fs[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("libfabric.so.1 not found"));
     }
 
     #[test]

@@ -39,7 +39,7 @@ use crate::wire::Msg;
 fn fabric_err(e: FabricError) -> Error {
     match e {
         FabricError::PeerLost(s) => Error::PeerLost(format!("fabric: {s}")),
-        other => Error::Fabric(other.to_string()),
+        other => Error::Fabric(Arc::new(other)),
     }
 }
 
@@ -57,9 +57,10 @@ impl std::fmt::Debug for FabricNode {
 }
 
 impl FabricNode {
-    /// An endpoint on the chosen provider, or why there is none.
-    pub(crate) fn open() -> std::result::Result<FabricNode, String> {
-        let ep = Endpoint::open(&FabricConfig::default()).map_err(|e| e.to_string())?;
+    /// An endpoint on `provider` (`None`: `GDX_FABRIC_PROVIDER`, else automatic), or why
+    /// there is none.
+    pub(crate) fn open(provider: Option<String>) -> Result<FabricNode> {
+        let ep = Endpoint::open(&FabricConfig { provider }).map_err(fabric_err)?;
         Ok(FabricNode {
             ep,
             regs: Mutex::new(HashMap::new()),
@@ -89,7 +90,7 @@ impl FabricNode {
             return Ok(m.clone());
         }
         if r.device().is_some() {
-            return Err(Error::Fabric(format!(
+            return Err(Error::FabricRefused(format!(
                 "region {} is GPU memory ({}); gdx does not register GPU memory with libfabric \
                  (FI_HMEM) yet; connect with GDX_TRANSPORTS=tcp,shm to stage it over tcp",
                 r.id, r.location

@@ -18,6 +18,7 @@ pub(crate) fn scan(r: &mut Reader<'_>, tree: &mut PciTree) -> BTreeMap<PciAddr, 
     let mut nics: BTreeMap<PciAddr, NicInfo> = BTreeMap::new();
     scan_rdma(r, tree, &mut nics);
     scan_net(r, tree, &mut nics);
+    mark_efa(r, tree, &mut nics);
     for n in nics.values_mut() {
         n.netdevs.sort_by(|a, b| natural_cmp(a, b));
         n.netdevs.dedup();
@@ -173,5 +174,50 @@ fn scan_net(r: &mut Reader<'_>, tree: &mut PciTree, nics: &mut BTreeMap<PciAddr,
         let entry = nics.entry(bdf).or_default();
         entry.netdevs.push(ifname);
         entry.speed_mbps = entry.speed_mbps.max(speed);
+    }
+}
+
+/// Amazon's PCI vendor id.
+pub(crate) const VENDOR_AMAZON: u16 = 0x1d0f;
+/// Device ids of EFA functions (the kernel's `efa` driver table: efa0 .. efa3).
+pub(crate) const EFA_DEVICE_IDS: [u16; 4] = [0xefa0, 0xefa1, 0xefa2, 0xefa3];
+
+/// Whether a function is an EFA: bound to the `efa` driver, Amazon's vendor id with an EFA
+/// device id, or an RDMA device named like one (`efa_0`; newer kernels name EFAs
+/// `rdmap<bus>s<slot>`, hence the ids and driver).
+pub fn is_efa(
+    vendor: Option<u16>,
+    device: Option<u16>,
+    driver: Option<&str>,
+    rdma: Option<&str>,
+) -> bool {
+    driver == Some("efa")
+        || (vendor == Some(VENDOR_AMAZON) && device.is_some_and(|d| EFA_DEVICE_IDS.contains(&d)))
+        || rdma.is_some_and(|n| n.contains("efa"))
+}
+
+/// The driver a PCI function is bound to (the last component of its `driver` link).
+fn driver_of(r: &Reader<'_>, bdf: PciAddr) -> Option<String> {
+    let link = Path::new(&super::devices::dev_dir(bdf)).join("driver");
+    let real = r.fs.resolve(&link)?;
+    Some(real.file_name()?.to_string_lossy().into_owned())
+}
+
+/// Marks EFA NICs. An EFA function without an RDMA device (its driver not loaded) and without
+/// a netdev (EFAs have none) is still a NIC here, so `gdx topo` shows it is there.
+fn mark_efa(r: &mut Reader<'_>, tree: &PciTree, nics: &mut BTreeMap<PciAddr, NicInfo>) {
+    for (bdf, f) in &tree.fns {
+        let driver = driver_of(r, *bdf);
+        let rdma = nics.get(bdf).and_then(|n| n.rdma_name.clone());
+        if !is_efa(f.vendor, f.device, driver.as_deref(), rdma.as_deref()) {
+            continue;
+        }
+        let entry = nics.entry(*bdf).or_default();
+        entry.efa = true;
+        if entry.rdma_name.is_none() {
+            r.note(format!(
+                "EFA {bdf} has no RDMA device (is the efa kernel module loaded?)"
+            ));
+        }
     }
 }

@@ -38,6 +38,18 @@ pub fn parse_sizes(s: &str) -> Result<SizeList, String> {
     Ok(SizeList(v))
 }
 
+/// `--provider NAME`: a libfabric provider name as `fi_info -l` spells it (`tcp`, `efa`,
+/// `verbs`, `shm`), checked for shape only; gdx-fabric says whether it offers FI_RMA here.
+pub fn parse_provider(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    if t.is_empty() || !t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!(
+            "invalid provider {s:?}: give a libfabric provider name such as tcp, shm, efa or              verbs (`gdx doctor` lists what this machine offers)"
+        ));
+    }
+    Ok(t.to_string())
+}
+
 /// Parse a percentage for --fail-on-drop: `5`, `5%`, `2.5`.
 pub fn parse_pct(s: &str) -> Result<f64, String> {
     let v: f64 = s
@@ -153,5 +165,10 @@ mod tests {
         assert_eq!(parse_pair("0,1").unwrap(), (0, 1));
         assert!(parse_pair("1,1").is_err());
         assert!(parse_pair("x").is_err());
+        assert_eq!(parse_provider("tcp").unwrap(), "tcp");
+        assert!(parse_provider("tcp;ofi_rxm")
+            .unwrap_err()
+            .contains("provider name"));
+        assert!(parse_provider("").is_err());
     }
 }
