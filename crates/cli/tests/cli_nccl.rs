@@ -3,10 +3,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
+// The synthetic machines of gdx-nccl's own tests, so both suites judge the same trees.
+#[path = "../../nccl/tests/common/mod.rs"]
+mod machines;
+
 use assert_cmd::Command;
-use gdx_topo::fixture::{RdmaPort, SysfsFixture};
+use machines::rail_machine;
 use predicates::prelude::*;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 fn gdx() -> Command {
     Command::cargo_bin("gdx").expect("gdx binary built by cargo")
@@ -16,21 +20,6 @@ fn log(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../nccl/tests/fixtures")
         .join(name)
-}
-
-/// GPU0 at 0000:1c:00.0 with RoCE mlx5_0 behind its switch (PIX), mlx5_1 on the other socket.
-fn rail_machine(root: &Path) {
-    let mut f = SysfsFixture::new(root);
-    f.numa_node(0, "0-15").numa_node(1, "16-31");
-    let rp = f.root_port("0000:00", "0000:00:01.0", Some(0));
-    let sw = f.switch_below(&rp, "0000:1a:00.0", &["0000:1b:00.0", "0000:1b:01.0"]);
-    f.gpu(&sw.downstream[0], "0000:1c:00.0");
-    let nic0 = f.nic(&sw.downstream[1], "0000:1d:00.0");
-    f.rdma(&nic0, "mlx5_0", &[RdmaPort::roce(1, "eth2", [10, 0, 0, 2])]);
-    f.netdev(&nic0, "eth2", Some(200_000));
-    let rp1 = f.root_port("0000:80", "0000:80:01.0", Some(1));
-    let nic1 = f.nic(&rp1, "0000:81:00.0");
-    f.rdma(&nic1, "mlx5_1", &[RdmaPort::roce(1, "eth3", [10, 0, 1, 2])]);
 }
 
 #[test]

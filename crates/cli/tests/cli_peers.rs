@@ -5,8 +5,11 @@
 //! client certificate works through `--etcd-ca/--etcd-cert/--etcd-key`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
+mod common;
+
+use common::success_json;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
@@ -24,8 +27,8 @@ fn gdx() -> Command {
     Command::new(assert_cmd::cargo::cargo_bin("gdx"))
 }
 
-/// Lines of a child's stdout, through a channel so waits have deadlines.
-fn lines(out: ChildStdout) -> Receiver<String> {
+/// Lines of a child's stdout or stderr, through a channel so waits have deadlines.
+fn lines(out: impl Read + Send + 'static) -> Receiver<String> {
     let (tx, rx) = channel();
     std::thread::spawn(move || {
         for l in BufReader::new(out).lines().map_while(Result::ok) {
@@ -49,33 +52,52 @@ fn wait_line(rx: &Receiver<String>, what: &str, f: impl Fn(&str) -> bool) -> Str
     }
 }
 
-fn serve(url: &str, agent: &str) -> (Proc, Receiver<String>) {
-    let mut c = gdx()
-        .args([
-            "serve",
-            "--insecure",
-            "--listen",
-            "127.0.0.1:0",
-            "--size",
-            "1MiB",
-        ])
-        .args([
-            "--etcd",
-            url,
-            "--cluster",
-            "demo",
-            "--agent",
-            agent,
-            "--lease-ttl",
-            "2",
-        ])
-        .args(["--metrics", "127.0.0.1:0"])
+/// `gdx serve` of a 1 MiB region on a free port, registered as `agent` in `cluster` at `url`.
+fn serve_cmd(url: &str, cluster: &str, agent: &str) -> Command {
+    let mut c = gdx();
+    c.args([
+        "serve",
+        "--insecure",
+        "--listen",
+        "127.0.0.1:0",
+        "--size",
+        "1MiB",
+    ])
+    .args(["--etcd", url, "--cluster", cluster, "--agent", agent]);
+    c
+}
+
+/// Starts `cmd` with its stdout read line by line (stderr dropped).
+fn spawn_with_stdout(cmd: &mut Command, what: &str) -> (Proc, Receiver<String>) {
+    let mut c = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("spawn gdx serve");
+        .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
     let rx = lines(c.stdout.take().expect("stdout"));
     (Proc(c), rx)
+}
+
+fn serve(url: &str, agent: &str) -> (Proc, Receiver<String>) {
+    spawn_with_stdout(
+        serve_cmd(url, "demo", agent)
+            .args(["--lease-ttl", "2"])
+            .args(["--metrics", "127.0.0.1:0"]),
+        "gdx serve",
+    )
+}
+
+/// `gdx peers` of `cluster` at `url`.
+fn peers(url: &str, cluster: &str) -> Command {
+    let mut c = gdx();
+    c.args(["peers", "--etcd", url, "--cluster", cluster]);
+    c
+}
+
+/// A fresh etcd, or a panic saying how to get one.
+fn etcd() -> EtcdServer {
+    EtcdServer::start()
+        .unwrap_or_else(|e| panic!("{e} (these tests need apt-get install etcd-server)"))
 }
 
 fn http_status(addr: &str, path: &str) -> u16 {
@@ -91,8 +113,7 @@ fn http_status(addr: &str, path: &str) -> u16 {
 
 #[test]
 fn serve_registers_peers_lists_and_watch_sees_the_leave() {
-    let etcd = EtcdServer::start()
-        .unwrap_or_else(|e| panic!("{e} (these tests need apt-get install etcd-server)"));
+    let etcd = etcd();
     let url = etcd.url();
     let (mut a, a_out) = serve(&url, "prefill-0");
     let line = wait_line(&a_out, "GDX_CLUSTER", |l| l.starts_with("GDX_CLUSTER "));
@@ -105,16 +126,11 @@ fn serve_registers_peers_lists_and_watch_sees_the_leave() {
     let maddr = metrics.trim_start_matches("GDX_METRICS addr=").to_string();
     assert_eq!(http_status(&maddr, "/health"), 200);
 
-    let out = gdx()
-        .args(["peers", "--etcd", &url, "--cluster", "demo", "--json"])
+    let out = peers(&url, "demo")
+        .arg("--json")
         .output()
         .expect("gdx peers");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = success_json(&out);
     let agents = v["agents"].as_array().expect("agents");
     assert_eq!(agents.len(), 1, "{v}");
     assert_eq!(agents[0]["agent"]["name"], "prefill-0");
@@ -123,25 +139,13 @@ fn serve_registers_peers_lists_and_watch_sees_the_leave() {
     assert_eq!(agents[0]["regions"][0]["len"], 1 << 20);
     assert!(!out.stdout.windows(3).any(|w| w == b"key"), "{v}");
 
-    let table = gdx()
-        .args(["peers", "--etcd", &url, "--cluster", "demo"])
-        .output()
-        .expect("gdx peers");
+    let table = peers(&url, "demo").output().expect("gdx peers");
     let t = String::from_utf8_lossy(&table.stdout);
     assert!(t.starts_with("NAME"), "{t}");
     assert!(t.contains("prefill-0") && t.contains(&instance), "{t}");
 
     // The same name again: refused, naming the holder.
-    let dup = gdx()
-        .args([
-            "serve",
-            "--insecure",
-            "--listen",
-            "127.0.0.1:0",
-            "--size",
-            "1MiB",
-        ])
-        .args(["--etcd", &url, "--cluster", "demo", "--agent", "prefill-0"])
+    let dup = serve_cmd(&url, "demo", "prefill-0")
         .output()
         .expect("second serve");
     assert!(!dup.status.success());
@@ -152,8 +156,8 @@ fn serve_registers_peers_lists_and_watch_sees_the_leave() {
     );
 
     // --watch reports the leave after kill -9 (the lease expires).
-    let mut w = gdx()
-        .args(["peers", "--etcd", &url, "--cluster", "demo", "--watch"])
+    let mut w = peers(&url, "demo")
+        .arg("--watch")
         .stdout(Stdio::piped())
         .spawn()
         .expect("gdx peers --watch");
@@ -179,16 +183,7 @@ fn closed_port_url() -> String {
 #[test]
 fn unreachable_etcd_is_an_error_unless_optional() {
     let url = closed_port_url();
-    let out = gdx()
-        .args([
-            "serve",
-            "--insecure",
-            "--listen",
-            "127.0.0.1:0",
-            "--size",
-            "1MiB",
-        ])
-        .args(["--etcd", &url, "--cluster", "demo", "--agent", "x"])
+    let out = serve_cmd(&url, "demo", "x")
         .args(["--etcd-timeout-ms", "1000"])
         .output()
         .expect("gdx serve");
@@ -196,31 +191,15 @@ fn unreachable_etcd_is_an_error_unless_optional() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unreachable") && err.contains(&url), "{err}");
 
-    let mut c = gdx()
-        .args([
-            "serve",
-            "--insecure",
-            "--listen",
-            "127.0.0.1:0",
-            "--size",
-            "1MiB",
-        ])
-        .args([
-            "--etcd",
-            &url,
-            "--cluster",
-            "demo",
-            "--agent",
-            "x",
-            "--etcd-optional",
-        ])
+    let mut c = serve_cmd(&url, "demo", "x")
+        .arg("--etcd-optional")
         .args(["--etcd-timeout-ms", "1000", "--metrics", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("gdx serve --etcd-optional");
     let out = lines(c.stdout.take().expect("stdout"));
-    let err = lines_err(c.stderr.take().expect("stderr"));
+    let err = lines(c.stderr.take().expect("stderr"));
     let _c = Proc(c);
     wait_line(&out, "GDX_SERVE", |l| l.starts_with("GDX_SERVE "));
     let m = wait_line(&out, "GDX_METRICS", |l| l.starts_with("GDX_METRICS "));
@@ -234,117 +213,47 @@ fn unreachable_etcd_is_an_error_unless_optional() {
     );
 }
 
-fn lines_err(err: std::process::ChildStderr) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(err).lines().map_while(Result::ok) {
-            if tx.send(l).is_err() {
-                return;
-            }
-        }
-    });
-    rx
-}
-
 #[test]
 fn peers_over_tls_with_client_certificate() {
     let etcd = EtcdServer::start_tls()
         .unwrap_or_else(|e| panic!("{e} (these tests need etcd-server and openssl)"));
     let d = etcd.cert_dir();
     let f = |n: &str| d.join(n).display().to_string();
-    let mut c = gdx()
-        .args([
-            "serve",
-            "--insecure",
-            "--listen",
-            "127.0.0.1:0",
-            "--size",
-            "1MiB",
-        ])
-        .args([
-            "--etcd",
-            &etcd.url(),
-            "--cluster",
-            "secure",
-            "--agent",
-            "t0",
-        ])
-        .args(["--etcd-ca", &f("ca.pem"), "--etcd-cert", &f("client.pem")])
-        .args(["--etcd-key", &f("client.key")])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("gdx serve over TLS");
-    let out = lines(c.stdout.take().expect("stdout"));
-    let _c = Proc(c);
+    let (_c, out) = spawn_with_stdout(
+        serve_cmd(&etcd.url(), "secure", "t0")
+            .args(["--etcd-ca", &f("ca.pem"), "--etcd-cert", &f("client.pem")])
+            .args(["--etcd-key", &f("client.key")]),
+        "gdx serve over TLS",
+    );
     wait_line(&out, "GDX_CLUSTER", |l| l.starts_with("GDX_CLUSTER "));
-    let list = gdx()
-        .args([
-            "peers",
-            "--etcd",
-            &etcd.url(),
-            "--cluster",
-            "secure",
-            "--json",
-        ])
+    let list = peers(&etcd.url(), "secure")
+        .arg("--json")
         .args(["--etcd-ca", &f("ca.pem"), "--etcd-cert", &f("client.pem")])
         .args(["--etcd-key", &f("client.key")])
         .output()
         .expect("gdx peers over TLS");
-    assert!(
-        list.status.success(),
-        "{}",
-        String::from_utf8_lossy(&list.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&list.stdout).expect("json");
+    let v = success_json(&list);
     assert_eq!(v["agents"][0]["agent"]["name"], "t0", "{v}");
 }
 
 fn agents(url: &str) -> Vec<serde_json::Value> {
-    let out = gdx()
-        .args(["peers", "--etcd", url, "--cluster", "demo", "--json"])
+    let out = peers(url, "demo")
+        .arg("--json")
         .output()
         .expect("gdx peers");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = success_json(&out);
     v["agents"].as_array().cloned().unwrap_or_default()
 }
 
 #[test]
 fn sigterm_revokes_the_lease_and_bench_finds_a_peer_by_name() {
-    let etcd = EtcdServer::start()
-        .unwrap_or_else(|e| panic!("{e} (these tests need apt-get install etcd-server)"));
+    let etcd = etcd();
     let url = etcd.url();
     // A long TTL: the keys going away below can only be the revoke, not the expiry.
-    let mut c = gdx()
-        .args([
-            "serve",
-            "--insecure",
-            "--listen",
-            "127.0.0.1:0",
-            "--size",
-            "1MiB",
-        ])
-        .args([
-            "--etcd",
-            &url,
-            "--cluster",
-            "demo",
-            "--agent",
-            "b0",
-            "--lease-ttl",
-            "600",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("gdx serve");
-    let out = lines(c.stdout.take().expect("stdout"));
-    let c = Proc(c);
+    let (c, out) = spawn_with_stdout(
+        serve_cmd(&url, "demo", "b0").args(["--lease-ttl", "600"]),
+        "gdx serve",
+    );
     wait_line(&out, "GDX_CLUSTER", |l| l.starts_with("GDX_CLUSTER "));
 
     let bench = gdx()

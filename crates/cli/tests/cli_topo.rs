@@ -2,13 +2,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
+mod common;
+
+use common::{gdx, success_json};
 use predicates::prelude::*;
 use std::path::PathBuf;
-
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
 
 fn topologies() -> Option<PathBuf> {
     gdx_topo::fixture::reference_topologies()
@@ -90,12 +88,7 @@ fn json_contract_from_nccl_xml() {
         .arg(dir.join("nccl_topo_azure_ndv5-topo.xml"))
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = success_json(&out);
     let devices = v["devices"].as_array().unwrap();
     assert_eq!(devices.iter().filter(|d| d["kind"] == "gpu").count(), 8);
     assert_eq!(devices[0]["label"], "GPU0");

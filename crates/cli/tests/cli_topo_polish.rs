@@ -5,14 +5,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
+mod common;
+
+use common::{gdx, success_json};
 use gdx_topo::fixture::h200x2_capture as h200_capture;
 use gdx_topo::fixture::{RdmaPort, SysfsFixture};
 use std::path::Path;
-
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
 
 /// A VM-like machine: one NUMA node the platform does not report (numa_node -1), a GPU, an
 /// RDMA NIC `mlx5_0` and a plain virtio NIC `eth0`.
@@ -36,12 +34,7 @@ fn json(args: &[&str], root: &Path) -> serde_json::Value {
         .arg("--json")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    success_json(&out)
 }
 
 #[test]

@@ -44,11 +44,7 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 fn publish_lookup_connect_and_no_key_in_etcd() {
     let etcd = etcd();
     let url = etcd.url();
-    let a_agent = gdx_engine::Agent::new(agent_config("a")).expect("agent");
-    let mut kv = a_agent
-        .alloc(1 << 20, Access::READ_WRITE, Some("kv"))
-        .expect("alloc");
-    let a = gdx_cluster::ClusterAgent::join(a_agent, cluster_config(&url, "c1", 10)).expect("join");
+    let (a, mut kv) = join_with_kv(&url, "c1", 10, 1 << 20);
     let b = join(&url, "c1", "b", 10);
 
     let view = ClusterView::connect(&EtcdOptions::new(&url), "c1").expect("view");
@@ -91,16 +87,10 @@ fn publish_lookup_connect_and_no_key_in_etcd() {
     assert_eq!(pa.instance(), a.instance());
     let remote = pa.region("kv").expect("region");
     assert_eq!(remote.key, desc.key);
-    let src_bytes = pattern(1 << 20, 7);
-    let mut src = b.agent().alloc(1 << 20, Access::LOCAL, None).expect("src");
-    src.bytes_mut().expect("bytes").copy_from_slice(&src_bytes);
+    let (src, src_bytes) = filled_source(&b, 1 << 20, 7);
     let mut t = Transfer::new();
     t.write(&src, 0, &remote, 0, 1 << 20);
-    let rep = pa
-        .submit(t)
-        .expect("submit")
-        .wait(Duration::from_secs(60))
-        .expect("wait");
+    let rep = complete(&pa, t, "wait");
     assert_eq!(rep.bytes, 1 << 20);
     assert_eq!(&kv.bytes_mut().expect("bytes")[..], &src_bytes[..]);
 

@@ -14,12 +14,7 @@ use gdx_engine::{Access, Transfer};
 fn etcd_loss_keeps_peers_working_and_re_registers() {
     let mut etcd = etcd();
     let url = etcd.url();
-    let a_agent = gdx_engine::Agent::new(agent_config("a")).expect("agent");
-    let kv = a_agent
-        .alloc(1 << 20, Access::READ_WRITE, Some("kv"))
-        .expect("alloc");
-    let a =
-        gdx_cluster::ClusterAgent::join(a_agent, cluster_config(&url, "loss", 2)).expect("join");
+    let (a, kv) = join_with_kv(&url, "loss", 2, 1 << 20);
     let b = join(&url, "loss", "b", 2);
     let pa = b.connect_named("a").expect("connect_named");
     let remote = pa.region("kv").expect("region");
@@ -33,23 +28,15 @@ fn etcd_loss_keeps_peers_working_and_re_registers() {
     );
 
     // Transfers between connected peers continue, bytes verified both ways.
-    let mut src = b.agent().alloc(1 << 20, Access::LOCAL, None).expect("src");
-    let data = pattern(1 << 20, 3);
-    src.bytes_mut().expect("bytes").copy_from_slice(&data);
+    let (src, data) = filled_source(&b, 1 << 20, 3);
     let mut t = Transfer::new();
     t.write(&src, 0, &remote, 0, 1 << 20);
-    pa.submit(t)
-        .expect("submit")
-        .wait(Duration::from_secs(60))
-        .expect("write during outage");
+    complete(&pa, t, "write during outage");
     assert_eq!(&kv.bytes().expect("bytes")[..], &data[..]);
     let back = b.agent().alloc(1 << 20, Access::LOCAL, None).expect("back");
     let mut t = Transfer::new();
     t.read(&back, 0, &remote, 0, 1 << 20);
-    pa.submit(t)
-        .expect("submit")
-        .wait(Duration::from_secs(60))
-        .expect("read during outage");
+    complete(&pa, t, "read during outage");
     assert_eq!(&back.bytes().expect("bytes")[..], &data[..]);
 
     etcd.restart().expect("etcd restart");

@@ -80,11 +80,7 @@ fn one(s: &Samples, name: &str) -> f64 {
 fn metrics_equal_what_moved_and_health_follows_the_lease() {
     let mut etcd = etcd();
     let url = etcd.url();
-    let a_agent = gdx_engine::Agent::new(agent_config("a")).expect("agent");
-    let kv = a_agent
-        .alloc(4 << 20, Access::READ_WRITE, Some("kv"))
-        .expect("alloc");
-    let _a = gdx_cluster::ClusterAgent::join(a_agent, cluster_config(&url, "m", 2)).expect("join");
+    let (_a, kv) = join_with_kv(&url, "m", 2, 4 << 20);
     let b = join(&url, "m", "b", 2);
     let m = MetricsServer::start("127.0.0.1:0".parse().expect("addr"), b.health()).expect("serve");
 
@@ -97,16 +93,11 @@ fn metrics_equal_what_moved_and_health_follows_the_lease() {
 
     let pa = b.connect_named("a").expect("connect");
     let remote = pa.region("kv").expect("region");
-    let mut src = b.agent().alloc(4 << 20, Access::LOCAL, None).expect("src");
-    let data = pattern(4 << 20, 9);
-    src.bytes_mut().expect("bytes").copy_from_slice(&data);
+    let (src, data) = filled_source(&b, 4 << 20, 9);
     // Three transfers: one op of 1 MiB, two ops (4 KiB + 2 MiB), and a 2 MiB read back.
     let mut t = Transfer::new();
     t.write(&src, 0, &remote, 0, 1 << 20);
-    pa.submit(t)
-        .expect("submit")
-        .wait(Duration::from_secs(60))
-        .expect("t1");
+    complete(&pa, t, "t1");
     let mut t = Transfer::new();
     t.write(&src, 1 << 20, &remote, 1 << 20, 4096).write(
         &src,
@@ -115,17 +106,11 @@ fn metrics_equal_what_moved_and_health_follows_the_lease() {
         (1 << 20) + 4096,
         2 << 20,
     );
-    pa.submit(t)
-        .expect("submit")
-        .wait(Duration::from_secs(60))
-        .expect("t2");
+    complete(&pa, t, "t2");
     let back = b.agent().alloc(2 << 20, Access::LOCAL, None).expect("back");
     let mut t = Transfer::new();
     t.read(&back, 0, &remote, 0, 2 << 20);
-    pa.submit(t)
-        .expect("submit")
-        .wait(Duration::from_secs(60))
-        .expect("t3");
+    complete(&pa, t, "t3");
     let written = (1u64 << 20) + 4096 + (2 << 20);
     assert_eq!(
         &kv.bytes().expect("bytes")[..written as usize],

@@ -138,12 +138,13 @@ impl Tree {
     /// pci0000:00 with RDMA device `mlx5_0`, one active InfiniBand port and no netdev.
     pub fn ib_nic(&self) -> &Self {
         self.nic("pci0000:00", &[], "0000:00:03.0");
-        self.rdma(
-            "mlx5_0",
-            "0000:00:03.0",
-            &[("4: ACTIVE", "InfiniBand")],
-            None,
-        );
+        self.ib_rdma("0000:00:03.0")
+    }
+
+    /// RDMA device `mlx5_0` on the NIC function at `bdf`: one active InfiniBand port, no
+    /// netdev.
+    pub fn ib_rdma(&self, bdf: &str) -> &Self {
+        self.rdma("mlx5_0", bdf, &[("4: ACTIVE", "InfiniBand")], None);
         self
     }
 

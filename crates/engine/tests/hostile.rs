@@ -10,7 +10,7 @@ mod common;
 use common::raw::{self, closed, hmac, read_msg, send};
 use common::*;
 use gdx_engine::wire::{decode_frame, encode, Hello, Msg, ShmOp, MAX_OPS_PER_BEGIN};
-use gdx_engine::{Access, Agent, AgentConfig, Error, Limits, RegionKey, Transfer};
+use gdx_engine::{Access, Agent, AgentConfig, Error, Limits, RegionDesc, RegionKey, Transfer};
 use rustix::io::Errno;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
@@ -296,20 +296,24 @@ fn shm_join(target: &Agent, bounce: &OwnedFd) -> (raw::Session, UnixStream, Opti
     (s, u, reply)
 }
 
-#[test]
-fn read_only_region_cannot_be_written_through_a_reopened_fd() {
-    let target = agent("target", true);
-    let mut ro = target.alloc(8192, Access::READ, Some("ro")).unwrap();
-    ro.bytes_mut().unwrap().fill(0x33);
-    let d = ro.desc();
+/// What the target answered when asked over a fresh shm session (sealed bounce buffer) to
+/// map region `d`; the session stays open while this is held.
+struct Mapped {
+    _session: (raw::Session, UnixStream, OwnedFd),
+    writable: bool,
+    /// The region's memfd.
+    fd: OwnedFd,
+}
+
+fn shm_map(target: &Agent, d: &RegionDesc, write: bool) -> Mapped {
     let bounce = memfd(1 << 16, true);
-    let (_s, u, reply) = shm_join(&target, &bounce);
+    let (s, u, reply) = shm_join(target, &bounce);
     assert_eq!(reply, Some(Msg::Ok));
     (&u).write_all(&encode(
         &Msg::ShmMap {
             region: d.id,
             key: d.key,
-            write: false,
+            write,
         },
         0,
     ))
@@ -317,8 +321,22 @@ fn read_only_region_cannot_be_written_through_a_reopened_fd() {
     let Some((Msg::ShmMapped { writable, .. }, fds)) = recv_with_fds(&u) else {
         panic!("no ShmMapped")
     };
-    assert!(!writable);
     let fd = fds.into_iter().next().expect("an fd");
+    Mapped {
+        _session: (s, u, bounce),
+        writable,
+        fd,
+    }
+}
+
+#[test]
+fn read_only_region_cannot_be_written_through_a_reopened_fd() {
+    let target = agent("target", true);
+    let mut ro = target.alloc(8192, Access::READ, Some("ro")).unwrap();
+    ro.bytes_mut().unwrap().fill(0x33);
+    let mapped = shm_map(&target, &ro.desc(), false);
+    assert!(!mapped.writable);
+    let fd = mapped.fd;
     // The v2 attack: reopen /proc/self/fd/N read-write, then map it shared writable or write.
     let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
     use rustix::fs::{Mode, OFlags};
@@ -368,29 +386,44 @@ fn truncating_a_shared_memfd_cannot_crash_either_side() {
 
     // A region memfd the target hands out is sealed: the receiver cannot shrink it.
     let rw = target.alloc(8192, Access::READ_WRITE, Some("rw")).unwrap();
-    let d = rw.desc();
-    let bounce = memfd(1 << 16, true);
-    let (_s, u, reply) = shm_join(&target, &bounce);
-    assert_eq!(reply, Some(Msg::Ok));
-    (&u).write_all(&encode(
-        &Msg::ShmMap {
-            region: d.id,
-            key: d.key,
-            write: true,
-        },
-        0,
-    ))
-    .unwrap();
-    let Some((Msg::ShmMapped { .. }, fds)) = recv_with_fds(&u) else {
-        panic!("no ShmMapped")
-    };
-    let fd = fds.into_iter().next().expect("an fd");
-    assert_eq!(rustix::fs::ftruncate(&fd, 0).err(), Some(Errno::PERM));
+    let mapped = shm_map(&target, &rw.desc(), true);
+    assert_eq!(
+        rustix::fs::ftruncate(&mapped.fd, 0).err(),
+        Some(Errno::PERM)
+    );
     // The target still serves (it did not die of SIGBUS), through its own sealed bounce too.
     legit_round_trip(&target, 3);
 }
 
 // ---- 4: exhaustion ------------------------------------------------------------------------
+
+/// Writes `bytes` to `s` one per 50 ms until they are all sent, a write fails (the peer
+/// closed) or `stop` says so; returns how many were sent.
+fn drip(s: &mut TcpStream, bytes: &[u8], stop: impl Fn() -> bool) -> usize {
+    let mut sent = 0;
+    for b in bytes {
+        if s.write_all(&[*b]).is_err() {
+            break;
+        }
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(50));
+        if stop() {
+            break;
+        }
+    }
+    sent
+}
+
+/// An shm op writing the first 64 bytes of region `d`.
+fn write_64(d: &RegionDesc) -> ShmOp {
+    ShmOp {
+        write: true,
+        region: d.id,
+        key: d.key,
+        offset: 0,
+        len: 64,
+    }
+}
 
 fn short_limits() -> Limits {
     Limits {
@@ -414,17 +447,9 @@ fn a_dripped_hello_is_cut_off_at_the_handshake_deadline() {
     let mut s = TcpStream::connect(addr(&target)).unwrap();
     // One byte per 50 ms: each receive is well inside the 2 s I/O timeout, the whole Hello
     // (200 bytes, 10 s) is not inside the 0.6 s handshake deadline.
-    let mut sent = 0;
-    for b in &hello {
-        if s.write_all(&[*b]).is_err() {
-            break;
-        }
-        sent += 1;
-        std::thread::sleep(Duration::from_millis(50));
-        if target.limit_hits().handshake_timeouts.load(Relaxed) > 0 {
-            break;
-        }
-    }
+    let sent = drip(&mut s, &hello, || {
+        target.limit_hits().handshake_timeouts.load(Relaxed) > 0
+    });
     assert!(sent < hello.len(), "the whole dripped Hello was read");
     assert!(closed(&mut s));
     assert_eq!(target.limit_hits().handshake_timeouts.load(Relaxed), 1);
@@ -454,6 +479,24 @@ fn idle_and_silent_connections_are_cut_off_while_a_legit_client_is_served() {
     legit_round_trip(&target, 6);
 }
 
+/// Opens `n` TCP connections to `target` and holds them; returns them with how many the
+/// target closed at once (a read of 0 bytes within 100 ms = refused).
+fn open_and_count_refused(target: &Agent, n: usize) -> (Vec<TcpStream>, usize) {
+    let mut conns: Vec<TcpStream> = (0..n)
+        .map(|_| TcpStream::connect(addr(target)).unwrap())
+        .collect();
+    let mut refused = 0;
+    for s in &mut conns {
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut b = [0u8; 1];
+        if matches!(std::io::Read::read(s, &mut b), Ok(0)) {
+            refused += 1;
+        }
+    }
+    (conns, refused)
+}
+
 #[test]
 fn a_connection_flood_is_refused_beyond_max_pending() {
     let target = with_limits(
@@ -465,18 +508,7 @@ fn a_connection_flood_is_refused_beyond_max_pending() {
             ..short_limits()
         },
     );
-    let mut flood: Vec<TcpStream> = (0..30)
-        .map(|_| TcpStream::connect(addr(&target)).unwrap())
-        .collect();
-    let mut refused = 0;
-    for s in &mut flood {
-        s.set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        let mut b = [0u8; 1];
-        if matches!(std::io::Read::read(s, &mut b), Ok(0)) {
-            refused += 1;
-        }
-    }
+    let (mut flood, refused) = open_and_count_refused(&target, 30);
     assert!(
         refused >= 22,
         "only {refused} of 30 refused with max_pending 8"
@@ -555,13 +587,7 @@ fn leases_do_not_accumulate_across_shm_begin_without_shm_end() {
     let bounce = memfd(1 << 16, true);
     let (_s, u, reply) = shm_join(&target, &bounce);
     assert_eq!(reply, Some(Msg::Ok));
-    let op = ShmOp {
-        write: true,
-        region: d.id,
-        key: d.key,
-        offset: 0,
-        len: 64,
-    };
+    let op = write_64(&d);
     let mut refused = 0;
     for xfer in 0..4 {
         (&u).write_all(&encode(
@@ -652,15 +678,7 @@ fn a_dripping_server_cannot_stall_connect_past_the_handshake_deadline() {
             0,
         );
         // One byte per 50 ms: always inside the client's 2 s I/O timeout.
-        let mut sent = 0;
-        for b in &frame {
-            if s.write_all(&[*b]).is_err() {
-                break;
-            }
-            sent += 1;
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        sent
+        drip(&mut s, &frame, || false)
     });
     let me = Agent::new(AgentConfig {
         io_timeout: Duration::from_secs(2),
@@ -759,18 +777,7 @@ fn connection_caps_total_and_per_address_are_enforced() {
         ),
     ] {
         let target = with_limits("target", false, 200, limits);
-        let mut held: Vec<TcpStream> = (0..5)
-            .map(|_| TcpStream::connect(addr(&target)).unwrap())
-            .collect();
-        let mut refused = 0;
-        for s in &mut held {
-            s.set_read_timeout(Some(Duration::from_millis(100)))
-                .unwrap();
-            let mut b = [0u8; 1];
-            if matches!(std::io::Read::read(s, &mut b), Ok(0)) {
-                refused += 1;
-            }
-        }
+        let (mut held, refused) = open_and_count_refused(&target, 5);
         assert_eq!(refused, 2, "{counter}: 5 connections, cap 3");
         let hits = target.limit_hits();
         let n = match counter {
@@ -897,13 +904,7 @@ fn a_ring_begin_holds_its_lease_until_end() {
     let mut r = target.alloc(4096, Access::READ_WRITE, None).unwrap();
     let d = r.desc();
     let (_s, _u, ring) = attach_ring(&target);
-    let op = ShmOp {
-        write: true,
-        region: d.id,
-        key: d.key,
-        offset: 0,
-        len: 64,
-    };
+    let op = write_64(&d);
     ring.post(0, 2, &[op]);
     assert!(ring.reaches(2), "BEGIN never DONE");
     assert_eq!(
@@ -926,13 +927,7 @@ fn a_ring_request_out_of_protocol_closes_the_connection() {
     let target = agent("target", true);
     let r = target.alloc(4096, Access::READ_WRITE, None).unwrap();
     let d = r.desc();
-    let op = ShmOp {
-        write: true,
-        region: d.id,
-        key: d.key,
-        offset: 0,
-        len: 64,
-    };
+    let op = write_64(&d);
     // An unknown request kind, an out-of-order seq, more inline bytes than an op may carry.
     for (seq, kind, len) in [(0, 9, 64), (5, 1, 64), (0, 1, 1 << 20)] {
         let (_s, u, ring) = attach_ring(&target);

@@ -18,6 +18,14 @@ fn advise(topo: &gdx_topo::Topology, root: Option<&std::path::Path>) -> EnvAdvic
     })
 }
 
+/// The advice for a synthetic machine of tests/common, built in a fresh directory whose
+/// sysfs the advice also reads the netdevs from.
+fn advise_on(machine: fn(&std::path::Path) -> gdx_topo::Topology) -> EnvAdvice {
+    let dir = tempfile::tempdir().unwrap();
+    let topo = machine(dir.path());
+    advise(&topo, Some(dir.path()))
+}
+
 fn value<'a>(a: &'a EnvAdvice, name: &str) -> (Option<&'a str>, &'a str) {
     let v = a.vars.iter().find(|v| v.name == name).unwrap();
     (v.value.as_deref(), v.reason.as_str())
@@ -91,9 +99,7 @@ fn nd_v2_nic_on_one_socket_is_not_pix_for_every_gpu() {
 
 #[test]
 fn rail_machine_pins_the_pix_hca_and_the_roce_v2_gid() {
-    let dir = tempfile::tempdir().unwrap();
-    let topo = common::rail_machine(dir.path());
-    let a = advise(&topo, Some(dir.path()));
+    let a = advise_on(common::rail_machine);
     let (v, why) = value(&a, "NCCL_IB_HCA");
     assert_eq!(v, Some("=mlx5_0:1"));
     assert!(why.contains("leaves out mlx5_1"), "{why}");
@@ -107,9 +113,7 @@ fn rail_machine_pins_the_pix_hca_and_the_roce_v2_gid() {
 
 #[test]
 fn flat_vm_gets_a_topology_file_not_a_forced_gdr_level() {
-    let dir = tempfile::tempdir().unwrap();
-    let topo = common::flat_vm(dir.path());
-    let a = advise(&topo, Some(dir.path()));
+    let a = advise_on(common::flat_vm);
     let (v, why) = value(&a, "NCCL_TOPO_FILE");
     assert_eq!(v, Some("gdx-nccl-topo.xml"));
     assert!(why.contains("gdx topo --export-xml"), "{why}");
@@ -123,9 +127,7 @@ fn flat_vm_gets_a_topology_file_not_a_forced_gdr_level() {
 
 #[test]
 fn machine_without_rdma_has_no_hca_to_name() {
-    let dir = tempfile::tempdir().unwrap();
-    let topo = common::two_gpu_switch_machine(dir.path());
-    let a = advise(&topo, Some(dir.path()));
+    let a = advise_on(common::two_gpu_switch_machine);
     assert_eq!(value(&a, "NCCL_SOCKET_IFNAME").0, Some("=ens1"));
     let (v, _) = value(&a, "NCCL_IB_GID_INDEX");
     assert_eq!(v, None);

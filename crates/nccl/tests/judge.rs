@@ -15,6 +15,17 @@ fn log(name: &str) -> NcclLog {
     .unwrap()
 }
 
+/// The judgement of fixture log `name` on `topo`, with no doctor findings.
+fn judge_on(topo: &gdx_topo::Topology, name: &str) -> Judged {
+    judge(
+        &log(name),
+        Machine {
+            topology: Some(topo),
+            findings: &[],
+        },
+    )
+}
+
 fn find<'a>(j: &'a Judged, subject: &str) -> &'a gdx_nccl::judge::Judgement {
     j.judgements
         .iter()
@@ -93,13 +104,7 @@ fn p2p_and_gdrdma_are_the_best() {
 fn shm_between_gpus_behind_one_switch_is_not_best() {
     let dir = tempfile::tempdir().unwrap();
     let topo = common::two_gpu_switch_machine(dir.path());
-    let j = judge(
-        &log("socket_shm_mpirun_nccl1232.log"),
-        Machine {
-            topology: Some(&topo),
-            findings: &[],
-        },
-    );
+    let j = judge_on(&topo, "socket_shm_mpirun_nccl1232.log");
     let shm = find(&j, "GPU↔GPU same host: SHM/direct/direct");
     assert_eq!(shm.verdict, Verdict::NotBest, "{shm:#?}");
     assert_eq!(shm.best.as_deref(), Some("GPU1↔GPU0 is PIX: P2P expected"));
@@ -111,13 +116,7 @@ fn shm_between_gpus_behind_one_switch_is_not_best() {
 fn sockets_on_a_machine_with_rdma_nics_are_not_best() {
     let dir = tempfile::tempdir().unwrap();
     let topo = common::rail_machine(dir.path());
-    let j = judge(
-        &log("socket_shm_mpirun_nccl1232.log"),
-        Machine {
-            topology: Some(&topo),
-            findings: &[],
-        },
-    );
+    let j = judge_on(&topo, "socket_shm_mpirun_nccl1232.log");
     let s = find(&j, "inter-node: NET/Socket");
     assert_eq!(s.verdict, Verdict::NotBest);
     assert_eq!(
@@ -176,13 +175,7 @@ fn an_nccl_xml_without_hca_names_is_matched_through_the_ranks_gpu() {
   </cpu>
 </system>"#;
     let topo = gdx_topo::parse_nccl_xml(xml, std::path::Path::new("test.xml")).unwrap();
-    let j = judge(
-        &log("gdr_disabled_roce_nccl1537.log"),
-        Machine {
-            topology: Some(&topo),
-            findings: &[],
-        },
-    );
+    let j = judge_on(&topo, "gdr_disabled_roce_nccl1537.log");
     let m0 = find(&j, "GDR on mlx5_0");
     assert_eq!(m0.verdict, Verdict::NotBest, "{m0:#?}");
     assert!(

@@ -343,6 +343,20 @@ impl<R: Registrar> RegCache<R> {
         }
     }
 
+    /// Counts `dropped` as invalidated, then releases them outside the lock; returns how many.
+    fn drop_entries(
+        &self,
+        mut st: MutexGuard<'_, State<R::Handle>>,
+        dropped: Vec<Arc<Cached<R::Handle>>>,
+    ) -> usize {
+        let n = dropped.len();
+        st.stats.invalidations += n as u64;
+        Self::recount(&mut st);
+        drop(st);
+        self.release(dropped);
+        n
+    }
+
     /// Forget every registration overlapping `range` (memory being freed or a region being
     /// dropped); returns how many were dropped. Holders keep theirs until they let go.
     pub fn invalidate(&self, range: &MemRange) -> usize {
@@ -358,12 +372,7 @@ impl<R: Registrar> RegCache<R> {
                 }
             }
         }
-        let n = dropped.len();
-        st.stats.invalidations += n as u64;
-        Self::recount(&mut st);
-        drop(st);
-        self.release(dropped);
-        n
+        self.drop_entries(st, dropped)
     }
 
     /// Forget everything (e.g. before closing the device).
@@ -374,12 +383,7 @@ impl<R: Registrar> RegCache<R> {
             .drain()
             .flat_map(|(_, v)| v.into_iter().map(|e| e.cached))
             .collect();
-        let n = dropped.len();
-        st.stats.invalidations += n as u64;
-        Self::recount(&mut st);
-        drop(st);
-        self.release(dropped);
-        n
+        self.drop_entries(st, dropped)
     }
 
     /// The counters now.

@@ -178,18 +178,20 @@ fn invalid(field: &'static str, value: impl Into<String>) -> ConnDataError {
     }
 }
 
+/// `TooMany` when `count` of `what` exceed `max`.
+fn at_most(what: &'static str, count: usize, max: usize) -> Result<(), ConnDataError> {
+    if count > max {
+        return Err(ConnDataError::TooMany { what, count, max });
+    }
+    Ok(())
+}
+
 impl ConnData {
     /// Check every field against what a peer can legitimately send: a port, a valid MTU,
     /// 1..=[`MAX_QPS`] queue pairs with 24-bit numbers, at most [`MAX_REGIONS`] non-empty
     /// regions that do not wrap the address space, a name of at most [`MAX_NAME`] bytes.
     pub fn validate(&self) -> Result<(), ConnDataError> {
-        if self.device.len() > MAX_NAME {
-            return Err(ConnDataError::TooMany {
-                what: "device name bytes",
-                count: self.device.len(),
-                max: MAX_NAME,
-            });
-        }
+        at_most("device name bytes", self.device.len(), MAX_NAME)?;
         if self.port == 0 {
             return Err(invalid("port", "0 (ports count from 1)"));
         }
@@ -205,13 +207,7 @@ impl ConnData {
         if self.qps.is_empty() {
             return Err(invalid("queue pair list", "empty"));
         }
-        if self.qps.len() > MAX_QPS {
-            return Err(ConnDataError::TooMany {
-                what: "queue pairs",
-                count: self.qps.len(),
-                max: MAX_QPS,
-            });
-        }
+        at_most("queue pairs", self.qps.len(), MAX_QPS)?;
         for q in &self.qps {
             if q.qpn > MAX_24BIT || q.qpn == 0 {
                 return Err(invalid("queue pair number", format!("{:#x}", q.qpn)));
@@ -220,13 +216,7 @@ impl ConnData {
                 return Err(invalid("PSN", format!("{:#x}", q.psn)));
             }
         }
-        if self.regions.len() > MAX_REGIONS {
-            return Err(ConnDataError::TooMany {
-                what: "regions",
-                count: self.regions.len(),
-                max: MAX_REGIONS,
-            });
-        }
+        at_most("regions", self.regions.len(), MAX_REGIONS)?;
         for r in &self.regions {
             if r.len == 0 || r.addr.checked_add(r.len).is_none() {
                 return Err(invalid(
@@ -295,25 +285,13 @@ impl ConnData {
         let mtu_bytes = u32::from(r.u16("MTU")?);
         let max_rd_atomic = r.u8("READ resources")?;
         let name_len = usize::from(r.u8("name length")?);
-        if name_len > MAX_NAME {
-            return Err(ConnDataError::TooMany {
-                what: "device name bytes",
-                count: name_len,
-                max: MAX_NAME,
-            });
-        }
+        at_most("device name bytes", name_len, MAX_NAME)?;
         let device = std::str::from_utf8(r.take(name_len, "device name")?)
             .map_err(|_| invalid("device name", "not UTF-8"))?
             .to_string();
         let gid = Ipv6Addr::from(r.array::<16>("GID")?);
         let n_qps = usize::from(r.u16("queue pair count")?);
-        if n_qps > MAX_QPS {
-            return Err(ConnDataError::TooMany {
-                what: "queue pairs",
-                count: n_qps,
-                max: MAX_QPS,
-            });
-        }
+        at_most("queue pairs", n_qps, MAX_QPS)?;
         let mut qps = Vec::with_capacity(n_qps);
         for _ in 0..n_qps {
             qps.push(QpInfo {
@@ -322,13 +300,7 @@ impl ConnData {
             });
         }
         let n_regions = usize::from(r.u16("region count")?);
-        if n_regions > MAX_REGIONS {
-            return Err(ConnDataError::TooMany {
-                what: "regions",
-                count: n_regions,
-                max: MAX_REGIONS,
-            });
-        }
+        at_most("regions", n_regions, MAX_REGIONS)?;
         // Each region is 28 bytes: refuse a count the input cannot hold before allocating.
         let rest = bytes.len() - r.at;
         if n_regions * 28 > rest {

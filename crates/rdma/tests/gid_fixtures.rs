@@ -6,7 +6,7 @@
 use gdx_rdma::doctor::roce_gids;
 use gdx_rdma::gid::{
     candidates_from_topo, candidates_from_verbs, parse_override, select_gid, select_gid_for_port,
-    GidError, GidKind, LinkKind, NetdevState, StaticNetdevs, SysfsNetdevs,
+    GidChoice, GidError, GidKind, LinkKind, NetdevState, StaticNetdevs, SysfsNetdevs,
 };
 use gdx_topo::fixture::{GidEntry, RdmaPort, SysfsFixture};
 use gdx_topo::{NicPort, Topology};
@@ -42,11 +42,26 @@ fn port(m: &Machine, n: u32) -> NicPort {
     info.ports.iter().find(|p| p.port == n).unwrap().clone()
 }
 
+/// The GID gdx picks for `mlx5_0` port 1 of `m`, netdevs read from its sysfs, no override.
+fn sysfs_choice(m: &Machine) -> GidChoice {
+    select_gid_for_port("mlx5_0", &port(m, 1), &SysfsNetdevs::at_root(&m.root), None).unwrap()
+}
+
 fn v4_gid(a: [u8; 4]) -> String {
     format!(
         "0000:0000:0000:0000:0000:ffff:{:02x}{:02x}:{:02x}{:02x}",
         a[0], a[1], a[2], a[3]
     )
+}
+
+/// A RoCE v2 GID table entry at `index` for IPv4 address `a` on netdev `ndev`.
+fn v2_entry(index: u32, a: [u8; 4], ndev: &str) -> GidEntry {
+    GidEntry {
+        index,
+        gid: v4_gid(a),
+        gid_type: Some("RoCE v2".into()),
+        ndev: Some(ndev.into()),
+    }
 }
 
 #[test]
@@ -74,12 +89,7 @@ fn roce_picks_the_v2_ipv4_mapped_gid_on_the_up_netdev() {
 #[test]
 fn a_stale_address_loses_to_one_the_netdev_really_has() {
     let mut p = RdmaPort::roce(1, "ens1f0", [10, 0, 0, 1]);
-    p.gids.push(GidEntry {
-        index: 5,
-        gid: v4_gid([10, 0, 0, 2]),
-        gid_type: Some("RoCE v2".into()),
-        ndev: Some("ens1f0".into()),
-    });
+    p.gids.push(v2_entry(5, [10, 0, 0, 2], "ens1f0"));
     let m = machine(&[p], |_| {});
     let mut n = StaticNetdevs::default();
     let has: Vec<IpAddr> = vec!["10.0.0.2".parse().unwrap()];
@@ -96,12 +106,7 @@ fn a_stale_address_loses_to_one_the_netdev_really_has() {
 #[test]
 fn a_gid_on_an_up_netdev_beats_one_on_a_down_netdev() {
     let mut p = RdmaPort::roce(1, "ens1f0", [10, 0, 0, 1]);
-    p.gids.push(GidEntry {
-        index: 7,
-        gid: v4_gid([10, 9, 0, 1]),
-        gid_type: Some("RoCE v2".into()),
-        ndev: Some("ens1f0.100".into()),
-    });
+    p.gids.push(v2_entry(7, [10, 9, 0, 1], "ens1f0.100"));
     let m = machine(&[p], |f| {
         f.virtual_netdev("ens1f0.100");
         f.file("sys/class/net/ens1f0/operstate", "down\n");
@@ -117,13 +122,7 @@ fn only_a_down_netdev_still_chooses_but_warns() {
     let m = machine(&[RdmaPort::roce(1, "ens1f0", [10, 0, 0, 1])], |f| {
         f.file("sys/class/net/ens1f0/operstate", "down\n");
     });
-    let g = select_gid_for_port(
-        "mlx5_0",
-        &port(&m, 1),
-        &SysfsNetdevs::at_root(&m.root),
-        None,
-    )
-    .unwrap();
+    let g = sysfs_choice(&m);
     assert_eq!(g.index, 3);
     assert!(
         g.reason.contains("warning: its netdev is down"),
@@ -137,13 +136,7 @@ fn no_ipv4_falls_back_to_link_local_v2_with_a_warning() {
     let mut p = RdmaPort::roce(1, "ens1f0", [10, 0, 0, 1]);
     p.gids.retain(|g| g.index < 2);
     let m = machine(&[p], |_| {});
-    let g = select_gid_for_port(
-        "mlx5_0",
-        &port(&m, 1),
-        &SysfsNetdevs::at_root(&m.root),
-        None,
-    )
-    .unwrap();
+    let g = sysfs_choice(&m);
     assert_eq!(g.index, 1, "{g:?}");
     assert!(g.reason.contains("assign an IPv4 address"), "{}", g.reason);
 }

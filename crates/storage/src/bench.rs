@@ -147,6 +147,15 @@ impl Rig {
             .and_then(|()| self.stream.synchronize())
             .map_err(StorageError::cuda("poisoning the destination"))
     }
+
+    /// Checks that the destination's first `size` bytes are the pattern.
+    fn verify_dst(&self, size: usize) -> Result<(), StorageError> {
+        verify(
+            checksum_gpu(&self.dst, 0, size)?,
+            self.expected,
+            "the GPU copy",
+        )
+    }
 }
 
 /// Flush and drop the file's pages from the page cache.
@@ -392,11 +401,7 @@ fn gpu_row(
                 let rep =
                     copy_file_to_gpu(&file, &mut rig.dst, 0, &copy_opts(opts, choice, false))?;
                 if i == 0 {
-                    verify(
-                        checksum_gpu(&rig.dst, 0, size)?,
-                        rig.expected,
-                        "the GPU copy",
-                    )?;
+                    rig.verify_dst(size)?;
                 }
                 let note = if choice == PathChoice::Gds {
                     "cuFile on an O_DIRECT descriptor (compatibility mode reads it with POSIX I/O); \
@@ -426,11 +431,7 @@ fn gpu_row(
                     .map_err(StorageError::cuda("the naive copy to the GPU"))?;
                 let t = start.elapsed().as_secs_f64();
                 if i == 0 {
-                    verify(
-                        checksum_gpu(&rig.dst, 0, size)?,
-                        rig.expected,
-                        "the GPU copy",
-                    )?;
+                    rig.verify_dst(size)?;
                 }
                 Ok((Some(opts.size as f64 / t / 1e9), String::new(), DROPPED))
             });

@@ -223,6 +223,20 @@ fn gpu_bus(ctx: &Context) -> Option<String> {
     ctx.device().pci_bus_id().ok()
 }
 
+/// The outcome of a copy between `path` and GPU `ctx`'s memory (host memory when `None`).
+fn outcome(
+    report: CopyReport,
+    path: &Path,
+    ctx: Option<&Context>,
+    verify: Option<(Checksum, Checksum)>,
+) -> CopyOutcome {
+    CopyOutcome {
+        report,
+        ceiling: Ceiling::find(path, ctx.and_then(gpu_bus).as_deref()),
+        verify,
+    }
+}
+
 fn file_to_gpu(
     req: &CopyRequest,
     path: &Path,
@@ -243,11 +257,7 @@ fn file_to_gpu(
     } else {
         None
     };
-    Ok(CopyOutcome {
-        report,
-        ceiling: Ceiling::find(path, gpu_bus(&ctx).as_deref()),
-        verify,
-    })
+    Ok(outcome(report, path, Some(&ctx), verify))
 }
 
 fn gpu_to_file(
@@ -271,11 +281,7 @@ fn gpu_to_file(
     } else {
         None
     };
-    Ok(CopyOutcome {
-        report,
-        ceiling: Ceiling::find(path, gpu_bus(&ctx).as_deref()),
-        verify,
-    })
+    Ok(outcome(report, path, Some(&ctx), verify))
 }
 
 fn file_to_host(
@@ -293,11 +299,7 @@ fn file_to_host(
     } else {
         None
     };
-    Ok(CopyOutcome {
-        report,
-        ceiling: Ceiling::find(path, None),
-        verify,
-    })
+    Ok(outcome(report, path, None, verify))
 }
 
 fn host_to_file(
@@ -315,11 +317,7 @@ fn host_to_file(
     } else {
         None
     };
-    Ok(CopyOutcome {
-        report,
-        ceiling: Ceiling::find(path, None),
-        verify,
-    })
+    Ok(outcome(report, path, None, verify))
 }
 
 /// Run a copy into `path`; when it fails, remove the file if this copy created it (so an

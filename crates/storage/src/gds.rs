@@ -130,12 +130,25 @@ fn progress(opts: &CopyOptions, total: u64) -> impl Fn(usize) + Sync + '_ {
     }
 }
 
-fn describe(opts: &CopyOptions, note: &str, registered: &str) -> String {
-    format!(
-        "{note}; {registered}; {} x {} cuFile calls in flight",
-        opts.depth,
-        human_bytes(opts.chunk_bytes as u64),
-    )
+/// The report of a cuFile copy of `len` bytes, given its time and how the GPU buffer was
+/// registered; `note` says how the file was opened.
+fn reporter<'a>(
+    direction: Direction,
+    len: u64,
+    opts: &'a CopyOptions,
+    note: &'a str,
+) -> impl Fn(Duration, &str) -> CopyReport + 'a {
+    move |elapsed, registered| CopyReport {
+        direction,
+        bytes: len,
+        path: StoragePath::Gds,
+        reason: format!(
+            "{note}; {registered}; {} x {} cuFile calls in flight",
+            opts.depth,
+            human_bytes(opts.chunk_bytes as u64),
+        ),
+        elapsed,
+    }
 }
 
 pub(crate) fn read(
@@ -150,13 +163,7 @@ pub(crate) fn read(
     let (offset, len) = resolve(src, size)?;
     crate::gpu::check_range("destination GPU buffer", dst_offset, len, dst.len())?;
     let handle = register(driver, file, &src.path)?;
-    let report = |elapsed, registered: &str| CopyReport {
-        direction: Direction::FileToGpu,
-        bytes: len,
-        path: StoragePath::Gds,
-        reason: describe(opts, &note, registered),
-        elapsed,
-    };
+    let report = reporter(Direction::FileToGpu, len, opts, &note);
     if len == 0 {
         return Ok(report(Duration::ZERO, "nothing to copy"));
     }
@@ -227,13 +234,7 @@ pub(crate) fn write(
             })?;
     }
     let handle = register(driver, file, &dst.path)?;
-    let report = |elapsed, registered: &str| CopyReport {
-        direction: Direction::GpuToFile,
-        bytes: len,
-        path: StoragePath::Gds,
-        reason: describe(opts, &note, registered),
-        elapsed,
-    };
+    let report = reporter(Direction::GpuToFile, len, opts, &note);
     if len == 0 {
         return Ok(report(Duration::ZERO, "nothing to copy"));
     }

@@ -189,11 +189,7 @@ pub fn copy_host_to_file(
         &geo,
         bufs,
         &|| Ok(()),
-        |piece, buf| {
-            let at = piece.rel as usize;
-            buf.as_mut_slice()[piece.skip..piece.need()].copy_from_slice(&src[at..at + piece.len]);
-            Ok(())
-        },
+        pipeline::fill_from(src),
         &mut progress,
     )?;
     if opts.sync {

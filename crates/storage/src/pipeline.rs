@@ -202,6 +202,17 @@ pub(crate) fn write<B: Bounce>(
     })
 }
 
+/// A [`write`] fill that copies each chunk's range bytes from `src`, the whole range in memory.
+pub(crate) fn fill_from(
+    src: &[u8],
+) -> impl FnMut(&Piece, &mut AlignedBuf) -> Result<(), StorageError> + '_ {
+    move |piece, buf| {
+        let at = piece.rel as usize;
+        buf.as_mut_slice()[piece.skip..piece.need()].copy_from_slice(&src[at..at + piece.len]);
+        Ok(())
+    }
+}
+
 fn stopped() -> StorageError {
     StorageError::Internal("the I/O threads stopped early".to_string())
 }
@@ -353,20 +364,7 @@ mod tests {
         let src = pattern(50_001);
         let geo = Geometry::new(4097, 50_001, 8192);
         let bufs: Vec<AlignedBuf> = (0..3).map(|_| AlignedBuf::new(8192)).collect();
-        write(
-            &io,
-            &geo,
-            bufs,
-            &|| Ok(()),
-            |piece, buf| {
-                let at = piece.rel as usize;
-                buf.as_mut_slice()[piece.skip..piece.need()]
-                    .copy_from_slice(&src[at..at + piece.len]);
-                Ok(())
-            },
-            &mut |_| {},
-        )
-        .unwrap();
+        write(&io, &geo, bufs, &|| Ok(()), fill_from(&src), &mut |_| {}).unwrap();
         let back = std::fs::read(&p).unwrap();
         assert_eq!(back.len(), 70_000);
         assert!(back[..4097].iter().all(|&b| b == 0xEE));

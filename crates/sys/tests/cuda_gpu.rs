@@ -7,6 +7,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
+mod common;
+
+use common::verified_peer_copy;
+
 use gdx_sys::cuda::probe::{
     self, fill_pattern, find_mismatch, replay_seed as seed, test_gpu, Loc, POISON,
 };
@@ -242,18 +246,9 @@ fn two_gpus_peer_copy_is_verified() {
     ctx.enable_peer_access(&peer).unwrap();
     let seed = seed();
     let len = (64 << 20) + 13;
-    let mut host = PinnedHostBuffer::new(&ctx, len).unwrap();
-    fill_pattern(host.as_mut_slice().unwrap(), seed);
     let mut src = DeviceBuffer::new(&ctx, len).unwrap();
     let mut dst = DeviceBuffer::new(&peer, len).unwrap();
-    stream.copy_to_device(&mut src, &host).unwrap();
-    stream.memset(&mut dst, 0, len, POISON).unwrap();
-    stream.copy_peer(&mut dst, 0, &src, 0, len).unwrap();
-    host.as_mut_slice().unwrap().fill(0);
-    // Read back on a stream of the peer GPU: ordered after the copy by dst's marker.
-    let peer_stream = Stream::new(&peer).unwrap();
-    peer_stream.copy_to_host(&mut host, &dst).unwrap();
-    assert_eq!(find_mismatch(host.as_slice().unwrap(), seed), None);
+    verified_peer_copy(&ctx, &peer, &stream, &mut src, &mut dst, len, seed);
     assert_eq!(
         cuda.pointer_info(dst.as_raw()).unwrap().device_ordinal,
         Some(other)

@@ -8,6 +8,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
+mod common;
+
+use common::verified_peer_copy;
+
 use gdx_sys::cuda::probe::{fill_pattern, find_mismatch, replay_seed as seed, test_gpu, POISON};
 use gdx_sys::cuda::{
     Context, Cuda, CudaError, DeviceBuffer, Event, MemoryType, PinnedHostBuffer, Stream,
@@ -193,16 +197,8 @@ fn two_gpus_vmm_peer_copy_with_access_granted() {
     let info = cuda.pointer_info(dst.as_raw()).unwrap();
     assert!(info.device_ordinal.is_none_or(|g| g == other), "{info:?}");
     let seed = seed();
-    let mut host = PinnedHostBuffer::new(&ctx, len).unwrap();
-    fill_pattern(host.as_mut_slice().unwrap(), seed);
-    stream.copy_to_device(&mut src, &host).unwrap();
-    stream.memset(&mut dst, 0, len, POISON).unwrap();
-    stream.copy_peer(&mut dst, 0, &src, 0, len).unwrap();
-    host.as_mut_slice().unwrap().fill(0);
-    // Read back on a stream of the peer GPU: ordered after the copy by dst's marker.
-    let peer_stream = Stream::new(&peer).unwrap();
-    peer_stream.copy_to_host(&mut host, &dst).unwrap();
-    assert_eq!(find_mismatch(host.as_slice().unwrap(), seed), None);
+    let (mut host, peer_stream) =
+        verified_peer_copy(&ctx, &peer, &stream, &mut src, &mut dst, len, seed);
     // And the other way, plain device-to-device through unified addressing on the peer's
     // stream (the peer was granted access to `src`), ordered after the poisoning on `stream`
     // by src's marker.

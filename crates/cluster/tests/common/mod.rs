@@ -7,8 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gdx_cluster::test_support::EtcdServer;
-use gdx_cluster::{ClusterAgent, ClusterConfig, EtcdOptions};
-use gdx_engine::{Agent, AgentConfig, Secret};
+use gdx_cluster::{ClusterAgent, ClusterConfig, EtcdOptions, NamedPeer};
+use gdx_engine::{Access, Agent, AgentConfig, Region, Secret, Transfer, TransferReport};
 
 pub const SECRET: &[u8] = b"gdx-cluster-tests-shared-secret-0123";
 
@@ -39,6 +39,40 @@ pub fn cluster_config(url: &str, cluster: &str, ttl_s: i64) -> ClusterConfig {
 pub fn join(url: &str, cluster: &str, name: &str, ttl_s: i64) -> ClusterAgent {
     let agent = Agent::new(agent_config(name)).expect("agent");
     ClusterAgent::join(agent, cluster_config(url, cluster, ttl_s)).expect("join")
+}
+
+/// Agent `a` joined to `cluster` publishing a `kv_len` read/write region `kv`.
+pub fn join_with_kv(
+    url: &str,
+    cluster: &str,
+    ttl_s: i64,
+    kv_len: u64,
+) -> (ClusterAgent, Region<'static>) {
+    let agent = Agent::new(agent_config("a")).expect("agent");
+    let kv = agent
+        .alloc(kv_len, Access::READ_WRITE, Some("kv"))
+        .expect("alloc");
+    let a = ClusterAgent::join(agent, cluster_config(url, cluster, ttl_s)).expect("join");
+    (a, kv)
+}
+
+/// A local region of `b` holding `pattern(len, seed)`, and that pattern.
+pub fn filled_source(b: &ClusterAgent, len: usize, seed: u8) -> (Region<'static>, Vec<u8>) {
+    let mut src = b
+        .agent()
+        .alloc(len as u64, Access::LOCAL, None)
+        .expect("src");
+    let data = pattern(len, seed);
+    src.bytes_mut().expect("bytes").copy_from_slice(&data);
+    (src, data)
+}
+
+/// Submits `t` to `peer` and waits for it (60 s); panics naming `what` if it fails.
+pub fn complete(peer: &NamedPeer, t: Transfer, what: &str) -> TransferReport {
+    peer.submit(t)
+        .expect("submit")
+        .wait(Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{what}: {e:?}"))
 }
 
 /// Waits until `f` holds, polling; panics with `what` after `limit`.

@@ -148,12 +148,7 @@ mod tests {
         let t = Tree::new();
         t.gpu("pci0000:00", &[], "0000:03:00.0");
         t.nic("pci0000:00", &[], "0000:04:00.0");
-        t.rdma(
-            "mlx5_0",
-            "0000:04:00.0",
-            &[("4: ACTIVE", "InfiniBand")],
-            None,
-        );
+        t.ib_rdma("0000:04:00.0");
         t
     }
 

@@ -150,12 +150,7 @@ mod tests {
         let t = Tree::new();
         t.gpu("pci0000:00", &[], "0000:03:00.0");
         t.nic("pci0000:80", &[], "0000:84:00.0");
-        t.rdma(
-            "mlx5_0",
-            "0000:84:00.0",
-            &[("4: ACTIVE", "InfiniBand")],
-            None,
-        );
+        t.ib_rdma("0000:84:00.0");
         t.attr("0000:03:00.0", "numa_node", format!("{gpu_node}\n"));
         t.attr("0000:84:00.0", "numa_node", format!("{nic_node}\n"));
         t

@@ -8,6 +8,9 @@ use gdx_doctor::checks::nccl_env;
 use gdx_doctor::Status;
 use gdx_topo::{Device, PathClass};
 
+/// A judgement's verdict, best, why and fix (its subject and what NCCL did are the caller's).
+type HcaVerdict = (Verdict, Option<String>, Vec<String>, Option<String>);
+
 impl<'a> Judge<'a> {
     /// Why GDR is off, from the log and the doctor.
     pub(super) fn gdr_reasons(&self, hca: Option<&str>) -> (Vec<String>, Option<String>) {
@@ -105,64 +108,53 @@ impl<'a> Judge<'a> {
         names
             .into_iter()
             .map(|name| {
-                let nccl_did = format!("GPU Direct RDMA disabled for {name}");
-                let subject = format!("GDR on {name}");
-                let (why, fix) = self.gdr_reasons(Some(&name));
-                if self.topo.is_none() {
-                    return Judgement {
-                        subject,
-                        verdict: Verdict::Unknown,
-                        nccl_did,
-                        best: None,
-                        why,
-                        fix,
-                    };
-                }
-                let Some(nic) = self.nic_named(&name) else {
-                    if let Some(best) = self.nearest_by_rank(&name) {
-                        return Judgement {
-                            subject,
-                            verdict: Verdict::NotBest,
-                            nccl_did,
-                            best: Some(best),
-                            why,
-                            fix,
-                        };
-                    }
-                    return Judgement {
-                        subject,
-                        verdict: Verdict::Unknown,
-                        nccl_did,
-                        best: None,
-                        why: vec![format!("{name} is not an RDMA device of the given topology")],
-                        fix: None,
-                    };
-                };
-                let local = self.local_gpus(nic);
-                if local.is_empty() && !forced {
-                    return Judgement {
-                        subject,
-                        verdict: Verdict::Best,
-                        nccl_did,
-                        best: Some(format!("no GPU is PIX or PXB to {name}")),
-                        why: vec![format!("GPUDirect RDMA would cross a host bridge; NCCL's default NCCL_NET_GDR_LEVEL (PXB) stages through host memory instead, which is right")],
-                        fix: None,
-                    };
-                }
-                let best = match local.first() {
-                    Some((g, c)) => format!("{}↔{name} is {c}: GDRDMA expected", g.label),
-                    None => format!("NCCL_NET_GDR_LEVEL allows GDR at any distance to {name}"),
-                };
+                let (verdict, best, why, fix) = self.gdr_hca_verdict(&name, forced);
                 Judgement {
-                    subject,
-                    verdict: Verdict::NotBest,
-                    nccl_did,
-                    best: Some(best),
+                    subject: format!("GDR on {name}"),
+                    verdict,
+                    nccl_did: format!("GPU Direct RDMA disabled for {name}"),
+                    best,
                     why,
                     fix,
                 }
             })
             .collect()
+    }
+
+    /// The verdict on the HCA `name` NCCL turned GPU Direct RDMA off for, with what the
+    /// machine allows, why, and the fix; `forced`: NCCL_NET_GDR_LEVEL allows more than PXB.
+    fn gdr_hca_verdict(&mut self, name: &str, forced: bool) -> HcaVerdict {
+        let (why, fix) = self.gdr_reasons(Some(name));
+        if self.topo.is_none() {
+            return (Verdict::Unknown, None, why, fix);
+        }
+        let Some(nic) = self.nic_named(name) else {
+            if let Some(best) = self.nearest_by_rank(name) {
+                return (Verdict::NotBest, Some(best), why, fix);
+            }
+            return (
+                Verdict::Unknown,
+                None,
+                vec![format!(
+                    "{name} is not an RDMA device of the given topology"
+                )],
+                None,
+            );
+        };
+        let local = self.local_gpus(nic);
+        if local.is_empty() && !forced {
+            return (
+                Verdict::Best,
+                Some(format!("no GPU is PIX or PXB to {name}")),
+                vec![format!("GPUDirect RDMA would cross a host bridge; NCCL's default NCCL_NET_GDR_LEVEL (PXB) stages through host memory instead, which is right")],
+                None,
+            );
+        }
+        let best = match local.first() {
+            Some((g, c)) => format!("{}↔{name} is {c}: GDRDMA expected", g.label),
+            None => format!("NCCL_NET_GDR_LEVEL allows GDR at any distance to {name}"),
+        };
+        (Verdict::NotBest, Some(best), why, fix)
     }
 
     /// For a topology that names no HCA (an NCCL XML file): the nearest NIC of the GPU of a

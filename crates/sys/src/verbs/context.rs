@@ -98,7 +98,8 @@ impl fmt::Display for DmabufSupport {
     }
 }
 
-fn chain_text(e: &dyn std::error::Error) -> String {
+/// An error and its source chain as one line, e.g. `ibv_reg_mr: Bad address (os error 14)`.
+pub(super) fn chain_text(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(s) = cur {

@@ -89,6 +89,23 @@ impl fmt::Debug for MemoryRegion {
 
 impl MemoryRegion {
     /// Take ownership of a registration `ibv_reg_*` just returned.
+    /// The result of the `ibv_reg_*mr` call `call`: the region it returned, or on null the
+    /// errno it set (read first, before anything can change it), naming `what` it registered.
+    fn adopt_or_errno(
+        ctx: &RdmaContext,
+        call: &'static str,
+        mr: *mut ibv_mr,
+        addr: u64,
+        len: usize,
+        what: impl FnOnce() -> String,
+    ) -> Result<MemoryRegion, VerbsError> {
+        let errno = Errno::last();
+        match NonNull::new(mr) {
+            Some(mr) => Ok(MemoryRegion::adopt(ctx, mr, addr, len)),
+            None => Err(VerbsError::from_errno(call, ctx.name(), what(), errno)),
+        }
+    }
+
     fn adopt(ctx: &RdmaContext, mr: NonNull<ibv_mr>, addr: u64, len: usize) -> MemoryRegion {
         // SAFETY: `mr` points to the record the successful registration returned; it stays
         // valid until `ibv_dereg_mr`, which only `Drop` calls.
@@ -190,15 +207,7 @@ impl RdmaContext {
             )
         };
         let what = || format!("{len} bytes of host memory at {addr:p}");
-        match NonNull::new(mr) {
-            Some(mr) => Ok(MemoryRegion::adopt(self, mr, addr as u64, len)),
-            None => Err(VerbsError::from_errno(
-                CALL,
-                self.name(),
-                what(),
-                Errno::last(),
-            )),
-        }
+        MemoryRegion::adopt_or_errno(self, CALL, mr, addr as u64, len, what)
     }
 
     /// Register `len` bytes of GPU memory at device address `addr` through the peer-memory
@@ -235,15 +244,7 @@ impl RdmaContext {
             )
         };
         let what = || format!("{len} bytes of GPU memory at {addr:#x} (peermem)");
-        match NonNull::new(mr) {
-            Some(mr) => Ok(MemoryRegion::adopt(self, mr, addr, len)),
-            None => Err(VerbsError::from_errno(
-                CALL,
-                self.name(),
-                what(),
-                Errno::last(),
-            )),
-        }
+        MemoryRegion::adopt_or_errno(self, CALL, mr, addr, len, what)
     }
 
     /// Register `len` bytes starting `offset` bytes into the dma-buf `fd`, addressed by the
@@ -292,15 +293,7 @@ impl RdmaContext {
                 fd.as_raw_fd()
             )
         };
-        match NonNull::new(mr) {
-            Some(mr) => Ok(MemoryRegion::adopt(self, mr, iova, len)),
-            None => Err(VerbsError::from_errno(
-                CALL,
-                self.name(),
-                what(),
-                Errno::last(),
-            )),
-        }
+        MemoryRegion::adopt_or_errno(self, CALL, mr, iova, len, what)
     }
 }
 

@@ -10,6 +10,7 @@
 //! dropping it deregisters (`ibv_dereg_mr`), then deallocates the protection domain and closes
 //! the device.
 
+use super::context::chain_text;
 use crate::cuda::{CudaError, DeviceBuffer, DmaBuf};
 use sideway::ibverbs::device::{DeviceInfo, DeviceList};
 use sideway::ibverbs::memory_region::MemoryRegion;
@@ -101,18 +102,6 @@ impl GpuRegistration<'_> {
     pub fn method(&self) -> RegMethod {
         self.method
     }
-}
-
-/// The errno text of an error's source chain, e.g. `Bad address (os error 14)`.
-fn chain_text(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
 }
 
 /// Register all of `buffer` with RDMA device `rdma_device` (e.g. `mlx5_0`) by `method`, for
