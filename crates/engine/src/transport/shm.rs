@@ -69,6 +69,9 @@ struct Worker {
     ring: Option<ring::RingClient>,
     /// Why the connection is unusable, once it is.
     broken: Option<Error>,
+    /// A small transfer the submitting thread started and handed over (its peer did not answer
+    /// within the submit spin); the worker thread finishes it when it dequeues that transfer.
+    parked: Option<ring::Parked>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -165,6 +168,7 @@ impl ShmTransport {
             wait: io_timeout,
             ring: Some(ring),
             broken: None,
+            parked: None,
         };
         let worker = Arc::new(Mutex::new(w));
         let queued = Arc::new(AtomicUsize::new(0));
@@ -190,12 +194,28 @@ impl Transport for ShmTransport {
                 // Re-checked under the lock: the worker thread finishes a transfer before it
                 // lowers the count, so nothing submitted earlier is still running.
                 if self.queued.load(Ordering::SeqCst) == 0 && self.queue.is_alive() {
-                    if w.run_guarded(&xfer) {
-                        self.dead.store(true, Ordering::SeqCst);
+                    match w.fast_guarded(&xfer) {
+                        Some(ring::Fast::Done) => {
+                            drop(w);
+                            xfer.finish();
+                            return;
+                        }
+                        Some(ring::Fast::Parked(p)) => {
+                            // Counted and queued under the lock: the worker dequeues this
+                            // transfer next and finds it parked.
+                            w.parked = Some(p);
+                            self.queued.fetch_add(1, Ordering::SeqCst);
+                            self.queue.submit(xfer);
+                            return;
+                        }
+                        Some(ring::Fast::NotStarted) => {}
+                        None => {
+                            self.dead.store(true, Ordering::SeqCst);
+                            drop(w);
+                            xfer.finish();
+                            return;
+                        }
                     }
-                    drop(w);
-                    xfer.finish();
-                    return;
                 }
             }
         }
@@ -223,7 +243,14 @@ fn worker_thread(
     for xfer in rx {
         {
             let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
-            if w.run_guarded(&xfer) {
+            let broke = match w.parked.take() {
+                Some(p) if Arc::ptr_eq(&p.xfer, &xfer) => w.resume_guarded(&p),
+                other => {
+                    w.parked = other;
+                    w.run_guarded(&xfer)
+                }
+            };
+            if broke {
                 alive.store(false, Ordering::SeqCst);
                 dead.store(true, Ordering::SeqCst);
             }
@@ -255,9 +282,42 @@ impl Worker {
         }
     }
 
+    /// The submitting thread's attempt (`try_fast`); `None` when it broke the connection (the
+    /// transfer's ops are failed).
+    fn fast_guarded(&mut self, xfer: &Arc<XferState>) -> Option<ring::Fast> {
+        if let Some(e) = &self.broken {
+            xfer.fail_pending(e);
+            return Some(ring::Fast::Done);
+        }
+        match self.try_fast(xfer) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                xfer.fail_pending(&e);
+                self.broken = Some(e);
+                None
+            }
+        }
+    }
+
+    /// Finishes a parked transfer on the worker thread; true when it broke the connection.
+    fn resume_guarded(&mut self, p: &ring::Parked) -> bool {
+        if let Some(e) = &self.broken {
+            p.xfer.fail_pending(e);
+            return false;
+        }
+        match self.resume(p) {
+            Ok(()) => false,
+            Err(e) => {
+                p.xfer.fail_pending(&e);
+                self.broken = Some(e);
+                true
+            }
+        }
+    }
+
     /// Runs one transfer; `Err` means the connection is unusable.
     fn run(&mut self, xfer: &XferState) -> Result<()> {
-        let plans: Vec<Path> = xfer.plans().into_iter().map(|p| p.path).collect();
+        let plans: Vec<Path> = xfer.paths();
         let mut ok = vec![true; xfer.ops.len()];
         // Map every agent-allocated remote region once.
         for (i, op) in xfer.ops.iter().enumerate() {
