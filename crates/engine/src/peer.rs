@@ -419,7 +419,7 @@ impl Peer {
         for (i, op) in t.ops.iter().enumerate() {
             let same = i > 0 && {
                 let prev = &t.ops[i - 1];
-                Arc::ptr_eq(&prev.local, &op.local) && prev.remote == op.remote
+                Arc::ptr_eq(&prev.local, &op.local) && Arc::ptr_eq(&prev.remote, &op.remote)
             };
             let plan = match plans.last() {
                 Some(p) if same => p.clone(),

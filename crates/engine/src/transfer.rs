@@ -32,7 +32,8 @@ pub(crate) struct Op {
     pub(crate) kind: OpKind,
     pub(crate) local: Arc<RegionInner>,
     pub(crate) local_offset: u64,
-    pub(crate) remote: RegionDesc,
+    /// Shared by consecutive ops on the same remote region (a batch clones it once).
+    pub(crate) remote: Arc<RegionDesc>,
     pub(crate) remote_offset: u64,
     pub(crate) len: u64,
 }
@@ -99,11 +100,15 @@ impl Transfer {
         ro: u64,
         len: u64,
     ) -> &mut Self {
+        let remote = match self.ops.last() {
+            Some(prev) if *prev.remote == *remote => Arc::clone(&prev.remote),
+            _ => Arc::new(remote.clone()),
+        };
         self.ops.push(Op {
             kind,
             local: Arc::clone(&local.inner),
             local_offset: lo,
-            remote: remote.clone(),
+            remote,
             remote_offset: ro,
             len,
         });

@@ -127,23 +127,24 @@ fn hung_up(fd: RawFd) -> bool {
     n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
 }
 
-/// Whether `xfer` is small enough to run on the submitting thread: one inline slot at most
-/// (its ops ≤ `INLINE_MAX`, their bytes ≤ the slot's data area). Whether it actually takes the
+/// Whether `xfer` is small enough to run on the submitting thread: one inline slot, all its
+/// bytes ≤ `INLINE_MAX` (two copies of that cost less than a BEGIN's extra bookkeeping). Whether it actually takes the
 /// ring is decided by `run_ring`.
 pub(super) fn fits_one_slot(xfer: &XferState) -> bool {
-    xfer.ops.len() <= MAX_RING_OPS
-        && xfer.ops.iter().all(|o| o.len <= INLINE_MAX)
-        && xfer.ops.iter().map(|o| o.len).sum::<u64>() <= DATA_BYTES as u64
+    xfer.ops.len() <= MAX_RING_OPS && xfer.ops.iter().map(|o| o.len).sum::<u64>() <= INLINE_MAX
 }
 
 /// Whether op `i` can go through the ring (inline, or leased and copied through a mapping).
-fn ring_class(w: &Worker, xfer: &XferState, plan: &Path, i: usize) -> Option<u32> {
+/// A transfer of more than `INLINE_MAX` bytes moves its small ops to mapped regions with `BEGIN`
+/// too: one copy instead of two, and one lease per region run instead of one per op.
+fn ring_class(w: &Worker, xfer: &XferState, plan: &Path, i: usize, big: bool) -> Option<u32> {
     let op = &xfer.ops[i];
+    let mapped = *plan == Path::Shm && w.maps.contains_key(&op.remote.id);
+    if mapped && (big || op.len > INLINE_MAX) {
+        return Some(KIND_BEGIN);
+    }
     if op.len <= INLINE_MAX && matches!(plan, Path::Shm | Path::ShmStaged) {
         return Some(KIND_INLINE);
-    }
-    if *plan == Path::Shm && w.maps.contains_key(&op.remote.id) {
-        return Some(KIND_BEGIN);
     }
     None
 }
@@ -198,8 +199,9 @@ impl Worker {
         }
         let idx: Vec<usize> = (0..xfer.ops.len()).filter(|&i| ok[i]).collect();
         let mut classes = Vec::with_capacity(idx.len());
+        let big = idx.iter().map(|&i| xfer.ops[i].len).sum::<u64>() > INLINE_MAX;
         for &i in &idx {
-            match ring_class(self, xfer, &plans[i], i) {
+            match ring_class(self, xfer, &plans[i], i, big) {
                 Some(k) => classes.push(k),
                 None => return Ok(false),
             }

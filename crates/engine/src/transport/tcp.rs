@@ -7,10 +7,11 @@
 //! is done). The target does the mirror image for its GPU regions (see `server`).
 //!
 //! Latency path: a small transfer of host memory (at most [`FAST_BYTES`] and [`WINDOW`] chunks) on
-//! an idle stream is written by the submitting thread itself, under the stream's lock, and its
-//! replies are read by the stream's thread, which was woken while the request travelled: one
-//! request/ack on the established stream, no hand-off before the bytes leave. Anything larger, or
-//! a stream with work queued, goes through the stream's thread as before.
+//! an idle stream is written by the submitting thread itself, under the stream's lock, which then
+//! polls for the replies for at most [`SUBMIT_SPIN`] and completes the ops itself: one
+//! request/ack on the established stream, no thread between the bytes and the completion. Replies
+//! not there by then (a stalled peer), and the notification, go to the stream's thread. Anything
+//! larger, or a stream with work queued, goes through the stream's thread as before.
 //!
 //! Payloads go from the local region to the socket and from the socket into the local region without
 //! an intermediate buffer. Each chunk is confirmed by the target (`WriteAck` after the payload landed,
@@ -19,7 +20,6 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,12 +31,20 @@ use crate::transfer::{OpKind, XferState};
 use crate::transport::Transport;
 use crate::wire::Msg;
 
+#[path = "tcp_queue.rs"]
+mod queue;
+use queue::JobQueue;
+
 /// Chunks in flight per stream before waiting for a confirmation.
 const WINDOW: usize = 16;
 
 /// Largest transfer (all its bytes) the submitting thread writes itself. Far below a socket's
 /// buffer, so on an idle stream the write never waits for the peer, even a stalled one.
 const FAST_BYTES: u64 = 64 << 10;
+
+/// How long the submitting thread polls for the replies of what it wrote before it leaves them
+/// to the stream's thread: a loopback or same-rack round trip, not a stalled peer's.
+const SUBMIT_SPIN: Duration = Duration::from_micros(50);
 
 #[derive(Debug, Clone, Copy)]
 struct Chunk {
@@ -83,7 +91,7 @@ impl std::fmt::Debug for Stream {
 
 #[derive(Debug)]
 struct Worker {
-    tx: Mutex<Option<Sender<Job>>>,
+    jobs: Arc<JobQueue<Job>>,
     sock: Sock,
     stream: Arc<Mutex<Stream>>,
     /// Jobs queued to the stream's thread and not yet done: the submitting thread writes only
@@ -113,7 +121,7 @@ impl TcpTransport {
         let mut workers = Vec::new();
         for (i, conn) in streams.into_iter().enumerate() {
             let sock = conn.shutdown_handle()?;
-            let (tx, rx) = channel();
+            let jobs = Arc::new(JobQueue::new()?);
             let a = Arc::clone(&alive);
             let stream = Arc::new(Mutex::new(Stream {
                 conn,
@@ -121,13 +129,13 @@ impl TcpTransport {
                 broken: None,
             }));
             let queued = Arc::new(AtomicUsize::new(0));
-            let (st, q) = (Arc::clone(&stream), Arc::clone(&queued));
+            let (st, q, j) = (Arc::clone(&stream), Arc::clone(&queued), Arc::clone(&jobs));
             std::thread::Builder::new()
                 .name(format!("gdx-tcp-{i}"))
-                .spawn(move || stream_worker(&st, rx, &a, &q, io_timeout))
+                .spawn(move || stream_worker(&st, &j, &a, &q, io_timeout))
                 .map_err(|e| Error::os("spawn", e))?;
             workers.push(Worker {
-                tx: Mutex::new(Some(tx)),
+                jobs,
                 sock,
                 stream,
                 queued,
@@ -211,19 +219,51 @@ impl TcpTransport {
                 group_done(&job);
                 return None;
             }
-            job.sent = Some(sent);
+            // The replies, read here while they come within the spin (the round trip of a
+            // running peer); the rest, and the notification (a control round trip), are left
+            // to the stream's thread, so a stalled peer never holds the caller.
+            let mut got = 0;
+            {
+                let Stream { conn, stager, .. } = &mut *st;
+                let mut staging = Staging {
+                    stager,
+                    ahead: VecDeque::new(),
+                    scanned: 0,
+                    landing: VecDeque::new(),
+                };
+                let until = std::time::Instant::now() + SUBMIT_SPIN;
+                while got < sent.len() {
+                    let left = until.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() || !crate::ring::spin_until(left, || conn.has_input()) {
+                        break;
+                    }
+                    if let Err(e) =
+                        recv_reply(conn, &mut staging, &job.xfer, sent[got], self.io_timeout)
+                    {
+                        self.alive.store(false, Ordering::SeqCst);
+                        fail_chunks(&job.xfer, &sent[got..], &e);
+                        st.broken = Some(e);
+                        drop(st);
+                        group_done(&job);
+                        return None;
+                    }
+                    got += 1;
+                }
+            }
+            if got == sent.len() && (job.xfer.notify.is_none() || job.xfer.has_failed()) {
+                drop(st);
+                group_done(&job);
+                return None;
+            }
+            job.sent = Some(sent.split_off(got));
             // Counted and queued under the lock: the stream's thread takes this job next.
             w.queued.fetch_add(1, Ordering::SeqCst);
-            let tx = w.tx.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            let rejected = match tx {
-                Some(tx) => tx.send(job).err().map(|e| e.0),
-                None => Some(job),
-            };
+            let rejected = w.jobs.push(job, true).err();
             drop(st);
             if let Some(job) = rejected {
                 w.queued.fetch_sub(1, Ordering::SeqCst);
                 let e = Error::PeerLost("peer connection closed".into());
-                fail_chunks(&job.xfer, &job.chunks, &e);
+                fail_chunks(&job.xfer, job.sent.as_deref().unwrap_or(&[]), &e);
                 group_done(&job);
             }
             return None;
@@ -301,13 +341,8 @@ impl Transport for TcpTransport {
                 sent: None,
             };
             let worker = &self.workers[w];
-            let tx = worker.tx.lock().unwrap_or_else(|p| p.into_inner()).clone();
             worker.queued.fetch_add(1, Ordering::SeqCst);
-            let rejected = match tx {
-                Some(tx) => tx.send(job).err().map(|e| e.0),
-                None => Some(job),
-            };
-            if let Some(job) = rejected {
+            if let Err(job) = worker.jobs.push(job, true) {
                 worker.queued.fetch_sub(1, Ordering::SeqCst);
                 fail_chunks(
                     &job.xfer,
@@ -325,7 +360,7 @@ impl Transport for TcpTransport {
 
     fn close(&self) {
         for w in &self.workers {
-            w.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+            w.jobs.close();
             w.sock.shutdown();
         }
         self.alive.store(false, Ordering::SeqCst);
@@ -336,7 +371,7 @@ impl Drop for TcpTransport {
     fn drop(&mut self) {
         // Dropping the senders ends the workers after their queued jobs; they say Bye.
         for w in &self.workers {
-            w.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+            w.jobs.close();
         }
     }
 }
@@ -371,12 +406,20 @@ fn group_done(job: &Job) {
 
 fn stream_worker(
     stream: &Mutex<Stream>,
-    rx: Receiver<Job>,
+    jobs: &JobQueue<Job>,
     alive: &AtomicBool,
     queued: &AtomicUsize,
     io_timeout: Duration,
 ) {
-    for job in rx {
+    loop {
+        let job = match jobs.pop() {
+            (Some(job), _) => job,
+            (None, true) => break,
+            (None, false) => {
+                jobs.idle_wait();
+                continue;
+            }
+        };
         {
             let mut st = stream.lock().unwrap_or_else(|p| p.into_inner());
             let Stream {
