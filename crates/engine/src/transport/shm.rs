@@ -240,23 +240,58 @@ fn worker_thread(
     queued: &AtomicUsize,
     dead: &AtomicBool,
 ) {
-    for xfer in rx {
-        {
-            let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
-            let broke = match w.parked.take() {
-                Some(p) if Arc::ptr_eq(&p.xfer, &xfer) => w.resume_guarded(&p),
-                other => {
-                    w.parked = other;
-                    w.run_guarded(&xfer)
-                }
-            };
-            if broke {
-                alive.store(false, Ordering::SeqCst);
-                dead.store(true, Ordering::SeqCst);
+    // A transfer taken off the queue that could not join a pipelined group.
+    let mut next: Option<Arc<XferState>> = None;
+    loop {
+        let xfer = match next.take() {
+            Some(x) => x,
+            None => match rx.recv() {
+                Ok(x) => x,
+                Err(_) => break,
+            },
+        };
+        let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
+        let mut group = Vec::new();
+        let broke = match w.parked.take() {
+            Some(p) if Arc::ptr_eq(&p.xfer, &xfer) => {
+                let broke = w.resume_guarded(&p);
+                group.push(xfer);
+                broke
             }
+            other => {
+                w.parked = other;
+                if ring::pipelines(&xfer) {
+                    // Small transfers queued behind each other share the ring: their slots are
+                    // all posted before the first answer is awaited (a window of transfers
+                    // progresses concurrently, in submission order).
+                    group.push(xfer);
+                    while group.len() < ring::PIPELINE {
+                        match rx.try_recv() {
+                            Ok(x) if ring::pipelines(&x) => group.push(x),
+                            Ok(x) => {
+                                next = Some(x);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    w.pipeline_guarded(&group)
+                } else {
+                    let broke = w.run_guarded(&xfer);
+                    group.push(xfer);
+                    broke
+                }
+            }
+        };
+        if broke {
+            alive.store(false, Ordering::SeqCst);
+            dead.store(true, Ordering::SeqCst);
         }
-        xfer.finish();
-        queued.fetch_sub(1, Ordering::SeqCst);
+        drop(w);
+        for x in &group {
+            x.finish();
+        }
+        queued.fetch_sub(group.len(), Ordering::SeqCst);
     }
     let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
     if w.broken.is_none() {
@@ -295,6 +330,30 @@ impl Worker {
                 xfer.fail_pending(&e);
                 self.broken = Some(e);
                 None
+            }
+        }
+    }
+
+    /// Runs a group of small transfers with their ring slots posted together (`pipeline`);
+    /// true when the group broke the connection (its unfinished ops fail).
+    fn pipeline_guarded(&mut self, group: &[Arc<XferState>]) -> bool {
+        if let Some(e) = &self.broken {
+            for x in group {
+                x.fail_pending(e);
+            }
+            return false;
+        }
+        if group.len() == 1 {
+            return self.run_guarded(&group[0]);
+        }
+        match self.pipeline(group) {
+            Ok(()) => false,
+            Err(e) => {
+                for x in group {
+                    x.fail_pending(&e);
+                }
+                self.broken = Some(e);
+                true
             }
         }
     }

@@ -134,6 +134,23 @@ pub(super) fn fits_one_slot(xfer: &XferState) -> bool {
     xfer.ops.len() <= MAX_RING_OPS && xfer.ops.iter().map(|o| o.len).sum::<u64>() <= INLINE_MAX
 }
 
+/// Most small transfers whose slots the worker posts before it awaits the first answer.
+pub(super) const PIPELINE: usize = ring::SLOTS / 2;
+
+/// Whether `xfer` can join a pipelined group: one inline slot, no notification (that is a
+/// socket round trip after the bytes).
+pub(super) fn pipelines(xfer: &XferState) -> bool {
+    fits_one_slot(xfer) && xfer.notify.is_none() && all_inline(xfer)
+}
+
+/// Whether every op of `xfer` travels inline (small, and to a path the ring carries inline).
+fn all_inline(xfer: &XferState) -> bool {
+    xfer.paths()
+        .iter()
+        .zip(&xfer.ops)
+        .all(|(p, op)| op.len <= INLINE_MAX && matches!(p, Path::Shm | Path::ShmStaged))
+}
+
 /// Whether op `i` can go through the ring (inline, or leased and copied through a mapping).
 /// A transfer of more than `INLINE_MAX` bytes moves its small ops to mapped regions with `BEGIN`
 /// too: one copy instead of two, and one lease per region run instead of one per op.
@@ -464,11 +481,7 @@ impl Worker {
     /// worker thread as `Fast::Parked`, so a stalled peer never blocks the caller. `Err`: the
     /// connection broke.
     pub(super) fn try_fast(&mut self, xfer: &Arc<XferState>) -> Result<Fast> {
-        let paths = xfer.paths();
-        let inline = paths
-            .iter()
-            .zip(&xfer.ops)
-            .all(|(p, op)| op.len <= INLINE_MAX && matches!(p, Path::Shm | Path::ShmStaged));
+        let inline = all_inline(xfer);
         let Some(rc) = self.ring.as_ref() else {
             return Ok(Fast::NotStarted);
         };
@@ -493,6 +506,22 @@ impl Worker {
             }));
         }
         Ok(Fast::Done)
+    }
+
+    /// A group of small transfers (each `pipelines`): every slot posted first, then each
+    /// answer awaited and completed in order. `Err`: the connection broke.
+    pub(super) fn pipeline(&mut self, group: &[Arc<XferState>]) -> Result<()> {
+        let mut posted = Vec::with_capacity(group.len());
+        for x in group {
+            let batch: Vec<usize> = (0..x.ops.len()).collect();
+            posted.push(self.post_inline(x, &batch)?);
+        }
+        for (x, (slot, skip)) in group.iter().zip(posted) {
+            self.ring_mut()?.wait_state(slot, DONE)?;
+            let batch: Vec<usize> = (0..x.ops.len()).collect();
+            self.finish_inline(x, &batch, slot, skip)?;
+        }
+        Ok(())
     }
 
     /// The worker thread's side of a parked transfer: waits for its slot (with the I/O
