@@ -435,19 +435,26 @@ impl Peer {
             .agent
             .strict
             .load(std::sync::atomic::Ordering::Relaxed);
-        let plans = t
-            .ops
-            .iter()
-            .map(|op| {
-                plan_op(
+        // A batch's ops mostly join the same two regions: the plan (and its reason, a formatted
+        // string) is made once per run of such ops, not once per op.
+        let mut plans: Vec<crate::plan::Plan> = Vec::with_capacity(t.ops.len());
+        for (i, op) in t.ops.iter().enumerate() {
+            let same = i > 0 && {
+                let prev = &t.ops[i - 1];
+                Arc::ptr_eq(&prev.local, &op.local) && Arc::ptr_eq(&prev.remote, &op.remote)
+            };
+            let plan = match plans.last() {
+                Some(p) if same => p.clone(),
+                _ => plan_op(
                     &self.inner.route,
                     &op.local,
                     &op.remote,
                     &self.inner.tcp_detail,
                     strict,
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
+                )?,
+            };
+            plans.push(plan);
+        }
         let id = self
             .inner
             .agent

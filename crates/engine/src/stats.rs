@@ -112,21 +112,37 @@ impl Stats {
     /// Records one ended transfer.
     pub(crate) fn record(&self, ops: &[OpResult], failed: bool, elapsed: Duration) {
         let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        // Completed ops are summed per run of one path and direction first: a batch of a
+        // thousand ops costs one map update, not a thousand.
+        let mut run: Option<(crate::plan::Path, &'static str, u64, u64)> = None;
+        let flush = |c: &mut Counts, run: Option<(crate::plan::Path, &'static str, u64, u64)>| {
+            if let Some((path, dir, bytes, n)) = run {
+                let e = c.paths.entry((path.to_string(), dir)).or_default();
+                e.0 += bytes;
+                e.1 += n;
+            }
+        };
         for op in ops {
             let dir = match op.kind {
                 OpKind::Write => "write",
                 OpKind::Read => "read",
             };
             match &op.status {
-                OpStatus::Completed => {
-                    let e = c.paths.entry((op.plan.path.to_string(), dir)).or_default();
-                    e.0 += op.len;
-                    e.1 += 1;
-                }
+                OpStatus::Completed => match &mut run {
+                    Some((p, d, bytes, n)) if *p == op.plan.path && *d == dir => {
+                        *bytes += op.len;
+                        *n += 1;
+                    }
+                    _ => {
+                        flush(&mut c, run.take());
+                        run = Some((op.plan.path, dir, op.len, 1));
+                    }
+                },
                 OpStatus::Failed(err) => *c.failures.entry(reason_label(err)).or_default() += 1,
                 OpStatus::Pending => {}
             }
         }
+        flush(&mut c, run);
         if failed {
             c.failed += 1;
         } else {

@@ -5,7 +5,7 @@
 //! `Completed` only when every op is, and its notification (if any) was delivered. Anything else ends
 //! as `Failed { reason }`, the first error seen.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -32,7 +32,8 @@ pub(crate) struct Op {
     pub(crate) kind: OpKind,
     pub(crate) local: Arc<RegionInner>,
     pub(crate) local_offset: u64,
-    pub(crate) remote: RegionDesc,
+    /// Shared by consecutive ops on the same remote region (a batch clones it once).
+    pub(crate) remote: Arc<RegionDesc>,
     pub(crate) remote_offset: u64,
     pub(crate) len: u64,
 }
@@ -99,11 +100,15 @@ impl Transfer {
         ro: u64,
         len: u64,
     ) -> &mut Self {
+        let remote = match self.ops.last() {
+            Some(prev) if *prev.remote == *remote => Arc::clone(&prev.remote),
+            _ => Arc::new(remote.clone()),
+        };
         self.ops.push(Op {
             kind,
             local: Arc::clone(&local.inner),
             local_offset: lo,
-            remote: remote.clone(),
+            remote,
             remote_offset: ro,
             len,
         });
@@ -243,6 +248,8 @@ pub(crate) struct XferState {
     pub(crate) started: Instant,
     pub(crate) deadline: Instant,
     bytes_done: AtomicU64,
+    /// Set once `finish` ran: a waiter spins on it briefly before it sleeps on `cv`.
+    ended: AtomicBool,
     progress: Mutex<Progress>,
     cv: Condvar,
     /// The initiating agent's counters, fed once when the transfer ends.
@@ -277,6 +284,7 @@ impl XferState {
             started,
             deadline: started + t.timeout.unwrap_or(timeout),
             bytes_done: AtomicU64::new(0),
+            ended: AtomicBool::new(false),
             progress: Mutex::new(Progress {
                 ops: results,
                 pending_chunks: vec![1; n],
@@ -319,6 +327,24 @@ impl XferState {
         }
     }
 
+    /// Records the whole of each op in `ops` (single-chunk ops) as done, in one update.
+    pub(crate) fn ops_done(&self, ops: &[usize]) {
+        if ops.is_empty() {
+            return;
+        }
+        let mut p = self.lock();
+        let mut bytes = 0;
+        for &i in ops {
+            let left = &mut p.pending_chunks[i];
+            *left = left.saturating_sub(1);
+            if *left == 0 && p.ops[i].status == OpStatus::Pending {
+                p.ops[i].status = OpStatus::Completed;
+            }
+            bytes += self.ops[i].len;
+        }
+        self.bytes_done.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// Fails every op not yet completed with `e` (peer lost, notification failed ...).
     pub(crate) fn fail_pending(&self, e: &Error) {
         let mut p = self.lock();
@@ -335,9 +361,9 @@ impl XferState {
         self.lock().first_error.get_or_insert(e);
     }
 
-    /// The plan of every op.
-    pub(crate) fn plans(&self) -> Vec<Plan> {
-        self.lock().ops.iter().map(|o| o.plan.clone()).collect()
+    /// The path of every op (no copies of the reasons).
+    pub(crate) fn paths(&self) -> Vec<crate::plan::Path> {
+        self.lock().ops.iter().map(|o| o.plan.path).collect()
     }
 
     /// True if some op failed so far.
@@ -365,6 +391,7 @@ impl XferState {
                 .record(&p.ops, p.first_error.is_some(), now - self.started);
         }
         p.done = Some(now);
+        self.ended.store(true, Ordering::Release);
         drop(p);
         self.cv.notify_all();
     }
@@ -382,6 +409,9 @@ impl XferState {
         Error::Timeout(self.deadline - self.started)
     }
 }
+
+/// How long [`TransferHandle::wait`] spins (yielding) before it sleeps.
+const WAIT_SPIN: Duration = Duration::from_micros(50);
 
 /// The handle [`crate::Peer::submit`] returns. Cheap to clone; dropping it does not cancel.
 #[derive(Debug, Clone)]
@@ -417,6 +447,10 @@ impl TransferHandle {
     /// drop the handle), or the transfer's failure reason.
     pub fn wait(&self, timeout: Duration) -> Result<TransferReport> {
         let deadline = Instant::now() + timeout;
+        // A small transfer ends within a round trip: catching that by spinning saves the
+        // condition variable's sleep and wake-up, which would cost more than the round trip.
+        let spin = WAIT_SPIN.min(timeout);
+        crate::ring::spin_until(spin, || self.state.ended.load(Ordering::Acquire));
         let mut p = self.state.lock();
         while p.done.is_none() {
             let now = Instant::now();

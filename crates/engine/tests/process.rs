@@ -289,6 +289,90 @@ fn kill_server_mid_transfer_shm() {
     kill_mid_transfer(true);
 }
 
+/// Waits until every thread of process `pid` is stopped (`T` in `/proc/PID/task/*/stat`): a
+/// signal is delivered asynchronously, and the test must not race a still-running peer.
+fn wait_stopped(pid: u32) {
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc/PID/task");
+        let all = tasks.filter_map(|t| t.ok()).all(|t| {
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            // The state follows the parenthesised command name.
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
+        });
+        if all {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A stopped peer (SIGSTOP) must not block `submit` on the shm fast path: the small write's
+/// posted ring slot goes to the worker thread, so `submit` returns with the transfer still
+/// pending (it could only have ended by now through the 20 s I/O timeout, on the caller's
+/// thread); a transfer submitted behind it is pending too; when the peer dies, both fail with
+/// `PeerLost` and neither completes.
+#[test]
+fn stopped_shm_peer_does_not_block_submit() {
+    let _big = BIG.lock().unwrap_or_else(|p| p.into_inner());
+    let mut server = spawn_server(1 << 20, 9, None);
+    let agent = agent("client", true);
+    let peer = agent.connect(server.addr.as_str()).unwrap();
+    assert_eq!(peer.route().transport, Path::Shm, "{:?}", peer.route());
+    let remote = peer.region("serve").unwrap();
+    let mut src = agent.alloc(4096, Access::LOCAL, None).unwrap();
+    fill_random(&mut src.bytes_mut().unwrap(), 5);
+    let back = agent.alloc(4096, Access::LOCAL, None).unwrap();
+
+    // While the peer runs, the small write takes the fast path and its bytes land.
+    let mut t = Transfer::new();
+    t.write(&src, 0, &remote, 0, 8);
+    peer.submit(t).unwrap().wait(WAIT).unwrap();
+    let mut t = Transfer::new();
+    t.read(&back, 0, &remote, 0, 8);
+    peer.submit(t).unwrap().wait(WAIT).unwrap();
+    assert_eq!(back.bytes().unwrap()[..8], src.bytes().unwrap()[..8]);
+
+    let pid = server.child.id();
+    let st = Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill -STOP {pid}");
+    wait_stopped(pid);
+
+    let mut t = Transfer::new();
+    t.write(&src, 8, &remote, 8, 8);
+    let stalled = peer.submit(t).unwrap();
+    assert_eq!(
+        stalled.status(),
+        Status::Pending,
+        "submit returned with the transfer already ended: it waited for the stopped peer"
+    );
+    let mut t = Transfer::new();
+    t.write(&src, 16, &remote, 16, 8).notify("behind");
+    let behind = peer.submit(t).unwrap();
+    assert_eq!(behind.status(), Status::Pending);
+
+    server.child.kill().unwrap(); // SIGKILL ends a stopped process too
+    server.child.wait().unwrap();
+    for h in [&stalled, &behind] {
+        let err = h.wait(WAIT).unwrap_err();
+        assert!(
+            matches!(err, Error::PeerLost(_)),
+            "expected PeerLost, got {err:?}"
+        );
+        for o in h.op_results() {
+            assert!(
+                matches!(o.status, gdx_engine::OpStatus::Failed(Error::PeerLost(_))),
+                "{:?}",
+                o.status
+            );
+        }
+    }
+    assert!(!peer.is_alive());
+}
+
 /// Two network namespaces joined by a veth pair; server in one, client in the other, tcp between.
 #[test]
 fn veth_between_network_namespaces() {

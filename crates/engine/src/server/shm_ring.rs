@@ -167,11 +167,12 @@ fn run_request(
     max: usize,
     held: usize,
 ) -> (Vec<(u32, Error)>, Vec<Lease>) {
+    if req.kind == KIND_BEGIN {
+        return begin_request(agent, req, max, held);
+    }
     let reg = &agent.registry;
     let wait = agent.cfg.io_timeout;
     let mut errors = Vec::new();
-    let mut leases = Vec::new();
-    let mut refused = 0usize;
     for (i, op) in req.ops.iter().enumerate() {
         if req.skip.get(i).copied().unwrap_or(false) {
             continue;
@@ -183,23 +184,6 @@ fn run_request(
                 continue;
             }
         };
-        if req.kind == KIND_BEGIN {
-            if held + leases.len() >= max {
-                refused += 1;
-                errors.push((
-                    i as u32,
-                    Error::LimitReached {
-                        what: "leases held by this shm ring (BEGIN without END) reached \
-                               max_leases_per_conn"
-                            .into(),
-                        limit: max as u64,
-                    },
-                ));
-                continue;
-            }
-            leases.push(lease);
-            continue;
-        }
         let dir = if op.write {
             Dir::IntoRegion
         } else {
@@ -221,6 +205,86 @@ fn run_request(
         if let Err(e) = r {
             errors.push((i as u32, e));
         }
+    }
+    (errors, Vec::new())
+}
+
+/// A `BEGIN` request: one look-up and one lease per run of consecutive ops on the same region
+/// (same key, same direction), checked over the span the run covers; a run whose span fails is
+/// checked op by op, so every op still gets its own verdict. The leases are held until `END`.
+fn begin_request(
+    agent: &AgentInner,
+    req: &ring::Request,
+    max: usize,
+    held: usize,
+) -> (Vec<(u32, Error)>, Vec<Lease>) {
+    let reg = &agent.registry;
+    let wait = agent.cfg.io_timeout;
+    let mut errors = Vec::new();
+    let mut leases = Vec::new();
+    let mut refused = 0usize;
+    let skipped = |i: usize| req.skip.get(i).copied().unwrap_or(false);
+    let mut i = 0;
+    while i < req.ops.len() {
+        if skipped(i) {
+            i += 1;
+            continue;
+        }
+        let first = &req.ops[i];
+        let mut end = i + 1;
+        let (mut lo, mut hi) = (first.offset, first.offset.saturating_add(first.len));
+        while end < req.ops.len() && !skipped(end) {
+            let op = &req.ops[end];
+            if op.region != first.region || op.key != first.key || op.write != first.write {
+                break;
+            }
+            lo = lo.min(op.offset);
+            hi = hi.max(op.offset.saturating_add(op.len));
+            end += 1;
+        }
+        if held + leases.len() >= max {
+            refused += end - i;
+            for j in i..end {
+                errors.push((
+                    j as u32,
+                    Error::LimitReached {
+                        what: "leases held by this shm ring (BEGIN without END) reached \
+                               max_leases_per_conn"
+                            .into(),
+                        limit: max as u64,
+                    },
+                ));
+            }
+            i = end;
+            continue;
+        }
+        let span = hi.saturating_sub(lo);
+        match reg.check_remote(first.region, first.key, lo, span, first.write, wait) {
+            Ok(l) if req.ops[i..end].iter().all(|o| o.len > 0) => leases.push(l),
+            // The span failed (or held an empty op): the verdict op by op, one lease each.
+            _ => {
+                for (j, op) in req.ops.iter().enumerate().take(end).skip(i) {
+                    if held + leases.len() >= max {
+                        refused += 1;
+                        errors.push((
+                            j as u32,
+                            Error::LimitReached {
+                                what: "leases held by this shm ring (BEGIN without END) \
+                                       reached max_leases_per_conn"
+                                    .into(),
+                                limit: max as u64,
+                            },
+                        ));
+                        continue;
+                    }
+                    match reg.check_remote(op.region, op.key, op.offset, op.len, op.write, wait) {
+                        Ok(l) => leases.push(l),
+                        Err(e) => errors.push((j as u32, e)),
+                    }
+                }
+            }
+        }
+        i = end;
     }
     if refused > 0 {
         agent.hits.hit(

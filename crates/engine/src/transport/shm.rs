@@ -69,6 +69,9 @@ struct Worker {
     ring: Option<ring::RingClient>,
     /// Why the connection is unusable, once it is.
     broken: Option<Error>,
+    /// A small transfer the submitting thread started and handed over (its peer did not answer
+    /// within the submit spin); the worker thread finishes it when it dequeues that transfer.
+    parked: Option<ring::Parked>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -165,6 +168,7 @@ impl ShmTransport {
             wait: io_timeout,
             ring: Some(ring),
             broken: None,
+            parked: None,
         };
         let worker = Arc::new(Mutex::new(w));
         let queued = Arc::new(AtomicUsize::new(0));
@@ -190,12 +194,28 @@ impl Transport for ShmTransport {
                 // Re-checked under the lock: the worker thread finishes a transfer before it
                 // lowers the count, so nothing submitted earlier is still running.
                 if self.queued.load(Ordering::SeqCst) == 0 && self.queue.is_alive() {
-                    if w.run_guarded(&xfer) {
-                        self.dead.store(true, Ordering::SeqCst);
+                    match w.fast_guarded(&xfer) {
+                        Some(ring::Fast::Done) => {
+                            drop(w);
+                            xfer.finish();
+                            return;
+                        }
+                        Some(ring::Fast::Parked(p)) => {
+                            // Counted and queued under the lock: the worker dequeues this
+                            // transfer next and finds it parked.
+                            w.parked = Some(p);
+                            self.queued.fetch_add(1, Ordering::SeqCst);
+                            self.queue.submit(xfer);
+                            return;
+                        }
+                        Some(ring::Fast::NotStarted) => {}
+                        None => {
+                            self.dead.store(true, Ordering::SeqCst);
+                            drop(w);
+                            xfer.finish();
+                            return;
+                        }
                     }
-                    drop(w);
-                    xfer.finish();
-                    return;
                 }
             }
         }
@@ -220,16 +240,58 @@ fn worker_thread(
     queued: &AtomicUsize,
     dead: &AtomicBool,
 ) {
-    for xfer in rx {
-        {
-            let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
-            if w.run_guarded(&xfer) {
-                alive.store(false, Ordering::SeqCst);
-                dead.store(true, Ordering::SeqCst);
+    // A transfer taken off the queue that could not join a pipelined group.
+    let mut next: Option<Arc<XferState>> = None;
+    loop {
+        let xfer = match next.take() {
+            Some(x) => x,
+            None => match rx.recv() {
+                Ok(x) => x,
+                Err(_) => break,
+            },
+        };
+        let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
+        let mut group = Vec::new();
+        let broke = match w.parked.take() {
+            Some(p) if Arc::ptr_eq(&p.xfer, &xfer) => {
+                let broke = w.resume_guarded(&p);
+                group.push(xfer);
+                broke
             }
+            other => {
+                w.parked = other;
+                if ring::pipelines(&xfer) {
+                    // Small transfers queued behind each other share the ring: their slots are
+                    // all posted before the first answer is awaited (a window of transfers
+                    // progresses concurrently, in submission order).
+                    group.push(xfer);
+                    while group.len() < ring::PIPELINE {
+                        match rx.try_recv() {
+                            Ok(x) if ring::pipelines(&x) => group.push(x),
+                            Ok(x) => {
+                                next = Some(x);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    w.pipeline_guarded(&group)
+                } else {
+                    let broke = w.run_guarded(&xfer);
+                    group.push(xfer);
+                    broke
+                }
+            }
+        };
+        if broke {
+            alive.store(false, Ordering::SeqCst);
+            dead.store(true, Ordering::SeqCst);
         }
-        xfer.finish();
-        queued.fetch_sub(1, Ordering::SeqCst);
+        drop(w);
+        for x in &group {
+            x.finish();
+        }
+        queued.fetch_sub(group.len(), Ordering::SeqCst);
     }
     let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
     if w.broken.is_none() {
@@ -255,9 +317,66 @@ impl Worker {
         }
     }
 
+    /// The submitting thread's attempt (`try_fast`); `None` when it broke the connection (the
+    /// transfer's ops are failed).
+    fn fast_guarded(&mut self, xfer: &Arc<XferState>) -> Option<ring::Fast> {
+        if let Some(e) = &self.broken {
+            xfer.fail_pending(e);
+            return Some(ring::Fast::Done);
+        }
+        match self.try_fast(xfer) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                xfer.fail_pending(&e);
+                self.broken = Some(e);
+                None
+            }
+        }
+    }
+
+    /// Runs a group of small transfers with their ring slots posted together (`pipeline`);
+    /// true when the group broke the connection (its unfinished ops fail).
+    fn pipeline_guarded(&mut self, group: &[Arc<XferState>]) -> bool {
+        if let Some(e) = &self.broken {
+            for x in group {
+                x.fail_pending(e);
+            }
+            return false;
+        }
+        if group.len() == 1 {
+            return self.run_guarded(&group[0]);
+        }
+        match self.pipeline(group) {
+            Ok(()) => false,
+            Err(e) => {
+                for x in group {
+                    x.fail_pending(&e);
+                }
+                self.broken = Some(e);
+                true
+            }
+        }
+    }
+
+    /// Finishes a parked transfer on the worker thread; true when it broke the connection.
+    fn resume_guarded(&mut self, p: &ring::Parked) -> bool {
+        if let Some(e) = &self.broken {
+            p.xfer.fail_pending(e);
+            return false;
+        }
+        match self.resume(p) {
+            Ok(()) => false,
+            Err(e) => {
+                p.xfer.fail_pending(&e);
+                self.broken = Some(e);
+                true
+            }
+        }
+    }
+
     /// Runs one transfer; `Err` means the connection is unusable.
     fn run(&mut self, xfer: &XferState) -> Result<()> {
-        let plans: Vec<Path> = xfer.plans().into_iter().map(|p| p.path).collect();
+        let plans: Vec<Path> = xfer.paths();
         let mut ok = vec![true; xfer.ops.len()];
         // Map every agent-allocated remote region once.
         for (i, op) in xfer.ops.iter().enumerate() {

@@ -15,6 +15,7 @@
 
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Worker;
@@ -31,6 +32,10 @@ use crate::wire::ShmOp;
 
 /// How long the initiator spins on a slot before it sleeps on its futex.
 const SPIN: Duration = Duration::from_micros(100);
+/// How long the submitting thread spins for the answer to a small transfer before it hands the
+/// transfer to the worker thread: a ring round trip to a running peer is a few µs; anything
+/// longer (a sleeping, descheduled or stopped peer) is waited for off the caller's thread.
+const SUBMIT_SPIN: Duration = Duration::from_micros(10);
 
 /// The initiator's ring state: the mapping and the next sequence number.
 #[derive(Debug)]
@@ -83,6 +88,12 @@ impl RingClient {
         }
     }
 
+    /// Whether the next slot is free now (taking it would not wait).
+    fn next_is_free(&self) -> bool {
+        let slot = self.seq as usize % ring::SLOTS;
+        self.ring.state(slot).load(Ordering::Acquire) == FREE
+    }
+
     /// Takes the next slot (waiting until the target freed it) and writes the request into it.
     fn prepare(&mut self, kind: u32, xfer: u64, ops: &[ShmOp]) -> Result<usize> {
         let slot = self.seq as usize % ring::SLOTS;
@@ -116,25 +127,79 @@ fn hung_up(fd: RawFd) -> bool {
     n > 0 && p[0].revents().intersects(hup)
 }
 
-/// Whether `xfer` is small enough to run on the submitting thread: one inline slot at most
-/// (its ops ≤ `INLINE_MAX`, their bytes ≤ the slot's data area). Whether it actually takes the
+/// Whether `xfer` is small enough to run on the submitting thread: one inline slot, all its
+/// bytes ≤ `INLINE_MAX` (two copies of that cost less than a BEGIN's extra bookkeeping). Whether it actually takes the
 /// ring is decided by `run_ring`.
 pub(super) fn fits_one_slot(xfer: &XferState) -> bool {
-    xfer.ops.len() <= MAX_RING_OPS
-        && xfer.ops.iter().all(|o| o.len <= INLINE_MAX)
-        && xfer.ops.iter().map(|o| o.len).sum::<u64>() <= DATA_BYTES as u64
+    xfer.ops.len() <= MAX_RING_OPS && xfer.ops.iter().map(|o| o.len).sum::<u64>() <= INLINE_MAX
+}
+
+/// Most small transfers whose slots the worker posts before it awaits the first answer.
+pub(super) const PIPELINE: usize = ring::SLOTS / 2;
+
+/// Whether `xfer` can join a pipelined group: one inline slot, no notification (that is a
+/// socket round trip after the bytes).
+pub(super) fn pipelines(xfer: &XferState) -> bool {
+    fits_one_slot(xfer) && xfer.notify.is_none() && all_inline(xfer)
+}
+
+/// Whether every op of `xfer` travels inline (small, and to a path the ring carries inline).
+fn all_inline(xfer: &XferState) -> bool {
+    xfer.paths()
+        .iter()
+        .zip(&xfer.ops)
+        .all(|(p, op)| op.len <= INLINE_MAX && matches!(p, Path::Shm | Path::ShmStaged))
 }
 
 /// Whether op `i` can go through the ring (inline, or leased and copied through a mapping).
-fn ring_class(w: &Worker, xfer: &XferState, plan: &Path, i: usize) -> Option<u32> {
+/// A transfer of more than `INLINE_MAX` bytes moves its small ops to mapped regions with `BEGIN`
+/// too: one copy instead of two, and one lease per region run instead of one per op.
+fn ring_class(w: &Worker, xfer: &XferState, plan: &Path, i: usize, big: bool) -> Option<u32> {
     let op = &xfer.ops[i];
+    let mapped = *plan == Path::Shm && w.maps.contains_key(&op.remote.id);
+    if mapped && (big || op.len > INLINE_MAX) {
+        return Some(KIND_BEGIN);
+    }
     if op.len <= INLINE_MAX && matches!(plan, Path::Shm | Path::ShmStaged) {
         return Some(KIND_INLINE);
     }
-    if *plan == Path::Shm && w.maps.contains_key(&op.remote.id) {
-        return Some(KIND_BEGIN);
-    }
     None
+}
+
+/// The ring's op table entries for `batch`.
+fn ring_ops(xfer: &XferState, batch: &[usize]) -> Vec<ShmOp> {
+    batch
+        .iter()
+        .map(|&i| {
+            let op = &xfer.ops[i];
+            ShmOp {
+                write: op.kind == OpKind::Write,
+                region: op.remote.id,
+                key: op.remote.key,
+                offset: op.remote_offset,
+                len: op.len,
+            }
+        })
+        .collect()
+}
+
+/// What the submitting thread's attempt at a small transfer left behind.
+#[derive(Debug)]
+pub(super) enum Fast {
+    /// The transfer ran to its end (completed or failed); the caller finishes it.
+    Done,
+    /// The rest waits on the peer; the worker thread takes it over (`Worker::resume`).
+    Parked(Parked),
+    /// Nothing was started (the next slot is still in use): queue it to the worker thread.
+    NotStarted,
+}
+
+/// A small transfer the submitting thread started and handed over: its inline slot is posted
+/// (`slot`: waiting for `DONE`), or done and only the notification is left (`slot: None`).
+#[derive(Debug)]
+pub(super) struct Parked {
+    pub(super) xfer: Arc<XferState>,
+    slot: Option<(usize, Vec<bool>)>,
 }
 
 impl Worker {
@@ -151,8 +216,9 @@ impl Worker {
         }
         let idx: Vec<usize> = (0..xfer.ops.len()).filter(|&i| ok[i]).collect();
         let mut classes = Vec::with_capacity(idx.len());
+        let big = idx.iter().map(|&i| xfer.ops[i].len).sum::<u64>() > INLINE_MAX;
         for &i in &idx {
-            match ring_class(self, xfer, &plans[i], i) {
+            match ring_class(self, xfer, &plans[i], i, big) {
                 Some(k) => classes.push(k),
                 None => return Ok(false),
             }
@@ -182,58 +248,130 @@ impl Worker {
 
     /// One slot: post, wait for `DONE`, then complete (inline) or copy and `END` (begin).
     fn ring_batch(&mut self, xfer: &XferState, batch: &[usize], kind: u32) -> Result<()> {
-        let ops: Vec<ShmOp> = batch
-            .iter()
-            .map(|&i| {
-                let op = &xfer.ops[i];
-                ShmOp {
-                    write: op.kind == OpKind::Write,
-                    region: op.remote.id,
-                    key: op.remote.key,
-                    offset: op.remote_offset,
-                    len: op.len,
-                }
-            })
-            .collect();
-        let wait = self.wait;
-        let rc = self
-            .ring
-            .as_mut()
-            .ok_or_else(|| Error::Protocol("no shm ring".into()))?;
-        let slot = rc.prepare(kind, xfer.id, &ops)?;
-        let mut skip = vec![false; batch.len()];
         if kind == KIND_INLINE {
-            let mut at = 0usize;
-            for (j, &i) in batch.iter().enumerate() {
-                let op = &xfer.ops[i];
-                if op.kind == OpKind::Write {
-                    // The bytes go into the slot now; a local failure withdraws the op, so the
-                    // target copies nothing for it.
-                    let r = op.local.lease(LeaseKind::Source, wait).and_then(|lease| {
-                        // SAFETY: [at, at + len) lies in the slot's data area (the batch was cut
-                        // to DATA_BYTES); the local span is leased and bounds-checked at submit.
-                        unsafe {
-                            copy_span(
-                                &lease,
-                                op.local_offset,
-                                rc.ring.data_ptr(slot, at),
-                                op.len as usize,
-                                Dir::OutOfRegion,
-                            )
-                        }
-                    });
-                    if let Err(e) = r {
-                        skip[j] = true;
-                        rc.ring.skip_op(slot, j);
-                        xfer.chunk_done(i, 0, Err(e));
-                    }
-                }
-                at += op.len as usize;
-            }
+            let (slot, skip) = self.post_inline(xfer, batch)?;
+            self.ring_mut()?.wait_state(slot, DONE)?;
+            return self.finish_inline(xfer, batch, slot, skip);
         }
+        let ops = ring_ops(xfer, batch);
+        let rc = self.ring_mut()?;
+        let slot = rc.prepare(kind, xfer.id, &ops)?;
         rc.publish(slot, POSTED);
         rc.wait_state(slot, DONE)?;
-        let errors = rc.ring.read_result(slot)?;
+        let mut skip = vec![false; batch.len()];
+        self.take_result(xfer, batch, slot, &mut skip)?;
+        // BEGIN: the target holds a lease on every accepted op until END.
+        let (done, fatal) = self.copy_runs(xfer, batch, &skip);
+        self.ring_mut()?.publish(slot, END);
+        if let Some(e) = fatal {
+            return Err(e);
+        }
+        xfer.ops_done(&done);
+        Ok(())
+    }
+
+    /// The copies of a `BEGIN` slot through the mappings: consecutive ops between the same
+    /// local region and the same remote region, in the same direction, share one local lease and
+    /// one mapping look-up (a batch of small ops costs its copies, not per-op bookkeeping).
+    /// Returns the ops copied and the error that broke the connection, if one did.
+    fn copy_runs(
+        &self,
+        xfer: &XferState,
+        batch: &[usize],
+        skip: &[bool],
+    ) -> (Vec<usize>, Option<Error>) {
+        let mut done = Vec::with_capacity(batch.len());
+        let mut j = 0;
+        while j < batch.len() {
+            if skip[j] {
+                j += 1;
+                continue;
+            }
+            let first = &xfer.ops[batch[j]];
+            let mut end = j + 1;
+            while end < batch.len() && !skip[end] {
+                let op = &xfer.ops[batch[end]];
+                if !Arc::ptr_eq(&op.local, &first.local)
+                    || op.remote.id != first.remote.id
+                    || op.kind != first.kind
+                {
+                    break;
+                }
+                end += 1;
+            }
+            let run = &batch[j..end];
+            j = end;
+            let fail_run = |e: &Error| {
+                for &i in run {
+                    xfer.chunk_done(i, 0, Err(e.clone()));
+                }
+            };
+            if xfer.expired() {
+                fail_run(&xfer.timeout_error());
+                continue;
+            }
+            let Some((m, writable)) = self.maps.get(&first.remote.id) else {
+                fail_run(&Error::NoSuchRegion {
+                    region: first.remote.id,
+                });
+                continue;
+            };
+            let (kind, dir) = match first.kind {
+                OpKind::Write if !writable => {
+                    fail_run(&Error::ReadOnly {
+                        region: first.remote.id,
+                    });
+                    continue;
+                }
+                OpKind::Write => (LeaseKind::Source, Dir::OutOfRegion),
+                OpKind::Read => (LeaseKind::Sink, Dir::IntoRegion),
+            };
+            let lease = match first.local.lease(kind, self.wait) {
+                Ok(l) => l,
+                Err(e) if e.is_fatal_for_stream() => return (done, Some(e)),
+                Err(e) => {
+                    fail_run(&e);
+                    continue;
+                }
+            };
+            for &i in run {
+                let op = &xfer.ops[i];
+                if let Err(e) =
+                    crate::region::check_bounds(op.remote_offset, op.len, m.len() as u64)
+                {
+                    xfer.chunk_done(i, 0, Err(e));
+                    continue;
+                }
+                // SAFETY: remote_offset + len <= m.len() (checked above).
+                let remote = unsafe { m.ptr().add(op.remote_offset as usize) };
+                // SAFETY: the remote span is checked above, mapped (writable for a write) and
+                // leased by the target since BEGIN; the local span was bounds-checked at submit
+                // and is held by the lease; distinct mappings do not overlap.
+                match unsafe { copy_span(&lease, op.local_offset, remote, op.len as usize, dir) } {
+                    Ok(()) => done.push(i),
+                    Err(e) if e.is_fatal_for_stream() => return (done, Some(e)),
+                    Err(e) => xfer.chunk_done(i, 0, Err(e)),
+                }
+            }
+        }
+        (done, None)
+    }
+
+    fn ring_mut(&mut self) -> Result<&mut RingClient> {
+        self.ring
+            .as_mut()
+            .ok_or_else(|| Error::Protocol("no shm ring".into()))
+    }
+
+    /// Reads the target's per-op errors of `slot` into `skip` (and fails those ops).
+    fn take_result(
+        &mut self,
+        xfer: &XferState,
+        batch: &[usize],
+        slot: usize,
+        skip: &mut [bool],
+    ) -> Result<()> {
+        let errors = self.ring_mut()?.ring.read_result(slot)?;
         for (j, e) in errors {
             let j = j as usize;
             if j >= batch.len() {
@@ -248,72 +386,155 @@ impl Worker {
                 xfer.chunk_done(batch[j], 0, Err(e));
             }
         }
-        let rc = self
-            .ring
-            .as_mut()
-            .ok_or_else(|| Error::Protocol("no shm ring".into()))?;
-        if kind == KIND_INLINE {
-            let mut at = 0usize;
-            for (j, &i) in batch.iter().enumerate() {
-                let op = &xfer.ops[i];
-                if !skip[j] && op.kind == OpKind::Read {
-                    let r = op.local.lease(LeaseKind::Sink, wait).and_then(|lease| {
-                        // SAFETY: as for the write above, from the slot into the local span.
-                        unsafe {
-                            copy_span(
-                                &lease,
-                                op.local_offset,
-                                rc.ring.data_ptr(slot, at),
-                                op.len as usize,
-                                Dir::IntoRegion,
-                            )
-                        }
-                    });
-                    if let Err(e) = r {
-                        skip[j] = true;
-                        xfer.chunk_done(i, 0, Err(e));
-                    }
-                }
-                at += op.len as usize;
-            }
-            rc.ring.state(slot).store(FREE, Ordering::Release);
-            for (j, &i) in batch.iter().enumerate() {
-                if !skip[j] {
-                    xfer.chunk_done(i, xfer.ops[i].len, Ok(()));
-                }
-            }
-            return Ok(());
-        }
-        // BEGIN: the target holds a lease on every accepted op until END.
-        let mut done = Vec::new();
-        let mut fatal = None;
+        Ok(())
+    }
+
+    /// Takes the next slot (waiting until it is free), copies the writes' bytes into it and
+    /// posts it. Returns the slot and the ops withdrawn (their local copy failed).
+    fn post_inline(&mut self, xfer: &XferState, batch: &[usize]) -> Result<(usize, Vec<bool>)> {
+        let ops = ring_ops(xfer, batch);
+        let wait = self.wait;
+        let rc = self.ring_mut()?;
+        let slot = rc.prepare(KIND_INLINE, xfer.id, &ops)?;
+        let mut skip = vec![false; batch.len()];
+        let mut at = 0usize;
         for (j, &i) in batch.iter().enumerate() {
-            if skip[j] {
-                continue;
-            }
-            if xfer.expired() {
-                xfer.chunk_done(i, 0, Err(xfer.timeout_error()));
-                continue;
-            }
-            match self.copy_direct(xfer, i) {
-                Ok(()) => done.push(i),
-                Err(e) if e.is_fatal_for_stream() => {
-                    fatal = Some(e);
-                    break;
+            let op = &xfer.ops[i];
+            if op.kind == OpKind::Write {
+                // The bytes go into the slot now; a local failure withdraws the op, so the
+                // target copies nothing for it.
+                let r = op.local.lease(LeaseKind::Source, wait).and_then(|lease| {
+                    // SAFETY: [at, at + len) lies in the slot's data area (the batch was cut
+                    // to DATA_BYTES); the local span is leased and bounds-checked at submit.
+                    unsafe {
+                        copy_span(
+                            &lease,
+                            op.local_offset,
+                            rc.ring.data_ptr(slot, at),
+                            op.len as usize,
+                            Dir::OutOfRegion,
+                        )
+                    }
+                });
+                if let Err(e) = r {
+                    skip[j] = true;
+                    rc.ring.skip_op(slot, j);
+                    xfer.chunk_done(i, 0, Err(e));
                 }
-                Err(e) => xfer.chunk_done(i, 0, Err(e)),
             }
+            at += op.len as usize;
         }
-        let rc = self
-            .ring
-            .as_mut()
-            .ok_or_else(|| Error::Protocol("no shm ring".into()))?;
-        rc.publish(slot, END);
-        if let Some(e) = fatal {
-            return Err(e);
+        rc.publish(slot, POSTED);
+        Ok((slot, skip))
+    }
+
+    /// After `DONE` on an inline slot: the target's errors, the reads' bytes out of the slot,
+    /// the slot freed, the ops completed.
+    fn finish_inline(
+        &mut self,
+        xfer: &XferState,
+        batch: &[usize],
+        slot: usize,
+        mut skip: Vec<bool>,
+    ) -> Result<()> {
+        self.take_result(xfer, batch, slot, &mut skip)?;
+        let wait = self.wait;
+        let rc = self.ring_mut()?;
+        let mut at = 0usize;
+        for (j, &i) in batch.iter().enumerate() {
+            let op = &xfer.ops[i];
+            if !skip[j] && op.kind == OpKind::Read {
+                let r = op.local.lease(LeaseKind::Sink, wait).and_then(|lease| {
+                    // SAFETY: as for the write in `post_inline`, from the slot into the local
+                    // span.
+                    unsafe {
+                        copy_span(
+                            &lease,
+                            op.local_offset,
+                            rc.ring.data_ptr(slot, at),
+                            op.len as usize,
+                            Dir::IntoRegion,
+                        )
+                    }
+                });
+                if let Err(e) = r {
+                    skip[j] = true;
+                    xfer.chunk_done(i, 0, Err(e));
+                }
+            }
+            at += op.len as usize;
         }
-        for i in done {
-            xfer.chunk_done(i, xfer.ops[i].len, Ok(()));
+        rc.ring.state(slot).store(FREE, Ordering::Release);
+        let done: Vec<usize> = batch
+            .iter()
+            .zip(&skip)
+            .filter(|(_, s)| !**s)
+            .map(|(&i, _)| i)
+            .collect();
+        xfer.ops_done(&done);
+        Ok(())
+    }
+
+    /// The submitting thread's attempt at a small transfer (`fits_one_slot`, every op inline):
+    /// post its one slot and spin at most `SUBMIT_SPIN` for the answer. Whatever would wait
+    /// longer on the peer (the answer, the notification's socket round trip) is handed to the
+    /// worker thread as `Fast::Parked`, so a stalled peer never blocks the caller. `Err`: the
+    /// connection broke.
+    pub(super) fn try_fast(&mut self, xfer: &Arc<XferState>) -> Result<Fast> {
+        let inline = all_inline(xfer);
+        let Some(rc) = self.ring.as_ref() else {
+            return Ok(Fast::NotStarted);
+        };
+        if !inline || !rc.next_is_free() {
+            return Ok(Fast::NotStarted);
+        }
+        let batch: Vec<usize> = (0..xfer.ops.len()).collect();
+        let (slot, skip) = self.post_inline(xfer, &batch)?;
+        let rc = self.ring_mut()?;
+        let st = rc.ring.state(slot);
+        if !ring::spin_until(SUBMIT_SPIN, || st.load(Ordering::Acquire) == DONE) {
+            return Ok(Fast::Parked(Parked {
+                xfer: Arc::clone(xfer),
+                slot: Some((slot, skip)),
+            }));
+        }
+        self.finish_inline(xfer, &batch, slot, skip)?;
+        if xfer.notify.is_some() && !xfer.has_failed() {
+            return Ok(Fast::Parked(Parked {
+                xfer: Arc::clone(xfer),
+                slot: None,
+            }));
+        }
+        Ok(Fast::Done)
+    }
+
+    /// A group of small transfers (each `pipelines`): every slot posted first, then each
+    /// answer awaited and completed in order. `Err`: the connection broke.
+    pub(super) fn pipeline(&mut self, group: &[Arc<XferState>]) -> Result<()> {
+        let mut posted = Vec::with_capacity(group.len());
+        for x in group {
+            let batch: Vec<usize> = (0..x.ops.len()).collect();
+            posted.push(self.post_inline(x, &batch)?);
+        }
+        for (x, (slot, skip)) in group.iter().zip(posted) {
+            self.ring_mut()?.wait_state(slot, DONE)?;
+            let batch: Vec<usize> = (0..x.ops.len()).collect();
+            self.finish_inline(x, &batch, slot, skip)?;
+        }
+        Ok(())
+    }
+
+    /// The worker thread's side of a parked transfer: waits for its slot (with the I/O
+    /// timeout and the hang-up check of every ring wait), then sends its notification.
+    pub(super) fn resume(&mut self, p: &Parked) -> Result<()> {
+        let xfer = &p.xfer;
+        if let Some((slot, skip)) = &p.slot {
+            self.ring_mut()?.wait_state(*slot, DONE)?;
+            let batch: Vec<usize> = (0..xfer.ops.len()).collect();
+            self.finish_inline(xfer, &batch, *slot, skip.clone())?;
+        }
+        if let Some(n) = xfer.notify.clone().filter(|_| !xfer.has_failed()) {
+            self.send_notify(xfer, n)?;
         }
         Ok(())
     }

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue #17 figures on the GPU machine (host transports only, no GPU used): 8 B shm/tcp write +
+# completion beside the same-run latency floors, the 8 B message rate over shm with --window 64,
+# a 1,000 x 4 KiB shm batch beside single-thread memcpy of 4 MiB, and large-transfer bandwidth.
+# Each latency block runs 3 times (report the median). Run from the repository root with the
+# release binary at .devbin/gdx; everything goes to $OUT; about 90 s in all.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/gdx-out}
+mkdir -p "$OUT"
+GDX=${GDX:-.devbin/gdx}
+log() { echo "== $*" | tee -a "$OUT/latency-log.txt"; }
+# Each run gets its own time limit; a failed or timed-out run is logged, the rest still run.
+bench() {
+  local name=$1
+  shift
+  timeout 25 "$GDX" bench "$@" >"$OUT/$name.txt" 2>&1
+  local rc=$?
+  echo "rc=$rc" >>"$OUT/$name.txt"
+  log "$name: rc=$rc ($*)"
+  grep -E "latency floors|^ +[0-9]+ +[0-9]+ |× the|Mop/s per op" "$OUT/$name.txt" \
+    | sed "s/^/  [$name] /" >>"$OUT/latency-log.txt"
+}
+log "date $(date -u +%FT%TZ) host $(hostname) cores $(nproc); $("$GDX" --version 2>&1)"
+for i in 1 2 3; do
+  bench "small-$i" --path shm,tcp --size 8,4KiB --duration 300ms
+done
+for i in 1 2 3; do
+  bench "window-$i" --path shm --size 8 --window 64 --duration 300ms
+done
+for i in 1 2 3; do
+  bench "memcpy-$i" --path memcpy --size 4MiB --duration 200ms
+  bench "batch-$i" --path shm --size 4KiB --batch 1000 --duration 300ms
+done
+bench large --path shm,tcp --size 1MiB,256MiB --duration 500ms
+log "done"
