@@ -3,7 +3,6 @@
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -66,13 +65,15 @@ impl<J> JobQueue<J> {
 
     /// Waits (at most `NAP`) for the doorbell.
     pub(super) fn idle_wait(&self) {
-        let mut fd = libc::pollfd {
-            fd: self.bell_rx.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
+        let mut fds = [rustix::event::PollFd::new(
+            &self.bell_rx,
+            rustix::event::PollFlags::IN,
+        )];
+        let nap = rustix::event::Timespec {
+            tv_sec: NAP.as_secs().try_into().unwrap_or(0),
+            tv_nsec: NAP.subsec_nanos().into(),
         };
-        // SAFETY: one valid pollfd; a bounded timeout.
-        let n = unsafe { libc::poll(&mut fd, 1, NAP.as_millis() as libc::c_int) };
+        let n = rustix::event::poll(&mut fds, Some(&nap)).unwrap_or(0);
         if n > 0 {
             let mut sink = [0u8; 64];
             while matches!((&self.bell_rx).read(&mut sink), Ok(k) if k > 0) {}
