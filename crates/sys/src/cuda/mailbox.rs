@@ -27,6 +27,10 @@ mod layout;
 
 pub use layout::{KernelState, MAX_PAYLOAD};
 
+/// The mailbox crossover the planner uses when no calibration says otherwise: ops of at most
+/// this many bytes take the mailbox (measured on the H200 test machine: see BENCHMARKS.md).
+pub const DEFAULT_CROSSOVER: usize = 2048;
+
 use super::{Context, CudaError, DeviceBuffer, Kernel, KernelArgs, LaunchDims, MappedHostBuffer};
 use super::{Module, Stream};
 use layout as l;
@@ -518,12 +522,38 @@ fn heartbeat(ring: &MappedHostBuffer, stop: &AtomicBool, every: Duration) {
     }
 }
 
-impl Drop for Mailbox {
-    fn drop(&mut self) {
+/// How a [`Mailbox`] ended ([`Mailbox::stop`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StopReport {
+    /// The kernel's last state (`Stopped` after a clean stop, `Watchdog` if it had already
+    /// exited on its own).
+    pub state: KernelState,
+    /// Ops it served, as it reported.
+    pub served: u64,
+    /// Whether its stream was idle afterwards (the kernel is gone from the GPU).
+    pub kernel_gone: bool,
+}
+
+impl Mailbox {
+    /// Stop the kernel, wait for it to leave the GPU, and say how it ended.
+    pub fn stop(mut self) -> Result<StopReport, CudaError> {
+        let report = self.shutdown();
+        if !report.kernel_gone {
+            return Err(mailbox_err(format!(
+                "the service kernel did not exit within 10 s of the stop word (state {:?})",
+                report.state
+            )));
+        }
+        Ok(report)
+    }
+
+    /// Set the stop word, wait (bounded) for the kernel's stream to go idle, end the heartbeat.
+    /// Idempotent.
+    fn shutdown(&mut self) -> StopReport {
         if let Some(w) = self.ring.word(l::CTL_STOP) {
             w.store(1, Ordering::Release);
         }
-        // Wait for the kernel to exit: it looks at the stop word every few polls.
+        // The kernel looks at the stop word every few polls.
         let start = Instant::now();
         let mut gone = false;
         while start.elapsed() < Duration::from_secs(10) {
@@ -546,13 +576,24 @@ impl Drop for Mailbox {
                 log::warn!("the mailbox heartbeat thread panicked");
             }
         }
-        if !gone {
+        StopReport {
+            state: self.state(),
+            served: self.ctl(l::CTL_SERVED),
+            kernel_gone: gone,
+        }
+    }
+}
+
+impl Drop for Mailbox {
+    fn drop(&mut self) {
+        let report = self.shutdown();
+        if !report.kernel_gone {
             // The kernel may still read the ring: never free memory it polls.
             log::warn!(
                 "the mailbox kernel on GPU {} did not exit within 10 s of the stop word \
                  (state {:?}); leaking its ring",
                 self.ctx.ordinal(),
-                self.state()
+                report.state
             );
             std::mem::forget(Arc::clone(&self.ring));
         }
