@@ -39,7 +39,7 @@ typedef unsigned int u32;
 
 #define HDR_WORDS 3
 #define POLL_WORDS 32
-#define CHECK_EVERY 32
+#define CHECK_EVERY 256
 
 __device__ __forceinline__ u64 now_ns() {
     u64 t;
@@ -76,8 +76,31 @@ __device__ __forceinline__ u32 get_word(const unsigned char* src, u32 len, u32 i
     return v;
 }
 
-// One block; thread 0..31 (warp 0) poll, the whole block moves the payload.
-extern "C" __global__ void gdx_mailbox(u64* base, u32 nslots, u32 max_words, u64 watchdog_ns) {
+#define FLAG_RELEASE_DONE 1u
+#define FLAG_PIPELINED 2u
+
+// Publish "write `seq` is done": after the block's payload stores (ordered before it by the
+// barrier the caller passed), either a release store at system scope or a full system fence
+// and a volatile store.
+__device__ __forceinline__ void publish_done(u64* p, u64 seq, u32 flags) {
+    if (flags & FLAG_RELEASE_DONE) {
+        asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(seq) : "memory");
+    } else {
+        __threadfence_system();
+        st_sys((volatile u64*)p, seq);
+    }
+}
+
+// The service kernel: one block. Warp 0 polls the ring and serves small ops by itself (a write
+// whose payload arrived with the header poll, a read of up to 32 words); a larger op is handed
+// to the whole block through shared memory and one barrier.
+//
+// Parameters: the mapped ring (`base`), its slot count, payload words per slot, the watchdog
+// bound, the words warp 0 reads per poll (4..32; 16 = one 128-byte line) and FLAG_* bits:
+// FLAG_PIPELINED keeps four staggered polls in flight per lane, so a request is seen a quarter
+// of a PCIe round trip after it lands instead of up to a whole one.
+extern "C" __global__ void gdx_mailbox(u64* base, u32 nslots, u32 max_words, u64 watchdog_ns,
+                                       u32 poll_words, u32 flags) {
     volatile u64* ctl = base;
     u64* ring = base + CTL_WORDS;
     const u32 req_words = HDR_WORDS + max_words;
@@ -86,11 +109,13 @@ extern "C" __global__ void gdx_mailbox(u64* base, u32 nslots, u32 max_words, u64
     const u32 slot_words = round16(resp_off + max_words);
     const u32 tid = threadIdx.x;
     const u32 lane = tid & 31u;
+    if (poll_words < 4u) poll_words = 4u;
+    if (poll_words > POLL_WORDS) poll_words = POLL_WORDS;
+    const u32 inline_words = poll_words - HDR_WORDS;
 
-    __shared__ u32 s_cmd;  // 0 go on, 1 op ready, 2 exit
-    __shared__ u32 s_op, s_len;
-    __shared__ u64 s_addr;
-    __shared__ u32 s_exit;
+    __shared__ u32 s_cmd;  // 1 an op for the block, 2 exit
+    __shared__ u32 s_op, s_len, s_exit;
+    __shared__ u64 s_addr, s_seq;
 
     if (tid == 0) {
         st_sys(&ctl[CTL_STATE], STATE_RUNNING);
@@ -99,106 +124,149 @@ extern "C" __global__ void gdx_mailbox(u64* base, u32 nslots, u32 max_words, u64
     u64 last_hb = ld_sys(&ctl[CTL_HEARTBEAT]);
     u64 hb_seen_at = now_ns();
     u64 served = 0;
+    u64 seq = 1;  // warp 0's view: the next op
 
-    for (u64 seq = 1;; seq++) {
-        u64* slot = ring + (u64)((seq - 1) % nslots) * slot_words;
-        const u32 f = (u32)seq;
-        u64 w = 0;  // warp 0: request word `lane` (header, then payload word lane - 3)
+    for (;;) {
+        u64 w = 0;  // warp 0: request word `lane` of the op handed to the block
         if (tid < 32) {
             u32 iter = 0;
-            for (;;) {
-                w = ld_sys((volatile u64*)&slot[lane]);
-                u64 h0 = __shfl_sync(0xffffffffu, w, 0);
-                u64 h1 = __shfl_sync(0xffffffffu, w, 1);
-                u64 h2 = __shfl_sync(0xffffffffu, w, 2);
-                bool hv = flag_of(h0) == f && flag_of(h1) == f && flag_of(h2) == f;
-                if (hv) {
-                    u32 op = ((u32)h0) >> 24;
-                    u32 len = ((u32)h0) & 0xffffffu;
-                    u32 nw = op == OP_WRITE ? (len + 3u) / 4u : 0u;
-                    bool mine = lane < HDR_WORDS || lane - HDR_WORDS >= nw || flag_of(w) == f;
-                    if (__all_sync(0xffffffffu, mine)) {
-                        if (lane == 0) {
-                            s_op = op;
-                            s_len = len;
-                            s_addr = ((u64)(u32)h1) | (((u64)(u32)h2) << 32);
-                            s_cmd = 1;
-                        }
-                        break;
-                    }
+            for (;;) {  // one op per pass
+                u64* slot = ring + (u64)((seq - 1) % nslots) * slot_words;
+                const u32 f = (u32)seq;
+                const bool polls = lane < poll_words;
+                volatile u64* pw = (volatile u64*)&slot[lane];
+                u32 op = 0, len = 0, exit_now = 0;
+                u64 q0 = polls ? ld_sys(pw) : 0, q1 = 0, q2 = 0, q3 = 0;
+                const bool pipe = (flags & FLAG_PIPELINED) != 0;
+                if (pipe) {
+                    __nanosleep(150);
+                    q1 = polls ? ld_sys(pw) : 0;
+                    __nanosleep(150);
+                    q2 = polls ? ld_sys(pw) : 0;
+                    __nanosleep(150);
+                    q3 = polls ? ld_sys(pw) : 0;
                 }
-                if (++iter % CHECK_EVERY == 0) {
-                    u32 exit_now = 0;
+// Look at one poll result: is the op (header and inline payload) all there? If not, reissue.
+#define GDX_LOOK(q)                                                                          \
+    {                                                                                        \
+        u64 h0 = __shfl_sync(0xffffffffu, q, 0);                                             \
+        u64 h1 = __shfl_sync(0xffffffffu, q, 1);                                             \
+        u64 h2 = __shfl_sync(0xffffffffu, q, 2);                                             \
+        if (flag_of(h0) == f && flag_of(h1) == f && flag_of(h2) == f) {                      \
+            u32 o = ((u32)h0) >> 24, n = ((u32)h0) & 0xffffffu;                              \
+            u32 nw = o == OP_WRITE ? (n + 3u) / 4u : 0u;                                     \
+            u32 need = nw < inline_words ? nw : inline_words;                                \
+            bool mine = lane < HDR_WORDS || lane - HDR_WORDS >= need || flag_of(q) == f;     \
+            if (__all_sync(0xffffffffu, mine)) {                                             \
+                w = q;                                                                       \
+                op = o;                                                                      \
+                len = n;                                                                     \
+                if (lane == 0) s_addr = ((u64)(u32)h1) | (((u64)(u32)h2) << 32);             \
+                break;                                                                       \
+            }                                                                                \
+        }                                                                                    \
+        q = polls ? ld_sys(pw) : 0;                                                          \
+        if (++iter % CHECK_EVERY == 0) {                                                     \
+            if (lane == 0) {                                                                 \
+                u64 t = now_ns();                                                            \
+                u64 hb = ld_sys(&ctl[CTL_HEARTBEAT]);                                        \
+                if (ld_sys(&ctl[CTL_STOP]) != 0) {                                           \
+                    exit_now = STATE_STOPPED;                                                \
+                } else if (hb != last_hb) {                                                  \
+                    last_hb = hb;                                                            \
+                    hb_seen_at = t;                                                          \
+                } else if (t - hb_seen_at > watchdog_ns) {                                   \
+                    exit_now = STATE_WATCHDOG;                                               \
+                }                                                                            \
+            }                                                                                \
+            exit_now = __shfl_sync(0xffffffffu, exit_now, 0);                                \
+            if (exit_now) break;                                                             \
+        }                                                                                    \
+    }
+                if (pipe) {
+                    for (;;) {
+                        GDX_LOOK(q0) GDX_LOOK(q1) GDX_LOOK(q2) GDX_LOOK(q3)
+                    }
+                } else {
+                    for (;;) GDX_LOOK(q0)
+                }
+#undef GDX_LOOK
+                __syncwarp();
+                if (exit_now) {
                     if (lane == 0) {
-                        u64 t = now_ns();
-                        u64 hb = ld_sys(&ctl[CTL_HEARTBEAT]);
-                        if (ld_sys(&ctl[CTL_STOP]) != 0) {
-                            exit_now = STATE_STOPPED;
-                        } else if (hb != last_hb) {
-                            last_hb = hb;
-                            hb_seen_at = t;
-                        } else if (t - hb_seen_at > watchdog_ns) {
-                            exit_now = STATE_WATCHDOG;
-                        }
+                        s_exit = exit_now;
+                        s_cmd = 2;
                     }
-                    exit_now = __shfl_sync(0xffffffffu, exit_now, 0);
-                    if (exit_now) {
-                        if (lane == 0) {
-                            s_exit = exit_now;
-                            s_cmd = 2;
-                        }
-                        break;
-                    }
+                    break;
                 }
+                const u64 addr = __shfl_sync(0xffffffffu, lane == 0 ? s_addr : 0, 0);
+                unsigned char* dev = (unsigned char*)addr;
+                const u32 nw = (len + 3u) / 4u;
+                const bool bad = (op != OP_WRITE && op != OP_READ) || nw > max_words || len == 0;
+                if (!bad && op == OP_WRITE && nw <= inline_words) {
+                    if (lane >= HDR_WORDS && lane - HDR_WORDS < nw)
+                        put_word(dev, len, lane - HDR_WORDS, (u32)w);
+                    __syncwarp();
+                    if (lane == 0) publish_done(&slot[done_off], seq, flags);
+                } else if (!bad && op == OP_READ && nw <= 32u) {
+                    if (lane < nw) {
+                        u32 d = get_word(dev, len, lane);
+                        st_sys((volatile u64*)&slot[resp_off + lane], ((u64)f << 32) | d);
+                    }
+                } else {
+                    // A bad op or a large one: the block takes over.
+                    if (lane == 0) {
+                        s_op = bad ? 0u : op;
+                        s_len = len;
+                        s_seq = seq;
+                        s_cmd = 1;
+                        if (bad) st_sys(&ctl[CTL_DETAIL], ((u64)op << 32) | len);
+                    }
+                    break;
+                }
+                served++;
+                seq++;
+                __syncwarp();
             }
         }
         __syncthreads();
-        if (s_cmd == 2) {
+        if (s_cmd == 2 || s_op == 0) {
             if (tid == 0) {
                 st_sys(&ctl[CTL_SERVED], served);
                 __threadfence_system();
-                st_sys(&ctl[CTL_STATE], s_exit);
+                st_sys(&ctl[CTL_STATE], s_cmd == 2 ? s_exit : STATE_BAD_OP);
                 __threadfence_system();
             }
             return;
         }
         const u32 op = s_op, len = s_len;
+        const u64 bseq = s_seq;
+        const u32 f = (u32)bseq;
+        u64* slot = ring + (u64)((bseq - 1) % nslots) * slot_words;
         unsigned char* dev = (unsigned char*)s_addr;
         const u32 nw = (len + 3u) / 4u;
-        if ((op != OP_WRITE && op != OP_READ) || nw > max_words || len == 0) {
-            if (tid == 0) {
-                st_sys(&ctl[CTL_DETAIL], ((u64)op << 32) | len);
-                st_sys(&ctl[CTL_SERVED], served);
-                __threadfence_system();
-                st_sys(&ctl[CTL_STATE], STATE_BAD_OP);
-                __threadfence_system();
-            }
-            return;
-        }
         if (op == OP_WRITE) {
-            // Words 0..28 came with the header poll (warp 0's registers).
-            if (tid >= HDR_WORDS && tid < POLL_WORDS && tid - HDR_WORDS < nw)
-                put_word(dev, len, tid - HDR_WORDS, (u32)w);
+            // The first words came with the header poll (warp 0's registers).
+            if (tid >= HDR_WORDS && tid < poll_words) put_word(dev, len, tid - HDR_WORDS, (u32)w);
             // The rest: each word is waited for on its own flag.
-            for (u32 i = POLL_WORDS - HDR_WORDS + tid; i < nw; i += blockDim.x) {
+            for (u32 i = inline_words + tid; i < nw; i += blockDim.x) {
                 volatile u64* p = (volatile u64*)&slot[HDR_WORDS + i];
                 u64 v = ld_sys(p);
                 while (flag_of(v) != f) v = ld_sys(p);
                 put_word(dev, len, i, (u32)v);
             }
             __syncthreads();
-            if (tid == 0) {
-                __threadfence_system();
-                st_sys((volatile u64*)&slot[done_off], seq);
-            }
+            if (tid == 0) publish_done(&slot[done_off], bseq, flags);
         } else {
             for (u32 i = tid; i < nw; i += blockDim.x) {
                 u32 d = get_word(dev, len, i);
                 st_sys((volatile u64*)&slot[resp_off + i], ((u64)f << 32) | d);
             }
         }
-        served++;
-        if (tid == 0) s_cmd = 0;
+        if (tid < 32) {
+            served++;
+            seq = bseq + 1;
+        }
         __syncthreads();
     }
 }

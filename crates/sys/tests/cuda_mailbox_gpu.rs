@@ -143,59 +143,146 @@ fn a_stream_gated_on_a_signal_runs_its_kernel_only_after_the_host_raises_it() {
     stream.synchronize().unwrap();
 }
 
+/// The kernel variants the byte test covers: the default and the other poll/publish choices.
+fn variants() -> Vec<MailboxConfig> {
+    let d = MailboxConfig::default();
+    vec![
+        d,
+        MailboxConfig {
+            poll_words: 32,
+            pipelined_poll: false,
+            release_store: false,
+            ..d
+        },
+        MailboxConfig {
+            poll_words: 4,
+            pipelined_poll: true,
+            release_store: false,
+            ..d
+        },
+        MailboxConfig {
+            poll_words: 8,
+            pipelined_poll: false,
+            release_store: true,
+            slots: 1,
+            threads: 32,
+            ..d
+        },
+    ]
+}
+
 #[test]
 #[ignore = "requires a CUDA GPU"]
 fn mailbox_bytes_are_exact_for_every_size_up_to_the_crossover_at_odd_offsets() {
     let (ctx, stream) = setup();
-    let mb = Mailbox::start(&ctx, MailboxConfig::default()).unwrap();
-    assert_eq!(mb.state(), KernelState::Running);
-    let span = CROSSOVER + 64;
-    let mut dev = DeviceBuffer::new(&ctx, span).unwrap();
-    let mut pattern = vec![0u8; span];
-    for len in 1..=CROSSOVER {
-        let off = (len * 7) % 61; // unaligned, varies
-        fill_pattern(&mut pattern, len as u64 * 0x9e37_79b9);
-        stream
-            .copy_from_pageable(&mut dev, 0, &vec![POISON; span])
-            .unwrap();
-        // Host -> GPU through the mailbox, checked through the copy engine, with the bytes
-        // around the range untouched.
-        mb.write(&dev, off, &pattern[..len]).unwrap();
-        let back = read_back(&stream, &dev, 0, span);
-        assert_eq!(
-            &back[off..off + len],
-            &pattern[..len],
-            "write of {len} B at {off}"
-        );
-        assert!(
-            back[..off].iter().all(|&b| b == POISON),
-            "{len} B: bytes before clobbered"
-        );
-        assert!(
-            back[off + len..].iter().all(|&b| b == POISON),
-            "{len} B: bytes after clobbered"
-        );
-        // GPU -> host through the mailbox, from another odd offset.
-        let roff = (off + 3) % 61;
-        let mut out = vec![POISON ^ 0xff; len];
-        mb.read(&dev, roff, &mut out).unwrap();
-        assert_eq!(out, back[roff..roff + len], "read of {len} B at {roff}");
+    for cfg in variants() {
+        eprintln!("variant {cfg:?}");
+        let mb = Mailbox::start(&ctx, cfg).unwrap();
+        assert_eq!(mb.state(), KernelState::Running);
+        let span = CROSSOVER + 64;
+        let mut dev = DeviceBuffer::new(&ctx, span).unwrap();
+        let mut pattern = vec![0u8; span];
+        for len in 1..=CROSSOVER {
+            let off = (len * 7) % 61; // unaligned, varies
+            fill_pattern(&mut pattern, len as u64 * 0x9e37_79b9);
+            stream
+                .copy_from_pageable(&mut dev, 0, &vec![POISON; span])
+                .unwrap();
+            // Host -> GPU through the mailbox, checked through the copy engine, with the
+            // bytes around the range untouched.
+            mb.write(&dev, off, &pattern[..len]).unwrap();
+            let back = read_back(&stream, &dev, 0, span);
+            assert_eq!(
+                &back[off..off + len],
+                &pattern[..len],
+                "write of {len} B at {off}"
+            );
+            assert!(
+                back[..off].iter().all(|&b| b == POISON),
+                "{len} B: bytes before clobbered"
+            );
+            assert!(
+                back[off + len..].iter().all(|&b| b == POISON),
+                "{len} B: bytes after clobbered"
+            );
+            // GPU -> host through the mailbox, from another odd offset.
+            let roff = (off + 3) % 61;
+            let mut out = vec![POISON ^ 0xff; len];
+            mb.read(&dev, roff, &mut out).unwrap();
+            assert_eq!(out, back[roff..roff + len], "read of {len} B at {roff}");
+        }
+        // The largest payload, and refusals named before anything is queued.
+        let big = DeviceBuffer::new(&ctx, MAX_PAYLOAD).unwrap();
+        let mut p = vec![0u8; MAX_PAYLOAD];
+        fill_pattern(&mut p, 5);
+        mb.write(&big, 0, &p).unwrap();
+        let mut q = vec![0u8; MAX_PAYLOAD];
+        mb.read(&big, 0, &mut q).unwrap();
+        assert_eq!(p, q);
+        assert!(mb.write(&big, 0, &vec![0; MAX_PAYLOAD + 1]).is_err());
+        assert!(mb.write(&big, MAX_PAYLOAD - 1, &[1, 2]).is_err());
+        assert!(mb.write(&big, 0, &[]).is_err());
+        let report = mb.stop().unwrap();
+        assert_eq!(report.state, KernelState::Stopped);
+        assert!(report.kernel_gone);
+        assert_eq!(report.served, 2 * CROSSOVER as u64 + 2);
     }
-    // The largest payload, and refusals named before anything is queued.
-    let big = DeviceBuffer::new(&ctx, MAX_PAYLOAD).unwrap();
-    let mut p = vec![0u8; MAX_PAYLOAD];
-    fill_pattern(&mut p, 5);
-    mb.write(&big, 0, &p).unwrap();
-    let mut q = vec![0u8; MAX_PAYLOAD];
-    mb.read(&big, 0, &mut q).unwrap();
-    assert_eq!(p, q);
-    assert!(mb.write(&big, 0, &vec![0; MAX_PAYLOAD + 1]).is_err());
-    assert!(mb.write(&big, MAX_PAYLOAD - 1, &[1, 2]).is_err());
-    assert!(mb.write(&big, 0, &[]).is_err());
-    let report = mb.stop().unwrap();
-    assert_eq!(report.state, KernelState::Stopped);
-    assert!(report.kernel_gone);
-    assert_eq!(report.served, 2 * CROSSOVER as u64 + 2);
+}
+
+#[test]
+#[ignore = "requires a CUDA GPU"]
+fn freeing_memory_and_loading_kernels_do_not_wait_for_the_running_mailbox() {
+    // A persistent kernel never completes: any driver call that waits for the context to go
+    // idle would hang while it runs. Each call runs on a thread; the test waits 10 s for it.
+    let (ctx, _stream) = setup();
+    let mb = Mailbox::start(&ctx, MailboxConfig::default()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c = ctx.clone();
+    let worker = std::thread::spawn(move || {
+        let step = |name: &str, f: &dyn Fn()| {
+            let t = Instant::now();
+            f();
+            tx.send((name.to_string(), t.elapsed())).unwrap();
+        };
+        step("cuMemAlloc+cuMemFree", &|| {
+            drop(DeviceBuffer::new(&c, 1 << 20).unwrap())
+        });
+        step("cuMemHostAlloc+cuMemFreeHost (mapped)", &|| {
+            drop(MappedHostBuffer::new(&c, 4096).unwrap())
+        });
+        step("cuModuleLoadData+GetFunction+launch+sync", &|| {
+            let m = Module::gdx_kernels(&c).unwrap();
+            let k = m.kernel("gdx_mark").unwrap();
+            let w = MappedHostBuffer::new(&c, 8).unwrap();
+            let s = Stream::new(&c).unwrap();
+            let mut a = KernelArgs::new();
+            a.push_u64(w.device_ptr()).push_u64(9);
+            // SAFETY: gdx_mark(u64*, u64) writes one word of `w`, alive until the sync.
+            unsafe { s.launch(&k, LaunchDims::single_block(32), &mut a) }.unwrap();
+            s.synchronize().unwrap();
+            assert_eq!(w.word(0).unwrap().load(Ordering::Acquire), 9);
+        });
+    });
+    let mut blocked = None;
+    for expect in 0..3 {
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok((name, took)) => eprintln!("{name}: {took:?} with the mailbox running"),
+            Err(_) => {
+                blocked = Some(expect);
+                break;
+            }
+        }
+    }
+    // Stopping the mailbox releases whatever waited for it.
+    let dev = DeviceBuffer::new(&ctx, 8).unwrap();
+    let alive = mb.write(&dev, 0, b"12345678").is_ok();
+    drop(mb);
+    worker.join().unwrap();
+    assert!(alive);
+    assert_eq!(
+        blocked, None,
+        "step {blocked:?} (0 free, 1 mapped free, 2 module load) waited for the mailbox kernel"
+    );
 }
 
 #[test]

@@ -52,6 +52,14 @@ pub struct MailboxConfig {
     pub watchdog: Duration,
     /// How long an op may take before it is reported as lost.
     pub op_timeout: Duration,
+    /// Request words warp 0 reads per poll (4 to 32): 16 is one 128-byte line, the header and
+    /// 52 payload bytes; a write whose payload fits arrives in one PCIe read.
+    pub poll_words: u32,
+    /// Keep four staggered polls in flight per lane (a request is seen sooner after it lands).
+    pub pipelined_poll: bool,
+    /// Publish a write's completion with a system-scope release store instead of a full
+    /// system fence before the store.
+    pub release_store: bool,
 }
 
 impl Default for MailboxConfig {
@@ -61,6 +69,9 @@ impl Default for MailboxConfig {
             threads: 256,
             watchdog: Duration::from_secs(2),
             op_timeout: Duration::from_secs(5),
+            poll_words: 16,
+            pipelined_poll: true,
+            release_store: true,
         }
     }
 }
@@ -126,6 +137,12 @@ impl Mailbox {
                 ),
             });
         }
+        if !(4..=32).contains(&config.poll_words) {
+            return Err(CudaError::InvalidArgument {
+                call: "Mailbox::start",
+                reason: format!("{} poll words: want 4 to 32", config.poll_words),
+            });
+        }
         let module = Module::gdx_kernels(ctx)?;
         let kernel = module.kernel("gdx_mailbox")?;
         let ring = Arc::new(MappedHostBuffer::new(
@@ -160,9 +177,14 @@ impl Mailbox {
         args.push_u64(mailbox.ring.device_ptr())
             .push_u32(config.slots as u32)
             .push_u32(l::MAX_WORDS as u32)
-            .push_u64(u64::try_from(config.watchdog.as_nanos()).unwrap_or(u64::MAX));
-        // SAFETY: gdx_mailbox(u64* base, u32 nslots, u32 max_words, u64 watchdog_ns) matches
-        // the arguments; `base` is the mapped ring sized for `nslots` slots of `max_words`
+            .push_u64(u64::try_from(config.watchdog.as_nanos()).unwrap_or(u64::MAX))
+            .push_u32(config.poll_words)
+            .push_u32(
+                (u32::from(config.release_store) * l::FLAG_RELEASE_DONE)
+                    | (u32::from(config.pipelined_poll) * l::FLAG_PIPELINED),
+            );
+        // SAFETY: gdx_mailbox(u64* base, u32 nslots, u32 max_words, u64 watchdog_ns,
+        // u32 poll_words, u32 flags) matches the arguments; `base` is the mapped ring sized for `nslots` slots of `max_words`
         // payload words (layout::total_words), which the mailbox keeps alive until the kernel
         // has exited (Drop stops it and waits, or leaks the ring); the device addresses in
         // requests come from live DeviceBuffers that every op borrows until it completes.

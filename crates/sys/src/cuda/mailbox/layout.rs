@@ -31,6 +31,11 @@ pub const OP_WRITE: u32 = 1;
 /// Op code of a GPU→host read.
 pub const OP_READ: u32 = 2;
 
+/// Kernel flag: publish a write's completion with `st.release.sys`.
+pub const FLAG_RELEASE_DONE: u32 = 1;
+/// Kernel flag: four staggered polls in flight per lane.
+pub const FLAG_PIPELINED: u32 = 2;
+
 /// Longest payload one op carries, bytes (8 KiB: past the measured crossover, so
 /// `gdx calibrate` can find it).
 pub const MAX_PAYLOAD: usize = 8192;
@@ -173,7 +178,17 @@ mod tests {
                 "{name} = {v} differs from gdx_kernels.cu"
             );
         }
-        for (name, v) in [("OP_WRITE", OP_WRITE), ("OP_READ", OP_READ)] {
+        for (name, v) in [
+            ("OP_WRITE", OP_WRITE),
+            ("OP_READ", OP_READ),
+            ("FLAG_RELEASE_DONE", FLAG_RELEASE_DONE),
+            ("FLAG_PIPELINED", FLAG_PIPELINED),
+        ] {
+            let v = if name.starts_with("FLAG") {
+                format!("{v}u")
+            } else {
+                v.to_string()
+            };
             assert!(src.contains(&format!("#define {name} {v}\n")), "{name}");
         }
     }
