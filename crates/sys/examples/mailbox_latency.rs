@@ -45,6 +45,47 @@ fn main() {
     let stream = Stream::new(&ctx).unwrap();
     let mut dev = DeviceBuffer::new(&ctx, 1 << 16).unwrap();
     let mut host = PinnedHostBuffer::new(&ctx, 1 << 16).unwrap();
+    // Kernels are loaded before the mailbox starts: under CUDA's lazy loading, loading one
+    // while a persistent kernel runs may wait for the context to go idle.
+    let module = Module::gdx_kernels(&ctx).unwrap();
+    let mark = module.kernel("gdx_mark").unwrap();
+    let warm = gdx_sys::cuda::MappedHostBuffer::new(&ctx, 8).unwrap();
+    let mut a = KernelArgs::new();
+    a.push_u64(warm.device_ptr()).push_u64(1);
+    // SAFETY: gdx_mark(u64*, u64) writes one word of `warm`, alive past the sync.
+    unsafe { stream.launch(&mark, LaunchDims::single_block(32), &mut a) }.unwrap();
+    stream.synchronize().unwrap();
+    // The kernel variants at 8 bytes (poll words, pipelined poll, release store).
+    for poll_words in [4u32, 8, 16, 32] {
+        for pipelined_poll in [false, true] {
+            for release_store in [false, true] {
+                let cfg = MailboxConfig {
+                    poll_words,
+                    pipelined_poll,
+                    release_store,
+                    ..MailboxConfig::default()
+                };
+                let mb = Mailbox::start(&ctx, cfg).unwrap();
+                let tag = format!(
+                    "p{poll_words}_pipe{}_rel{}",
+                    u8::from(pipelined_poll),
+                    u8::from(release_store)
+                );
+                report(
+                    &format!("variant_h2d_{tag}"),
+                    8,
+                    &time(n / 4, || mb.write(&dev, 0, &[7u8; 8]).unwrap()),
+                );
+                let mut o = [0u8; 8];
+                report(
+                    &format!("variant_d2h_{tag}"),
+                    8,
+                    &time(n / 4, || mb.read(&dev, 0, &mut o).unwrap()),
+                );
+                mb.stop().unwrap();
+            }
+        }
+    }
     let mb = Mailbox::start(&ctx, MailboxConfig::default()).unwrap();
     let payload = vec![0x5au8; 8192];
     let mut out = vec![0u8; 8192];
@@ -83,8 +124,11 @@ fn main() {
         0,
         &time(n, || stream.synchronize().unwrap()),
     );
-    let module = Module::gdx_kernels(&ctx).unwrap();
-    let mark = module.kernel("gdx_mark").unwrap();
+    let r = mb.stop().unwrap();
+    println!(
+        "mailbox_stop {:?} served {} gone {}",
+        r.state, r.served, r.kernel_gone
+    );
     let signal = Signal::new(&ctx).unwrap();
     let marker = gdx_sys::cuda::MappedHostBuffer::new(&ctx, 8).unwrap();
     let launch = |v: u64| {
@@ -138,10 +182,5 @@ fn main() {
             stream.copy_to_host_at(&mut host, 0, &dev, 0, 8).unwrap();
             stream.synchronize().unwrap();
         }),
-    );
-    let r = mb.stop().unwrap();
-    println!(
-        "mailbox_stop {:?} served {} gone {}",
-        r.state, r.served, r.kernel_gone
     );
 }
