@@ -44,6 +44,12 @@ pub enum PathKind {
     /// RDMA WRITE or READ through `gdx-rdma`, host or GPU memory on either side, against
     /// `gdx serve --rdma-listen` or a loopback server in this process. Opt-in: `--path rdma`.
     Rdma,
+    /// The mailbox: a persistent kernel polling mapped pinned host memory moves small payloads
+    /// host ↔ GPU (one SM reserved while it runs).
+    Mailbox,
+    /// Stream-ordered signalling: a kernel, then a copy, then a stream memory operation the
+    /// host sees (GPUDirect Async), or the `cuStreamSynchronize` way it is compared with.
+    Signal,
 }
 
 impl PathKind {
@@ -61,6 +67,8 @@ impl PathKind {
             PathKind::Mock => "mock",
             PathKind::File => "file",
             PathKind::Rdma => "rdma",
+            PathKind::Mailbox => "mailbox",
+            PathKind::Signal => "signal",
         }
     }
 }

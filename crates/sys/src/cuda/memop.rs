@@ -51,7 +51,7 @@ pub enum Word<'a> {
 
 impl Word<'_> {
     /// The device address, after checking bounds and alignment.
-    fn address(&self, call: &'static str) -> Result<CuDevicePtr, CudaError> {
+    pub(crate) fn address(&self, call: &'static str) -> Result<CuDevicePtr, CudaError> {
         match *self {
             Word::Mapped(b, i) => {
                 if i >= b.words() {
@@ -85,7 +85,7 @@ impl Word<'_> {
         }
     }
 
-    fn mark(&self, stream: &Stream) -> Result<(), CudaError> {
+    pub(crate) fn mark(&self, stream: &Stream) -> Result<(), CudaError> {
         match self {
             Word::Mapped(b, _) => b.pending.mark(stream),
             Word::Device(b, _) => b.pending.mark(stream),

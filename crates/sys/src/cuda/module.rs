@@ -43,6 +43,8 @@ pub struct Module {
 struct ModuleInner {
     ctx: Context,
     raw: CuModule,
+    /// Loaded from [`GDX_KERNELS_PTX`], so its kernels' behaviour is known.
+    gdx: bool,
 }
 
 // SAFETY: a CUmodule may be used from any thread; it is only read after loading.
@@ -90,13 +92,18 @@ impl Module {
             inner: Arc::new(ModuleInner {
                 ctx: ctx.clone(),
                 raw,
+                gdx: false,
             }),
         })
     }
 
     /// gdx's own kernels ([`GDX_KERNELS_PTX`]) loaded into `ctx`.
     pub fn gdx_kernels(ctx: &Context) -> Result<Module, CudaError> {
-        Module::load_ptx(ctx, GDX_KERNELS_PTX)
+        let mut m = Module::load_ptx(ctx, GDX_KERNELS_PTX)?;
+        if let Some(inner) = Arc::get_mut(&mut m.inner) {
+            inner.gdx = true;
+        }
+        Ok(m)
     }
 
     /// The context the module is loaded in.
@@ -290,6 +297,36 @@ impl Stream {
         };
         self.context()
             .check(status, &format!("cuLaunchKernel({})", kernel.name))
+    }
+
+    /// Queue gdx's marker kernel (`gdx_spin_then_mark` of [`Module::gdx_kernels`]): after
+    /// `spin` (GPU clock) it writes `value` to `word`. Safe: the kernel and the address are
+    /// known, and the word's buffer is kept until the kernel has run. For tests and benches of
+    /// what is ordered after a kernel.
+    pub fn launch_marker(
+        &self,
+        module: &Module,
+        word: super::Word<'_>,
+        value: u64,
+        spin: std::time::Duration,
+    ) -> Result<(), CudaError> {
+        if !module.inner.gdx {
+            return Err(CudaError::InvalidArgument {
+                call: "Stream::launch_marker",
+                reason: "the module is not gdx's own kernels (Module::gdx_kernels)".to_string(),
+            });
+        }
+        let addr = word.address("cuLaunchKernel(gdx_spin_then_mark)")?;
+        let k = module.kernel("gdx_spin_then_mark")?;
+        let mut args = KernelArgs::new();
+        args.push_u64(addr)
+            .push_u64(value)
+            .push_u64(u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX));
+        // SAFETY: gdx_spin_then_mark(u64* marker, u64 value, u64 spin_ns) writes 8 bytes at
+        // `addr`, which `address` checked lie in the buffer; `mark` keeps the buffer (its Drop
+        // waits) until the kernel has run.
+        unsafe { self.launch(&k, LaunchDims::single_block(32), &mut args)? };
+        word.mark(self)
     }
 
     /// Whether every operation queued on the stream is done (`cuStreamQuery`); never blocks.
