@@ -45,6 +45,34 @@ impl ProbeBackend for SystemProbe {
         })
     }
 
+    fn can_mailbox(&self) -> bool {
+        true
+    }
+
+    fn mailbox(&self, gpu: u32, reps: u32) -> Result<Vec<std::time::Duration>, String> {
+        use gdx_sys::cuda::{Cuda, DeviceBuffer, Mailbox, MailboxConfig};
+        let cuda = Cuda::load().map_err(|u| u.to_string())?;
+        let ctx = cuda.context(gpu).map_err(|e| e.to_string())?;
+        let dev = DeviceBuffer::new(&ctx, 8).map_err(|e| e.to_string())?;
+        let mb = Mailbox::start(&ctx, MailboxConfig::default()).map_err(|e| e.to_string())?;
+        let mut out = Vec::with_capacity(reps as usize);
+        let mut back = [0u8; 8];
+        for i in 0..u64::from(reps) {
+            let want = (i ^ 0x6764_785f_6d62_6f78).to_le_bytes();
+            let t = std::time::Instant::now();
+            mb.write(&dev, 0, &want).map_err(|e| e.to_string())?;
+            mb.read(&dev, 0, &mut back).map_err(|e| e.to_string())?;
+            out.push(t.elapsed());
+            if back != want {
+                return Err(format!(
+                    "round trip {i}: wrote {want:02x?}, read {back:02x?}"
+                ));
+            }
+        }
+        mb.stop().map_err(|e| e.to_string())?;
+        Ok(out)
+    }
+
     fn register(
         &self,
         gpu: u32,
@@ -113,6 +141,15 @@ impl LiveFacts for SystemFacts {
                         .filter(|&p| p != o)
                         .filter_map(|p| Some((p, cuda.can_access_peer(o, p).ok()?)))
                         .collect(),
+                    stream_mem_ops: d.stream_mem_ops().ok().map(|s| {
+                        crate::facts::StreamMemOpsFacts {
+                            ops_64bit: s.ops_64bit,
+                            wait_nor: s.wait_nor,
+                            flush_remote_writes: s.flush_remote_writes,
+                            map_host_memory: s.map_host_memory,
+                            symbols: s.symbols,
+                        }
+                    }),
                 }
             })
             .collect();

@@ -14,6 +14,7 @@ pub mod dmabuf;
 pub mod driver;
 pub mod fabric;
 pub mod gdr_support;
+pub mod gpu_async;
 pub mod iommu;
 pub mod link;
 pub mod memlock;
@@ -68,6 +69,7 @@ pub fn all_checks() -> Vec<&'static dyn Check> {
         &ofi::Libfabric,
         &probes::ProbeCopy,
         &probes::ProbeRegister,
+        &gpu_async::GpuAsync,
     ]
 }
 
