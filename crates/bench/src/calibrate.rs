@@ -9,6 +9,8 @@
 //! |---|---|---|
 //! | GPU*a* → GPU*b* | `gpuA_to_gpuB_p2p` vs `gpuA_to_gpuB_staged` | `staged` over `p2p` |
 //! | host → host | `host_to_host_shm` vs `host_to_host_tcp` | `shm` over `tcp` |
+//! | host → GPU*g* | `host_to_gpuG_mailbox` vs `host_to_gpuG_pinned_ce` | `mailbox` over `host-to-gpu` |
+//! | GPU*g* → host | `gpuG_to_host_mailbox` vs `gpuG_to_host_pinned_ce` | `mailbox` over `gpu-to-host` |
 //!
 //! A crossover is written only when the small-size winner differs from the large-size one:
 //! `{below_bytes: S, prefer: small winner, over: large winner}` where S is the smallest
@@ -90,6 +92,9 @@ pub fn sizes() -> Vec<u64> {
 fn engine_path(key: &str) -> Option<Path> {
     let tail = key.rsplit('_').next()?;
     Some(match tail {
+        "mailbox" => Path::Mailbox,
+        "ce" if key.starts_with("host_to_gpu") => Path::HostToGpu,
+        "ce" if key.ends_with("_to_host_pinned_ce") => Path::GpuToHost,
         "p2p" => Path::P2p,
         "staged" => Path::Staged,
         "shm" => Path::Shm,
@@ -219,6 +224,20 @@ pub fn pairs(gpus: u32) -> Vec<(String, String, String)> {
         "host_to_host_shm".to_string(),
         "host_to_host_tcp".to_string(),
     )];
+    // Mailbox against the copy engine (the mailbox case waives sizes above what one op
+    // carries, so the evidence stops there).
+    for g in 0..gpus {
+        v.push((
+            format!("host->gpu{g}"),
+            format!("host_to_gpu{g}_mailbox"),
+            format!("host_to_gpu{g}_pinned_ce"),
+        ));
+        v.push((
+            format!("gpu{g}->host"),
+            format!("gpu{g}_to_host_mailbox"),
+            format!("gpu{g}_to_host_pinned_ce"),
+        ));
+    }
     for a in 0..gpus {
         for b in 0..gpus {
             if a != b {

@@ -47,6 +47,12 @@ pub enum PathKind {
     /// One-sided RMA through libfabric (the engine's fabric transport) between two agents,
     /// over the provider `--provider` names or the automatic choice. Opt-in: `--path fabric`.
     Fabric,
+    /// The mailbox: a persistent kernel polling mapped pinned host memory moves small payloads
+    /// host ↔ GPU (one SM reserved while it runs).
+    Mailbox,
+    /// Stream-ordered signalling: a kernel, then a copy, then a stream memory operation the
+    /// host sees (GPUDirect Async), or the `cuStreamSynchronize` way it is compared with.
+    Signal,
 }
 
 impl PathKind {
@@ -65,6 +71,8 @@ impl PathKind {
             PathKind::File => "file",
             PathKind::Rdma => "rdma",
             PathKind::Fabric => "fabric",
+            PathKind::Mailbox => "mailbox",
+            PathKind::Signal => "signal",
         }
     }
 }

@@ -101,6 +101,25 @@ pub struct CudaDevice {
     pub dmabuf_supported: Option<bool>,
     /// `cuDeviceCanAccessPeer` towards other ordinals: `(peer ordinal, can access)`.
     pub can_access_peer: Vec<(u32, bool)>,
+    /// Stream memory operations and mapped host memory (GPUDirect Async, the mailbox);
+    /// `None` when not queried.
+    #[serde(default)]
+    pub stream_mem_ops: Option<StreamMemOpsFacts>,
+}
+
+/// `gdx_sys::cuda::StreamMemOps` as facts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamMemOpsFacts {
+    /// `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS` (122).
+    pub ops_64bit: bool,
+    /// `CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR` (123).
+    pub wait_nor: bool,
+    /// `CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES` (98).
+    pub flush_remote_writes: bool,
+    /// `CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY` (19).
+    pub map_host_memory: bool,
+    /// The driver exports `cuStreamWriteValue64_v2` and `cuStreamWaitValue64_v2`.
+    pub symbols: bool,
 }
 
 /// NVML's P2P status between two GPUs, as `nvmlDeviceGetP2PStatus` text

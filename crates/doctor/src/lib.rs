@@ -104,6 +104,19 @@ pub enum DoctorError {
     /// A probe size this machine cannot address.
     #[error("{0} bytes do not fit usize")]
     TooLarge(u64),
+    /// The probe backend has no mailbox (the mailbox probe is then left out).
+    #[error("this probe backend has no mailbox")]
+    NoMailbox,
+    /// A mailbox round trip read back other bytes than it wrote.
+    #[error("mailbox round trip {round}: wrote {wrote:02x?}, read {read:02x?}")]
+    MailboxMismatch {
+        /// Which round trip (from 0).
+        round: u64,
+        /// The bytes written.
+        wrote: [u8; 8],
+        /// The bytes read back.
+        read: [u8; 8],
+    },
 }
 
 /// What to examine and with what.

@@ -46,6 +46,36 @@ impl ProbeBackend for SystemProbe {
         })
     }
 
+    fn can_mailbox(&self) -> bool {
+        true
+    }
+
+    fn mailbox(&self, gpu: u32, reps: u32) -> Result<Vec<std::time::Duration>, DoctorError> {
+        use gdx_sys::cuda::{Cuda, DeviceBuffer, Mailbox, MailboxConfig};
+        let cuda = Cuda::load()?;
+        let ctx = cuda.context(gpu)?;
+        let dev = DeviceBuffer::new(&ctx, 8)?;
+        let mb = Mailbox::start(&ctx, MailboxConfig::default())?;
+        let mut out = Vec::with_capacity(reps as usize);
+        let mut back = [0u8; 8];
+        for i in 0..u64::from(reps) {
+            let want = (i ^ 0x6764_785f_6d62_6f78).to_le_bytes();
+            let t = std::time::Instant::now();
+            mb.write(&dev, 0, &want)?;
+            mb.read(&dev, 0, &mut back)?;
+            out.push(t.elapsed());
+            if back != want {
+                return Err(DoctorError::MailboxMismatch {
+                    round: i,
+                    wrote: want,
+                    read: back,
+                });
+            }
+        }
+        mb.stop()?;
+        Ok(out)
+    }
+
     fn register(
         &self,
         gpu: u32,
@@ -114,6 +144,15 @@ impl LiveFacts for SystemFacts {
                         .filter(|&p| p != o)
                         .filter_map(|p| Some((p, cuda.can_access_peer(o, p).ok()?)))
                         .collect(),
+                    stream_mem_ops: d.stream_mem_ops().ok().map(|s| {
+                        crate::facts::StreamMemOpsFacts {
+                            ops_64bit: s.ops_64bit,
+                            wait_nor: s.wait_nor,
+                            flush_remote_writes: s.flush_remote_writes,
+                            map_host_memory: s.map_host_memory,
+                            symbols: s.symbols,
+                        }
+                    }),
                 }
             })
             .collect();

@@ -73,6 +73,30 @@ pub trait ProbeBackend {
         method: RegMethod,
         bytes: u64,
     ) -> Result<(), DoctorError>;
+
+    /// Whether [`ProbeBackend::mailbox`] is implemented (a backend without it leaves the
+    /// mailbox probe out, reported as a skip).
+    fn can_mailbox(&self) -> bool {
+        false
+    }
+
+    /// Start the mailbox on GPU `gpu`, time `reps` 8-byte write-then-read round trips (bytes
+    /// checked), stop it. `Err` names what failed. The default: this backend has none.
+    fn mailbox(&self, gpu: u32, reps: u32) -> Result<Vec<Duration>, DoctorError> {
+        let _ = (gpu, reps);
+        Err(DoctorError::NoMailbox)
+    }
+}
+
+/// The mailbox round trip measured on one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MailboxProbe {
+    /// GPU label.
+    pub gpu: String,
+    /// Median 8-byte host→GPU→host round trip (a write then a read), µs.
+    pub p50_us: Option<f64>,
+    /// What failed, if anything.
+    pub error: Option<String>,
 }
 
 /// How much to probe.
@@ -170,6 +194,8 @@ pub struct ProbeResults {
     pub copies: Vec<CopyProbe>,
     /// Registrations.
     pub registrations: Vec<RegisterProbe>,
+    /// Mailbox round trips, one per GPU.
+    pub mailbox: Vec<MailboxProbe>,
     /// Probes not run because the time budget ran out.
     pub skipped_for_time: usize,
     /// Why registrations were not tried, when the backend cannot do them.
@@ -263,6 +289,24 @@ pub fn run(ctx: &Context, backend: &dyn ProbeBackend, plan: &ProbePlan) -> Probe
             Err(e) => p.error = Some(e.to_string()),
         }
         out.copies.push(p);
+    }
+    for (g, o) in gpus.iter().filter(|_| backend.can_mailbox()) {
+        if start.elapsed() > plan.budget {
+            out.skipped_for_time += 1;
+            continue;
+        }
+        let (p50_us, error) = match backend.mailbox(*o, 2000) {
+            Ok(s) => {
+                let us: Vec<f64> = s.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+                (gdx_sys::stats::median(&us), None)
+            }
+            Err(e) => (None, Some(e.to_string())),
+        };
+        out.mailbox.push(MailboxProbe {
+            gpu: g.label.clone(),
+            p50_us,
+            error,
+        });
     }
     if !backend.can_register() && !ctx.rdma().is_empty() {
         out.registration_skipped =

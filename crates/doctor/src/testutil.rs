@@ -314,6 +314,7 @@ pub fn cuda_facts(gpus: &[&str]) -> StaticFacts {
                     .filter(|&j| j != i as u32)
                     .map(|j| (j, true))
                     .collect(),
+                stream_mem_ops: None,
             })
             .collect(),
     });

@@ -94,6 +94,7 @@ fn cuda(gpus: &[&str]) -> StaticFacts {
                     .filter(|&j| j != i as u32)
                     .map(|j| (j, true))
                     .collect(),
+                stream_mem_ops: None,
             })
             .collect(),
     });

@@ -59,6 +59,10 @@ pub struct Calibration {
     pub p2p_split_min_bytes: Option<u64>,
 }
 
+/// Ops of at most this many bytes take the mailbox when one runs and no calibration says
+/// otherwise (measured on the H200 test machine; `gdx calibrate` measures it per machine).
+pub const DEFAULT_MAILBOX_CROSSOVER: u64 = gdx_sys::cuda::mailbox::DEFAULT_CROSSOVER as u64;
+
 /// Default staged chunk: 16 MiB.
 pub const DEFAULT_STAGED_CHUNK: u64 = 16 << 20;
 /// Default staged depth: 4 bounce buffers.
@@ -132,6 +136,20 @@ impl Calibration {
         }
     }
 
+    /// The mailbox crossover for `over` (`HostToGpu` or `GpuToHost`): ops of at most the
+    /// returned many bytes take the mailbox. From a `{prefer: mailbox, over}` crossover, else
+    /// [`DEFAULT_MAILBOX_CROSSOVER`]; the text says which.
+    pub fn mailbox_crossover(&self, over: Path) -> (u64, String) {
+        match self
+            .crossovers
+            .iter()
+            .find(|c| c.prefer == Path::Mailbox && c.over == over)
+        {
+            Some(c) => (c.below_bytes.saturating_sub(1), self.name().to_string()),
+            None => (DEFAULT_MAILBOX_CROSSOVER, "default".to_string()),
+        }
+    }
+
     /// How the calibration is named in plan reasons.
     pub(crate) fn name(&self) -> &str {
         self.source.as_deref().unwrap_or("calibration")
@@ -184,6 +202,32 @@ mod tests {
             .to_string()
             .contains("new.json"));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_mailbox_crossover_comes_from_the_calibration_or_the_default() {
+        let d = Calibration::default();
+        assert_eq!(
+            d.mailbox_crossover(Path::HostToGpu),
+            (DEFAULT_MAILBOX_CROSSOVER, "default".to_string())
+        );
+        let cal = Calibration {
+            source: Some("cal.json".into()),
+            crossovers: vec![Crossover {
+                below_bytes: 4097,
+                prefer: Path::Mailbox,
+                over: Path::GpuToHost,
+            }],
+            ..Calibration::default()
+        };
+        assert_eq!(
+            cal.mailbox_crossover(Path::GpuToHost),
+            (4096, "cal.json".into())
+        );
+        assert_eq!(
+            cal.mailbox_crossover(Path::HostToGpu).0,
+            DEFAULT_MAILBOX_CROSSOVER
+        );
     }
 
     #[test]

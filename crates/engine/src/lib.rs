@@ -78,7 +78,7 @@ pub mod wire;
 
 pub use agent::{Agent, Notification, PeerInfo};
 pub use auth::{Secret, MIN_SECRET_BYTES};
-pub use calibration::{Calibration, Crossover, CALIBRATION_ENV};
+pub use calibration::{Calibration, Crossover, CALIBRATION_ENV, DEFAULT_MAILBOX_CROSSOVER};
 pub use config::{parse_listen, AgentConfig, Transports};
 pub use error::{Error, Result};
 pub use gpu::{

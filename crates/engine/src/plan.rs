@@ -66,6 +66,11 @@ pub enum Path {
     /// Like `FileStaged` through the page cache (the file system refused `O_DIRECT`, or it was
     /// asked for).
     Buffered,
+    /// Pinned host memory ↔ GPU memory through the mailbox: a persistent kernel on the GPU
+    /// polls a ring in mapped host memory and moves small payloads itself (microseconds, no
+    /// copy-engine submission), occupying one SM while it runs; see
+    /// [`crate::gpu::LocalPeer::start_mailbox`].
+    Mailbox,
 }
 
 impl fmt::Display for Path {
@@ -87,6 +92,7 @@ impl fmt::Display for Path {
             Path::Gds => "gds",
             Path::FileStaged => "file-staged",
             Path::Buffered => "buffered",
+            Path::Mailbox => "mailbox",
         })
     }
 }

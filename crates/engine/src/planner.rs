@@ -7,7 +7,11 @@
 //! is unit-tested without a GPU.
 //!
 //! Rules, in order:
-//! 1. Host ↔ GPU: `host-to-gpu` / `gpu-to-host` on the GPU's copy engine.
+//! 1. Host ↔ GPU: `mailbox` when a mailbox runs on that GPU ([`MailboxFacts`]), the op is at
+//!    most the crossover (calibrated, else [`crate::calibration::DEFAULT_MAILBOX_CROSSOVER`])
+//!    and not ordered with a caller's stream; else `host-to-gpu` / `gpu-to-host` on the GPU's
+//!    copy engine, the reason saying why the mailbox was not taken. Strict mode refuses a
+//!    stream-ordered op the mailbox would otherwise take.
 //! 2. Same GPU: `device-local` (or `ipc` when one end is imported).
 //! 3. Two GPUs: the direct path (`p2p`, or `ipc` when one end is imported) when peer access
 //!    works and both regions are peer-mapped; else `staged`, with the reason.
@@ -143,6 +147,82 @@ pub struct OpFacts {
     pub link: Option<GpuLink>,
 }
 
+/// A running mailbox, as the planner sees it (see [`crate::gpu::LocalPeer::start_mailbox`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MailboxFacts {
+    /// The GPU it serves.
+    pub gpu: u32,
+    /// Streaming multiprocessors its kernel occupies.
+    pub sms: u32,
+    /// Largest payload one op carries.
+    pub max_payload: u64,
+    /// The op is ordered with a caller's stream or event, which the mailbox (running outside
+    /// streams) cannot honour.
+    pub stream_ordered: bool,
+}
+
+fn size_text(b: u64) -> String {
+    if b >= 1024 && b.is_multiple_of(1024) {
+        format!("{} KiB", b / 1024)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// The mailbox plan for a host ↔ GPU op, or why the copy engine takes it instead (`Err(note)`).
+fn plan_mailbox(
+    facts: &OpFacts,
+    gpu: u32,
+    over: Path,
+    mailbox: Option<&MailboxFacts>,
+    policy: &Policy,
+    cal: &Calibration,
+) -> Result<std::result::Result<Plan, String>> {
+    let Some(m) = mailbox.filter(|m| m.gpu == gpu) else {
+        return Ok(Err(String::new()));
+    };
+    let (crossover, source) = cal.mailbox_crossover(over);
+    let limit = crossover.min(m.max_payload);
+    let len = facts.len;
+    if len > limit {
+        return Ok(Err(format!(
+            "; mailbox running on GPU{gpu} but {} > {} crossover ({source})",
+            size_text(len),
+            size_text(limit)
+        )));
+    }
+    if m.stream_ordered {
+        let why = format!(
+            "mailbox on GPU{gpu} not used: the op is ordered with a stream or event, and the \
+             mailbox kernel runs outside streams ({} ≤ {} crossover)",
+            size_text(len),
+            size_text(limit)
+        );
+        if policy.strict {
+            return Err(Error::Strict(format!(
+                "{why}; strict mode refuses the copy engine here (drop the ordering, or stop \
+                 the mailbox)"
+            )));
+        }
+        return Ok(Err(format!("; {why}")));
+    }
+    let dir = if over == Path::HostToGpu {
+        format!("pinned host → GPU{gpu}")
+    } else {
+        format!("GPU{gpu} → pinned host")
+    };
+    Ok(Ok(Plan {
+        path: Path::Mailbox,
+        reason: format!(
+            "mailbox: {} ≤ {} crossover ({source}), {} SM reserved; {dir} through the GPU's \
+             persistent kernel, no copy-engine submission",
+            size_text(len),
+            size_text(limit),
+            m.sms
+        ),
+    }))
+}
+
 fn gpu_name(l: Location) -> String {
     match l {
         Location::Gpu(n) => format!("GPU{n}"),
@@ -152,20 +232,44 @@ fn gpu_name(l: Location) -> String {
     }
 }
 
-/// Plan one op.
+/// Plan one op (no mailbox running).
 pub fn plan_local(facts: &OpFacts, policy: &Policy, cal: &Calibration) -> Result<Plan> {
+    plan_local_with(facts, policy, cal, None)
+}
+
+/// Plan one op, with the mailbox that runs (if any).
+pub fn plan_local_with(
+    facts: &OpFacts,
+    policy: &Policy,
+    cal: &Calibration,
+    mailbox: Option<&MailboxFacts>,
+) -> Result<Plan> {
     let (s, d) = (facts.src.location, facts.dst.location);
     let ipc = facts.src.imported || facts.dst.imported;
     let direct_path = if ipc { Path::Ipc } else { Path::P2p };
     match (s, d) {
-        (Location::PinnedHost, Location::Gpu(g)) => Ok(Plan {
-            path: Path::HostToGpu,
-            reason: format!("host-to-gpu: pinned host → GPU{g} on GPU{g}'s copy engine"),
-        }),
-        (Location::Gpu(g), Location::PinnedHost) => Ok(Plan {
-            path: Path::GpuToHost,
-            reason: format!("gpu-to-host: GPU{g} → pinned host on GPU{g}'s copy engine"),
-        }),
+        (Location::PinnedHost, Location::Gpu(g)) => {
+            match plan_mailbox(facts, g, Path::HostToGpu, mailbox, policy, cal)? {
+                Ok(p) => Ok(p),
+                Err(note) => Ok(Plan {
+                    path: Path::HostToGpu,
+                    reason: format!(
+                        "host-to-gpu: pinned host → GPU{g} on GPU{g}'s copy engine{note}"
+                    ),
+                }),
+            }
+        }
+        (Location::Gpu(g), Location::PinnedHost) => {
+            match plan_mailbox(facts, g, Path::GpuToHost, mailbox, policy, cal)? {
+                Ok(p) => Ok(p),
+                Err(note) => Ok(Plan {
+                    path: Path::GpuToHost,
+                    reason: format!(
+                        "gpu-to-host: GPU{g} → pinned host on GPU{g}'s copy engine{note}"
+                    ),
+                }),
+            }
+        }
         (Location::Gpu(a), Location::Gpu(b)) if a == b => Ok(if ipc {
             Plan {
                 path: Path::Ipc,

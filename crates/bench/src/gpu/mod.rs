@@ -13,6 +13,7 @@
 pub mod copy;
 pub mod engine;
 pub mod ipc;
+pub mod mailbox;
 pub mod timing;
 
 use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived};
@@ -30,6 +31,8 @@ enum Body {
     Staged { src: u32, dst: u32 },
     /// GPU `src` here → GPU `dst` memory of a second process ([`engine::run_ipc`]).
     Ipc { src: u32, dst: u32 },
+    /// A microsecond case on one GPU ([`mailbox::run`]).
+    Micro { micro: mailbox::Micro, gpu: u32 },
 }
 
 /// A GPU case: a spec and what it runs.
@@ -83,6 +86,7 @@ impl BenchCase for GpuCase {
                 engine::run_staged(ctx, &self.spec, src, dst, params, sink)
             }
             Body::Ipc { src, dst } => engine::run_ipc(ctx, &self.spec, src, dst, params, sink),
+            Body::Micro { micro, gpu } => mailbox::run(ctx, &self.spec, micro, gpu, params, sink),
         }
     }
 }
@@ -137,6 +141,20 @@ pub fn cases(n: u32) -> Vec<Box<dyn BenchCase>> {
                 false,
                 Body::Copy(Kind::ToHost { gpu: g, pinned }),
             ));
+        }
+        use mailbox::Micro;
+        for (key, what, micro, src, dst) in [
+            (format!("host_to_gpu{g}_mailbox"), format!("mailbox: pinned host → GPU{g} through a persistent kernel polling mapped host memory, until the bytes are in device memory (1 SM reserved)"), Micro::MailboxToGpu, End::Host, End::Gpu(g)),
+            (format!("gpu{g}_to_host_mailbox"), format!("mailbox: GPU{g} → host through a persistent kernel answering in mapped host memory (1 SM reserved)"), Micro::MailboxToHost, End::Gpu(g), End::Host),
+            (format!("gpu{g}_async_signal"), format!("GPUDirect Async: kernel on GPU{g} → copy to pinned host → cuStreamWriteValue64; launch until the host sees the word"), Micro::AsyncSignal, End::Gpu(g), End::Host),
+            (format!("gpu{g}_stream_sync"), format!("the same work the usual way: kernel on GPU{g} → cuStreamSynchronize → copy → cuStreamSynchronize"), Micro::StreamSync, End::Gpu(g), End::Host),
+        ] {
+            let path = if matches!(micro, Micro::MailboxToGpu | Micro::MailboxToHost) {
+                PathKind::Mailbox
+            } else {
+                PathKind::Signal
+            };
+            v.push(case(key, what, path, src, dst, false, Body::Micro { micro, gpu: g }));
         }
     }
     for a in 0..n {

@@ -14,6 +14,7 @@ pub mod dmabuf;
 pub mod driver;
 pub mod fabric;
 pub mod gdr_support;
+pub mod gpu_async;
 pub mod iommu;
 pub mod link;
 pub mod memlock;
@@ -69,6 +70,7 @@ pub fn all_checks() -> Vec<&'static dyn Check> {
         &probes::ProbeCopy,
         &probes::ProbeRegister,
         &probes::ProbeFabric,
+        &gpu_async::GpuAsync,
     ]
 }
 

@@ -106,7 +106,7 @@ pub struct StagedTuning {
     pub best_chunk_bytes: u64,
 }
 
-enum Guard<'a> {
+pub(crate) enum Guard<'a> {
     D(MutexGuard<'a, DeviceBuffer>),
     P(MutexGuard<'a, PinnedHostBuffer>),
 }
@@ -140,7 +140,7 @@ impl Guard<'_> {
 }
 
 /// Lock both ends in a fixed order (so two opposite copies never deadlock): (dst, src).
-fn lock_pair<'a>(dst: Mem<'a>, src: Mem<'a>) -> Result<(Guard<'a>, Guard<'a>)> {
+pub(crate) fn lock_pair<'a>(dst: Mem<'a>, src: Mem<'a>) -> Result<(Guard<'a>, Guard<'a>)> {
     if dst.id() == src.id() {
         return Err(Error::InvalidArgument(
             "source and destination are the same region".to_string(),
@@ -182,7 +182,19 @@ impl LocalPeer {
         let (dst, src) = (dst.into(), src.into());
         check_bounds(dst_off, len, dst.len())?;
         check_bounds(src_off, len, src.len())?;
-        let plan = self.plan(dst, src, len)?;
+        let ordered = ord.after.is_some() || ord.stream.is_some() || ord.signal.is_some();
+        let plan = self.plan_for(dst, src, len, ordered)?;
+        if plan.path == Path::Mailbox {
+            // Not ordered with any stream (else not planned here): done on return.
+            let (first, _) = self.streams_for(&plan, dst, src)?;
+            self.run_mailbox(dst, dst_off, src, src_off, len)?;
+            return Ok(LocalTransfer {
+                plan,
+                len,
+                done: None,
+                gpu: first,
+            });
+        }
         let (first, last) = self.streams_for(&plan, dst, src)?;
         // Fork: our streams start after the caller's event and the caller's stream.
         let mut waits: Vec<Event> = Vec::new();
@@ -247,6 +259,10 @@ impl LocalPeer {
         check_bounds(dst_off, len, dst.len())?;
         check_bounds(src_off, len, src.len())?;
         let plan = self.plan(dst, src, len)?;
+        if plan.path == Path::Mailbox {
+            self.run_mailbox(dst, dst_off, src, src_off, len)?;
+            return Ok(plan);
+        }
         if plan.path == Path::Staged {
             return self.transfer(dst, dst_off, src, src_off, len)?.wait();
         }
@@ -297,6 +313,10 @@ impl LocalPeer {
                 Ok((g.clone(), g))
             }
             Path::Staged => Ok((pick(s)?, pick(d)?)),
+            Path::Mailbox => {
+                let g = pick(s.or(d))?;
+                Ok((g.clone(), g))
+            }
             _ => {
                 let g = pick(s)?;
                 Ok((g.clone(), g))

@@ -15,6 +15,7 @@
 
 mod exec;
 mod file;
+mod mailbox;
 mod region;
 mod share;
 mod stage;
@@ -60,6 +61,8 @@ pub(crate) struct Shared {
     pub(crate) plans: Mutex<HashMap<PlanKey, Plan>>,
     /// The last plan looked up, for tight loops over one route.
     pub(crate) last_plan: Mutex<Option<(PlanKey, Plan)>>,
+    /// Running mailboxes, by GPU ([`LocalPeer::start_mailbox`]).
+    pub(crate) mailboxes: Mutex<HashMap<u32, Arc<gdx_sys::cuda::Mailbox>>>,
 }
 
 /// What a cached plan depends on: both ends (kind and region id) and the size bucket.
@@ -106,6 +109,7 @@ impl LocalPeer {
                 bounce: Mutex::new(Vec::new()),
                 plans: Mutex::new(HashMap::new()),
                 last_plan: Mutex::new(None),
+                mailboxes: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -363,14 +367,33 @@ impl LocalPeer {
 
     /// The plan for copying `len` bytes from `src` to `dst`, or the strict-mode error.
     pub fn plan(&self, dst: Mem<'_>, src: Mem<'_>, len: u64) -> Result<Plan> {
+        self.plan_for(dst, src, len, false)
+    }
+
+    /// [`LocalPeer::plan`] for an op that is (`stream_ordered`) or is not ordered with a
+    /// caller's stream or event (only the mailbox cares).
+    pub(crate) fn plan_for(
+        &self,
+        dst: Mem<'_>,
+        src: Mem<'_>,
+        len: u64,
+        stream_ordered: bool,
+    ) -> Result<Plan> {
         let cal = &self.shared.calibration;
+        let (sg, dg) = (gpu_of(src), gpu_of(dst));
+        let mailbox = self.mailbox_facts(sg.or(dg), stream_ordered);
+        // The size bucket: which crossovers the size is under, and whether it is within the
+        // mailbox's reach.
         let bucket = cal
             .crossovers
             .iter()
             .filter(|c| len < c.below_bytes)
-            .count();
+            .count()
+            + 1000 * usize::from(len <= crate::calibration::DEFAULT_MAILBOX_CROSSOVER)
+            + 2000 * usize::from(len <= gdx_sys::cuda::mailbox::MAX_PAYLOAD as u64);
         let key = (src.id(), dst.id(), bucket);
-        {
+        let cacheable = !(stream_ordered && mailbox.is_some());
+        if cacheable {
             let mut last = self
                 .shared
                 .last_plan
@@ -400,7 +423,6 @@ impl LocalPeer {
                 _ => None,
             },
         };
-        let (sg, dg) = (gpu_of(src), gpu_of(dst));
         let link = match (sg, dg) {
             (Some(a), Some(b)) if a != b => Some(self.link(a, b)?),
             _ => None,
@@ -411,12 +433,14 @@ impl LocalPeer {
             len,
             link,
         };
-        let plan = planner::plan_local(&facts, &self.shared.policy, cal)?;
-        self.shared
-            .plans
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, plan.clone());
+        let plan = planner::plan_local_with(&facts, &self.shared.policy, cal, mailbox.as_ref())?;
+        if cacheable {
+            self.shared
+                .plans
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key, plan.clone());
+        }
         Ok(plan)
     }
 }

@@ -201,3 +201,110 @@ fn policy_reads_the_environment() {
     std::env::remove_var(STRICT_ENV);
     std::env::remove_var(FORCE_PATH_ENV);
 }
+
+fn host_gpu(len: u64, to_gpu: bool) -> OpFacts {
+    let (h, g) = (
+        EndFacts::at(Location::PinnedHost),
+        EndFacts::at(Location::Gpu(0)),
+    );
+    let (src, dst) = if to_gpu { (h, g) } else { (g, h) };
+    OpFacts {
+        src,
+        dst,
+        len,
+        link: None,
+    }
+}
+
+fn running(stream_ordered: bool) -> MailboxFacts {
+    MailboxFacts {
+        gpu: 0,
+        sms: 1,
+        max_payload: 8192,
+        stream_ordered,
+    }
+}
+
+#[test]
+fn small_host_gpu_ops_take_a_running_mailbox_and_say_why() {
+    let cal = Calibration::default();
+    let m = running(false);
+    let p = plan_local_with(&host_gpu(8, true), &Policy::default(), &cal, Some(&m)).unwrap();
+    assert_eq!(p.path, Path::Mailbox);
+    assert!(
+        p.reason
+            .starts_with("mailbox: 8 B ≤ 2 KiB crossover (default), 1 SM reserved"),
+        "{}",
+        p.reason
+    );
+    let p = plan_local_with(&host_gpu(2048, false), &Policy::strict(), &cal, Some(&m)).unwrap();
+    assert_eq!(p.path, Path::Mailbox);
+    assert!(p.reason.contains("GPU0 → pinned host"), "{}", p.reason);
+    // Above the crossover: the copy engine, saying the mailbox was considered.
+    let p = plan_local_with(&host_gpu(2049, true), &Policy::default(), &cal, Some(&m)).unwrap();
+    assert_eq!(p.path, Path::HostToGpu);
+    assert!(
+        p.reason.contains("2049 B > 2 KiB crossover"),
+        "{}",
+        p.reason
+    );
+    // No mailbox, or one on another GPU: the copy engine, no mention.
+    let p = plan_local(&host_gpu(8, true), &Policy::default(), &cal).unwrap();
+    assert_eq!(p.path, Path::HostToGpu);
+    assert!(!p.reason.contains("mailbox"));
+    let other = MailboxFacts {
+        gpu: 1,
+        ..running(false)
+    };
+    let p = plan_local_with(&host_gpu(8, true), &Policy::default(), &cal, Some(&other)).unwrap();
+    assert_eq!(p.path, Path::HostToGpu);
+}
+
+#[test]
+fn the_calibrated_crossover_and_the_payload_limit_bound_the_mailbox() {
+    let cal = Calibration {
+        source: Some("cal.json".into()),
+        crossovers: vec![Crossover {
+            below_bytes: 65,
+            prefer: Path::Mailbox,
+            over: Path::HostToGpu,
+        }],
+        ..Calibration::default()
+    };
+    let m = running(false);
+    let p = plan_local_with(&host_gpu(64, true), &Policy::default(), &cal, Some(&m)).unwrap();
+    assert_eq!(p.path, Path::Mailbox);
+    assert!(
+        p.reason.contains("64 B ≤ 64 B crossover (cal.json)"),
+        "{}",
+        p.reason
+    );
+    let p = plan_local_with(&host_gpu(65, true), &Policy::default(), &cal, Some(&m)).unwrap();
+    assert_eq!(p.path, Path::HostToGpu);
+    // The other direction keeps the default.
+    let p = plan_local_with(&host_gpu(1024, false), &Policy::default(), &cal, Some(&m)).unwrap();
+    assert_eq!(p.path, Path::Mailbox);
+    // A crossover past what one op carries is capped at the payload limit.
+    let big = Calibration {
+        crossovers: vec![Crossover {
+            below_bytes: 1 << 20,
+            prefer: Path::Mailbox,
+            over: Path::HostToGpu,
+        }],
+        ..Calibration::default()
+    };
+    let p = plan_local_with(&host_gpu(8193, true), &Policy::default(), &big, Some(&m)).unwrap();
+    assert_eq!(p.path, Path::HostToGpu);
+    assert!(p.reason.contains("8 KiB crossover"), "{}", p.reason);
+}
+
+#[test]
+fn stream_ordered_ops_leave_the_mailbox_and_strict_mode_refuses() {
+    let cal = Calibration::default();
+    let m = running(true);
+    let p = plan_local_with(&host_gpu(8, true), &Policy::default(), &cal, Some(&m)).unwrap();
+    assert_eq!(p.path, Path::HostToGpu);
+    assert!(p.reason.contains("ordered with a stream"), "{}", p.reason);
+    let e = plan_local_with(&host_gpu(8, true), &Policy::strict(), &cal, Some(&m)).unwrap_err();
+    assert!(matches!(e, Error::Strict(_)), "{e}");
+}

@@ -179,6 +179,9 @@ struct Last {
     event: Event,
     /// [`Stream::key`] of the stream.
     stream: (usize, usize),
+    /// The host has waited for the event since it was last recorded: later waits are free
+    /// (the mailbox waits before every op, so this saves a driver call per op).
+    settled: bool,
 }
 
 impl fmt::Debug for Pending {
@@ -211,11 +214,13 @@ impl Pending {
             *last = Some(Last {
                 event: Event::without_timing(stream.context())?,
                 stream: (0, 0),
+                settled: false,
             });
         }
         match last.as_mut() {
             Some(l) => {
                 l.stream = stream.key();
+                l.settled = false;
                 l.event.record(stream)
             }
             None => Ok(()),
@@ -233,9 +238,13 @@ impl Pending {
 
     /// Wait on the host for the last use.
     pub(crate) fn synchronize(&self) -> Result<(), CudaError> {
-        match self.lock().as_ref() {
-            Some(l) => l.event.synchronize(),
-            None => Ok(()),
+        match self.lock().as_mut() {
+            Some(l) if !l.settled => {
+                l.event.synchronize()?;
+                l.settled = true;
+                Ok(())
+            }
+            _ => Ok(()),
         }
     }
 }
