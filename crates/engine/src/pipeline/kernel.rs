@@ -33,6 +33,15 @@ pub trait Kernel: Send {
     fn process(&mut self, frame: &[u8]) -> Result<Output>;
 }
 
+impl<K: Kernel + ?Sized> Kernel for Box<K> {
+    fn name(&self) -> String {
+        (**self).name()
+    }
+    fn process(&mut self, frame: &[u8]) -> Result<Output> {
+        (**self).process(frame)
+    }
+}
+
 /// The built-in checksum + sum-of-squares kernel, on the CPU.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Checksum;

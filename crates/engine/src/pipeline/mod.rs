@@ -31,6 +31,7 @@
 //! # Ok::<(), gdx_engine::Error>(())
 //! ```
 
+mod gpu;
 mod kernel;
 mod peer;
 mod report;
@@ -38,6 +39,7 @@ mod run;
 mod sink;
 mod source;
 
+pub use gpu::GpuStage;
 pub use kernel::{checksum, Checksum, Kernel, Output};
 pub use peer::{PeerFrameWriter, PeerSink, PeerSource, PEER_SOURCE_REGION};
 pub use report::{LatencySummary, Progress, StopReason, StreamReport};

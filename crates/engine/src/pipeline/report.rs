@@ -36,6 +36,17 @@ pub enum StopReason {
     SourceEnd,
 }
 
+impl StopReason {
+    /// `duration`, `frames` or `source-end`, as in the JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Duration => "duration",
+            StopReason::Frames => "frames",
+            StopReason::SourceEnd => "source-end",
+        }
+    }
+}
+
 /// A finished run.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct StreamReport {

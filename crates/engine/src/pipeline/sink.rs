@@ -46,6 +46,18 @@ pub trait Sink: Send {
     }
 }
 
+impl<S: Sink + ?Sized> Sink for Box<S> {
+    fn name(&self) -> String {
+        (**self).name()
+    }
+    fn deliver(&mut self, r: &FrameResult) -> Result<()> {
+        (**self).deliver(r)
+    }
+    fn finish(&mut self) -> Result<()> {
+        (**self).finish()
+    }
+}
+
 /// Results are counted and timed, then discarded.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NullSink;

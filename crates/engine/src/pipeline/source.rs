@@ -69,6 +69,21 @@ pub trait Source: Send {
     fn take(&mut self, info: &FrameInfo, slot: Option<SlotBuf<'_>>) -> Result<()>;
 }
 
+impl<S: Source + ?Sized> Source for Box<S> {
+    fn name(&self) -> String {
+        (**self).name()
+    }
+    fn max_frame(&self) -> usize {
+        (**self).max_frame()
+    }
+    fn arrive(&mut self, until: Instant) -> Result<Arrival> {
+        (**self).arrive(until)
+    }
+    fn take(&mut self, info: &FrameInfo, slot: Option<SlotBuf<'_>>) -> Result<()> {
+        (**self).take(info, slot)
+    }
+}
+
 /// A sensor stand-in: a frame of `frame` bytes every `frame / rate` seconds (as fast as the
 /// pipeline takes them without a rate), each stamped with its sequence number and the time it
 /// was produced. Bytes: `seq` and `!seq` (little-endian) in the first 16, then
