@@ -29,6 +29,11 @@ pub(crate) type CuDevicePtr = u64;
 /// `CUhostFn`: a host function enqueued on a stream.
 pub(crate) type CuHostFn = Option<unsafe extern "C" fn(*mut c_void)>;
 
+/// `CUmodule`: an opaque loaded-module handle.
+pub(crate) type CuModule = *mut c_void;
+/// `CUfunction`: an opaque kernel handle (owned by its module).
+pub(crate) type CuFunction = *mut c_void;
+
 /// `CUmemoryPool`: an opaque memory-pool handle.
 pub(crate) type CuMemPool = *mut c_void;
 
@@ -139,6 +144,11 @@ pub(crate) const PEER_ACCESS_ALREADY_ENABLED: CuResult =
     cudarc::driver::sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED as CuResult;
 /// `CU_MEMHOSTALLOC_PORTABLE`: pinned memory usable from every context.
 pub(crate) const MEMHOSTALLOC_PORTABLE: c_uint = cudarc::driver::sys::CU_MEMHOSTALLOC_PORTABLE;
+/// `CU_MEMHOSTALLOC_DEVICEMAP`: pinned memory the GPU can address (`cuMemHostGetDevicePointer`).
+pub(crate) const MEMHOSTALLOC_DEVICEMAP: c_uint = cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP;
+/// `CUDA_ERROR_NOT_READY`: queued work is not done yet (`cuStreamQuery`).
+pub(crate) const NOT_READY: CuResult =
+    cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY as CuResult;
 /// `CU_MEMHOSTREGISTER_PORTABLE`: registered memory usable from every context.
 pub(crate) const MEMHOSTREGISTER_PORTABLE: c_uint =
     cudarc::driver::sys::CU_MEMHOSTREGISTER_PORTABLE;
@@ -207,6 +217,14 @@ fn_table! {
         cuMemcpyDtoDAsync_v2: fn(CuDevicePtr, CuDevicePtr, usize, CuStream) -> CuResult;
         cuMemcpyPeerAsync: fn(CuDevicePtr, CuContext, CuDevicePtr, CuContext, usize, CuStream) -> CuResult;
         cuMemsetD8Async: fn(CuDevicePtr, u8, usize, CuStream) -> CuResult;
+        // Mapped host memory, modules and launches (every driver since CUDA 4.0; see `module`,
+        // `mapped`).
+        cuMemHostGetDevicePointer_v2: fn(*mut CuDevicePtr, *mut c_void, c_uint) -> CuResult;
+        cuModuleLoadData: fn(*mut CuModule, *const c_void) -> CuResult;
+        cuModuleGetFunction: fn(*mut CuFunction, CuModule, *const c_char) -> CuResult;
+        cuModuleUnload: fn(CuModule) -> CuResult;
+        cuLaunchKernel: fn(CuFunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CuStream, *mut *mut c_void, *mut *mut c_void) -> CuResult;
+        cuStreamQuery: fn(CuStream) -> CuResult;
         // Cross-process sharing (legacy IPC, every driver since CUDA 4.1).
         cuIpcGetMemHandle: fn(*mut CuIpcMemHandle, CuDevicePtr) -> CuResult;
         cuIpcOpenMemHandle_v2: fn(*mut CuDevicePtr, CuIpcMemHandle, c_uint) -> CuResult;
@@ -238,5 +256,9 @@ fn_table! {
         cuMemSetAccess: fn(CuDevicePtr, usize, *const CuMemAccessDesc, usize) -> CuResult;
         cuMemExportToShareableHandle: fn(*mut c_void, CuMemGenericAllocationHandle, c_int, c_ulonglong) -> CuResult;
         cuMemImportFromShareableHandle: fn(*mut CuMemGenericAllocationHandle, *mut c_void, c_int) -> CuResult;
+        // CUDA 11.7: stream memory operations (`cuda.h` maps `cuStreamWriteValue64` and
+        // `cuStreamWaitValue64` to these `_v2` symbols from 12.0 on; see `memop`).
+        cuStreamWriteValue64_v2: fn(CuStream, CuDevicePtr, u64, c_uint) -> CuResult;
+        cuStreamWaitValue64_v2: fn(CuStream, CuDevicePtr, u64, c_uint) -> CuResult;
     }
 }

@@ -91,6 +91,14 @@ attributes! {
     VirtualMemoryManagementSupported => CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
     /// POSIX file descriptors as shareable handles for `cuMemCreate` allocations.
     HandleTypePosixFileDescriptorSupported => CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+    /// The device can map page-locked host memory into its address space.
+    CanMapHostMemory => CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY,
+    /// 64-bit stream memory operations (`cuStreamWriteValue64`, `cuStreamWaitValue64`).
+    CanUse64BitStreamMemOps => CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+    /// `CU_STREAM_WAIT_VALUE_NOR` in stream memory operations.
+    CanUseStreamWaitValueNor => CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR,
+    /// `CU_STREAM_WAIT_VALUE_FLUSH` (flush remote writes after a wait).
+    CanFlushRemoteWrites => CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES,
     /// NUMA node of the device memory, or -1.
     NumaId => CU_DEVICE_ATTRIBUTE_NUMA_ID,
     /// NUMA node of the host CPU closest to the device, or -1.
@@ -319,6 +327,10 @@ mod tests {
         assert_eq!(Attribute::MemoryPoolsSupported.raw(), 115);
         assert_eq!(Attribute::GpuDirectRdmaSupported.raw(), 116);
         assert_eq!(Attribute::DmaBufSupported.raw(), 124);
+        assert_eq!(Attribute::CanMapHostMemory.raw(), 19);
+        assert_eq!(Attribute::CanFlushRemoteWrites.raw(), 98);
+        assert_eq!(Attribute::CanUse64BitStreamMemOps.raw(), 122);
+        assert_eq!(Attribute::CanUseStreamWaitValueNor.raw(), 123);
         assert_eq!(
             Attribute::DmaBufSupported.cu_name(),
             "CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED"

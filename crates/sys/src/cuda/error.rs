@@ -69,6 +69,13 @@ pub enum CudaError {
         /// The symbol.
         call: &'static str,
     },
+    /// The mailbox service kernel cannot serve an op (it exited, or an op was not served in
+    /// time); see `mailbox`.
+    #[error("mailbox: {what}")]
+    Mailbox {
+        /// What happened.
+        what: String,
+    },
     /// A release in a destructor (`cuMemFree_v2`, `cuStreamDestroy_v2`, ...) failed earlier on
     /// this context; reported once, by the next call that checks.
     #[error("an earlier release failed: {0}")]

@@ -13,7 +13,10 @@
 //! `endpoint` (copies between any two ends: [`Src`], [`Dst`]), `share` (pool memory, IPC
 //! handles, caller pointers: [`MemPool`], [`IpcHandle`]), `vmm` (virtual-memory-management
 //! allocations shareable as a file descriptor: [`DeviceBuffer::new_shareable`],
-//! [`DeviceBuffer::export_fd`], [`DeviceBuffer::import_fd`])
+//! [`DeviceBuffer::export_fd`], [`DeviceBuffer::import_fd`]), `mapped` ([`MappedHostBuffer`],
+//! host memory the GPU addresses), `module` ([`Module`], [`Kernel`], [`Stream::launch`]: PTX
+//! loaded at run time), `memop` (stream memory operations: [`Stream::write_value64`],
+//! [`Stream::wait_value64`], [`Signal`]), [`mailbox`] ([`Mailbox`], the persistent-kernel path)
 //! and [`probe`] ([`probe::timed_copy`]). Device memory comes from `cuMemAlloc_v2`, not the
 //! stream-ordered pool (`cuMemAllocAsync`): pool memory needs `cuMemPoolSetAccess` for peer
 //! access, and without it peer copies fall back to a slow path silently (37.7 vs 395.5 GB/s
@@ -46,8 +49,12 @@ mod device;
 mod endpoint;
 mod error;
 mod event;
+pub mod mailbox;
+mod mapped;
 mod mapping;
+mod memop;
 mod memory;
+mod module;
 pub mod probe;
 mod share;
 mod stream;
@@ -58,9 +65,13 @@ pub use device::{Attribute, ComputeCapability, Device, DeviceInfo};
 pub use endpoint::{Dst, Src};
 pub use error::CudaError;
 pub use event::Event;
+pub use mailbox::{Mailbox, MailboxConfig};
+pub use mapped::MappedHostBuffer;
+pub use memop::{Signal, StreamMemOps, WaitCondition, Word};
 pub use memory::{
     DeviceBuffer, DmaBuf, HostBuffer, MemoryType, PinnedHostBuffer, PointerInfo, RegisteredHost,
 };
+pub use module::{Kernel, KernelArgs, LaunchDims, Module, GDX_KERNELS_PTX};
 pub use share::{IpcHandle, MemPool, PoolAccess};
 pub use stream::{Hold, Stream, HOLD_LIMIT};
 
