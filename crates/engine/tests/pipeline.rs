@@ -379,9 +379,8 @@ fn frames_from_a_remote_agent_and_results_to_another() {
                     .unwrap();
                 assert_eq!(got, seq);
             }
+            // Returns once the source has seen the end.
             w.finish().unwrap();
-            // Keep the agent (and its credit inbox) alive until the source has taken everything.
-            std::thread::sleep(Duration::from_millis(500));
         });
         let rep = Pipeline::new(PipelineConfig {
             max_frames: None,

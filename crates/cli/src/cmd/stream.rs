@@ -11,8 +11,8 @@ use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use gdx_bench::stats::CpuClock;
 use gdx_engine::pipeline::{
-    BackPressure, Checksum, FileSink, FileSource, GpuStage, NullSink, PeerSink, PeerSource,
-    Pipeline, PipelineConfig, Progress, Sink, Source, StreamReport, Synthetic,
+    BackPressure, Checksum, FileSink, FileSource, NullSink, PeerSink, PeerSource, Pipeline,
+    PipelineConfig, Progress, Sink, Source, StreamReport, Synthetic,
 };
 use gdx_engine::{Agent, AgentConfig};
 use gdx_sys::bytesize::{parse_rate, ByteSize};
@@ -211,10 +211,6 @@ pub fn run(args: &StreamArgs) -> Result<ExitCode> {
         }
     }
     let frame = usize::try_from(args.frame).context("--frame is too large for this machine")?;
-    // Asked for a GPU: it runs there or the command fails; never a quiet CPU run.
-    if let Some(g) = args.gpu {
-        GpuStage::open(g)?;
-    }
     let source = open_source(args, frame)?;
     let sink = open_sink(&args.sink)?;
     let cfg = PipelineConfig {
@@ -225,7 +221,13 @@ pub fn run(args: &StreamArgs) -> Result<ExitCode> {
         ..PipelineConfig::default()
     };
     let cpu = CpuClock::now();
-    let result = Pipeline::new(cfg).run(source, Checksum, sink, progress_printer(args.quiet));
+    let pipeline = Pipeline::new(cfg);
+    let progress = progress_printer(args.quiet);
+    // Asked for a GPU: the stage runs there or the command fails; never a quiet CPU run.
+    let result = match args.gpu {
+        Some(g) => pipeline.run_gpu(g, source, sink, progress),
+        None => pipeline.run(source, Checksum, sink, progress),
+    };
     if !args.quiet && std::io::stderr().is_terminal() {
         eprint!("\r\x1b[K");
     }
@@ -237,7 +239,11 @@ pub fn run(args: &StreamArgs) -> Result<ExitCode> {
         }
     };
     let cpu_per_gb = cpu.per_gb_since(rep.bytes_delivered as f64);
-    let host_only = "host-only: no --gpu given, the checksum kernel ran on the CPU";
+    let stage_note = if args.gpu.is_some() {
+        "the checksum kernel ran on the GPU"
+    } else {
+        "host-only: no --gpu given, the checksum kernel ran on the CPU"
+    };
     if let Some(p) = &args.plot {
         let title = format!(
             "gdx stream: {} frames of {}, {} -> {} ({}), policy {}",
@@ -256,12 +262,12 @@ pub fn run(args: &StreamArgs) -> Result<ExitCode> {
     if args.json {
         let v = json!({
             "report": rep,
-            "stage_note": host_only,
+            "stage_note": stage_note,
             "cpu_s_per_gb": cpu_per_gb,
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
-        print_report(&mut out, &rep, host_only, cpu_per_gb)?;
+        print_report(&mut out, &rep, stage_note, cpu_per_gb)?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -38,6 +38,7 @@ mod report;
 mod run;
 mod sink;
 mod source;
+mod stage;
 
 pub use gpu::GpuStage;
 pub use kernel::{checksum, Checksum, Kernel, Output};
@@ -146,6 +147,30 @@ impl Pipeline {
         sink: impl Sink,
         progress: impl FnMut(&Progress),
     ) -> Result<StreamReport> {
-        run::run(&self.cfg, source, kernel, sink, progress)
+        run::run(
+            &self.cfg,
+            source,
+            stage::CpuStage::new(kernel),
+            sink,
+            progress,
+        )
+    }
+
+    /// As [`Pipeline::run`], with the stage on CUDA device `gpu`: the checksum kernel (PTX, the
+    /// same math as [`checksum`]) on frames copied host → GPU on the copy engine from pinned
+    /// slots, each slot released when a stream signal says its frame is done.
+    ///
+    /// # Errors
+    /// As [`Pipeline::run`]; [`Error::Unavailable`] without a CUDA driver or that GPU, and
+    /// [`Error::Cuda`] for a failing CUDA call — never a quiet run on the CPU.
+    pub fn run_gpu(
+        &self,
+        gpu: u32,
+        source: impl Source,
+        sink: impl Sink,
+        progress: impl FnMut(&Progress),
+    ) -> Result<StreamReport> {
+        let stage = GpuStage::open(gpu, self.cfg.slots, source.max_frame())?;
+        run::run(&self.cfg, source, stage, sink, progress)
     }
 }

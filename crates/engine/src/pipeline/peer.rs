@@ -12,7 +12,7 @@
 //! clock is not comparable, so the figure is "arrival here → result at the sink".
 //!
 //! Messages (little-endian): frame `GDXF seq:u64 slot:u32 len:u32`, credit `GDXC slot:u32`,
-//! end `GDXE frames:u64`, result `GDXR seq:u64 len:u64 word0:u64 word1:u64`.
+//! end `GDXE frames:u64` (answered by `GDXA` once the source has seen it), result `GDXR seq:u64 len:u64 word0:u64 word1:u64`.
 
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,7 @@ const FRAME: &[u8; 4] = b"GDXF";
 const CREDIT: &[u8; 4] = b"GDXC";
 const END: &[u8; 4] = b"GDXE";
 const RESULT: &[u8; 4] = b"GDXR";
+const END_ACK: &[u8; 4] = b"GDXA";
 
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
@@ -135,7 +136,13 @@ impl Source for PeerSource {
                 self.pending = Some(slot);
                 Ok(Arrival::Frame(FrameInfo { seq, stamp, len }))
             }
-            Some(m) if m == END => Ok(Arrival::End),
+            Some(m) if m == END => {
+                // Answer before the source (and its agent) can go away, so the writer knows
+                // the end arrived even if the acknowledgement of its notification is lost.
+                self.back(Duration::from_secs(10))?
+                    .notify(END_ACK.to_vec())?;
+                Ok(Arrival::End)
+            }
             _ => Err(bad()),
         }
     }
@@ -239,14 +246,25 @@ impl<'a> PeerFrameWriter<'a> {
         Ok(seq)
     }
 
-    /// Tell the source there are no more frames.
+    /// Tell the source there are no more frames, and wait until it has seen that.
     ///
     /// # Errors
-    /// The notification is not acknowledged.
-    pub fn finish(&self) -> Result<()> {
+    /// The source did not answer within the timeout.
+    pub fn finish(&mut self) -> Result<()> {
         let mut note = END.to_vec();
         note.extend_from_slice(&self.next_seq.to_le_bytes());
-        self.peer.notify(note)
+        // The source may stop (and close the connection) as soon as it has the end, before our
+        // notification is acknowledged: its own answer is what proves arrival.
+        let sent = self.peer.notify(note);
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.agent.wait_notification(left) {
+                Ok(n) if n.data.get(..4) == Some(END_ACK.as_slice()) => return Ok(()),
+                Ok(_) => {} // a late credit
+                Err(e) => return sent.and(Err(e)),
+            }
+        }
     }
 }
 

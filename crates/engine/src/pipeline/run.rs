@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 use super::report::{
     drain_p99_us, push_recent, LatencyRecorder, Progress, StopReason, StreamReport,
 };
-use super::{
-    Arrival, BackPressure, FrameInfo, FrameResult, Kernel, PipelineConfig, Sink, SlotBuf, Source,
-};
+use super::stage::{SlotMem, Stage};
+use super::{Arrival, BackPressure, FrameInfo, FrameResult, PipelineConfig, Sink, SlotBuf, Source};
 use crate::error::{Error, Result};
+use std::collections::VecDeque;
 
 /// One slot of the frame ring.
 struct Slot {
-    buf: Box<[u8]>,
+    mem: SlotMem,
     used: bool,
 }
 
@@ -74,7 +74,7 @@ fn stage_error(stage: &str, name: &str, seq: u64, e: &Error) -> Error {
 pub(super) fn run(
     cfg: &PipelineConfig,
     mut source: impl Source,
-    mut kernel: impl Kernel,
+    mut stage: impl Stage,
     mut sink: impl Sink,
     mut progress: impl FnMut(&Progress),
 ) -> Result<StreamReport> {
@@ -91,13 +91,14 @@ pub(super) fn run(
             cfg.slots, cfg.max_ring_bytes
         )));
     }
-    let names = (source.name(), kernel.name(), sink.name());
+    let names = (source.name(), stage.kernel_name(), sink.name());
+    let place = stage.place();
     let (free_tx, free_rx) = sync_channel::<Slot>(cfg.slots);
     let (full_tx, full_rx) = sync_channel::<Filled>(cfg.slots);
     let (res_tx, res_rx) = sync_channel::<FrameResult>(cfg.slots);
     for _ in 0..cfg.slots {
         let slot = Slot {
-            buf: vec![0u8; slot_bytes].into_boxed_slice(),
+            mem: stage.alloc(slot_bytes)?,
             used: false,
         };
         free_tx
@@ -114,7 +115,7 @@ pub(super) fn run(
         let (src_name, kernel_name, sink_name) = (&names.0, &names.1, &names.2);
         let src = s
             .spawn(move || source_loop(cfg, sh, &mut source, src_name, free_rx, full_tx, deadline));
-        s.spawn(move || stage_loop(sh, &mut kernel, kernel_name, full_rx, free_tx, res_tx));
+        s.spawn(move || stage_loop(sh, &mut stage, kernel_name, full_rx, free_tx, res_tx));
         let rec = &mut recorder;
         let snk = s.spawn(move || sink_loop(sh, &mut sink, sink_name, res_rx, rec));
         // Progress on this thread until the sink, the last to finish, is done.
@@ -172,7 +173,7 @@ pub(super) fn run(
     Ok(StreamReport {
         source: names.0,
         kernel: names.1,
-        stage: "cpu".into(),
+        stage: place,
         sink: names.2,
         policy: cfg.policy.as_str().into(),
         slots: cfg.slots,
@@ -269,13 +270,15 @@ fn source_loop(
             sh.drops.fetch_add(1, Ordering::Relaxed);
             return StopReason::SourceEnd;
         };
-        let taken = source.take(
-            &info,
-            slot.as_mut().map(|s| SlotBuf {
-                buf: &mut s.buf,
-                first_use: !s.used,
-            }),
-        );
+        let taken = match slot.as_mut() {
+            None => source.take(&info, None),
+            Some(s) => {
+                let first_use = !s.used;
+                s.mem
+                    .bytes_mut()
+                    .and_then(|buf| source.take(&info, Some(SlotBuf { buf, first_use })))
+            }
+        };
         if let Err(e) = taken {
             sh.fail(stage_error("source", name, info.seq, &e));
             return StopReason::SourceEnd;
@@ -295,31 +298,73 @@ fn source_loop(
 
 fn stage_loop(
     sh: &Shared,
-    kernel: &mut impl Kernel,
+    stage: &mut impl Stage,
     name: &str,
     full: Receiver<Filled>,
     free: SyncSender<Slot>,
     results: SyncSender<FrameResult>,
 ) {
-    // Ends when the source drops its sender (and everything queued is processed) or the sink
-    // drops its receiver.
-    for Filled { slot, info } in full {
-        let out = kernel.process(&slot.buf[..info.len]);
-        // The stage is done with the bytes: the slot may be refilled.
-        sh.in_use.fetch_sub(1, Ordering::SeqCst);
-        let _ = free.send(slot);
-        let output = match out {
-            Ok(o) => o,
+    let mut inflight: VecDeque<Filled> = VecDeque::new();
+    let mut open = true;
+    // Ends when the source has dropped its sender and every frame in flight is done, or when
+    // the sink drops its receiver.
+    loop {
+        if open {
+            // Nothing in flight: wait for a frame. Otherwise take what is there and go on
+            // looking for completions.
+            let next = if inflight.is_empty() {
+                full.recv().ok()
+            } else {
+                match full.try_recv() {
+                    Ok(f) => Some(f),
+                    Err(TryRecvError::Empty) => None,
+                    Err(TryRecvError::Disconnected) => {
+                        open = false;
+                        None
+                    }
+                }
+            };
+            match next {
+                Some(f) => {
+                    if let Err(e) = stage.submit(&f.slot.mem, f.info.len) {
+                        sh.fail(stage_error("kernel", name, f.info.seq, &e));
+                        return;
+                    }
+                    inflight.push_back(f);
+                }
+                None if inflight.is_empty() => return,
+                None => {}
+            }
+        }
+        if inflight.is_empty() {
+            continue;
+        }
+        let out = match stage.poll() {
+            Ok(Some(o)) => o,
+            Ok(None) => {
+                if sh.stopped() {
+                    return;
+                }
+                std::hint::spin_loop();
+                continue;
+            }
             Err(e) => {
-                sh.fail(stage_error("kernel", name, info.seq, &e));
+                let seq = inflight.front().map_or(0, |f| f.info.seq);
+                sh.fail(stage_error("kernel", name, seq, &e));
                 return;
             }
         };
+        let Some(Filled { slot, info }) = inflight.pop_front() else {
+            continue;
+        };
+        // The stage is done with the bytes: the slot may be refilled.
+        sh.in_use.fetch_sub(1, Ordering::SeqCst);
+        let _ = free.send(slot);
         let r = FrameResult {
             seq: info.seq,
             len: info.len,
             stamp: info.stamp,
-            output,
+            output: out,
         };
         if results.send(r).is_err() {
             return;
