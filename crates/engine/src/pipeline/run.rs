@@ -64,6 +64,23 @@ impl Shared {
 /// How often a blocked thread looks at the stop flag.
 const POLL: Duration = Duration::from_millis(20);
 
+/// How long a thread spins on an empty queue before it sleeps: a futex wake costs tens of
+/// microseconds, more than a small frame's whole budget at 100k frames/s.
+const SPIN: Duration = Duration::from_micros(100);
+
+/// `rx.recv()`, spinning for [`SPIN`] first.
+fn recv_spin<T>(rx: &Receiver<T>) -> Option<T> {
+    let start = Instant::now();
+    loop {
+        match rx.try_recv() {
+            Ok(v) => return Some(v),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) if start.elapsed() < SPIN => std::hint::spin_loop(),
+            Err(TryRecvError::Empty) => return rx.recv().ok(),
+        }
+    }
+}
+
 fn stage_error(stage: &str, name: &str, seq: u64, e: &Error) -> Error {
     // One message shape for every stage so a log line says which part died and where.
     Error::Unavailable(format!(
@@ -212,6 +229,14 @@ fn free_slot(
     if policy == BackPressure::Drop {
         return Ok(None);
     }
+    let start = Instant::now();
+    while start.elapsed() < SPIN {
+        match free.try_recv() {
+            Ok(s) => return Ok(Some(s)),
+            Err(TryRecvError::Disconnected) => return Err(()),
+            Err(TryRecvError::Empty) => std::hint::spin_loop(),
+        }
+    }
     loop {
         match free.recv_timeout(POLL) {
             Ok(s) => return Ok(Some(s)),
@@ -313,7 +338,7 @@ fn stage_loop(
             // Nothing in flight: wait for a frame. Otherwise take what is there and go on
             // looking for completions.
             let next = if inflight.is_empty() {
-                full.recv().ok()
+                recv_spin(&full)
             } else {
                 match full.try_recv() {
                     Ok(f) => Some(f),
@@ -382,7 +407,7 @@ fn sink_loop(
 ) -> u64 {
     let mut next = 0u64;
     let mut gaps = 0u64;
-    for r in results {
+    while let Some(r) = recv_spin(&results) {
         if r.seq < next {
             sh.fail(Error::Protocol(format!(
                 "stream reordered: frame {} reached the sink after frame {}",
