@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerate crates/sys/kernels/gdx_kernels.ptx from gdx_kernels.cu.
+# Regenerate the committed PTX from its .cu: crates/sys/kernels/gdx_kernels.ptx (mailbox, stream
+# memory operations) and crates/engine/kernels/stream_checksum.ptx (`gdx stream`'s kernel).
 #
 # gdx never runs nvcc at build time: the PTX is committed and loaded with cuModuleLoadData at
 # run time (the driver JIT-compiles it for the GPU it finds). This script fetches nvcc 13.0 from
@@ -13,8 +14,7 @@
 # GDX_NVCC_CACHE (default ~/.cache/gdx-nvcc13) holds the unpacked wheels between runs.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-src="$root/crates/sys/kernels/gdx_kernels.cu"
-out="$root/crates/sys/kernels/gdx_kernels.ptx"
+sources=("$root/crates/sys/kernels/gdx_kernels.cu" "$root/crates/engine/kernels/stream_checksum.cu")
 cache="${GDX_NVCC_CACHE:-$HOME/.cache/gdx-nvcc13}"
 nvcc="$cache/nvidia/cu13/bin/nvcc"
 
@@ -29,16 +29,23 @@ if [ ! -x "$nvcc" ]; then
   chmod +x "$cache"/nvidia/cu13/bin/* "$cache"/nvidia/cu13/nvvm/bin/* 2>/dev/null || true
 fi
 
-target="$out"
-if [ "${1:-}" = "--check" ]; then
-  target="$(mktemp --suffix=.ptx)"
-fi
-PATH="$cache/nvidia/cu13/bin:$PATH" nvcc -ptx -arch=compute_75 "$src" -o "$target"
-if [ "$target" != "$out" ]; then
-  if ! diff -q "$out" "$target" >/dev/null; then
-    echo "gdx_kernels.ptx is stale: run scripts/gen-ptx.sh and commit the result" >&2
-    diff -u "$out" "$target" | head -40 >&2
-    exit 1
+status=0
+for src in "${sources[@]}"; do
+  out="${src%.cu}.ptx"
+  target="$out"
+  if [ "${1:-}" = "--check" ]; then
+    target="$(mktemp --suffix=.ptx)"
   fi
-  echo "gdx_kernels.ptx matches gdx_kernels.cu"
-fi
+  PATH="$cache/nvidia/cu13/bin:$PATH" nvcc -ptx -arch=compute_75 "$src" -o "$target"
+  if [ "$target" != "$out" ]; then
+    if ! diff -q "$out" "$target" >/dev/null; then
+      echo "$(basename "$out") is stale: run scripts/gen-ptx.sh and commit the result" >&2
+      diff -u "$out" "$target" | head -40 >&2
+      status=1
+    else
+      echo "$(basename "$out") matches $(basename "$src")"
+    fi
+    rm -f "$target"
+  fi
+done
+exit $status

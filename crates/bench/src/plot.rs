@@ -183,6 +183,86 @@ pub fn svg(report: &Report, title: &str) -> Result<String, BenchError> {
     Ok(out)
 }
 
+/// A latency distribution as an SVG document: the share of samples slower than x (the
+/// complementary CDF), both axes logarithmic, so the tail reads off directly (p99 at 10^-2,
+/// p99.9 at 10^-3) and the quantiles are marked. `sorted_s` are latencies in seconds,
+/// ascending (`gdx stream --plot`).
+///
+/// # Errors
+/// When there is no sample, or plotters fails.
+pub fn latency_svg(sorted_s: &[f64], title: &str) -> Result<String, BenchError> {
+    let n = sorted_s.len();
+    let us: Vec<f64> = sorted_s.iter().map(|s| (s * 1e6).max(1e-3)).collect();
+    let (Some(&lo), Some(&hi)) = (us.first(), us.last()) else {
+        return Err(BenchError::Plot(
+            "nothing to plot: no latency sample".into(),
+        ));
+    };
+    // At most ~4000 points: every sample at the tail, evenly spaced below it.
+    let step = (n / 4000).max(1);
+    let pts: Vec<(f64, f64)> = us
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % step == 0 || n - i <= 2000)
+        .map(|(i, &x)| (x, ((n - i) as f64 / n as f64).max(1.0 / n as f64)))
+        .collect();
+    let plot_err = |e: String| BenchError::Plot(e);
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, (1100, 640)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| plot_err(format!("{e:?}")))?;
+        let mut ch = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 20))
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(70)
+            .build_cartesian_2d(
+                ((lo / 1.5)..(hi * 1.5)).log_scale(),
+                ((0.5 / n as f64)..1.5).log_scale(),
+            )
+            .map_err(|e| plot_err(format!("{e:?}")))?;
+        ch.configure_mesh()
+            .x_desc("end-to-end latency, µs")
+            .y_desc("share of frames slower")
+            .x_label_formatter(&|v| si(*v))
+            .y_label_formatter(&|v| format!("{v:.0e}"))
+            .draw()
+            .map_err(|e| plot_err(format!("{e:?}")))?;
+        let color = Palette99::pick(0).to_rgba();
+        ch.draw_series(LineSeries::new(pts, color.stroke_width(2)))
+            .map_err(|e| plot_err(format!("{e:?}")))?
+            .label(format!("{n} frames"))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        for (q, name) in [(0.5, "p50"), (0.99, "p99"), (0.999, "p99.9")] {
+            let Some(x) = crate::stats::quantile(&us, q) else {
+                continue;
+            };
+            let y = 1.0 - q;
+            ch.draw_series(PointSeries::of_element(
+                vec![(x, y)],
+                4,
+                BLACK.filled(),
+                &|c, sz, st| {
+                    EmptyElement::at(c)
+                        + Circle::new((0, 0), sz, st)
+                        + Text::new(format!("{name} {}µs", si(x)), (8, -14), ("sans-serif", 14))
+                },
+            ))
+            .map_err(|e| plot_err(format!("{e:?}")))?;
+        }
+        ch.configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| plot_err(format!("{e:?}")))?;
+        root.present().map_err(|e| plot_err(format!("{e:?}")))?;
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,5 +275,13 @@ mod tests {
         assert_eq!(si(1e9), "1G");
         assert_eq!(si(0.01), "0.01");
         assert_eq!(si(0.0001), "1e-4");
+    }
+
+    #[test]
+    fn latency_plots_mark_the_quantiles_and_refuse_an_empty_sample() {
+        let v: Vec<f64> = (1..=10_000).map(|i| f64::from(i) * 1e-7).collect();
+        let svg = latency_svg(&v, "t").unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("p99.9") && svg.contains("10000 frames"));
+        assert!(latency_svg(&[], "t").is_err());
     }
 }

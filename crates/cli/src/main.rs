@@ -47,6 +47,7 @@ enum Command {
     Cp(cmd::cp::CpArgs),
     Nccl(cmd::nccl::NcclArgs),
     Peers(cmd::peers::PeersArgs),
+    Stream(cmd::stream::StreamArgs),
     Completions(CompletionsArgs),
 }
 
@@ -74,6 +75,7 @@ fn main() -> ExitCode {
         Command::Cp(args) => cmd::cp::run(&args),
         Command::Nccl(args) => cmd::nccl::run(&args),
         Command::Peers(args) => cmd::peers::run(&args),
+        Command::Stream(args) => cmd::stream::run(&args),
         Command::Completions(args) => {
             // Into a buffer first: clap_complete panics on a write error (`| head`).
             let mut script = Vec::new();

@@ -43,6 +43,9 @@ pub enum SizeError {
     /// Larger than `u64::MAX` bytes.
     #[error("'{0}' is too large (the limit is 2^64 - 1 bytes)")]
     TooLarge(String),
+    /// A rate without its `/s` (`--rate 40GB/s`).
+    #[error("'{0}' is not a rate: give bytes per second such as 40GB/s, 500MiB/s or 409.6MB/s")]
+    NotARate(String),
     /// A malformed list or range item (`--size 8:1GiB:x2`).
     #[error("invalid size list item '{item}': {why}")]
     List {
@@ -172,6 +175,20 @@ impl fmt::Display for ByteSize {
     }
 }
 
+/// Parse a rate in bytes per second: a size followed by `/s` (`40GB/s` = 4·10^10,
+/// `500MiB/s`, `409.6MB/s`), the same units as [`ByteSize`]; zero is refused.
+pub fn parse_rate(s: &str) -> Result<u64, SizeError> {
+    let t = s.trim();
+    let size = t
+        .strip_suffix("/s")
+        .or_else(|| t.strip_suffix("/S"))
+        .ok_or_else(|| SizeError::NotARate(s.to_string()))?;
+    match ByteSize::parse(size)? {
+        0 => Err(SizeError::NotARate(s.to_string())),
+        n => Ok(n),
+    }
+}
+
 /// Parse a size list: `8,4KiB,1MiB`, a range `8:1GiB` (x4 steps), `4KiB:1GiB:x2`. The result is
 /// sorted and deduplicated; empty lists and zero-sized ranges are errors.
 pub fn parse_size_list(s: &str) -> Result<Vec<u64>, SizeError> {
@@ -288,6 +305,24 @@ mod tests {
         assert!(parse_size_list("8:4").is_err());
         assert!(parse_size_list("1:8:x1").is_err());
         assert!(parse_size_list("1:2:3:4").is_err());
+    }
+
+    #[test]
+    fn rates_are_sizes_per_second() {
+        assert_eq!(parse_rate("40GB/s"), Ok(40_000_000_000));
+        assert_eq!(parse_rate("500MiB/s"), Ok(500 << 20));
+        assert_eq!(parse_rate("409.6MB/s"), Ok(409_600_000));
+        assert_eq!(parse_rate(" 1kb/S "), Ok(1000));
+        assert!(matches!(parse_rate("40GB"), Err(SizeError::NotARate(_))));
+        assert!(matches!(parse_rate("0GB/s"), Err(SizeError::NotARate(_))));
+        assert!(matches!(
+            parse_rate("fastGB/s"),
+            Err(SizeError::UnknownUnit { .. })
+        ));
+        assert!(matches!(
+            parse_rate("1.2.3GB/s"),
+            Err(SizeError::NotANumber(_))
+        ));
     }
 
     proptest! {

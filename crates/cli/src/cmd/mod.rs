@@ -8,4 +8,5 @@ pub mod nccl;
 pub mod output;
 pub mod peers;
 pub mod serve;
+pub mod stream;
 pub mod topo;

@@ -1,0 +1,227 @@
+//! The GPU stage: each frame is copied host → GPU on the copy engine from its pinned slot, the
+//! checksum kernel (`kernels/stream_checksum.cu`, shipped as PTX; the same math as
+//! [`super::checksum`]) reduces it and writes its two result words into mapped host memory,
+//! and a stream memory operation (`cuStreamWriteValue64`, through gdx-sys's [`Signal`]) raises a
+//! counter behind it. The host never synchronises the stream: a frame is done, and its slot goes
+//! back to the source, when the counter has reached the frame's ticket.
+//!
+//! Everything is queued on one stream, so copies, kernels and signals run in frame order and
+//! one reduction scratch buffer serves every frame. Small frames take the same path (the
+//! mailbox, issue #20, is not used here yet).
+
+use std::collections::VecDeque;
+
+use gdx_sys::cuda::{
+    Context, Cuda, DeviceBuffer, Kernel as CudaKernel, KernelArgs, LaunchDims, MappedHostBuffer,
+    Module, PinnedHostBuffer, Signal, Stream,
+};
+
+use super::kernel::Output;
+use super::stage::{SlotMem, Stage};
+use crate::error::{Error, Result};
+
+/// The checksum kernel's PTX (regenerate with `scripts/gen-ptx.sh`).
+pub const STREAM_CHECKSUM_PTX: &str = include_str!("../../kernels/stream_checksum.ptx");
+
+/// Threads per block (the `THREADS` of the .cu).
+const THREADS: u32 = 256;
+/// Most blocks per frame: enough to fill an H200 several times over; also the size of the
+/// partials buffer.
+const MAX_BLOCKS: u32 = 1024;
+/// Words each thread reduces at least before another block is worth launching.
+const WORDS_PER_THREAD: u64 = 8;
+
+/// Blocks for a frame of `len` bytes.
+fn blocks_for(len: usize) -> u32 {
+    let words = (len as u64).div_ceil(4);
+    let b = words.div_ceil(u64::from(THREADS) * WORDS_PER_THREAD);
+    u32::try_from(b.clamp(1, u64::from(MAX_BLOCKS))).unwrap_or(MAX_BLOCKS)
+}
+
+/// A GPU stage on one device (see the module docs).
+pub struct GpuStage {
+    gpu: u32,
+    name: String,
+    // Field order is drop order after `Drop::drop` synchronised the stream.
+    stream: Stream,
+    kernel: CudaKernel,
+    dev: Vec<DeviceBuffer>,
+    partials: DeviceBuffer,
+    counter: DeviceBuffer,
+    out: MappedHostBuffer,
+    signal: Signal,
+    /// (ticket, result index) of each frame in flight, oldest first.
+    inflight: VecDeque<(u64, usize)>,
+    submitted: usize,
+    ctx: Context,
+}
+
+impl std::fmt::Debug for GpuStage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuStage")
+            .field("gpu", &self.gpu)
+            .field("inflight", &self.inflight.len())
+            .finish()
+    }
+}
+
+impl GpuStage {
+    /// Open the stage on CUDA device `gpu` for up to `slots` frames in flight of at most
+    /// `slot_bytes` each: load the PTX, allocate one device buffer per slot, the reduction
+    /// scratch, the mapped result words and the signal.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] without a CUDA driver or without that GPU (the message says how to
+    /// run host-only); [`Error::Cuda`] when a CUDA call fails (the PTX does not load, out of
+    /// memory, no stream memory operations).
+    pub fn open(gpu: u32, slots: usize, slot_bytes: usize) -> Result<GpuStage> {
+        let cuda = Cuda::load().map_err(|e| {
+            Error::Unavailable(format!(
+                "--gpu {gpu}: no CUDA driver ({e}); run without --gpu for the host-only pipeline"
+            ))
+        })?;
+        let count = cuda.device_count()?;
+        if gpu >= count {
+            return Err(Error::Unavailable(format!(
+                "--gpu {gpu}: GPU{gpu} is not present (this machine has {count} GPU{}); run without --gpu for the host-only pipeline",
+                if count == 1 { "" } else { "s" }
+            )));
+        }
+        if slots == 0 || slot_bytes == 0 {
+            return Err(Error::InvalidArgument(
+                "the GPU stage needs at least one slot of at least one byte".into(),
+            ));
+        }
+        let ctx = cuda.context(gpu)?;
+        let module = Module::load_ptx(&ctx, STREAM_CHECKSUM_PTX)?;
+        let kernel = module.kernel("gdx_stream_checksum")?;
+        let stream = Stream::new(&ctx)?;
+        let dev = (0..slots)
+            .map(|_| DeviceBuffer::new(&ctx, slot_bytes))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let partials = DeviceBuffer::new(&ctx, 16 * MAX_BLOCKS as usize)?;
+        let mut counter = DeviceBuffer::new(&ctx, 8)?;
+        stream.memset(&mut counter, 0, 8, 0)?;
+        stream.synchronize()?;
+        let out = MappedHostBuffer::new(&ctx, 16 * slots)?;
+        let signal = Signal::new(&ctx)?;
+        let name = ctx
+            .device()
+            .info()
+            .map(|i| i.name)
+            .unwrap_or_else(|_| "GPU".into());
+        Ok(GpuStage {
+            gpu,
+            name,
+            stream,
+            kernel,
+            dev,
+            partials,
+            counter,
+            out,
+            signal,
+            inflight: VecDeque::new(),
+            submitted: 0,
+            ctx,
+        })
+    }
+}
+
+impl Stage for GpuStage {
+    fn place(&self) -> String {
+        format!(
+            "gpu{} ({}): H2D on the copy engine from pinned slots, PTX kernel, slots released by stream signals",
+            self.gpu, self.name
+        )
+    }
+
+    fn kernel_name(&self) -> String {
+        "checksum".into()
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Result<SlotMem> {
+        Ok(SlotMem::Pinned(PinnedHostBuffer::new(&self.ctx, bytes)?))
+    }
+
+    fn submit(&mut self, slot: &SlotMem, len: usize) -> Result<()> {
+        let SlotMem::Pinned(src) = slot else {
+            return Err(Error::InvalidArgument(
+                "the GPU stage reads pinned slots only".into(),
+            ));
+        };
+        let i = self.submitted % self.dev.len();
+        let dst = &mut self.dev[i];
+        if len == 0 || len > dst.len() {
+            return Err(Error::InvalidArgument(format!(
+                "a frame of {len} bytes does not fit the GPU slot of {} bytes",
+                dst.len()
+            )));
+        }
+        self.stream.copy_to_device_at(dst, 0, src, 0, len)?;
+        let mut args = KernelArgs::new();
+        args.push_u64(dst.as_raw())
+            .push_u64(len as u64)
+            .push_u64(self.partials.as_raw())
+            .push_u64(self.counter.as_raw())
+            .push_u64(self.out.device_ptr() + 16 * i as u64);
+        // SAFETY: the arguments match gdx_stream_checksum(const u8*, u64, u64*, u32*, u64*) in
+        // number, order and size (pointers as u64); the frame buffer holds `len` bytes, the
+        // partials 2 x MAX_BLOCKS words (the grid is at most MAX_BLOCKS), the counter one word,
+        // and result slot `i` two words of the mapped buffer. All belong to `self`, and `Drop`
+        // synchronises the stream before any is freed; slot `i` is not reused before this
+        // frame's signal (at most `slots` frames are in flight).
+        unsafe {
+            self.stream.launch(
+                &self.kernel,
+                LaunchDims::linear(blocks_for(len), THREADS),
+                &mut args,
+            )?;
+        }
+        let ticket = self.signal.arm(&self.stream)?;
+        self.inflight.push_back((ticket, i));
+        self.submitted = self.submitted.wrapping_add(1);
+        Ok(())
+    }
+
+    fn poll(&mut self) -> Result<Option<Output>> {
+        let Some(&(ticket, i)) = self.inflight.front() else {
+            return Ok(None);
+        };
+        if !self.signal.reached(ticket) {
+            return Ok(None);
+        }
+        self.inflight.pop_front();
+        // The signal is written after the kernel (stream order, with its memory barrier), and
+        // the kernel fenced its result words to the system first: they are final.
+        let word = |k: usize| {
+            self.out
+                .word(k)
+                .map(|w| w.load(std::sync::atomic::Ordering::Acquire))
+                .ok_or_else(|| Error::Unavailable("GPU result word out of range".into()))
+        };
+        Ok(Some(Output([word(2 * i)?, word(2 * i + 1)?])))
+    }
+}
+
+impl Drop for GpuStage {
+    fn drop(&mut self) {
+        // Nothing may be freed while a copy or kernel still uses it.
+        if let Err(e) = self.stream.synchronize() {
+            log::warn!("gdx stream: GPU stage stream did not finish cleanly: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ptx_has_the_entry_point_and_the_grid_stays_within_the_scratch() {
+        assert!(STREAM_CHECKSUM_PTX.contains(".visible .entry gdx_stream_checksum("));
+        assert_eq!(blocks_for(1), 1);
+        assert_eq!(blocks_for(4096), 1);
+        assert_eq!(blocks_for(4 << 20), 512);
+        assert_eq!(blocks_for(1 << 30), MAX_BLOCKS);
+    }
+}
