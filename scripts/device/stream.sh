@@ -24,7 +24,7 @@ nvidia-smi -L 2>&1 | tee -a "$OUT/log.txt"
 "$GDX" --version 2>&1 | tee -a "$OUT/log.txt"
 
 # 1. GPU tests (~10 s).
-t=$(ls .devbin/tests/pipeline_gpu* 2>/dev/null | head -n 1)
+t=$(ls .devbin/tests/*pipeline_gpu* 2>/dev/null | head -n 1)
 if [ -n "$t" ]; then
   log "tests: $t --include-ignored"
   timeout -k 5 30 "$t" --include-ignored --test-threads=1 >"$OUT/tests.txt" 2>&1

@@ -43,7 +43,7 @@ pub struct Ctx {
     /// else automatic).
     pub fabric_provider: Option<String>,
     /// The provider the fabric cases would use and why, or why there is none (asked once).
-    fabric: OnceLock<Result<(gdx_fabric::ProviderInfo, String), String>>,
+    fabric: OnceLock<Result<(gdx_fabric::ProviderInfo, String), NoFabric>>,
     cuda: OnceLock<Result<Cuda, Unavailable>>,
     nvml: OnceLock<Option<Nvml>>,
     host_ceiling: OnceLock<Option<HostCeiling>>,
@@ -86,9 +86,7 @@ impl Ctx {
         let _ = ctx
             .rdma
             .set(Some("RDMA cases disabled in this context".into()));
-        let _ = ctx
-            .fabric
-            .set(Err("fabric cases disabled in this context".into()));
+        let _ = ctx.fabric.set(Err(NoFabric::Disabled));
         ctx
     }
 
@@ -97,16 +95,15 @@ impl Ctx {
     ///
     /// # Errors
     /// Why there is none (no libfabric, the named provider offers no FI_RMA entry).
-    pub fn fabric_choice(&self) -> Result<&(gdx_fabric::ProviderInfo, String), &str> {
+    pub fn fabric_choice(&self) -> Result<&(gdx_fabric::ProviderInfo, String), &NoFabric> {
         self.fabric
             .get_or_init(|| {
                 let cfg = gdx_fabric::FabricConfig {
                     provider: self.fabric_provider.clone(),
                 };
-                gdx_fabric::would_choose(&cfg).map_err(|e| e.to_string())
+                gdx_fabric::would_choose(&cfg).map_err(NoFabric::from)
             })
             .as_ref()
-            .map_err(String::as_str)
     }
 
     /// The deterministic mock backend (see [`crate::mock`]).
@@ -270,4 +267,15 @@ pub fn gpu_missing(gpu: u32, count: u32) -> String {
         "GPU{gpu} is not present (this machine has {count} GPU{})",
         if count == 1 { "" } else { "s" }
     )
+}
+
+/// Why the fabric cases have no provider.
+#[derive(Debug, thiserror::Error)]
+pub enum NoFabric {
+    /// A context without devices (tests, `--mock`).
+    #[error("fabric cases disabled in this context")]
+    Disabled,
+    /// gdx-fabric found none (no libfabric, the named provider offers no FI_RMA entry).
+    #[error(transparent)]
+    Fabric(#[from] gdx_fabric::FabricError),
 }

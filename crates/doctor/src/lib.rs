@@ -104,6 +104,18 @@ pub enum DoctorError {
     /// A probe size this machine cannot address.
     #[error("{0} bytes do not fit usize")]
     TooLarge(u64),
+    /// A libfabric call of the fabric probe failed; the step names which.
+    #[error("{step}: {source}")]
+    FabricStep {
+        /// What the probe was doing (`registering the source`, `fi_write of N bytes` …).
+        step: String,
+        /// gdx-fabric's error.
+        #[source]
+        source: gdx_fabric::FabricError,
+    },
+    /// The fabric probe's bytes or buffers were wrong (what, where).
+    #[error("{0}")]
+    FabricProbe(String),
     /// The probe backend has no mailbox (the mailbox probe is then left out).
     #[error("this probe backend has no mailbox")]
     NoMailbox,

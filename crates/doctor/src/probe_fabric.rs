@@ -4,6 +4,7 @@
 //! written with `fi_write` from one to the other and read back with `fi_read`, and the bytes
 //! compared after each. Only run live and when probes are on; it needs no GPU.
 
+use crate::DoctorError;
 use std::time::Duration;
 
 use gdx_fabric::{Endpoint, FabricConfig, Memory, RmaKind, RmaOp};
@@ -82,35 +83,43 @@ pub fn run(provider: Option<String>) -> FabricProbeState {
         error: None,
     };
     if let Err(e) = exercise(&a, &b, &mut out) {
-        out.error = Some(e);
+        out.error = Some(e.to_string());
     }
     FabricProbeState::Ran(out)
 }
 
+/// Names the probe step a libfabric call failed in, keeping gdx-fabric's error as the source.
+fn step(what: impl Into<String>) -> impl FnOnce(gdx_fabric::FabricError) -> DoctorError {
+    let step = what.into();
+    move |source| DoctorError::FabricStep { step, source }
+}
+
 /// Write from `a` into `b`'s buffer, verify; read it back into `a`, verify.
-fn exercise(a: &Endpoint, b: &Endpoint, out: &mut FabricProbe) -> Result<(), String> {
+fn exercise(a: &Endpoint, b: &Endpoint, out: &mut FabricProbe) -> Result<(), DoctorError> {
     let n = PROBE_BYTES;
     let src_mem = Memory::alloc(n + 1);
     let data: Vec<u8> = (0..n).map(pattern).collect();
     if !src_mem.write_at(1, &data) {
-        return Err("the source buffer is too small".into());
+        return Err(DoctorError::FabricProbe(
+            "the source buffer is too small".into(),
+        ));
     }
     let src = a
         .register(src_mem)
-        .map_err(|e| format!("registering the source: {e}"))?;
+        .map_err(step("registering the source"))?;
     let dst = b
         .register(Memory::alloc(n + 1))
-        .map_err(|e| format!("registering the destination: {e}"))?;
+        .map_err(step("registering the destination"))?;
     let back = a
         .register(Memory::alloc(n + 1))
-        .map_err(|e| format!("registering the read-back buffer: {e}"))?;
-    let addr_b = b.address().map_err(|e| format!("endpoint address: {e}"))?;
-    let addr_a = a.address().map_err(|e| format!("endpoint address: {e}"))?;
+        .map_err(step("registering the read-back buffer"))?;
+    let addr_b = b.address().map_err(step("endpoint address"))?;
+    let addr_a = a.address().map_err(step("endpoint address"))?;
     let peer_b = a
         .insert_peer(&addr_b)
-        .map_err(|e| format!("inserting the target's address: {e}"))?;
+        .map_err(step("inserting the target's address"))?;
     b.insert_peer(&addr_a)
-        .map_err(|e| format!("inserting the initiator's address: {e}"))?;
+        .map_err(step("inserting the initiator's address"))?;
     let op = |kind, local| RmaOp {
         kind,
         local,
@@ -121,22 +130,26 @@ fn exercise(a: &Endpoint, b: &Endpoint, out: &mut FabricProbe) -> Result<(), Str
         len: n as u64,
     };
     a.run(&[op(RmaKind::Write, &src)], TIMEOUT)
-        .map_err(|e| format!("fi_write of {n} bytes: {e}"))?;
+        .map_err(step(format!("fi_write of {n} bytes")))?;
     let mut got = vec![0u8; n];
     if !dst.memory().read_at(1, &mut got) {
-        return Err("reading the destination buffer".into());
+        return Err(DoctorError::FabricProbe(
+            "reading the destination buffer".into(),
+        ));
     }
     if let Some(m) = mismatch(&got) {
-        return Err(format!("after fi_write: {m}"));
+        return Err(DoctorError::FabricProbe(format!("after fi_write: {m}")));
     }
     out.write_verified = true;
     a.run(&[op(RmaKind::Read, &back)], TIMEOUT)
-        .map_err(|e| format!("fi_read of {n} bytes: {e}"))?;
+        .map_err(step(format!("fi_read of {n} bytes")))?;
     if !back.memory().read_at(1, &mut got) {
-        return Err("reading the read-back buffer".into());
+        return Err(DoctorError::FabricProbe(
+            "reading the read-back buffer".into(),
+        ));
     }
     if let Some(m) = mismatch(&got) {
-        return Err(format!("after fi_read: {m}"));
+        return Err(DoctorError::FabricProbe(format!("after fi_read: {m}")));
     }
     out.read_verified = true;
     Ok(())

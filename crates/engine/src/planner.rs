@@ -169,7 +169,15 @@ fn size_text(b: u64) -> String {
     }
 }
 
-/// The mailbox plan for a host ↔ GPU op, or why the copy engine takes it instead (`Err(note)`).
+/// What the mailbox rule decided for a host ↔ GPU op.
+enum MailboxChoice {
+    /// The mailbox takes it.
+    Take(Plan),
+    /// The copy engine does; the note (empty, or `; why`) is appended to its reason.
+    Pass(String),
+}
+
+/// The mailbox plan for a host ↔ GPU op, or why the copy engine takes it instead.
 fn plan_mailbox(
     facts: &OpFacts,
     gpu: u32,
@@ -177,15 +185,15 @@ fn plan_mailbox(
     mailbox: Option<&MailboxFacts>,
     policy: &Policy,
     cal: &Calibration,
-) -> Result<std::result::Result<Plan, String>> {
+) -> Result<MailboxChoice> {
     let Some(m) = mailbox.filter(|m| m.gpu == gpu) else {
-        return Ok(Err(String::new()));
+        return Ok(MailboxChoice::Pass(String::new()));
     };
     let (crossover, source) = cal.mailbox_crossover(over);
     let limit = crossover.min(m.max_payload);
     let len = facts.len;
     if len > limit {
-        return Ok(Err(format!(
+        return Ok(MailboxChoice::Pass(format!(
             "; mailbox running on GPU{gpu} but {} > {} crossover ({source})",
             size_text(len),
             size_text(limit)
@@ -204,14 +212,14 @@ fn plan_mailbox(
                  the mailbox)"
             )));
         }
-        return Ok(Err(format!("; {why}")));
+        return Ok(MailboxChoice::Pass(format!("; {why}")));
     }
     let dir = if over == Path::HostToGpu {
         format!("pinned host → GPU{gpu}")
     } else {
         format!("GPU{gpu} → pinned host")
     };
-    Ok(Ok(Plan {
+    Ok(MailboxChoice::Take(Plan {
         path: Path::Mailbox,
         reason: format!(
             "mailbox: {} ≤ {} crossover ({source}), {} SM reserved; {dir} through the GPU's \
@@ -250,8 +258,8 @@ pub fn plan_local_with(
     match (s, d) {
         (Location::PinnedHost, Location::Gpu(g)) => {
             match plan_mailbox(facts, g, Path::HostToGpu, mailbox, policy, cal)? {
-                Ok(p) => Ok(p),
-                Err(note) => Ok(Plan {
+                MailboxChoice::Take(p) => Ok(p),
+                MailboxChoice::Pass(note) => Ok(Plan {
                     path: Path::HostToGpu,
                     reason: format!(
                         "host-to-gpu: pinned host → GPU{g} on GPU{g}'s copy engine{note}"
@@ -261,8 +269,8 @@ pub fn plan_local_with(
         }
         (Location::Gpu(g), Location::PinnedHost) => {
             match plan_mailbox(facts, g, Path::GpuToHost, mailbox, policy, cal)? {
-                Ok(p) => Ok(p),
-                Err(note) => Ok(Plan {
+                MailboxChoice::Take(p) => Ok(p),
+                MailboxChoice::Pass(note) => Ok(Plan {
                     path: Path::GpuToHost,
                     reason: format!(
                         "gpu-to-host: GPU{g} → pinned host on GPU{g}'s copy engine{note}"
