@@ -87,10 +87,8 @@ impl FileSink {
     /// The file cannot be created.
     pub fn create(path: impl Into<PathBuf>) -> Result<FileSink> {
         let path = path.into();
-        let f = File::create(&path).map_err(|e| Error::Os {
-            call: "create (stream file sink)",
-            message: format!("{}: {e}", path.display()),
-        })?;
+        let f = File::create(&path)
+            .map_err(|e| Error::os("create (stream file sink)", at_path(&path, e)))?;
         let mut s = FileSink {
             path,
             out: BufWriter::new(f),
@@ -104,11 +102,27 @@ impl FileSink {
     }
 
     fn err(&self, e: std::io::Error) -> Error {
-        Error::Os {
-            call: "write (stream file sink)",
-            message: format!("{}: {e}", self.path.display()),
-        }
+        Error::os("write (stream file sink)", at_path(&self.path, e))
     }
+}
+
+/// An I/O error that names the file; the original error stays its source.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {source}")]
+struct AtPath {
+    path: String,
+    #[source]
+    source: std::io::Error,
+}
+
+fn at_path(path: &std::path::Path, source: std::io::Error) -> std::io::Error {
+    std::io::Error::new(
+        source.kind(),
+        AtPath {
+            path: path.display().to_string(),
+            source,
+        },
+    )
 }
 
 impl Sink for FileSink {
