@@ -13,7 +13,9 @@
 //!   registered on first use and the registration is closed when the region is removed.
 //! - **Access**: registrations allow remote read and write, so a key is handed out only for a
 //!   region open to remote writes; a read-only region is refused with that reason.
-//! - **GPU memory**: not registered through FI_HMEM yet. This end's GPU memory is staged
+//! - **GPU memory**: registered through `fi_mr_regattr` with FI_HMEM_CUDA when the endpoint's
+//!   provider has FI_HMEM (never the case with Debian's libfabric, which has no CUDA: built and
+//!   decision-tested only). Otherwise this end's GPU memory is staged
 //!   through one registered host bounce buffer per peer (`FabricStaged`, the plan says so and
 //!   why; strict mode refuses it); the peer's GPU memory is refused at plan time, since
 //!   one-sided RMA gives the target no step in which to copy it (see `plan::plan_fabric`).
@@ -83,14 +85,14 @@ impl FabricNode {
         )
     }
 
-    /// What this node can do with GPU memory, for the planner. gdx does not register GPU
-    /// memory with libfabric yet, whatever the provider offers.
+    /// What this node can do with GPU memory, for the planner: GPU regions are registered
+    /// through FI_HMEM_CUDA when the endpoint's provider entry has FI_HMEM.
     pub(crate) fn mem(&self) -> FabricMem {
         let p = self.ep.provider();
         FabricMem {
             provider: p.provider.clone(),
             offers_hmem: p.hmem,
-            registers_cuda: false,
+            registers_cuda: self.ep.registers_hmem(),
         }
     }
 
@@ -104,13 +106,28 @@ impl FabricNode {
         if let Some(m) = regs.get(&r.id) {
             return Ok(m.clone());
         }
-        if r.device().is_some() {
-            return Err(Error::FabricRefused(format!(
-                "region {} is GPU memory ({}); gdx does not register GPU memory with libfabric \
-                 (FI_HMEM) yet, and a target's GPU memory cannot be staged over one-sided RMA; \
-                 connect with GDX_TRANSPORTS=tcp,shm to stage it over tcp",
-                r.id, r.location
-            )));
+        if let Some(dev) = r.device() {
+            if !self.ep.registers_hmem() {
+                return Err(Error::FabricRefused(format!(
+                    "region {} is GPU memory ({}); provider {} does not offer FI_HMEM, and a \
+                     target's GPU memory cannot be staged over one-sided RMA; connect with \
+                     GDX_TRANSPORTS=tcp,shm to stage it over tcp",
+                    r.id,
+                    r.location,
+                    self.ep.provider().provider
+                )));
+            }
+            let len = usize::try_from(r.len).map_err(|_| {
+                Error::InvalidArgument(format!("region {} is too large to register", r.id))
+            })?;
+            // SAFETY: the region's device memory stays allocated while the region exists
+            // (the region holds its DeviceRegion), and removal closes this registration first
+            // (`forget`); gdx-fabric never dereferences it on the host.
+            let mem =
+                unsafe { Memory::from_cuda(dev.region.device_ptr(), len, dev.region.gpu() as i32) };
+            let m = self.ep.register(mem).map_err(fabric_err)?;
+            regs.insert(r.id, m.clone());
+            return Ok(m);
         }
         let Some(ptr) = r.host_ptr() else {
             return Err(Error::InvalidArgument(format!(
@@ -275,7 +292,8 @@ impl Worker {
             OpKind::Read => (LeaseKind::Sink, RmaKind::Read),
         };
         let _lease = op.local.lease(lease, self.wait)?;
-        if let Some(dev) = op.local.device() {
+        // The plan staged this op unless the provider registers GPU memory (FI_HMEM).
+        if let (Some(dev), false) = (op.local.device(), self.node.ep.registers_hmem()) {
             return self.run_staged(xfer, i, dev, kind, remote);
         }
         let mr = self.node.register(&op.local)?;
