@@ -165,8 +165,9 @@ fn plan_fabric(
         return Ok(Plan {
             path: Path::Fabric,
             reason: format!(
-                "{r}; {ends} registered with provider {p} through FI_HMEM (FI_HMEM_CUDA), the \
-                 provider reads/writes GPU memory directly"
+                "{r}; {ends} registered with provider {p} through FI_HMEM (fi_mr_regattr, \
+                 FI_HMEM_CUDA), the provider reads/writes GPU memory directly (an op whose GPU \
+                 memory the provider refuses to register fails, never staged)"
             ),
         });
     }
