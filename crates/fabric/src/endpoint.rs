@@ -260,7 +260,7 @@ impl Endpoint {
     /// [`FabricError::NoHmem`] for GPU memory when [`Endpoint::registers_hmem`] is false;
     /// the provider's error otherwise.
     pub fn register_shared(&self, mem: &Arc<Memory>) -> Result<MemoryRegion> {
-        check_hmem(&self.info, mem)?;
+        crate::region::check_hmem(&self.info, mem)?;
         let access =
             (ffi::FI_READ | ffi::FI_WRITE | ffi::FI_REMOTE_READ | ffi::FI_REMOTE_WRITE) as u64;
         let key = self.next_key.fetch_add(1, Ordering::SeqCst) & (u64::MAX >> 1);
@@ -564,17 +564,6 @@ impl Drop for Endpoint {
     }
 }
 
-/// GPU memory only where the provider entry has FI_HMEM.
-fn check_hmem(info: &ProviderInfo, mem: &Memory) -> Result<()> {
-    match mem.cuda_device() {
-        Some(device) if !info.hmem => Err(FabricError::NoHmem {
-            provider: info.provider.clone(),
-            device,
-        }),
-        _ => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -605,36 +594,5 @@ mod tests {
             completion_error(k, 0, false, t()),
             FabricError::RemoteAccess(_)
         ));
-    }
-
-    fn info(hmem: bool) -> ProviderInfo {
-        ProviderInfo {
-            provider: "tcp;ofi_rxm".into(),
-            fabric: "127.0.0.1/32".into(),
-            domain: "lo".into(),
-            hmem,
-            mr_mode: vec![],
-            mr_key_size: 8,
-            manual_progress: false,
-            max_msg_size: 1 << 20,
-            tx_size: 64,
-            src_addr: "127.0.0.1:0".into(),
-        }
-    }
-
-    #[test]
-    fn gpu_memory_registers_only_where_the_provider_has_fi_hmem() {
-        // SAFETY: never dereferenced or registered: only the FI_HMEM check sees it.
-        let gpu = unsafe { Memory::from_cuda(0x7f00_0000_0000, 4096, 2) };
-        match check_hmem(&info(false), &gpu) {
-            Err(e @ FabricError::NoHmem { .. }) => {
-                let t = e.to_string();
-                assert!(t.contains("tcp;ofi_rxm") && t.contains("GPU2"), "{t}");
-                assert!(t.contains("FI_HMEM"), "{t}");
-            }
-            other => panic!("GPU memory on a provider without FI_HMEM: {other:?}"),
-        }
-        assert!(check_hmem(&info(true), &gpu).is_ok());
-        assert!(check_hmem(&info(false), &Memory::alloc(64)).is_ok());
     }
 }
