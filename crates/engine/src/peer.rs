@@ -12,7 +12,7 @@ use crate::agent::{AgentInner, PeerInfo};
 use crate::config::Transports;
 use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
-use crate::plan::{plan_op, Path, PeerRoute};
+use crate::plan::{plan_op, FabricMem, Path, PeerRoute};
 use crate::region::RegionDesc;
 use crate::transfer::{Transfer, TransferHandle, XferState};
 use crate::transport::{fabric, rdma, shm::ShmTransport, tcp::TcpTransport, Transport};
@@ -25,6 +25,8 @@ struct PeerInner {
     info: PeerInfo,
     route: PeerRoute,
     tcp_detail: String,
+    /// What the fabric route can do with GPU memory (default on other routes).
+    fabric: FabricMem,
     control: Arc<Mutex<Conn>>,
     transport: Box<dyn Transport>,
 }
@@ -323,6 +325,10 @@ impl Peer {
                 }
             },
         };
+        let fabric = match (&agent.fabric, route.transport) {
+            (Ok(node), Path::Fabric) => node.mem(),
+            _ => FabricMem::default(),
+        };
         agent
             .stats
             .peers_outbound
@@ -334,6 +340,7 @@ impl Peer {
                 info,
                 route,
                 tcp_detail,
+                fabric,
                 control,
                 transport,
             }),
@@ -450,6 +457,7 @@ impl Peer {
                     &op.local,
                     &op.remote,
                     &self.inner.tcp_detail,
+                    &self.inner.fabric,
                     strict,
                 )?,
             };

@@ -35,6 +35,10 @@ pub enum Path {
     /// libfabric RMA (`fi_write`/`fi_read`) between host memory on both ends, over the
     /// provider the route names (efa, verbs, cxi; tcp on loopback).
     Fabric,
+    /// libfabric RMA with GPU memory on this end, staged through a registered host bounce
+    /// buffer (GPU-to-host copy then `fi_write`; `fi_read` then host-to-GPU copy), because the
+    /// provider does not offer FI_HMEM or gdx does not register GPU memory with it.
+    FabricStaged,
     /// GPUDirect RDMA: RDMA with GPU memory on one or both ends, which the NIC reads or writes
     /// directly (registered through dma-buf or nvidia-peermem).
     Gdr,
@@ -82,6 +86,7 @@ impl fmt::Display for Path {
             Path::TcpStaged => "tcp-staged",
             Path::Rdma => "rdma",
             Path::Fabric => "fabric",
+            Path::FabricStaged => "fabric-staged",
             Path::Gdr => "gdr",
             Path::P2p => "p2p",
             Path::Ipc => "ipc",
@@ -121,6 +126,79 @@ pub struct PeerRoute {
     pub reason: String,
 }
 
+/// What a fabric route can do with GPU memory: the provider's name, and whether gdx registers
+/// GPU memory with it through FI_HMEM (the provider offers FI_HMEM and gdx's registration of
+/// CUDA memory applies). Unused on other routes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct FabricMem {
+    /// The provider (`tcp;ofi_rxm`, `efa`).
+    pub(crate) provider: String,
+    /// The provider offers FI_HMEM (fi_getinfo with FI_HMEM asked for matched it).
+    pub(crate) offers_hmem: bool,
+    /// gdx registers CUDA memory with this provider (`fi_mr_regattr`, FI_HMEM_CUDA).
+    pub(crate) registers_cuda: bool,
+}
+
+/// Plans one op on a fabric route. Host memory on both ends: `Fabric`. A GPU end the provider
+/// registers through FI_HMEM: `Fabric`, the NIC reading/writing the GPU. Otherwise this end's
+/// GPU memory is staged through a host bounce buffer (`FabricStaged`), and strict mode refuses
+/// that fallback; the peer's GPU memory cannot be staged (one-sided RMA gives the target no
+/// step in which to copy between a bounce buffer and its GPU), so that op is refused, strict
+/// or not, naming the route that can stage it.
+fn plan_fabric(
+    route: &PeerRoute,
+    fabric: &FabricMem,
+    local_gpu: Option<u32>,
+    remote_gpu: Option<u32>,
+    ends: &str,
+    strict: bool,
+) -> Result<Plan> {
+    let r = &route.reason;
+    if ends.is_empty() {
+        return Ok(Plan {
+            path: Path::Fabric,
+            reason: format!("{r}; one-sided RMA between host memory"),
+        });
+    }
+    let p = &fabric.provider;
+    if fabric.offers_hmem && fabric.registers_cuda {
+        return Ok(Plan {
+            path: Path::Fabric,
+            reason: format!(
+                "{r}; {ends} registered with provider {p} through FI_HMEM (fi_mr_regattr, \
+                 FI_HMEM_CUDA), the provider reads/writes GPU memory directly (an op whose GPU \
+                 memory the provider refuses to register fails, never staged)"
+            ),
+        });
+    }
+    let why = if fabric.offers_hmem {
+        format!("provider {p} offers FI_HMEM but gdx does not register GPU memory with it")
+    } else {
+        format!("provider {p} does not offer FI_HMEM")
+    };
+    if let Some(b) = remote_gpu {
+        return Err(Error::FabricRefused(format!(
+            "{r}; the peer's GPU{b} cannot be reached over fabric: {why}, and the peer's GPU \
+             memory cannot be staged over one-sided RMA (the target takes no step in which to \
+             copy between a bounce buffer and its GPU); connect with GDX_TRANSPORTS=tcp,shm to \
+             stage it over tcp"
+        )));
+    }
+    let staged = format!(
+        "staged: {r}; {ends} copied through a registered host bounce buffer, chunk by chunk \
+         (GPU-to-host copy then fi_write; fi_read then host-to-GPU copy; not pipelined) ({why})"
+    );
+    if strict && local_gpu.is_some() {
+        return Err(Error::Strict(format!(
+            "strict mode refuses the fabric staged fallback: {staged}"
+        )));
+    }
+    Ok(Plan {
+        path: Path::FabricStaged,
+        reason: staged,
+    })
+}
+
 /// Plans one op on a peer reached through `route`: `local` is the initiator's region, `remote`
 /// the target's descriptor. With `strict`, a GPU-to-GPU op between two agents of one host that
 /// cannot take the IPC path is refused ([`Error::Strict`]) instead of staged.
@@ -129,6 +207,7 @@ pub(crate) fn plan_op(
     local: &RegionInner,
     remote: &RegionDesc,
     tcp_detail: &str,
+    fabric: &FabricMem,
     strict: bool,
 ) -> Result<Plan> {
     let local_gpu = local.device().map(|d| d.region.gpu());
@@ -155,19 +234,7 @@ pub(crate) fn plan_op(
                 route.reason.trim_start_matches("rdma: ")
             ),
         },
-        Path::Fabric if ends.is_empty() => Plan {
-            path: Path::Fabric,
-            reason: format!("{}; one-sided RMA between host memory", route.reason),
-        },
-        // No FI_HMEM registration yet: refused, never staged behind the caller's back (strict
-        // or not; the error says how to get the staged path).
-        Path::Fabric => {
-            return Err(Error::FabricRefused(format!(
-                "{}; {ends} would need FI_HMEM registration, which gdx does not do yet; \
-                 connect with GDX_TRANSPORTS=tcp,shm to stage GPU memory over tcp",
-                route.reason
-            )))
-        }
+        Path::Fabric => return plan_fabric(route, fabric, local_gpu, remote_gpu, &ends, strict),
         Path::Tcp if ends.is_empty() => Plan {
             path: Path::Tcp,
             reason: format!("{}; {tcp_detail}", route.reason),
@@ -257,5 +324,114 @@ fn plan_shm(
                 "{r}; remote region is a borrowed buffer (not shareable), two copies through the bounce buffer"
             ),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route() -> PeerRoute {
+        PeerRoute {
+            transport: Path::Fabric,
+            reason: "fabric: peer on another host".into(),
+        }
+    }
+
+    fn mem(offers_hmem: bool, registers_cuda: bool) -> FabricMem {
+        FabricMem {
+            provider: "tcp;ofi_rxm".into(),
+            offers_hmem,
+            registers_cuda,
+        }
+    }
+
+    fn plan(
+        m: &FabricMem,
+        local: Option<u32>,
+        remote: Option<u32>,
+        ends: &str,
+        strict: bool,
+    ) -> Result<Plan> {
+        plan_fabric(&route(), m, local, remote, ends, strict)
+    }
+
+    #[test]
+    fn host_memory_takes_fabric() {
+        let p = plan(&mem(false, false), None, None, "", true).unwrap();
+        assert_eq!(p.path, Path::Fabric);
+        assert!(p.reason.contains("between host memory"), "{p}");
+    }
+
+    #[test]
+    fn local_gpu_without_hmem_is_staged_with_the_reason_unless_strict() {
+        let p = plan(&mem(false, false), Some(0), None, "GPU0 here", false).unwrap();
+        assert_eq!(p.path, Path::FabricStaged, "{p}");
+        assert!(p.reason.starts_with("staged: fabric:"), "{p}");
+        assert!(p.reason.contains("bounce buffer"), "{p}");
+        assert!(
+            p.reason
+                .contains("provider tcp;ofi_rxm does not offer FI_HMEM"),
+            "{p}"
+        );
+        match plan(&mem(false, false), Some(0), None, "GPU0 here", true) {
+            Err(Error::Strict(why)) => {
+                assert!(why.contains("refuses the fabric staged fallback"), "{why}")
+            }
+            other => panic!("strict let the staged fallback through: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn hmem_without_gdx_registration_is_still_staged_and_says_so() {
+        let p = plan(&mem(true, false), Some(1), None, "GPU1 here", false).unwrap();
+        assert_eq!(p.path, Path::FabricStaged, "{p}");
+        assert!(
+            p.reason
+                .contains("offers FI_HMEM but gdx does not register GPU memory with it"),
+            "{p}"
+        );
+        assert!(matches!(
+            plan(&mem(true, false), Some(1), None, "GPU1 here", true),
+            Err(Error::Strict(_))
+        ));
+    }
+
+    #[test]
+    fn hmem_registration_takes_fabric_for_either_end_strict_or_not() {
+        for (l, r, ends) in [
+            (Some(0), None, "GPU0 here"),
+            (None, Some(2), "the peer's GPU2"),
+            (Some(0), Some(2), "GPU0 here and the peer's GPU2"),
+        ] {
+            for strict in [false, true] {
+                let p = plan(&mem(true, true), l, r, ends, strict).unwrap();
+                assert_eq!(p.path, Path::Fabric, "{p}");
+                assert!(p.reason.contains("FI_HMEM_CUDA"), "{p}");
+                assert!(p.reason.contains(ends), "{p}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_peers_gpu_without_hmem_is_refused_strict_or_not() {
+        for (m, strict) in [
+            (mem(false, false), false),
+            (mem(false, false), true),
+            (mem(true, false), false),
+        ] {
+            for (l, ends) in [
+                (None, "the peer's GPU3"),
+                (Some(0), "GPU0 here and the peer's GPU3"),
+            ] {
+                match plan(&m, l, Some(3), ends, strict) {
+                    Err(Error::FabricRefused(why)) => {
+                        assert!(why.contains("the peer's GPU3"), "{why}");
+                        assert!(why.contains("GDX_TRANSPORTS=tcp,shm"), "{why}");
+                    }
+                    other => panic!("{m:?} strict {strict}: {other:?}"),
+                }
+            }
+        }
     }
 }

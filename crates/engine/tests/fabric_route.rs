@@ -113,12 +113,14 @@ fn wrong_key_and_read_only_regions_are_refused_by_the_target_agent() {
     assert!(format!("{e:?}").contains("ReadOnly"), "{e:?}");
 }
 
-/// GPU memory on either end of a fabric route needs FI_HMEM registration, which gdx does not
-/// do: the op is refused at plan time, strict mode or not, and never staged over tcp behind
-/// the caller's back. The peer's GPU region is a descriptor claiming GPU0 (no GPU here), so
-/// the decision is exercised without one.
+/// The peer's GPU memory on a fabric route: no provider here offers FI_HMEM (and gdx does not
+/// register GPU memory with libfabric), and one-sided RMA gives the target no step in which to
+/// stage it, so the op is refused at plan time, strict mode or not, naming the route that can
+/// stage it. (This end's GPU memory is staged instead: `plan::tests` for the decision,
+/// `tests/gpu_fabric.rs` for the bytes.) The peer's GPU region is a descriptor claiming GPU0
+/// (no GPU here), so the decision is exercised without one.
 #[test]
-fn gpu_memory_over_fabric_is_refused_not_staged() {
+fn peer_gpu_memory_over_fabric_is_refused_not_staged() {
     let target = fabric_agent("target", 0xf9);
     let me = fabric_agent("me", 0xfa);
     let peer = me.connect(target.listen_addr().unwrap()).unwrap();
@@ -147,7 +149,11 @@ fn gpu_memory_over_fabric_is_refused_not_staged() {
             "strict {strict}: {e:?}"
         );
         assert!(
-            text.contains("FI_HMEM") && text.contains("the peer's GPU0"),
+            text.contains("does not offer FI_HMEM") && text.contains("the peer's GPU0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cannot be staged over one-sided RMA"),
             "{text}"
         );
         assert!(text.contains("GDX_TRANSPORTS=tcp,shm"), "{text}");

@@ -247,8 +247,20 @@ impl Endpoint {
         self.register_shared(&Arc::new(mem))
     }
 
+    /// Whether GPU memory ([`Memory::from_cuda`]) can be registered here: the endpoint's
+    /// provider entry has FI_HMEM (registration then goes through `fi_mr_regattr` with
+    /// FI_HMEM_CUDA).
+    pub fn registers_hmem(&self) -> bool {
+        self.info.hmem
+    }
+
     /// Registers memory that may be shared with other registrations.
+    ///
+    /// # Errors
+    /// [`FabricError::NoHmem`] for GPU memory when [`Endpoint::registers_hmem`] is false;
+    /// the provider's error otherwise.
     pub fn register_shared(&self, mem: &Arc<Memory>) -> Result<MemoryRegion> {
+        crate::region::check_hmem(&self.info, mem)?;
         let access =
             (ffi::FI_READ | ffi::FI_WRITE | ffi::FI_REMOTE_READ | ffi::FI_REMOTE_WRITE) as u64;
         let key = self.next_key.fetch_add(1, Ordering::SeqCst) & (u64::MAX >> 1);

@@ -34,6 +34,18 @@ pub enum FabricError {
         /// The mode bit or key size that is not handled.
         what: String,
     },
+    /// GPU memory offered for registration on an endpoint whose provider was not opened with
+    /// FI_HMEM; refused by gdx before the provider sees it.
+    #[error(
+        "provider {provider} was not opened with FI_HMEM, so GPU{device} memory cannot be \
+         registered with it (stage it through host memory)"
+    )]
+    NoHmem {
+        /// Provider name.
+        provider: String,
+        /// The GPU ordinal of the memory.
+        device: i32,
+    },
     /// An operation's local or remote span is outside its registration; refused by gdx before
     /// posting.
     #[error("{side} span {offset}+{len} is outside the {size}-byte registration")]

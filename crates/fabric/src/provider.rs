@@ -189,8 +189,47 @@ pub fn would_choose(cfg: &FabricConfig) -> Result<(ProviderInfo, String)> {
     ))
 }
 
-/// The provider gdx would open, the `fi_info` to open it from, and why it was chosen.
+/// The provider gdx would open, the `fi_info` to open it from, and why it was chosen. When
+/// the chosen entry also matches with FI_HMEM asked for, that entry is opened instead, so
+/// that GPU memory can be registered with it (`fi_mr_regattr`, FI_HMEM_CUDA); the reason says
+/// so.
 pub(crate) fn choose(cfg: &FabricConfig) -> Result<(OwnedInfo, Entry, String)> {
+    let (info, e, why) = choose_rma(cfg)?;
+    let api = sys::api()?;
+    match hmem_entry(api, &e) {
+        Some((hinfo, he)) => Ok((
+            hinfo,
+            he,
+            format!(
+                "{why}; opened with FI_HMEM (GPU memory is registered through FI_HMEM_CUDA; a \
+                 libfabric built without CUDA refuses that registration)"
+            ),
+        )),
+        None => Ok((info, e, why)),
+    }
+}
+
+/// The entry matching `chosen` (provider, fabric, domain, source address) when FI_HMEM and
+/// FI_MR_HMEM are asked for as well; `None` when the provider does not offer FI_HMEM there.
+fn hmem_entry(api: &'static sys::Api, chosen: &Entry) -> Option<(OwnedInfo, Entry)> {
+    let node = is_loopback(chosen).then_some("127.0.0.1");
+    let mut h = hints(node);
+    h.caps |= ffi::FI_HMEM;
+    h.mr_mode |= ffi::FI_MR_HMEM as i32;
+    let list = InfoList::get(api, &h).ok()?;
+    let entries = list.entries();
+    let i = entries.iter().position(|e| {
+        e.provider == chosen.provider
+            && e.fabric == chosen.fabric
+            && e.domain == chosen.domain
+            && e.src_addr == chosen.src_addr
+            && e.mr_key_size <= 8
+            && e.thread_safe
+    })?;
+    Some((list.take(i).ok()?, entries[i].clone()))
+}
+
+fn choose_rma(cfg: &FabricConfig) -> Result<(OwnedInfo, Entry, String)> {
     let api = sys::api()?;
     let wanted = cfg.wanted();
     // Who named it: the caller (`gdx bench --provider`, an agent's config) or the environment.

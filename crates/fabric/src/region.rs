@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use crate::error::{FabricError, Result};
+use crate::provider::ProviderInfo;
 use crate::sys::{self, Memory};
 
 /// A peer in this endpoint's address vector.
@@ -125,6 +127,17 @@ pub struct RmaOp<'a> {
     pub len: u64,
 }
 
+/// GPU memory only where the provider entry has FI_HMEM.
+pub(crate) fn check_hmem(info: &ProviderInfo, mem: &Memory) -> Result<()> {
+    match mem.cuda_device() {
+        Some(device) if !info.hmem => Err(FabricError::NoHmem {
+            provider: info.provider.clone(),
+            device,
+        }),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,5 +152,36 @@ mod tests {
         assert_eq!(RemoteRegion::decode(&r.encode()), Some(r));
         assert_eq!(RemoteRegion::decode(&r.encode()[..23]), None);
         assert_eq!(RemoteRegion::decode(&[0u8; 25]), None);
+    }
+
+    fn info(hmem: bool) -> ProviderInfo {
+        ProviderInfo {
+            provider: "tcp;ofi_rxm".into(),
+            fabric: "127.0.0.1/32".into(),
+            domain: "lo".into(),
+            hmem,
+            mr_mode: vec![],
+            mr_key_size: 8,
+            manual_progress: false,
+            max_msg_size: 1 << 20,
+            tx_size: 64,
+            src_addr: "127.0.0.1:0".into(),
+        }
+    }
+
+    #[test]
+    fn gpu_memory_registers_only_where_the_provider_has_fi_hmem() {
+        // SAFETY: never dereferenced or registered: only the FI_HMEM check sees it.
+        let gpu = unsafe { Memory::from_cuda(0x7f00_0000_0000, 4096, 2) };
+        match check_hmem(&info(false), &gpu) {
+            Err(e @ FabricError::NoHmem { .. }) => {
+                let t = e.to_string();
+                assert!(t.contains("tcp;ofi_rxm") && t.contains("GPU2"), "{t}");
+                assert!(t.contains("FI_HMEM"), "{t}");
+            }
+            other => panic!("GPU memory on a provider without FI_HMEM: {other:?}"),
+        }
+        assert!(check_hmem(&info(true), &gpu).is_ok());
+        assert!(check_hmem(&info(false), &Memory::alloc(64)).is_ok());
     }
 }

@@ -115,3 +115,45 @@ fn hmem_is_asked_for_not_read_from_the_plain_listing() {
         );
     }
 }
+
+/// An endpoint is opened with FI_HMEM exactly when its entry offers it (the reason says so),
+/// and GPU memory is refused before the provider sees it where the entry does not. Debian's
+/// libfabric 1.17: shm lists FI_HMEM (built without CUDA, so a CUDA registration there would
+/// be refused by the provider; no GPU here to try), tcp does not.
+#[test]
+fn endpoints_open_with_fi_hmem_when_their_entry_offers_it() {
+    let listed = gdx_fabric::providers().expect("libfabric loads");
+    for name in ["tcp", "shm"] {
+        let cfg = FabricConfig {
+            provider: Some(name.into()),
+        };
+        let Ok(ep) = Endpoint::open(&cfg) else {
+            assert_ne!(name, "tcp", "tcp must open");
+            continue;
+        };
+        let offers = listed
+            .iter()
+            .any(|p| p.core() == name && p.hmem && p.domain == ep.provider().domain);
+        eprintln!("{name}: FI_HMEM {offers}: {}", ep.reason());
+        assert_eq!(ep.registers_hmem(), offers, "{name}: {}", ep.reason());
+        assert_eq!(
+            ep.reason().contains("opened with FI_HMEM"),
+            offers,
+            "{name}: {}",
+            ep.reason()
+        );
+        if !offers {
+            // SAFETY: never dereferenced or registered: the endpoint refuses it first.
+            let gpu = unsafe { gdx_fabric::Memory::from_cuda(0x7f00_0000_0000, 4096, 0) };
+            match ep.register(gpu) {
+                Err(FabricError::NoHmem { provider, device }) => {
+                    assert_eq!(
+                        (provider.as_str(), device),
+                        (ep.provider().provider.as_str(), 0)
+                    )
+                }
+                other => panic!("{name}: GPU memory without FI_HMEM: {other:?}"),
+            }
+        }
+    }
+}

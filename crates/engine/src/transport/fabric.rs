@@ -13,8 +13,12 @@
 //!   registered on first use and the registration is closed when the region is removed.
 //! - **Access**: registrations allow remote read and write, so a key is handed out only for a
 //!   region open to remote writes; a read-only region is refused with that reason.
-//! - **GPU memory**: not registered through FI_HMEM yet; an op with a GPU end is refused at plan
-//!   time (never staged behind the caller's back).
+//! - **GPU memory**: registered through `fi_mr_regattr` with FI_HMEM_CUDA when the endpoint's
+//!   provider has FI_HMEM (never the case with Debian's libfabric, which has no CUDA: built and
+//!   decision-tested only). Otherwise this end's GPU memory is staged
+//!   through one registered host bounce buffer per peer (`FabricStaged`, the plan says so and
+//!   why; strict mode refuses it); the peer's GPU memory is refused at plan time, since
+//!   one-sided RMA gives the target no step in which to copy it (see `plan::plan_fabric`).
 //! - **Peer death**: a waiting batch watches the control connection; a peer whose control socket
 //!   closes fails the op with `PeerLost` without waiting for the deadline.
 
@@ -31,6 +35,8 @@ use gdx_fabric::{
 
 use crate::conn::Conn;
 use crate::error::{Error, Result};
+use crate::gpu::AgentGpu;
+use crate::plan::FabricMem;
 use crate::region::{LeaseKind, RegionInner, RegionKey, Registry};
 use crate::transfer::{OpKind, XferState};
 use crate::transport::SerialQueue;
@@ -79,6 +85,17 @@ impl FabricNode {
         )
     }
 
+    /// What this node can do with GPU memory, for the planner: GPU regions are registered
+    /// through FI_HMEM_CUDA when the endpoint's provider entry has FI_HMEM.
+    pub(crate) fn mem(&self) -> FabricMem {
+        let p = self.ep.provider();
+        FabricMem {
+            provider: p.provider.clone(),
+            offers_hmem: p.hmem,
+            registers_cuda: self.ep.registers_hmem(),
+        }
+    }
+
     /// Live registrations and refused closes of this node's domain.
     pub(crate) fn registrations(&self) -> (usize, usize) {
         self.ep.registrations()
@@ -89,12 +106,28 @@ impl FabricNode {
         if let Some(m) = regs.get(&r.id) {
             return Ok(m.clone());
         }
-        if r.device().is_some() {
-            return Err(Error::FabricRefused(format!(
-                "region {} is GPU memory ({}); gdx does not register GPU memory with libfabric \
-                 (FI_HMEM) yet; connect with GDX_TRANSPORTS=tcp,shm to stage it over tcp",
-                r.id, r.location
-            )));
+        if let Some(dev) = r.device() {
+            if !self.ep.registers_hmem() {
+                return Err(Error::FabricRefused(format!(
+                    "region {} is GPU memory ({}); provider {} does not offer FI_HMEM, and a \
+                     target's GPU memory cannot be staged over one-sided RMA; connect with \
+                     GDX_TRANSPORTS=tcp,shm to stage it over tcp",
+                    r.id,
+                    r.location,
+                    self.ep.provider().provider
+                )));
+            }
+            let len = usize::try_from(r.len).map_err(|_| {
+                Error::InvalidArgument(format!("region {} is too large to register", r.id))
+            })?;
+            // SAFETY: the region's device memory stays allocated while the region exists
+            // (the region holds its DeviceRegion), and removal closes this registration first
+            // (`forget`); gdx-fabric never dereferences it on the host.
+            let mem =
+                unsafe { Memory::from_cuda(dev.region.device_ptr(), len, dev.region.gpu() as i32) };
+            let m = self.ep.register(mem).map_err(fabric_err)?;
+            regs.insert(r.id, m.clone());
+            return Ok(m);
         }
         let Some(ptr) = r.host_ptr() else {
             return Err(Error::InvalidArgument(format!(
@@ -165,7 +198,14 @@ struct Worker {
     /// Remote region id → where it is (asked once per region).
     remote: HashMap<u64, RemoteRegion>,
     wait: Duration,
+    /// The registered host bounce buffer staged GPU ops go through (made on first use).
+    bounce: Option<MemoryRegion>,
+    /// Host copy of one chunk between the GPU and the bounce buffer.
+    scratch: Vec<u8>,
 }
+
+/// Bytes of GPU memory staged per chunk.
+const BOUNCE: usize = 4 << 20;
 
 /// Starts the worker thread that runs transfers to one peer, one at a time; the returned
 /// [`SerialQueue`] is the whole submitting side.
@@ -181,6 +221,8 @@ pub(crate) fn spawn(
         control,
         remote: HashMap::new(),
         wait,
+        bounce: None,
+        scratch: Vec::new(),
     };
     SerialQueue::spawn("gdx-fabric", move |rx, alive| worker(w, rx, alive))
 }
@@ -250,16 +292,86 @@ impl Worker {
             OpKind::Read => (LeaseKind::Sink, RmaKind::Read),
         };
         let _lease = op.local.lease(lease, self.wait)?;
+        // The plan staged this op unless the provider registers GPU memory (FI_HMEM).
+        if let (Some(dev), false) = (op.local.device(), self.node.ep.registers_hmem()) {
+            return self.run_staged(xfer, i, dev, kind, remote);
+        }
         let mr = self.node.register(&op.local)?;
-        let rma = RmaOp {
-            kind,
-            local: &mr,
-            local_offset: op.local_offset,
-            peer: self.peer,
-            remote,
-            remote_offset: op.remote_offset,
-            len: op.len,
+        self.rma(
+            xfer,
+            RmaOp {
+                kind,
+                local: &mr,
+                local_offset: op.local_offset,
+                peer: self.peer,
+                remote,
+                remote_offset: op.remote_offset,
+                len: op.len,
+            },
+        )
+    }
+
+    /// One op whose local end is GPU memory, chunk by chunk through the bounce buffer:
+    /// GPU-to-host copy then `fi_write`, or `fi_read` then host-to-GPU copy.
+    fn run_staged(
+        &mut self,
+        xfer: &XferState,
+        i: usize,
+        dev: &AgentGpu,
+        kind: RmaKind,
+        remote: RemoteRegion,
+    ) -> Result<()> {
+        let op = &xfer.ops[i];
+        let bounce = match &self.bounce {
+            Some(b) => b.clone(),
+            None => {
+                let b = self
+                    .node
+                    .ep
+                    .register(Memory::alloc(BOUNCE))
+                    .map_err(fabric_err)?;
+                self.bounce = Some(b.clone());
+                b
+            }
         };
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.resize(BOUNCE, 0);
+        let mut done = 0u64;
+        let result = loop {
+            if done >= op.len {
+                break Ok(());
+            }
+            let n = (op.len - done).min(BOUNCE as u64);
+            let chunk = &mut scratch[..n as usize];
+            let rma = RmaOp {
+                kind,
+                local: &bounce,
+                local_offset: 0,
+                peer: self.peer,
+                remote,
+                remote_offset: op.remote_offset + done,
+                len: n,
+            };
+            let step = match kind {
+                RmaKind::Write => dev
+                    .read_to_host(op.local_offset + done, chunk)
+                    .and_then(|()| bounce_io(bounce.memory().write_at(0, chunk)))
+                    .and_then(|()| self.rma(xfer, rma)),
+                RmaKind::Read => self
+                    .rma(xfer, rma)
+                    .and_then(|()| bounce_io(bounce.memory().read_at(0, chunk)))
+                    .and_then(|()| dev.write_from_host(op.local_offset + done, chunk)),
+            };
+            if let Err(e) = step {
+                break Err(e);
+            }
+            done += n;
+        };
+        self.scratch = scratch;
+        result
+    }
+
+    fn rma(&self, xfer: &XferState, rma: RmaOp<'_>) -> Result<()> {
         // Between ops nothing is expected on the control connection, so input there (EOF
         // included) while waiting means the peer closed it.
         let control = Arc::clone(&self.control);
@@ -274,5 +386,16 @@ impl Worker {
                 FabricError::Timeout { .. } => xfer.timeout_error(),
                 other => fabric_err(other),
             })
+    }
+}
+
+/// The bounce buffer's copy in or out: it is `BOUNCE` bytes and chunks are at most that.
+fn bounce_io(in_bounds: bool) -> Result<()> {
+    if in_bounds {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(
+            "staged chunk larger than the fabric bounce buffer".into(),
+        ))
     }
 }

@@ -200,7 +200,7 @@ impl Domain {
         Ok(Arc::new(h))
     }
 
-    /// `fi_mr_reg` of all of `mem`; bound to `ep` and enabled when the provider uses
+    /// `fi_mr_reg` of all of `mem` (`fi_mr_regattr` with FI_HMEM_CUDA for GPU memory); bound to `ep` and enabled when the provider uses
     /// FI_MR_ENDPOINT. The registration keeps `mem` alive.
     pub(crate) fn register(
         self: &Arc<Self>,
@@ -213,25 +213,61 @@ impl Domain {
         let len = mem.len();
         let api = self.api();
         let mut mr: *mut ffi::fid_mr = std::ptr::null_mut();
-        // SAFETY: live domain with an MR ops table; `mem` is valid memory by its construction
-        // contract and is kept alive by the returned Mr.
-        let rc = unsafe {
-            let f = (*(*self.ptr).mr)
-                .reg
-                .ok_or_else(|| missing("fi_mr_reg", api))?;
-            f(
-                &mut (*self.ptr).fid,
-                base as *const c_void,
-                len,
-                access,
-                0,
-                requested_key,
-                0,
-                &mut mr,
-                std::ptr::null_mut(),
-            )
+        let (rc, call) = match mem.cuda_device() {
+            // GPU memory: `fi_mr_regattr` with the HMEM interface and device (the provider
+            // registers it through its CUDA support; plain `fi_mr_reg` would take it for host
+            // memory).
+            Some(device) => {
+                let iov = ffi::iovec {
+                    iov_base: base as *mut c_void,
+                    iov_len: len,
+                };
+                let attr = ffi::fi_mr_attr {
+                    mr_iov: &iov,
+                    iov_count: 1,
+                    access,
+                    offset: 0,
+                    requested_key,
+                    context: std::ptr::null_mut(),
+                    auth_key_size: 0,
+                    auth_key: std::ptr::null_mut(),
+                    iface: ffi::fi_hmem_iface_FI_HMEM_CUDA,
+                    device: ffi::fi_mr_attr__bindgen_ty_1 { cuda: device },
+                };
+                // SAFETY: live domain with an MR ops table; `attr` and `iov` outlive the call;
+                // `mem` is CUDA memory by `Memory::from_cuda`'s contract, kept alive by the
+                // returned Mr.
+                let rc = unsafe {
+                    let f = (*(*self.ptr).mr)
+                        .regattr
+                        .ok_or_else(|| missing("fi_mr_regattr", api))?;
+                    f(&mut (*self.ptr).fid, &attr, 0, &mut mr)
+                };
+                (rc, "fi_mr_regattr")
+            }
+            // SAFETY: live domain with an MR ops table; `mem` is valid memory by its
+            // construction contract and is kept alive by the returned Mr.
+            None => (
+                unsafe {
+                    let f = (*(*self.ptr).mr)
+                        .reg
+                        .ok_or_else(|| missing("fi_mr_reg", api))?;
+                    f(
+                        &mut (*self.ptr).fid,
+                        base as *const c_void,
+                        len,
+                        access,
+                        0,
+                        requested_key,
+                        0,
+                        &mut mr,
+                        std::ptr::null_mut(),
+                    )
+                },
+                "fi_mr_reg",
+            ),
         };
-        api.check("fi_mr_reg", rc as isize)?;
+        api.check(call, rc as isize)?;
         self.live_mrs.fetch_add(1, Ordering::SeqCst);
         let h = Mr {
             domain: Arc::clone(self),

@@ -14,6 +14,9 @@ pub struct Memory {
     len: usize,
     /// Set when this value owns the allocation (freed on drop).
     owned: Option<Layout>,
+    /// CUDA device ordinal when this is GPU memory (registered with FI_HMEM_CUDA, never
+    /// dereferenced on the host).
+    cuda: Option<i32>,
 }
 
 // SAFETY: a plain span of bytes; all access goes through raw copies.
@@ -39,6 +42,7 @@ impl Memory {
             ptr,
             len,
             owned: Some(layout),
+            cuda: None,
         }
     }
 
@@ -57,7 +61,33 @@ impl Memory {
             ptr,
             len,
             owned: None,
+            cuda: None,
         }
+    }
+
+    /// The caller's CUDA device memory on GPU `device` (an ordinal), registered through
+    /// `fi_mr_regattr` with `FI_HMEM_CUDA`. This crate never dereferences it: [`Memory::write_at`]
+    /// and [`Memory::read_at`] refuse it, and [`crate::Endpoint::register`] refuses it unless
+    /// the endpoint's provider was opened with FI_HMEM.
+    ///
+    /// # Safety
+    ///
+    /// - `ptr..ptr+len` is CUDA device memory of GPU `device` (from `cuMemAlloc` or a pool);
+    /// - it stays allocated until this value and every registration made from it are dropped;
+    /// - the caller accepts that the provider and remote peers with the key read and write it
+    ///   asynchronously while registered.
+    pub unsafe fn from_cuda(ptr: u64, len: usize, device: i32) -> Memory {
+        Memory {
+            ptr: ptr as usize as *mut u8,
+            len,
+            owned: None,
+            cuda: Some(device),
+        }
+    }
+
+    /// The CUDA device ordinal when this is GPU memory ([`Memory::from_cuda`]).
+    pub fn cuda_device(&self) -> Option<i32> {
+        self.cuda
     }
 
     /// Length in bytes.
@@ -74,9 +104,10 @@ impl Memory {
         self.ptr
     }
 
-    /// Copies `data` in at `offset`; `false` (nothing copied) when it does not fit.
+    /// Copies `data` in at `offset`; `false` (nothing copied) when it does not fit, or when
+    /// this is GPU memory (not addressable from the host).
     pub fn write_at(&self, offset: usize, data: &[u8]) -> bool {
-        if offset.checked_add(data.len()).is_none_or(|e| e > self.len) {
+        if self.cuda.is_some() || offset.checked_add(data.len()).is_none_or(|e| e > self.len) {
             return false;
         }
         // SAFETY: in bounds (checked above) of memory valid by construction; `data` is a
@@ -85,9 +116,10 @@ impl Memory {
         true
     }
 
-    /// Copies `out.len()` bytes out from `offset`; `false` when out of bounds.
+    /// Copies `out.len()` bytes out from `offset`; `false` when out of bounds, or when this
+    /// is GPU memory.
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> bool {
-        if offset.checked_add(out.len()).is_none_or(|e| e > self.len) {
+        if self.cuda.is_some() || offset.checked_add(out.len()).is_none_or(|e| e > self.len) {
             return false;
         }
         // SAFETY: in bounds (checked above); `out` is a separate Rust slice.
@@ -103,5 +135,24 @@ impl Drop for Memory {
             // the value that owns this Memory, so none is left.
             unsafe { std::alloc::dealloc(self.ptr, layout) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_memory_is_never_copied_through_the_host() {
+        // SAFETY: the address is never dereferenced: host copies of CUDA memory are refused.
+        let m = unsafe { Memory::from_cuda(0x7f00_0000_0000, 4096, 1) };
+        assert_eq!(m.cuda_device(), Some(1));
+        assert!(!m.write_at(0, &[1, 2, 3]));
+        let mut out = [0u8; 3];
+        assert!(!m.read_at(0, &mut out));
+        let h = Memory::alloc(16);
+        assert_eq!(h.cuda_device(), None);
+        assert!(h.write_at(0, &[1, 2, 3]) && h.read_at(0, &mut out));
+        assert_eq!(out, [1, 2, 3]);
     }
 }
