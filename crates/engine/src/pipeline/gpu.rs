@@ -53,6 +53,8 @@ pub struct GpuStage {
     /// (ticket, result index) of each frame in flight, oldest first.
     inflight: VecDeque<(u64, usize)>,
     submitted: usize,
+    /// Polls since the last stream check (see [`Stage::poll`]).
+    polls: u32,
     ctx: Context,
 }
 
@@ -122,6 +124,7 @@ impl GpuStage {
             signal,
             inflight: VecDeque::new(),
             submitted: 0,
+            polls: 0,
             ctx,
         })
     }
@@ -188,7 +191,22 @@ impl Stage for GpuStage {
             return Ok(None);
         };
         if !self.signal.reached(ticket) {
-            return Ok(None);
+            // A stream that failed (a kernel fault, a copy error) never writes its signals:
+            // every so often ask the stream, so a failure is an error, never a silent hang.
+            self.polls = self.polls.wrapping_add(1);
+            if !self.polls.is_multiple_of(256) {
+                return Ok(None);
+            }
+            if !self.stream.is_idle()? || self.signal.reached(ticket) {
+                return Ok(None);
+            }
+            return Err(Error::Unavailable(format!(
+                "GPU{}: the stream finished its queued work but the signal for frame ticket \
+                 {ticket} never arrived (signal word {}): stream memory operations did not \
+                 land in mapped host memory",
+                self.gpu,
+                self.signal.value()
+            )));
         }
         self.inflight.pop_front();
         // The signal is written after the kernel (stream order, with its memory barrier), and

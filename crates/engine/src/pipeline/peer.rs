@@ -139,9 +139,16 @@ impl Source for PeerSource {
             Some(m) if m == END => {
                 // Answer before the source (and its agent) can go away, so the writer knows
                 // the end arrived even if the acknowledgement of its notification is lost.
-                self.back(Duration::from_secs(10))?
-                    .notify(END_ACK.to_vec())?;
-                Ok(Arrival::End)
+                // The writer may take the answer and leave before the transport acknowledges
+                // our notification: a writer gone after the end is the normal finish, so a lost
+                // connection here ends the stream like the answer would (every frame arrived).
+                match self
+                    .back(Duration::from_secs(10))
+                    .and_then(|p| p.notify(END_ACK.to_vec()))
+                {
+                    Ok(()) | Err(Error::PeerLost(_)) => Ok(Arrival::End),
+                    Err(e) => Err(e),
+                }
             }
             _ => Err(bad()),
         }
