@@ -52,20 +52,23 @@ pub fn judged_as(ctx: &Ctx, path: PathKind) -> PathKind {
     }
 }
 
-/// Why GPU memory cannot be measured over `info`: the provider lacks FI_HMEM, or it has it
-/// but gdx does not register device memory with libfabric yet. Always a waiver today; the
-/// reason says which so the user knows whether another provider would help.
+/// Why GPU memory is not measured over `info`: the provider lacks FI_HMEM (the engine then
+/// stages this end's GPU memory, `fabric-staged`), or it has it (the engine registers GPU
+/// memory through FI_HMEM_CUDA). Either way this case does not measure it yet; the reason says
+/// which route the engine would take, so the user knows what another provider would change.
 pub fn gpu_waiver(info: &ProviderInfo) -> Waived {
     if info.hmem {
         Waived::new(format!(
-            "{} offers FI_HMEM, but gdx does not register GPU memory with libfabric yet: the \
-             engine's fabric transport refuses GPU regions instead of staging them",
+            "{} offers FI_HMEM: the engine registers GPU memory with it (fi_mr_regattr, \
+             FI_HMEM_CUDA), but this case does not measure GPU memory over fabric yet \
+             (gdx-engine's gpu_fabric test covers the route)",
             info.provider
         ))
     } else {
         Waived::new(format!(
             "{} (fabric {}, domain {}) does not offer FI_HMEM (device memory registration): \
-             GPU memory cannot go through it, and the fabric transport refuses to stage it",
+             the engine stages this end's GPU memory through a host bounce buffer \
+             (fabric-staged), which this case does not measure yet",
             info.provider, info.fabric, info.domain
         ))
     }

@@ -64,7 +64,8 @@ fn gpu_memory_is_waived_saying_which_part_is_missing() {
     assert!(no.cause.is_none());
     let yes = gpu_waiver(&info("efa", true));
     assert!(yes.reason.contains("efa offers FI_HMEM"), "{yes}");
-    assert!(yes.reason.contains("does not register GPU memory"), "{yes}");
+    assert!(yes.reason.contains("FI_HMEM_CUDA"), "{yes}");
+    assert!(no.reason.contains("fabric-staged"), "{no}");
 }
 
 #[test]
