@@ -362,6 +362,12 @@ fn stage_loop(
             }
         }
         if inflight.is_empty() {
+            // The source ended while frames were in flight (seen by `try_recv`), and the last
+            // of them is done: nothing more can come, so end (an asynchronous stage, the GPU's,
+            // got here; looping on would never drop the result sender and the sink would wait).
+            if !open {
+                return;
+            }
             continue;
         }
         let out = match stage.poll() {
