@@ -279,18 +279,7 @@ fn worker(mut w: Worker, rx: Receiver<Arc<XferState>>, alive: Arc<AtomicBool>) {
                 Err(e) => xfer.chunk_done(i, 0, Err(e)),
             }
         }
-        if !xfer.has_failed() {
-            if let Some(data) = &xfer.notify {
-                let mut c = w.control.lock().unwrap_or_else(|p| p.into_inner());
-                if let Err(e) = c.request(&Msg::Notify {
-                    xfer: xfer.id,
-                    data: data.clone(),
-                }) {
-                    xfer.fail_transfer(e);
-                }
-            }
-        }
-        xfer.finish();
+        super::notify_and_finish(&xfer, &w.control);
     }
 }
 

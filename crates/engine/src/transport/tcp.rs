@@ -388,20 +388,7 @@ fn group_done(job: &Job) {
     if job.group.left.fetch_sub(1, Ordering::AcqRel) != 1 {
         return;
     }
-    let xfer = &job.xfer;
-    if !xfer.has_failed() {
-        if let Some(data) = &xfer.notify {
-            let mut c = job.group.control.lock().unwrap_or_else(|p| p.into_inner());
-            if let Err(e) = c.request(&Msg::Notify {
-                xfer: xfer.id,
-                data: data.clone(),
-            }) {
-                xfer.fail_pending(&e);
-                xfer.fail_transfer(e);
-            }
-        }
-    }
-    xfer.finish();
+    super::notify_and_finish(&job.xfer, &job.group.control);
 }
 
 fn stream_worker(
