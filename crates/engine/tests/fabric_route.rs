@@ -12,26 +12,10 @@ mod common;
 
 use common::*;
 use gdx_engine::serve::{self, ServeConfig};
-use gdx_engine::{
-    Access, Agent, AgentConfig, Error, Path, RegionDesc, RegionKey, Transfer, Transports,
-};
+use gdx_engine::{Access, AgentConfig, Error, Path, RegionDesc, RegionKey, Transfer};
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn fabric_agent(name: &str, host: u128) -> Agent {
-    Agent::new(AgentConfig {
-        host_id: Some(host),
-        transports: Transports {
-            tcp: true,
-            shm: true,
-            rdma: false,
-            fabric: true,
-        },
-        ..config(name, true)
-    })
-    .expect("agent")
-}
 
 #[test]
 fn fabric_route_writes_and_reads_unaligned_spans_bytes_verified() {

@@ -11,25 +11,9 @@
 mod common;
 
 use common::*;
-use gdx_engine::{
-    Access, Agent, AgentConfig, Error, LocalPeer, OpStatus, Path, Policy, Transfer, Transports,
-};
+use gdx_engine::{Access, Error, LocalPeer, OpStatus, Path, Policy, Transfer};
 
 const POISON: u8 = 0x5A;
-
-fn fabric_agent(name: &str, host: u128) -> Agent {
-    Agent::new(AgentConfig {
-        host_id: Some(host),
-        transports: Transports {
-            tcp: true,
-            shm: true,
-            rdma: false,
-            fabric: true,
-        },
-        ..config(name, true)
-    })
-    .expect("agent")
-}
 
 #[test]
 #[ignore = "requires a CUDA GPU: cargo test -p gdx-engine --test gpu_fabric -- --ignored"]

@@ -236,3 +236,18 @@ pub mod raw {
         d
     }
 }
+
+/// An agent with the fabric transport on (tcp and shm too), on host `host`.
+pub fn fabric_agent(name: &str, host: u128) -> Agent {
+    Agent::new(AgentConfig {
+        host_id: Some(host),
+        transports: Transports {
+            tcp: true,
+            shm: true,
+            rdma: false,
+            fabric: true,
+        },
+        ..config(name, true)
+    })
+    .expect("agent")
+}
