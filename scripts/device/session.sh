@@ -5,6 +5,9 @@
 #                                           latency figures (#17), the libfabric run (#22)
 #   bash scripts/device/session.sh gpu      gdx stream (#21), the mailbox / stream-signal rows beside
 #                                           the copy engine and a torch reference (#20), gdx doctor
+#   bash scripts/device/session.sh quick    a few minutes: the GPU stage one frame at a time, the
+#                                           stream pipeline tests, a short gdx stream, the mailbox
+#                                           floors and rows
 # Results under $OUT (summary.txt first). Two-GPU tests (two_gpus_*) are skipped by name on a
 # one-GPU machine and the summary says so.
 set -uo pipefail
@@ -69,8 +72,33 @@ gpu)
   log "doctor rc=$?"
   grep -iE "gpu-async|mailbox|stream.mem|gdrdrv|probe-" "$OUT/doctor.txt" | head -20 >>"$S"
   ;;
+quick)
+  lib=$(ls "$BIN"/tests/gdx-engine-gdx_engine 2>/dev/null | head -1)
+  if [ -n "$lib" ]; then
+    timeout 60 "$lib" --include-ignored --test-threads=1 pipeline::gpu >"$OUT/stage-steps.txt" 2>&1
+    log "stage one frame at a time rc=$?"; grep -E "^test |panicked|signal word|result" "$OUT/stage-steps.txt" | head -20 >>"$S"
+  fi
+  t=$(ls "$BIN"/tests/*pipeline_gpu* 2>/dev/null | head -1)
+  if [ -n "$t" ]; then
+    timeout 90 "$t" --include-ignored --test-threads=1 >"$OUT/pipeline-gpu.txt" 2>&1
+    log "pipeline_gpu rc=$?"; grep -E "^test |panicked|stream stopped|test result" "$OUT/pipeline-gpu.txt" | cut -c1-400 | head -20 >>"$S"
+  fi
+  for f in 4MiB 4KiB; do
+    timeout 30 "$GDX" stream --gpu 0 --frame $f --slots 16 --policy block --duration 5s --json       >"$OUT/stream-$f.json" 2>"$OUT/stream-$f.err"
+    log "stream $f rc=$?"; tail -4 "$OUT/stream-$f.err" | cut -c1-400 >>"$S"
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print({k: r.get(k) for k in ("frames_delivered","drops","gbps","frames_per_s","latency","stage")})' "$OUT/stream-$f.json" >>"$S" 2>&1
+  done
+  if [ -x "$BIN/mailbox_latency" ]; then
+    timeout 90 "$BIN/mailbox_latency" 5000 >"$OUT/mailbox-latency.txt" 2>&1
+    log "mailbox_latency rc=$?"; cat "$OUT/mailbox-latency.txt" >>"$S"
+  fi
+  timeout 60 "$GDX" bench -p host_to_gpu0_mailbox,gpu0_to_host_mailbox,gpu0_async_signal,gpu0_stream_sync,host_to_gpu0_pinned_ce,gpu0_to_host_pinned_ce \
+    -s 8,1024,2048 --export-json "$OUT/mailbox-bench.json" >"$OUT/mailbox-bench.txt" 2>&1
+  log "mailbox bench rc=$?"
+  grep -vE '^\s*$' "$OUT/mailbox-bench.txt" | tail -40 >>"$S"
+  ;;
 *)
-  echo "usage: $0 tests|gpu" >&2
+  echo "usage: $0 tests|gpu|quick" >&2
   exit 2
   ;;
 esac

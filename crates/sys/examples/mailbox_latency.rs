@@ -6,6 +6,7 @@
 //!
 //! `cargo run --release -p gdx-sys --example mailbox_latency -- [samples]` (GPU `GDX_TEST_GPU`).
 
+use gdx_sys::cuda::floor::{self, FloorStep};
 use gdx_sys::cuda::{
     Cuda, DeviceBuffer, KernelArgs, LaunchDims, Mailbox, MailboxConfig, Module, PinnedHostBuffer,
     Signal, Stream,
@@ -55,35 +56,52 @@ fn main() {
     // SAFETY: gdx_mark(u64*, u64) writes one word of `warm`, alive past the sync.
     unsafe { stream.launch(&mark, LaunchDims::single_block(32), &mut a) }.unwrap();
     stream.synchronize().unwrap();
+    // The floor under every mailbox figure: one GPU thread answering a host ping.
+    for step in [
+        FloorStep::Bare,
+        FloorStep::StoreFenceSystem,
+        FloorStep::StoreFenceGpu,
+        FloorStep::Load,
+    ] {
+        for gap in [0u32, 300, 600, 1200] {
+            let v = floor::round_trips(&ctx, &module, step, gap, n).unwrap();
+            report(&format!("floor_{}_gap{gap}", step.name()), 8, &v);
+        }
+    }
     // The kernel variants at 8 bytes (poll words, pipelined poll, release store).
-    for poll_words in [4u32, 8, 16, 32] {
-        for pipelined_poll in [false, true] {
-            for release_store in [false, true] {
-                let cfg = MailboxConfig {
-                    poll_words,
-                    pipelined_poll,
-                    release_store,
-                    ..MailboxConfig::default()
-                };
-                let mb = Mailbox::start(&ctx, cfg).unwrap();
-                let tag = format!(
-                    "p{poll_words}_pipe{}_rel{}",
-                    u8::from(pipelined_poll),
-                    u8::from(release_store)
-                );
-                report(
-                    &format!("variant_h2d_{tag}"),
-                    8,
-                    &time(n / 4, || mb.write(&dev, 0, &[7u8; 8]).unwrap()),
-                );
-                let mut o = [0u8; 8];
-                report(
-                    &format!("variant_d2h_{tag}"),
-                    8,
-                    &time(n / 4, || mb.read(&dev, 0, &mut o).unwrap()),
-                );
-                mb.stop().unwrap();
-            }
+    for (pipelined_poll, poll_gap_cycles) in [(false, 0u32), (true, 300), (true, 600), (true, 1200)]
+    {
+        for (release_store, gpu_scope_done) in [(true, false), (false, true)] {
+            let cfg = MailboxConfig {
+                pipelined_poll,
+                poll_gap_cycles,
+                release_store,
+                gpu_scope_done,
+                ..MailboxConfig::default()
+            };
+            let mb = Mailbox::start(&ctx, cfg).unwrap();
+            let tag = format!(
+                "p{}_gap{}_{}",
+                cfg.poll_words,
+                if pipelined_poll { poll_gap_cycles } else { 0 },
+                if gpu_scope_done {
+                    "fence_gpu"
+                } else {
+                    "release_sys"
+                }
+            );
+            report(
+                &format!("variant_h2d_{tag}"),
+                8,
+                &time(n / 4, || mb.write(&dev, 0, &[7u8; 8]).unwrap()),
+            );
+            let mut o = [0u8; 8];
+            report(
+                &format!("variant_d2h_{tag}"),
+                8,
+                &time(n / 4, || mb.read(&dev, 0, &mut o).unwrap()),
+            );
+            mb.stop().unwrap();
         }
     }
     let mb = Mailbox::start(&ctx, MailboxConfig::default()).unwrap();
@@ -142,6 +160,39 @@ fn main() {
         };
     };
     let mut v = 0u64;
+    // Kernel done → host knows: the kernel spins 30 µs so everything behind it is queued when
+    // it ends; the clock starts when the host sees its last store.
+    let spin = Duration::from_micros(30);
+    let seen = |want: u64| {
+        let w = marker.word(0).unwrap();
+        while w.load(std::sync::atomic::Ordering::Acquire) != want {
+            std::hint::spin_loop();
+        }
+        Instant::now()
+    };
+    let mut done_to = |signal_way: bool| -> Vec<Duration> {
+        (0..n / 10 + n)
+            .map(|_| {
+                v += 1;
+                stream
+                    .launch_marker(&module, gdx_sys::cuda::Word::Mapped(&marker, 0), v, spin)
+                    .unwrap();
+                if signal_way {
+                    let t = signal.arm(&stream).unwrap();
+                    let t0 = seen(v);
+                    assert!(signal.wait(t, Duration::from_secs(5)));
+                    t0.elapsed()
+                } else {
+                    let t0 = seen(v);
+                    stream.synchronize().unwrap();
+                    t0.elapsed()
+                }
+            })
+            .skip(n / 10)
+            .collect()
+    };
+    report("kernel_done_to_signal", 0, &done_to(true));
+    report("kernel_done_to_stream_sync", 0, &done_to(false));
     report(
         "kernel_then_signal",
         0,

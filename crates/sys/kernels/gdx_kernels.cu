@@ -51,6 +51,14 @@ __device__ __forceinline__ u64 ld_sys(const volatile u64* p) { return *p; }
 __device__ __forceinline__ void st_sys(volatile u64* p, u64 v) { *p = v; }
 __device__ __forceinline__ u32 flag_of(u64 w) { return (u32)(w >> 32); }
 
+// Busy-wait about `cycles` SM clock cycles (__nanosleep's granularity is too coarse to space
+// polls a fraction of a PCIe round trip apart).
+__device__ __forceinline__ void spin_cycles(u32 cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < (long long)cycles) {
+    }
+}
+
 __device__ __forceinline__ u32 round16(u32 w) { return (w + 15u) & ~15u; }
 
 // Store the bytes of payload word i (4 bytes, fewer at the tail) at dst + 4 i.
@@ -78,12 +86,18 @@ __device__ __forceinline__ u32 get_word(const unsigned char* src, u32 len, u32 i
 
 #define FLAG_RELEASE_DONE 1u
 #define FLAG_PIPELINED 2u
+#define FLAG_GPU_FENCE 4u
 
 // Publish "write `seq` is done": after the block's payload stores (ordered before it by the
 // barrier the caller passed), either a release store at system scope or a full system fence
 // and a volatile store.
 __device__ __forceinline__ void publish_done(u64* p, u64 seq, u32 flags) {
-    if (flags & FLAG_RELEASE_DONE) {
+    if (flags & FLAG_GPU_FENCE) {
+        // GPU scope: the payload stores are in L2, the point of coherence for device memory
+        // that every later kernel, copy engine and peer access goes through.
+        __threadfence();
+        st_sys((volatile u64*)p, seq);
+    } else if (flags & FLAG_RELEASE_DONE) {
         asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(seq) : "memory");
     } else {
         __threadfence_system();
@@ -112,6 +126,8 @@ extern "C" __global__ void gdx_mailbox(u64* base, u32 nslots, u32 max_words, u64
     if (poll_words < 4u) poll_words = 4u;
     if (poll_words > POLL_WORDS) poll_words = POLL_WORDS;
     const u32 inline_words = poll_words - HDR_WORDS;
+    // Spacing of the pipelined polls, in SM clock cycles (flags bits 16..31, x 8).
+    const u32 gap = (flags >> 16) * 8u;
 
     __shared__ u32 s_cmd;  // 1 an op for the block, 2 exit
     __shared__ u32 s_op, s_len, s_exit;
@@ -139,11 +155,11 @@ extern "C" __global__ void gdx_mailbox(u64* base, u32 nslots, u32 max_words, u64
                 u64 q0 = polls ? ld_sys(pw) : 0, q1 = 0, q2 = 0, q3 = 0;
                 const bool pipe = (flags & FLAG_PIPELINED) != 0;
                 if (pipe) {
-                    __nanosleep(150);
+                    spin_cycles(gap);
                     q1 = polls ? ld_sys(pw) : 0;
-                    __nanosleep(150);
+                    spin_cycles(gap);
                     q2 = polls ? ld_sys(pw) : 0;
-                    __nanosleep(150);
+                    spin_cycles(gap);
                     q3 = polls ? ld_sys(pw) : 0;
                 }
 // Look at one poll result: is the op (header and inline payload) all there? If not, reissue.
@@ -289,4 +305,71 @@ extern "C" __global__ void gdx_mark(u64* marker, u64 value) {
     if (threadIdx.x == 0 && blockIdx.x == 0) {
         st_sys((volatile u64*)marker, value);
     }
+}
+
+// The floor under the mailbox: one thread answers a host ping through mapped host memory, with
+// nothing else in the way. The host writes n to *ping; the thread sees it (polling, one 8-byte
+// load at a time), does the `mode`'s device-memory step, and writes n to *pong, which the host
+// spins on. Modes (what the same-run reference beside each mailbox row contains):
+//   0 nothing (the bare PCIe round trip: poll + posted write),
+//   1 store n to *dev, __threadfence_system() (a host→GPU write's completion, as the mailbox),
+//   2 store n to *dev, __threadfence() (the same with a GPU-scope fence),
+//   3 load *dev and xor it into the answer (a GPU→host read's device step; the host zeroes
+//     *dev first, so the answer is still n, but the store waits for the load).
+// Ends when *ping is ~0 or no new ping came for watchdog_ns; writes ~0 to *pong on the way out.
+// One look at a ping value: answer a new one, say whether to exit.
+__device__ __forceinline__ bool pingpong_step(u64 n, u64& last, u64& seen_at, volatile u64* vpong,
+                                              u64* dev, u32 mode, u64 watchdog_ns) {
+    if (n == ~0ull) return true;
+    if (n <= last) return now_ns() - seen_at > watchdog_ns;
+    last = n;
+    u64 answer = n;
+    if (mode == 1) {
+        ((volatile u64*)dev)[0] = n;
+        __threadfence_system();
+    } else if (mode == 2) {
+        ((volatile u64*)dev)[0] = n;
+        __threadfence();
+    } else if (mode == 3) {
+        answer = n ^ ((volatile u64*)dev)[0];
+    }
+    st_sys(vpong, answer);
+    seen_at = now_ns();
+    return false;
+}
+
+extern "C" __global__ void gdx_pingpong(u64* ping, u64* pong, u64* dev, u32 mode, u64 watchdog_ns,
+                                        u32 gap_cycles) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    volatile u64* vping = (volatile u64*)ping;
+    volatile u64* vpong = (volatile u64*)pong;
+    u64 last = 0;
+    u64 seen_at = now_ns();
+    if (gap_cycles == 0) {
+        while (!pingpong_step(ld_sys(vping), last, seen_at, vpong, dev, mode, watchdog_ns)) {
+        }
+    } else {
+        // Four polls in flight, issued gap_cycles apart and looked at in turn (each in its own
+        // register: reading one waits for that load only), so a ping is seen about a quarter
+        // of a read round trip after it lands instead of up to a whole one.
+        u64 q0 = ld_sys(vping);
+        spin_cycles(gap_cycles);
+        u64 q1 = ld_sys(vping);
+        spin_cycles(gap_cycles);
+        u64 q2 = ld_sys(vping);
+        spin_cycles(gap_cycles);
+        u64 q3 = ld_sys(vping);
+#define GDX_PP_STEP(q)                                                             \
+    {                                                                              \
+        u64 n = q;                                                                 \
+        q = ld_sys(vping);                                                         \
+        if (pingpong_step(n, last, seen_at, vpong, dev, mode, watchdog_ns)) break; \
+    }
+        for (;;) {
+            GDX_PP_STEP(q0) GDX_PP_STEP(q1) GDX_PP_STEP(q2) GDX_PP_STEP(q3)
+        }
+#undef GDX_PP_STEP
+    }
+    st_sys(vpong, ~0ull);
+    __threadfence_system();
 }

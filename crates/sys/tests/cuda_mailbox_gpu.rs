@@ -168,6 +168,10 @@ fn variants() -> Vec<MailboxConfig> {
             threads: 32,
             ..d
         },
+        MailboxConfig {
+            gpu_scope_done: true,
+            ..d
+        },
     ]
 }
 

@@ -7,13 +7,16 @@
 //!   whose latency is one copy plus `cuStreamSynchronize`.
 //! - `gpu<g>_async_signal`: a kernel, then a device-to-host copy of the row's size, then
 //!   `cuStreamWriteValue64` on a mapped word; the host spins on the word (GPUDirect Async: no
-//!   `cuStreamSynchronize`). Timed from the launch to the host seeing the word.
-//!   `gpu<g>_stream_sync` is the same work the usual way: launch, `cuStreamSynchronize`, copy,
-//!   `cuStreamSynchronize`.
+//!   `cuStreamSynchronize`). Timed from kernel done (the host sees the kernel's last store) to
+//!   the host seeing the word; the launch is out of the figure. `gpu<g>_stream_sync` is the
+//!   same work the usual way: kernel done, `cuStreamSynchronize`, copy, `cuStreamSynchronize`.
+//! - Beside the mailbox rows, the floor of the same run ([`gdx_sys::cuda::floor`]): one GPU
+//!   thread answering a host ping through mapped memory, bare and with the op's device step.
 //!
 //! Sizes above what one mailbox op carries ([`MAX_PAYLOAD`]) are waived per size with the
 //! reason. Without a GPU the cases are waived before anything is loaded (the PTX included).
 
+use gdx_sys::cuda::floor::{self, FloorStep};
 use gdx_sys::cuda::mailbox::MAX_PAYLOAD;
 use gdx_sys::cuda::probe::{fill_pattern, POISON};
 use gdx_sys::cuda::{
@@ -21,13 +24,14 @@ use gdx_sys::cuda::{
     Signal, Stream, Word,
 };
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::copy::SEED;
 use crate::case::{CaseSpec, Params};
 use crate::error::BenchError;
-use crate::host::{compare, fill_wall_row, wall_loop};
+use crate::host::{compare, fill_wall_row, wall_loop, Timed};
 use crate::report::{Row, Status};
+use crate::stats::CpuClock;
 use crate::Ctx;
 
 /// What a microsecond case runs.
@@ -68,8 +72,13 @@ pub fn run(
     let mut dev = DeviceBuffer::new(&c, w).map_err(e)?;
     // Kernels first: loading one while a persistent kernel runs may wait for it (CUDA's lazy
     // loading synchronises the context).
-    let module = match micro {
-        Micro::AsyncSignal | Micro::StreamSync => Some(Module::gdx_kernels(&c).map_err(e)?),
+    let module = Some(Module::gdx_kernels(&c).map_err(e)?);
+    // The mailbox rows' reference, measured before the mailbox starts (two persistent kernels
+    // would compete for the bus): one GPU thread answering a host ping, bare and with the
+    // op's device step.
+    let floor = match (micro, &module) {
+        (Micro::MailboxToGpu, Some(m)) => Some(Floor::measure(&c, m, FloorStep::StoreFenceSystem)?),
+        (Micro::MailboxToHost, Some(m)) => Some(Floor::measure(&c, m, FloorStep::Load)?),
         _ => None,
     };
     let mailbox = match micro {
@@ -144,6 +153,9 @@ pub fn run(
                     gdx_sys::cuda::mailbox::SPIN
                 ));
             }
+            if let (Some(f), Some(p50)) = (&floor, row.lat_p50_us) {
+                row.add_note(f.beside(p50));
+            }
             Ok(row)
         })();
         let mut row = r.unwrap_or_else(|m| Row::failed(spec, size, m.chain()));
@@ -156,8 +168,61 @@ pub fn run(
     Ok(())
 }
 
-/// The signal cases: a marker kernel, an `n`-byte copy to pinned host memory, then either a
-/// stream-written signal the host spins on, or two `cuStreamSynchronize`s.
+/// Round trips per floor measurement.
+const FLOOR_ROUNDS: usize = 5_000;
+
+/// The same-run floor beside a mailbox row: p50 of the bare GPU-polled round trip and of the
+/// one with the op's device step.
+struct Floor {
+    bare_us: f64,
+    step: FloorStep,
+    step_us: f64,
+}
+
+impl Floor {
+    fn measure(
+        c: &gdx_sys::cuda::Context,
+        m: &Module,
+        step: FloorStep,
+    ) -> Result<Floor, BenchError> {
+        let p50 = |s: FloorStep| -> Result<f64, BenchError> {
+            let us: Vec<f64> = floor::round_trips(c, m, s, 0, FLOOR_ROUNDS)
+                .map_err(e)?
+                .iter()
+                .map(|d| d.as_secs_f64() * 1e6)
+                .collect();
+            Ok(crate::stats::Summary::of(&us).map_or(f64::NAN, |s| s.median))
+        };
+        Ok(Floor {
+            bare_us: p50(FloorStep::Bare)?,
+            step,
+            step_us: p50(step)?,
+        })
+    }
+
+    fn beside(&self, p50_us: f64) -> String {
+        format!(
+            "floor (same run, one GPU thread answering a host ping through mapped memory): bare \
+             {:.2} µs, with {} {:.2} µs; this row p50 = {:.2}× the bare floor, {:.2}× the one \
+             with its device step",
+            self.bare_us,
+            self.step.name(),
+            self.step_us,
+            p50_us / self.bare_us,
+            p50_us / self.step_us
+        )
+    }
+}
+
+/// How long the marker kernel spins before its store: long enough that the host has queued
+/// everything behind it (the copy, the signal) before it ends, so launch and enqueue costs,
+/// the same for both ways, stay out of the figure.
+const SPIN_AHEAD: Duration = Duration::from_micros(30);
+
+/// The signal cases, timed from "kernel done" (the host sees the marker kernel's last store)
+/// to the host knowing the `n`-byte copy behind it landed in pinned host memory: through a
+/// stream-written signal the host spins on (queued before the kernel ended), or the usual way
+/// (`cuStreamSynchronize`, then the copy, then `cuStreamSynchronize`).
 #[allow(clippy::too_many_arguments)]
 fn signal_case(
     c: &gdx_sys::cuda::Context,
@@ -174,46 +239,63 @@ fn signal_case(
     let signal = Signal::new(c).map_err(e)?;
     let mut host = PinnedHostBuffer::new(c, n).map_err(e)?;
     stream.copy_from_pageable(dev, 0, pattern).map_err(e)?;
+    let lost = |what: &str| {
+        BenchError::Cuda(CudaError::InvalidArgument {
+            call: "cuStreamWriteValue64_v2",
+            reason: format!("{what} not seen within {SIGNAL_TIMEOUT:?}"),
+        })
+    };
     let mut last = 0u64;
-    let t = wall_loop(
-        params,
-        n as f64,
-        |_| Ok(()),
-        |i| {
-            last = i + 1;
-            stream
-                .launch_marker(module, Word::Mapped(&marker, 0), last, Duration::ZERO)
-                .map_err(e)?;
-            if micro == Micro::StreamSync {
+    let mut one = || -> Result<Duration, BenchError> {
+        last += 1;
+        stream
+            .launch_marker(module, Word::Mapped(&marker, 0), last, SPIN_AHEAD)
+            .map_err(e)?;
+        let ticket = if micro == Micro::AsyncSignal {
+            stream.copy_to_host_at(&mut host, 0, dev, 0, n).map_err(e)?;
+            Some(signal.arm(stream).map_err(e)?)
+        } else {
+            None
+        };
+        let word = marker.word(0).ok_or_else(|| lost("marker word"))?;
+        let waiting = Instant::now();
+        while word.load(Ordering::Acquire) != last {
+            if waiting.elapsed() > SIGNAL_TIMEOUT {
+                return Err(lost(&format!("marker {last}")));
+            }
+            std::hint::spin_loop();
+        }
+        let done = Instant::now();
+        match ticket {
+            Some(t) if !signal.wait(t, SIGNAL_TIMEOUT) => return Err(lost(&format!("signal {t}"))),
+            Some(_) => {}
+            None => {
+                stream.synchronize().map_err(e)?;
+                stream.copy_to_host_at(&mut host, 0, dev, 0, n).map_err(e)?;
                 stream.synchronize().map_err(e)?;
             }
-            stream.copy_to_host_at(&mut host, 0, dev, 0, n).map_err(e)?;
-            if micro == Micro::StreamSync {
-                return stream.synchronize().map_err(e);
-            }
-            let ticket = signal.arm(stream).map_err(e)?;
-            if !signal.wait(ticket, SIGNAL_TIMEOUT) {
-                return Err(BenchError::Cuda(CudaError::InvalidArgument {
-                    call: "cuStreamWriteValue64_v2",
-                    reason: format!("signal {ticket} not seen within {SIGNAL_TIMEOUT:?}"),
-                }));
-            }
-            Ok(())
-        },
-    )?;
+        }
+        Ok(done.elapsed())
+    };
+    let mut est = Duration::MAX;
+    for _ in 0..params.warmup.max(1) {
+        est = est.min(one()?);
+    }
+    let iters = params.plan_iters(est + SPIN_AHEAD);
+    let cpu = CpuClock::now();
+    let samples = (0..iters).map(|_| one()).collect::<Result<Vec<_>, _>>()?;
+    let t = Timed {
+        cpu_s_per_gb: cpu.per_gb_since(n as f64 * f64::from(iters)),
+        samples,
+    };
     fill_wall_row(row, n as f64, &t);
     stream.synchronize().map_err(e)?;
-    let seen = marker
-        .word(0)
-        .map(|w| w.load(Ordering::Acquire))
-        .unwrap_or(0);
-    if seen != last {
-        row.add_note(format!("marker {seen} after the last kernel, want {last}"));
-        row.verified = Some(false);
-    }
     row.add_note(match micro {
-        Micro::AsyncSignal => "kernel → copy → cuStreamWriteValue64; host spins on the mapped word",
-        _ => "kernel → cuStreamSynchronize → copy → cuStreamSynchronize",
+        Micro::AsyncSignal => {
+            "from kernel done (its last store seen by the host) → copy → cuStreamWriteValue64 seen; \
+             launch and enqueue excluded (the kernel spins 30 µs first)"
+        }
+        _ => "from kernel done (its last store seen by the host) → cuStreamSynchronize → copy → cuStreamSynchronize",
     });
     Ok(compare(host.as_slice().map_err(e)?, &pattern[..n]))
 }

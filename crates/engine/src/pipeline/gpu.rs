@@ -10,6 +10,7 @@
 //! mailbox, issue #20, is not used here yet).
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use gdx_sys::cuda::{
     Context, Cuda, DeviceBuffer, Kernel as CudaKernel, KernelArgs, LaunchDims, MappedHostBuffer,
@@ -30,6 +31,10 @@ const THREADS: u32 = 256;
 const MAX_BLOCKS: u32 = 1024;
 /// Words each thread reduces at least before another block is worth launching.
 const WORDS_PER_THREAD: u64 = 8;
+/// A frame in flight longer than this is a stalled stage, reported with what the GPU side
+/// shows (the signal word, whether the stream is idle): even a 1 GiB frame takes well under a
+/// second at PCIe rates, so this never trips on a healthy stage.
+const STALL: Duration = Duration::from_secs(10);
 
 /// Blocks for a frame of `len` bytes.
 fn blocks_for(len: usize) -> u32 {
@@ -50,11 +55,15 @@ pub struct GpuStage {
     counter: DeviceBuffer,
     out: MappedHostBuffer,
     signal: Signal,
-    /// (ticket, result index) of each frame in flight, oldest first.
-    inflight: VecDeque<(u64, usize)>,
+    /// (ticket, result index, submit time) of each frame in flight, oldest first.
+    inflight: VecDeque<(u64, usize, Instant)>,
     submitted: usize,
     /// Polls since the last stream check (see [`Stage::poll`]).
     polls: u32,
+    /// Host time spent in each submit step (copy, launch, signal), from submitted to seen
+    /// done, and frames, for
+    /// `GDX_STREAM_PROFILE=1` (printed when the stage is dropped).
+    profile: Option<([Duration; 4], u64)>,
     ctx: Context,
 }
 
@@ -125,6 +134,7 @@ impl GpuStage {
             inflight: VecDeque::new(),
             submitted: 0,
             polls: 0,
+            profile: std::env::var_os("GDX_STREAM_PROFILE").map(|_| ([Duration::ZERO; 4], 0)),
             ctx,
         })
     }
@@ -160,7 +170,9 @@ impl Stage for GpuStage {
                 dst.len()
             )));
         }
+        let t0 = Instant::now();
         self.stream.copy_to_device_at(dst, 0, src, 0, len)?;
+        let t1 = Instant::now();
         let mut args = KernelArgs::new();
         args.push_u64(dst.as_raw())
             .push_u64(len as u64)
@@ -180,14 +192,22 @@ impl Stage for GpuStage {
                 &mut args,
             )?;
         }
+        let t2 = Instant::now();
         let ticket = self.signal.arm(&self.stream)?;
-        self.inflight.push_back((ticket, i));
+        let t3 = Instant::now();
+        if let Some((steps, frames)) = &mut self.profile {
+            steps[0] += t1 - t0;
+            steps[1] += t2 - t1;
+            steps[2] += t3 - t2;
+            *frames += 1;
+        }
+        self.inflight.push_back((ticket, i, t3));
         self.submitted = self.submitted.wrapping_add(1);
         Ok(())
     }
 
     fn poll(&mut self) -> Result<Option<Output>> {
-        let Some(&(ticket, i)) = self.inflight.front() else {
+        let Some(&(ticket, i, since)) = self.inflight.front() else {
             return Ok(None);
         };
         if !self.signal.reached(ticket) {
@@ -197,8 +217,24 @@ impl Stage for GpuStage {
             if !self.polls.is_multiple_of(256) {
                 return Ok(None);
             }
-            if !self.stream.is_idle()? || self.signal.reached(ticket) {
+            let idle = self.stream.is_idle()?;
+            if self.signal.reached(ticket) {
                 return Ok(None);
+            }
+            if !idle {
+                if since.elapsed() < STALL {
+                    return Ok(None);
+                }
+                return Err(Error::Unavailable(format!(
+                    "GPU{}: frame ticket {ticket} has been in flight for {:.1} s and its stream \
+                     is still busy (signal word {}, {} frames in flight, {} submitted): the \
+                     copy or the checksum kernel does not finish",
+                    self.gpu,
+                    since.elapsed().as_secs_f64(),
+                    self.signal.value(),
+                    self.inflight.len(),
+                    self.submitted
+                )));
             }
             return Err(Error::Unavailable(format!(
                 "GPU{}: the stream finished its queued work but the signal for frame ticket \
@@ -209,6 +245,9 @@ impl Stage for GpuStage {
             )));
         }
         self.inflight.pop_front();
+        if let Some((steps, _)) = &mut self.profile {
+            steps[3] += since.elapsed();
+        }
         // The signal is written after the kernel (stream order, with its memory barrier), and
         // the kernel fenced its result words to the system first: they are final.
         let word = |k: usize| {
@@ -227,6 +266,16 @@ impl Drop for GpuStage {
         if let Err(e) = self.stream.synchronize() {
             log::warn!("gdx stream: GPU stage stream did not finish cleanly: {e}");
         }
+        if let Some((steps, frames)) = self.profile.filter(|p| p.1 > 0) {
+            let us = |d: Duration| d.as_secs_f64() * 1e6 / frames as f64;
+            eprintln!(
+                "gdx stream profile: {frames} frames, host µs per frame: copy {:.2}, launch {:.2}, signal {:.2}; submitted → seen done {:.2}",
+                us(steps[0]),
+                us(steps[1]),
+                us(steps[2]),
+                us(steps[3])
+            );
+        }
     }
 }
 
@@ -241,5 +290,53 @@ mod tests {
         assert_eq!(blocks_for(4096), 1);
         assert_eq!(blocks_for(4 << 20), 512);
         assert_eq!(blocks_for(1 << 30), MAX_BLOCKS);
+    }
+
+    /// One frame through the stage step by step, on the thread that opened it and then on
+    /// another thread (as the pipeline runs it), each wait bounded: a stage that never
+    /// completes fails here with the signal word and the stream state, not a hang.
+    #[test]
+    #[ignore = "requires a CUDA GPU"]
+    fn one_frame_at_a_time_on_the_opening_thread_and_on_another() {
+        let gpu = std::env::var("GDX_TEST_GPU")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let mut stage = GpuStage::open(gpu, 2, 4096 + 3).unwrap();
+        let mut slots = [
+            stage.alloc(4096 + 3).unwrap(),
+            stage.alloc(4096 + 3).unwrap(),
+        ];
+        let one = |stage: &mut GpuStage, slot: &mut SlotMem, len: usize, tag: u8| {
+            let bytes = slot.bytes_mut().unwrap();
+            for (k, b) in bytes[..len].iter_mut().enumerate() {
+                *b = (k as u8).wrapping_mul(31).wrapping_add(tag);
+            }
+            let want = super::super::checksum(&bytes[..len]);
+            stage.submit(slot, len).unwrap();
+            let start = Instant::now();
+            loop {
+                if let Some(out) = stage.poll().unwrap() {
+                    assert_eq!(out, want, "frame {tag} of {len} bytes");
+                    return;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "frame {tag}: no completion after 20 s (signal word {}, stream idle {:?})",
+                    stage.signal.value(),
+                    stage.stream.is_idle()
+                );
+                std::hint::spin_loop();
+            }
+        };
+        let [a, b] = &mut slots;
+        one(&mut stage, a, 4096, 1);
+        one(&mut stage, b, 7, 2);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                one(&mut stage, a, 4096 + 3, 3);
+                one(&mut stage, b, 1, 4);
+            });
+        });
     }
 }

@@ -49,6 +49,7 @@ mod device;
 mod endpoint;
 mod error;
 mod event;
+pub mod floor;
 pub mod mailbox;
 mod mapped;
 mod mapping;

@@ -35,6 +35,8 @@ pub const OP_READ: u32 = 2;
 pub const FLAG_RELEASE_DONE: u32 = 1;
 /// Kernel flag: four staggered polls in flight per lane.
 pub const FLAG_PIPELINED: u32 = 2;
+/// Kernel flag: publish a write's completion after a GPU-scope fence (`__threadfence()`).
+pub const FLAG_GPU_FENCE: u32 = 4;
 
 /// Longest payload one op carries, bytes (8 KiB: past the measured crossover, so
 /// `gdx calibrate` can find it).
@@ -183,6 +185,7 @@ mod tests {
             ("OP_READ", OP_READ),
             ("FLAG_RELEASE_DONE", FLAG_RELEASE_DONE),
             ("FLAG_PIPELINED", FLAG_PIPELINED),
+            ("FLAG_GPU_FENCE", FLAG_GPU_FENCE),
         ] {
             let v = if name.starts_with("FLAG") {
                 format!("{v}u")
