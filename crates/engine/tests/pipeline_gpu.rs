@@ -42,6 +42,9 @@ fn cfg(slots: usize, policy: BackPressure, frames: u64) -> PipelineConfig {
     }
 }
 
+/// Frames of at most this size take the service kernel unless the copy engine is forced.
+const SERVICE_MAX: usize = 8 << 10;
+
 #[test]
 #[ignore = "requires a CUDA GPU"]
 fn gpu_results_equal_the_cpu_checksum_for_every_frame_and_size() {
@@ -52,17 +55,32 @@ fn gpu_results_equal_the_cpu_checksum_for_every_frame_and_size() {
         (4096 + 3, 2000),
         (1 << 20, 300),
         ((4 << 20) + 1, 100),
-    ] {
+        (SERVICE_MAX, 3000),
+        (SERVICE_MAX + 1, 1000),
+    ]
+    .into_iter()
+    .flat_map(|f| [(f, false), (f, true)])
+    {
+        let ((len, frames), copy_engine_only) = (len, frames);
         let sink = Collect::default();
-        let rep = Pipeline::new(cfg(8, BackPressure::Block, frames))
-            .run_gpu(
-                gpu(),
-                Synthetic::new(len, None).unwrap(),
-                sink.clone(),
-                |_| {},
-            )
-            .unwrap();
+        let rep = Pipeline::new(PipelineConfig {
+            copy_engine_only,
+            ..cfg(8, BackPressure::Block, frames)
+        })
+        .run_gpu(
+            gpu(),
+            Synthetic::new(len, None).unwrap(),
+            sink.clone(),
+            |_| {},
+        )
+        .unwrap();
         assert!(rep.stage.starts_with("gpu"), "{}", rep.stage);
+        assert_eq!(
+            rep.stage.contains("service kernel"),
+            len <= SERVICE_MAX && !copy_engine_only,
+            "len {len}: {}",
+            rep.stage
+        );
         assert_eq!((rep.frames_delivered, rep.drops), (frames, 0), "len {len}");
         let got = sink.0.lock().unwrap();
         for (i, r) in got.iter().enumerate() {

@@ -73,6 +73,11 @@ pub struct StreamArgs {
     #[arg(long, value_name = "N")]
     gpu: Option<u32>,
 
+    /// With --gpu: use the copy-engine stage even for frames of 8 KiB or less, which otherwise
+    /// go to a persistent service kernel reading them in place (it reserves one SM).
+    #[arg(long, requires = "gpu")]
+    copy_engine: bool,
+
     /// The processing kernel: checksum (position-weighted word sum + sum of squares).
     #[arg(long, value_name = "KERNEL", default_value = "checksum")]
     kernel: String,
@@ -218,6 +223,7 @@ pub fn run(args: &StreamArgs) -> Result<ExitCode> {
         policy: args.policy,
         duration: Some(args.duration),
         max_frames: args.frames,
+        copy_engine_only: args.copy_engine,
         ..PipelineConfig::default()
     };
     let cpu = CpuClock::now();

@@ -6,8 +6,8 @@
 //! back to the source, when the counter has reached the frame's ticket.
 //!
 //! Everything is queued on one stream, so copies, kernels and signals run in frame order and
-//! one reduction scratch buffer serves every frame. Small frames take the same path (the
-//! mailbox, issue #20, is not used here yet).
+//! one reduction scratch buffer serves every frame. Frames of at most 8 KiB take the service
+//! kernel instead (`gpu_service`), unless the pipeline is told to use the copy engine only.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -86,24 +86,17 @@ impl GpuStage {
     /// run host-only); [`Error::Cuda`] when a CUDA call fails (the PTX does not load, out of
     /// memory, no stream memory operations).
     pub fn open(gpu: u32, slots: usize, slot_bytes: usize) -> Result<GpuStage> {
-        let cuda = Cuda::load().map_err(|e| {
-            Error::Unavailable(format!(
-                "--gpu {gpu}: no CUDA driver ({e}); run without --gpu for the host-only pipeline"
-            ))
-        })?;
-        let count = cuda.device_count()?;
-        if gpu >= count {
-            return Err(Error::Unavailable(format!(
-                "--gpu {gpu}: GPU{gpu} is not present (this machine has {count} GPU{}); run without --gpu for the host-only pipeline",
-                if count == 1 { "" } else { "s" }
-            )));
-        }
         if slots == 0 || slot_bytes == 0 {
             return Err(Error::InvalidArgument(
                 "the GPU stage needs at least one slot of at least one byte".into(),
             ));
         }
-        let ctx = cuda.context(gpu)?;
+        let cuda = Cuda::load().map_err(|e| {
+            Error::Unavailable(format!(
+                "--gpu {gpu}: no CUDA driver ({e}); run without --gpu for the host-only pipeline"
+            ))
+        })?;
+        let ctx = context_for(&cuda, gpu)?;
         let module = Module::load_ptx(&ctx, STREAM_CHECKSUM_PTX)?;
         let kernel = module.kernel("gdx_stream_checksum")?;
         let stream = Stream::new(&ctx)?;
@@ -138,6 +131,18 @@ impl GpuStage {
             ctx,
         })
     }
+}
+
+/// The context of GPU `gpu`, or an error saying it is not there and how to run without it.
+pub(super) fn context_for(cuda: &Cuda, gpu: u32) -> Result<Context> {
+    let count = cuda.device_count()?;
+    if gpu >= count {
+        return Err(Error::Unavailable(format!(
+            "--gpu {gpu}: GPU{gpu} is not present (this machine has {count} GPU{}); run without --gpu for the host-only pipeline",
+            if count == 1 { "" } else { "s" }
+        )));
+    }
+    Ok(cuda.context(gpu)?)
 }
 
 impl Stage for GpuStage {

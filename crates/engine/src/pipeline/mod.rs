@@ -32,6 +32,7 @@
 //! ```
 
 mod gpu;
+mod gpu_service;
 mod kernel;
 mod peer;
 mod report;
@@ -104,6 +105,9 @@ pub struct PipelineConfig {
     /// Upper bound on ring memory (`slots` × slot size), so a typo in a size fails instead of
     /// exhausting memory.
     pub max_ring_bytes: u64,
+    /// GPU runs: take the copy-engine stage even for frames the service kernel would take
+    /// (≤ 8 KiB), e.g. to compare the two or to keep the SM the service kernel reserves.
+    pub copy_engine_only: bool,
 }
 
 impl Default for PipelineConfig {
@@ -116,6 +120,7 @@ impl Default for PipelineConfig {
             progress_every: Duration::from_millis(500),
             latency_samples: 4 << 20,
             max_ring_bytes: 16 << 30,
+            copy_engine_only: false,
         }
     }
 }
@@ -170,7 +175,14 @@ impl Pipeline {
         sink: impl Sink,
         progress: impl FnMut(&Progress),
     ) -> Result<StreamReport> {
-        let stage = GpuStage::open(gpu, self.cfg.slots, source.max_frame())?;
+        // Small frames take the service kernel (no driver call per frame), larger ones the
+        // copy engine; the report's `stage` says which.
+        let frame = source.max_frame();
+        if frame <= gpu_service::SERVICE_MAX_FRAME && !self.cfg.copy_engine_only {
+            let stage = gpu_service::ServiceStage::open(gpu, self.cfg.slots, frame)?;
+            return run::run(&self.cfg, source, stage, sink, progress);
+        }
+        let stage = GpuStage::open(gpu, self.cfg.slots, frame)?;
         run::run(&self.cfg, source, stage, sink, progress)
     }
 }

@@ -6,16 +6,26 @@
 
 use std::collections::VecDeque;
 
-use gdx_sys::cuda::PinnedHostBuffer;
+use std::sync::Arc;
+
+use gdx_sys::cuda::{MappedHostBuffer, PinnedHostBuffer};
 
 use super::kernel::{Kernel, Output};
 use crate::error::{Error, Result};
 
-/// A slot's memory: plain host memory for a CPU stage, pinned memory for the GPU stage (so the
-/// copy engine reads it directly).
+/// A slot's memory: plain host memory for a CPU stage, pinned memory for the copy-engine GPU
+/// stage (so the copy engine reads it directly), mapped pinned memory for the service-kernel
+/// stage (the kernel reads it in place).
 pub(crate) enum SlotMem {
     Host(Box<[u8]>),
     Pinned(PinnedHostBuffer),
+    /// Slot `index` of a [`super::gpu_service::ServiceStage`], `len` usable bytes. The stage
+    /// keeps its own reference, so the memory is freed only after its kernel stopped.
+    Mapped {
+        buf: Arc<MappedHostBuffer>,
+        index: usize,
+        len: usize,
+    },
 }
 
 impl SlotMem {
@@ -23,6 +33,9 @@ impl SlotMem {
         match self {
             SlotMem::Host(b) => Ok(b),
             SlotMem::Pinned(p) => Ok(p.as_slice()?),
+            // SAFETY: the service kernel only reads a slot, and only while its frame is in
+            // flight; nothing else writes it while the pipeline holds this `&SlotMem`.
+            SlotMem::Mapped { buf, len, .. } => Ok(unsafe { &buf.bytes()[..*len] }),
         }
     }
 
@@ -30,6 +43,11 @@ impl SlotMem {
         match self {
             SlotMem::Host(b) => Ok(b),
             SlotMem::Pinned(p) => Ok(p.as_mut_slice()?),
+            // SAFETY: a slot is handed to the source (`&mut SlotMem`) only when it is not in
+            // flight: the stage returns it after the kernel's completion tag for its frame, and
+            // the kernel reads a slot only between its submission word (written after this
+            // borrow ended) and that tag. Each slot is one allocation no other slot shares.
+            SlotMem::Mapped { buf, len, .. } => Ok(unsafe { &mut buf.bytes_mut()[..*len] }),
         }
     }
 }

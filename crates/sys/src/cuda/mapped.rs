@@ -138,6 +138,32 @@ impl MappedHostBuffer {
         })
     }
 
+    /// All the bytes, for a protocol in which device code reads or writes them only at times
+    /// the caller excludes (e.g. a persistent kernel reads a slot only between the host's
+    /// submission of it and the kernel's completion word, and the host writes it only outside
+    /// that window).
+    ///
+    /// # Safety
+    ///
+    /// While the returned slice lives, no device code (kernel, stream operation, copy) and no
+    /// other host code reads or writes these bytes.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn bytes_mut(&self) -> &mut [u8] {
+        // SAFETY: the memory is `len()` initialised bytes (zeroed at allocation) owned by
+        // `self`; exclusivity is the caller's contract above.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().cast::<u8>(), self.len()) }
+    }
+
+    /// All the bytes, read-only, under the same kind of protocol as [`Self::bytes_mut`].
+    ///
+    /// # Safety
+    ///
+    /// While the returned slice lives, nothing (device code or host) writes these bytes.
+    pub unsafe fn bytes(&self) -> &[u8] {
+        // SAFETY: as in `bytes_mut`; no writer is the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<u8>(), self.len()) }
+    }
+
     /// Wait on the host until every stream operation queued on the buffer is done.
     pub fn synchronize(&self) -> Result<(), CudaError> {
         self.pending.synchronize()
