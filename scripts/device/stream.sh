@@ -47,7 +47,7 @@ tail -n 3 "$OUT/stream-4MiB.err" | tee -a "$OUT/log.txt"
 
 # 3. 4 KiB frames at 100k frames/s for 20 s, drop policy so any loss is counted, not hidden.
 log "stream: 4 KiB frames at 100k frames/s, 20 s, drop"
-timeout -k 5 27 "$GDX" stream --gpu "$G" --frame 4KiB --fps 100000 --slots 64 --policy drop \
+timeout -k 5 27 "$GDX" stream --gpu "$G" --frame 4KiB --fps 100000 --slots 512 --policy drop \
   --duration 20s --json --plot "$OUT/stream-4KiB-latency.svg" \
   >"$OUT/stream-4KiB.json" 2>"$OUT/stream-4KiB.err"
 log "stream 4KiB rc=$?"

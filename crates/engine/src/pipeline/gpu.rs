@@ -5,16 +5,17 @@
 //! counter behind it. The host never synchronises the stream: a frame is done, and its slot goes
 //! back to the source, when the counter has reached the frame's ticket.
 //!
-//! Everything is queued on one stream, so copies, kernels and signals run in frame order and
-//! one reduction scratch buffer serves every frame. Frames of at most 8 KiB take the service
+//! Copies run on a stream of their own, back to back, so the copy engine never waits for a
+//! kernel; each kernel waits for its frame's copy (an event) on the compute stream, where
+//! kernels and signals run in frame order and one reduction scratch buffer serves every frame. Frames of at most 8 KiB take the service
 //! kernel instead (`gpu_service`), unless the pipeline is told to use the copy engine only.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use gdx_sys::cuda::{
-    Context, Cuda, DeviceBuffer, Kernel as CudaKernel, KernelArgs, LaunchDims, MappedHostBuffer,
-    Module, PinnedHostBuffer, Signal, Stream,
+    Context, Cuda, DeviceBuffer, Event, Kernel as CudaKernel, KernelArgs, LaunchDims,
+    MappedHostBuffer, Module, PinnedHostBuffer, Signal, Stream,
 };
 
 use super::kernel::Output;
@@ -47,8 +48,11 @@ fn blocks_for(len: usize) -> u32 {
 pub struct GpuStage {
     gpu: u32,
     name: String,
-    // Field order is drop order after `Drop::drop` synchronised the stream.
+    // Field order is drop order after `Drop::drop` synchronised the streams.
     stream: Stream,
+    copies: Stream,
+    /// Per GPU slot: recorded on `copies` after the slot's copy, waited for by `stream`.
+    copied: Vec<Event>,
     kernel: CudaKernel,
     dev: Vec<DeviceBuffer>,
     partials: DeviceBuffer,
@@ -100,6 +104,10 @@ impl GpuStage {
         let module = Module::load_ptx(&ctx, STREAM_CHECKSUM_PTX)?;
         let kernel = module.kernel("gdx_stream_checksum")?;
         let stream = Stream::new(&ctx)?;
+        let copies = Stream::new(&ctx)?;
+        let copied = (0..slots)
+            .map(|_| Event::without_timing(&ctx))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         let dev = (0..slots)
             .map(|_| DeviceBuffer::new(&ctx, slot_bytes))
             .collect::<std::result::Result<Vec<_>, _>>()?;
@@ -118,6 +126,8 @@ impl GpuStage {
             gpu,
             name,
             stream,
+            copies,
+            copied,
             kernel,
             dev,
             partials,
@@ -176,7 +186,9 @@ impl Stage for GpuStage {
             )));
         }
         let t0 = Instant::now();
-        self.stream.copy_to_device_at(dst, 0, src, 0, len)?;
+        self.copies.copy_to_device_at(dst, 0, src, 0, len)?;
+        self.copied[i].record(&self.copies)?;
+        self.stream.wait_event(&self.copied[i])?;
         let t1 = Instant::now();
         let mut args = KernelArgs::new();
         args.push_u64(dst.as_raw())
@@ -188,8 +200,9 @@ impl Stage for GpuStage {
         // number, order and size (pointers as u64); the frame buffer holds `len` bytes, the
         // partials 2 x MAX_BLOCKS words (the grid is at most MAX_BLOCKS), the counter one word,
         // and result slot `i` two words of the mapped buffer. All belong to `self`, and `Drop`
-        // synchronises the stream before any is freed; slot `i` is not reused before this
-        // frame's signal (at most `slots` frames are in flight).
+        // synchronises both streams before any is freed; the kernel starts after the slot's
+        // copy (the event), and slot `i` is not copied into again before this frame's signal
+        // (at most `slots` frames are in flight).
         unsafe {
             self.stream.launch(
                 &self.kernel,
@@ -268,8 +281,10 @@ impl Stage for GpuStage {
 impl Drop for GpuStage {
     fn drop(&mut self) {
         // Nothing may be freed while a copy or kernel still uses it.
-        if let Err(e) = self.stream.synchronize() {
-            log::warn!("gdx stream: GPU stage stream did not finish cleanly: {e}");
+        for s in [&self.copies, &self.stream] {
+            if let Err(e) = s.synchronize() {
+                log::warn!("gdx stream: GPU stage stream did not finish cleanly: {e}");
+            }
         }
         if let Some((steps, frames)) = self.profile.filter(|p| p.1 > 0) {
             let us = |d: Duration| d.as_secs_f64() * 1e6 / frames as f64;

@@ -139,7 +139,7 @@ impl ServiceStage {
                 .spawn(move || heartbeat(&ctl, &stop))
                 .map_err(|e| stage_err(gpu, format!("cannot start the heartbeat thread: {e}")))?
         };
-        let mut stage = ServiceStage {
+        let stage = ServiceStage {
             gpu,
             name,
             slots: bufs,
@@ -173,11 +173,9 @@ impl ServiceStage {
         // stops the kernel and synchronises the stream before anything is freed (the slots
         // the pipeline holds are Arcs, freed only after this stage dropped its own).
         unsafe {
-            stage.stream.launch(
-                &stage._kernel,
-                LaunchDims::single_block(THREADS),
-                &mut args,
-            )?
+            stage
+                .stream
+                .launch(&stage._kernel, LaunchDims::single_block(THREADS), &mut args)?
         };
         let start = Instant::now();
         while stage.ctl_word(CTL_STATE) != 1 {
@@ -196,9 +194,7 @@ impl ServiceStage {
     }
 
     fn ctl_word(&self, i: usize) -> u64 {
-        self.ctl
-            .word(i)
-            .map_or(0, |w| w.load(Ordering::Acquire))
+        self.ctl.word(i).map_or(0, |w| w.load(Ordering::Acquire))
     }
 }
 
@@ -250,7 +246,10 @@ impl Stage for ServiceStage {
     }
 
     fn submit(&mut self, slot: &SlotMem, len: usize) -> Result<()> {
-        let SlotMem::Mapped { index, len: cap, .. } = slot else {
+        let SlotMem::Mapped {
+            index, len: cap, ..
+        } = slot
+        else {
             return Err(Error::InvalidArgument(
                 "the service stage reads its own mapped slots only".into(),
             ));
@@ -261,7 +260,10 @@ impl Stage for ServiceStage {
             )));
         }
         if self.submitted - self.done >= self.depth as u64 {
-            return Err(stage_err(self.gpu, "more frames in flight than slots (a bug)".into()));
+            return Err(stage_err(
+                self.gpu,
+                "more frames in flight than slots (a bug)".into(),
+            ));
         }
         let k = self.submitted;
         let word = ((k + 1) << 32) | ((*index as u64) << 20) | len as u64;
@@ -282,7 +284,11 @@ impl Stage for ServiceStage {
         }
         let k = self.done;
         let at = 3 * (k % self.depth as u64) as usize;
-        let word = |i: usize| self.out.word(at + i).map_or(0, |w| w.load(Ordering::Acquire));
+        let word = |i: usize| {
+            self.out
+                .word(at + i)
+                .map_or(0, |w| w.load(Ordering::Acquire))
+        };
         if word(2) != k + 1 {
             let state = self.ctl_word(CTL_STATE);
             if state != 1 {
