@@ -4,13 +4,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
+mod common;
+
+use common::{gdx, success_json, success_text};
+
 use predicates::prelude::*;
 use serde_json::Value;
-
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
 
 /// The fields every result row has, per docs/bench/README.md.
 const ROW_FIELDS: &[&str] = &[
@@ -129,12 +128,7 @@ fn table_csv_and_plot() {
         .arg(&svg)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = success_text(&out);
     assert!(text.contains("gdx bench"));
     assert!(text.contains("GB/s = 1e9 bytes/s"));
     assert!(text.contains("mock_host_to_host_fast [mock, host → host]"));
@@ -272,12 +266,7 @@ fn loopback_host_paths_run_and_verify() {
         ])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = success_json(&out);
     let rows = v["results"].as_array().unwrap();
     assert_eq!(rows.len(), 4);
     assert!(rows

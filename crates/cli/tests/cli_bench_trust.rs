@@ -5,13 +5,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
+mod common;
+
+use common::{gdx, success_text};
+
 use predicates::prelude::*;
 use serde_json::Value;
-
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
 
 fn json_of(out: &std::process::Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -285,8 +284,7 @@ fn quiet_prints_only_the_summary_and_color_follows_the_flag() {
         ])
         .output()
         .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = success_text(&out);
     assert!(text.starts_with("summary\n"), "{text}");
     assert!(
         !text.contains("#bytes") && !text.contains("method:"),

@@ -3,13 +3,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
+mod common;
+
+use common::gdx;
+
 use gdx_sys::cuda::probe::pattern;
 use predicates::prelude::*;
-
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
 
 #[test]
 fn file_to_host_with_verify_reports_path_rate_ceiling_and_check() {

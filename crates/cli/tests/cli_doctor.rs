@@ -2,19 +2,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
+mod common;
+
+use common::{gdx, success_text};
+
 use gdx_topo::fixture::h200x2_capture as h200_capture;
 use predicates::prelude::*;
-
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
 
 #[test]
 fn list_names_the_stable_check_ids() {
     let out = gdx().args(["doctor", "--list"]).output().unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = success_text(&out);
     for id in [
         "driver",
         "cuda",

@@ -2,12 +2,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
-use predicates::prelude::*;
+mod common;
 
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
+use common::gdx;
+
+use predicates::prelude::*;
 
 /// `gdx --version` names the build: version, git commit and date, like the bench header.
 #[test]

@@ -3,18 +3,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
+mod common;
+
+use common::{gdx, success_json};
+
 // The synthetic machines of gdx-nccl's own tests, so both suites judge the same trees.
 #[path = "../../nccl/tests/common/mod.rs"]
 mod machines;
 
-use assert_cmd::Command;
 use machines::rail_machine;
 use predicates::prelude::*;
 use std::path::PathBuf;
-
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
 
 fn log(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -147,8 +146,7 @@ fn env_for_nd_h100_v5_json_names_each_gpus_pix_nic() {
         .arg(dir.join("nccl_topo_azure_ndv5-topo.xml"))
         .output()
         .unwrap();
-    assert!(out.status.success());
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = success_json(&out);
     let gpus = v["gpus"].as_array().unwrap();
     assert_eq!(gpus.len(), 8);
     assert!(gpus.iter().all(|g| g["nearest"][0]["class"] == "PIX"));

@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
+mod common;
+
 use gdx_engine::{Access, Agent, AgentConfig, Error, Secret, Transfer};
 use gdx_sys::cuda::probe::fill_pattern;
 use std::io::{BufRead, BufReader};
@@ -32,13 +34,7 @@ fn secret_file() -> PathBuf {
     .clone()
 }
 
-struct Server(std::process::Child);
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+type Server = common::Killed;
 
 /// Starts `gdx serve` with the test's secret file (unless `args` says otherwise).
 fn start(args: &[&str]) -> (Server, String) {
@@ -61,18 +57,8 @@ fn start(args: &[&str]) -> (Server, String) {
 /// Starts `gdx serve ARGS`; returns the stdout lines up to and including GDX_SERVE (and the
 /// secret line, if one follows).
 fn start_raw(args: &[&str]) -> (Server, Vec<String>) {
-    let exe = assert_cmd::cargo::cargo_bin("gdx");
-    let mut child = Command::new(exe)
-        .arg("serve")
-        .args(args)
-        .env_remove("GDX_SECRET_FILE")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start gdx serve");
-    let out = child.stdout.take().unwrap();
-    let server = Server(child);
-    let mut lines = BufReader::new(out).lines();
+    let (server, mut lines) =
+        common::spawn_lines(common::gdx_serve().args(args).env_remove("GDX_SECRET_FILE"));
     let mut got = Vec::new();
     for l in lines.by_ref() {
         let l = l.expect("stdout");
@@ -260,7 +246,7 @@ fn insecure_prints_a_warning_and_bad_limits_are_refused() {
         .unwrap();
     let out = child.stdout.take().unwrap();
     let err = child.stderr.take().unwrap();
-    let server = Server(child);
+    let server = common::Killed(child);
     let lines: Vec<String> = BufReader::new(out)
         .lines()
         .map_while(|l| l.ok())

@@ -3,12 +3,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
-use predicates::prelude::*;
+mod common;
 
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
+use common::{gdx, success_json};
+
+use predicates::prelude::*;
 
 #[test]
 fn host_only_json_report_counts_every_frame_and_says_where_the_kernel_ran() {
@@ -28,12 +27,7 @@ fn host_only_json_report_counts_every_frame_and_says_where_the_kernel_ran() {
         .arg(&plot)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = success_json(&out);
     let r = &v["report"];
     assert_eq!(r["frames_produced"], 400);
     assert_eq!(r["frames_delivered"], 400);
