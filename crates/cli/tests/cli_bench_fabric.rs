@@ -131,18 +131,10 @@ fn unknown_provider_waives_the_fabric_cases_naming_it() {
 fn fabric_against_a_gdx_serve_peer() {
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("secret");
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&secret)
-            .unwrap();
-        let s = gdx_engine::Secret::generate().unwrap();
-        std::io::Write::write_all(&mut f, s.reveal().as_bytes()).unwrap();
-    }
+    gdx_engine::Secret::generate()
+        .unwrap()
+        .write_file(&secret)
+        .unwrap();
     let (_server, mut lines) = spawn_lines(
         gdx_serve()
             .args(["--listen", "127.0.0.1:0", "--size", "1MiB"])

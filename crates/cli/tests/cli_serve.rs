@@ -17,18 +17,10 @@ use std::time::Duration;
 fn secret_file() -> PathBuf {
     static F: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     F.get_or_init(|| {
-        use std::os::unix::fs::OpenOptionsExt;
         // Under the target dir, not $TMPDIR: nothing is left outside the build.
         let p = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("gdx-cli-serve-secret-{}", std::process::id()));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&p)
-            .unwrap();
-        std::io::Write::write_all(&mut f, Secret::generate().unwrap().reveal().as_bytes()).unwrap();
+        Secret::generate().unwrap().write_file(&p).unwrap();
         p
     })
     .clone()
