@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{gdx, success_json, success_text};
+use common::{gdx, refused, success_json, success_text};
 
 use predicates::prelude::*;
 use serde_json::Value;
@@ -243,12 +243,13 @@ fn compare_refuses_a_file_that_is_not_a_report() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("x.json");
     std::fs::write(&f, "{\"a\": 1}").unwrap();
-    gdx()
-        .args(["bench", "--mock", "--compare"])
-        .arg(&f)
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("schema_version"));
+    refused(
+        gdx()
+            .args(["bench", "--mock", "--compare"])
+            .arg(&f)
+            .assert(),
+        "schema_version",
+    );
 }
 
 #[test]
@@ -299,11 +300,12 @@ fn calibrate_show_prints_a_calibration_file() {
         .success()
         .stdout(predicate::str::contains("staged   over p2p"))
         .stderr(predicate::str::contains("deprecated"));
-    gdx()
-        .args(["calibrate", "--show", "/nonexistent/cal.json"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("/nonexistent/cal.json"));
+    refused(
+        gdx()
+            .args(["calibrate", "--show", "/nonexistent/cal.json"])
+            .assert(),
+        "/nonexistent/cal.json",
+    );
 }
 
 #[test]

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{gdx, success_text};
+use common::{gdx, refused, success_text};
 
 use predicates::prelude::*;
 use serde_json::Value;
@@ -71,11 +71,12 @@ fn bench_and_calibrate_read_gb_as_1e9_and_gib_as_2_30() {
         .map(|r| r["size_bytes"].as_u64().unwrap())
         .collect();
     assert_eq!(sizes, vec![1_000_000_000, 1 << 30]);
-    gdx()
-        .args(["bench", "--dry-run", "--staged-chunk", "1XB"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("unknown unit"));
+    refused(
+        gdx()
+            .args(["bench", "--dry-run", "--staged-chunk", "1XB"])
+            .assert(),
+        "unknown unit",
+    );
 }
 
 #[test]
@@ -331,11 +332,7 @@ fn a_pair_naming_a_missing_gpu_says_so() {
             "GPU5 is not present (this machine has 2 GPUs)",
         ))
         .stderr(predicate::str::contains("no case left").not());
-    gdx()
-        .args(["bench", "--pair", "0,97"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("GPU97"))
+    refused(gdx().args(["bench", "--pair", "0,97"]).assert(), "GPU97")
         .stderr(predicate::str::contains("not present (this machine has"));
 }
 

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::gdx;
+use common::{gdx, refused};
 
 use gdx_sys::cuda::probe::pattern;
 use predicates::prelude::*;
@@ -94,28 +94,27 @@ fn bad_locations_are_usage_errors_naming_the_syntax() {
                 "expected PATH, file:PATH, gpu:N[:OFFSET] or host",
             ));
     }
-    gdx()
-        .args(["cp", "file:/a", "file:/b"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("use cp(1)"));
-    gdx()
-        .args(["cp", "host", "file:/tmp/x"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("needs a length (gdx cp --length)"));
+    refused(
+        gdx().args(["cp", "file:/a", "file:/b"]).assert(),
+        "use cp(1)",
+    );
+    refused(
+        gdx().args(["cp", "host", "file:/tmp/x"]).assert(),
+        "needs a length (gdx cp --length)",
+    );
 }
 
 #[test]
 fn a_missing_source_and_a_read_only_destination_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.bin");
-    gdx()
-        .args(["cp", &format!("file:{}", missing.display()), "host"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("No such file or directory"))
-        .stderr(predicate::str::contains("missing.bin"));
+    refused(
+        gdx()
+            .args(["cp", &format!("file:{}", missing.display()), "host"])
+            .assert(),
+        "No such file or directory",
+    )
+    .stderr(predicate::str::contains("missing.bin"));
     // Root may write a 0444 file; a read-only sysfs attribute refuses everyone.
     use std::os::unix::fs::PermissionsExt;
     let ro = dir.path().join("ro.bin");
@@ -230,11 +229,10 @@ fn a_bare_path_is_a_file() {
             p.display()
         )))
         .stdout(predicate::str::contains("verify   ok"));
-    gdx()
-        .args(["cp", "disk:/a", "host"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("unknown scheme 'disk:'"));
+    refused(
+        gdx().args(["cp", "disk:/a", "host"]).assert(),
+        "unknown scheme 'disk:'",
+    );
 }
 
 /// `--length` is read the one gdx way: 1GB = 10^9, 1GiB = 2^30. The range check names the
@@ -276,13 +274,14 @@ fn impossible_ranges_and_streams_are_refused_before_any_allocation() {
     let p = dir.path().join("one-mib.bin");
     std::fs::write(&p, pattern(1 << 20, 5)).unwrap();
     for len in ["100T", "18446744073709551615"] {
-        gdx()
-            .args(["cp", p.to_str().unwrap(), "host", "--length", len])
-            .timeout(std::time::Duration::from_secs(30))
-            .assert()
-            .code(2)
-            .stderr(predicate::str::contains("is past its end"))
-            .stderr(predicate::str::contains("panicked").not());
+        refused(
+            gdx()
+                .args(["cp", p.to_str().unwrap(), "host", "--length", len])
+                .timeout(std::time::Duration::from_secs(30))
+                .assert(),
+            "is past its end",
+        )
+        .stderr(predicate::str::contains("panicked").not());
     }
     gdx()
         .args(["cp", p.to_str().unwrap(), "host", "--skip", "2M"])
@@ -320,12 +319,13 @@ fn impossible_ranges_and_streams_are_refused_before_any_allocation() {
         .stderr(predicate::str::contains(
             "(a FIFO): gdx reads and writes files by range",
         ));
-    gdx()
-        .args(["cp", "/dev/zero", "host"])
-        .timeout(std::time::Duration::from_secs(30))
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("(a character device)"));
+    refused(
+        gdx()
+            .args(["cp", "/dev/zero", "host"])
+            .timeout(std::time::Duration::from_secs(30))
+            .assert(),
+        "(a character device)",
+    );
 }
 
 /// A write that fails half way (here: the file-size limit, which the kernel reports as EFBIG the

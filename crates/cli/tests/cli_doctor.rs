@@ -4,10 +4,9 @@
 
 mod common;
 
-use common::{gdx, success_text};
+use common::{gdx, refused, success_text};
 
 use gdx_topo::fixture::h200x2_capture as h200_capture;
-use predicates::prelude::*;
 
 #[test]
 fn list_names_the_stable_check_ids() {
@@ -97,9 +96,10 @@ fn captured_h200_machine_shows_p2p_over_nv18() {
 
 #[test]
 fn missing_root_exits_2() {
-    gdx()
-        .args(["doctor", "--root", "/definitely/not/here"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("/definitely/not/here"));
+    refused(
+        gdx()
+            .args(["doctor", "--root", "/definitely/not/here"])
+            .assert(),
+        "/definitely/not/here",
+    );
 }

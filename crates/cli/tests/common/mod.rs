@@ -59,3 +59,8 @@ pub fn gdx_serve() -> std::process::Command {
     c.arg("serve");
     c
 }
+
+/// A refused command line: exit status 2, `says` on stderr.
+pub fn refused(run: assert_cmd::assert::Assert, says: &str) -> assert_cmd::assert::Assert {
+    run.code(2).stderr(predicates::str::contains(says))
+}
