@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{gdx, refused, success_json, success_text};
+use common::{gdx, refused, shows, success_json, success_text};
 
 use predicates::prelude::*;
 use serde_json::Value;
@@ -176,35 +176,35 @@ fn compare_shows_bandwidth_and_latency_and_flags_drops() {
     }
     std::fs::write(&old, v.to_string()).unwrap();
     // Without --fail-on-drop the drops are shown and the exit code stays 0.
-    gdx()
-        .args([
-            "bench",
-            "--mock",
-            "--path",
-            "mock_host",
-            "--size",
-            "8,4KiB,1MiB",
-            "--compare",
-        ])
-        .arg(&old)
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("50.0%  DROP"))
-        .stdout(predicate::str::contains("p50 µs"))
-        .stdout(predicate::str::contains("3 of 6 figures dropped"));
+    shows(
+        gdx()
+            .args([
+                "bench",
+                "--mock",
+                "--path",
+                "mock_host",
+                "--size",
+                "8,4KiB,1MiB",
+                "--compare",
+            ])
+            .arg(&old)
+            .assert(),
+        &["50.0%  DROP", "p50 µs", "3 of 6 figures dropped"],
+    );
 }
 
 #[test]
 fn list_names_the_cases() {
-    gdx()
-        .args(["bench", "--list"])
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("host_to_host_shm"))
-        .stdout(predicate::str::contains("host_to_host_tcp"))
-        .stdout(predicate::str::contains("gpu0_to_gpu1_p2p"))
-        .stdout(predicate::str::contains("gpu0_gpu1_p2p_bidir"))
-        .stdout(predicate::str::contains("host_to_gpu0_pinned_ce"));
+    shows(
+        gdx().args(["bench", "--list"]).assert(),
+        &[
+            "host_to_host_shm",
+            "host_to_host_tcp",
+            "gpu0_to_gpu1_p2p",
+            "gpu0_gpu1_p2p_bidir",
+            "host_to_gpu0_pinned_ce",
+        ],
+    );
 }
 
 #[test]
@@ -284,14 +284,10 @@ fn calibrate_show_prints_a_calibration_file() {
         r#"{"schema_version":1,"source":"test","crossovers":[{"below_bytes":65536,"prefer":"staged","over":"p2p"}],"staged_chunk_bytes":8388608}"#,
     )
     .unwrap();
-    gdx()
-        .args(["calibrate", "--show"])
-        .arg(&f)
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("staged   over p2p"))
-        .stdout(predicate::str::contains("65536 bytes"))
-        .stdout(predicate::str::contains("chunk 8388608 bytes"));
+    shows(
+        gdx().args(["calibrate", "--show"]).arg(&f).assert(),
+        &["staged   over p2p", "65536 bytes", "chunk 8388608 bytes"],
+    );
     // The old spelling still reads the file, with a note.
     gdx()
         .args(["calibrate", "--show", "-o"])

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{gdx, refused, success_json};
+use common::{gdx, refused, shows, success_json};
 
 // The synthetic machines of gdx-nccl's own tests, so both suites judge the same trees.
 #[path = "../../nccl/tests/common/mod.rs"]
@@ -23,19 +23,14 @@ fn log(name: &str) -> PathBuf {
 
 #[test]
 fn help_names_the_three_subcommands() {
-    gdx()
-        .args(["nccl", "--help"])
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("explain"))
-        .stdout(predicate::str::contains("env"))
-        .stdout(predicate::str::contains("run"));
-    gdx()
-        .args(["nccl", "run", "--help"])
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("--size"))
-        .stdout(predicate::str::contains("NCCL_NVLS_ENABLE=0"));
+    shows(
+        gdx().args(["nccl", "--help"]).assert(),
+        &["explain", "env", "run"],
+    );
+    shows(
+        gdx().args(["nccl", "run", "--help"]).assert(),
+        &["--size", "NCCL_NVLS_ENABLE=0"],
+    );
 }
 
 #[test]
@@ -123,17 +118,20 @@ fn explain_of_garbage_says_nothing_was_found_and_a_missing_file_is_exit_2() {
 fn env_for_a_captured_machine_prints_export_lines_with_reasons() {
     let dir = tempfile::tempdir().unwrap();
     rail_machine(dir.path());
-    gdx()
-        .args(["nccl", "env", "--root"])
-        .arg(dir.path())
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("export NCCL_IB_HCA='=mlx5_0:1'"))
-        .stdout(predicate::str::contains("leaves out mlx5_1"))
-        .stdout(predicate::str::contains("export NCCL_IB_GID_INDEX=3"))
-        .stdout(predicate::str::contains(
-            "# NCCL_NET_GDR_LEVEL: leave unset",
-        ));
+    shows(
+        gdx()
+            .args(["nccl", "env", "--root"])
+            .arg(dir.path())
+            .assert(),
+        &[
+            "export NCCL_IB_HCA='=mlx5_0:1'",
+            "leaves out mlx5_1",
+            "export NCCL_IB_GID_INDEX=3",
+        ],
+    )
+    .stdout(predicate::str::contains(
+        "# NCCL_NET_GDR_LEVEL: leave unset",
+    ));
 }
 
 #[test]

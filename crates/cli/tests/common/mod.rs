@@ -64,3 +64,10 @@ pub fn gdx_serve() -> std::process::Command {
 pub fn refused(run: assert_cmd::assert::Assert, says: &str) -> assert_cmd::assert::Assert {
     run.code(2).stderr(predicates::str::contains(says))
 }
+
+/// A run that succeeded with each of `says` on stdout.
+pub fn shows(run: assert_cmd::assert::Assert, says: &[&str]) -> assert_cmd::assert::Assert {
+    says.iter().fold(run.success(), |a, s| {
+        a.stdout(predicates::str::contains(*s))
+    })
+}
