@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{gdx, refused, shows, success_json, success_text};
+use common::{gdx, mock_compare, refused, shows, success_json, success_text};
 
 use predicates::prelude::*;
 use serde_json::Value;
@@ -177,18 +177,7 @@ fn compare_shows_bandwidth_and_latency_and_flags_drops() {
     std::fs::write(&old, v.to_string()).unwrap();
     // Without --fail-on-drop the drops are shown and the exit code stays 0.
     shows(
-        gdx()
-            .args([
-                "bench",
-                "--mock",
-                "--path",
-                "mock_host",
-                "--size",
-                "8,4KiB,1MiB",
-                "--compare",
-            ])
-            .arg(&old)
-            .assert(),
+        mock_compare(&old, &[]).assert(),
         &["50.0%  DROP", "p50 µs", "3 of 6 figures dropped"],
     );
 }

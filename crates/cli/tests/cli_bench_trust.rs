@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{gdx, refused, success_text};
+use common::{gdx, mock_compare, refused, success_text};
 
 use predicates::prelude::*;
 use serde_json::Value;
@@ -188,20 +188,7 @@ fn crafted(dir: &std::path::Path, name: &str, f: impl Fn(&mut Value)) -> std::pa
 }
 
 fn compare_with(old: &std::path::Path, pct: &str) -> assert_cmd::assert::Assert {
-    gdx()
-        .args([
-            "bench",
-            "--mock",
-            "--path",
-            "mock_host",
-            "--size",
-            "8,4KiB,1MiB",
-            "--fail-on-drop",
-            pct,
-            "--compare",
-        ])
-        .arg(old)
-        .assert()
+    mock_compare(old, &["--fail-on-drop", pct]).assert()
 }
 
 #[test]

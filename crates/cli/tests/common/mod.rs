@@ -71,3 +71,20 @@ pub fn shows(run: assert_cmd::assert::Assert, says: &[&str]) -> assert_cmd::asse
         a.stdout(predicates::str::contains(*s))
     })
 }
+
+/// `gdx bench --mock --path mock_host --size 8,4KiB,1MiB EXTRA --compare OLD`.
+pub fn mock_compare(old: &std::path::Path, extra: &[&str]) -> assert_cmd::Command {
+    let mut c = gdx();
+    c.args([
+        "bench",
+        "--mock",
+        "--path",
+        "mock_host",
+        "--size",
+        "8,4KiB,1MiB",
+    ])
+    .args(extra)
+    .arg("--compare")
+    .arg(old);
+    c
+}
