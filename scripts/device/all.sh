@@ -2,9 +2,8 @@
 # The one consolidated GPU-machine run: topo/doctor/tests, storage, engine GPU bench, gdx bench,
 # RDMA discovery. Built here by `bash scripts/device/prepare.sh`; run there with carry [".devbin"].
 # Everything lands in $OUT/results.tgz (the device tool returns at most 8 files) plus summary.txt.
-set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-FINAL_OUT=${OUT:-/tmp/gdx-out}
+. "$(dirname "$0")/env.sh"
+FINAL_OUT=$OUT
 export OUT="$FINAL_OUT/work"
 mkdir -p "$OUT"
 step() {

@@ -4,12 +4,8 @@
 # Writes to $OUT: h200x2.json, h200x2.csv, h200x2.svg (the sweep), bench.txt (the printed
 # tables), bench.err (stderr), calibration.json + calibrate.txt (gdx calibrate), log.txt.
 # Usage there: bash scripts/device/bench-gpu.sh
-set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/gdx-out}
-mkdir -p "$OUT"
+. "$(dirname "$0")/env.sh"
 GDX=${GDX:-.devbin/gdx}
-log() { echo "== $*" | tee -a "$OUT/log.txt"; }
 
 log "date: $(date -u +%FT%TZ) host: $(hostname) kernel: $(uname -r)"
 nvidia-smi -L 2>&1 | tee -a "$OUT/log.txt"

@@ -2,13 +2,11 @@
 # Second GPU-machine run: the engine's GPU and file tests, the full `gdx bench` sweep including ipc
 # (second process) and the engine's staged path, `gdx bench --path file`, and `gdx calibrate`.
 # Binaries from `bash scripts/device/prepare.sh` in .devbin/. Results: $OUT/final.tgz + summary.
-set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-FINAL_OUT=${OUT:-/tmp/gdx-out}; W="$FINAL_OUT/work"; mkdir -p "$W"
+. "$(dirname "$0")/env.sh"
+FINAL_OUT=$OUT W="$OUT/work" S="$OUT/summary.txt" TGZ="$OUT/final.tgz"
+mkdir -p "$W"
 GDX=$PWD/.devbin/gdx
 export CARGO_BIN_EXE_gdx="$GDX" GDX_TEST_GPU=0
-S="$FINAL_OUT/summary.txt"
-step() { local n=$1 l=$2; shift 2; local t=$SECONDS; echo "== $n" | tee -a "$S"; timeout "$l" "$@" >"$W/$n.log" 2>&1; echo "   rc=$? in $((SECONDS-t))s" | tee -a "$S"; tar czf "$FINAL_OUT/final.tgz" -C "$W" .; }
 # cuFile needs udev's ID_FS_USAGE for the file system's device; this VM has no udev database
 # (see scripts/device/storage-gpu.sh and `gdx doctor`'s cufile/udev finding).
 MAJMIN=$(lsblk -no MAJ:MIN "$(findmnt -no SOURCE -T /tmp)" 2>/dev/null | head -1 | tr -d ' ')

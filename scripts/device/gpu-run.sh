@@ -2,13 +2,9 @@
 # Run on the GPU machine (no Rust there): everything under .devbin/ was built on the CI-class
 # machine by scripts/device/prepare.sh. Results go to $OUT (the device tool brings them back).
 # Usage there: bash scripts/device/gpu-run.sh
-set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/gdx-out}
-mkdir -p "$OUT"
+. "$(dirname "$0")/env.sh"
 BIN=.devbin
 export CARGO_BIN_EXE_gdx="$PWD/$BIN/gdx"
-log() { echo "== $*" | tee -a "$OUT/log.txt"; }
 
 log "date: $(date -u +%FT%TZ) host: $(hostname) kernel: $(uname -r)"
 nvidia-smi -L 2>&1 | tee -a "$OUT/log.txt"

@@ -4,12 +4,9 @@
 # a 1,000 x 4 KiB shm batch beside single-thread memcpy of 4 MiB, and large-transfer bandwidth.
 # Each latency block runs 3 times (report the median). Run from the repository root with the
 # release binary at .devbin/gdx; everything goes to $OUT; about 90 s in all.
-set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/gdx-out}
-mkdir -p "$OUT"
+. "$(dirname "$0")/env.sh"
+LOG="$OUT/latency-log.txt"
 GDX=${GDX:-.devbin/gdx}
-log() { echo "== $*" | tee -a "$OUT/latency-log.txt"; }
 # Each run gets its own time limit; a failed or timed-out run is logged, the rest still run.
 bench() {
   local name=$1

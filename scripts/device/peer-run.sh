@@ -4,13 +4,11 @@
 # Peer against host tcp and LocalPeer p2p, same run), `gdx doctor`, `gdx bench --path rdma` and
 # RDMA discovery. Binaries from `bash scripts/device/prepare.sh` in .devbin/.
 # Results: $OUT/peer.tgz and $OUT/summary.txt.
-set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-R=${OUT:-/tmp/gdx-out}; W="$R/work"; mkdir -p "$W"
+. "$(dirname "$0")/env.sh"
+R=$OUT W="$OUT/work" S="$OUT/summary.txt" TGZ="$OUT/peer.tgz"
+mkdir -p "$W"
 GDX=$PWD/.devbin/gdx
 export CARGO_BIN_EXE_gdx="$GDX" GDX_TEST_GPU=0
-S="$R/summary.txt"
-step() { local n=$1 l=$2; shift 2; local t=$SECONDS; echo "== $n" | tee -a "$S"; timeout "$l" "$@" >"$W/$n.log" 2>&1; echo "   rc=$? in $((SECONDS-t))s" | tee -a "$S"; tar czf "$R/peer.tgz" -C "$W" .; }
 echo "date: $(date -u +%FT%TZ) host: $(hostname)" | tee -a "$S"
 nvidia-smi -L | tee -a "$S"
 # cuFile needs udev's ID_FS_USAGE for the file system's device; this VM has no udev database.

@@ -21,17 +21,7 @@ OTHERS=${OTHERS:--p gdx-storage --lib --test storage_gpu --test storage_file_hos
 for sel in "$TESTS" "$ENGINE" "$OTHERS" "-p gdx-nccl --test run" "-p gdx --test cli_cp"; do
   # shellcheck disable=SC2086
   cargo test --release $sel --no-run --message-format=json 2>/dev/null |
-    python3 -c '
-import json, sys, shutil, os
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
-        exe = m["executable"]
-        name = m["package_id"].split("#")[1].split("@")[0] + "-" + m["target"]["name"]
-        shutil.copy(exe, os.path.join(".devbin/tests", name))
-        print(name)
-'
+    python3 scripts/device/test-bins.py --by-target
 done
 strip .devbin/gdx .devbin/mailbox_child .devbin/mailbox_latency .devbin/tests/* 2>/dev/null || true
 [ -d .devbin/fabric ] || bash scripts/fabric-gpu-pack.sh

@@ -13,16 +13,7 @@ cargo build --release -p gdx-engine --example gpu_bench --example peer_gpu_bench
 cp target/release/examples/{gpu_bench,peer_gpu_bench,rdma_info} .devbin/
 PKGS=${PKGS:---workspace}
 cargo test $PKGS --release --no-run --message-format=json 2>/dev/null |
-  python3 -c '
-import json, sys, shutil, os
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
-        exe = m["executable"]
-        shutil.copy(exe, os.path.join(".devbin/tests", os.path.basename(exe)))
-        print(os.path.basename(exe))
-'
+  python3 scripts/device/test-bins.py
 strip .devbin/gdx .devbin/gpu_bench .devbin/peer_gpu_bench .devbin/rdma_info .devbin/tests/* \
   2>/dev/null || true
 du -sh .devbin

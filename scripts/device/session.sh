@@ -10,14 +10,10 @@
 #                                           floors and rows
 # Results under $OUT (summary.txt first). Two-GPU tests (two_gpus_*) are skipped by name on a
 # one-GPU machine and the summary says so.
-set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/gdx-out}
-mkdir -p "$OUT"
+. "$(dirname "$0")/env.sh"
 BIN=$PWD/.devbin
 export CARGO_BIN_EXE_gdx="$BIN/gdx" GDX="$BIN/gdx" GDX_TEST_GPU=0
-S="$OUT/summary.txt"
-log() { echo "== $*" | tee -a "$S"; }
+S="$OUT/summary.txt" LOG="$OUT/summary.txt"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 log "part ${1:-?} date $(date -u +%FT%TZ) host $(hostname) cores $(nproc) gpus $gpus; $("$GDX" --version)"
 nvidia-smi -L >>"$S" 2>&1

@@ -10,14 +10,10 @@
 # Writes to $OUT: log.txt (summary), tests.txt, ceiling.json/.txt, stream-4MiB.json/.err,
 # stream-4KiB.json/.err, stream-4KiB-latency.svg, stream-4MiB-latency.svg.
 # Usage there: bash scripts/device/stream.sh   (GPU: GDX_TEST_GPU, default 0)
-set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/gdx-out}
-mkdir -p "$OUT"
+. "$(dirname "$0")/env.sh"
 GDX=${GDX:-.devbin/gdx}
 G=${GDX_TEST_GPU:-0}
 export GDX_TEST_GPU=$G
-log() { echo "== $*" | tee -a "$OUT/log.txt"; }
 
 log "date: $(date -u +%FT%TZ) host: $(hostname) gpu: $G"
 nvidia-smi -L 2>&1 | tee -a "$OUT/log.txt"

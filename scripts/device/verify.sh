@@ -6,13 +6,9 @@
 #
 # Two-GPU tests are named two_gpus_*: on a one-GPU machine they are skipped by name and the log
 # says so (they fail, naming what is missing, if asked for there).
-set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/gdx-out}
-mkdir -p "$OUT"
+. "$(dirname "$0")/env.sh"
 BIN=.devbin
 export CARGO_BIN_EXE_gdx="$PWD/$BIN/gdx"
-log() { echo "== $*" | tee -a "$OUT/log.txt"; }
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 log "date $(date -u +%FT%TZ) host $(hostname) gpus $gpus; $("$BIN/gdx" --version)"
 nvidia-smi -L >>"$OUT/log.txt" 2>&1

@@ -138,6 +138,21 @@ pub struct CaseSpec {
     pub bidir: bool,
 }
 
+#[cfg(test)]
+impl CaseSpec {
+    /// A one-way spec with no description, for tests.
+    pub(crate) fn bare(key: &str, path: PathKind, src: End, dst: End) -> CaseSpec {
+        CaseSpec {
+            key: key.into(),
+            description: String::new(),
+            path,
+            src,
+            dst,
+            bidir: false,
+        }
+    }
+}
+
 /// Why a case cannot run here. The reason is shown to the user.
 ///
 /// A waiver with a [`Cause`] is one many cases share (no CUDA driver, GPU5 missing, no RDMA

@@ -302,14 +302,12 @@ mod tests {
 
     #[test]
     fn far_below_figures_get_a_cause() {
-        let spec = CaseSpec {
-            key: "host_to_gpu0_pageable_ce".into(),
-            description: String::new(),
-            path: PathKind::PageableCe,
-            src: End::Host,
-            dst: End::Gpu(0),
-            bidir: false,
-        };
+        let spec = CaseSpec::bare(
+            "host_to_gpu0_pageable_ce",
+            PathKind::PageableCe,
+            End::Host,
+            End::Gpu(0),
+        );
         let c = Ceiling {
             gbps: 63.0,
             basis: "PCIe Gen5 x16 (GPU0)".into(),
@@ -341,14 +339,12 @@ mod tests {
 
     #[test]
     fn host_rows_take_the_ceiling_of_their_size() {
-        let spec = CaseSpec {
-            key: "host_to_host_memcpy".into(),
-            description: String::new(),
-            path: PathKind::Memcpy,
-            src: End::Host,
-            dst: End::Host,
-            bidir: false,
-        };
+        let spec = CaseSpec::bare(
+            "host_to_host_memcpy",
+            PathKind::Memcpy,
+            End::Host,
+            End::Host,
+        );
         let mut h = HostCeiling::fixed(10.0);
         h.cache_gbps = 40.0;
         let c = Ceiling {

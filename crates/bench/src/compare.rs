@@ -160,14 +160,7 @@ mod tests {
     use crate::Params;
 
     fn report(rows: &[(u64, f64, f64)]) -> Report {
-        let spec = CaseSpec {
-            key: "k".into(),
-            description: String::new(),
-            path: PathKind::Mock,
-            src: End::Host,
-            dst: End::Host,
-            bidir: false,
-        };
+        let spec = CaseSpec::bare("k", PathKind::Mock, End::Host, End::Host);
         Report {
             schema_version: crate::SCHEMA_VERSION,
             header: mock_header(&Params::default()),

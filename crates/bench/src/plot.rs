@@ -41,6 +41,40 @@ struct Series {
     ceiling: Option<f64>,
 }
 
+fn err<E: std::fmt::Debug>(e: E) -> BenchError {
+    BenchError::Plot(format!("{e:?}"))
+}
+
+/// A chart with both axes log-scaled.
+type LogLogChart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<LogCoord<f64>, LogCoord<f64>>>;
+
+/// A chart on `area` with log-scaled axes over transfer sizes `x` and `y` (named `y_desc`).
+fn log_log_chart<'a, 'b>(
+    area: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    caption: &str,
+    x: std::ops::Range<f64>,
+    y: std::ops::Range<f64>,
+    y_desc: &str,
+) -> Result<LogLogChart<'a, 'b>, BenchError> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 18))
+        .margin(14)
+        .x_label_area_size(42)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x.log_scale(), y.log_scale())
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("transfer size, bytes")
+        .y_desc(y_desc)
+        .x_label_formatter(&|v| si(*v))
+        .y_label_formatter(&|v| si(*v))
+        .draw()
+        .map_err(err)?;
+    Ok(chart)
+}
+
 fn series(report: &Report) -> Vec<Series> {
     let mut out: Vec<Series> = Vec::new();
     for r in report.results.iter().filter(|r| r.status == Status::Passed) {
@@ -90,39 +124,19 @@ pub fn svg(report: &Report, title: &str) -> Result<String, BenchError> {
     let (lmin, lmax) =
         bounds(all.iter().flat_map(|s| s.lat.iter().map(|p| p.1))).unwrap_or((1.0, 10.0));
     let xr = (xmin / 1.5)..(xmax * 1.5);
-    let err = |e: DrawingAreaErrorKind<_>| BenchError::Plot(format!("{e:?}"));
     let mut out = String::new();
     {
         let root = SVGBackend::with_string(&mut out, (1280, 1100)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
-        let root = root
-            .titled(title, ("sans-serif", 22))
-            .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
+        let root = root.titled(title, ("sans-serif", 22)).map_err(err)?;
         let (top, bottom) = root.split_vertically(620);
-        let mut bw = ChartBuilder::on(&top)
-            .caption(
-                "bandwidth, GB/s (1e9 B/s); dashed: ceiling",
-                ("sans-serif", 18),
-            )
-            .margin(14)
-            .x_label_area_size(42)
-            .y_label_area_size(70)
-            .build_cartesian_2d(
-                xr.clone().log_scale(),
-                ((bmin / 2.0).max(1e-6)..bmax * 2.0).log_scale(),
-            )
-            .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
-        bw.configure_mesh()
-            .x_desc("transfer size, bytes")
-            .y_desc("GB/s")
-            .x_label_formatter(&|v| si(*v))
-            .y_label_formatter(&|v| si(*v))
-            .draw()
-            .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
+        let by = (bmin / 2.0).max(1e-6)..bmax * 2.0;
+        let bw_caption = "bandwidth, GB/s (1e9 B/s); dashed: ceiling";
+        let mut bw = log_log_chart(&top, bw_caption, xr.clone(), by, "GB/s")?;
         for (i, s) in all.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             bw.draw_series(LineSeries::new(s.bw.clone(), color.stroke_width(2)))
-                .map_err(|e| BenchError::Plot(format!("{e:?}")))?
+                .map_err(err)?
                 .label(s.key.clone())
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
@@ -133,7 +147,7 @@ pub fn svg(report: &Report, title: &str) -> Result<String, BenchError> {
                 color.filled(),
                 &|c, sz, st| Circle::new(c, sz, st),
             ))
-            .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
+            .map_err(err)?;
             if let Some(c) = s.ceiling {
                 bw.draw_series(DashedLineSeries::new(
                     vec![(xr.start, c), (xr.end, c)],
@@ -141,7 +155,7 @@ pub fn svg(report: &Report, title: &str) -> Result<String, BenchError> {
                     5,
                     color.stroke_width(1),
                 ))
-                .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
+                .map_err(err)?;
             }
         }
         bw.configure_series_labels()
@@ -150,35 +164,17 @@ pub fn svg(report: &Report, title: &str) -> Result<String, BenchError> {
             .border_style(BLACK)
             .label_font(("sans-serif", 13))
             .draw()
-            .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
+            .map_err(err)?;
 
-        let mut lat = ChartBuilder::on(&bottom)
-            .caption(
-                "latency p50, µs (one transfer and its completion, host clock)",
-                ("sans-serif", 18),
-            )
-            .margin(14)
-            .x_label_area_size(42)
-            .y_label_area_size(70)
-            .build_cartesian_2d(
-                xr.log_scale(),
-                ((lmin / 2.0).max(1e-3)..lmax * 2.0).log_scale(),
-            )
-            .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
-        lat.configure_mesh()
-            .x_desc("transfer size, bytes")
-            .y_desc("µs")
-            .x_label_formatter(&|v| si(*v))
-            .y_label_formatter(&|v| si(*v))
-            .draw()
-            .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
+        let ly = (lmin / 2.0).max(1e-3)..lmax * 2.0;
+        let lat_caption = "latency p50, µs (one transfer and its completion, host clock)";
+        let mut lat = log_log_chart(&bottom, lat_caption, xr, ly, "µs")?;
         for (i, s) in all.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             lat.draw_series(LineSeries::new(s.lat.clone(), color.stroke_width(2)))
-                .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
+                .map_err(err)?;
         }
-        root.present()
-            .map_err(|e| BenchError::Plot(format!("{e:?}")))?;
+        root.present().map_err(err)?;
     }
     Ok(out)
 }

@@ -116,6 +116,16 @@ pub fn header(h: &Header) -> String {
     s
 }
 
+/// A `%ceil` cell, 7 wide. Past the ceiling the percentage is not a fact about the path: it is
+/// marked (the row's note says the ceiling is wrong).
+fn pct_cell(pct_of_ceiling: Option<f64>, style: Style) -> String {
+    match pct_of_ceiling {
+        Some(p) if p > OVER_CEILING_PCT => style.paint(33, &format!("{:>7}", format!("{p:.0}%!"))),
+        Some(p) => format!("{:>7}", format!("{p:.1}%")),
+        None => format!("{:>7}", "-"),
+    }
+}
+
 /// Cases waived for a shared reason: one line each reason.
 pub fn waived_groups(groups: &[WaivedGroup], style: Style) -> String {
     let mut s = String::new();
@@ -199,15 +209,7 @@ pub fn case(outcome: &CaseOutcome, rows: &[&Row], style: Style) -> String {
             (_, Some(false)) => style.paint(31, &format!("{:>8}", "FAILED")),
             (_, None) => format!("{:>8}", "-"),
         };
-        let pct = match r.pct_of_ceiling {
-            // Past the ceiling the percentage is not a fact about the path: mark it (the
-            // row's note says the ceiling is wrong).
-            Some(p) if p > OVER_CEILING_PCT => {
-                style.paint(33, &format!("{:>7}", format!("{p:.0}%!")))
-            }
-            Some(p) => format!("{:>7}", format!("{p:.1}%")),
-            None => format!("{:>7}", "-"),
-        };
+        let pct = pct_cell(r.pct_of_ceiling, style);
         let _ = writeln!(
             s,
             "  {:>12} {:>7} {:>10} {:>9} {pct} {:>10} {:>10} {:>9} {:>5} {verified}",
@@ -329,13 +331,7 @@ pub fn summary_table(report: &Report, style: Style) -> String {
         );
         let at = |v: Option<(f64, u64)>| v.map_or("-".into(), |(_, b)| human_size(b));
         for r in &rows {
-            let pct = match r.pct_of_ceiling {
-                Some(p) if p > OVER_CEILING_PCT => {
-                    style.paint(33, &format!("{:>7}", format!("{p:.0}%!")))
-                }
-                Some(p) => format!("{:>7}", format!("{p:.1}%")),
-                None => format!("{:>7}", "-"),
-            };
+            let pct = pct_cell(r.pct_of_ceiling, style);
             let _ = writeln!(
                 s,
                 "  {:<w$} {:>10} {:>8} {pct} {:>10} {:>8} {:>9} {:>8}",

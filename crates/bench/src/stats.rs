@@ -53,14 +53,7 @@ mod tests {
 
     #[test]
     fn rows_get_median_bandwidth_and_latency_percentiles() {
-        let spec = CaseSpec {
-            key: "k".into(),
-            description: String::new(),
-            path: PathKind::Mock,
-            src: End::Host,
-            dst: End::Host,
-            bidir: false,
-        };
+        let spec = CaseSpec::bare("k", PathKind::Mock, End::Host, End::Host);
         let mut row = Row::new(&spec, 1000);
         let ms = Duration::from_micros;
         fill_row(

@@ -4,13 +4,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
+mod common;
+
+use common::{gdx, mock_compare, refused, shows, success_json, success_text};
+
 use predicates::prelude::*;
 use serde_json::Value;
-
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
 
 /// The fields every result row has, per docs/bench/README.md.
 const ROW_FIELDS: &[&str] = &[
@@ -129,12 +128,7 @@ fn table_csv_and_plot() {
         .arg(&svg)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = success_text(&out);
     assert!(text.contains("gdx bench"));
     assert!(text.contains("GB/s = 1e9 bytes/s"));
     assert!(text.contains("mock_host_to_host_fast [mock, host → host]"));
@@ -182,35 +176,24 @@ fn compare_shows_bandwidth_and_latency_and_flags_drops() {
     }
     std::fs::write(&old, v.to_string()).unwrap();
     // Without --fail-on-drop the drops are shown and the exit code stays 0.
-    gdx()
-        .args([
-            "bench",
-            "--mock",
-            "--path",
-            "mock_host",
-            "--size",
-            "8,4KiB,1MiB",
-            "--compare",
-        ])
-        .arg(&old)
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("50.0%  DROP"))
-        .stdout(predicate::str::contains("p50 µs"))
-        .stdout(predicate::str::contains("3 of 6 figures dropped"));
+    shows(
+        mock_compare(&old, &[]).assert(),
+        &["50.0%  DROP", "p50 µs", "3 of 6 figures dropped"],
+    );
 }
 
 #[test]
 fn list_names_the_cases() {
-    gdx()
-        .args(["bench", "--list"])
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("host_to_host_shm"))
-        .stdout(predicate::str::contains("host_to_host_tcp"))
-        .stdout(predicate::str::contains("gpu0_to_gpu1_p2p"))
-        .stdout(predicate::str::contains("gpu0_gpu1_p2p_bidir"))
-        .stdout(predicate::str::contains("host_to_gpu0_pinned_ce"));
+    shows(
+        gdx().args(["bench", "--list"]).assert(),
+        &[
+            "host_to_host_shm",
+            "host_to_host_tcp",
+            "gpu0_to_gpu1_p2p",
+            "gpu0_gpu1_p2p_bidir",
+            "host_to_gpu0_pinned_ce",
+        ],
+    );
 }
 
 #[test]
@@ -249,12 +232,13 @@ fn compare_refuses_a_file_that_is_not_a_report() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("x.json");
     std::fs::write(&f, "{\"a\": 1}").unwrap();
-    gdx()
-        .args(["bench", "--mock", "--compare"])
-        .arg(&f)
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("schema_version"));
+    refused(
+        gdx()
+            .args(["bench", "--mock", "--compare"])
+            .arg(&f)
+            .assert(),
+        "schema_version",
+    );
 }
 
 #[test]
@@ -272,12 +256,7 @@ fn loopback_host_paths_run_and_verify() {
         ])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = success_json(&out);
     let rows = v["results"].as_array().unwrap();
     assert_eq!(rows.len(), 4);
     assert!(rows
@@ -294,14 +273,10 @@ fn calibrate_show_prints_a_calibration_file() {
         r#"{"schema_version":1,"source":"test","crossovers":[{"below_bytes":65536,"prefer":"staged","over":"p2p"}],"staged_chunk_bytes":8388608}"#,
     )
     .unwrap();
-    gdx()
-        .args(["calibrate", "--show"])
-        .arg(&f)
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("staged   over p2p"))
-        .stdout(predicate::str::contains("65536 bytes"))
-        .stdout(predicate::str::contains("chunk 8388608 bytes"));
+    shows(
+        gdx().args(["calibrate", "--show"]).arg(&f).assert(),
+        &["staged   over p2p", "65536 bytes", "chunk 8388608 bytes"],
+    );
     // The old spelling still reads the file, with a note.
     gdx()
         .args(["calibrate", "--show", "-o"])
@@ -310,11 +285,12 @@ fn calibrate_show_prints_a_calibration_file() {
         .success()
         .stdout(predicate::str::contains("staged   over p2p"))
         .stderr(predicate::str::contains("deprecated"));
-    gdx()
-        .args(["calibrate", "--show", "/nonexistent/cal.json"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("/nonexistent/cal.json"));
+    refused(
+        gdx()
+            .args(["calibrate", "--show", "/nonexistent/cal.json"])
+            .assert(),
+        "/nonexistent/cal.json",
+    );
 }
 
 #[test]

@@ -5,14 +5,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
-use serde_json::Value;
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
+mod common;
 
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
+use assert_cmd::Command;
+use common::{gdx, gdx_serve, spawn_lines};
+use serde_json::Value;
 
 const SMALL: &[&str] = &[
     "--size",
@@ -130,44 +127,24 @@ fn unknown_provider_waives_the_fabric_cases_naming_it() {
     assert!(w.contains("nosuchprov"), "{w}");
 }
 
-struct Server(std::process::Child);
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn fabric_against_a_gdx_serve_peer() {
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("secret");
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&secret)
-            .unwrap();
-        let s = gdx_engine::Secret::generate().unwrap();
-        std::io::Write::write_all(&mut f, s.reveal().as_bytes()).unwrap();
-    }
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("gdx"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--size", "1MiB"])
-        .arg("--secret-file")
-        .arg(&secret)
-        .env("GDX_TRANSPORTS", "tcp,fabric")
-        .env("GDX_FABRIC_PROVIDER", "tcp")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
+    gdx_engine::Secret::generate()
+        .unwrap()
+        .write_file(&secret)
         .unwrap();
-    let out = child.stdout.take().unwrap();
-    let _server = Server(child);
-    let line = BufReader::new(out)
-        .lines()
+    let (_server, mut lines) = spawn_lines(
+        gdx_serve()
+            .args(["--listen", "127.0.0.1:0", "--size", "1MiB"])
+            .arg("--secret-file")
+            .arg(&secret)
+            .env("GDX_TRANSPORTS", "tcp,fabric")
+            .env("GDX_FABRIC_PROVIDER", "tcp"),
+    );
+    let line = lines
+        .by_ref()
         .map(|l| l.unwrap())
         .find(|l| l.starts_with("GDX_SERVE "))
         .expect("GDX_SERVE line");

@@ -3,12 +3,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
-use serde_json::Value;
+mod common;
 
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
+use common::gdx;
+
+use serde_json::Value;
 
 fn has_gpu() -> bool {
     gdx_sys::cuda::Cuda::load()

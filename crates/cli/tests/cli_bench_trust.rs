@@ -5,13 +5,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
+mod common;
+
+use common::{gdx, mock_compare, refused, success_text};
+
 use predicates::prelude::*;
 use serde_json::Value;
-
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
 
 fn json_of(out: &std::process::Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -72,11 +71,12 @@ fn bench_and_calibrate_read_gb_as_1e9_and_gib_as_2_30() {
         .map(|r| r["size_bytes"].as_u64().unwrap())
         .collect();
     assert_eq!(sizes, vec![1_000_000_000, 1 << 30]);
-    gdx()
-        .args(["bench", "--dry-run", "--staged-chunk", "1XB"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("unknown unit"));
+    refused(
+        gdx()
+            .args(["bench", "--dry-run", "--staged-chunk", "1XB"])
+            .assert(),
+        "unknown unit",
+    );
 }
 
 #[test]
@@ -188,20 +188,7 @@ fn crafted(dir: &std::path::Path, name: &str, f: impl Fn(&mut Value)) -> std::pa
 }
 
 fn compare_with(old: &std::path::Path, pct: &str) -> assert_cmd::assert::Assert {
-    gdx()
-        .args([
-            "bench",
-            "--mock",
-            "--path",
-            "mock_host",
-            "--size",
-            "8,4KiB,1MiB",
-            "--fail-on-drop",
-            pct,
-            "--compare",
-        ])
-        .arg(old)
-        .assert()
+    mock_compare(old, &["--fail-on-drop", pct]).assert()
 }
 
 #[test]
@@ -285,8 +272,7 @@ fn quiet_prints_only_the_summary_and_color_follows_the_flag() {
         ])
         .output()
         .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = success_text(&out);
     assert!(text.starts_with("summary\n"), "{text}");
     assert!(
         !text.contains("#bytes") && !text.contains("method:"),
@@ -333,11 +319,7 @@ fn a_pair_naming_a_missing_gpu_says_so() {
             "GPU5 is not present (this machine has 2 GPUs)",
         ))
         .stderr(predicate::str::contains("no case left").not());
-    gdx()
-        .args(["bench", "--pair", "0,97"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("GPU97"))
+    refused(gdx().args(["bench", "--pair", "0,97"]).assert(), "GPU97")
         .stderr(predicate::str::contains("not present (this machine has"));
 }
 

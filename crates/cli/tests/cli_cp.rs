@@ -3,13 +3,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
+mod common;
+
+use common::{gdx, refused, shows};
+
 use gdx_sys::cuda::probe::pattern;
 use predicates::prelude::*;
-
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
 
 #[test]
 fn file_to_host_with_verify_reports_path_rate_ceiling_and_check() {
@@ -95,28 +94,27 @@ fn bad_locations_are_usage_errors_naming_the_syntax() {
                 "expected PATH, file:PATH, gpu:N[:OFFSET] or host",
             ));
     }
-    gdx()
-        .args(["cp", "file:/a", "file:/b"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("use cp(1)"));
-    gdx()
-        .args(["cp", "host", "file:/tmp/x"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("needs a length (gdx cp --length)"));
+    refused(
+        gdx().args(["cp", "file:/a", "file:/b"]).assert(),
+        "use cp(1)",
+    );
+    refused(
+        gdx().args(["cp", "host", "file:/tmp/x"]).assert(),
+        "needs a length (gdx cp --length)",
+    );
 }
 
 #[test]
 fn a_missing_source_and_a_read_only_destination_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.bin");
-    gdx()
-        .args(["cp", &format!("file:{}", missing.display()), "host"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("No such file or directory"))
-        .stderr(predicate::str::contains("missing.bin"));
+    refused(
+        gdx()
+            .args(["cp", &format!("file:{}", missing.display()), "host"])
+            .assert(),
+        "No such file or directory",
+    )
+    .stderr(predicate::str::contains("missing.bin"));
     // Root may write a 0444 file; a read-only sysfs attribute refuses everyone.
     use std::os::unix::fs::PermissionsExt;
     let ro = dir.path().join("ro.bin");
@@ -170,13 +168,10 @@ fn gdx_has_gpu() -> bool {
 
 #[test]
 fn help_lists_locations_and_the_bench() {
-    gdx()
-        .args(["cp", "--help"])
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("gpu:N[:OFFSET]"))
-        .stdout(predicate::str::contains("--bench"))
-        .stdout(predicate::str::contains("--verify"));
+    shows(
+        gdx().args(["cp", "--help"]).assert(),
+        &["gpu:N[:OFFSET]", "--bench", "--verify"],
+    );
 }
 
 #[test]
@@ -231,11 +226,10 @@ fn a_bare_path_is_a_file() {
             p.display()
         )))
         .stdout(predicate::str::contains("verify   ok"));
-    gdx()
-        .args(["cp", "disk:/a", "host"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("unknown scheme 'disk:'"));
+    refused(
+        gdx().args(["cp", "disk:/a", "host"]).assert(),
+        "unknown scheme 'disk:'",
+    );
 }
 
 /// `--length` is read the one gdx way: 1GB = 10^9, 1GiB = 2^30. The range check names the
@@ -277,13 +271,14 @@ fn impossible_ranges_and_streams_are_refused_before_any_allocation() {
     let p = dir.path().join("one-mib.bin");
     std::fs::write(&p, pattern(1 << 20, 5)).unwrap();
     for len in ["100T", "18446744073709551615"] {
-        gdx()
-            .args(["cp", p.to_str().unwrap(), "host", "--length", len])
-            .timeout(std::time::Duration::from_secs(30))
-            .assert()
-            .code(2)
-            .stderr(predicate::str::contains("is past its end"))
-            .stderr(predicate::str::contains("panicked").not());
+        refused(
+            gdx()
+                .args(["cp", p.to_str().unwrap(), "host", "--length", len])
+                .timeout(std::time::Duration::from_secs(30))
+                .assert(),
+            "is past its end",
+        )
+        .stderr(predicate::str::contains("panicked").not());
     }
     gdx()
         .args(["cp", p.to_str().unwrap(), "host", "--skip", "2M"])
@@ -293,18 +288,19 @@ fn impossible_ranges_and_streams_are_refused_before_any_allocation() {
             "at offset 2097152 is past its end",
         ));
     // A host source of u64::MAX bytes: a clear allocation error, not an abort.
-    gdx()
-        .args([
-            "cp",
-            "host",
-            dir.path().join("x").to_str().unwrap(),
-            "--length",
-            "18446744073709551615",
-        ])
-        .timeout(std::time::Duration::from_secs(30))
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("cannot allocate"));
+    refused(
+        gdx()
+            .args([
+                "cp",
+                "host",
+                dir.path().join("x").to_str().unwrap(),
+                "--length",
+                "18446744073709551615",
+            ])
+            .timeout(std::time::Duration::from_secs(30))
+            .assert(),
+        "cannot allocate",
+    );
     assert!(!dir.path().join("x").exists());
     // A FIFO has no size and would block the reader: refused without opening it.
     let fifo = dir.path().join("fifo");
@@ -321,12 +317,13 @@ fn impossible_ranges_and_streams_are_refused_before_any_allocation() {
         .stderr(predicate::str::contains(
             "(a FIFO): gdx reads and writes files by range",
         ));
-    gdx()
-        .args(["cp", "/dev/zero", "host"])
-        .timeout(std::time::Duration::from_secs(30))
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("(a character device)"));
+    refused(
+        gdx()
+            .args(["cp", "/dev/zero", "host"])
+            .timeout(std::time::Duration::from_secs(30))
+            .assert(),
+        "(a character device)",
+    );
 }
 
 /// A write that fails half way (here: the file-size limit, which the kernel reports as EFBIG the

@@ -2,19 +2,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
-use gdx_topo::fixture::h200x2_capture as h200_capture;
-use predicates::prelude::*;
+mod common;
 
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
+use common::{gdx, refused, success_text};
+
+use gdx_topo::fixture::h200x2_capture as h200_capture;
 
 #[test]
 fn list_names_the_stable_check_ids() {
     let out = gdx().args(["doctor", "--list"]).output().unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = success_text(&out);
     for id in [
         "driver",
         "cuda",
@@ -99,9 +96,10 @@ fn captured_h200_machine_shows_p2p_over_nv18() {
 
 #[test]
 fn missing_root_exits_2() {
-    gdx()
-        .args(["doctor", "--root", "/definitely/not/here"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("/definitely/not/here"));
+    refused(
+        gdx()
+            .args(["doctor", "--root", "/definitely/not/here"])
+            .assert(),
+        "/definitely/not/here",
+    );
 }

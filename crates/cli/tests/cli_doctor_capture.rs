@@ -4,13 +4,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
+mod common;
+
+use common::gdx;
+
 use gdx_topo::fixture::h200x2_capture as h200_capture;
 use std::path::{Path, PathBuf};
-
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
 
 fn doctor_json(root: &Path, env: &[(&str, &str)]) -> (serde_json::Value, i32) {
     let mut c = gdx();

@@ -2,12 +2,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
-use predicates::prelude::*;
+mod common;
 
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
+use common::{gdx, refused};
+
+use predicates::prelude::*;
 
 /// `gdx --version` names the build: version, git commit and date, like the bench header.
 #[test]
@@ -72,11 +71,10 @@ fn completions_for_each_shell() {
             .stdout(predicate::str::contains("doctor"))
             .stdout(predicate::str::contains("bench"));
     }
-    gdx()
-        .args(["completions", "tcsh"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("possible values"));
+    refused(
+        gdx().args(["completions", "tcsh"]).assert(),
+        "possible values",
+    );
 }
 
 /// A closed pipe is not a crash (clap_complete panics on a write error when given stdout):

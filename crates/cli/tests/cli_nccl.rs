@@ -3,18 +3,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
+mod common;
+
+use common::{gdx, refused, shows, success_json};
+
 // The synthetic machines of gdx-nccl's own tests, so both suites judge the same trees.
 #[path = "../../nccl/tests/common/mod.rs"]
 mod machines;
 
-use assert_cmd::Command;
 use machines::rail_machine;
 use predicates::prelude::*;
 use std::path::PathBuf;
-
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
 
 fn log(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -24,19 +23,14 @@ fn log(name: &str) -> PathBuf {
 
 #[test]
 fn help_names_the_three_subcommands() {
-    gdx()
-        .args(["nccl", "--help"])
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("explain"))
-        .stdout(predicate::str::contains("env"))
-        .stdout(predicate::str::contains("run"));
-    gdx()
-        .args(["nccl", "run", "--help"])
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("--size"))
-        .stdout(predicate::str::contains("NCCL_NVLS_ENABLE=0"));
+    shows(
+        gdx().args(["nccl", "--help"]).assert(),
+        &["explain", "env", "run"],
+    );
+    shows(
+        gdx().args(["nccl", "run", "--help"]).assert(),
+        &["--size", "NCCL_NVLS_ENABLE=0"],
+    );
 }
 
 #[test]
@@ -124,17 +118,20 @@ fn explain_of_garbage_says_nothing_was_found_and_a_missing_file_is_exit_2() {
 fn env_for_a_captured_machine_prints_export_lines_with_reasons() {
     let dir = tempfile::tempdir().unwrap();
     rail_machine(dir.path());
-    gdx()
-        .args(["nccl", "env", "--root"])
-        .arg(dir.path())
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("export NCCL_IB_HCA='=mlx5_0:1'"))
-        .stdout(predicate::str::contains("leaves out mlx5_1"))
-        .stdout(predicate::str::contains("export NCCL_IB_GID_INDEX=3"))
-        .stdout(predicate::str::contains(
-            "# NCCL_NET_GDR_LEVEL: leave unset",
-        ));
+    shows(
+        gdx()
+            .args(["nccl", "env", "--root"])
+            .arg(dir.path())
+            .assert(),
+        &[
+            "export NCCL_IB_HCA='=mlx5_0:1'",
+            "leaves out mlx5_1",
+            "export NCCL_IB_GID_INDEX=3",
+        ],
+    )
+    .stdout(predicate::str::contains(
+        "# NCCL_NET_GDR_LEVEL: leave unset",
+    ));
 }
 
 #[test]
@@ -147,8 +144,7 @@ fn env_for_nd_h100_v5_json_names_each_gpus_pix_nic() {
         .arg(dir.join("nccl_topo_azure_ndv5-topo.xml"))
         .output()
         .unwrap();
-    assert!(out.status.success());
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = success_json(&out);
     let gpus = v["gpus"].as_array().unwrap();
     assert_eq!(gpus.len(), 8);
     assert!(gpus.iter().all(|g| g["nearest"][0]["class"] == "PIX"));
@@ -181,11 +177,10 @@ fn run_is_waived_without_a_gpu_or_reports_busbw() {
 
 #[test]
 fn run_refuses_unknown_collectives_and_bad_sizes() {
-    gdx()
-        .args(["nccl", "run", "--ops", "bcast"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("unknown collective"));
+    refused(
+        gdx().args(["nccl", "run", "--ops", "bcast"]).assert(),
+        "unknown collective",
+    );
     gdx()
         .args(["nccl", "run", "--size", "12XB"])
         .assert()

@@ -1,12 +1,11 @@
 //! `gdx nccl` takes `-q` and `--color` like every printing subcommand.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
-use predicates::prelude::*;
+mod common;
 
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
+use common::gdx;
+
+use predicates::prelude::*;
 
 fn ndv5() -> Option<std::path::PathBuf> {
     gdx_topo::fixture::reference_topologies().map(|d| d.join("nccl_topo_azure_ndv5-topo.xml"))

@@ -9,19 +9,13 @@ mod common;
 
 use common::success_json;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 use gdx_cluster::test_support::EtcdServer;
 
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::Killed as Proc;
 
 fn gdx() -> Command {
     Command::new(assert_cmd::cargo::cargo_bin("gdx"))

@@ -8,16 +8,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use assert_cmd::Command;
-use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::Stdio;
-use std::time::Duration;
+mod common;
 
-fn gdx() -> Command {
-    Command::cargo_bin("gdx").expect("gdx binary built by cargo")
-}
+use common::{gdx, gdx_serve, spawn_lines};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
 
 /// Why gdx-rdma finds no RDMA here, or `None` (with a note) on a machine that has it.
 fn no_rdma_reason() -> Option<String> {
@@ -156,14 +153,6 @@ fn serve_rdma_options_parse() {
     assert!(help.contains("--rdma-peer <HOST:PORT>") && help.contains("rdma"));
 }
 
-struct Server(std::process::Child);
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn frame(s: &mut TcpStream, v: &Value) {
     let b = serde_json::to_vec(v).unwrap();
     s.write_all(&(b.len() as u32).to_le_bytes()).unwrap();
@@ -180,25 +169,15 @@ fn read_frame(s: &mut TcpStream) -> Value {
 
 #[test]
 fn serve_rdma_listen_answers_a_bench_client_with_the_reason() {
-    let exe = assert_cmd::cargo::cargo_bin("gdx");
-    let mut child = std::process::Command::new(exe)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--size",
-            "1MiB",
-            "--rdma-listen",
-            "127.0.0.1:0",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let _server = Server(child);
-    let line = BufReader::new(out)
-        .lines()
+    let (_server, mut lines) = spawn_lines(gdx_serve().args([
+        "--listen",
+        "127.0.0.1:0",
+        "--size",
+        "1MiB",
+        "--rdma-listen",
+        "127.0.0.1:0",
+    ]));
+    let line = lines
         .find_map(|l| l.ok().filter(|l| l.starts_with("GDX_SERVE_RDMA ")))
         .expect("a GDX_SERVE_RDMA line");
     let addr = line.strip_prefix("GDX_SERVE_RDMA addr=").unwrap();

@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
+mod common;
+
 use gdx_engine::{Access, Agent, AgentConfig, Error, Secret, Transfer};
 use gdx_sys::cuda::probe::fill_pattern;
 use std::io::{BufRead, BufReader};
@@ -15,30 +17,16 @@ use std::time::Duration;
 fn secret_file() -> PathBuf {
     static F: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     F.get_or_init(|| {
-        use std::os::unix::fs::OpenOptionsExt;
         // Under the target dir, not $TMPDIR: nothing is left outside the build.
         let p = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("gdx-cli-serve-secret-{}", std::process::id()));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&p)
-            .unwrap();
-        std::io::Write::write_all(&mut f, Secret::generate().unwrap().reveal().as_bytes()).unwrap();
+        Secret::generate().unwrap().write_file(&p).unwrap();
         p
     })
     .clone()
 }
 
-struct Server(std::process::Child);
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+type Server = common::Killed;
 
 /// Starts `gdx serve` with the test's secret file (unless `args` says otherwise).
 fn start(args: &[&str]) -> (Server, String) {
@@ -61,18 +49,8 @@ fn start(args: &[&str]) -> (Server, String) {
 /// Starts `gdx serve ARGS`; returns the stdout lines up to and including GDX_SERVE (and the
 /// secret line, if one follows).
 fn start_raw(args: &[&str]) -> (Server, Vec<String>) {
-    let exe = assert_cmd::cargo::cargo_bin("gdx");
-    let mut child = Command::new(exe)
-        .arg("serve")
-        .args(args)
-        .env_remove("GDX_SECRET_FILE")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start gdx serve");
-    let out = child.stdout.take().unwrap();
-    let server = Server(child);
-    let mut lines = BufReader::new(out).lines();
+    let (server, mut lines) =
+        common::spawn_lines(common::gdx_serve().args(args).env_remove("GDX_SECRET_FILE"));
     let mut got = Vec::new();
     for l in lines.by_ref() {
         let l = l.expect("stdout");
@@ -260,7 +238,7 @@ fn insecure_prints_a_warning_and_bad_limits_are_refused() {
         .unwrap();
     let out = child.stdout.take().unwrap();
     let err = child.stderr.take().unwrap();
-    let server = Server(child);
+    let server = common::Killed(child);
     let lines: Vec<String> = BufReader::new(out)
         .lines()
         .map_while(|l| l.ok())

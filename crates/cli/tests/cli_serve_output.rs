@@ -3,32 +3,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
 
-struct Served(Child);
+use common::{gdx_serve, spawn_lines};
 
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Start `gdx serve ARGS` on a free loopback port and return its first stdout line.
+/// Start `gdx serve ARGS` on a free loopback port and return its first stdout line (without the
+/// newline).
 fn first_line(args: &[&str]) -> String {
-    let mut child = Command::new(assert_cmd::cargo::cargo_bin("gdx"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(args)
-        .env_remove("GDX_SECRET_FILE")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let served = Served(child);
-    let mut line = String::new();
-    BufReader::new(out).read_line(&mut line).unwrap();
+    let (served, mut lines) = spawn_lines(
+        gdx_serve()
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env_remove("GDX_SECRET_FILE"),
+    );
+    let line = lines.next().map(|l| l.unwrap()).unwrap_or_default();
     drop(served);
     line
 }

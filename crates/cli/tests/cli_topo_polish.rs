@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{gdx, success_json};
+use common::{gdx, success_json, success_text};
 use gdx_topo::fixture::h200x2_capture as h200_capture;
 use gdx_topo::fixture::{RdmaPort, SysfsFixture};
 use std::path::Path;
@@ -126,8 +126,7 @@ fn p2p_matrix_from_a_captures_nvml_facts() {
         .arg(h200_capture())
         .output()
         .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = success_text(&out);
     assert!(text.contains("GPU0  X     OK"), "{text}");
     assert!(text.contains("CNS  = Chipset not supported"), "{text}");
     let out = gdx()

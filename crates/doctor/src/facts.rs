@@ -84,6 +84,33 @@ pub struct CudaFacts {
     pub devices: Vec<CudaDevice>,
 }
 
+impl CudaFacts {
+    /// What a healthy machine reports (a starting point for tests): CUDA 13.0 loaded from
+    /// `library_path`, an NVIDIA H200 at each of `gpus` (ordinals in that order) with GPUDirect
+    /// RDMA (with VMM too), dma-buf and peer access to every other; stream memory operations not
+    /// asked.
+    pub fn healthy(library_path: &str, gpus: &[PciAddr]) -> CudaFacts {
+        let n = gpus.len() as u32;
+        CudaFacts {
+            driver_version: Some(13000),
+            library_path: Some(library_path.into()),
+            devices: (0..n)
+                .zip(gpus)
+                .map(|(i, &bdf)| CudaDevice {
+                    ordinal: i,
+                    name: Some("NVIDIA H200".into()),
+                    bdf: Some(bdf),
+                    gdr_supported: Some(true),
+                    gdr_with_vmm_supported: Some(true),
+                    dmabuf_supported: Some(true),
+                    can_access_peer: (0..n).filter(|&j| j != i).map(|j| (j, true)).collect(),
+                    stream_mem_ops: None,
+                })
+                .collect(),
+        }
+    }
+}
+
 /// One CUDA device.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CudaDevice {

@@ -160,6 +160,11 @@ impl Report {
         self.findings.iter().filter(move |f| f.id == id)
     }
 
+    /// The verdict on one pair, e.g. `GPU0-GPU1` or `GPU0-NIC0`.
+    pub fn verdict(&self, subject: &str) -> Option<&Verdict> {
+        self.verdicts.iter().find(|v| v.subject == subject)
+    }
+
     /// The report as pretty JSON.
     pub fn to_json(&self) -> String {
         // Serialising plain data with string keys cannot fail; keep a fallback anyway.

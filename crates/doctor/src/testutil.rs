@@ -296,28 +296,12 @@ impl TopoBuilder {
 /// Live facts with working CUDA (devices at the given GPUs, all attributes on) and every
 /// other library "not queried".
 pub fn cuda_facts(gpus: &[&str]) -> StaticFacts {
+    let gpus: Vec<PciAddr> = gpus.iter().map(|g| bdf(g)).collect();
     let mut f = StaticFacts::none();
-    f.cuda = Ok(crate::facts::CudaFacts {
-        driver_version: Some(13000),
-        library_path: Some("/usr/lib/libcuda.so.1".into()),
-        devices: gpus
-            .iter()
-            .enumerate()
-            .map(|(i, g)| crate::facts::CudaDevice {
-                ordinal: i as u32,
-                name: Some("NVIDIA H200".into()),
-                bdf: Some(bdf(g)),
-                gdr_supported: Some(true),
-                gdr_with_vmm_supported: Some(true),
-                dmabuf_supported: Some(true),
-                can_access_peer: (0..gpus.len() as u32)
-                    .filter(|&j| j != i as u32)
-                    .map(|j| (j, true))
-                    .collect(),
-                stream_mem_ops: None,
-            })
-            .collect(),
-    });
+    f.cuda = Ok(crate::facts::CudaFacts::healthy(
+        "/usr/lib/libcuda.so.1",
+        &gpus,
+    ));
     f
 }
 

@@ -31,11 +31,7 @@ fn live_p2p_is_proved_by_the_probe() {
             .unwrap();
         assert_eq!(p2p.status, Status::Pass, "{p2p:#?}");
         assert!(p2p.message.contains("GB/s"), "{}", p2p.message);
-        let v = r
-            .verdicts
-            .iter()
-            .find(|v| v.subject == "GPU0-GPU1")
-            .unwrap();
+        let v = r.verdict("GPU0-GPU1").unwrap();
         assert_eq!(v.path, DataPath::P2p);
         assert!(v.measured_gbps.is_some_and(|g| g > 0.0));
     }

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use gdx_doctor::facts::{CudaDevice, CudaFacts, CufileFacts, StaticFacts, VerbsFacts};
+use gdx_doctor::facts::{CudaFacts, CufileFacts, StaticFacts, VerbsFacts};
 use gdx_doctor::probe::{CopySamples, Endpoint, ProbeBackend, RegMethod};
 use gdx_doctor::{run, DataPath, DoctorError, Options, Report, Status};
 use gdx_sys::verbs::{RegMethod as SysMethod, RegisterError};
@@ -76,28 +76,10 @@ impl ProbeBackend for FakeProbe {
 }
 
 fn cuda(gpus: &[&str]) -> StaticFacts {
+    let gpus: Vec<PciAddr> = gpus.iter().map(|g| a(g)).collect();
     let mut f = StaticFacts::none();
-    f.cuda = Ok(CudaFacts {
-        driver_version: Some(13000),
-        library_path: Some("/usr/local/nvidia/lib64/libcuda.so.1".into()),
-        devices: gpus
-            .iter()
-            .enumerate()
-            .map(|(i, g)| CudaDevice {
-                ordinal: i as u32,
-                name: Some("NVIDIA H200".into()),
-                bdf: Some(a(g)),
-                gdr_supported: Some(true),
-                gdr_with_vmm_supported: Some(true),
-                dmabuf_supported: Some(true),
-                can_access_peer: (0..gpus.len() as u32)
-                    .filter(|&j| j != i as u32)
-                    .map(|j| (j, true))
-                    .collect(),
-                stream_mem_ops: None,
-            })
-            .collect(),
-    });
+    let lib = "/usr/local/nvidia/lib64/libcuda.so.1";
+    f.cuda = Ok(CudaFacts::healthy(lib, &gpus));
     f.verbs = Ok(VerbsFacts::default());
     f.cufile = Ok(CufileFacts {
         version: Some("1.15.0".into()),
@@ -106,6 +88,21 @@ fn cuda(gpus: &[&str]) -> StaticFacts {
         compat_mode: None,
     });
     f
+}
+
+/// Doctor on the tree at `dir` with healthy CUDA facts for `gpus` and `probe`, after `tweak`.
+fn probed_run(
+    dir: &std::path::Path,
+    gpus: &[&str],
+    probe: FakeProbe,
+    tweak: impl FnOnce(&mut Options<'_>),
+) -> Report {
+    let facts = cuda(gpus);
+    let mut o = Options::new(dir);
+    o.live = Some(&facts);
+    o.probe = Some(&probe);
+    tweak(&mut o);
+    run(&o).unwrap()
 }
 
 fn finding<'a>(r: &'a Report, id: &str, subject: &str) -> &'a gdx_doctor::Finding {
@@ -171,11 +168,7 @@ fn live_run_adds_nvml_nvlinks_to_the_sysfs_topology() {
     o.root_is_this_machine = Some(true);
     o.live = Some(&plain);
     let r = run(&o).unwrap();
-    let v = r
-        .verdicts
-        .iter()
-        .find(|v| v.subject == "GPU0-GPU1")
-        .unwrap();
+    let v = r.verdict("GPU0-GPU1").unwrap();
     assert_eq!(
         v.class.as_deref(),
         Some("PHB"),
@@ -185,11 +178,7 @@ fn live_run_adds_nvml_nvlinks_to_the_sysfs_topology() {
     with_nvml.nvml_snapshot = Some(snap);
     o.live = Some(&with_nvml);
     let r = run(&o).unwrap();
-    let v = r
-        .verdicts
-        .iter()
-        .find(|v| v.subject == "GPU0-GPU1")
-        .unwrap();
+    let v = r.verdict("GPU0-GPU1").unwrap();
     assert_eq!(v.class.as_deref(), Some("NV18"), "{v:#?}");
     assert!(
         r.header.topology.ends_with("+ NVML"),
@@ -202,18 +191,15 @@ fn live_run_adds_nvml_nvlinks_to_the_sysfs_topology() {
 fn h200_vm_p2p_passes_with_measured_bandwidth_and_explains_no_rdma() {
     let dir = tempfile::tempdir().unwrap();
     h200_vm(dir.path());
-    let facts = cuda(&[GPU0, GPU1]);
     let probe = FakeProbe {
         peer_gbps: 394.8,
         host_gbps: 55.3,
         dmabuf_ok: true,
     };
-    let mut o = Options::new(dir.path());
-    o.live = Some(&facts);
-    o.probe = Some(&probe);
-    o.root_is_this_machine = Some(true);
-    o.env.insert("NCCL_NVLS_ENABLE".into(), "0".into());
-    let r = run(&o).unwrap();
+    let r = probed_run(dir.path(), &[GPU0, GPU1], probe, |o| {
+        o.root_is_this_machine = Some(true);
+        o.env.insert("NCCL_NVLS_ENABLE".into(), "0".into());
+    });
 
     let p2p = finding(&r, "p2p", "GPU0-GPU1");
     assert_eq!(p2p.status, Status::Pass, "{p2p:#?}");
@@ -242,19 +228,11 @@ fn h200_vm_p2p_passes_with_measured_bandwidth_and_explains_no_rdma() {
     assert_eq!(finding(&r, "numa", "GPU0").status, Status::Warn);
     assert_eq!(finding(&r, "gpu-nic-distance", "host").status, Status::Skip);
 
-    let v = r
-        .verdicts
-        .iter()
-        .find(|v| v.subject == "GPU0-GPU1")
-        .unwrap();
+    let v = r.verdict("GPU0-GPU1").unwrap();
     assert_eq!(v.path, DataPath::P2p);
     assert_eq!(v.class.as_deref(), Some("NV18"));
     assert!((v.measured_gbps.unwrap() - 394.8).abs() < 0.1);
-    let net = r
-        .verdicts
-        .iter()
-        .find(|v| v.subject == "GPU0-network")
-        .unwrap();
+    let net = r.verdict("GPU0-network").unwrap();
     assert_eq!(net.path, DataPath::Staged);
 
     let bad: Vec<_> = r
@@ -273,16 +251,12 @@ fn h200_vm_p2p_passes_with_measured_bandwidth_and_explains_no_rdma() {
 fn captured_root_never_uses_live_facts_or_probes() {
     let dir = tempfile::tempdir().unwrap();
     h200_vm(dir.path());
-    let facts = cuda(&[GPU0, GPU1]);
     let probe = FakeProbe {
         peer_gbps: 1.0,
         host_gbps: 1.0,
         dmabuf_ok: false,
     };
-    let mut o = Options::new(dir.path());
-    o.live = Some(&facts);
-    o.probe = Some(&probe);
-    let r = run(&o).unwrap();
+    let r = probed_run(dir.path(), &[GPU0, GPU1], probe, |_| {});
     assert!(!r.header.live);
     assert!(r.header.probes.starts_with("not run"));
     let cuda = finding(&r, "cuda", "host");
@@ -351,11 +325,7 @@ fn healthy_rail_gives_gdr_and_acs_redirect_fails() {
             r.by_id(id).collect::<Vec<_>>()
         );
     }
-    let v = r
-        .verdicts
-        .iter()
-        .find(|v| v.subject == "GPU0-NIC0")
-        .unwrap();
+    let v = r.verdict("GPU0-NIC0").unwrap();
     assert_eq!(v.path, DataPath::Gdr, "{v:#?}");
     assert!(
         v.summary.contains("peermem") && v.summary.contains("PIX"),
@@ -369,11 +339,7 @@ fn healthy_rail_gives_gdr_and_acs_redirect_fails() {
     let r = run(&Options::new(dir.path())).unwrap();
     let acs = finding(&r, "acs", "0000:02:00.0");
     assert_eq!(acs.status, Status::Fail);
-    let v = r
-        .verdicts
-        .iter()
-        .find(|v| v.subject == "GPU0-NIC0")
-        .unwrap();
+    let v = r.verdict("GPU0-NIC0").unwrap();
     assert!(v.summary.contains("ACS redirect"), "{}", v.summary);
     assert!(v
         .decided_by
@@ -395,11 +361,7 @@ fn translated_iommu_and_missing_peermem_fail_and_stage() {
     let r = run(&Options::new(dir.path())).unwrap();
     assert_eq!(finding(&r, "iommu", "GPU0").status, Status::Fail);
     assert_eq!(finding(&r, "peermem", "host").status, Status::Fail);
-    let v = r
-        .verdicts
-        .iter()
-        .find(|v| v.subject == "GPU0-NIC0")
-        .unwrap();
+    let v = r.verdict("GPU0-NIC0").unwrap();
     assert_eq!(v.path, DataPath::Staged, "{v:#?}");
     assert_eq!(r.exit_code(), 1);
 }
@@ -408,24 +370,17 @@ fn translated_iommu_and_missing_peermem_fail_and_stage() {
 fn probes_register_through_dmabuf_on_a_rail() {
     let dir = tempfile::tempdir().unwrap();
     rail(dir.path(), 0, false, "identity");
-    let facts = cuda(&["0000:03:00.0"]);
     let probe = FakeProbe {
         peer_gbps: 0.0,
         host_gbps: 55.0,
         dmabuf_ok: true,
     };
-    let mut o = Options::new(dir.path());
-    o.live = Some(&facts);
-    o.probe = Some(&probe);
-    o.root_is_this_machine = Some(true);
-    let r = run(&o).unwrap();
+    let r = probed_run(dir.path(), &["0000:03:00.0"], probe, |o| {
+        o.root_is_this_machine = Some(true);
+    });
     let reg = finding(&r, "probe-register", "GPU0-NIC0");
     assert_eq!(reg.status, Status::Pass);
-    let v = r
-        .verdicts
-        .iter()
-        .find(|v| v.subject == "GPU0-NIC0")
-        .unwrap();
+    let v = r.verdict("GPU0-NIC0").unwrap();
     assert_eq!(v.path, DataPath::Gdr);
     assert!(
         v.summary.starts_with("gdr via dma-buf over PIX"),

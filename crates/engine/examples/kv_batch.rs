@@ -18,8 +18,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
 use gdx_engine::{Access, Agent, AgentConfig, Error, Secret, Transfer};
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -163,14 +162,7 @@ fn secret_file() -> Result<(String, Option<String>), Error> {
         return Ok((p, None));
     }
     let path = std::env::temp_dir().join(format!("gdx-kv-batch-{}", std::process::id()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| Error::os("open secret file", e))?;
-    f.write_all(Secret::generate()?.reveal().as_bytes())
-        .map_err(|e| Error::os("write secret file", e))?;
+    Secret::generate()?.write_file(&path)?;
     let p = path.display().to_string();
     Ok((p.clone(), Some(p)))
 }

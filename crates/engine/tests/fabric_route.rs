@@ -67,15 +67,7 @@ fn fabric_route_writes_and_reads_unaligned_spans_bytes_verified() {
 
 #[test]
 fn wrong_key_and_read_only_regions_are_refused_by_the_target_agent() {
-    let target = fabric_agent("target", 0xf3);
-    let me = fabric_agent("me", 0xf4);
-    let peer = me.connect(target.listen_addr().unwrap()).unwrap();
-    assert_eq!(
-        peer.route().transport,
-        Path::Fabric,
-        "{}",
-        peer.route().reason
-    );
+    let (target, me, peer) = fabric_pair(0xf3);
     let src = me.alloc(4096, Access::LOCAL, None).unwrap();
     let dst = target.alloc(4096, Access::READ_WRITE, Some("rw")).unwrap();
     let mut forged: RegionDesc = peer.region("rw").unwrap();
@@ -105,15 +97,7 @@ fn wrong_key_and_read_only_regions_are_refused_by_the_target_agent() {
 /// (no GPU here), so the decision is exercised without one.
 #[test]
 fn peer_gpu_memory_over_fabric_is_refused_not_staged() {
-    let target = fabric_agent("target", 0xf9);
-    let me = fabric_agent("me", 0xfa);
-    let peer = me.connect(target.listen_addr().unwrap()).unwrap();
-    assert_eq!(
-        peer.route().transport,
-        Path::Fabric,
-        "{}",
-        peer.route().reason
-    );
+    let (target, me, peer) = fabric_pair(0xf9);
     let mut src = me.alloc(4096, Access::LOCAL, None).unwrap();
     fill_pattern(&mut src.bytes_mut().unwrap(), 5);
     let dst = target.alloc(4096, Access::READ_WRITE, Some("g")).unwrap();
@@ -150,15 +134,7 @@ fn peer_gpu_memory_over_fabric_is_refused_not_staged() {
 
 #[test]
 fn registrations_close_when_regions_drop() {
-    let target = fabric_agent("target", 0xf5);
-    let me = fabric_agent("me", 0xf6);
-    let peer = me.connect(target.listen_addr().unwrap()).unwrap();
-    assert_eq!(
-        peer.route().transport,
-        Path::Fabric,
-        "{}",
-        peer.route().reason
-    );
+    let (target, me, peer) = fabric_pair(0xf5);
     let (t0, m0) = (
         target.fabric_registrations().unwrap(),
         me.fabric_registrations().unwrap(),

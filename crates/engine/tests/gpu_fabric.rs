@@ -22,15 +22,7 @@ fn gpu_memory_over_fabric_is_staged_with_the_reason_and_strict_refuses_it() {
         Ok(p) => p,
         Err(e) => panic!("this test requires a GPU with the CUDA driver: {e}"),
     };
-    let target = fabric_agent("target", 0xe1);
-    let me = fabric_agent("me", 0xe2);
-    let peer = me.connect(target.listen_addr().unwrap()).unwrap();
-    assert_eq!(
-        peer.route().transport,
-        Path::Fabric,
-        "{}",
-        peer.route().reason
-    );
+    let (target, me, peer) = fabric_pair(0xe1);
     // Over the 4 MiB bounce buffer, so the staged op takes several chunks; odd offsets.
     let len: u64 = (9 << 20) + 3;
     let size = len + 64;

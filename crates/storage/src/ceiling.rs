@@ -47,17 +47,7 @@ impl PciLink {
 
     /// PCIe generation, from the rate.
     pub fn generation(&self) -> Option<u32> {
-        [
-            (2.5, 1),
-            (5.0, 2),
-            (8.0, 3),
-            (16.0, 4),
-            (32.0, 5),
-            (64.0, 6),
-        ]
-        .iter()
-        .find(|(r, _)| (self.gts - r).abs() < 0.01)
-        .map(|(_, g)| *g)
+        gdx_topo::model::pcie_generation(self.gts)
     }
 }
 

@@ -8,16 +8,16 @@
 //! GPU → file is the mirror: the calling thread queues GPU→host copies into free buffers and the
 //! I/O threads write each once its copy is done.
 
-use crate::align::Geometry;
+use crate::align::Piece;
 use crate::fileio::FileIo;
 use crate::gds::{self, GdsError};
-use crate::host::{bounce_len, describe, dest_len, resolve, wants_direct};
+use crate::host::{dest_len, report, resolve, wants_direct, Staged};
 use crate::plan::{cufile_status, plan, CufileStatus, Endpoint};
 use crate::{
     pipeline, CopyOptions, CopyReport, Direction, FileRange, PathChoice, StorageError, StoragePath,
 };
 use gdx_sys::cuda::{Context, DeviceBuffer, PinnedHostBuffer, Stream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// `offset..offset + len` must lie inside a buffer of `size` bytes.
 pub(crate) fn check_range(
@@ -53,6 +53,35 @@ fn plan_gpu(
     Ok((p.path, p.reason, driver))
 }
 
+/// Plan a GPU copy and, when the plan is `gds`, run it through cuFile (`gds_copy`). `Ok(Ok)` is
+/// cuFile's report; `Ok(Err)` hands the staged pipeline its path and reason: the plan's, or,
+/// when cuFile could not be set up and the path was `auto`, why it falls back.
+fn planned_gds(
+    opts: &CopyOptions,
+    gds_copy: impl FnOnce(&gdx_sys::cufile::Driver) -> Result<CopyReport, GdsError>,
+) -> Result<Result<CopyReport, (StoragePath, String)>, StorageError> {
+    let (path, mut reason, driver) = plan_gpu(opts)?;
+    if let (StoragePath::Gds, Some(driver)) = (path, driver) {
+        match gds_copy(&driver) {
+            Ok(mut r) => {
+                r.reason = format!("{reason}; {}", r.reason);
+                return Ok(Ok(r));
+            }
+            Err(GdsError::Setup(e)) if opts.path == PathChoice::Auto => {
+                reason = format!("cuFile could not be used ({e}); the O_DIRECT staged pipeline");
+            }
+            Err(GdsError::Setup(e) | GdsError::Io(e)) => return Err(e),
+        }
+    }
+    // The staged pipeline stands in for a `gds` plan that cuFile could not run.
+    let staged = if path == StoragePath::Gds {
+        StoragePath::FileStaged
+    } else {
+        path
+    };
+    Ok(Err((staged, reason)))
+}
+
 /// Copy the range `src` (to the end of the file when its length is `None`) into `dst` at
 /// `dst_offset`.
 pub fn copy_file_to_gpu(
@@ -62,20 +91,10 @@ pub fn copy_file_to_gpu(
     opts: &CopyOptions,
 ) -> Result<CopyReport, StorageError> {
     opts.validate()?;
-    let (path, mut reason, driver) = plan_gpu(opts)?;
-    if let (StoragePath::Gds, Some(driver)) = (path, driver) {
-        match gds::read(&driver, src, dst, dst_offset, opts) {
-            Ok(mut r) => {
-                r.reason = format!("{reason}; {}", r.reason);
-                return Ok(r);
-            }
-            Err(GdsError::Setup(e)) if opts.path == PathChoice::Auto => {
-                reason = format!("cuFile could not be used ({e}); the O_DIRECT staged pipeline");
-            }
-            Err(GdsError::Setup(e) | GdsError::Io(e)) => return Err(e),
-        }
+    match planned_gds(opts, |driver| gds::read(driver, src, dst, dst_offset, opts))? {
+        Ok(r) => Ok(r),
+        Err((path, reason)) => staged_read(src, dst, dst_offset, opts, path, reason),
     }
-    staged_read(src, dst, dst_offset, opts, path, reason)
 }
 
 /// Copy `len` bytes of `src` at `src_offset` to the range `dst` (whose length, if given, must
@@ -91,20 +110,12 @@ pub fn copy_gpu_to_file(
     opts.validate()?;
     check_range("source GPU buffer", src_offset, len, src.len())?;
     dest_len(dst, len)?;
-    let (path, mut reason, driver) = plan_gpu(opts)?;
-    if let (StoragePath::Gds, Some(driver)) = (path, driver) {
-        match gds::write(&driver, src, src_offset, len, dst, opts) {
-            Ok(mut r) => {
-                r.reason = format!("{reason}; {}", r.reason);
-                return Ok(r);
-            }
-            Err(GdsError::Setup(e)) if opts.path == PathChoice::Auto => {
-                reason = format!("cuFile could not be used ({e}); the O_DIRECT staged pipeline");
-            }
-            Err(GdsError::Setup(e) | GdsError::Io(e)) => return Err(e),
-        }
+    match planned_gds(opts, |driver| {
+        gds::write(driver, src, src_offset, len, dst, opts)
+    })? {
+        Ok(r) => Ok(r),
+        Err((path, reason)) => staged_write(src, src_offset, len, dst, opts, path, reason),
     }
-    staged_write(src, src_offset, len, dst, opts, path, reason)
 }
 
 fn make_current(ctx: &Context) -> Result<(), StorageError> {
@@ -114,35 +125,35 @@ fn make_current(ctx: &Context) -> Result<(), StorageError> {
     )))
 }
 
-fn pinned_buffers(
+/// The staged pipeline's parts on GPU `ctx` for the file range `(offset, len)`: a stream and
+/// pinned bounce buffers.
+fn staging(
     ctx: &Context,
-    n: usize,
-    len: usize,
-) -> Result<Vec<PinnedHostBuffer>, StorageError> {
-    (0..n)
-        .map(|_| PinnedHostBuffer::new(ctx, len))
-        .collect::<Result<_, _>>()
-        .map_err(StorageError::cuda(format!(
-            "allocating {n} pinned bounce buffers of {len} bytes"
+    range: (u64, u64),
+    opts: &CopyOptions,
+) -> Result<(Stream, Staged<PinnedHostBuffer>), StorageError> {
+    let gpu = ctx.ordinal();
+    let stream = Stream::new(ctx).map_err(StorageError::cuda(format!(
+        "creating a stream on GPU {gpu}"
+    )))?;
+    let staged = Staged::new(range, opts, "pinned", |len| {
+        PinnedHostBuffer::new(ctx, len).map_err(StorageError::cuda(format!(
+            "allocating a pinned bounce buffer of {len} bytes"
         )))
+    })?;
+    Ok((stream, staged))
 }
 
-fn report(
-    direction: Direction,
-    bytes: u64,
-    io: &FileIo,
-    plan_reason: &str,
-    pipeline: String,
-    elapsed: Duration,
-) -> CopyReport {
-    let (path, why) = io.outcome();
-    CopyReport {
+/// The report of a staged copy of nothing.
+fn empty(direction: Direction, io: &FileIo, reason: &str) -> CopyReport {
+    report(
         direction,
-        bytes,
-        path,
-        reason: format!("{plan_reason}; {why}; {pipeline}"),
-        elapsed,
-    }
+        0,
+        io,
+        Some(reason),
+        "nothing to copy".into(),
+        Duration::ZERO,
+    )
 }
 
 fn staged_read(
@@ -153,70 +164,36 @@ fn staged_read(
     path: StoragePath,
     reason: String,
 ) -> Result<CopyReport, StorageError> {
-    let path = if path == StoragePath::Gds {
-        StoragePath::FileStaged
-    } else {
-        path
-    };
     let io = FileIo::open_read(&src.path, wants_direct(path))?;
     let (offset, len) = resolve(src, io.size_at_open())?;
     check_range("destination GPU buffer", dst_offset, len, dst.len())?;
-    let gpu = dst.context().ordinal();
     if len == 0 {
-        return Ok(report(
-            Direction::FileToGpu,
-            0,
-            &io,
-            &reason,
-            "nothing to copy".into(),
-            Duration::ZERO,
-        ));
+        return Ok(empty(Direction::FileToGpu, &io, &reason));
     }
     let ctx = dst.context().clone();
-    let stream = Stream::new(&ctx).map_err(StorageError::cuda(format!(
-        "creating a stream on GPU {gpu}"
-    )))?;
-    let geo = Geometry::new(offset, len, opts.chunk_bytes);
-    let n = opts.depth.min(geo.count()).max(1);
-    let blen = bounce_len(offset, len, opts.chunk_bytes);
-    let bufs = pinned_buffers(&ctx, n, blen)?;
-    let start = Instant::now();
-    let mut progress = opts.counter(len);
-    pipeline::read(
-        &io,
-        &geo,
-        bufs,
-        &|| make_current(&ctx),
-        |piece, buf| {
-            stream
-                .copy_to_device_at(
-                    dst,
-                    dst_offset + piece.rel as usize,
-                    buf,
-                    piece.skip,
-                    piece.len,
-                )
-                .map_err(StorageError::cuda(format!(
-                    "copying {} bytes to GPU {gpu} at offset {}",
-                    piece.len,
-                    dst_offset as u64 + piece.rel
-                )))
-        },
-        &mut progress,
-    )?;
-    stream.synchronize().map_err(StorageError::cuda(format!(
-        "waiting for the copies to GPU {gpu}"
-    )))?;
-    let elapsed = start.elapsed();
-    let pipeline = describe(n, blen, "pinned", "read");
-    Ok(report(
+    let gpu = ctx.ordinal();
+    let (stream, staged) = staging(&ctx, (offset, len), opts)?;
+    staged.run(
         Direction::FileToGpu,
-        len,
         &io,
-        &reason,
-        pipeline,
-        elapsed,
-    ))
+        Some(&reason),
+        opts,
+        |geo, bufs, progress| {
+            let to_gpu = |piece: &Piece, buf: &PinnedHostBuffer| {
+                let at = dst_offset + piece.rel as usize;
+                stream
+                    .copy_to_device_at(dst, at, buf, piece.skip, piece.len)
+                    .map_err(StorageError::cuda(format!(
+                        "copying {} bytes to GPU {gpu} at offset {at}",
+                        piece.len
+                    )))
+            };
+            pipeline::read(&io, geo, bufs, &|| make_current(&ctx), to_gpu, progress)?;
+            stream.synchronize().map_err(StorageError::cuda(format!(
+                "waiting for the copies to GPU {gpu}"
+            )))
+        },
+    )
 }
 
 fn staged_write(
@@ -228,71 +205,34 @@ fn staged_write(
     path: StoragePath,
     reason: String,
 ) -> Result<CopyReport, StorageError> {
-    let path = if path == StoragePath::Gds {
-        StoragePath::FileStaged
-    } else {
-        path
-    };
     let io = FileIo::open_write(&dst.path, wants_direct(path))?;
     if opts.truncate {
         io.set_len(dst.offset)?;
     }
-    let gpu = src.context().ordinal();
     if len == 0 {
-        return Ok(report(
-            Direction::GpuToFile,
-            0,
-            &io,
-            &reason,
-            "nothing to copy".into(),
-            Duration::ZERO,
-        ));
+        return Ok(empty(Direction::GpuToFile, &io, &reason));
     }
     let ctx = src.context().clone();
-    let stream = Stream::new(&ctx).map_err(StorageError::cuda(format!(
-        "creating a stream on GPU {gpu}"
-    )))?;
-    let geo = Geometry::new(dst.offset, len, opts.chunk_bytes);
-    let n = opts.depth.min(geo.count()).max(1);
-    let blen = bounce_len(dst.offset, len, opts.chunk_bytes);
-    let bufs = pinned_buffers(&ctx, n, blen)?;
-    let start = Instant::now();
-    let mut progress = opts.counter(len);
-    pipeline::write(
-        &io,
-        &geo,
-        bufs,
-        &|| make_current(&ctx),
-        |piece, buf| {
-            stream
-                .copy_to_host_at(
-                    buf,
-                    piece.skip,
-                    src,
-                    src_offset + piece.rel as usize,
-                    piece.len,
-                )
-                .map_err(StorageError::cuda(format!(
-                    "copying {} bytes from GPU {gpu} at offset {}",
-                    piece.len,
-                    src_offset as u64 + piece.rel
-                )))
-        },
-        &mut progress,
-    )?;
-    if opts.sync {
-        io.sync()?;
-    }
-    let elapsed = start.elapsed();
-    let pipeline = describe(n, blen, "pinned", "write");
-    Ok(report(
+    let gpu = ctx.ordinal();
+    let (stream, staged) = staging(&ctx, (dst.offset, len), opts)?;
+    staged.run(
         Direction::GpuToFile,
-        len,
         &io,
-        &reason,
-        pipeline,
-        elapsed,
-    ))
+        Some(&reason),
+        opts,
+        |geo, bufs, progress| {
+            let from_gpu = |piece: &Piece, buf: &mut PinnedHostBuffer| {
+                let at = src_offset + piece.rel as usize;
+                stream
+                    .copy_to_host_at(buf, piece.skip, src, at, piece.len)
+                    .map_err(StorageError::cuda(format!(
+                        "copying {} bytes from GPU {gpu} at offset {at}",
+                        piece.len
+                    )))
+            };
+            pipeline::write(&io, geo, bufs, &|| make_current(&ctx), from_gpu, progress)
+        },
+    )
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use crate::plan::{plan, Endpoint};
 use crate::{
     pipeline, CopyOptions, CopyReport, Direction, FileRange, PathChoice, StorageError, StoragePath,
 };
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Whether a planned path uses `O_DIRECT`.
 pub(crate) fn wants_direct(path: StoragePath) -> bool {
@@ -51,6 +51,98 @@ pub(crate) fn dest_len(dst: &FileRange, src_len: u64) -> Result<u64, StorageErro
 pub(crate) fn bounce_len(offset: u64, len: u64, chunk: usize) -> usize {
     let span = align::align_up(offset + len) - align::align_down(offset);
     (chunk as u64).min(span.max(align::ALIGN)) as usize
+}
+
+/// One staged pipeline run over the file range `[offset, offset + len)`: its chunks and the
+/// bounce buffers (the depth, at most one per chunk) of `kind` (`aligned host`, `pinned`).
+pub(crate) struct Staged<B> {
+    len: u64,
+    geo: Geometry,
+    bufs: Vec<B>,
+    blen: usize,
+    kind: &'static str,
+}
+
+impl<B> Staged<B> {
+    /// The chunks and their buffers, each from `alloc(length)`.
+    pub(crate) fn new(
+        (offset, len): (u64, u64),
+        opts: &CopyOptions,
+        kind: &'static str,
+        alloc: impl FnMut(usize) -> Result<B, StorageError>,
+    ) -> Result<Self, StorageError> {
+        let geo = Geometry::new(offset, len, opts.chunk_bytes);
+        let n = opts.depth.min(geo.count()).max(1);
+        let blen = bounce_len(offset, len, opts.chunk_bytes);
+        let bufs = vec![blen; n]
+            .into_iter()
+            .map(alloc)
+            .collect::<Result<_, _>>()?;
+        Ok(Staged {
+            len,
+            geo,
+            bufs,
+            blen,
+            kind,
+        })
+    }
+
+    /// Run the pipeline (`go` hands the chunks, the buffers and the progress counter to
+    /// [`pipeline::read`] or [`pipeline::write`]) over the `len` bytes of `io` and report the
+    /// copy: the path its file I/O took and why, after the plan's reason when there is one. A
+    /// write ends with `fdatasync` when [`CopyOptions::sync`] asks for it.
+    pub(crate) fn run(
+        self,
+        direction: Direction,
+        io: &FileIo,
+        plan_reason: Option<&str>,
+        opts: &CopyOptions,
+        go: impl FnOnce(&Geometry, Vec<B>, &mut dyn FnMut(u64)) -> Result<(), StorageError>,
+    ) -> Result<CopyReport, StorageError> {
+        let (n, len) = (self.bufs.len(), self.len);
+        let start = Instant::now();
+        go(&self.geo, self.bufs, &mut opts.counter(len))?;
+        let op = match direction {
+            Direction::FileToGpu | Direction::FileToHost => "read",
+            Direction::GpuToFile | Direction::HostToFile => "write",
+        };
+        if op == "write" && opts.sync {
+            io.sync()?;
+        }
+        let pipeline = describe(n, self.blen, self.kind, op);
+        Ok(report(
+            direction,
+            len,
+            io,
+            plan_reason,
+            pipeline,
+            start.elapsed(),
+        ))
+    }
+}
+
+/// The report of a pipeline run over `io`: the path its file I/O took and why, after the plan's
+/// reason when there is one, then the `pipeline` it ran.
+pub(crate) fn report(
+    direction: Direction,
+    bytes: u64,
+    io: &FileIo,
+    plan_reason: Option<&str>,
+    pipeline: String,
+    elapsed: Duration,
+) -> CopyReport {
+    let (path, why) = io.outcome();
+    let reason = match plan_reason {
+        Some(plan) => format!("{plan}; {why}; {pipeline}"),
+        None => format!("{why}; {pipeline}"),
+    };
+    CopyReport {
+        direction,
+        bytes,
+        path,
+        reason,
+        elapsed,
+    }
 }
 
 /// `4 x 16 MiB aligned host bounce buffers, 4 reads in flight`; `op` is `read` or `write`.
@@ -96,28 +188,18 @@ fn read_with(
     let io = FileIo::open_read(&src.path, wants_direct(path))?;
     let (offset, len) = resolve(src, io.size_at_open())?;
     check(len)?;
-    let geo = Geometry::new(offset, len, opts.chunk_bytes);
-    let n = opts.depth.min(geo.count()).max(1);
-    let blen = bounce_len(offset, len, opts.chunk_bytes);
-    let bufs: Vec<AlignedBuf> = (0..n).map(|_| AlignedBuf::new(blen)).collect();
-    let start = Instant::now();
-    let mut progress = opts.counter(len);
-    pipeline::read(
-        &io,
-        &geo,
-        bufs,
-        &|| Ok(()),
-        |piece, buf| sink(piece.rel, &buf.as_slice()[piece.skip..piece.need()]),
-        &mut progress,
-    )?;
-    let elapsed = start.elapsed();
-    let (path, why) = io.outcome();
-    Ok(CopyReport {
-        direction,
-        bytes: len,
-        path,
-        reason: format!("{why}; {}", describe(n, blen, "aligned host", "read")),
-        elapsed,
+    let staged = Staged::new((offset, len), opts, "aligned host", |l| {
+        Ok(AlignedBuf::new(l))
+    })?;
+    staged.run(direction, &io, None, opts, |geo, bufs, progress| {
+        pipeline::read(
+            &io,
+            geo,
+            bufs,
+            &|| Ok(()),
+            |piece, buf| sink(piece.rel, &buf.as_slice()[piece.skip..piece.need()]),
+            progress,
+        )
     })
 }
 
@@ -178,32 +260,25 @@ pub fn copy_host_to_file(
     if opts.truncate {
         io.set_len(dst.offset)?;
     }
-    let geo = Geometry::new(dst.offset, len, opts.chunk_bytes);
-    let n = opts.depth.min(geo.count()).max(1);
-    let blen = bounce_len(dst.offset, len, opts.chunk_bytes);
-    let bufs: Vec<AlignedBuf> = (0..n).map(|_| AlignedBuf::new(blen)).collect();
-    let start = Instant::now();
-    let mut progress = opts.counter(len);
-    pipeline::write(
+    let staged = Staged::new((dst.offset, len), opts, "aligned host", |l| {
+        Ok(AlignedBuf::new(l))
+    })?;
+    staged.run(
+        Direction::HostToFile,
         &io,
-        &geo,
-        bufs,
-        &|| Ok(()),
-        pipeline::fill_from(src),
-        &mut progress,
-    )?;
-    if opts.sync {
-        io.sync()?;
-    }
-    let elapsed = start.elapsed();
-    let (path, why) = io.outcome();
-    Ok(CopyReport {
-        direction: Direction::HostToFile,
-        bytes: len,
-        path,
-        reason: format!("{why}; {}", describe(n, blen, "aligned host", "write")),
-        elapsed,
-    })
+        None,
+        opts,
+        |geo, bufs, progress| {
+            pipeline::write(
+                &io,
+                geo,
+                bufs,
+                &|| Ok(()),
+                pipeline::fill_from(src),
+                progress,
+            )
+        },
+    )
 }
 
 #[cfg(test)]

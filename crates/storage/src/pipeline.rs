@@ -77,37 +77,12 @@ pub(crate) fn read<B: Bounce>(
     mut consume: impl FnMut(&Piece, &B) -> Result<(), StorageError>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(), StorageError> {
-    let n = geo.count();
-    if n == 0 {
-        return Ok(());
-    }
-    let workers = bufs.len().min(n);
-    if workers == 0 {
-        return Err(StorageError::Internal("no bounce buffers".to_string()));
-    }
-    let (job_tx, job_rx) = channel::<Job<B>>();
-    let job_rx = Mutex::new(job_rx);
-    std::thread::scope(|s| {
-        // Owned by the scope's closure, so returning from it (on success or error) drops the
-        // sender and the threads end.
-        let job_tx = job_tx;
-        let (done_tx, done_rx) = channel::<Done<B>>();
-        for _ in 0..workers {
-            let (done_tx, job_rx) = (done_tx.clone(), &job_rx);
-            s.spawn(move || worker(job_rx, done_tx, init, |p, b| read_piece(io, p, b)));
-        }
-        drop(done_tx);
+    let op = |p: &Piece, b: &mut B| read_piece(io, p, b);
+    with_io_threads(geo, bufs, init, op, |bufs, job_tx, done_rx| {
+        let n = geo.count();
         let mut next = 0usize;
-        for buf in bufs.into_iter().take(workers) {
-            if job_tx
-                .send(Job {
-                    piece: geo.piece(next),
-                    buf,
-                })
-                .is_err()
-            {
-                return Err(stopped());
-            }
+        for buf in bufs {
+            send(&job_tx, geo.piece(next), buf)?;
             next += 1;
         }
         let mut waiting: BTreeMap<usize, (Piece, B)> = BTreeMap::new();
@@ -124,21 +99,12 @@ pub(crate) fn read<B: Bounce>(
                 progress(piece.len as u64);
                 consumed += 1;
                 if next < n {
-                    if job_tx
-                        .send(Job {
-                            piece: geo.piece(next),
-                            buf,
-                        })
-                        .is_err()
-                    {
-                        return Err(stopped());
-                    }
+                    send(&job_tx, geo.piece(next), buf)?;
                     next += 1;
                 }
             }
         }
         Ok(())
-        // Leaving the scope drops the job sender, so the threads end, and joins them.
     })
 }
 
@@ -153,6 +119,45 @@ pub(crate) fn write<B: Bounce>(
     mut fill: impl FnMut(&Piece, &mut B) -> Result<(), StorageError>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(), StorageError> {
+    let op = |p: &Piece, b: &mut B| write_piece(io, p, b);
+    with_io_threads(geo, bufs, init, op, |mut free, job_tx, done_rx| {
+        let mut outstanding = 0usize;
+        let mut reap = |outstanding: &mut usize| -> Result<B, StorageError> {
+            let done = done_rx.recv().map_err(|_| stopped())?;
+            *outstanding -= 1;
+            done.result?;
+            progress(done.piece.len as u64);
+            Ok(done.buf)
+        };
+        for i in 0..geo.count() {
+            let mut buf = match free.pop() {
+                Some(b) => b,
+                None => reap(&mut outstanding)?,
+            };
+            let piece = geo.piece(i);
+            fill(&piece, &mut buf)?;
+            send(&job_tx, piece, buf)?;
+            outstanding += 1;
+        }
+        drop(job_tx);
+        while outstanding > 0 {
+            reap(&mut outstanding)?;
+        }
+        Ok(())
+    })
+}
+
+/// The I/O threads of a pipeline over `geo`'s chunks: one per bounce buffer (at most one per
+/// chunk), each running `init` and then `op` on every job it takes. `lead` runs on the calling
+/// thread with the buffers the threads get, the job sender and the completion receiver; it owns
+/// the sender, so its return (on success or error) ends the threads, which are then joined.
+fn with_io_threads<B: Bounce>(
+    geo: &Geometry,
+    bufs: Vec<B>,
+    init: ThreadInit<'_>,
+    op: impl Fn(&Piece, &mut B) -> Result<(), StorageError> + Sync,
+    lead: impl FnOnce(Vec<B>, Sender<Job<B>>, Receiver<Done<B>>) -> Result<(), StorageError>,
+) -> Result<(), StorageError> {
     let n = geo.count();
     if n == 0 {
         return Ok(());
@@ -164,42 +169,20 @@ pub(crate) fn write<B: Bounce>(
     let (job_tx, job_rx) = channel::<Job<B>>();
     let job_rx = Mutex::new(job_rx);
     std::thread::scope(|s| {
-        // Owned by the scope's closure, so returning from it (on success or error) drops the
-        // sender and the threads end.
-        let job_tx = job_tx;
         let (done_tx, done_rx) = channel::<Done<B>>();
         for _ in 0..workers {
-            let (done_tx, job_rx) = (done_tx.clone(), &job_rx);
-            s.spawn(move || worker(job_rx, done_tx, init, |p, b| write_piece(io, p, b)));
+            let (done_tx, job_rx, op) = (done_tx.clone(), &job_rx, &op);
+            s.spawn(move || worker(job_rx, done_tx, init, op));
         }
         drop(done_tx);
-        let mut free: Vec<B> = bufs.into_iter().take(workers).collect();
-        let mut outstanding = 0usize;
-        let mut reap = |outstanding: &mut usize| -> Result<B, StorageError> {
-            let done = done_rx.recv().map_err(|_| stopped())?;
-            *outstanding -= 1;
-            done.result?;
-            progress(done.piece.len as u64);
-            Ok(done.buf)
-        };
-        for i in 0..n {
-            let mut buf = match free.pop() {
-                Some(b) => b,
-                None => reap(&mut outstanding)?,
-            };
-            let piece = geo.piece(i);
-            fill(&piece, &mut buf)?;
-            if job_tx.send(Job { piece, buf }).is_err() {
-                return Err(stopped());
-            }
-            outstanding += 1;
-        }
-        drop(job_tx);
-        while outstanding > 0 {
-            reap(&mut outstanding)?;
-        }
-        Ok(())
+        lead(bufs.into_iter().take(workers).collect(), job_tx, done_rx)
+        // Leaving the scope joins the threads, which ended when `lead` dropped the job sender.
     })
+}
+
+/// Hand `buf` to an I/O thread for `piece`.
+fn send<B>(jobs: &Sender<Job<B>>, piece: Piece, buf: B) -> Result<(), StorageError> {
+    jobs.send(Job { piece, buf }).map_err(|_| stopped())
 }
 
 /// A [`write`] fill that copies each chunk's range bytes from `src`, the whole range in memory.

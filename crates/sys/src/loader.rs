@@ -300,6 +300,29 @@ macro_rules! fn_table {
 }
 pub(crate) use fn_table;
 
+/// Checks the loaders' tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::Unavailable;
+
+    /// A failed load names `soname` and every one of `candidates`, unless it opened one and the
+    /// library's init call failed (its reason then contains `init_failed`).
+    pub(crate) fn assert_names_every_candidate(
+        e: &Unavailable,
+        soname: &str,
+        candidates: &[String],
+        init_failed: Option<&str>,
+    ) {
+        assert_eq!(e.library, soname);
+        if init_failed.is_some_and(|call| e.reason.contains(call)) {
+            return;
+        }
+        for c in candidates {
+            assert!(e.reason.contains(c), "{c} not in: {}", e.reason);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,6 +380,55 @@ mod tests {
             Err(e) => e,
         };
         assert!(err.reason.contains("no candidate"), "{}", err.reason);
+    }
+
+    /// The probes of cuFile and NCCL: each works or names every candidate it tried, answers
+    /// the same twice (cached), and finds no such library at a path that does not exist, nor in
+    /// libc (naming a symbol it lacks).
+    #[test]
+    fn probes_work_or_name_every_candidate() {
+        use crate::{cufile, nccl};
+        let cufile_ok = |p: &str| {
+            assert!(!p.is_empty());
+            assert!(cufile::is_available());
+        };
+        let nccl_ok = |p: &str| {
+            assert!(!p.is_empty());
+            let v = nccl::probe().unwrap().version.unwrap();
+            assert!(v.parts().0 >= 2, "{v}");
+        };
+        type Probe = fn(&[&str]) -> Result<String, Unavailable>;
+        type Lib<'a> = (&'a str, Vec<String>, Probe, &'a str, &'a dyn Fn(&str));
+        let libs: [Lib<'_>; 2] = [
+            (
+                cufile::SONAME,
+                cufile::default_candidates(),
+                |c| cufile::probe_from(c).map(|i| i.path),
+                "cuFileDriverOpen",
+                &cufile_ok,
+            ),
+            (
+                nccl::SONAME,
+                nccl::default_candidates(),
+                |c| nccl::probe_from(c).map(|i| i.path),
+                "ncclGetVersion",
+                &nccl_ok,
+            ),
+        ];
+        assert_eq!(cufile::probe(), cufile::probe());
+        assert_eq!(nccl::probe(), nccl::probe());
+        for (soname, candidates, probe_from, symbol, ok) in libs {
+            let mine: Vec<&str> = candidates.iter().map(String::as_str).collect();
+            match probe_from(&mine) {
+                Ok(path) => ok(&path),
+                Err(e) => testing::assert_names_every_candidate(&e, soname, &candidates, None),
+            }
+            let bogus = format!("/nonexistent/gdx/{soname}");
+            let e = probe_from(&[bogus.as_str()]).unwrap_err();
+            assert!(e.reason.contains(&bogus), "{}", e.reason);
+            let e = probe_from(&["libc.so.6"]).unwrap_err();
+            assert!(e.reason.contains(symbol), "{}", e.reason);
+        }
     }
 
     #[test]

@@ -108,21 +108,25 @@ pub struct Link {
     pub width: Option<u32>,
 }
 
+/// PCIe generation (1..=6) for a lane rate in GT/s, if the rate is a known one.
+pub fn pcie_generation(gts: f64) -> Option<u32> {
+    [
+        (2.5, 1),
+        (5.0, 2),
+        (8.0, 3),
+        (16.0, 4),
+        (32.0, 5),
+        (64.0, 6),
+    ]
+    .iter()
+    .find(|(r, _)| (gts - r).abs() < 0.05)
+    .map(|&(_, g)| g)
+}
+
 impl Link {
     /// PCIe generation for the lane rate (1..=6), if the rate is a known one.
     pub fn generation(&self) -> Option<u32> {
-        let s = self.speed_gts?;
-        [
-            (2.5, 1),
-            (5.0, 2),
-            (8.0, 3),
-            (16.0, 4),
-            (32.0, 5),
-            (64.0, 6),
-        ]
-        .iter()
-        .find(|(r, _)| (s - r).abs() < 0.05)
-        .map(|&(_, g)| g)
+        pcie_generation(self.speed_gts?)
     }
 
     /// Usable one-direction bandwidth in GB/s (1e9 B/s) after line encoding

@@ -323,25 +323,40 @@ fn check_pair(ctx: &Ctx, a: u32, b: u32) -> Result<()> {
     }
 }
 
+/// The start of a `--dry-run` answer (`gdx bench`, `gdx calibrate`): `json` printed, when given
+/// (`Some`: the answer is complete), or else the waived groups as text, which the caller follows.
+pub(crate) fn dry_run_start(
+    json: Option<serde_json::Value>,
+    groups: &[WaivedGroup],
+    color: ColorWhen,
+) -> Result<Option<ExitCode>> {
+    if let Some(v) = json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(Some(ExitCode::SUCCESS));
+    }
+    let style = Style {
+        color: color_on(color),
+    };
+    print!("{}", render::waived_groups(groups, style));
+    Ok(None)
+}
+
 /// `--dry-run`: what would run, as text or JSON.
 fn dry_run(args: &BenchArgs, cases: &[Box<dyn BenchCase>], ctx: &Ctx) -> Result<ExitCode> {
     let (todo, groups) = plan(cases, ctx);
-    if args.json {
-        let v = serde_json::json!({
+    let json = args.json.then(|| {
+        serde_json::json!({
             "sizes_bytes": args.size.0,
             "cases": todo.iter().map(|(c, w)| serde_json::json!({
                 "key": c.spec().key,
                 "waived": w.as_ref().map(|w| w.reason.clone()),
             })).collect::<Vec<_>>(),
             "waived": groups,
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(ExitCode::SUCCESS);
+        })
+    });
+    if let Some(done) = dry_run_start(json, &groups, args.color)? {
+        return Ok(done);
     }
-    let style = Style {
-        color: color_on(args.color),
-    };
-    print!("{}", render::waived_groups(&groups, style));
     for (c, w) in &todo {
         match w {
             Some(w) => println!("{}  (waived: {w})", c.spec().key),

@@ -130,8 +130,8 @@ fn dry_run(args: &CalibrateArgs, ctx: &Ctx, file: &Path) -> Result<ExitCode> {
     let pairs = calibrate::pairs(ctx.gpu_count());
     let cases = compared_cases(ctx);
     let (todo, groups) = plan(&cases, ctx);
-    if args.json {
-        let v = serde_json::json!({
+    let json = args.json.then(|| {
+        serde_json::json!({
             "output": file,
             "sizes_bytes": args.size.0,
             "comparisons": pairs.iter().map(|(scope, a, b)| serde_json::json!({
@@ -139,14 +139,11 @@ fn dry_run(args: &CalibrateArgs, ctx: &Ctx, file: &Path) -> Result<ExitCode> {
             })).collect::<Vec<_>>(),
             "runnable": todo.iter().filter(|(_, w)| w.is_none()).map(|(c, _)| c.spec().key.clone()).collect::<Vec<_>>(),
             "waived": groups,
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(ExitCode::SUCCESS);
+        })
+    });
+    if let Some(done) = super::bench::dry_run_start(json, &groups, args.color)? {
+        return Ok(done);
     }
-    let style = Style {
-        color: color_on(args.color),
-    };
-    print!("{}", render::waived_groups(&groups, style));
     for (scope, a, b) in &pairs {
         println!("{scope}: {a} vs {b}");
     }

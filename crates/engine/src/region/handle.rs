@@ -88,12 +88,8 @@ impl<'a> Region<'a> {
     /// [`Error::Timeout`] if a remote write does not finish in time; [`Error::InvalidArgument`]
     /// for GPU memory, which has no host view (see [`Region::device`]).
     pub fn bytes(&self) -> Result<RegionRef<'_>> {
-        if self.inner.host_ptr().is_none() {
-            return Err(self.inner.not_host());
-        }
-        let lease = self.inner.lease(LeaseKind::UserRead, self.timeout)?;
         Ok(RegionRef {
-            lease,
+            lease: self.host_lease(LeaseKind::UserRead)?,
             _r: PhantomData,
         })
     }
@@ -104,14 +100,18 @@ impl<'a> Region<'a> {
     /// [`Error::Timeout`] if remote accesses do not finish in time; [`Error::InvalidArgument`]
     /// for GPU memory (see [`Region::device`]).
     pub fn bytes_mut(&mut self) -> Result<RegionMut<'_>> {
+        Ok(RegionMut {
+            lease: self.host_lease(LeaseKind::UserWrite)?,
+            _r: PhantomData,
+        })
+    }
+
+    /// A user lease for a view of the host bytes; GPU memory has none.
+    fn host_lease(&self, kind: LeaseKind) -> Result<Lease> {
         if self.inner.host_ptr().is_none() {
             return Err(self.inner.not_host());
         }
-        let lease = self.inner.lease(LeaseKind::UserWrite, self.timeout)?;
-        Ok(RegionMut {
-            lease,
-            _r: PhantomData,
-        })
+        self.inner.lease(kind, self.timeout)
     }
 }
 
@@ -128,17 +128,23 @@ pub struct RegionRef<'r> {
     _r: PhantomData<&'r ()>,
 }
 
+/// The host bytes a user lease (`UserRead` or `UserWrite`) covers.
+fn leased_bytes(lease: &Lease) -> &[u8] {
+    let r = lease.region();
+    let Some(ptr) = r.host_ptr() else {
+        // Views of GPU regions are refused when they are made (Region::host_lease).
+        return &[];
+    };
+    // SAFETY: a user lease excludes every writer but its holder (local and remote) while it
+    // lives, and the region's memory is valid for `len` bytes until it is retired, which waits
+    // for the lease.
+    unsafe { std::slice::from_raw_parts(ptr, r.len as usize) }
+}
+
 impl Deref for RegionRef<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        let r = self.lease.region();
-        let Some(ptr) = r.host_ptr() else {
-            // Views of GPU regions are refused when they are made (Region::bytes).
-            return &[];
-        };
-        // SAFETY: the UserRead lease excludes every writer (local and remote) while self lives, and
-        // the region's memory is valid for `len` bytes until it is retired, which waits for us.
-        unsafe { std::slice::from_raw_parts(ptr, r.len as usize) }
+        leased_bytes(&self.lease)
     }
 }
 
@@ -151,12 +157,7 @@ pub struct RegionMut<'r> {
 impl Deref for RegionMut<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        let r = self.lease.region();
-        let Some(ptr) = r.host_ptr() else {
-            return &[];
-        };
-        // SAFETY: the UserWrite lease excludes every other access while self lives.
-        unsafe { std::slice::from_raw_parts(ptr, r.len as usize) }
+        leased_bytes(&self.lease)
     }
 }
 

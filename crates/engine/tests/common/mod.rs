@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
-use gdx_engine::{Agent, AgentConfig, Secret, Transports};
+use gdx_engine::{Agent, AgentConfig, Path, Peer, Secret, Transports};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -13,20 +13,12 @@ pub fn secret_file() -> PathBuf {
         if let Ok(p) = std::env::var("GDX_SECRET_FILE") {
             return PathBuf::from(p);
         }
-        use std::os::unix::fs::OpenOptionsExt;
         // Under the target dir, not $TMPDIR: nothing is left outside the build. A test binary
         // carried to another machine (the GPU machine) has no such folder: it is made.
         let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
         std::fs::create_dir_all(dir).unwrap();
         let p = dir.join(format!("gdx-test-secret-{}", std::process::id()));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&p)
-            .unwrap();
-        std::io::Write::write_all(&mut f, Secret::generate().unwrap().reveal().as_bytes()).unwrap();
+        Secret::generate().unwrap().write_file(&p).unwrap();
         p
     })
     .clone()
@@ -238,6 +230,17 @@ pub mod raw {
 }
 
 /// An agent with the fabric transport on (tcp and shm too), on host `host`.
+/// A `target` agent (host id `host`), a `me` agent (`host + 1`), and me's peer for the target,
+/// asserted to route over fabric.
+pub fn fabric_pair(host: u128) -> (Agent, Agent, Peer) {
+    let target = fabric_agent("target", host);
+    let me = fabric_agent("me", host + 1);
+    let peer = me.connect(target.listen_addr().unwrap()).unwrap();
+    let route = peer.route();
+    assert_eq!(route.transport, Path::Fabric, "{}", route.reason);
+    (target, me, peer)
+}
+
 pub fn fabric_agent(name: &str, host: u128) -> Agent {
     Agent::new(AgentConfig {
         host_id: Some(host),

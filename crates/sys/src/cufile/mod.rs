@@ -177,38 +177,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn probe_is_ok_or_names_every_candidate() {
-        match probe() {
-            Ok(info) => {
-                assert!(!info.path.is_empty());
-                assert!(is_available());
-            }
-            Err(e) => {
-                assert_eq!(e.library, "libcufile.so.0");
-                for c in default_candidates() {
-                    assert!(e.reason.contains(&c), "{c} not in: {}", e.reason);
-                }
-            }
-        }
-        assert_eq!(probe(), probe());
-    }
-
-    #[test]
     fn default_candidates_include_the_toolkit_target_dir() {
         let c = default_candidates();
         assert_eq!(c[0], "libcufile.so.0");
         assert!(c.iter().any(
             |p| p.starts_with("/usr/local/cuda/targets/") && p.ends_with("/lib/libcufile.so.0")
         ));
-    }
-
-    #[test]
-    fn bogus_path_and_wrong_library_are_unavailable() {
-        let bogus = "/nonexistent/gdx/libcufile.so.0";
-        let e = probe_from(&[bogus]).unwrap_err();
-        assert!(e.reason.contains(bogus), "{}", e.reason);
-        let e = probe_from(&["libc.so.6"]).unwrap_err();
-        assert!(e.reason.contains("cuFileDriverOpen"), "{}", e.reason);
     }
 
     #[test]
