@@ -8,7 +8,7 @@
 //! Layout: a 4 KiB header (`magic`, `doorbell`, `target_sleeping`), then `SLOTS` slots of
 //! `SLOT_BYTES`. A slot: a 64-byte control block (`state`, `waiting`, `seq`, `kind`, `n_ops`,
 //! `result_len`, `xfer`), a result area (`RESULT_BYTES`: the body of a `ShmBeginResult`, encoded
-//! with the wire codec), the op table (`n_ops` × `OP_BYTES`), then inline data (the ops' bytes,
+//! with the wire codec; `result_len` 0: no op failed), the op table (`n_ops` × `OP_BYTES`), then inline data (the ops' bytes,
 //! packed in op order).
 //!
 //! Slot states (`state`): `FREE` → (initiator fills it) `POSTED` → (target checked every op;
@@ -264,8 +264,13 @@ impl Ring {
         })
     }
 
-    /// Target: stores the encoded result of `slot`.
+    /// Target: stores the encoded result of `slot` (no errors: an empty result, nothing
+    /// encoded).
     pub(crate) fn write_result(&self, slot: usize, errors: Vec<(u32, Error)>) {
+        if errors.is_empty() {
+            self.field(slot, 20).store(0, Ordering::Relaxed);
+            return;
+        }
         let mut body = encode_result(&errors);
         if body.len() > RESULT_BYTES {
             // Too many long messages: keep codes and arguments, drop the texts.
@@ -289,6 +294,9 @@ impl Ring {
         let n = self.field(slot, 20).load(Ordering::Relaxed) as usize;
         if n > RESULT_BYTES {
             return Err(Error::Protocol(format!("shm ring result of {n} bytes")));
+        }
+        if n == 0 {
+            return Ok(Vec::new());
         }
         let mut b = vec![0u8; n];
         // SAFETY: n <= RESULT_BYTES: the span lies in the slot's result area; `b` is private.

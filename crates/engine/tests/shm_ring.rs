@@ -177,6 +177,67 @@ fn a_batch_of_1000_4k_ops_round_trips() {
     );
 }
 
+/// Small transfers left in flight by the submitting thread complete without `wait`: polled
+/// through `status`, or by a later transfer (its slot needs the earlier ones answered), and a
+/// write submitted after them (over the socket) starts only after their bytes landed. More
+/// transfers than the ring has slots, none waited for until the end.
+#[test]
+fn small_transfers_in_flight_complete_when_polled_or_overtaken() {
+    let target = agent("target", true);
+    let init = agent("init", true);
+    let n = 100u64;
+    let dst = target
+        .alloc(n * 64 + (1 << 20), Access::READ_WRITE, Some("p"))
+        .unwrap();
+    let peer = init.connect(target.listen_addr().unwrap()).unwrap();
+    let remote = peer.region("p").unwrap();
+    let mut src = init.alloc(n * 64 + (1 << 20), Access::LOCAL, None).unwrap();
+    fill_pattern(&mut src.bytes_mut().unwrap(), 21);
+    let submit = |off: u64, len: u64| {
+        let mut t = Transfer::new();
+        t.write(&src, off, &remote, off, len);
+        peer.submit(t).unwrap()
+    };
+    let polled: Vec<_> = (0..n).map(|i| submit(i * 64, 1 + i % 64)).collect();
+    // Dropped handles: completed by whoever drives the connection next.
+    for i in 0..n {
+        drop(submit(n * 64 + i * 8, 8));
+    }
+    let big = submit(n * 64 + 4096, (1 << 20) - 4096);
+    for h in &polled {
+        let deadline = std::time::Instant::now() + WAIT;
+        while h.status() == gdx_engine::Status::Pending {
+            assert!(std::time::Instant::now() < deadline, "never completed");
+            std::thread::yield_now();
+        }
+        assert_eq!(h.status(), gdx_engine::Status::Completed);
+    }
+    big.wait(WAIT).unwrap();
+    let got = dst.bytes().unwrap();
+    let want = src.bytes().unwrap();
+    for i in 0..n as usize {
+        let (o, l) = (i * 64, 1 + i % 64);
+        assert_eq!(
+            first_diff(&got[o..o + l], &want[o..o + l]),
+            None,
+            "polled {i}"
+        );
+    }
+    let tail = (n * 64) as usize;
+    assert_eq!(
+        first_diff(
+            &got[tail..tail + n as usize * 8],
+            &want[tail..tail + n as usize * 8]
+        ),
+        None
+    );
+    assert_eq!(
+        first_diff(&got[tail + 4096..], &want[tail + 4096..]),
+        None,
+        "big"
+    );
+}
+
 fn named(e: &Error) -> bool {
     matches!(e, Error::PeerLost(_) | Error::Timeout(_))
 }

@@ -90,6 +90,7 @@ fn serve(
     let mut held: Vec<Option<Vec<Lease>>> = (0..SLOTS).map(|_| None).collect();
     let mut held_count = 0usize;
     let mut idle_since = Instant::now();
+    let mut polls = 0u32;
     while !stop.load(Ordering::Relaxed) {
         let mut worked = false;
         let s = next as usize % SLOTS;
@@ -129,8 +130,14 @@ fn serve(
             continue;
         }
         if idle_since.elapsed() < SPIN {
-            std::hint::spin_loop();
-            std::thread::yield_now();
+            // Poll, yielding now and then (a core may be shared): a yield per poll would add
+            // a system call to the time it takes to see the next request.
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(64) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
             continue;
         }
         ring.target_sleeping().store(1, Ordering::SeqCst);
