@@ -258,6 +258,8 @@ pub(crate) struct XferState {
     pub(crate) id: u64,
     pub(crate) ops: Vec<Op>,
     pub(crate) notify: Option<Vec<u8>>,
+    /// Each op's path (as in its plan; read without the lock).
+    paths: Vec<crate::plan::Path>,
     pub(crate) started: Instant,
     pub(crate) deadline: Instant,
     bytes_done: AtomicU64,
@@ -268,7 +270,7 @@ pub(crate) struct XferState {
     /// The initiating agent's counters, fed once when the transfer ends.
     stats: Arc<Stats>,
     /// Set by a transport that completes this transfer only when driven (`Drive`).
-    driver: OnceLock<Box<dyn Drive>>,
+    driver: OnceLock<Arc<dyn Drive>>,
 }
 
 impl XferState {
@@ -281,6 +283,7 @@ impl XferState {
     ) -> Self {
         let started = Instant::now();
         let n = t.ops.len();
+        let paths = plans.iter().map(|p| p.path).collect();
         let results = t
             .ops
             .iter()
@@ -296,6 +299,7 @@ impl XferState {
             id,
             ops: t.ops,
             notify: t.notify,
+            paths,
             started,
             deadline: started + t.timeout.unwrap_or(timeout),
             bytes_done: AtomicU64::new(0),
@@ -314,7 +318,7 @@ impl XferState {
     }
 
     /// Makes waiters drive `d` (see [`Drive`]); the first driver set stays.
-    pub(crate) fn set_driver(&self, d: Box<dyn Drive>) {
+    pub(crate) fn set_driver(&self, d: Arc<dyn Drive>) {
         let _ = self.driver.set(d);
     }
 
@@ -394,8 +398,8 @@ impl XferState {
     }
 
     /// The path of every op (no copies of the reasons).
-    pub(crate) fn paths(&self) -> Vec<crate::plan::Path> {
-        self.lock().ops.iter().map(|o| o.plan.path).collect()
+    pub(crate) fn paths(&self) -> &[crate::plan::Path] {
+        &self.paths
     }
 
     /// True if some op failed so far.

@@ -31,7 +31,7 @@ use crate::gpu::{copy_span, Dir};
 use crate::mem::Mapping;
 use crate::plan::Path;
 use crate::region::LeaseKind;
-use crate::transfer::{OpKind, XferState};
+use crate::transfer::{Drive, OpKind, XferState};
 use crate::transport::{SerialQueue, Transport};
 use crate::wire::Msg;
 
@@ -58,6 +58,8 @@ pub(crate) struct ShmTransport {
     queued: Arc<AtomicUsize>,
     /// Set when the connection broke off the worker thread.
     dead: Arc<AtomicBool>,
+    /// What waiters drive the transfers posted by the submitting thread through.
+    driver: Arc<ring::Driver>,
 }
 
 struct Worker {
@@ -179,12 +181,18 @@ impl ShmTransport {
         let queue = Arc::new(SerialQueue::spawn("gdx-shm", move |rx, alive| {
             worker_thread(&w, rx, &alive, &q, &d)
         })?);
+        let driver = Arc::new(ring::Driver {
+            worker: Arc::downgrade(&worker),
+            queue: Arc::downgrade(&queue),
+            dead: Arc::clone(&dead),
+        });
         Ok(ShmTransport {
             queue,
             sock,
             worker,
             queued,
             dead,
+            driver,
         })
     }
 }
@@ -202,11 +210,7 @@ impl Transport for ShmTransport {
                         self.dead.store(true, Ordering::SeqCst);
                     }
                     if taken {
-                        xfer.set_driver(Box::new(ring::Driver {
-                            worker: Arc::downgrade(&self.worker),
-                            queue: Arc::downgrade(&self.queue),
-                            dead: Arc::clone(&self.dead),
-                        }));
+                        xfer.set_driver(Arc::clone(&self.driver) as Arc<dyn Drive>);
                     }
                     drop(w);
                     for x in done {
@@ -321,11 +325,12 @@ impl Worker {
 
     /// Runs one transfer; `Err` means the connection is unusable.
     fn run(&mut self, xfer: &XferState) -> Result<()> {
-        let plans: Vec<Path> = xfer.paths();
+        let plans = xfer.paths();
         let mut ok = vec![true; xfer.ops.len()];
         // Map every agent-allocated remote region once.
         for (i, op) in xfer.ops.iter().enumerate() {
-            if plans[i] == Path::Shm && !self.maps.contains_key(&op.remote.id) {
+            let again = i > 0 && ok[i - 1] && xfer.ops[i - 1].remote.id == op.remote.id;
+            if plans[i] == Path::Shm && !again && !self.maps.contains_key(&op.remote.id) {
                 if let Err(e) = self.map(op.remote.id, op.remote.key, op.remote.access.remote_write)
                 {
                     if e.is_fatal_for_stream() {
@@ -336,7 +341,7 @@ impl Worker {
                 }
             }
         }
-        if self.run_ring(xfer, &plans, &ok)? {
+        if self.run_ring(xfer, plans, &ok)? {
             return Ok(());
         }
         let idx: Vec<usize> = (0..xfer.ops.len()).filter(|&i| ok[i]).collect();
