@@ -164,6 +164,7 @@ impl ShmTransport {
         }
         let sock = conn.shutdown_handle()?;
         let ring = ring::RingClient::new(r, conn.raw_fd(), io_timeout);
+        let (rc_ring, rc_front) = (Arc::clone(&ring.ring), Arc::clone(&ring.front));
         let w = Worker {
             conn,
             bounce,
@@ -182,6 +183,8 @@ impl ShmTransport {
             worker_thread(&w, rx, &alive, &q, &d)
         })?);
         let driver = Arc::new(ring::Driver {
+            ring: Arc::clone(&rc_ring),
+            front: Arc::clone(&rc_front),
             worker: Arc::downgrade(&worker),
             queue: Arc::downgrade(&queue),
             dead: Arc::clone(&dead),

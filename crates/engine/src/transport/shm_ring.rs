@@ -20,7 +20,7 @@
 //! `PeerLost` and the connection stays failed.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,9 @@ use crate::transfer::{Drive, OpKind, XferState};
 use crate::transport::SerialQueue;
 use crate::wire::ShmOp;
 
+/// `RingClient::front` when nothing is in flight.
+const NO_SLOT: u32 = u32::MAX;
+
 /// How long the initiator spins on a slot before it sleeps on its futex.
 const SPIN: Duration = Duration::from_micros(100);
 /// How long the submitting thread waits for the next slot (the oldest in flight to be answered)
@@ -48,7 +51,10 @@ const SUBMIT_SPIN: Duration = Duration::from_micros(10);
 /// The initiator's ring state: the mapping and the next sequence number.
 #[derive(Debug)]
 pub(super) struct RingClient {
-    pub(super) ring: Ring,
+    /// Shared with the connection's `Driver`, which reads slot states without the lock.
+    pub(super) ring: Arc<Ring>,
+    /// The slot of the oldest transfer in flight (`NO_SLOT`: none), for `Driver::poll`.
+    pub(super) front: Arc<AtomicU32>,
     seq: u32,
     /// The shm socket, watched for hang-up while waiting.
     sock_fd: RawFd,
@@ -58,7 +64,8 @@ pub(super) struct RingClient {
 impl RingClient {
     pub(super) fn new(ring: Ring, sock_fd: RawFd, wait: Duration) -> Self {
         RingClient {
-            ring,
+            ring: Arc::new(ring),
+            front: Arc::new(AtomicU32::new(NO_SLOT)),
             seq: 0,
             sock_fd,
             wait,
@@ -161,6 +168,10 @@ pub(super) struct Inflight {
 /// transfer keeps neither the connection nor its worker thread alive.
 #[derive(Debug)]
 pub(super) struct Driver {
+    /// The ring and its oldest slot in flight: a poll while that slot is unanswered costs
+    /// two loads, no lock (a waiter polls in a tight loop, maybe on a core the target shares).
+    pub(super) ring: Arc<Ring>,
+    pub(super) front: Arc<AtomicU32>,
     pub(super) worker: Weak<Mutex<Worker>>,
     pub(super) queue: Weak<SerialQueue>,
     pub(super) dead: Arc<AtomicBool>,
@@ -168,6 +179,10 @@ pub(super) struct Driver {
 
 impl Drive for Driver {
     fn poll(&self) {
+        let front = self.front.load(Ordering::Acquire);
+        if front == NO_SLOT || self.ring.state(front as usize).load(Ordering::Acquire) != DONE {
+            return;
+        }
         let Some(w) = self.worker.upgrade() else {
             return;
         };
@@ -540,6 +555,7 @@ impl Worker {
             slot,
             skip,
         });
+        self.mark_front();
         Ok(())
     }
 
@@ -605,6 +621,7 @@ impl Worker {
             let Some(f) = self.inflight.pop_front() else {
                 break;
             };
+            self.mark_front();
             let batch: Vec<usize> = (0..f.xfer.ops.len()).collect();
             let r = self.finish_inline(&f.xfer, &batch, f.slot, f.skip);
             if let Err(e) = &r {
@@ -637,6 +654,15 @@ impl Worker {
             f.xfer.fail_pending(&e);
             done.push(f.xfer);
         }
+        self.mark_front();
         self.broken.get_or_insert(e);
+    }
+
+    /// Publishes the oldest slot in flight for `Driver::poll`.
+    fn mark_front(&self) {
+        if let Some(rc) = &self.ring {
+            let f = self.inflight.front().map_or(NO_SLOT, |f| f.slot as u32);
+            rc.front.store(f, Ordering::Release);
+        }
     }
 }
