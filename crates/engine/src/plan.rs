@@ -79,7 +79,14 @@ pub enum Path {
 
 impl fmt::Display for Path {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Path {
+    /// The path's name, as `Display` writes it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
             Path::Tcp => "tcp",
             Path::Shm => "shm",
             Path::ShmStaged => "shm-staged",
@@ -98,7 +105,7 @@ impl fmt::Display for Path {
             Path::FileStaged => "file-staged",
             Path::Buffered => "buffered",
             Path::Mailbox => "mailbox",
-        })
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 //! Layout: a 4 KiB header (`magic`, `doorbell`, `target_sleeping`), then `SLOTS` slots of
 //! `SLOT_BYTES`. A slot: a 64-byte control block (`state`, `waiting`, `seq`, `kind`, `n_ops`,
 //! `result_len`, `xfer`), a result area (`RESULT_BYTES`: the body of a `ShmBeginResult`, encoded
-//! with the wire codec), the op table (`n_ops` × `OP_BYTES`), then inline data (the ops' bytes,
+//! with the wire codec; `result_len` 0: no op failed), the op table (`n_ops` × `OP_BYTES`), then inline data (the ops' bytes,
 //! packed in op order).
 //!
 //! Slot states (`state`): `FREE` → (initiator fills it) `POSTED` → (target checked every op;
@@ -177,19 +177,23 @@ impl Ring {
         self.field(slot, 24).store(xfer as u32, Ordering::Relaxed);
         self.field(slot, 28)
             .store((xfer >> 32) as u32, Ordering::Relaxed);
-        let mut b = Vec::with_capacity(ops.len() * OP_BYTES);
-        for op in ops {
-            b.extend_from_slice(&u32::from(op.write).to_le_bytes());
-            b.extend_from_slice(&0u32.to_le_bytes());
-            b.extend_from_slice(&op.region.to_le_bytes());
-            b.extend_from_slice(&op.key.0.to_le_bytes());
-            b.extend_from_slice(&op.offset.to_le_bytes());
-            b.extend_from_slice(&op.len.to_le_bytes());
+        for (j, op) in ops.iter().take(MAX_RING_OPS).enumerate() {
+            let mut e = [0u8; OP_BYTES];
+            e[0..4].copy_from_slice(&u32::from(op.write).to_le_bytes());
+            e[8..16].copy_from_slice(&op.region.to_le_bytes());
+            e[16..32].copy_from_slice(&op.key.0.to_le_bytes());
+            e[32..40].copy_from_slice(&op.offset.to_le_bytes());
+            e[40..48].copy_from_slice(&op.len.to_le_bytes());
+            // SAFETY: j < MAX_RING_OPS, so the entry lies in the slot's op table; `e` is on the
+            // stack, so the spans do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    e.as_ptr(),
+                    self.slot_ptr(slot, OPS_AT + j * OP_BYTES),
+                    OP_BYTES,
+                )
+            };
         }
-        let n = b.len().min(MAX_RING_OPS * OP_BYTES);
-        // SAFETY: the op table holds MAX_RING_OPS * OP_BYTES bytes from OPS_AT; `n` is capped to it;
-        // `b` is a private buffer, so the spans do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), self.slot_ptr(slot, OPS_AT), n) };
     }
 
     /// Initiator: withdraws op `j` of the request prepared in `slot` (before it is posted).
@@ -217,16 +221,21 @@ impl Ring {
                 "shm ring request with {n} ops (1..={MAX_RING_OPS})"
             )));
         }
-        let mut b = vec![0u8; n * OP_BYTES];
-        // SAFETY: n <= MAX_RING_OPS, so the span lies in the slot's op table; `b` is private.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.slot_ptr(slot, OPS_AT), b.as_mut_ptr(), b.len())
-        };
         let mut ops = Vec::with_capacity(n);
         let mut data_off = Vec::new();
         let mut skip = Vec::with_capacity(n);
         let mut total = 0usize;
-        for c in b.chunks_exact(OP_BYTES) {
+        for j in 0..n {
+            let mut c = [0u8; OP_BYTES];
+            // SAFETY: j < n <= MAX_RING_OPS, so the entry lies in the slot's op table; `c` is
+            // private (each entry is read out of shared memory once, then checked).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.slot_ptr(slot, OPS_AT + j * OP_BYTES),
+                    c.as_mut_ptr(),
+                    OP_BYTES,
+                )
+            };
             let u64_at = |i: usize| u64::from_le_bytes(c[i..i + 8].try_into().unwrap_or([0; 8]));
             let flags = u32::from_le_bytes(c[0..4].try_into().unwrap_or([0; 4]));
             if flags > 3 {
@@ -264,8 +273,13 @@ impl Ring {
         })
     }
 
-    /// Target: stores the encoded result of `slot`.
+    /// Target: stores the encoded result of `slot` (no errors: an empty result, nothing
+    /// encoded).
     pub(crate) fn write_result(&self, slot: usize, errors: Vec<(u32, Error)>) {
+        if errors.is_empty() {
+            self.field(slot, 20).store(0, Ordering::Relaxed);
+            return;
+        }
         let mut body = encode_result(&errors);
         if body.len() > RESULT_BYTES {
             // Too many long messages: keep codes and arguments, drop the texts.
@@ -289,6 +303,9 @@ impl Ring {
         let n = self.field(slot, 20).load(Ordering::Relaxed) as usize;
         if n > RESULT_BYTES {
             return Err(Error::Protocol(format!("shm ring result of {n} bytes")));
+        }
+        if n == 0 {
+            return Ok(Vec::new());
         }
         let mut b = vec![0u8; n];
         // SAFETY: n <= RESULT_BYTES: the span lies in the slot's result area; `b` is private.

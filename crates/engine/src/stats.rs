@@ -117,7 +117,13 @@ impl Stats {
         let mut run: Option<(crate::plan::Path, &'static str, u64, u64)> = None;
         let flush = |c: &mut Counts, run: Option<(crate::plan::Path, &'static str, u64, u64)>| {
             if let Some((path, dir, bytes, n)) = run {
-                let e = c.paths.entry((path.to_string(), dir)).or_default();
+                // Found without allocating the key when it is there already (every time but
+                // the first).
+                let name = path.as_str();
+                let e = match c.paths.iter_mut().find(|(k, _)| k.0 == name && k.1 == dir) {
+                    Some((_, e)) => e,
+                    None => c.paths.entry((name.to_string(), dir)).or_default(),
+                };
                 e.0 += bytes;
                 e.1 += n;
             }

@@ -6,7 +6,7 @@
 //! as `Failed { reason }`, the first error seen.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -237,6 +237,19 @@ struct Progress {
     pending_chunks: Vec<u32>,
     first_error: Option<Error>,
     done: Option<Instant>,
+    /// Threads sleeping on `cv` (`finish` wakes them only when there are some).
+    waiters: u32,
+}
+
+/// A transport that completes some transfers when asked rather than on a thread of its own (the
+/// shm ring's inline slots: the submitting thread posts them and returns). Whoever waits drives
+/// it, so the completion costs no thread hand-off.
+pub(crate) trait Drive: Send + Sync + std::fmt::Debug {
+    /// Completes what has finished by now, without blocking.
+    fn poll(&self);
+    /// The caller is about to sleep on `xfer`: something else must now complete it (and
+    /// notice a dead peer).
+    fn park(&self, xfer: &Arc<XferState>);
 }
 
 /// State shared between a [`TransferHandle`] and the transport running the transfer.
@@ -245,6 +258,8 @@ pub(crate) struct XferState {
     pub(crate) id: u64,
     pub(crate) ops: Vec<Op>,
     pub(crate) notify: Option<Vec<u8>>,
+    /// Each op's path (as in its plan; read without the lock).
+    paths: Vec<crate::plan::Path>,
     pub(crate) started: Instant,
     pub(crate) deadline: Instant,
     bytes_done: AtomicU64,
@@ -254,6 +269,8 @@ pub(crate) struct XferState {
     cv: Condvar,
     /// The initiating agent's counters, fed once when the transfer ends.
     stats: Arc<Stats>,
+    /// Set by a transport that completes this transfer only when driven (`Drive`).
+    driver: OnceLock<Arc<dyn Drive>>,
 }
 
 impl XferState {
@@ -266,6 +283,7 @@ impl XferState {
     ) -> Self {
         let started = Instant::now();
         let n = t.ops.len();
+        let paths = plans.iter().map(|p| p.path).collect();
         let results = t
             .ops
             .iter()
@@ -281,6 +299,7 @@ impl XferState {
             id,
             ops: t.ops,
             notify: t.notify,
+            paths,
             started,
             deadline: started + t.timeout.unwrap_or(timeout),
             bytes_done: AtomicU64::new(0),
@@ -290,10 +309,27 @@ impl XferState {
                 pending_chunks: vec![1; n],
                 first_error: None,
                 done: None,
+                waiters: 0,
             }),
             cv: Condvar::new(),
             stats,
+            driver: OnceLock::new(),
         }
+    }
+
+    /// Makes waiters drive `d` (see [`Drive`]); the first driver set stays.
+    pub(crate) fn set_driver(&self, d: Arc<dyn Drive>) {
+        let _ = self.driver.set(d);
+    }
+
+    /// Whether a transport set a driver (`set_driver`).
+    pub(crate) fn driven(&self) -> bool {
+        self.driver.get().is_some()
+    }
+
+    /// Whether `finish` ran.
+    pub(crate) fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
     }
 
     fn lock(&self) -> MutexGuard<'_, Progress> {
@@ -362,8 +398,8 @@ impl XferState {
     }
 
     /// The path of every op (no copies of the reasons).
-    pub(crate) fn paths(&self) -> Vec<crate::plan::Path> {
-        self.lock().ops.iter().map(|o| o.plan.path).collect()
+    pub(crate) fn paths(&self) -> &[crate::plan::Path] {
+        &self.paths
     }
 
     /// True if some op failed so far.
@@ -392,8 +428,11 @@ impl XferState {
         }
         p.done = Some(now);
         self.ended.store(true, Ordering::Release);
+        let wake = p.waiters > 0;
         drop(p);
-        self.cv.notify_all();
+        if wake {
+            self.cv.notify_all();
+        }
     }
 
     pub(crate) fn expired(&self) -> bool {
@@ -422,6 +461,9 @@ pub struct TransferHandle {
 impl TransferHandle {
     /// Where the transfer stands now.
     pub fn status(&self) -> Status {
+        if let Some(d) = self.state.driver.get() {
+            d.poll();
+        }
         let p = self.state.lock();
         match (p.done, &p.first_error) {
             (None, _) => Status::Pending,
@@ -450,19 +492,30 @@ impl TransferHandle {
         // A small transfer ends within a round trip: catching that by spinning saves the
         // condition variable's sleep and wake-up, which would cost more than the round trip.
         let spin = WAIT_SPIN.min(timeout);
-        crate::ring::spin_until(spin, || self.state.ended.load(Ordering::Acquire));
+        let drive = self.state.driver.get();
+        let ended = crate::ring::spin_until(spin, || {
+            if let Some(d) = drive {
+                d.poll();
+            }
+            self.state.ended()
+        });
+        if let (false, Some(d)) = (ended, drive) {
+            d.park(&self.state);
+        }
         let mut p = self.state.lock();
         while p.done.is_none() {
             let now = Instant::now();
             if now >= deadline {
                 return Err(Error::Timeout(timeout));
             }
+            p.waiters += 1;
             p = self
                 .state
                 .cv
                 .wait_timeout(p, deadline - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+            p.waiters -= 1;
         }
         if let Some(e) = &p.first_error {
             return Err(e.clone());

@@ -10,7 +10,9 @@ mod common;
 
 use common::*;
 use gdx_engine::serve::{self, ServeConfig};
-use gdx_engine::{Access, Agent, AgentConfig, Error, OpStatus, Path, RegionDesc, Transfer};
+use gdx_engine::{
+    Access, Agent, AgentConfig, Error, OpStatus, Path, Peer, Region, RegionDesc, Transfer,
+};
 use proptest::prelude::*;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
@@ -73,21 +75,35 @@ fn spawn_server() -> (Server, String, RegionDesc) {
     panic!("the ring server printed no GDX_SERVE line");
 }
 
+/// Two shm agents of this process (kept alive by the first element: bind it first, so it is
+/// dropped last), the initiator's peer, its descriptor of the target's `len`-byte region "r",
+/// that region (`dst`) and a local `len`-byte source filled with `seed`'s pattern.
+type Pair = (
+    (Agent, Agent),
+    Peer,
+    RegionDesc,
+    Region<'static>,
+    Region<'static>,
+);
+
+fn pair(len: u64, seed: u64) -> Pair {
+    let target = agent("target", true);
+    let init = agent("init", true);
+    let dst = target.alloc(len, Access::READ_WRITE, Some("r")).unwrap();
+    let peer = init.connect(target.listen_addr().unwrap()).unwrap();
+    assert_eq!(peer.route().transport, Path::Shm);
+    let remote = peer.region("r").unwrap();
+    let mut src = init.alloc(len, Access::LOCAL, None).unwrap();
+    fill_pattern(&mut src.bytes_mut().unwrap(), seed);
+    ((target, init), peer, remote, dst, src)
+}
+
 /// 64 transfers in flight at once (writes of 1 B .. 1 MiB, each to its own span), every one
 /// completing on its own; then 64 reads in flight, each verified byte for byte.
 #[test]
 fn a_window_of_64_outstanding_transfers_is_verified_byte_for_byte() {
-    let target = agent("target", true);
-    let init = agent("init", true);
     let span = 64u64 << 10;
-    let dst = target
-        .alloc(64 * span, Access::READ_WRITE, Some("w"))
-        .unwrap();
-    let peer = init.connect(target.listen_addr().unwrap()).unwrap();
-    assert_eq!(peer.route().transport, Path::Shm);
-    let remote = peer.region("w").unwrap();
-    let mut src = init.alloc(64 * span, Access::LOCAL, None).unwrap();
-    fill_pattern(&mut src.bytes_mut().unwrap(), 5);
+    let (agents, peer, remote, dst, src) = pair(64 * span, 5);
     // Sizes from 1 B to the span: inline ones and leased ones mixed.
     let len = |i: u64| [1, 7, 8, 64, 4096, 16 << 10, (16 << 10) + 1, span][i as usize % 8];
     let handles: Vec<_> = (0..64u64)
@@ -113,7 +129,7 @@ fn a_window_of_64_outstanding_transfers_is_verified_byte_for_byte() {
             );
         }
     }
-    let back = init.alloc(64 * span, Access::LOCAL, None).unwrap();
+    let back = agents.1.alloc(64 * span, Access::LOCAL, None).unwrap();
     let handles: Vec<_> = (0..64u64)
         .map(|i| {
             let mut t = Transfer::new();
@@ -139,16 +155,8 @@ fn a_window_of_64_outstanding_transfers_is_verified_byte_for_byte() {
 /// A batch of 1,000 × 4 KiB ops in one transfer (one ring slot), written and read back.
 #[test]
 fn a_batch_of_1000_4k_ops_round_trips() {
-    let target = agent("target", true);
-    let init = agent("init", true);
     let n = 1000u64;
-    let dst = target
-        .alloc(n * 4096, Access::READ_WRITE, Some("b"))
-        .unwrap();
-    let peer = init.connect(target.listen_addr().unwrap()).unwrap();
-    let remote = peer.region("b").unwrap();
-    let mut src = init.alloc(n * 4096, Access::LOCAL, None).unwrap();
-    fill_pattern(&mut src.bytes_mut().unwrap(), 9);
+    let (agents, peer, remote, dst, src) = pair(n * 4096, 9);
     let mut t = Transfer::new();
     for i in 0..n {
         // Reversed placement, so an op landing at the wrong offset shows.
@@ -165,7 +173,7 @@ fn a_batch_of_1000_4k_ops_round_trips() {
             assert_eq!(got[b..b + 4096], want[a..a + 4096], "op {i}");
         }
     }
-    let back = init.alloc(n * 4096, Access::LOCAL, None).unwrap();
+    let back = agents.1.alloc(n * 4096, Access::LOCAL, None).unwrap();
     let mut t = Transfer::new();
     for i in 0..n {
         t.read(&back, i * 4096, &remote, (n - 1 - i) * 4096, 4096);
@@ -174,6 +182,59 @@ fn a_batch_of_1000_4k_ops_round_trips() {
     assert_eq!(
         first_diff(&back.bytes().unwrap(), &src.bytes().unwrap()),
         None
+    );
+}
+
+/// Small transfers left in flight by the submitting thread complete without `wait`: polled
+/// through `status`, or by a later transfer (its slot needs the earlier ones answered), and a
+/// write submitted after them (over the socket) starts only after their bytes landed. More
+/// transfers than the ring has slots, none waited for until the end.
+#[test]
+fn small_transfers_in_flight_complete_when_polled_or_overtaken() {
+    let n = 100u64;
+    let (_agents, peer, remote, dst, src) = pair(n * 64 + (1 << 20), 21);
+    let submit = |off: u64, len: u64| {
+        let mut t = Transfer::new();
+        t.write(&src, off, &remote, off, len);
+        peer.submit(t).unwrap()
+    };
+    let polled: Vec<_> = (0..n).map(|i| submit(i * 64, 1 + i % 64)).collect();
+    // Dropped handles: completed by whoever drives the connection next.
+    for i in 0..n {
+        drop(submit(n * 64 + i * 8, 8));
+    }
+    let big = submit(n * 64 + 4096, (1 << 20) - 4096);
+    for h in &polled {
+        let deadline = std::time::Instant::now() + WAIT;
+        while h.status() == gdx_engine::Status::Pending {
+            assert!(std::time::Instant::now() < deadline, "never completed");
+            std::thread::yield_now();
+        }
+        assert_eq!(h.status(), gdx_engine::Status::Completed);
+    }
+    big.wait(WAIT).unwrap();
+    let got = dst.bytes().unwrap();
+    let want = src.bytes().unwrap();
+    for i in 0..n as usize {
+        let (o, l) = (i * 64, 1 + i % 64);
+        assert_eq!(
+            first_diff(&got[o..o + l], &want[o..o + l]),
+            None,
+            "polled {i}"
+        );
+    }
+    let tail = (n * 64) as usize;
+    assert_eq!(
+        first_diff(
+            &got[tail..tail + n as usize * 8],
+            &want[tail..tail + n as usize * 8]
+        ),
+        None
+    );
+    assert_eq!(
+        first_diff(&got[tail + 4096..], &want[tail + 4096..]),
+        None,
+        "big"
     );
 }
 

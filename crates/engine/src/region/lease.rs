@@ -30,6 +30,9 @@ pub(super) struct LeaseState {
     sources: u32,
     sinks: u32,
     dying: bool,
+    /// Threads sleeping on the region's condition variable (a lease's end wakes them only
+    /// when there are some: the wake is a system call on every drop otherwise).
+    waiters: u32,
 }
 
 impl LeaseState {
@@ -163,11 +166,13 @@ impl RegionInner {
             if now >= deadline {
                 return Err(Error::Timeout(timeout));
             }
+            st.waiters += 1;
             st = self
                 .cv
                 .wait_timeout(st, deadline - now)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            st.waiters -= 1;
         }
     }
 
@@ -176,7 +181,9 @@ impl RegionInner {
         let mut st = self.lock();
         st.dying = true;
         while !st.idle() {
+            st.waiters += 1;
             st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st.waiters -= 1;
         }
     }
 }
@@ -221,7 +228,10 @@ impl Drop for Lease {
             LeaseKind::Source => st.sources -= 1,
             LeaseKind::Sink => st.sinks -= 1,
         }
+        let wake = st.waiters > 0;
         drop(st);
-        self.region.cv.notify_all();
+        if wake {
+            self.region.cv.notify_all();
+        }
     }
 }

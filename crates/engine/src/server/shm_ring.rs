@@ -24,6 +24,10 @@ use crate::ring::{self, Ring, DONE, END, FREE, KIND_BEGIN, POSTED, SLOTS};
 const SPIN: Duration = Duration::from_micros(200);
 /// Longest sleep between checks of the stop flag.
 const SLEEP: Duration = Duration::from_millis(100);
+/// Idle polls between two reads of the clock (and yields).
+const CLOCK_EVERY: u32 = 64;
+/// Requests served between two updates of the last-active stamp while the ring stays busy.
+const STAMP_EVERY: u32 = 256;
 
 /// A running ring thread; dropping it stops the thread and releases its leases.
 #[derive(Debug)]
@@ -89,11 +93,21 @@ fn serve(
     let mut next: u32 = 0;
     let mut held: Vec<Option<Vec<Lease>>> = (0..SLOTS).map(|_| None).collect();
     let mut held_count = 0usize;
-    let mut idle_since = Instant::now();
+    // Slots of `held` in use (`BEGIN` answered, `END` not seen yet).
+    let mut held_slots = 0usize;
+    // When the ring went idle (`None` while it carries requests), and polls since the clock
+    // was last read: the clock is read every `CLOCK_EVERY` polls, not per poll or per request.
+    let mut idle_since: Option<Instant> = None;
+    let mut polls = 0u32;
+    let mut served_since_stamp = 0u32;
     while !stop.load(Ordering::Relaxed) {
         let mut worked = false;
-        let s = next as usize % SLOTS;
-        if ring.state(s).load(Ordering::Acquire) == POSTED {
+        // Every request posted by now, in sequence order, in one pass.
+        loop {
+            let s = next as usize % SLOTS;
+            if ring.state(s).load(Ordering::Acquire) != POSTED {
+                break;
+            }
             if held[s].is_some() {
                 return Err(Error::Protocol(format!(
                     "shm ring slot {s} posted again before END"
@@ -111,25 +125,44 @@ fn serve(
             if req.kind == KIND_BEGIN {
                 held_count += leases.len();
                 held[s] = Some(leases);
+                held_slots += 1;
             }
             set_state(ring, s, DONE);
             next = next.wrapping_add(1);
             worked = true;
         }
-        for (slot, h) in held.iter_mut().enumerate() {
-            if h.is_some() && ring.state(slot).load(Ordering::Acquire) == END {
-                held_count -= h.take().map_or(0, |l| l.len());
-                set_state(ring, slot, FREE);
-                worked = true;
+        if held_slots > 0 {
+            for (slot, h) in held.iter_mut().enumerate() {
+                if h.is_some() && ring.state(slot).load(Ordering::Acquire) == END {
+                    held_count -= h.take().map_or(0, |l| l.len());
+                    held_slots -= 1;
+                    set_state(ring, slot, FREE);
+                    worked = true;
+                }
             }
         }
         if worked {
-            last.store(base.elapsed().as_millis() as u64, Ordering::Relaxed);
-            idle_since = Instant::now();
+            served_since_stamp += 1;
+            if idle_since.take().is_some() || served_since_stamp >= STAMP_EVERY {
+                served_since_stamp = 0;
+                last.store(base.elapsed().as_millis() as u64, Ordering::Relaxed);
+            }
+            polls = 0;
             continue;
         }
-        if idle_since.elapsed() < SPIN {
+        // Poll, yielding now and then (a core may be shared): a yield or a clock read per
+        // poll would add to the time it takes to see the next request.
+        polls = polls.wrapping_add(1);
+        if !polls.is_multiple_of(CLOCK_EVERY) {
             std::hint::spin_loop();
+            continue;
+        }
+        let now = Instant::now();
+        let since = *idle_since.get_or_insert_with(|| {
+            last.store(base.elapsed().as_millis() as u64, Ordering::Relaxed);
+            now
+        });
+        if now.duration_since(since) < SPIN {
             std::thread::yield_now();
             continue;
         }
@@ -144,7 +177,7 @@ fn serve(
             ring::futex_wait(ring.doorbell(), bell, SLEEP);
         }
         ring.target_sleeping().store(0, Ordering::SeqCst);
-        idle_since = Instant::now();
+        idle_since = Some(Instant::now());
     }
     Ok(())
 }

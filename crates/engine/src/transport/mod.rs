@@ -88,6 +88,14 @@ impl SerialQueue {
         }
     }
 
+    /// Hands `xfer` to the thread again, as a request to finish it (a transfer it already
+    /// knows); once the queue is closed, nothing (the thread finishes what it knows as it ends).
+    pub(crate) fn nudge(&self, xfer: Arc<XferState>) {
+        if let Some(tx) = self.tx.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let _ = tx.send(xfer);
+        }
+    }
+
     /// Whether the connection is still usable.
     pub(crate) fn is_alive(&self) -> bool {
         self.alive.load(Ordering::SeqCst)

@@ -16,7 +16,7 @@
 //! Ops are confirmed by the `ShmEnd` reply: if the target dies, every op of the batch fails with
 //! `PeerLost` even if its copy into the (still mapped) memory had finished.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixStream;
@@ -31,9 +31,9 @@ use crate::gpu::{copy_span, Dir};
 use crate::mem::Mapping;
 use crate::plan::Path;
 use crate::region::LeaseKind;
-use crate::transfer::{OpKind, XferState};
+use crate::transfer::{Drive, OpKind, XferState};
 use crate::transport::{SerialQueue, Transport};
-use crate::wire::{Msg, ShmOp};
+use crate::wire::Msg;
 
 /// Size of the bounce buffer used for borrowed remote regions.
 pub(crate) const BOUNCE_BYTES: usize = 8 << 20;
@@ -42,19 +42,24 @@ use crate::wire::MAX_OPS_PER_BEGIN;
 #[path = "shm_ring.rs"]
 mod ring;
 
-/// Runs transfers over one shm connection, one transfer at a time, on a worker thread.
+/// Runs transfers over one shm connection: small ones posted into the ring by the submitting
+/// thread and completed by whoever waits (`ring::Driver`), the rest one at a time on a worker
+/// thread.
 #[derive(Debug)]
 pub(crate) struct ShmTransport {
-    queue: SerialQueue,
+    /// Strong only here: dropping the transport closes the queue and ends the worker thread.
+    queue: Arc<SerialQueue>,
     sock: Sock,
-    /// The connection's state, used by the worker thread and, for small transfers on an idle
-    /// connection, by the submitting thread itself (no thread hand-off on the latency path).
+    /// The connection's state, used by the worker thread and, for small transfers, by the
+    /// submitting and waiting threads themselves (no thread hand-off on the latency path).
     worker: Arc<Mutex<Worker>>,
-    /// Transfers queued to the worker thread and not yet finished: a transfer runs on the
-    /// submitting thread only when this is 0, so transfers still run in submission order.
+    /// Transfers queued to the worker thread and not yet finished: a transfer is posted by the
+    /// submitting thread only when this is 0, so transfers still start in submission order.
     queued: Arc<AtomicUsize>,
-    /// Set when the connection broke on the submitting thread.
+    /// Set when the connection broke off the worker thread.
     dead: Arc<AtomicBool>,
+    /// What waiters drive the transfers posted by the submitting thread through.
+    driver: Arc<ring::Driver>,
 }
 
 struct Worker {
@@ -69,9 +74,8 @@ struct Worker {
     ring: Option<ring::RingClient>,
     /// Why the connection is unusable, once it is.
     broken: Option<Error>,
-    /// A small transfer the submitting thread started and handed over (its peer did not answer
-    /// within the submit spin); the worker thread finishes it when it dequeues that transfer.
-    parked: Option<ring::Parked>,
+    /// Small transfers posted into the ring and not yet completed, oldest first.
+    inflight: VecDeque<ring::Inflight>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -160,6 +164,7 @@ impl ShmTransport {
         }
         let sock = conn.shutdown_handle()?;
         let ring = ring::RingClient::new(r, conn.raw_fd(), io_timeout);
+        let (rc_ring, rc_front) = (Arc::clone(&ring.ring), Arc::clone(&ring.front));
         let w = Worker {
             conn,
             bounce,
@@ -168,53 +173,54 @@ impl ShmTransport {
             wait: io_timeout,
             ring: Some(ring),
             broken: None,
-            parked: None,
+            inflight: VecDeque::new(),
         };
         let worker = Arc::new(Mutex::new(w));
         let queued = Arc::new(AtomicUsize::new(0));
         let dead = Arc::new(AtomicBool::new(false));
         let (w, q, d) = (Arc::clone(&worker), Arc::clone(&queued), Arc::clone(&dead));
-        let queue = SerialQueue::spawn("gdx-shm", move |rx, alive| {
+        let queue = Arc::new(SerialQueue::spawn("gdx-shm", move |rx, alive| {
             worker_thread(&w, rx, &alive, &q, &d)
-        })?;
+        })?);
+        let driver = Arc::new(ring::Driver {
+            ring: Arc::clone(&rc_ring),
+            front: Arc::clone(&rc_front),
+            worker: Arc::downgrade(&worker),
+            queue: Arc::downgrade(&queue),
+            dead: Arc::clone(&dead),
+        });
         Ok(ShmTransport {
             queue,
             sock,
             worker,
             queued,
             dead,
+            driver,
         })
     }
 }
 
 impl Transport for ShmTransport {
     fn submit(&self, xfer: Arc<XferState>) {
-        if self.queued.load(Ordering::SeqCst) == 0 && ring::fits_one_slot(&xfer) {
+        if self.queued.load(Ordering::SeqCst) == 0 && ring::posts_inline(&xfer) {
             if let Ok(mut w) = self.worker.try_lock() {
                 // Re-checked under the lock: the worker thread finishes a transfer before it
-                // lowers the count, so nothing submitted earlier is still running.
+                // lowers the count, so nothing submitted earlier is still waiting to start.
                 if self.queued.load(Ordering::SeqCst) == 0 && self.queue.is_alive() {
-                    match w.fast_guarded(&xfer) {
-                        Some(ring::Fast::Done) => {
-                            drop(w);
-                            xfer.finish();
-                            return;
-                        }
-                        Some(ring::Fast::Parked(p)) => {
-                            // Counted and queued under the lock: the worker dequeues this
-                            // transfer next and finds it parked.
-                            w.parked = Some(p);
-                            self.queued.fetch_add(1, Ordering::SeqCst);
-                            self.queue.submit(xfer);
-                            return;
-                        }
-                        Some(ring::Fast::NotStarted) => {}
-                        None => {
-                            self.dead.store(true, Ordering::SeqCst);
-                            drop(w);
-                            xfer.finish();
-                            return;
-                        }
+                    let mut done = Vec::new();
+                    let taken = w.post_guarded(&xfer, &mut done);
+                    if w.broken.is_some() {
+                        self.dead.store(true, Ordering::SeqCst);
+                    }
+                    if taken {
+                        xfer.set_driver(Arc::clone(&self.driver) as Arc<dyn Drive>);
+                    }
+                    drop(w);
+                    for x in done {
+                        x.finish();
+                    }
+                    if taken {
+                        return;
                     }
                 }
             }
@@ -251,51 +257,54 @@ fn worker_thread(
             },
         };
         let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
-        let mut group = Vec::new();
-        let broke = match w.parked.take() {
-            Some(p) if Arc::ptr_eq(&p.xfer, &xfer) => {
-                let broke = w.resume_guarded(&p);
-                group.push(xfer);
-                broke
-            }
-            other => {
-                w.parked = other;
-                if ring::pipelines(&xfer) {
-                    // Small transfers queued behind each other share the ring: their slots are
-                    // all posted before the first answer is awaited (a window of transfers
-                    // progresses concurrently, in submission order).
-                    group.push(xfer);
-                    while group.len() < ring::PIPELINE {
-                        match rx.try_recv() {
-                            Ok(x) if ring::pipelines(&x) => group.push(x),
-                            Ok(x) => {
-                                next = Some(x);
-                                break;
-                            }
-                            Err(_) => break,
+        let mut done = Vec::new();
+        // Whatever is in flight completes before anything queued starts (a waiter about to
+        // sleep sends its in-flight transfer here again, `driven`: that is all it needs).
+        let mut broke = w.reap_guarded(true, &mut done);
+        let mut counted = 0;
+        if !xfer.driven() {
+            if ring::posts_inline(&xfer) {
+                // Small transfers queued behind each other share the ring: their slots are
+                // all posted before the first answer is awaited.
+                let mut group = vec![xfer];
+                while group.len() < ring::PIPELINE {
+                    match rx.try_recv() {
+                        Ok(x) if x.driven() => {}
+                        Ok(x) if ring::posts_inline(&x) => group.push(x),
+                        Ok(x) => {
+                            next = Some(x);
+                            break;
                         }
+                        Err(_) => break,
                     }
-                    w.pipeline_guarded(&group)
-                } else {
-                    let broke = w.run_guarded(&xfer);
-                    group.push(xfer);
-                    broke
                 }
+                counted = group.len();
+                broke |= w.pipeline_guarded(&group, &mut done);
+            } else {
+                broke |= w.run_guarded(&xfer);
+                counted = 1;
+                done.push(xfer);
             }
-        };
+        }
         if broke {
             alive.store(false, Ordering::SeqCst);
             dead.store(true, Ordering::SeqCst);
         }
         drop(w);
-        for x in &group {
+        for x in done {
             x.finish();
         }
-        queued.fetch_sub(group.len(), Ordering::SeqCst);
+        queued.fetch_sub(counted, Ordering::SeqCst);
     }
     let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
+    let mut done = Vec::new();
+    w.reap_guarded(true, &mut done);
     if w.broken.is_none() {
         let _ = w.conn.send(&Msg::Bye);
+    }
+    drop(w);
+    for x in done {
+        x.finish();
     }
 }
 
@@ -317,70 +326,14 @@ impl Worker {
         }
     }
 
-    /// The submitting thread's attempt (`try_fast`); `None` when it broke the connection (the
-    /// transfer's ops are failed).
-    fn fast_guarded(&mut self, xfer: &Arc<XferState>) -> Option<ring::Fast> {
-        if let Some(e) = &self.broken {
-            xfer.fail_pending(e);
-            return Some(ring::Fast::Done);
-        }
-        match self.try_fast(xfer) {
-            Ok(f) => Some(f),
-            Err(e) => {
-                xfer.fail_pending(&e);
-                self.broken = Some(e);
-                None
-            }
-        }
-    }
-
-    /// Runs a group of small transfers with their ring slots posted together (`pipeline`);
-    /// true when the group broke the connection (its unfinished ops fail).
-    fn pipeline_guarded(&mut self, group: &[Arc<XferState>]) -> bool {
-        if let Some(e) = &self.broken {
-            for x in group {
-                x.fail_pending(e);
-            }
-            return false;
-        }
-        if group.len() == 1 {
-            return self.run_guarded(&group[0]);
-        }
-        match self.pipeline(group) {
-            Ok(()) => false,
-            Err(e) => {
-                for x in group {
-                    x.fail_pending(&e);
-                }
-                self.broken = Some(e);
-                true
-            }
-        }
-    }
-
-    /// Finishes a parked transfer on the worker thread; true when it broke the connection.
-    fn resume_guarded(&mut self, p: &ring::Parked) -> bool {
-        if let Some(e) = &self.broken {
-            p.xfer.fail_pending(e);
-            return false;
-        }
-        match self.resume(p) {
-            Ok(()) => false,
-            Err(e) => {
-                p.xfer.fail_pending(&e);
-                self.broken = Some(e);
-                true
-            }
-        }
-    }
-
     /// Runs one transfer; `Err` means the connection is unusable.
     fn run(&mut self, xfer: &XferState) -> Result<()> {
-        let plans: Vec<Path> = xfer.paths();
+        let plans = xfer.paths();
         let mut ok = vec![true; xfer.ops.len()];
         // Map every agent-allocated remote region once.
         for (i, op) in xfer.ops.iter().enumerate() {
-            if plans[i] == Path::Shm && !self.maps.contains_key(&op.remote.id) {
+            let again = i > 0 && ok[i - 1] && xfer.ops[i - 1].remote.id == op.remote.id;
+            if plans[i] == Path::Shm && !again && !self.maps.contains_key(&op.remote.id) {
                 if let Err(e) = self.map(op.remote.id, op.remote.key, op.remote.access.remote_write)
                 {
                     if e.is_fatal_for_stream() {
@@ -391,24 +344,12 @@ impl Worker {
                 }
             }
         }
-        if self.run_ring(xfer, &plans, &ok)? {
+        if self.run_ring(xfer, plans, &ok)? {
             return Ok(());
         }
         let idx: Vec<usize> = (0..xfer.ops.len()).filter(|&i| ok[i]).collect();
         for batch in idx.chunks(MAX_OPS_PER_BEGIN) {
-            let ops = batch
-                .iter()
-                .map(|&i| {
-                    let op = &xfer.ops[i];
-                    ShmOp {
-                        write: op.kind == OpKind::Write,
-                        region: op.remote.id,
-                        key: op.remote.key,
-                        offset: op.remote_offset,
-                        len: op.len,
-                    }
-                })
-                .collect();
+            let ops = ring::ring_ops(xfer, batch);
             let begin = self.conn.request(&Msg::ShmBegin { xfer: xfer.id, ops })?;
             let Msg::ShmBeginResult { errors } = begin else {
                 return Err(Error::Protocol("expected ShmBeginResult".into()));

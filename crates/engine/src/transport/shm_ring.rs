@@ -8,14 +8,20 @@
 //! the leases, so the bytes are in place when the op completes; the target drops the leases when
 //! it sees `END`. A notification still travels on the socket (`ShmEnd`), after the bytes.
 //!
+//! A small transfer (one inline slot, no notification) is posted by the submitting thread and
+//! left in flight (`Worker::inflight`): many may be outstanding (up to the ring's slots), each
+//! completing on its own. Whoever waits completes them (`Drive`): the waiter polls the slots and
+//! completes every answered one, oldest first; a waiter about to sleep hands the rest to the
+//! worker thread, which waits with the liveness checks below.
+//!
 //! Liveness: a waiter spins briefly, then sleeps on the slot's futex in short naps, and between
 //! naps checks the shm socket for hang-up (the target closes it when it dies or its ring
 //! thread gives up) and the I/O timeout; either fails the transfer's unconfirmed ops with
 //! `PeerLost` and the connection stays failed.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::Worker;
@@ -27,20 +33,28 @@ use crate::ring::{
     self, Ring, DATA_BYTES, DONE, END, FREE, INLINE_MAX, KIND_BEGIN, KIND_INLINE, MAX_RING_OPS,
     NAP, POSTED,
 };
-use crate::transfer::{OpKind, XferState};
+use crate::transfer::{Drive, OpKind, XferState};
+use crate::transport::SerialQueue;
 use crate::wire::ShmOp;
+
+/// `RingClient::front` when nothing is in flight.
+const NO_SLOT: u32 = u32::MAX;
 
 /// How long the initiator spins on a slot before it sleeps on its futex.
 const SPIN: Duration = Duration::from_micros(100);
-/// How long the submitting thread spins for the answer to a small transfer before it hands the
-/// transfer to the worker thread: a ring round trip to a running peer is a few µs; anything
-/// longer (a sleeping, descheduled or stopped peer) is waited for off the caller's thread.
+/// How long the submitting thread waits for the next slot (the oldest in flight to be answered)
+/// before it queues the transfer to the worker thread instead: a ring round trip to a running
+/// peer is a few µs; anything longer (a sleeping, descheduled or stopped peer) is waited for off
+/// the caller's thread.
 const SUBMIT_SPIN: Duration = Duration::from_micros(10);
 
 /// The initiator's ring state: the mapping and the next sequence number.
 #[derive(Debug)]
 pub(super) struct RingClient {
-    pub(super) ring: Ring,
+    /// Shared with the connection's `Driver`, which reads slot states without the lock.
+    pub(super) ring: Arc<Ring>,
+    /// The slot of the oldest transfer in flight (`NO_SLOT`: none), for `Driver::poll`.
+    pub(super) front: Arc<AtomicU32>,
     seq: u32,
     /// The shm socket, watched for hang-up while waiting.
     sock_fd: RawFd,
@@ -50,7 +64,8 @@ pub(super) struct RingClient {
 impl RingClient {
     pub(super) fn new(ring: Ring, sock_fd: RawFd, wait: Duration) -> Self {
         RingClient {
-            ring,
+            ring: Arc::new(ring),
+            front: Arc::new(AtomicU32::new(NO_SLOT)),
             seq: 0,
             sock_fd,
             wait,
@@ -127,20 +142,69 @@ fn hung_up(fd: RawFd) -> bool {
     n > 0 && p[0].revents().intersects(hup)
 }
 
-/// Whether `xfer` is small enough to run on the submitting thread: one inline slot, all its
-/// bytes ≤ `INLINE_MAX` (two copies of that cost less than a BEGIN's extra bookkeeping). Whether it actually takes the
-/// ring is decided by `run_ring`.
-pub(super) fn fits_one_slot(xfer: &XferState) -> bool {
-    xfer.ops.len() <= MAX_RING_OPS && xfer.ops.iter().map(|o| o.len).sum::<u64>() <= INLINE_MAX
+/// Whether `xfer` is posted by the submitting thread and left in flight: one inline slot (all
+/// its bytes ≤ `INLINE_MAX`: two copies of that cost less than a BEGIN's extra round trip and
+/// bookkeeping), every op inline, no notification (that is a socket round trip after the bytes).
+pub(super) fn posts_inline(xfer: &XferState) -> bool {
+    xfer.ops.len() <= MAX_RING_OPS
+        && xfer.notify.is_none()
+        && xfer.ops.iter().map(|o| o.len).sum::<u64>() <= INLINE_MAX
+        && all_inline(xfer)
 }
 
-/// Most small transfers whose slots the worker posts before it awaits the first answer.
+/// Most queued small transfers the worker posts before it awaits the first answer.
 pub(super) const PIPELINE: usize = ring::SLOTS / 2;
 
-/// Whether `xfer` can join a pipelined group: one inline slot, no notification (that is a
-/// socket round trip after the bytes).
-pub(super) fn pipelines(xfer: &XferState) -> bool {
-    fits_one_slot(xfer) && xfer.notify.is_none() && all_inline(xfer)
+/// A posted inline slot not yet answered (or answered and not yet completed).
+#[derive(Debug)]
+pub(super) struct Inflight {
+    xfer: Arc<XferState>,
+    slot: usize,
+    /// The ops withdrawn before posting (their local copy failed).
+    skip: Vec<bool>,
+}
+
+/// The handle waiters drive a transfer in flight through (`Drive`); weak, so an abandoned
+/// transfer keeps neither the connection nor its worker thread alive.
+#[derive(Debug)]
+pub(super) struct Driver {
+    /// The ring and its oldest slot in flight: a poll while that slot is unanswered costs
+    /// two loads, no lock (a waiter polls in a tight loop, maybe on a core the target shares).
+    pub(super) ring: Arc<Ring>,
+    pub(super) front: Arc<AtomicU32>,
+    pub(super) worker: Weak<Mutex<Worker>>,
+    pub(super) queue: Weak<SerialQueue>,
+    pub(super) dead: Arc<AtomicBool>,
+}
+
+impl Drive for Driver {
+    fn poll(&self) {
+        let front = self.front.load(Ordering::Acquire);
+        if front == NO_SLOT || self.ring.state(front as usize).load(Ordering::Acquire) != DONE {
+            return;
+        }
+        let Some(w) = self.worker.upgrade() else {
+            return;
+        };
+        let mut done = Vec::new();
+        if let Ok(mut w) = w.try_lock() {
+            if w.inflight.is_empty() {
+                return;
+            }
+            if w.reap_guarded(false, &mut done) {
+                self.dead.store(true, Ordering::SeqCst);
+            }
+        }
+        for x in done {
+            x.finish();
+        }
+    }
+
+    fn park(&self, xfer: &Arc<XferState>) {
+        if let Some(q) = self.queue.upgrade() {
+            q.nudge(Arc::clone(xfer));
+        }
+    }
 }
 
 /// Whether every op of `xfer` travels inline (small, and to a path the ring carries inline).
@@ -166,8 +230,8 @@ fn ring_class(w: &Worker, xfer: &XferState, plan: &Path, i: usize, big: bool) ->
     None
 }
 
-/// The ring's op table entries for `batch`.
-fn ring_ops(xfer: &XferState, batch: &[usize]) -> Vec<ShmOp> {
+/// The op table entries (ring or `ShmBegin`) for `batch`.
+pub(super) fn ring_ops(xfer: &XferState, batch: &[usize]) -> Vec<ShmOp> {
     batch
         .iter()
         .map(|&i| {
@@ -181,25 +245,6 @@ fn ring_ops(xfer: &XferState, batch: &[usize]) -> Vec<ShmOp> {
             }
         })
         .collect()
-}
-
-/// What the submitting thread's attempt at a small transfer left behind.
-#[derive(Debug)]
-pub(super) enum Fast {
-    /// The transfer ran to its end (completed or failed); the caller finishes it.
-    Done,
-    /// The rest waits on the peer; the worker thread takes it over (`Worker::resume`).
-    Parked(Parked),
-    /// Nothing was started (the next slot is still in use): queue it to the worker thread.
-    NotStarted,
-}
-
-/// A small transfer the submitting thread started and handed over: its inline slot is posted
-/// (`slot`: waiting for `DONE`), or done and only the notification is left (`slot: None`).
-#[derive(Debug)]
-pub(super) struct Parked {
-    pub(super) xfer: Arc<XferState>,
-    slot: Option<(usize, Vec<bool>)>,
 }
 
 impl Worker {
@@ -389,21 +434,30 @@ impl Worker {
         Ok(())
     }
 
-    /// Takes the next slot (waiting until it is free), copies the writes' bytes into it and
-    /// posts it. Returns the slot and the ops withdrawn (their local copy failed).
-    fn post_inline(&mut self, xfer: &XferState, batch: &[usize]) -> Result<(usize, Vec<bool>)> {
-        let ops = ring_ops(xfer, batch);
-        let wait = self.wait;
-        let rc = self.ring_mut()?;
-        let slot = rc.prepare(KIND_INLINE, xfer.id, &ops)?;
-        let mut skip = vec![false; batch.len()];
+    /// Copies the inline bytes of the ops of `batch` going `kind` (writes: into the slot before
+    /// posting; reads: out of it after `DONE`), skipping the ops in `skip`; an op whose local
+    /// copy fails is failed and added to `skip` (and, before posting, withdrawn from the slot).
+    fn copy_inline(
+        &self,
+        xfer: &XferState,
+        batch: &[usize],
+        slot: usize,
+        skip: &mut [bool],
+        kind: OpKind,
+    ) -> Result<()> {
+        let rc = self
+            .ring
+            .as_ref()
+            .ok_or_else(|| Error::Protocol("no shm ring".into()))?;
+        let (lease_kind, dir) = match kind {
+            OpKind::Write => (LeaseKind::Source, Dir::OutOfRegion),
+            OpKind::Read => (LeaseKind::Sink, Dir::IntoRegion),
+        };
         let mut at = 0usize;
         for (j, &i) in batch.iter().enumerate() {
             let op = &xfer.ops[i];
-            if op.kind == OpKind::Write {
-                // The bytes go into the slot now; a local failure withdraws the op, so the
-                // target copies nothing for it.
-                let r = op.local.lease(LeaseKind::Source, wait).and_then(|lease| {
+            if !skip[j] && op.kind == kind {
+                let r = op.local.lease(lease_kind, self.wait).and_then(|lease| {
                     // SAFETY: [at, at + len) lies in the slot's data area (the batch was cut
                     // to DATA_BYTES); the local span is leased and bounds-checked at submit.
                     unsafe {
@@ -412,19 +466,31 @@ impl Worker {
                             op.local_offset,
                             rc.ring.data_ptr(slot, at),
                             op.len as usize,
-                            Dir::OutOfRegion,
+                            dir,
                         )
                     }
                 });
                 if let Err(e) = r {
                     skip[j] = true;
-                    rc.ring.skip_op(slot, j);
+                    if kind == OpKind::Write {
+                        rc.ring.skip_op(slot, j);
+                    }
                     xfer.chunk_done(i, 0, Err(e));
                 }
             }
             at += op.len as usize;
         }
-        rc.publish(slot, POSTED);
+        Ok(())
+    }
+
+    /// Takes the next slot (waiting until it is free), copies the writes' bytes into it and
+    /// posts it. Returns the slot and the ops withdrawn (their local copy failed).
+    fn post_inline(&mut self, xfer: &XferState, batch: &[usize]) -> Result<(usize, Vec<bool>)> {
+        let ops = ring_ops(xfer, batch);
+        let slot = self.ring_mut()?.prepare(KIND_INLINE, xfer.id, &ops)?;
+        let mut skip = vec![false; batch.len()];
+        self.copy_inline(xfer, batch, slot, &mut skip, OpKind::Write)?;
+        self.ring_mut()?.publish(slot, POSTED);
         Ok((slot, skip))
     }
 
@@ -438,33 +504,11 @@ impl Worker {
         mut skip: Vec<bool>,
     ) -> Result<()> {
         self.take_result(xfer, batch, slot, &mut skip)?;
-        let wait = self.wait;
-        let rc = self.ring_mut()?;
-        let mut at = 0usize;
-        for (j, &i) in batch.iter().enumerate() {
-            let op = &xfer.ops[i];
-            if !skip[j] && op.kind == OpKind::Read {
-                let r = op.local.lease(LeaseKind::Sink, wait).and_then(|lease| {
-                    // SAFETY: as for the write in `post_inline`, from the slot into the local
-                    // span.
-                    unsafe {
-                        copy_span(
-                            &lease,
-                            op.local_offset,
-                            rc.ring.data_ptr(slot, at),
-                            op.len as usize,
-                            Dir::IntoRegion,
-                        )
-                    }
-                });
-                if let Err(e) = r {
-                    skip[j] = true;
-                    xfer.chunk_done(i, 0, Err(e));
-                }
-            }
-            at += op.len as usize;
-        }
-        rc.ring.state(slot).store(FREE, Ordering::Release);
+        self.copy_inline(xfer, batch, slot, &mut skip, OpKind::Read)?;
+        self.ring_mut()?
+            .ring
+            .state(slot)
+            .store(FREE, Ordering::Release);
         let done: Vec<usize> = batch
             .iter()
             .zip(&skip)
@@ -475,67 +519,150 @@ impl Worker {
         Ok(())
     }
 
-    /// The submitting thread's attempt at a small transfer (`fits_one_slot`, every op inline):
-    /// post its one slot and spin at most `SUBMIT_SPIN` for the answer. Whatever would wait
-    /// longer on the peer (the answer, the notification's socket round trip) is handed to the
-    /// worker thread as `Fast::Parked`, so a stalled peer never blocks the caller. `Err`: the
-    /// connection broke.
-    pub(super) fn try_fast(&mut self, xfer: &Arc<XferState>) -> Result<Fast> {
-        let inline = all_inline(xfer);
-        let Some(rc) = self.ring.as_ref() else {
-            return Ok(Fast::NotStarted);
-        };
-        if !inline || !rc.next_is_free() {
-            return Ok(Fast::NotStarted);
+    /// Posts `xfer` (`posts_inline`) into the next slot and leaves it in flight, completing
+    /// (into `done`) the answered slots before it; waits at most `SUBMIT_SPIN` for a slot.
+    /// `Ok(false)`: no slot came free, nothing was started.
+    pub(super) fn post(
+        &mut self,
+        xfer: &Arc<XferState>,
+        done: &mut Vec<Arc<XferState>>,
+    ) -> Result<bool> {
+        let mut err = None;
+        ring::spin_until(SUBMIT_SPIN, || {
+            if let Err(e) = self.reap(false, done) {
+                err = Some(e);
+                return true;
+            }
+            self.inflight.is_empty() || self.ring.as_ref().is_some_and(RingClient::next_is_free)
+        });
+        if let Some(e) = err {
+            return Err(e);
         }
+        if !self.ring.as_ref().is_some_and(RingClient::next_is_free) {
+            return Ok(false);
+        }
+        self.post_now(xfer)?;
+        Ok(true)
+    }
+
+    /// Posts `xfer` (`posts_inline`) into the next slot, waiting for it to be free, and leaves
+    /// it in flight.
+    fn post_now(&mut self, xfer: &Arc<XferState>) -> Result<()> {
         let batch: Vec<usize> = (0..xfer.ops.len()).collect();
         let (slot, skip) = self.post_inline(xfer, &batch)?;
-        let rc = self.ring_mut()?;
-        let st = rc.ring.state(slot);
-        if !ring::spin_until(SUBMIT_SPIN, || st.load(Ordering::Acquire) == DONE) {
-            return Ok(Fast::Parked(Parked {
-                xfer: Arc::clone(xfer),
-                slot: Some((slot, skip)),
-            }));
-        }
-        self.finish_inline(xfer, &batch, slot, skip)?;
-        if xfer.notify.is_some() && !xfer.has_failed() {
-            return Ok(Fast::Parked(Parked {
-                xfer: Arc::clone(xfer),
-                slot: None,
-            }));
-        }
-        Ok(Fast::Done)
+        self.inflight.push_back(Inflight {
+            xfer: Arc::clone(xfer),
+            slot,
+            skip,
+        });
+        self.mark_front();
+        Ok(())
     }
 
-    /// A group of small transfers (each `pipelines`): every slot posted first, then each
-    /// answer awaited and completed in order. `Err`: the connection broke.
-    pub(super) fn pipeline(&mut self, group: &[Arc<XferState>]) -> Result<()> {
-        let mut posted = Vec::with_capacity(group.len());
-        for x in group {
-            let batch: Vec<usize> = (0..x.ops.len()).collect();
-            posted.push(self.post_inline(x, &batch)?);
+    /// The submitting thread's `post`: true when the transfer was taken (posted, or failed
+    /// into `done` on a broken connection).
+    pub(super) fn post_guarded(
+        &mut self,
+        xfer: &Arc<XferState>,
+        done: &mut Vec<Arc<XferState>>,
+    ) -> bool {
+        let r = match &self.broken {
+            Some(e) => Err(e.clone()),
+            None => self.post(xfer, done),
+        };
+        match r {
+            Ok(taken) => taken,
+            Err(e) => {
+                xfer.fail_pending(&e);
+                done.push(Arc::clone(xfer));
+                self.break_with(e, done);
+                true
+            }
         }
-        for (x, (slot, skip)) in group.iter().zip(posted) {
-            self.ring_mut()?.wait_state(slot, DONE)?;
-            let batch: Vec<usize> = (0..x.ops.len()).collect();
-            self.finish_inline(x, &batch, slot, skip)?;
+    }
+
+    /// The worker thread's group of queued small transfers (each `posts_inline`): every slot
+    /// posted before the first answer is awaited, then all completed (each into `done`, once).
+    /// True when the group broke the connection (its unfinished ops fail).
+    pub(super) fn pipeline_guarded(
+        &mut self,
+        group: &[Arc<XferState>],
+        done: &mut Vec<Arc<XferState>>,
+    ) -> bool {
+        for (k, x) in group.iter().enumerate() {
+            let r = match &self.broken {
+                Some(e) => Err(e.clone()),
+                None => self.post_now(x),
+            };
+            if let Err(e) = r {
+                for x in &group[k..] {
+                    x.fail_pending(&e);
+                    done.push(Arc::clone(x));
+                }
+                let fresh = self.broken.is_none();
+                self.break_with(e, done);
+                return fresh;
+            }
+        }
+        self.reap_guarded(true, done)
+    }
+
+    /// Completes the transfers in flight, oldest first, into `done` (the caller finishes them
+    /// once it let go of the worker): with `block` all of them, each waited for (with the
+    /// liveness checks of every ring wait), else those answered by now.
+    pub(super) fn reap(&mut self, block: bool, done: &mut Vec<Arc<XferState>>) -> Result<()> {
+        while let Some(slot) = self.inflight.front().map(|f| f.slot) {
+            let rc = self.ring_mut()?;
+            if block {
+                rc.wait_state(slot, DONE)?;
+            } else if rc.ring.state(slot).load(Ordering::Acquire) != DONE {
+                break;
+            }
+            let Some(f) = self.inflight.pop_front() else {
+                break;
+            };
+            self.mark_front();
+            let batch: Vec<usize> = (0..f.xfer.ops.len()).collect();
+            let r = self.finish_inline(&f.xfer, &batch, f.slot, f.skip);
+            if let Err(e) = &r {
+                f.xfer.fail_pending(e);
+            }
+            done.push(f.xfer);
+            r?;
         }
         Ok(())
     }
 
-    /// The worker thread's side of a parked transfer: waits for its slot (with the I/O
-    /// timeout and the hang-up check of every ring wait), then sends its notification.
-    pub(super) fn resume(&mut self, p: &Parked) -> Result<()> {
-        let xfer = &p.xfer;
-        if let Some((slot, skip)) = &p.slot {
-            self.ring_mut()?.wait_state(*slot, DONE)?;
-            let batch: Vec<usize> = (0..xfer.ops.len()).collect();
-            self.finish_inline(xfer, &batch, *slot, skip.clone())?;
+    /// `reap`, and when it breaks the connection: every transfer in flight failed (into
+    /// `done`) and the connection marked broken. True when it broke the connection.
+    pub(super) fn reap_guarded(&mut self, block: bool, done: &mut Vec<Arc<XferState>>) -> bool {
+        if let Some(e) = self.broken.clone() {
+            self.break_with(e, done);
+            return false;
         }
-        if let Some(n) = xfer.notify.clone().filter(|_| !xfer.has_failed()) {
-            self.send_notify(xfer, n)?;
+        let Err(e) = self.reap(block, done) else {
+            return false;
+        };
+        self.break_with(e, done);
+        true
+    }
+
+    /// The connection broke with `e` (or had broken): every transfer in flight fails with it
+    /// (into `done`), and the first error stays the connection's.
+    fn break_with(&mut self, e: Error, done: &mut Vec<Arc<XferState>>) {
+        for f in self.inflight.drain(..) {
+            f.xfer.fail_pending(&e);
+            done.push(f.xfer);
         }
-        Ok(())
+        self.mark_front();
+        self.broken.get_or_insert(e);
+    }
+
+    /// Publishes the oldest slot in flight for `Driver::poll`.
+    fn mark_front(&self) {
+        if let Some(rc) = &self.ring {
+            let f = self.inflight.front().map_or(NO_SLOT, |f| f.slot as u32);
+            rc.front.store(f, Ordering::Release);
+        }
     }
 }
