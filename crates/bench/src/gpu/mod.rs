@@ -147,7 +147,7 @@ pub fn cases(n: u32) -> Vec<Box<dyn BenchCase>> {
             (format!("host_to_gpu{g}_mailbox"), format!("mailbox: pinned host → GPU{g} through a persistent kernel polling mapped host memory, until the bytes are in device memory (1 SM reserved)"), Micro::MailboxToGpu, End::Host, End::Gpu(g)),
             (format!("gpu{g}_to_host_mailbox"), format!("mailbox: GPU{g} → host through a persistent kernel answering in mapped host memory (1 SM reserved)"), Micro::MailboxToHost, End::Gpu(g), End::Host),
             (format!("gpu{g}_async_signal"), format!("GPUDirect Async: kernel on GPU{g} → copy to pinned host → cuStreamWriteValue64; from kernel done (its last store seen) until the host sees the word"), Micro::AsyncSignal, End::Gpu(g), End::Host),
-            (format!("gpu{g}_stream_sync"), format!("the same work the usual way: from kernel done → cuStreamSynchronize → copy → cuStreamSynchronize"), Micro::StreamSync, End::Gpu(g), End::Host),
+            (format!("gpu{g}_stream_sync"), format!("the same work the usual way on GPU{g}: from kernel done → cuStreamSynchronize → copy → cuStreamSynchronize"), Micro::StreamSync, End::Gpu(g), End::Host),
         ] {
             let path = if matches!(micro, Micro::MailboxToGpu | Micro::MailboxToHost) {
                 PathKind::Mailbox

@@ -37,6 +37,8 @@ use crate::error::{Error, Result};
 /// thread; beyond two such rounds the copy engine moves the bytes faster than one block reads
 /// them over PCIe.
 pub const SERVICE_MAX_FRAME: usize = 8 << 10;
+// The submission word packs the slot in 12 bits and the length in 20.
+const _: () = assert!(SERVICE_MAX_FRAME < 1 << 20);
 
 /// Threads of the service block (the `THREADS` of the .cu).
 const THREADS: u32 = 256;
@@ -327,6 +329,40 @@ impl Drop for ServiceStage {
         self.beat_stop.store(true, Ordering::Release);
         if let Some(b) = self.beat.take() {
             let _ = b.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernel_source_and_this_side_agree_on_the_layout() {
+        let cu = include_str!("../../kernels/stream_checksum.cu");
+        for (name, v) in [
+            ("SVC_STOP", CTL_STOP),
+            ("SVC_HEARTBEAT", CTL_HEARTBEAT),
+            ("SVC_STATE", CTL_STATE),
+            ("SVC_SERVED", CTL_SERVED),
+        ] {
+            assert!(
+                cu.contains(&format!("#define {name} {v}\n")),
+                "{name} = {v}"
+            );
+        }
+        assert!(cu.contains(&format!("#define THREADS {THREADS}\n")));
+        assert!(STREAM_CHECKSUM_PTX.contains(".visible .entry gdx_stream_service("));
+    }
+
+    #[test]
+    fn opening_refuses_what_the_submission_word_cannot_carry() {
+        for (slots, bytes) in [(0, 64), (4097, 64), (8, 0), (8, SERVICE_MAX_FRAME + 1)] {
+            let e = ServiceStage::open(0, slots, bytes).unwrap_err();
+            assert!(
+                matches!(e, Error::InvalidArgument(_)),
+                "{slots} x {bytes}: {e}"
+            );
         }
     }
 }
