@@ -95,12 +95,7 @@ impl GpuStage {
                 "the GPU stage needs at least one slot of at least one byte".into(),
             ));
         }
-        let cuda = Cuda::load().map_err(|e| {
-            Error::Unavailable(format!(
-                "--gpu {gpu}: no CUDA driver ({e}); run without --gpu for the host-only pipeline"
-            ))
-        })?;
-        let ctx = context_for(&cuda, gpu)?;
+        let ctx = context_for(gpu)?;
         let module = Module::load_ptx(&ctx, STREAM_CHECKSUM_PTX)?;
         let kernel = module.kernel("gdx_stream_checksum")?;
         let stream = Stream::new(&ctx)?;
@@ -143,8 +138,14 @@ impl GpuStage {
     }
 }
 
-/// The context of GPU `gpu`, or an error saying it is not there and how to run without it.
-pub(super) fn context_for(cuda: &Cuda, gpu: u32) -> Result<Context> {
+/// The context of GPU `gpu`, or an error saying what is missing (the driver, that GPU) and how
+/// to run without it.
+pub(super) fn context_for(gpu: u32) -> Result<Context> {
+    let cuda = Cuda::load().map_err(|e| {
+        Error::Unavailable(format!(
+            "--gpu {gpu}: no CUDA driver ({e}); run without --gpu for the host-only pipeline"
+        ))
+    })?;
     let count = cuda.device_count()?;
     if gpu >= count {
         return Err(Error::Unavailable(format!(
@@ -185,11 +186,15 @@ impl Stage for GpuStage {
                 dst.len()
             )));
         }
-        let t0 = Instant::now();
+        // Host time per step only when profiling (`GDX_STREAM_PROFILE`): no clock reads on
+        // the hot path otherwise.
+        let clock = |on: bool| on.then(Instant::now);
+        let on = self.profile.is_some();
+        let t0 = clock(on);
         self.copies.copy_to_device_at(dst, 0, src, 0, len)?;
         self.copied[i].record(&self.copies)?;
         self.stream.wait_event(&self.copied[i])?;
-        let t1 = Instant::now();
+        let t1 = clock(on);
         let mut args = KernelArgs::new();
         args.push_u64(dst.as_raw())
             .push_u64(len as u64)
@@ -210,10 +215,12 @@ impl Stage for GpuStage {
                 &mut args,
             )?;
         }
-        let t2 = Instant::now();
+        let t2 = clock(on);
         let ticket = self.signal.arm(&self.stream)?;
         let t3 = Instant::now();
-        if let Some((steps, frames)) = &mut self.profile {
+        if let (Some((steps, frames)), Some(t0), Some(t1), Some(t2)) =
+            (&mut self.profile, t0, t1, t2)
+        {
             steps[0] += t1 - t0;
             steps[1] += t2 - t1;
             steps[2] += t3 - t2;

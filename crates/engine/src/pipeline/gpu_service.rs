@@ -19,13 +19,13 @@
 //! allocated before the kernel starts and freed after it stopped: a `cuMemFreeHost` while it
 //! runs would wait for it (see `gpu::mailbox`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gdx_sys::cuda::{
-    Context, Cuda, DeviceBuffer, Kernel as CudaKernel, KernelArgs, LaunchDims, MappedHostBuffer,
-    Module, Stream,
+    Context, DeviceBuffer, Heartbeat, Kernel as CudaKernel, KernelArgs, LaunchDims,
+    MappedHostBuffer, Module, Stream,
 };
 
 use super::gpu::STREAM_CHECKSUM_PTX;
@@ -68,8 +68,7 @@ pub(crate) struct ServiceStage {
     submitted: u64,
     done: u64,
     since: std::collections::VecDeque<Instant>,
-    beat_stop: Arc<AtomicBool>,
-    beat: Option<std::thread::JoinHandle<()>>,
+    beat: Heartbeat,
     // Drop order after `Drop::drop` stopped the kernel: the stream, then the memory.
     stream: Stream,
     ctl: Arc<MappedHostBuffer>,
@@ -102,12 +101,7 @@ impl ServiceStage {
                 "the service stage takes 1 to 4096 slots of 1 to {SERVICE_MAX_FRAME} bytes, not {slots} x {slot_bytes}"
             )));
         }
-        let cuda = Cuda::load().map_err(|e| {
-            Error::Unavailable(format!(
-                "--gpu {gpu}: no CUDA driver ({e}); run without --gpu for the host-only pipeline"
-            ))
-        })?;
-        let ctx = super::gpu::context_for(&cuda, gpu)?;
+        let ctx = super::gpu::context_for(gpu)?;
         let module = Module::load_ptx(&ctx, STREAM_CHECKSUM_PTX)?;
         let kernel = module.kernel("gdx_stream_service")?;
         let stream = Stream::new(&ctx)?;
@@ -133,14 +127,13 @@ impl ServiceStage {
             .info()
             .map(|i| i.name)
             .unwrap_or_else(|_| "GPU".into());
-        let beat_stop = Arc::new(AtomicBool::new(false));
-        let beat = {
-            let (ctl, stop) = (Arc::clone(&ctl), Arc::clone(&beat_stop));
-            std::thread::Builder::new()
-                .name("gdx-stream-heartbeat".into())
-                .spawn(move || heartbeat(&ctl, &stop))
-                .map_err(|e| stage_err(gpu, format!("cannot start the heartbeat thread: {e}")))?
-        };
+        let beat = Heartbeat::start(
+            Arc::clone(&ctl),
+            CTL_HEARTBEAT,
+            WATCHDOG / 8,
+            "gdx-stream-heartbeat",
+        )
+        .map_err(|e| stage_err(gpu, format!("cannot start the heartbeat thread: {e}")))?;
         let stage = ServiceStage {
             gpu,
             name,
@@ -152,8 +145,7 @@ impl ServiceStage {
             submitted: 0,
             done: 0,
             since: std::collections::VecDeque::new(),
-            beat_stop,
-            beat: Some(beat),
+            beat,
             stream,
             ctl,
             _table: table,
@@ -197,18 +189,6 @@ impl ServiceStage {
 
     fn ctl_word(&self, i: usize) -> u64 {
         self.ctl.word(i).map_or(0, |w| w.load(Ordering::Acquire))
-    }
-}
-
-/// Advance the heartbeat word every 100 ms until told to stop.
-fn heartbeat(ctl: &MappedHostBuffer, stop: &AtomicBool) {
-    let mut n = 0u64;
-    while !stop.load(Ordering::Acquire) {
-        n += 1;
-        if let Some(w) = ctl.word(CTL_HEARTBEAT) {
-            w.store(n, Ordering::Release);
-        }
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -326,10 +306,7 @@ impl Drop for ServiceStage {
         if let Err(e) = self.stream.synchronize() {
             log::warn!("gdx stream: the service kernel did not stop cleanly: {e}");
         }
-        self.beat_stop.store(true, Ordering::Release);
-        if let Some(b) = self.beat.take() {
-            let _ = b.join();
-        }
+        self.beat.stop();
     }
 }
 

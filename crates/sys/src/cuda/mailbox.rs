@@ -39,13 +39,12 @@ pub use layout::{KernelState, MAX_PAYLOAD};
 pub const DEFAULT_CROSSOVER: usize = 2048;
 
 use super::{Context, CudaError, DeviceBuffer, Kernel, KernelArgs, LaunchDims, MappedHostBuffer};
-use super::{Module, Stream};
+use super::{Heartbeat, Module, Stream};
 use layout as l;
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How a [`Mailbox`] is set up.
@@ -112,8 +111,7 @@ pub struct Mailbox {
     ring: Arc<MappedHostBuffer>,
     stream: Stream,
     host: Mutex<HostSide>,
-    beat_stop: Arc<AtomicBool>,
-    beat: Option<JoinHandle<()>>,
+    beat: Heartbeat,
     /// Keeps the module loaded while the kernel runs.
     _kernel: Kernel,
 }
@@ -175,15 +173,14 @@ impl Mailbox {
             l::total_words(config.slots) * 8,
         )?);
         let stream = Stream::new(ctx)?;
-        let beat_stop = Arc::new(AtomicBool::new(false));
-        let beat = {
-            let (ring, stop) = (Arc::clone(&ring), Arc::clone(&beat_stop));
-            let every = (config.watchdog / 8).max(Duration::from_millis(1));
-            std::thread::Builder::new()
-                .name("gdx-mailbox-heartbeat".to_string())
-                .spawn(move || heartbeat(&ring, &stop, every))
-                .map_err(|e| mailbox_err(format!("cannot start the heartbeat thread: {e}")))?
-        };
+        let every = (config.watchdog / 8).max(Duration::from_millis(1));
+        let beat = Heartbeat::start(
+            Arc::clone(&ring),
+            l::CTL_HEARTBEAT,
+            every,
+            "gdx-mailbox-heartbeat",
+        )
+        .map_err(|e| mailbox_err(format!("cannot start the heartbeat thread: {e}")))?;
         let mailbox = Mailbox {
             ctx: ctx.clone(),
             config,
@@ -194,8 +191,7 @@ impl Mailbox {
                 inflight: vec![None; config.slots],
                 broken: None,
             }),
-            beat_stop,
-            beat: Some(beat),
+            beat,
             _kernel: kernel.clone(),
         };
         let mut args = KernelArgs::new();
@@ -281,7 +277,7 @@ impl Mailbox {
     /// Stop advancing the heartbeat, as a hung or dead host would: the kernel's watchdog ends
     /// it within [`MailboxConfig::watchdog`]. For tests and diagnostics; ops fail afterwards.
     pub fn suspend_heartbeat(&self) {
-        self.beat_stop.store(true, Ordering::Release);
+        self.beat.suspend();
     }
 
     /// Why the kernel is gone, in words.
@@ -561,16 +557,6 @@ impl Drop for Ticket<'_> {
     }
 }
 
-/// The heartbeat thread: advance the word every `every` until told to stop.
-fn heartbeat(ring: &MappedHostBuffer, stop: &AtomicBool, every: Duration) {
-    while !stop.load(Ordering::Acquire) {
-        if let Some(w) = ring.word(l::CTL_HEARTBEAT) {
-            w.fetch_add(1, Ordering::Release);
-        }
-        std::thread::park_timeout(every);
-    }
-}
-
 /// How a [`Mailbox`] ended ([`Mailbox::stop`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StopReport {
@@ -618,12 +604,8 @@ impl Mailbox {
                 }
             }
         }
-        self.beat_stop.store(true, Ordering::Release);
-        if let Some(t) = self.beat.take() {
-            t.thread().unpark();
-            if t.join().is_err() {
-                log::warn!("the mailbox heartbeat thread panicked");
-            }
+        if !self.beat.stop() {
+            log::warn!("the mailbox heartbeat thread panicked");
         }
         StopReport {
             state: self.state(),
