@@ -112,7 +112,7 @@ fn decide(
     Ok(FilePlan {
         plan: Plan {
             path: path_of(p.path),
-            reason: format!("file ↔ {memory}: {}", p.reason),
+            reason: format!("file ↔ {memory}: {}", p.reason).into(),
         },
         opts,
         must_gds,
@@ -144,7 +144,7 @@ pub(crate) fn finish(
     Ok((
         Plan {
             path: path_of(rep.path),
-            reason: format!("file ↔ {memory}: {}", rep.reason),
+            reason: format!("file ↔ {memory}: {}", rep.reason).into(),
         },
         rep.bytes,
     ))

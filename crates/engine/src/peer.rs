@@ -29,6 +29,65 @@ struct PeerInner {
     fabric: FabricMem,
     control: Arc<Mutex<Conn>>,
     transport: Box<dyn Transport>,
+    /// Plans made lately, by region pair (`PlanCache`).
+    plans: Mutex<PlanCache>,
+}
+
+/// The last few plans this peer made, so a stream of transfers between the same regions costs
+/// the planner (and the formatting of its reason) once, not once per submit. A plan depends
+/// only on the two regions and strict mode, which the key holds; the local region is held
+/// weakly (a cached plan never keeps freed memory alive, and its address is not reused while
+/// the entry lives).
+#[derive(Debug, Default)]
+struct PlanCache {
+    entries: Vec<(
+        std::sync::Weak<crate::region::RegionInner>,
+        Arc<crate::region::RegionDesc>,
+        bool,
+        crate::plan::Plan,
+    )>,
+    next: usize,
+}
+
+impl PlanCache {
+    const SIZE: usize = 8;
+
+    fn get(
+        &self,
+        local: &Arc<crate::region::RegionInner>,
+        remote: &Arc<crate::region::RegionDesc>,
+        strict: bool,
+    ) -> Option<crate::plan::Plan> {
+        self.entries
+            .iter()
+            .find(|(l, r, s, _)| {
+                *s == strict
+                    && std::ptr::eq(l.as_ptr(), Arc::as_ptr(local))
+                    && (Arc::ptr_eq(r, remote) || **r == **remote)
+            })
+            .map(|e| e.3.clone())
+    }
+
+    fn put(
+        &mut self,
+        local: &Arc<crate::region::RegionInner>,
+        remote: &Arc<crate::region::RegionDesc>,
+        strict: bool,
+        plan: &crate::plan::Plan,
+    ) {
+        let e = (
+            Arc::downgrade(local),
+            Arc::clone(remote),
+            strict,
+            plan.clone(),
+        );
+        if self.entries.len() < Self::SIZE {
+            self.entries.push(e);
+        } else {
+            self.entries[self.next % Self::SIZE] = e;
+            self.next = self.next.wrapping_add(1);
+        }
+    }
 }
 
 impl Drop for PeerInner {
@@ -343,6 +402,7 @@ impl Peer {
                 fabric,
                 control,
                 transport,
+                plans: Mutex::default(),
             }),
         })
     }
@@ -445,6 +505,7 @@ impl Peer {
         // A batch's ops mostly join the same two regions: the plan (and its reason, a formatted
         // string) is made once per run of such ops, not once per op.
         let mut plans: Vec<crate::plan::Plan> = Vec::with_capacity(t.ops.len());
+        let mut cache = self.inner.plans.lock().unwrap_or_else(|p| p.into_inner());
         for (i, op) in t.ops.iter().enumerate() {
             let same = i > 0 && {
                 let prev = &t.ops[i - 1];
@@ -452,17 +513,25 @@ impl Peer {
             };
             let plan = match plans.last() {
                 Some(p) if same => p.clone(),
-                _ => plan_op(
-                    &self.inner.route,
-                    &op.local,
-                    &op.remote,
-                    &self.inner.tcp_detail,
-                    &self.inner.fabric,
-                    strict,
-                )?,
+                _ => match cache.get(&op.local, &op.remote, strict) {
+                    Some(p) => p,
+                    None => {
+                        let p = plan_op(
+                            &self.inner.route,
+                            &op.local,
+                            &op.remote,
+                            &self.inner.tcp_detail,
+                            &self.inner.fabric,
+                            strict,
+                        )?;
+                        cache.put(&op.local, &op.remote, strict, &p);
+                        p
+                    }
+                },
             };
             plans.push(plan);
         }
+        drop(cache);
         let id = self
             .inner
             .agent

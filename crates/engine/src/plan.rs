@@ -115,7 +115,9 @@ pub struct Plan {
     /// The path.
     pub path: Path,
     /// Why, in words ("shm: same host, remote region agent-allocated (memfd), one copy").
-    pub reason: String,
+    /// Shared: every op of a batch on one pair of regions holds the same text, and reports
+    /// clone it, so a copy costs a reference count, not an allocation.
+    pub reason: std::sync::Arc<str>,
 }
 
 impl fmt::Display for Plan {
@@ -164,7 +166,7 @@ fn plan_fabric(
     if ends.is_empty() {
         return Ok(Plan {
             path: Path::Fabric,
-            reason: format!("{r}; one-sided RMA between host memory"),
+            reason: format!("{r}; one-sided RMA between host memory").into(),
         });
     }
     let p = &fabric.provider;
@@ -175,7 +177,8 @@ fn plan_fabric(
                 "{r}; {ends} registered with provider {p} through FI_HMEM (fi_mr_regattr, \
                  FI_HMEM_CUDA), the provider reads/writes GPU memory directly (an op whose GPU \
                  memory the provider refuses to register fails, never staged)"
-            ),
+            )
+            .into(),
         });
     }
     let why = if fabric.offers_hmem {
@@ -202,7 +205,7 @@ fn plan_fabric(
     }
     Ok(Plan {
         path: Path::FabricStaged,
-        reason: staged,
+        reason: staged.into(),
     })
 }
 
@@ -231,7 +234,7 @@ pub(crate) fn plan_op(
     let plan = match route.transport {
         Path::Rdma if ends.is_empty() => Plan {
             path: Path::Rdma,
-            reason: format!("{}; one-sided RDMA between host memory", route.reason),
+            reason: format!("{}; one-sided RDMA between host memory", route.reason).into(),
         },
         Path::Rdma => Plan {
             path: Path::Gdr,
@@ -239,12 +242,13 @@ pub(crate) fn plan_op(
                 "gdr: {}; the NIC reads/writes {ends} directly (dma-buf or nvidia-peermem \
                  registration; an op whose GPU memory cannot be registered fails, never staged)",
                 route.reason.trim_start_matches("rdma: ")
-            ),
+            )
+            .into(),
         },
         Path::Fabric => return plan_fabric(route, fabric, local_gpu, remote_gpu, &ends, strict),
         Path::Tcp if ends.is_empty() => Plan {
             path: Path::Tcp,
-            reason: format!("{}; {tcp_detail}", route.reason),
+            reason: format!("{}; {tcp_detail}", route.reason).into(),
         },
         Path::Tcp => Plan {
             path: Path::TcpStaged,
@@ -253,7 +257,8 @@ pub(crate) fn plan_op(
                  chunks overlaps the send, the receiver's host-to-device overlaps the next \
                  receive); no GPU-direct transport to this peer; {tcp_detail}",
                 route.reason
-            ),
+            )
+            .into(),
         },
         _ => plan_shm(route, local_gpu, remote, remote_gpu, &ends),
     };
@@ -262,7 +267,7 @@ pub(crate) fn plan_op(
         && remote_gpu.is_some()
         && !matches!(plan.path, Path::Ipc | Path::Gdr)
     {
-        return Err(Error::Strict(plan.reason));
+        return Err(Error::Strict(plan.reason.to_string()));
     }
     Ok(plan)
 }
@@ -285,51 +290,51 @@ fn plan_shm(
             reason: format!(
                 "{r}; the peer agent is in this very process, and legacy CUDA IPC cannot map a \
                  process's own allocation, so {ends} are staged through the bounce buffer"
-            ),
+            ).into(),
         },
         (Some(a), Some(b)) if remote.ipc.is_some() => Plan {
             path: Path::Ipc,
             reason: format!(
                 "ipc: peer on the same host; its GPU{b} region mapped once through its CUDA IPC \
                  handle, copied GPU{a}<->GPU{b} on the copy engines, no host copy"
-            ),
+            ).into(),
         },
         (Some(_), Some(_)) => Plan {
             path: Path::ShmStaged,
             reason: format!(
                 "{r}; the peer's GPU region has no CUDA IPC handle (not gdx-allocated memory), \
                  so {ends} are staged through the bounce buffer"
-            ),
+            ).into(),
         },
         (None, Some(_)) => Plan {
             path: Path::ShmStaged,
             reason: format!(
                 "{r}; {ends}: the target copies between the bounce buffer and its GPU (this \
                  end is host memory, so no IPC mapping applies)"
-            ),
+            ).into(),
         },
         (Some(_), None) if remote.shareable => Plan {
             path: Path::Shm,
             reason: format!(
                 "{r}; remote region is agent-allocated (memfd), mapped once; one copy from \
                  {ends} by the driver's pageable copy"
-            ),
+            ).into(),
         },
         (Some(_), None) => Plan {
             path: Path::ShmStaged,
             reason: format!(
                 "{r}; remote region is a borrowed buffer; {ends} copied through the bounce buffer"
-            ),
+            ).into(),
         },
         (None, None) if remote.shareable => Plan {
             path: Path::Shm,
-            reason: format!("{r}; remote region is agent-allocated (memfd), mapped once, one copy"),
+            reason: format!("{r}; remote region is agent-allocated (memfd), mapped once, one copy").into(),
         },
         (None, None) => Plan {
             path: Path::ShmStaged,
             reason: format!(
                 "{r}; remote region is a borrowed buffer (not shareable), two copies through the bounce buffer"
-            ),
+            ).into(),
         },
     }
 }

@@ -227,7 +227,8 @@ fn plan_mailbox(
             size_text(len),
             size_text(limit),
             m.sms
-        ),
+        )
+        .into(),
     }))
 }
 
@@ -263,7 +264,7 @@ pub fn plan_local_with(
                     path: Path::HostToGpu,
                     reason: format!(
                         "host-to-gpu: pinned host → GPU{g} on GPU{g}'s copy engine{note}"
-                    ),
+                    ).into(),
                 }),
             }
         }
@@ -274,19 +275,19 @@ pub fn plan_local_with(
                     path: Path::GpuToHost,
                     reason: format!(
                         "gpu-to-host: GPU{g} → pinned host on GPU{g}'s copy engine{note}"
-                    ),
+                    ).into(),
                 }),
             }
         }
         (Location::Gpu(a), Location::Gpu(b)) if a == b => Ok(if ipc {
             Plan {
                 path: Path::Ipc,
-                reason: format!("ipc: GPU{a}→GPU{a} within one GPU, region imported from another process"),
+                reason: format!("ipc: GPU{a}→GPU{a} within one GPU, region imported from another process").into(),
             }
         } else {
             Plan {
                 path: Path::DeviceLocal,
-                reason: format!("device-local: GPU{a} copy within device memory"),
+                reason: format!("device-local: GPU{a} copy within device memory").into(),
             }
         }),
         (Location::Gpu(a), Location::Gpu(b)) => {
@@ -329,7 +330,7 @@ pub fn plan_local_with(
                 }
                 Ok(Plan {
                     path: Path::Staged,
-                    reason,
+                    reason: reason.into(),
                 })
             };
             if let Some(why) = blocked {
@@ -352,9 +353,9 @@ pub fn plan_local_with(
             Ok(Plan {
                 path: direct_path,
                 reason: if ipc {
-                    format!("ipc: GPU{a}→GPU{b} {class}, region imported from another process, mapped once")
+                    format!("ipc: GPU{a}→GPU{b} {class}, region imported from another process, mapped once").into()
                 } else {
-                    format!("p2p: GPU{a}→GPU{b} {class}")
+                    format!("p2p: GPU{a}→GPU{b} {class}").into()
                 },
             })
         }

@@ -7,9 +7,12 @@
 //!
 //! Layout: a 4 KiB header (`magic`, `doorbell`, `target_sleeping`), then `SLOTS` slots of
 //! `SLOT_BYTES`. A slot: a 64-byte control block (`state`, `waiting`, `seq`, `kind`, `n_ops`,
-//! `result_len`, `xfer`), a result area (`RESULT_BYTES`: the body of a `ShmBeginResult`, encoded
-//! with the wire codec; `result_len` 0: no op failed), the op table (`n_ops` × `OP_BYTES`), then inline data (the ops' bytes,
-//! packed in op order).
+//! `result_len`, `xfer`), the op table (`n_ops` × `OP_BYTES`), right after it the inline data
+//! (the ops' bytes, packed in op order, from `data_at(n_ops)`), and at the slot's end a result
+//! area (`RESULT_BYTES`: the body of a `ShmBeginResult`, encoded with the wire codec;
+//! `result_len` 0: no op failed). The data follows the op table closely so that a one-op
+//! request of a few bytes spans two adjacent cache lines (control block, op + data), which is
+//! what the other side's core has to fetch per request.
 //!
 //! Slot states (`state`): `FREE` → (initiator fills it) `POSTED` → (target checked every op;
 //! inline ops copied; `BEGIN` ops leased) `DONE` → for `INLINE`: the initiator reads the
@@ -34,7 +37,7 @@ use crate::region::RegionKey;
 use crate::wire::ShmOp;
 
 /// Number of slots.
-pub(crate) const SLOTS: usize = 32;
+pub(crate) const SLOTS: usize = 128;
 /// Bytes per slot.
 pub(crate) const SLOT_BYTES: usize = 256 << 10;
 /// The header before the slots.
@@ -48,10 +51,30 @@ pub(crate) const RESULT_BYTES: usize = 64 << 10;
 const OP_BYTES: usize = 48;
 /// Most ops one slot carries (a larger transfer takes several slots).
 pub(crate) const MAX_RING_OPS: usize = 1024;
-const OPS_AT: usize = CTRL_BYTES + RESULT_BYTES;
-const DATA_AT: usize = OPS_AT + MAX_RING_OPS * OP_BYTES;
-/// Inline data room per slot.
-pub(crate) const DATA_BYTES: usize = SLOT_BYTES - DATA_AT;
+const OPS_AT: usize = CTRL_BYTES;
+const RESULT_AT: usize = SLOT_BYTES - RESULT_BYTES;
+/// Inline data room per slot (whatever `n_ops`: the data of a full op table ends here too).
+pub(crate) const DATA_BYTES: usize = RESULT_AT - data_at(MAX_RING_OPS);
+
+// The figure docs/wire-protocol.md gives, and the layout fits its slot.
+const _: () = assert!(DATA_BYTES == 147_392 && data_at(MAX_RING_OPS) + DATA_BYTES <= RESULT_AT);
+
+/// Where the inline data of a request of `n` ops starts in its slot (16-byte aligned).
+const fn data_at(n: usize) -> usize {
+    (OPS_AT + n * OP_BYTES).next_multiple_of(16)
+}
+
+/// The indices `0..n` of a slot's ops (`&IDENTITY[..n]`), for the many calls that take the
+/// ops of a slot as a list of indices, without building one per transfer.
+pub(crate) static IDENTITY: [usize; MAX_RING_OPS] = {
+    let mut a = [0; MAX_RING_OPS];
+    let mut i = 0;
+    while i < MAX_RING_OPS {
+        a[i] = i;
+        i += 1;
+    }
+    a
+};
 /// Largest op that travels inline (its bytes copied through the slot by both sides); larger
 /// ops are leased in the ring and copied once through the initiator's mapping.
 pub(crate) const INLINE_MAX: u64 = 16 << 10;
@@ -72,7 +95,8 @@ pub(crate) const KIND_BEGIN: u32 = 2;
 pub(crate) const NAP: Duration = Duration::from_millis(2);
 
 /// A request as the target read it out of a slot (its own copy: the initiator cannot change it).
-#[derive(Debug)]
+/// The ring thread keeps one and refills it per request (no allocation per request).
+#[derive(Debug, Default)]
 pub(crate) struct Request {
     pub(crate) seq: u32,
     pub(crate) kind: u32,
@@ -163,21 +187,28 @@ impl Ring {
         unsafe { self.map.ptr().add(Self::slot_at(slot) + at) }
     }
 
-    /// Pointer to inline data byte `off` of slot `slot`.
-    pub(crate) fn data_ptr(&self, slot: usize, off: usize) -> *mut u8 {
-        self.slot_ptr(slot, DATA_AT + off.min(DATA_BYTES))
+    /// Pointer to inline data byte `off` of slot `slot`, whose request has `n_ops` ops.
+    pub(crate) fn data_ptr(&self, slot: usize, n_ops: usize, off: usize) -> *mut u8 {
+        self.slot_ptr(slot, data_at(n_ops.min(MAX_RING_OPS)) + off.min(DATA_BYTES))
     }
 
     /// Initiator: writes the request into `slot` (which must be `FREE`) without posting it.
-    pub(crate) fn write_request(&self, slot: usize, seq: u32, kind: u32, xfer: u64, ops: &[ShmOp]) {
+    pub(crate) fn write_request(
+        &self,
+        slot: usize,
+        seq: u32,
+        kind: u32,
+        xfer: u64,
+        ops: impl ExactSizeIterator<Item = ShmOp>,
+    ) {
         self.field(slot, 8).store(seq, Ordering::Relaxed);
         self.field(slot, 12).store(kind, Ordering::Relaxed);
         self.field(slot, 16)
-            .store(ops.len() as u32, Ordering::Relaxed);
+            .store(ops.len().min(MAX_RING_OPS) as u32, Ordering::Relaxed);
         self.field(slot, 24).store(xfer as u32, Ordering::Relaxed);
         self.field(slot, 28)
             .store((xfer >> 32) as u32, Ordering::Relaxed);
-        for (j, op) in ops.iter().take(MAX_RING_OPS).enumerate() {
+        for (j, op) in ops.take(MAX_RING_OPS).enumerate() {
             let mut e = [0u8; OP_BYTES];
             e[0..4].copy_from_slice(&u32::from(op.write).to_le_bytes());
             e[8..16].copy_from_slice(&op.region.to_le_bytes());
@@ -205,9 +236,9 @@ impl Ring {
         }
     }
 
-    /// Target: copies the request in `slot` out of shared memory and checks it. `Err` means the
-    /// initiator broke the ring protocol (the connection is closed).
-    pub(crate) fn read_request(&self, slot: usize) -> Result<Request> {
+    /// Target: copies the request in `slot` out of shared memory into `req` and checks it.
+    /// `Err` means the initiator broke the ring protocol (the connection is closed).
+    pub(crate) fn read_request(&self, slot: usize, req: &mut Request) -> Result<()> {
         let seq = self.field(slot, 8).load(Ordering::Relaxed);
         let kind = self.field(slot, 12).load(Ordering::Relaxed);
         let n = self.field(slot, 16).load(Ordering::Relaxed) as usize;
@@ -221,9 +252,13 @@ impl Ring {
                 "shm ring request with {n} ops (1..={MAX_RING_OPS})"
             )));
         }
-        let mut ops = Vec::with_capacity(n);
-        let mut data_off = Vec::new();
-        let mut skip = Vec::with_capacity(n);
+        req.seq = seq;
+        req.kind = kind;
+        req.xfer = xfer;
+        req.ops.clear();
+        req.data_off.clear();
+        req.skip.clear();
+        let (ops, data_off, skip) = (&mut req.ops, &mut req.data_off, &mut req.skip);
         let mut total = 0usize;
         for j in 0..n {
             let mut c = [0u8; OP_BYTES];
@@ -263,14 +298,7 @@ impl Ring {
             }
             ops.push(op);
         }
-        Ok(Request {
-            seq,
-            kind,
-            xfer,
-            ops,
-            data_off,
-            skip,
-        })
+        Ok(())
     }
 
     /// Target: stores the encoded result of `slot` (no errors: an empty result, nothing
@@ -293,8 +321,8 @@ impl Ring {
             body = encode_result(&short);
         }
         let n = body.len().min(RESULT_BYTES);
-        // SAFETY: the result area holds RESULT_BYTES from CTRL_BYTES; `n` is capped to it.
-        unsafe { std::ptr::copy_nonoverlapping(body.as_ptr(), self.slot_ptr(slot, CTRL_BYTES), n) };
+        // SAFETY: the result area holds RESULT_BYTES from RESULT_AT; `n` is capped to it.
+        unsafe { std::ptr::copy_nonoverlapping(body.as_ptr(), self.slot_ptr(slot, RESULT_AT), n) };
         self.field(slot, 20).store(n as u32, Ordering::Relaxed);
     }
 
@@ -309,9 +337,7 @@ impl Ring {
         }
         let mut b = vec![0u8; n];
         // SAFETY: n <= RESULT_BYTES: the span lies in the slot's result area; `b` is private.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.slot_ptr(slot, CTRL_BYTES), b.as_mut_ptr(), n)
-        };
+        unsafe { std::ptr::copy_nonoverlapping(self.slot_ptr(slot, RESULT_AT), b.as_mut_ptr(), n) };
         match crate::wire::decode_body(19, &b)? {
             crate::wire::Msg::ShmBeginResult { errors } => Ok(errors),
             _ => Err(Error::Protocol(
@@ -354,10 +380,15 @@ pub(crate) fn futex_wake(word: &AtomicU32) {
         rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), i32::MAX as u32);
 }
 
-/// Spins (with the odd yield, since this machine may have few cores) until `done()` or `spin`
-/// elapsed; true when `done()` became true.
+/// Spins until `done()` or `spin` elapsed; true when `done()` became true. The first
+/// `YIELD_AFTER` only pause between polls: an answer from a running peer arrives within that,
+/// and a `sched_yield` (a system call, most of a microsecond in a VM) taken meanwhile would
+/// delay seeing it. After that the spinner yields every 64 polls, since the peer may be waiting
+/// for this core (this machine may have few).
 pub(crate) fn spin_until(spin: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let start = std::time::Instant::now();
+    // The clock is first read after 64 polls: an answer within them (the common case) costs no
+    // clock read at all (tens of ns each in a VM, several per transfer otherwise).
+    let mut start: Option<std::time::Instant> = None;
     let mut i = 0u32;
     loop {
         if done() {
@@ -365,12 +396,19 @@ pub(crate) fn spin_until(spin: Duration, mut done: impl FnMut() -> bool) -> bool
         }
         i = i.wrapping_add(1);
         if i.is_multiple_of(64) {
-            if start.elapsed() >= spin {
+            let now = std::time::Instant::now();
+            let t = now.duration_since(*start.get_or_insert(now));
+            if t >= spin {
                 return false;
             }
-            std::thread::yield_now();
+            if t >= YIELD_AFTER {
+                std::thread::yield_now();
+            }
         } else {
             std::hint::spin_loop();
         }
     }
 }
+
+/// How long a spinner polls before it starts yielding its core (`spin_until`).
+pub(crate) const YIELD_AFTER: Duration = Duration::from_micros(20);

@@ -205,7 +205,7 @@ mod tests {
             len,
             plan: Plan {
                 path: Path::Tcp,
-                reason: String::new(),
+                reason: "".into(),
             },
             status,
         }

@@ -364,13 +364,14 @@ impl XferState {
     }
 
     /// Records the whole of each op in `ops` (single-chunk ops) as done, in one update.
-    pub(crate) fn ops_done(&self, ops: &[usize]) {
-        if ops.is_empty() {
+    pub(crate) fn ops_done(&self, ops: impl IntoIterator<Item = usize>) {
+        let mut ops = ops.into_iter().peekable();
+        if ops.peek().is_none() {
             return;
         }
         let mut p = self.lock();
         let mut bytes = 0;
-        for &i in ops {
+        for i in ops {
             let left = &mut p.pending_chunks[i];
             *left = left.saturating_sub(1);
             if *left == 0 && p.ops[i].status == OpStatus::Pending {
@@ -410,16 +411,14 @@ impl XferState {
     /// Ends the transfer: ops still pending fail (they were never confirmed), waiters wake.
     pub(crate) fn finish(&self) {
         let mut p = self.lock();
-        let unconfirmed = Error::Protocol("op was never confirmed by the peer".into());
-        let mut err = None;
-        for op in p.ops.iter_mut() {
-            if op.status == OpStatus::Pending {
-                op.status = OpStatus::Failed(unconfirmed.clone());
-                err = Some(unconfirmed.clone());
+        if p.ops.iter().any(|o| o.status == OpStatus::Pending) {
+            let unconfirmed = Error::Protocol("op was never confirmed by the peer".into());
+            for op in p.ops.iter_mut() {
+                if op.status == OpStatus::Pending {
+                    op.status = OpStatus::Failed(unconfirmed.clone());
+                }
             }
-        }
-        if let Some(e) = err {
-            p.first_error.get_or_insert(e);
+            p.first_error.get_or_insert(unconfirmed);
         }
         let now = Instant::now();
         if p.done.is_none() {
@@ -488,7 +487,6 @@ impl TransferHandle {
     /// [`Error::Timeout`] if it is still pending after `timeout` (it keeps running; wait again or
     /// drop the handle), or the transfer's failure reason.
     pub fn wait(&self, timeout: Duration) -> Result<TransferReport> {
-        let deadline = Instant::now() + timeout;
         // A small transfer ends within a round trip: catching that by spinning saves the
         // condition variable's sleep and wake-up, which would cost more than the round trip.
         let spin = WAIT_SPIN.min(timeout);
@@ -503,8 +501,11 @@ impl TransferHandle {
             d.park(&self.state);
         }
         let mut p = self.state.lock();
+        // Read the clock only when the wait has to sleep (the spin above ends most waits).
+        let mut deadline: Option<Instant> = None;
         while p.done.is_none() {
             let now = Instant::now();
+            let deadline = *deadline.get_or_insert(now + timeout.saturating_sub(spin));
             if now >= deadline {
                 return Err(Error::Timeout(timeout));
             }

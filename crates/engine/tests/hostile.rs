@@ -796,7 +796,7 @@ fn connection_caps_total_and_per_address_are_enforced() {
 // ---- #17: the shm control ring, driven by hand ----------------------------------------------
 
 /// The documented ring layout (docs/wire-protocol.md, "The shm control ring").
-const RING_SLOTS: usize = 32;
+const RING_SLOTS: usize = 128;
 const RING_SLOT: usize = 256 << 10;
 const RING_BYTES: usize = 4096 + RING_SLOTS * RING_SLOT;
 
@@ -839,7 +839,7 @@ impl RawRing {
         self.word(s + 8).store(seq, Relaxed);
         self.word(s + 12).store(kind, Relaxed);
         self.word(s + 16).store(ops.len() as u32, Relaxed);
-        let mut at = s + 64 + (64 << 10);
+        let mut at = s + 64;
         for op in ops {
             let mut b = Vec::new();
             b.extend_from_slice(&u32::from(op.write).to_le_bytes());

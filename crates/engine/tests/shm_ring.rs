@@ -326,3 +326,43 @@ proptest! {
         drop(server);
     }
 }
+
+/// The ring thread keeps the last region it served (no table look-up per op): a region freed
+/// right after a write through the ring is refused on the next op, by name, and its bytes are
+/// not touched; a region allocated in its place under the same name takes writes again, with
+/// the plan (cached per region pair) made afresh.
+#[test]
+fn a_region_freed_after_ring_writes_is_refused_at_once() {
+    let (agents, peer, remote, dst, src) = pair(4096, 13);
+    for i in 0..3u64 {
+        let mut t = Transfer::new();
+        t.write(&src, i * 8, &remote, i * 8, 8);
+        peer.submit(t).unwrap().wait(WAIT).unwrap();
+    }
+    assert_eq!(
+        first_diff(&dst.bytes().unwrap()[..24], &src.bytes().unwrap()[..24]),
+        None
+    );
+    drop(dst);
+    let mut t = Transfer::new();
+    t.write(&src, 0, &remote, 0, 8);
+    let e = peer.submit(t).unwrap().wait(WAIT).unwrap_err();
+    assert!(
+        matches!(e, Error::NoSuchRegion { .. } | Error::RegionGone { .. }),
+        "{e}"
+    );
+    let again = agents.0.alloc(4096, Access::READ_WRITE, Some("r")).unwrap();
+    let remote2 = peer.region("r").unwrap();
+    assert_ne!(remote2.id, remote.id);
+    let mut t = Transfer::new();
+    t.write(&src, 64, &remote2, 64, 16);
+    let rep = peer.submit(t).unwrap().wait(WAIT).unwrap();
+    assert_eq!(rep.ops[0].plan.path, Path::Shm);
+    assert_eq!(
+        first_diff(
+            &again.bytes().unwrap()[64..80],
+            &src.bytes().unwrap()[64..80]
+        ),
+        None
+    );
+}

@@ -79,7 +79,7 @@ impl LocalTransfer {
             &mut self.plan,
             Plan {
                 path: Path::P2p,
-                reason: String::new(),
+                reason: String::new().into(),
             },
         ))
     }
@@ -444,7 +444,7 @@ impl LocalPeer {
         let (ga, gb) = (self.gpu(a)?, self.gpu(b)?);
         let plan = Plan {
             path: Path::Staged,
-            reason: "staged: tuning".to_string(),
+            reason: "staged: tuning".to_string().into(),
         };
         let mut results = Vec::new();
         for &chunk in chunks {

@@ -25,7 +25,7 @@ fn nvlink_peers_take_p2p_and_say_so() {
     let f = gpus(0, 1, 1 << 30, link("NV18", true, PeerStatus::Enabled));
     let p = plan_local(&f, &Policy::default(), &Calibration::default()).unwrap();
     assert_eq!(p.path, Path::P2p);
-    assert_eq!(p.reason, "p2p: GPU0→GPU1 NV18");
+    assert_eq!(&*p.reason, "p2p: GPU0→GPU1 NV18");
 }
 
 #[test]
@@ -34,7 +34,7 @@ fn no_p2p_means_staged_with_the_topology_in_the_reason() {
     let p = plan_local(&f, &Policy::default(), &Calibration::default()).unwrap();
     assert_eq!(p.path, Path::Staged);
     assert_eq!(
-        p.reason,
+        &*p.reason,
         "staged: P2P not supported between GPU0 and GPU2 (SYS)"
     );
     // Strict mode accepts it: the topology says no direct path exists.
@@ -94,7 +94,7 @@ fn pool_memory_without_access_is_staged_and_named() {
     let p = plan_local(&f, &Policy::default(), &Calibration::default()).unwrap();
     assert_eq!(p.path, Path::Staged);
     assert_eq!(
-        p.reason,
+        &*p.reason,
         "staged: destination region is stream-ordered pool memory of GPU1 without access for GPU0"
     );
     assert!(plan_local(&f, &Policy::strict(), &Calibration::default()).is_err());
@@ -120,7 +120,7 @@ fn host_and_same_gpu_copies() {
     let p = plan_local(&f, &Policy::strict(), &Calibration::default()).unwrap();
     assert_eq!(p.path, Path::HostToGpu);
     assert_eq!(
-        p.reason,
+        &*p.reason,
         "host-to-gpu: pinned host → GPU1 on GPU1's copy engine"
     );
     let f = OpFacts {
@@ -178,7 +178,7 @@ fn the_planner_reads_a_calibration_file_and_chooses_accordingly() {
     let small = plan_local(&gpus(0, 1, 4096, l.clone()), &Policy::default(), &cal).unwrap();
     assert_eq!(small.path, Path::Staged);
     assert_eq!(
-        small.reason,
+        &*small.reason,
         "staged: 4096 bytes < 65536 where staged beat p2p (bench on test-box)"
     );
     let large = plan_local(&gpus(0, 1, 1 << 20, l.clone()), &Policy::default(), &cal).unwrap();

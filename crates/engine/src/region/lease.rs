@@ -144,7 +144,8 @@ impl RegionInner {
 
     /// Takes a lease of `kind`, waiting up to `timeout` for incompatible leases to end.
     pub(crate) fn lease(self: &Arc<Self>, kind: LeaseKind, timeout: Duration) -> Result<Lease> {
-        let deadline = Instant::now() + timeout;
+        // The clock is read only if the lease has to wait (the common case never does).
+        let mut deadline: Option<Instant> = None;
         let mut st = self.lock();
         loop {
             if st.dying {
@@ -163,6 +164,7 @@ impl RegionInner {
                 });
             }
             let now = Instant::now();
+            let deadline = *deadline.get_or_insert(now + timeout);
             if now >= deadline {
                 return Err(Error::Timeout(timeout));
             }

@@ -33,6 +33,25 @@ pub(crate) struct Registry {
     next_id: AtomicU64,
     regions: Mutex<HashMap<u64, Arc<RegionInner>>>,
     names: Mutex<HashMap<String, u64>>,
+    /// Bumped on every removal, so a `RegionCache` knows its entry may be stale.
+    removals: AtomicU64,
+}
+
+/// One region a hot loop (the shm ring thread) looked up last, so a stream of ops to it costs
+/// no table lock and no hash per op. Valid while the registry saw no removal since it was
+/// filled (else looked up again, and the old entry dropped: a cache never keeps a freed
+/// region's memory mapped past the next op); the lease is still taken per op, and it is what
+/// refuses a region being freed.
+#[derive(Debug, Default)]
+pub(crate) struct RegionCache {
+    entry: Option<(u64, u64, Arc<RegionInner>)>,
+}
+
+impl RegionCache {
+    /// Drops the entry (the ring goes idle: nothing is kept alive while nothing runs).
+    pub(crate) fn clear(&mut self) {
+        self.entry = None;
+    }
 }
 
 impl Registry {
@@ -76,6 +95,7 @@ impl Registry {
     }
 
     pub(super) fn remove(&self, inner: &RegionInner) {
+        self.removals.fetch_add(1, Ordering::SeqCst);
         if let Some(node) = self.rdma.get() {
             node.forget(inner.id);
         }
@@ -139,6 +159,45 @@ impl Registry {
         timeout: Duration,
     ) -> Result<Lease> {
         let r = self.get(id)?;
+        Self::check_region(&r, id, key, offset, len, write, timeout)
+    }
+
+    /// `check_remote` through `cache` (see [`RegionCache`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn check_remote_cached(
+        &self,
+        cache: &mut RegionCache,
+        id: u64,
+        key: RegionKey,
+        offset: u64,
+        len: u64,
+        write: bool,
+        timeout: Duration,
+    ) -> Result<Lease> {
+        let gen = self.removals.load(Ordering::SeqCst);
+        match &cache.entry {
+            Some((cid, cgen, r)) if *cid == id && *cgen == gen => {
+                Self::check_region(r, id, key, offset, len, write, timeout)
+            }
+            _ => {
+                cache.entry = None;
+                let r = self.get(id)?;
+                let lease = Self::check_region(&r, id, key, offset, len, write, timeout);
+                cache.entry = Some((id, gen, r));
+                lease
+            }
+        }
+    }
+
+    fn check_region(
+        r: &Arc<RegionInner>,
+        id: u64,
+        key: RegionKey,
+        offset: u64,
+        len: u64,
+        write: bool,
+        timeout: Duration,
+    ) -> Result<Lease> {
         if !r.key.ct_eq(&key) {
             return Err(Error::BadKey { region: id });
         }

@@ -17,7 +17,7 @@ use crate::agent::AgentInner;
 use crate::conn::Sock;
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
-use crate::region::Lease;
+use crate::region::{Lease, RegionCache};
 use crate::ring::{self, Ring, DONE, END, FREE, KIND_BEGIN, POSTED, SLOTS};
 
 /// How long the ring thread spins after its last request before it sleeps on the doorbell.
@@ -100,6 +100,8 @@ fn serve(
     let mut idle_since: Option<Instant> = None;
     let mut polls = 0u32;
     let mut served_since_stamp = 0u32;
+    let mut req = ring::Request::default();
+    let mut regions = RegionCache::default();
     while !stop.load(Ordering::Relaxed) {
         let mut worked = false;
         // Every request posted by now, in sequence order, in one pass.
@@ -113,14 +115,14 @@ fn serve(
                     "shm ring slot {s} posted again before END"
                 )));
             }
-            let req = ring.read_request(s)?;
+            ring.read_request(s, &mut req)?;
             if req.seq != next {
                 return Err(Error::Protocol(format!(
                     "shm ring request seq {} (xfer {}) where {next} was due",
                     req.seq, req.xfer
                 )));
             }
-            let (errors, leases) = run_request(agent, ring, s, &req, max, held_count);
+            let (errors, leases) = run_request(agent, ring, s, &req, &mut regions, max, held_count);
             ring.write_result(s, errors);
             if req.kind == KIND_BEGIN {
                 held_count += leases.len();
@@ -162,10 +164,15 @@ fn serve(
             last.store(base.elapsed().as_millis() as u64, Ordering::Relaxed);
             now
         });
-        if now.duration_since(since) < SPIN {
-            std::thread::yield_now();
+        let idle = now.duration_since(since);
+        if idle < SPIN {
+            // Only pause while a reply could still be on its way (see `ring::YIELD_AFTER`).
+            if idle >= ring::YIELD_AFTER {
+                std::thread::yield_now();
+            }
             continue;
         }
+        regions.clear();
         ring.target_sleeping().store(1, Ordering::SeqCst);
         let bell = ring.doorbell().load(Ordering::SeqCst);
         let due = ring.state(next as usize % SLOTS).load(Ordering::SeqCst) == POSTED
@@ -197,6 +204,7 @@ fn run_request(
     ring: &Ring,
     s: usize,
     req: &ring::Request,
+    regions: &mut RegionCache,
     max: usize,
     held: usize,
 ) -> (Vec<(u32, Error)>, Vec<Lease>) {
@@ -210,7 +218,9 @@ fn run_request(
         if req.skip.get(i).copied().unwrap_or(false) {
             continue;
         }
-        let lease = match reg.check_remote(op.region, op.key, op.offset, op.len, op.write, wait) {
+        let lease = match reg.check_remote_cached(
+            regions, op.region, op.key, op.offset, op.len, op.write, wait,
+        ) {
             Ok(l) => l,
             Err(e) => {
                 errors.push((i as u32, e));
@@ -230,7 +240,7 @@ fn run_request(
             copy_span(
                 &lease,
                 op.offset,
-                ring.data_ptr(s, at),
+                ring.data_ptr(s, req.ops.len(), at),
                 op.len as usize,
                 dir,
             )

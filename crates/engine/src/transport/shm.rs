@@ -207,7 +207,7 @@ impl Transport for ShmTransport {
                 // Re-checked under the lock: the worker thread finishes a transfer before it
                 // lowers the count, so nothing submitted earlier is still waiting to start.
                 if self.queued.load(Ordering::SeqCst) == 0 && self.queue.is_alive() {
-                    let mut done = Vec::new();
+                    let mut done = ring::Done::new();
                     let taken = w.post_guarded(&xfer, &mut done);
                     if w.broken.is_some() {
                         self.dead.store(true, Ordering::SeqCst);
@@ -257,7 +257,7 @@ fn worker_thread(
             },
         };
         let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
-        let mut done = Vec::new();
+        let mut done = ring::Done::new();
         // Whatever is in flight completes before anything queued starts (a waiter about to
         // sleep sends its in-flight transfer here again, `driven`: that is all it needs).
         let mut broke = w.reap_guarded(true, &mut done);
@@ -297,7 +297,7 @@ fn worker_thread(
         queued.fetch_sub(counted, Ordering::SeqCst);
     }
     let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
-    let mut done = Vec::new();
+    let mut done = ring::Done::new();
     w.reap_guarded(true, &mut done);
     if w.broken.is_none() {
         let _ = w.conn.send(&Msg::Bye);

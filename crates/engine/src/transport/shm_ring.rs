@@ -37,6 +37,9 @@ use crate::transfer::{Drive, OpKind, XferState};
 use crate::transport::SerialQueue;
 use crate::wire::ShmOp;
 
+/// Transfers a completion pass finished, to be `finish`ed once the worker lock is let go.
+pub(super) type Done = smallvec::SmallVec<[Arc<XferState>; 4]>;
+
 /// `RingClient::front` when nothing is in flight.
 const NO_SLOT: u32 = u32::MAX;
 
@@ -110,7 +113,12 @@ impl RingClient {
     }
 
     /// Takes the next slot (waiting until the target freed it) and writes the request into it.
-    fn prepare(&mut self, kind: u32, xfer: u64, ops: &[ShmOp]) -> Result<usize> {
+    fn prepare(
+        &mut self,
+        kind: u32,
+        xfer: u64,
+        ops: impl ExactSizeIterator<Item = ShmOp>,
+    ) -> Result<usize> {
         let slot = self.seq as usize % ring::SLOTS;
         self.wait_state(slot, FREE)?;
         self.ring.write_request(slot, self.seq, kind, xfer, ops);
@@ -161,7 +169,27 @@ pub(super) struct Inflight {
     xfer: Arc<XferState>,
     slot: usize,
     /// The ops withdrawn before posting (their local copy failed).
-    skip: Vec<bool>,
+    skip: Skip,
+}
+
+/// The ops of one slot that are out of it: withdrawn before posting, or failed by the target.
+/// Nothing is allocated until an op fails (the common case).
+#[derive(Debug, Default)]
+pub(super) struct Skip(Option<Vec<bool>>);
+
+impl Skip {
+    fn get(&self, j: usize) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|v| v.get(j).copied().unwrap_or(false))
+    }
+
+    /// Marks op `j` of a slot of `n` ops.
+    fn set(&mut self, j: usize, n: usize) {
+        if let Some(b) = self.0.get_or_insert_with(|| vec![false; n]).get_mut(j) {
+            *b = true;
+        }
+    }
 }
 
 /// The handle waiters drive a transfer in flight through (`Drive`); weak, so an abandoned
@@ -186,7 +214,7 @@ impl Drive for Driver {
         let Some(w) = self.worker.upgrade() else {
             return;
         };
-        let mut done = Vec::new();
+        let mut done = Done::new();
         if let Ok(mut w) = w.try_lock() {
             if w.inflight.is_empty() {
                 return;
@@ -232,19 +260,24 @@ fn ring_class(w: &Worker, xfer: &XferState, plan: &Path, i: usize, big: bool) ->
 
 /// The op table entries (ring or `ShmBegin`) for `batch`.
 pub(super) fn ring_ops(xfer: &XferState, batch: &[usize]) -> Vec<ShmOp> {
-    batch
-        .iter()
-        .map(|&i| {
-            let op = &xfer.ops[i];
-            ShmOp {
-                write: op.kind == OpKind::Write,
-                region: op.remote.id,
-                key: op.remote.key,
-                offset: op.remote_offset,
-                len: op.len,
-            }
-        })
-        .collect()
+    ring_ops_iter(xfer, batch).collect()
+}
+
+/// `ring_ops`, written straight into a slot (no list built).
+fn ring_ops_iter<'a>(
+    xfer: &'a XferState,
+    batch: &'a [usize],
+) -> impl ExactSizeIterator<Item = ShmOp> + 'a {
+    batch.iter().map(|&i| {
+        let op = &xfer.ops[i];
+        ShmOp {
+            write: op.kind == OpKind::Write,
+            region: op.remote.id,
+            key: op.remote.key,
+            offset: op.remote_offset,
+            len: op.len,
+        }
+    })
 }
 
 impl Worker {
@@ -298,12 +331,11 @@ impl Worker {
             self.ring_mut()?.wait_state(slot, DONE)?;
             return self.finish_inline(xfer, batch, slot, skip);
         }
-        let ops = ring_ops(xfer, batch);
         let rc = self.ring_mut()?;
-        let slot = rc.prepare(kind, xfer.id, &ops)?;
+        let slot = rc.prepare(kind, xfer.id, ring_ops_iter(xfer, batch))?;
         rc.publish(slot, POSTED);
         rc.wait_state(slot, DONE)?;
-        let mut skip = vec![false; batch.len()];
+        let mut skip = Skip::default();
         self.take_result(xfer, batch, slot, &mut skip)?;
         // BEGIN: the target holds a lease on every accepted op until END.
         let (done, fatal) = self.copy_runs(xfer, batch, &skip);
@@ -311,7 +343,7 @@ impl Worker {
         if let Some(e) = fatal {
             return Err(e);
         }
-        xfer.ops_done(&done);
+        xfer.ops_done(done);
         Ok(())
     }
 
@@ -323,18 +355,18 @@ impl Worker {
         &self,
         xfer: &XferState,
         batch: &[usize],
-        skip: &[bool],
+        skip: &Skip,
     ) -> (Vec<usize>, Option<Error>) {
         let mut done = Vec::with_capacity(batch.len());
         let mut j = 0;
         while j < batch.len() {
-            if skip[j] {
+            if skip.get(j) {
                 j += 1;
                 continue;
             }
             let first = &xfer.ops[batch[j]];
             let mut end = j + 1;
-            while end < batch.len() && !skip[end] {
+            while end < batch.len() && !skip.get(end) {
                 let op = &xfer.ops[batch[end]];
                 if !Arc::ptr_eq(&op.local, &first.local)
                     || op.remote.id != first.remote.id
@@ -414,7 +446,7 @@ impl Worker {
         xfer: &XferState,
         batch: &[usize],
         slot: usize,
-        skip: &mut [bool],
+        skip: &mut Skip,
     ) -> Result<()> {
         let errors = self.ring_mut()?.ring.read_result(slot)?;
         for (j, e) in errors {
@@ -422,8 +454,8 @@ impl Worker {
             if j >= batch.len() {
                 return Err(Error::Protocol("shm ring result index out of range".into()));
             }
-            if !skip[j] {
-                skip[j] = true;
+            if !skip.get(j) {
+                skip.set(j, batch.len());
                 if matches!(e, Error::NoSuchRegion { .. } | Error::RegionGone { .. }) {
                     let gone = xfer.ops[batch[j]].remote.id;
                     self.maps.remove(&gone);
@@ -442,7 +474,7 @@ impl Worker {
         xfer: &XferState,
         batch: &[usize],
         slot: usize,
-        skip: &mut [bool],
+        skip: &mut Skip,
         kind: OpKind,
     ) -> Result<()> {
         let rc = self
@@ -456,7 +488,7 @@ impl Worker {
         let mut at = 0usize;
         for (j, &i) in batch.iter().enumerate() {
             let op = &xfer.ops[i];
-            if !skip[j] && op.kind == kind {
+            if !skip.get(j) && op.kind == kind {
                 let r = op.local.lease(lease_kind, self.wait).and_then(|lease| {
                     // SAFETY: [at, at + len) lies in the slot's data area (the batch was cut
                     // to DATA_BYTES); the local span is leased and bounds-checked at submit.
@@ -464,14 +496,14 @@ impl Worker {
                         copy_span(
                             &lease,
                             op.local_offset,
-                            rc.ring.data_ptr(slot, at),
+                            rc.ring.data_ptr(slot, batch.len(), at),
                             op.len as usize,
                             dir,
                         )
                     }
                 });
                 if let Err(e) = r {
-                    skip[j] = true;
+                    skip.set(j, batch.len());
                     if kind == OpKind::Write {
                         rc.ring.skip_op(slot, j);
                     }
@@ -485,10 +517,11 @@ impl Worker {
 
     /// Takes the next slot (waiting until it is free), copies the writes' bytes into it and
     /// posts it. Returns the slot and the ops withdrawn (their local copy failed).
-    fn post_inline(&mut self, xfer: &XferState, batch: &[usize]) -> Result<(usize, Vec<bool>)> {
-        let ops = ring_ops(xfer, batch);
-        let slot = self.ring_mut()?.prepare(KIND_INLINE, xfer.id, &ops)?;
-        let mut skip = vec![false; batch.len()];
+    fn post_inline(&mut self, xfer: &XferState, batch: &[usize]) -> Result<(usize, Skip)> {
+        let slot = self
+            .ring_mut()?
+            .prepare(KIND_INLINE, xfer.id, ring_ops_iter(xfer, batch))?;
+        let mut skip = Skip::default();
         self.copy_inline(xfer, batch, slot, &mut skip, OpKind::Write)?;
         self.ring_mut()?.publish(slot, POSTED);
         Ok((slot, skip))
@@ -501,7 +534,7 @@ impl Worker {
         xfer: &XferState,
         batch: &[usize],
         slot: usize,
-        mut skip: Vec<bool>,
+        mut skip: Skip,
     ) -> Result<()> {
         self.take_result(xfer, batch, slot, &mut skip)?;
         self.copy_inline(xfer, batch, slot, &mut skip, OpKind::Read)?;
@@ -509,24 +542,20 @@ impl Worker {
             .ring
             .state(slot)
             .store(FREE, Ordering::Release);
-        let done: Vec<usize> = batch
-            .iter()
-            .zip(&skip)
-            .filter(|(_, s)| !**s)
-            .map(|(&i, _)| i)
-            .collect();
-        xfer.ops_done(&done);
+        xfer.ops_done(
+            batch
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| !skip.get(*j))
+                .map(|(_, &i)| i),
+        );
         Ok(())
     }
 
     /// Posts `xfer` (`posts_inline`) into the next slot and leaves it in flight, completing
     /// (into `done`) the answered slots before it; waits at most `SUBMIT_SPIN` for a slot.
     /// `Ok(false)`: no slot came free, nothing was started.
-    pub(super) fn post(
-        &mut self,
-        xfer: &Arc<XferState>,
-        done: &mut Vec<Arc<XferState>>,
-    ) -> Result<bool> {
+    pub(super) fn post(&mut self, xfer: &Arc<XferState>, done: &mut Done) -> Result<bool> {
         let mut err = None;
         ring::spin_until(SUBMIT_SPIN, || {
             if let Err(e) = self.reap(false, done) {
@@ -548,8 +577,9 @@ impl Worker {
     /// Posts `xfer` (`posts_inline`) into the next slot, waiting for it to be free, and leaves
     /// it in flight.
     fn post_now(&mut self, xfer: &Arc<XferState>) -> Result<()> {
-        let batch: Vec<usize> = (0..xfer.ops.len()).collect();
-        let (slot, skip) = self.post_inline(xfer, &batch)?;
+        // `posts_inline`: at most MAX_RING_OPS ops.
+        let batch = &ring::IDENTITY[..xfer.ops.len().min(MAX_RING_OPS)];
+        let (slot, skip) = self.post_inline(xfer, batch)?;
         self.inflight.push_back(Inflight {
             xfer: Arc::clone(xfer),
             slot,
@@ -561,11 +591,7 @@ impl Worker {
 
     /// The submitting thread's `post`: true when the transfer was taken (posted, or failed
     /// into `done` on a broken connection).
-    pub(super) fn post_guarded(
-        &mut self,
-        xfer: &Arc<XferState>,
-        done: &mut Vec<Arc<XferState>>,
-    ) -> bool {
+    pub(super) fn post_guarded(&mut self, xfer: &Arc<XferState>, done: &mut Done) -> bool {
         let r = match &self.broken {
             Some(e) => Err(e.clone()),
             None => self.post(xfer, done),
@@ -584,11 +610,7 @@ impl Worker {
     /// The worker thread's group of queued small transfers (each `posts_inline`): every slot
     /// posted before the first answer is awaited, then all completed (each into `done`, once).
     /// True when the group broke the connection (its unfinished ops fail).
-    pub(super) fn pipeline_guarded(
-        &mut self,
-        group: &[Arc<XferState>],
-        done: &mut Vec<Arc<XferState>>,
-    ) -> bool {
+    pub(super) fn pipeline_guarded(&mut self, group: &[Arc<XferState>], done: &mut Done) -> bool {
         for (k, x) in group.iter().enumerate() {
             let r = match &self.broken {
                 Some(e) => Err(e.clone()),
@@ -610,7 +632,7 @@ impl Worker {
     /// Completes the transfers in flight, oldest first, into `done` (the caller finishes them
     /// once it let go of the worker): with `block` all of them, each waited for (with the
     /// liveness checks of every ring wait), else those answered by now.
-    pub(super) fn reap(&mut self, block: bool, done: &mut Vec<Arc<XferState>>) -> Result<()> {
+    pub(super) fn reap(&mut self, block: bool, done: &mut Done) -> Result<()> {
         while let Some(slot) = self.inflight.front().map(|f| f.slot) {
             let rc = self.ring_mut()?;
             if block {
@@ -622,8 +644,8 @@ impl Worker {
                 break;
             };
             self.mark_front();
-            let batch: Vec<usize> = (0..f.xfer.ops.len()).collect();
-            let r = self.finish_inline(&f.xfer, &batch, f.slot, f.skip);
+            let batch = &ring::IDENTITY[..f.xfer.ops.len().min(MAX_RING_OPS)];
+            let r = self.finish_inline(&f.xfer, batch, f.slot, f.skip);
             if let Err(e) = &r {
                 f.xfer.fail_pending(e);
             }
@@ -635,7 +657,7 @@ impl Worker {
 
     /// `reap`, and when it breaks the connection: every transfer in flight failed (into
     /// `done`) and the connection marked broken. True when it broke the connection.
-    pub(super) fn reap_guarded(&mut self, block: bool, done: &mut Vec<Arc<XferState>>) -> bool {
+    pub(super) fn reap_guarded(&mut self, block: bool, done: &mut Done) -> bool {
         if let Some(e) = self.broken.clone() {
             self.break_with(e, done);
             return false;
@@ -649,7 +671,7 @@ impl Worker {
 
     /// The connection broke with `e` (or had broken): every transfer in flight fails with it
     /// (into `done`), and the first error stays the connection's.
-    fn break_with(&mut self, e: Error, done: &mut Vec<Arc<XferState>>) {
+    fn break_with(&mut self, e: Error, done: &mut Done) {
         for f in self.inflight.drain(..) {
             f.xfer.fail_pending(&e);
             done.push(f.xfer);

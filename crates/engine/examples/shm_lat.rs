@@ -1,0 +1,76 @@
+//! Profiling aid: loops submit + wait of one small write over shm between two agents of this
+//! process and prints the p50, p99 and mean round trip (`cargo run --release --example shm_lat --
+//! [size] [iters] [window] [batch]`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
+
+use gdx_engine::{Access, Agent, AgentConfig, Transfer, Transports};
+use std::time::{Duration, Instant};
+
+fn main() {
+    let arg = |i: usize, d: u64| {
+        std::env::args()
+            .nth(i)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(d)
+    };
+    let (size, iters, window, batch) = (arg(1, 8), arg(2, 200_000), arg(3, 1), arg(4, 1));
+    let base = AgentConfig::from_env().unwrap();
+    let t = Transports {
+        tcp: true,
+        shm: true,
+        rdma: false,
+        fabric: false,
+    };
+    let server = Agent::new(AgentConfig {
+        name: "lat-target".into(),
+        listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+        transports: t,
+        ..base.clone()
+    })
+    .unwrap();
+    let len = (size * window * batch).max(4096);
+    let _r = server.alloc(len, Access::READ_WRITE, Some("r")).unwrap();
+    let client = Agent::new(AgentConfig {
+        name: "lat-client".into(),
+        transports: t,
+        ..base
+    })
+    .unwrap();
+    let peer = client
+        .connect(server.listen_addr().unwrap().to_string().as_str())
+        .unwrap();
+    let remote = peer.region("r").unwrap();
+    let local = client.alloc(len, Access::LOCAL, None).unwrap();
+    let mut lat = Vec::with_capacity(iters as usize);
+    let wait = Duration::from_secs(10);
+    let start = Instant::now();
+    for i in 0..iters {
+        let s = Instant::now();
+        let mut hs = Vec::with_capacity(window as usize);
+        for w in 0..window {
+            let mut t = Transfer::new();
+            for k in 0..batch {
+                let off = (w * batch + k) * size;
+                t.write(&local, off, &remote, off, size);
+            }
+            hs.push(peer.submit(t).unwrap());
+        }
+        for h in hs {
+            h.wait(wait).unwrap();
+        }
+        if i >= iters / 10 {
+            lat.push(s.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let total = start.elapsed().as_secs_f64();
+    lat.sort_by(f64::total_cmp);
+    let ops = (iters * window * batch) as f64;
+    println!(
+        "size {size} window {window} batch {batch}: p50 {:.3} µs p99 {:.3} µs, {:.3} Mop/s, {:.2} GB/s",
+        lat[lat.len() / 2],
+        lat[lat.len() * 99 / 100],
+        ops / total / 1e6,
+        ops * size as f64 / total / 1e9
+    );
+}
