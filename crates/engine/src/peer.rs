@@ -504,7 +504,8 @@ impl Peer {
             .load(std::sync::atomic::Ordering::Relaxed);
         // A batch's ops mostly join the same two regions: the plan (and its reason, a formatted
         // string) is made once per run of such ops, not once per op.
-        let mut plans: Vec<crate::plan::Plan> = Vec::with_capacity(t.ops.len());
+        let mut plans: smallvec::SmallVec<[crate::plan::Plan; 4]> =
+            smallvec::SmallVec::with_capacity(t.ops.len());
         let mut cache = self.inner.plans.lock().unwrap_or_else(|p| p.into_inner());
         for (i, op) in t.ops.iter().enumerate() {
             let same = i > 0 && {

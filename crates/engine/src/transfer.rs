@@ -234,7 +234,8 @@ impl TransferReport {
 #[derive(Debug)]
 struct Progress {
     ops: Vec<OpResult>,
-    pending_chunks: Vec<u32>,
+    /// Chunks still unconfirmed per op (most transfers have a few ops: kept inline).
+    pending_chunks: smallvec::SmallVec<[u32; 4]>,
     first_error: Option<Error>,
     done: Option<Instant>,
     /// Threads sleeping on `cv` (`finish` wakes them only when there are some).
@@ -259,12 +260,15 @@ pub(crate) struct XferState {
     pub(crate) ops: Vec<Op>,
     pub(crate) notify: Option<Vec<u8>>,
     /// Each op's path (as in its plan; read without the lock).
-    paths: Vec<crate::plan::Path>,
+    paths: smallvec::SmallVec<[crate::plan::Path; 8]>,
     pub(crate) started: Instant,
     pub(crate) deadline: Instant,
     bytes_done: AtomicU64,
     /// Set once `finish` ran: a waiter spins on it briefly before it sleeps on `cv`.
     ended: AtomicBool,
+    /// Set when a waiter gave up spinning on this transfer and sleeps (`Drive::park`): from
+    /// then on only the transport's own thread completes it.
+    parked: AtomicBool,
     progress: Mutex<Progress>,
     cv: Condvar,
     /// The initiating agent's counters, fed once when the transfer ends.
@@ -277,7 +281,7 @@ impl XferState {
     pub(crate) fn new(
         id: u64,
         t: Transfer,
-        plans: Vec<Plan>,
+        plans: smallvec::SmallVec<[Plan; 4]>,
         timeout: Duration,
         stats: Arc<Stats>,
     ) -> Self {
@@ -304,9 +308,10 @@ impl XferState {
             deadline: started + t.timeout.unwrap_or(timeout),
             bytes_done: AtomicU64::new(0),
             ended: AtomicBool::new(false),
+            parked: AtomicBool::new(false),
             progress: Mutex::new(Progress {
                 ops: results,
-                pending_chunks: vec![1; n],
+                pending_chunks: smallvec::smallvec![1; n],
                 first_error: None,
                 done: None,
                 waiters: 0,
@@ -327,6 +332,11 @@ impl XferState {
         self.driver.get().is_some()
     }
 
+    /// Whether a waiter sleeps on this transfer (it no longer drives it).
+    pub(crate) fn parked(&self) -> bool {
+        self.parked.load(Ordering::Acquire)
+    }
+
     /// Whether `finish` ran.
     pub(crate) fn ended(&self) -> bool {
         self.ended.load(Ordering::Acquire)
@@ -338,7 +348,7 @@ impl XferState {
 
     /// Declares how many chunks op `i` is cut into (default 1).
     pub(crate) fn set_chunks(&self, counts: Vec<u32>) {
-        self.lock().pending_chunks = counts;
+        self.lock().pending_chunks = counts.into();
     }
 
     /// Records one chunk of op `i`: on success the op completes when its last chunk does; a failure
@@ -498,6 +508,7 @@ impl TransferHandle {
             self.state.ended()
         });
         if let (false, Some(d)) = (ended, drive) {
+            self.state.parked.store(true, Ordering::Release);
             d.park(&self.state);
         }
         let mut p = self.state.lock();

@@ -202,7 +202,7 @@ impl ShmTransport {
 
 impl Transport for ShmTransport {
     fn submit(&self, xfer: Arc<XferState>) {
-        if self.queued.load(Ordering::SeqCst) == 0 && ring::posts_inline(&xfer) {
+        if self.queued.load(Ordering::SeqCst) == 0 && ring::may_post(&xfer) {
             if let Ok(mut w) = self.worker.try_lock() {
                 // Re-checked under the lock: the worker thread finishes a transfer before it
                 // lowers the count, so nothing submitted earlier is still waiting to start.
@@ -212,14 +212,21 @@ impl Transport for ShmTransport {
                     if w.broken.is_some() {
                         self.dead.store(true, Ordering::SeqCst);
                     }
-                    if taken {
+                    if taken.is_some() {
                         xfer.set_driver(Arc::clone(&self.driver) as Arc<dyn Drive>);
                     }
                     drop(w);
                     for x in done {
                         x.finish();
                     }
-                    if taken {
+                    if taken == Some(ring::KIND_BEGIN_SLOT) {
+                        // The target holds leases until the copies are done: they must not
+                        // wait for someone to wait. The worker thread completes the slot if
+                        // no waiter does first (it queues behind a waiter's copies).
+                        self.queue.nudge(xfer);
+                        return;
+                    }
+                    if taken.is_some() {
                         return;
                     }
                 }
@@ -239,6 +246,10 @@ impl Transport for ShmTransport {
     }
 }
 
+/// How long the worker thread leaves a transfer the submitting thread posted to its waiter
+/// before it completes it itself.
+const DRIVE_GRACE: std::time::Duration = std::time::Duration::from_millis(1);
+
 fn worker_thread(
     w: &Mutex<Worker>,
     rx: Receiver<Arc<XferState>>,
@@ -256,6 +267,15 @@ fn worker_thread(
                 Err(_) => break,
             },
         };
+        if xfer.driven() {
+            // A leased slot the submitting thread posted: its waiter (if one comes) completes
+            // it on its own thread; this thread steps in only once a waiter sleeps, or after
+            // `DRIVE_GRACE` (the target's leases must not wait for a waiter that never comes).
+            let until = std::time::Instant::now() + DRIVE_GRACE;
+            while !xfer.ended() && !xfer.parked() && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
         let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
         let mut done = ring::Done::new();
         // Whatever is in flight completes before anything queued starts (a waiter about to

@@ -150,9 +150,21 @@ fn hung_up(fd: RawFd) -> bool {
     n > 0 && p[0].revents().intersects(hup)
 }
 
-/// Whether `xfer` is posted by the submitting thread and left in flight: one inline slot (all
-/// its bytes ≤ `INLINE_MAX`: two copies of that cost less than a BEGIN's extra round trip and
-/// bookkeeping), every op inline, no notification (that is a socket round trip after the bytes).
+/// Whether `xfer` may be posted by the submitting thread and left in flight (`Worker::post`
+/// decides: one slot, every op inline or every op leased with `BEGIN`): at most one slot's ops,
+/// every op over shm, no notification (that is a socket round trip after the bytes).
+pub(super) fn may_post(xfer: &XferState) -> bool {
+    xfer.ops.len() <= MAX_RING_OPS
+        && xfer.notify.is_none()
+        && xfer
+            .paths()
+            .iter()
+            .all(|p| matches!(p, Path::Shm | Path::ShmStaged))
+}
+
+/// Whether `xfer` goes in one inline slot (all its bytes ≤ `INLINE_MAX`: two copies of that
+/// cost less than a BEGIN's extra round trip and bookkeeping), every op inline, no
+/// notification.
 pub(super) fn posts_inline(xfer: &XferState) -> bool {
     xfer.ops.len() <= MAX_RING_OPS
         && xfer.notify.is_none()
@@ -160,14 +172,20 @@ pub(super) fn posts_inline(xfer: &XferState) -> bool {
         && all_inline(xfer)
 }
 
+/// The kind `Worker::post` reports for a leased (`BEGIN`) slot it left in flight.
+pub(super) const KIND_BEGIN_SLOT: u32 = KIND_BEGIN;
+
 /// Most queued small transfers the worker posts before it awaits the first answer.
 pub(super) const PIPELINE: usize = ring::SLOTS / 2;
 
-/// A posted inline slot not yet answered (or answered and not yet completed).
+/// A posted slot not yet answered (or answered and not yet completed): inline, or `BEGIN`
+/// (answered: the ops are leased by the target, and whoever completes it copies through the
+/// mappings and marks it `END`).
 #[derive(Debug)]
 pub(super) struct Inflight {
     xfer: Arc<XferState>,
     slot: usize,
+    kind: u32,
     /// The ops withdrawn before posting (their local copy failed).
     skip: Skip,
 }
@@ -552,10 +570,14 @@ impl Worker {
         Ok(())
     }
 
-    /// Posts `xfer` (`posts_inline`) into the next slot and leaves it in flight, completing
-    /// (into `done`) the answered slots before it; waits at most `SUBMIT_SPIN` for a slot.
-    /// `Ok(false)`: no slot came free, nothing was started.
-    pub(super) fn post(&mut self, xfer: &Arc<XferState>, done: &mut Done) -> Result<bool> {
+    /// Posts `xfer` (`may_post`) into the next slot and leaves it in flight, completing (into
+    /// `done`) the answered slots before it; waits at most `SUBMIT_SPIN` for a slot.
+    /// `Ok(None)`: nothing was started (no slot came free, or the transfer needs more than one
+    /// slot or mixes inline and leased ops); else the kind of slot posted.
+    pub(super) fn post(&mut self, xfer: &Arc<XferState>, done: &mut Done) -> Result<Option<u32>> {
+        let Some(kind) = self.direct_kind(xfer) else {
+            return Ok(None);
+        };
         let mut err = None;
         ring::spin_until(SUBMIT_SPIN, || {
             if let Err(e) = self.reap(false, done) {
@@ -568,41 +590,91 @@ impl Worker {
             return Err(e);
         }
         if !self.ring.as_ref().is_some_and(RingClient::next_is_free) {
-            return Ok(false);
+            return Ok(None);
         }
-        self.post_now(xfer)?;
-        Ok(true)
+        self.post_now(xfer, kind)?;
+        Ok(Some(kind))
     }
 
-    /// Posts `xfer` (`posts_inline`) into the next slot, waiting for it to be free, and leaves
-    /// it in flight.
-    fn post_now(&mut self, xfer: &Arc<XferState>) -> Result<()> {
-        // `posts_inline`: at most MAX_RING_OPS ops.
+    /// The one slot `xfer` (`may_post`) goes in, if it fits one: inline (`posts_inline`), or
+    /// `BEGIN` when every op is leased (`ring_class`: to mapped regions) and the ops fit one
+    /// slot's table.
+    fn direct_kind(&self, xfer: &XferState) -> Option<u32> {
+        if posts_inline(xfer) {
+            return Some(KIND_INLINE);
+        }
+        if self.ring.is_none() || xfer.ops.len() > MAX_RING_OPS {
+            return None;
+        }
+        let big = xfer.ops.iter().map(|o| o.len).sum::<u64>() > INLINE_MAX;
+        let plans = xfer.paths();
+        // Consecutive ops on the same remote region share its verdict (one map look-up).
+        (0..xfer.ops.len())
+            .all(|i| {
+                (i > 0
+                    && plans[i] == plans[i - 1]
+                    && Arc::ptr_eq(&xfer.ops[i].remote, &xfer.ops[i - 1].remote))
+                    || ring_class(self, xfer, &plans[i], i, big) == Some(KIND_BEGIN)
+            })
+            .then_some(KIND_BEGIN)
+    }
+
+    /// Posts `xfer` into the next slot as `kind` (`direct_kind`), waiting for it to be free,
+    /// and leaves it in flight.
+    fn post_now(&mut self, xfer: &Arc<XferState>, kind: u32) -> Result<()> {
+        // `may_post`: at most MAX_RING_OPS ops.
         let batch = &ring::IDENTITY[..xfer.ops.len().min(MAX_RING_OPS)];
-        let (slot, skip) = self.post_inline(xfer, batch)?;
+        let (slot, skip) = if kind == KIND_BEGIN {
+            let rc = self.ring_mut()?;
+            let slot = rc.prepare(KIND_BEGIN, xfer.id, ring_ops_iter(xfer, batch))?;
+            rc.publish(slot, POSTED);
+            (slot, Skip::default())
+        } else {
+            self.post_inline(xfer, batch)?
+        };
         self.inflight.push_back(Inflight {
             xfer: Arc::clone(xfer),
             slot,
+            kind,
             skip,
         });
         self.mark_front();
         Ok(())
     }
 
-    /// The submitting thread's `post`: true when the transfer was taken (posted, or failed
-    /// into `done` on a broken connection).
-    pub(super) fn post_guarded(&mut self, xfer: &Arc<XferState>, done: &mut Done) -> bool {
+    /// An answered `BEGIN` slot: the target's verdicts, the copies through the mappings, `END`
+    /// (the target then drops the leases), the ops completed.
+    fn finish_begin(
+        &mut self,
+        xfer: &XferState,
+        batch: &[usize],
+        slot: usize,
+        mut skip: Skip,
+    ) -> Result<()> {
+        self.take_result(xfer, batch, slot, &mut skip)?;
+        let (done, fatal) = self.copy_runs(xfer, batch, &skip);
+        self.ring_mut()?.publish(slot, END);
+        if let Some(e) = fatal {
+            return Err(e);
+        }
+        xfer.ops_done(done);
+        Ok(())
+    }
+
+    /// The submitting thread's `post`: `Some` when the transfer was taken (posted as that kind
+    /// of slot, or failed into `done` on a broken connection: `KIND_INLINE`, nothing to drive).
+    pub(super) fn post_guarded(&mut self, xfer: &Arc<XferState>, done: &mut Done) -> Option<u32> {
         let r = match &self.broken {
             Some(e) => Err(e.clone()),
             None => self.post(xfer, done),
         };
         match r {
-            Ok(taken) => taken,
+            Ok(kind) => kind,
             Err(e) => {
                 xfer.fail_pending(&e);
                 done.push(Arc::clone(xfer));
                 self.break_with(e, done);
-                true
+                Some(KIND_INLINE)
             }
         }
     }
@@ -614,7 +686,7 @@ impl Worker {
         for (k, x) in group.iter().enumerate() {
             let r = match &self.broken {
                 Some(e) => Err(e.clone()),
-                None => self.post_now(x),
+                None => self.post_now(x, KIND_INLINE),
             };
             if let Err(e) = r {
                 for x in &group[k..] {
@@ -645,7 +717,11 @@ impl Worker {
             };
             self.mark_front();
             let batch = &ring::IDENTITY[..f.xfer.ops.len().min(MAX_RING_OPS)];
-            let r = self.finish_inline(&f.xfer, batch, f.slot, f.skip);
+            let r = if f.kind == KIND_BEGIN {
+                self.finish_begin(&f.xfer, batch, f.slot, f.skip)
+            } else {
+                self.finish_inline(&f.xfer, batch, f.slot, f.skip)
+            };
             if let Err(e) = &r {
                 f.xfer.fail_pending(e);
             }
