@@ -3,15 +3,20 @@
 # completion beside the same-run latency floors, the 8 B message rate over shm with --window 64,
 # a 1,000 x 4 KiB shm batch beside single-thread memcpy of 4 MiB, and large-transfer bandwidth.
 # Each latency block runs 3 times (report the median). Run from the repository root with the
-# release binary at .devbin/gdx; everything goes to $OUT; about 90 s in all.
+# release binary at .devbin/gdx; everything goes to $OUT; about 90 s in all. With GDX_OLD=<an
+# older gdx binary>, the large transfers (and one block of each small figure) also run with
+# it, alternating with the new one, so "large-transfer bandwidth unchanged" is judged within
+# one run (about 60 s more).
 . "$(dirname "$0")/env.sh"
 LOG="$OUT/latency-log.txt"
 GDX=${GDX:-.devbin/gdx}
+GDX_OLD=${GDX_OLD:-}
 # Each run gets its own time limit; a failed or timed-out run is logged, the rest still run.
+# `BIN=<binary> bench ...` runs another binary.
 bench() {
   local name=$1
   shift
-  timeout 25 "$GDX" bench "$@" >"$OUT/$name.txt" 2>&1
+  timeout 25 "${BIN:-$GDX}" bench "$@" >"$OUT/$name.txt" 2>&1
   local rc=$?
   echo "rc=$rc" >>"$OUT/$name.txt"
   log "$name: rc=$rc ($*)"
@@ -29,5 +34,16 @@ for i in 1 2 3; do
   bench "memcpy-$i" --path memcpy --size 4MiB --duration 200ms
   bench "batch-$i" --path shm --size 4KiB --batch 1000 --duration 300ms
 done
-bench large --path shm,tcp --size 1MiB,256MiB --duration 500ms
+if [ -n "$GDX_OLD" ]; then
+  log "old binary: $("$GDX_OLD" --version 2>&1)"
+  BIN=$GDX_OLD bench old-small --path shm,tcp --size 8,4KiB --duration 300ms
+  BIN=$GDX_OLD bench old-window --path shm --size 8 --window 64 --duration 300ms
+  BIN=$GDX_OLD bench old-batch --path shm --size 4KiB --batch 1000 --duration 300ms
+  for i in 1 2 3; do
+    BIN=$GDX_OLD bench "old-large-$i" --path shm,tcp --size 1MiB,256MiB --duration 500ms
+    bench "large-$i" --path shm,tcp --size 1MiB,256MiB --duration 500ms
+  done
+else
+  bench large --path shm,tcp --size 1MiB,256MiB --duration 500ms
+fi
 log "done"

@@ -31,6 +31,13 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// Allocates `len` bytes of zeroed memory in a fresh memfd, mapped shared and pre-faulted.
     pub(crate) fn memfd(len: usize, name: &str) -> Result<Self> {
+        Self::memfd_with(len, name, true)
+    }
+
+    /// `memfd`, pre-faulted or not: the shm control ring is not (most of its 32 MiB, the
+    /// op tables and data areas of large requests, is never touched; its pages are faulted in
+    /// as slots first use them).
+    pub(crate) fn memfd_with(len: usize, name: &str, populate: bool) -> Result<Self> {
         if len == 0 {
             return Err(Error::InvalidArgument("region length must be > 0".into()));
         }
@@ -38,7 +45,7 @@ impl Mapping {
         let fd = rustix::fs::memfd_create(&cname, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
             .map_err(|e| Error::os("memfd_create", e.into()))?;
         rustix::fs::ftruncate(&fd, len as u64).map_err(|e| Error::os("ftruncate", e.into()))?;
-        let mut m = Self::map_fd(fd.as_raw_fd(), len, true)?;
+        let mut m = Self::map_fd_with(fd.as_raw_fd(), len, true, populate)?;
         // Whoever gets this fd (a same-host peer) can never shrink it under our mapping (the
         // SIGBUS attack) nor grow it.
         add_seals(fd.as_raw_fd(), SIZE_SEALS)?;
@@ -62,6 +69,11 @@ impl Mapping {
     /// Maps `len` bytes of `fd` shared, writable if `write`, pre-faulted (`MAP_POPULATE`).
     /// The returned mapping does not own `fd` (the mapping keeps the file alive by itself).
     pub(crate) fn map_fd(fd: RawFd, len: usize, write: bool) -> Result<Self> {
+        Self::map_fd_with(fd, len, write, true)
+    }
+
+    /// `map_fd`, pre-faulted or not (see `memfd_with`).
+    pub(crate) fn map_fd_with(fd: RawFd, len: usize, write: bool, populate: bool) -> Result<Self> {
         if len == 0 {
             return Err(Error::InvalidArgument("mapping length must be > 0".into()));
         }
@@ -78,7 +90,11 @@ impl Mapping {
                 std::ptr::null_mut(),
                 len,
                 prot,
-                MapFlags::SHARED | MapFlags::POPULATE,
+                if populate {
+                    MapFlags::SHARED | MapFlags::POPULATE
+                } else {
+                    MapFlags::SHARED
+                },
                 fd,
                 0,
             )

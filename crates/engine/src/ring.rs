@@ -118,7 +118,7 @@ pub(crate) struct Ring {
 impl Ring {
     /// A fresh ring (initiator side): a sealed memfd of `RING_BYTES`, zeroed (every slot `FREE`).
     pub(crate) fn create() -> Result<Ring> {
-        let map = Mapping::memfd(RING_BYTES, "ring")?;
+        let map = Mapping::memfd_with(RING_BYTES, "ring", false)?;
         let r = Ring { map };
         r.word(0).store(MAGIC, Ordering::Release);
         Ok(r)
@@ -132,7 +132,7 @@ impl Ring {
                 "shm ring of {size} bytes, expected {RING_BYTES}"
             )));
         }
-        let map = Mapping::map_fd(fd, RING_BYTES, true)?;
+        let map = Mapping::map_fd_with(fd, RING_BYTES, true, false)?;
         let r = Ring { map };
         if r.word(0).load(Ordering::Acquire) != MAGIC {
             return Err(Error::Protocol("shm ring without its magic".into()));

@@ -42,7 +42,7 @@ pub(crate) struct Op {
 /// [`crate::Peer::submit`].
 #[derive(Debug, Default)]
 pub struct Transfer {
-    pub(crate) ops: Vec<Op>,
+    pub(crate) ops: smallvec::SmallVec<[Op; 1]>,
     pub(crate) notify: Option<Vec<u8>>,
     pub(crate) timeout: Option<Duration>,
 }
@@ -102,7 +102,7 @@ impl Transfer {
     ) -> &mut Self {
         let remote = match self.ops.last() {
             Some(prev) if *prev.remote == *remote => Arc::clone(&prev.remote),
-            _ => Arc::new(remote.clone()),
+            _ => shared_desc(remote),
         };
         self.ops.push(Op {
             kind,
@@ -173,6 +173,28 @@ impl Transfer {
         }
         Ok(())
     }
+}
+
+thread_local! {
+    /// The remote descriptor this thread's last transfer shared (see `shared_desc`).
+    static LAST_DESC: std::cell::RefCell<Option<Arc<RegionDesc>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// An `Arc` of `remote`: this thread's last one when equal (a stream of transfers to one
+/// remote region clones its descriptor, name included, once, not once per transfer).
+fn shared_desc(remote: &RegionDesc) -> Arc<RegionDesc> {
+    LAST_DESC.with(|last| {
+        let mut last = last.borrow_mut();
+        match last.as_ref() {
+            Some(a) if **a == *remote => Arc::clone(a),
+            _ => {
+                let a = Arc::new(remote.clone());
+                *last = Some(Arc::clone(&a));
+                a
+            }
+        }
+    })
 }
 
 /// Where a transfer stands.
@@ -257,7 +279,7 @@ pub(crate) trait Drive: Send + Sync + std::fmt::Debug {
 #[derive(Debug)]
 pub(crate) struct XferState {
     pub(crate) id: u64,
-    pub(crate) ops: Vec<Op>,
+    pub(crate) ops: smallvec::SmallVec<[Op; 1]>,
     pub(crate) notify: Option<Vec<u8>>,
     /// Each op's path (as in its plan; read without the lock).
     paths: smallvec::SmallVec<[crate::plan::Path; 8]>,

@@ -131,8 +131,12 @@ impl RingClient {
         if state == POSTED {
             self.seq = self.seq.wrapping_add(1);
         }
-        self.ring.doorbell().fetch_add(1, Ordering::SeqCst);
+        // The doorbell moves only for a sleeping target: the state store and this load are
+        // both SeqCst, and the target sets `target_sleeping` (SeqCst) before it re-checks the
+        // slots and sleeps on the doorbell's value, so either it sees this slot or this load
+        // sees it sleeping (and the bump changes the value it sleeps on, or the wake finds it).
         if self.ring.target_sleeping().load(Ordering::SeqCst) != 0 {
+            self.ring.doorbell().fetch_add(1, Ordering::SeqCst);
             ring::futex_wake(self.ring.doorbell());
         }
     }
