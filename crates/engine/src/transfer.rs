@@ -288,9 +288,6 @@ pub(crate) struct XferState {
     bytes_done: AtomicU64,
     /// Set once `finish` ran: a waiter spins on it briefly before it sleeps on `cv`.
     ended: AtomicBool,
-    /// Set when a waiter gave up spinning on this transfer and sleeps (`Drive::park`): from
-    /// then on only the transport's own thread completes it.
-    parked: AtomicBool,
     progress: Mutex<Progress>,
     cv: Condvar,
     /// The initiating agent's counters, fed once when the transfer ends.
@@ -330,7 +327,7 @@ impl XferState {
             deadline: started + t.timeout.unwrap_or(timeout),
             bytes_done: AtomicU64::new(0),
             ended: AtomicBool::new(false),
-            parked: AtomicBool::new(false),
+
             progress: Mutex::new(Progress {
                 ops: results,
                 pending_chunks: smallvec::smallvec![1; n],
@@ -352,11 +349,6 @@ impl XferState {
     /// Whether a transport set a driver (`set_driver`).
     pub(crate) fn driven(&self) -> bool {
         self.driver.get().is_some()
-    }
-
-    /// Whether a waiter sleeps on this transfer (it no longer drives it).
-    pub(crate) fn parked(&self) -> bool {
-        self.parked.load(Ordering::Acquire)
     }
 
     /// Whether `finish` ran.
@@ -489,6 +481,20 @@ pub struct TransferHandle {
     pub(crate) state: Arc<XferState>,
 }
 
+impl Drop for TransferHandle {
+    /// The last handle of a transfer its waiters drive (`Drive`) hands it to the transport's
+    /// thread, so it completes (and a target's leases end) with nobody waiting. Counted
+    /// conservatively: the transport's in-flight entry holds one reference; any other holder is
+    /// another handle (whose drop does this) or a completion pass (which finishes it).
+    fn drop(&mut self) {
+        if let Some(d) = self.state.driver.get() {
+            if !self.state.ended() && Arc::strong_count(&self.state) <= 2 {
+                d.park(&self.state);
+            }
+        }
+    }
+}
+
 impl TransferHandle {
     /// Where the transfer stands now.
     pub fn status(&self) -> Status {
@@ -530,7 +536,6 @@ impl TransferHandle {
             self.state.ended()
         });
         if let (false, Some(d)) = (ended, drive) {
-            self.state.parked.store(true, Ordering::Release);
             d.park(&self.state);
         }
         let mut p = self.state.lock();

@@ -366,3 +366,33 @@ fn a_region_freed_after_ring_writes_is_refused_at_once() {
         None
     );
 }
+
+/// A leased transfer (over 16 KiB) is posted by the submitting thread and copied by whoever
+/// waits; with nobody waiting (the handle dropped at once) the connection's own thread still
+/// completes it, so the target's leases end and the bytes land.
+#[test]
+fn a_leased_transfer_nobody_waits_for_still_completes() {
+    let len = 1u64 << 20;
+    let (_agents, peer, remote, dst, src) = pair(len, 17);
+    let mut t = Transfer::new();
+    t.write(&src, 0, &remote, 0, len);
+    drop(peer.submit(t).unwrap());
+    // The target's view: readable once the initiator's copy ended (its lease is gone).
+    let until = std::time::Instant::now() + WAIT;
+    loop {
+        if let Ok(got) = dst.bytes() {
+            if first_diff(&got, &src.bytes().unwrap()).is_none() {
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the undriven transfer never completed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // And the connection still carries transfers, waited for as usual.
+    let mut t = Transfer::new();
+    t.write(&src, 8, &remote, 8, 8);
+    peer.submit(t).unwrap().wait(WAIT).unwrap();
+}

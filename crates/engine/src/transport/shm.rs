@@ -219,13 +219,10 @@ impl Transport for ShmTransport {
                     for x in done {
                         x.finish();
                     }
-                    if taken == Some(ring::KIND_BEGIN_SLOT) {
-                        // The target holds leases until the copies are done: they must not
-                        // wait for someone to wait. The worker thread completes the slot if
-                        // no waiter does first (it queues behind a waiter's copies).
-                        self.queue.nudge(xfer);
-                        return;
-                    }
+                    // A slot left in flight is completed by whoever waits for it, polls it or
+                    // submits next on this connection; a handle dropped first hands it to the
+                    // worker thread (`TransferHandle`'s drop). Waking the worker per transfer
+                    // instead costs more than a 1 MiB copy on a machine of few cores.
                     if taken.is_some() {
                         return;
                     }
@@ -246,10 +243,6 @@ impl Transport for ShmTransport {
     }
 }
 
-/// How long the worker thread leaves a transfer the submitting thread posted to its waiter
-/// before it completes it itself.
-const DRIVE_GRACE: std::time::Duration = std::time::Duration::from_millis(1);
-
 fn worker_thread(
     w: &Mutex<Worker>,
     rx: Receiver<Arc<XferState>>,
@@ -267,15 +260,6 @@ fn worker_thread(
                 Err(_) => break,
             },
         };
-        if xfer.driven() {
-            // A leased slot the submitting thread posted: its waiter (if one comes) completes
-            // it on its own thread; this thread steps in only once a waiter sleeps, or after
-            // `DRIVE_GRACE` (the target's leases must not wait for a waiter that never comes).
-            let until = std::time::Instant::now() + DRIVE_GRACE;
-            while !xfer.ended() && !xfer.parked() && std::time::Instant::now() < until {
-                std::thread::sleep(std::time::Duration::from_micros(50));
-            }
-        }
         let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
         let mut done = ring::Done::new();
         // Whatever is in flight completes before anything queued starts (a waiter about to

@@ -176,9 +176,6 @@ pub(super) fn posts_inline(xfer: &XferState) -> bool {
         && all_inline(xfer)
 }
 
-/// The kind `Worker::post` reports for a leased (`BEGIN`) slot it left in flight.
-pub(super) const KIND_BEGIN_SLOT: u32 = KIND_BEGIN;
-
 /// Most queued small transfers the worker posts before it awaits the first answer.
 pub(super) const PIPELINE: usize = ring::SLOTS / 2;
 
