@@ -162,9 +162,12 @@ impl Registry {
         Self::check_region(&r, id, key, offset, len, write, timeout)
     }
 
-    /// `check_remote` through `cache` (see [`RegionCache`]).
+    /// `check_remote` through `cache` (see [`RegionCache`]), for a small host copy: `copy(ptr)` runs with the region's address
+    /// at `offset` under its locked lease state (`RegionInner::with_locked`), no lease taken.
+    /// `Ok(Some(lease))`: it could not (GPU memory, a conflicting lease), the caller copies
+    /// under the lease; `Ok(None)`: copied.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn check_remote_cached(
+    pub(crate) fn with_remote_cached(
         &self,
         cache: &mut RegionCache,
         id: u64,
@@ -173,20 +176,52 @@ impl Registry {
         len: u64,
         write: bool,
         timeout: Duration,
-    ) -> Result<Lease> {
+        copy: impl FnOnce(*mut u8),
+    ) -> Result<Option<Lease>> {
         let gen = self.removals.load(Ordering::SeqCst);
-        match &cache.entry {
-            Some((cid, cgen, r)) if *cid == id && *cgen == gen => {
-                Self::check_region(r, id, key, offset, len, write, timeout)
-            }
-            _ => {
-                cache.entry = None;
-                let r = self.get(id)?;
-                let lease = Self::check_region(&r, id, key, offset, len, write, timeout);
-                cache.entry = Some((id, gen, r));
-                lease
-            }
+        let fresh = !matches!(&cache.entry, Some((cid, cgen, _)) if *cid == id && *cgen == gen);
+        if fresh {
+            cache.entry = None;
+            cache.entry = Some((id, gen, self.get(id)?));
         }
+        let Some((_, _, r)) = &cache.entry else {
+            return Err(Error::NoSuchRegion { region: id });
+        };
+        Self::check_access(r, id, key, offset, len, write)?;
+        let kind = if write {
+            LeaseKind::Sink
+        } else {
+            LeaseKind::Source
+        };
+        let quick = r.with_locked(kind, |base| {
+            // SAFETY: offset + len <= r.len (checked above): within the region's span.
+            let at = unsafe { base.add(offset as usize) };
+            copy(at)
+        });
+        match quick {
+            Some(res) => res.map(|()| None),
+            None => r.lease(kind, timeout).map(Some),
+        }
+    }
+
+    fn check_access(
+        r: &RegionInner,
+        id: u64,
+        key: RegionKey,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<()> {
+        if !r.key.ct_eq(&key) {
+            return Err(Error::BadKey { region: id });
+        }
+        if write && !r.access.remote_write {
+            return Err(Error::ReadOnly { region: id });
+        }
+        if !write && !r.access.remote_read {
+            return Err(Error::NotReadable { region: id });
+        }
+        check_bounds(offset, len, r.len)
     }
 
     fn check_region(
@@ -198,16 +233,7 @@ impl Registry {
         write: bool,
         timeout: Duration,
     ) -> Result<Lease> {
-        if !r.key.ct_eq(&key) {
-            return Err(Error::BadKey { region: id });
-        }
-        if write && !r.access.remote_write {
-            return Err(Error::ReadOnly { region: id });
-        }
-        if !write && !r.access.remote_read {
-            return Err(Error::NotReadable { region: id });
-        }
-        check_bounds(offset, len, r.len)?;
+        Self::check_access(r, id, key, offset, len, write)?;
         r.lease(
             if write {
                 LeaseKind::Sink

@@ -218,10 +218,35 @@ fn run_request(
         if req.skip.get(i).copied().unwrap_or(false) {
             continue;
         }
-        let lease = match reg.check_remote_cached(
-            regions, op.region, op.key, op.offset, op.len, op.write, wait,
-        ) {
-            Ok(l) => l,
+        let at = req.data_off.get(i).copied().unwrap_or(0);
+        let slot_data = ring.data_ptr(s, req.ops.len(), at);
+        let len = op.len as usize;
+        // The copy under the region's locked lease state (no lease taken and dropped per op);
+        // GPU memory or a conflicting lease gets a lease, and the copy runs under it.
+        let quick = reg.with_remote_cached(
+            regions,
+            op.region,
+            op.key,
+            op.offset,
+            op.len,
+            op.write,
+            wait,
+            |region| {
+                let (src, dst) = if op.write {
+                    (slot_data.cast_const(), region)
+                } else {
+                    (region.cast_const(), slot_data)
+                };
+                // SAFETY: the slot's data span [at, at + len) was checked by `read_request` to
+                // lie in the data area (len <= INLINE_MAX, at + len <= DATA_BYTES); the region
+                // span is bounds-checked and its lease state locked; a slot and a region are
+                // distinct mappings.
+                unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+            },
+        );
+        let lease = match quick {
+            Ok(None) => continue,
+            Ok(Some(l)) => l,
             Err(e) => {
                 errors.push((i as u32, e));
                 continue;
@@ -232,19 +257,8 @@ fn run_request(
         } else {
             Dir::OutOfRegion
         };
-        let at = req.data_off.get(i).copied().unwrap_or(0);
-        // SAFETY: the slot's data span [at, at + len) was checked by `read_request` to lie in
-        // the data area (len <= INLINE_MAX, at + len <= DATA_BYTES); the region span is
-        // bounds-checked and leased; a slot and a region are distinct mappings.
-        let r = unsafe {
-            copy_span(
-                &lease,
-                op.offset,
-                ring.data_ptr(s, req.ops.len(), at),
-                op.len as usize,
-                dir,
-            )
-        };
+        // SAFETY: as above, under a lease of the op's kind.
+        let r = unsafe { copy_span(&lease, op.offset, slot_data, len, dir) };
         if let Err(e) = r {
             errors.push((i as u32, e));
         }

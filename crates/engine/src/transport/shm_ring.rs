@@ -508,19 +508,34 @@ impl Worker {
         for (j, &i) in batch.iter().enumerate() {
             let op = &xfer.ops[i];
             if !skip.get(j) && op.kind == kind {
-                let r = op.local.lease(lease_kind, self.wait).and_then(|lease| {
-                    // SAFETY: [at, at + len) lies in the slot's data area (the batch was cut
-                    // to DATA_BYTES); the local span is leased and bounds-checked at submit.
+                let slot_data = rc.ring.data_ptr(slot, batch.len(), at);
+                let len = op.len as usize;
+                // The copy under the local region's locked lease state (no lease taken and
+                // dropped); GPU memory or a conflicting user view takes a lease below.
+                let quick = op.local.with_locked(lease_kind, |base| {
+                    // SAFETY: local_offset + len <= the region's length (checked at submit);
+                    // [at, at + len) lies in the slot's data area (the batch was cut to
+                    // DATA_BYTES); a slot and a region are distinct mappings.
                     unsafe {
-                        copy_span(
-                            &lease,
-                            op.local_offset,
-                            rc.ring.data_ptr(slot, batch.len(), at),
-                            op.len as usize,
-                            dir,
-                        )
+                        let region = base.add(op.local_offset as usize);
+                        match dir {
+                            Dir::OutOfRegion => {
+                                std::ptr::copy_nonoverlapping(region.cast_const(), slot_data, len)
+                            }
+                            Dir::IntoRegion => {
+                                std::ptr::copy_nonoverlapping(slot_data.cast_const(), region, len)
+                            }
+                        }
                     }
                 });
+                let r = match quick {
+                    Some(r) => r,
+                    None => op.local.lease(lease_kind, self.wait).and_then(|lease| {
+                        // SAFETY: [at, at + len) lies in the slot's data area (the batch was cut
+                        // to DATA_BYTES); the local span is leased and bounds-checked at submit.
+                        unsafe { copy_span(&lease, op.local_offset, slot_data, len, dir) }
+                    }),
+                };
                 if let Err(e) = r {
                     skip.set(j, batch.len());
                     if kind == OpKind::Write {
