@@ -255,7 +255,7 @@ impl TransferReport {
 
 #[derive(Debug)]
 struct Progress {
-    ops: Vec<OpResult>,
+    ops: smallvec::SmallVec<[OpResult; 1]>,
     /// Chunks still unconfirmed per op (most transfers have a few ops: kept inline).
     pending_chunks: smallvec::SmallVec<[u32; 4]>,
     first_error: Option<Error>,
@@ -516,7 +516,7 @@ impl TransferHandle {
 
     /// Per-op results so far (path, reason, outcome).
     pub fn op_results(&self) -> Vec<OpResult> {
-        self.state.lock().ops.clone()
+        self.state.lock().ops.to_vec()
     }
 
     /// Waits up to `timeout` for the transfer to end.
@@ -562,7 +562,7 @@ impl TransferHandle {
         Ok(TransferReport {
             bytes: p.ops.iter().map(|o| o.len).sum(),
             elapsed: p.done.map(|d| d - self.state.started).unwrap_or_default(),
-            ops: p.ops.clone(),
+            ops: p.ops.to_vec(),
         })
     }
 }
