@@ -354,16 +354,8 @@ impl Worker {
         let slot = rc.prepare(kind, xfer.id, ring_ops_iter(xfer, batch))?;
         rc.publish(slot, POSTED);
         rc.wait_state(slot, DONE)?;
-        let mut skip = Skip::default();
-        self.take_result(xfer, batch, slot, &mut skip)?;
         // BEGIN: the target holds a lease on every accepted op until END.
-        let (done, fatal) = self.copy_runs(xfer, batch, &skip);
-        self.ring_mut()?.publish(slot, END);
-        if let Some(e) = fatal {
-            return Err(e);
-        }
-        xfer.ops_done(done);
-        Ok(())
+        self.finish_begin(xfer, batch, slot, Skip::default())
     }
 
     /// The copies of a `BEGIN` slot through the mappings: consecutive ops between the same
