@@ -327,7 +327,6 @@ impl XferState {
             deadline: started + t.timeout.unwrap_or(timeout),
             bytes_done: AtomicU64::new(0),
             ended: AtomicBool::new(false),
-
             progress: Mutex::new(Progress {
                 ops: results,
                 pending_chunks: smallvec::smallvec![1; n],

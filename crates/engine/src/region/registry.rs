@@ -23,6 +23,15 @@ pub(crate) fn check_bounds(offset: u64, len: u64, region_len: u64) -> Result<()>
     }
 }
 
+/// The lease a remote op takes: `write` puts bytes into the region.
+fn remote_kind(write: bool) -> LeaseKind {
+    if write {
+        LeaseKind::Sink
+    } else {
+        LeaseKind::Source
+    }
+}
+
 /// The agent's table of registered regions.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
@@ -159,13 +168,14 @@ impl Registry {
         timeout: Duration,
     ) -> Result<Lease> {
         let r = self.get(id)?;
-        Self::check_region(&r, id, key, offset, len, write, timeout)
+        Self::check_access(&r, id, key, offset, len, write)?;
+        r.lease(remote_kind(write), timeout)
     }
 
-    /// `check_remote` through `cache` (see [`RegionCache`]), for a small host copy: `copy(ptr)` runs with the region's address
-    /// at `offset` under its locked lease state (`RegionInner::with_locked`), no lease taken.
-    /// `Ok(Some(lease))`: it could not (GPU memory, a conflicting lease), the caller copies
-    /// under the lease; `Ok(None)`: copied.
+    /// `check_remote` through `cache` (see [`RegionCache`]), for a small host copy: `copy(ptr)`
+    /// runs with the region's address at `offset` under its locked lease state
+    /// (`RegionInner::with_locked`), no lease taken. `Ok(Some(lease))`: it could not (GPU
+    /// memory, a conflicting lease), the caller copies under the lease; `Ok(None)`: copied.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn with_remote_cached(
         &self,
@@ -181,6 +191,7 @@ impl Registry {
         let gen = self.removals.load(Ordering::SeqCst);
         let fresh = !matches!(&cache.entry, Some((cid, cgen, _)) if *cid == id && *cgen == gen);
         if fresh {
+            // The stale entry goes first: a failed look-up leaves the cache empty.
             cache.entry = None;
             cache.entry = Some((id, gen, self.get(id)?));
         }
@@ -188,11 +199,7 @@ impl Registry {
             return Err(Error::NoSuchRegion { region: id });
         };
         Self::check_access(r, id, key, offset, len, write)?;
-        let kind = if write {
-            LeaseKind::Sink
-        } else {
-            LeaseKind::Source
-        };
+        let kind = remote_kind(write);
         let quick = r.with_locked(kind, |base| {
             // SAFETY: offset + len <= r.len (checked above): within the region's span.
             let at = unsafe { base.add(offset as usize) };
@@ -222,26 +229,6 @@ impl Registry {
             return Err(Error::NotReadable { region: id });
         }
         check_bounds(offset, len, r.len)
-    }
-
-    fn check_region(
-        r: &Arc<RegionInner>,
-        id: u64,
-        key: RegionKey,
-        offset: u64,
-        len: u64,
-        write: bool,
-        timeout: Duration,
-    ) -> Result<Lease> {
-        Self::check_access(r, id, key, offset, len, write)?;
-        r.lease(
-            if write {
-                LeaseKind::Sink
-            } else {
-                LeaseKind::Source
-            },
-            timeout,
-        )
     }
 
     pub(crate) fn alloc(

@@ -212,7 +212,7 @@ impl Transport for ShmTransport {
                     if w.broken.is_some() {
                         self.dead.store(true, Ordering::SeqCst);
                     }
-                    if taken.is_some() {
+                    if taken {
                         xfer.set_driver(Arc::clone(&self.driver) as Arc<dyn Drive>);
                     }
                     drop(w);
@@ -223,7 +223,7 @@ impl Transport for ShmTransport {
                     // submits next on this connection; a handle dropped first hands it to the
                     // worker thread (`TransferHandle`'s drop). Waking the worker per transfer
                     // instead costs more than a 1 MiB copy on a machine of few cores.
-                    if taken.is_some() {
+                    if taken {
                         return;
                     }
                 }

@@ -580,11 +580,11 @@ impl Worker {
 
     /// Posts `xfer` (`may_post`) into the next slot and leaves it in flight, completing (into
     /// `done`) the answered slots before it; waits at most `SUBMIT_SPIN` for a slot.
-    /// `Ok(None)`: nothing was started (no slot came free, or the transfer needs more than one
-    /// slot or mixes inline and leased ops); else the kind of slot posted.
-    pub(super) fn post(&mut self, xfer: &Arc<XferState>, done: &mut Done) -> Result<Option<u32>> {
+    /// `Ok(false)`: nothing was started (no slot came free, or the transfer needs more than one
+    /// slot or mixes inline and leased ops).
+    pub(super) fn post(&mut self, xfer: &Arc<XferState>, done: &mut Done) -> Result<bool> {
         let Some(kind) = self.direct_kind(xfer) else {
-            return Ok(None);
+            return Ok(false);
         };
         let mut err = None;
         ring::spin_until(SUBMIT_SPIN, || {
@@ -598,10 +598,10 @@ impl Worker {
             return Err(e);
         }
         if !self.ring.as_ref().is_some_and(RingClient::next_is_free) {
-            return Ok(None);
+            return Ok(false);
         }
         self.post_now(xfer, kind)?;
-        Ok(Some(kind))
+        Ok(true)
     }
 
     /// The one slot `xfer` (`may_post`) goes in, if it fits one: inline (`posts_inline`), or
@@ -669,20 +669,20 @@ impl Worker {
         Ok(())
     }
 
-    /// The submitting thread's `post`: `Some` when the transfer was taken (posted as that kind
-    /// of slot, or failed into `done` on a broken connection: `KIND_INLINE`, nothing to drive).
-    pub(super) fn post_guarded(&mut self, xfer: &Arc<XferState>, done: &mut Done) -> Option<u32> {
+    /// The submitting thread's `post`: true when the transfer was taken (posted, or failed
+    /// into `done` on a broken connection).
+    pub(super) fn post_guarded(&mut self, xfer: &Arc<XferState>, done: &mut Done) -> bool {
         let r = match &self.broken {
             Some(e) => Err(e.clone()),
             None => self.post(xfer, done),
         };
         match r {
-            Ok(kind) => kind,
+            Ok(taken) => taken,
             Err(e) => {
                 xfer.fail_pending(&e);
                 done.push(Arc::clone(xfer));
                 self.break_with(e, done);
-                Some(KIND_INLINE)
+                true
             }
         }
     }
