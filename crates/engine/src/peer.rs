@@ -544,6 +544,7 @@ impl Peer {
             plans,
             self.inner.agent.cfg.transfer_timeout,
             Arc::clone(&self.inner.agent.stats),
+            self.inner.transport.driver(),
         ));
         self.inner.transport.submit(Arc::clone(&state));
         Ok(TransferHandle { state })

@@ -84,6 +84,55 @@ impl fmt::Display for Path {
 }
 
 impl Path {
+    /// How many paths there are.
+    pub(crate) const COUNT: usize = 18;
+    /// Every path, in declaration order (`ALL[p.index()] == p`).
+    pub(crate) const ALL: [Path; Path::COUNT] = [
+        Path::Tcp,
+        Path::Shm,
+        Path::ShmStaged,
+        Path::Rdma,
+        Path::Fabric,
+        Path::FabricStaged,
+        Path::Gdr,
+        Path::TcpStaged,
+        Path::P2p,
+        Path::Ipc,
+        Path::Staged,
+        Path::HostToGpu,
+        Path::GpuToHost,
+        Path::DeviceLocal,
+        Path::Gds,
+        Path::FileStaged,
+        Path::Buffered,
+        Path::Mailbox,
+    ];
+
+    /// The path's position in `ALL` (an array index for per-path counters). A match, so a new
+    /// path does not compile until it has its place here and in `ALL`.
+    pub(crate) const fn index(self) -> usize {
+        match self {
+            Path::Tcp => 0,
+            Path::Shm => 1,
+            Path::ShmStaged => 2,
+            Path::Rdma => 3,
+            Path::Fabric => 4,
+            Path::FabricStaged => 5,
+            Path::Gdr => 6,
+            Path::TcpStaged => 7,
+            Path::P2p => 8,
+            Path::Ipc => 9,
+            Path::Staged => 10,
+            Path::HostToGpu => 11,
+            Path::GpuToHost => 12,
+            Path::DeviceLocal => 13,
+            Path::Gds => 14,
+            Path::FileStaged => 15,
+            Path::Buffered => 16,
+            Path::Mailbox => 17,
+        }
+    }
+
     /// The path's name, as `Display` writes it.
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -108,6 +157,15 @@ impl Path {
         }
     }
 }
+
+// `ALL` lists every path once, at its index.
+const _: () = {
+    let mut i = 0;
+    while i < Path::COUNT {
+        assert!(Path::ALL[i].index() == i);
+        i += 1;
+    }
+};
 
 /// The path one op takes and the reason it was chosen.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

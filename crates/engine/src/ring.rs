@@ -192,22 +192,9 @@ impl Ring {
         self.slot_ptr(slot, data_at(n_ops.min(MAX_RING_OPS)) + off.min(DATA_BYTES))
     }
 
-    /// Initiator: writes the request into `slot` (which must be `FREE`) without posting it.
-    pub(crate) fn write_request(
-        &self,
-        slot: usize,
-        seq: u32,
-        kind: u32,
-        xfer: u64,
-        ops: impl ExactSizeIterator<Item = ShmOp>,
-    ) {
-        self.field(slot, 8).store(seq, Ordering::Relaxed);
-        self.field(slot, 12).store(kind, Ordering::Relaxed);
-        self.field(slot, 16)
-            .store(ops.len().min(MAX_RING_OPS) as u32, Ordering::Relaxed);
-        self.field(slot, 24).store(xfer as u32, Ordering::Relaxed);
-        self.field(slot, 28)
-            .store((xfer >> 32) as u32, Ordering::Relaxed);
+    /// Initiator: writes the op table of a request into `slot` (free to reuse); the control
+    /// block follows with `write_control`, right before the slot is posted.
+    pub(crate) fn write_ops(&self, slot: usize, ops: impl Iterator<Item = ShmOp>) {
         for (j, op) in ops.take(MAX_RING_OPS).enumerate() {
             let mut e = [0u8; OP_BYTES];
             e[0..4].copy_from_slice(&u32::from(op.write).to_le_bytes());
@@ -225,6 +212,20 @@ impl Ring {
                 )
             };
         }
+    }
+
+    /// Initiator: the control block of the request whose ops `write_ops` wrote. Written last,
+    /// just before the state: the target polls this cache line, and every store to it between
+    /// two of its reads costs a transfer of the line between the cores, so the fields and the
+    /// state land together.
+    pub(crate) fn write_control(&self, slot: usize, seq: u32, kind: u32, n_ops: usize, xfer: u64) {
+        self.field(slot, 8).store(seq, Ordering::Relaxed);
+        self.field(slot, 12).store(kind, Ordering::Relaxed);
+        self.field(slot, 16)
+            .store(n_ops.min(MAX_RING_OPS) as u32, Ordering::Relaxed);
+        self.field(slot, 24).store(xfer as u32, Ordering::Relaxed);
+        self.field(slot, 28)
+            .store((xfer >> 32) as u32, Ordering::Relaxed);
     }
 
     /// Initiator: withdraws op `j` of the request prepared in `slot` (before it is posted).
@@ -324,6 +325,11 @@ impl Ring {
         // SAFETY: the result area holds RESULT_BYTES from RESULT_AT; `n` is capped to it.
         unsafe { std::ptr::copy_nonoverlapping(body.as_ptr(), self.slot_ptr(slot, RESULT_AT), n) };
         self.field(slot, 20).store(n as u32, Ordering::Relaxed);
+    }
+
+    /// Initiator: whether the target reported any error for `slot` (a result to decode).
+    pub(crate) fn has_result(&self, slot: usize) -> bool {
+        self.field(slot, 20).load(Ordering::Relaxed) != 0
     }
 
     /// Initiator: decodes the result the target wrote into `slot` (bounded; untrusted).

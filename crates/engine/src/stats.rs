@@ -11,7 +11,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::transfer::{OpKind, OpResult, OpStatus};
+use crate::plan::Path;
+use crate::transfer::{OpKind, OpStatus};
 
 /// Upper bounds (seconds) of the transfer latency histogram's buckets; a last `+Inf` bucket
 /// is implied. Roughly 2.5x apart, from 100 µs (a small shm op) to 60 s (a default timeout).
@@ -63,20 +64,25 @@ pub struct StatsSnapshot {
     pub peers_inbound: u64,
 }
 
+/// Completed bytes and ops of one path, by direction (0 write, 1 read).
 #[derive(Debug, Default)]
-struct Counts {
-    paths: BTreeMap<(String, &'static str), (u64, u64)>,
-    failures: BTreeMap<&'static str, u64>,
-    completed: u64,
-    failed: u64,
-    latency: [u64; LATENCY_BOUNDS_S.len() + 1],
-    sum_s: f64,
+struct PathCounts {
+    bytes: [AtomicU64; 2],
+    ops: [AtomicU64; 2],
 }
 
-/// The agent's counters.
+/// The agent's counters. A transfer that completes touches only atomics (a handful of adds, no
+/// lock: it is on every small transfer's path); failures, which carry a reason, take the lock.
+/// A snapshot taken while transfers end may see one transfer's counters partly added; at rest
+/// the counters equal the reports.
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
-    counts: Mutex<Counts>,
+    paths: [PathCounts; Path::COUNT],
+    failures: Mutex<BTreeMap<&'static str, u64>>,
+    completed: AtomicU64,
+    failed: AtomicU64,
+    latency: [AtomicU64; LATENCY_BOUNDS_S.len() + 1],
+    sum_ns: AtomicU64,
     pub(crate) peers_outbound: AtomicU64,
 }
 
@@ -109,84 +115,99 @@ pub fn reason_label(e: &Error) -> &'static str {
 }
 
 impl Stats {
-    /// Records one ended transfer.
-    pub(crate) fn record(&self, ops: &[OpResult], failed: bool, elapsed: Duration) {
-        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+    /// Records one ended transfer: each op's direction, length, path and outcome.
+    pub(crate) fn record<'a>(
+        &self,
+        ops: impl Iterator<Item = (OpKind, u64, Path, &'a OpStatus)>,
+        failed: bool,
+        elapsed: Duration,
+    ) {
         // Completed ops are summed per run of one path and direction first: a batch of a
-        // thousand ops costs one map update, not a thousand.
-        let mut run: Option<(crate::plan::Path, &'static str, u64, u64)> = None;
-        let flush = |c: &mut Counts, run: Option<(crate::plan::Path, &'static str, u64, u64)>| {
+        // thousand ops costs one add per counter, not a thousand.
+        let mut run: Option<(Path, usize, u64, u64)> = None;
+        let flush = |run: Option<(Path, usize, u64, u64)>| {
             if let Some((path, dir, bytes, n)) = run {
-                // Found without allocating the key when it is there already (every time but
-                // the first).
-                let name = path.as_str();
-                let e = match c.paths.iter_mut().find(|(k, _)| k.0 == name && k.1 == dir) {
-                    Some((_, e)) => e,
-                    None => c.paths.entry((name.to_string(), dir)).or_default(),
-                };
-                e.0 += bytes;
-                e.1 += n;
+                let c = &self.paths[path.index()];
+                c.bytes[dir].fetch_add(bytes, Ordering::Relaxed);
+                c.ops[dir].fetch_add(n, Ordering::Relaxed);
             }
         };
-        for op in ops {
-            let dir = match op.kind {
-                OpKind::Write => "write",
-                OpKind::Read => "read",
+        for (kind, len, path, status) in ops {
+            let dir = match kind {
+                OpKind::Write => 0,
+                OpKind::Read => 1,
             };
-            match &op.status {
+            match status {
                 OpStatus::Completed => match &mut run {
-                    Some((p, d, bytes, n)) if *p == op.plan.path && *d == dir => {
-                        *bytes += op.len;
+                    Some((p, d, bytes, n)) if *p == path && *d == dir => {
+                        *bytes += len;
                         *n += 1;
                     }
                     _ => {
-                        flush(&mut c, run.take());
-                        run = Some((op.plan.path, dir, op.len, 1));
+                        flush(run.take());
+                        run = Some((path, dir, len, 1));
                     }
                 },
-                OpStatus::Failed(err) => *c.failures.entry(reason_label(err)).or_default() += 1,
+                OpStatus::Failed(err) => {
+                    let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+                    *f.entry(reason_label(err)).or_default() += 1;
+                }
                 OpStatus::Pending => {}
             }
         }
-        flush(&mut c, run);
+        flush(run);
         if failed {
-            c.failed += 1;
+            self.failed.fetch_add(1, Ordering::Relaxed);
         } else {
-            c.completed += 1;
+            self.completed.fetch_add(1, Ordering::Relaxed);
         }
         let s = elapsed.as_secs_f64();
         let i = LATENCY_BOUNDS_S
             .iter()
             .position(|b| s <= *b)
             .unwrap_or(LATENCY_BOUNDS_S.len());
-        c.latency[i] += 1;
-        c.sum_s += s;
+        self.latency[i].fetch_add(1, Ordering::Relaxed);
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self, peers_inbound: u64) -> StatsSnapshot {
-        let c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut paths = Vec::new();
+        for path in Path::ALL {
+            let c = &self.paths[path.index()];
+            for (dir, direction) in ["write", "read"].into_iter().enumerate() {
+                let ops = c.ops[dir].load(Ordering::Relaxed);
+                if ops > 0 {
+                    paths.push(PathStat {
+                        path: path.as_str().to_string(),
+                        direction,
+                        bytes: c.bytes[dir].load(Ordering::Relaxed),
+                        ops,
+                    });
+                }
+            }
+        }
+        paths.sort_by(|a, b| (&a.path, a.direction).cmp(&(&b.path, b.direction)));
+        let buckets: Vec<u64> = self
+            .latency
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
         StatsSnapshot {
-            paths: c
-                .paths
-                .iter()
-                .map(|((path, direction), (bytes, ops))| PathStat {
-                    path: path.clone(),
-                    direction,
-                    bytes: *bytes,
-                    ops: *ops,
-                })
-                .collect(),
-            failures: c
+            paths,
+            failures: self
                 .failures
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
                 .iter()
                 .map(|(r, n)| (r.to_string(), *n))
                 .collect(),
-            transfers_completed: c.completed,
-            transfers_failed: c.failed,
+            transfers_completed: self.completed.load(Ordering::Relaxed),
+            transfers_failed: self.failed.load(Ordering::Relaxed),
             latency: LatencyStat {
-                buckets: c.latency.to_vec(),
-                sum_s: c.sum_s,
-                count: c.latency.iter().sum(),
+                count: buckets.iter().sum(),
+                buckets,
+                sum_s: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
             },
             peers_outbound: self.peers_outbound.load(Ordering::Relaxed),
             peers_inbound,
@@ -197,25 +218,22 @@ impl Stats {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{Path, Plan};
 
-    fn op(kind: OpKind, len: u64, status: OpStatus) -> OpResult {
-        OpResult {
-            kind,
-            len,
-            plan: Plan {
-                path: Path::Tcp,
-                reason: "".into(),
-            },
-            status,
-        }
+    fn op(kind: OpKind, len: u64, status: OpStatus) -> (OpKind, u64, Path, OpStatus) {
+        (kind, len, Path::Tcp, status)
+    }
+
+    fn ops(
+        v: &[(OpKind, u64, Path, OpStatus)],
+    ) -> impl Iterator<Item = (OpKind, u64, Path, &OpStatus)> {
+        v.iter().map(|(k, l, p, s)| (*k, *l, *p, s))
     }
 
     #[test]
     fn counts_completed_ops_and_failures_by_reason() {
         let s = Stats::default();
         s.record(
-            &[
+            ops(&[
                 op(OpKind::Write, 100, OpStatus::Completed),
                 op(OpKind::Read, 7, OpStatus::Completed),
                 op(
@@ -223,12 +241,12 @@ mod tests {
                     50,
                     OpStatus::Failed(Error::BadKey { region: 1 }),
                 ),
-            ],
+            ]),
             true,
             Duration::from_micros(700),
         );
         s.record(
-            &[op(OpKind::Write, 1, OpStatus::Completed)],
+            ops(&[op(OpKind::Write, 1, OpStatus::Completed)]),
             false,
             Duration::from_secs(100),
         );

@@ -6,7 +6,7 @@
 //! as `Failed { reason }`, the first error seen.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -255,7 +255,8 @@ impl TransferReport {
 
 #[derive(Debug)]
 struct Progress {
-    ops: smallvec::SmallVec<[OpResult; 1]>,
+    /// Each op's outcome so far (its plan is the transfer's, outside the lock).
+    status: smallvec::SmallVec<[OpStatus; 1]>,
     /// Chunks still unconfirmed per op (most transfers have a few ops: kept inline).
     pending_chunks: smallvec::SmallVec<[u32; 4]>,
     first_error: Option<Error>,
@@ -281,8 +282,8 @@ pub(crate) struct XferState {
     pub(crate) id: u64,
     pub(crate) ops: smallvec::SmallVec<[Op; 1]>,
     pub(crate) notify: Option<Vec<u8>>,
-    /// Each op's path (as in its plan; read without the lock).
-    paths: smallvec::SmallVec<[crate::plan::Path; 8]>,
+    /// Each op's plan, as made at submit (read without the lock).
+    plans: smallvec::SmallVec<[Plan; 4]>,
     pub(crate) started: Instant,
     pub(crate) deadline: Instant,
     bytes_done: AtomicU64,
@@ -292,8 +293,11 @@ pub(crate) struct XferState {
     cv: Condvar,
     /// The initiating agent's counters, fed once when the transfer ends.
     stats: Arc<Stats>,
-    /// Set by a transport that completes this transfer only when driven (`Drive`).
-    driver: OnceLock<Arc<dyn Drive>>,
+    /// The connection's driver (`Drive`), for transports that have one; used once the
+    /// transport marked this transfer `driven`.
+    driver: Option<Arc<dyn Drive>>,
+    /// Set by the transport when it left this transfer to be completed by whoever waits.
+    driven: AtomicBool,
 }
 
 impl XferState {
@@ -303,32 +307,21 @@ impl XferState {
         plans: smallvec::SmallVec<[Plan; 4]>,
         timeout: Duration,
         stats: Arc<Stats>,
+        driver: Option<Arc<dyn Drive>>,
     ) -> Self {
         let started = Instant::now();
         let n = t.ops.len();
-        let paths = plans.iter().map(|p| p.path).collect();
-        let results = t
-            .ops
-            .iter()
-            .zip(plans)
-            .map(|(op, plan)| OpResult {
-                kind: op.kind,
-                len: op.len,
-                plan,
-                status: OpStatus::Pending,
-            })
-            .collect();
         XferState {
             id,
             ops: t.ops,
             notify: t.notify,
-            paths,
+            plans,
             started,
             deadline: started + t.timeout.unwrap_or(timeout),
             bytes_done: AtomicU64::new(0),
             ended: AtomicBool::new(false),
             progress: Mutex::new(Progress {
-                ops: results,
+                status: smallvec::smallvec![OpStatus::Pending; n],
                 pending_chunks: smallvec::smallvec![1; n],
                 first_error: None,
                 done: None,
@@ -336,18 +329,25 @@ impl XferState {
             }),
             cv: Condvar::new(),
             stats,
-            driver: OnceLock::new(),
+            driver,
+            driven: AtomicBool::new(false),
         }
     }
 
-    /// Makes waiters drive `d` (see [`Drive`]); the first driver set stays.
-    pub(crate) fn set_driver(&self, d: Arc<dyn Drive>) {
-        let _ = self.driver.set(d);
+    /// The transport left this transfer to whoever waits for it (`Drive`): waiters poll the
+    /// driver, and the last handle dropped hands it to the driver.
+    pub(crate) fn set_driven(&self) {
+        self.driven.store(true, Ordering::Release);
     }
 
-    /// Whether a transport set a driver (`set_driver`).
+    /// Whether the transport left it to be driven (`set_driven`).
     pub(crate) fn driven(&self) -> bool {
-        self.driver.get().is_some()
+        self.driven.load(Ordering::Acquire)
+    }
+
+    /// The driver to poll, once the transfer is driven.
+    fn drive(&self) -> Option<&Arc<dyn Drive>> {
+        self.driver.as_ref().filter(|_| self.driven())
     }
 
     /// Whether `finish` ran.
@@ -373,13 +373,13 @@ impl XferState {
                 self.bytes_done.fetch_add(bytes, Ordering::Relaxed);
                 let left = &mut p.pending_chunks[i];
                 *left = left.saturating_sub(1);
-                if *left == 0 && p.ops[i].status == OpStatus::Pending {
-                    p.ops[i].status = OpStatus::Completed;
+                if *left == 0 && p.status[i] == OpStatus::Pending {
+                    p.status[i] = OpStatus::Completed;
                 }
             }
             Err(e) => {
-                if p.ops[i].status == OpStatus::Pending {
-                    p.ops[i].status = OpStatus::Failed(e.clone());
+                if p.status[i] == OpStatus::Pending {
+                    p.status[i] = OpStatus::Failed(e.clone());
                 }
                 p.first_error.get_or_insert(e);
             }
@@ -393,24 +393,36 @@ impl XferState {
             return;
         }
         let mut p = self.lock();
+        self.mark_done(&mut p, ops);
+    }
+
+    fn mark_done(&self, p: &mut Progress, ops: impl Iterator<Item = usize>) {
         let mut bytes = 0;
         for i in ops {
             let left = &mut p.pending_chunks[i];
             *left = left.saturating_sub(1);
-            if *left == 0 && p.ops[i].status == OpStatus::Pending {
-                p.ops[i].status = OpStatus::Completed;
+            if *left == 0 && p.status[i] == OpStatus::Pending {
+                p.status[i] = OpStatus::Completed;
             }
             bytes += self.ops[i].len;
         }
         self.bytes_done.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// `ops_done` for every op `done(i)` is true of, then `finish`, in one update (a small
+    /// transfer's completion takes the lock once, not twice).
+    pub(crate) fn finish_with(&self, done: impl Fn(usize) -> bool) {
+        let mut p = self.lock();
+        self.mark_done(&mut p, (0..self.ops.len()).filter(|&i| done(i)));
+        self.finish_locked(p);
+    }
+
     /// Fails every op not yet completed with `e` (peer lost, notification failed ...).
     pub(crate) fn fail_pending(&self, e: &Error) {
         let mut p = self.lock();
-        for op in p.ops.iter_mut() {
-            if op.status == OpStatus::Pending {
-                op.status = OpStatus::Failed(e.clone());
+        for st in p.status.iter_mut() {
+            if *st == OpStatus::Pending {
+                *st = OpStatus::Failed(e.clone());
             }
         }
         p.first_error.get_or_insert_with(|| e.clone());
@@ -422,8 +434,28 @@ impl XferState {
     }
 
     /// The path of every op (no copies of the reasons).
-    pub(crate) fn paths(&self) -> &[crate::plan::Path] {
-        &self.paths
+    pub(crate) fn paths(&self) -> impl ExactSizeIterator<Item = crate::plan::Path> + '_ {
+        self.plans.iter().map(|p| p.path)
+    }
+
+    /// The path of op `i`.
+    pub(crate) fn path(&self, i: usize) -> crate::plan::Path {
+        self.plans[i].path
+    }
+
+    /// Each op's result as it stands.
+    fn results(&self, p: &Progress) -> Vec<OpResult> {
+        self.ops
+            .iter()
+            .zip(&self.plans)
+            .zip(&p.status)
+            .map(|((op, plan), status)| OpResult {
+                kind: op.kind,
+                len: op.len,
+                plan: plan.clone(),
+                status: status.clone(),
+            })
+            .collect()
     }
 
     /// True if some op failed so far.
@@ -433,20 +465,27 @@ impl XferState {
 
     /// Ends the transfer: ops still pending fail (they were never confirmed), waiters wake.
     pub(crate) fn finish(&self) {
-        let mut p = self.lock();
-        if p.ops.iter().any(|o| o.status == OpStatus::Pending) {
+        self.finish_locked(self.lock());
+    }
+
+    fn finish_locked(&self, mut p: MutexGuard<'_, Progress>) {
+        if p.status.contains(&OpStatus::Pending) {
             let unconfirmed = Error::Protocol("op was never confirmed by the peer".into());
-            for op in p.ops.iter_mut() {
-                if op.status == OpStatus::Pending {
-                    op.status = OpStatus::Failed(unconfirmed.clone());
+            for st in p.status.iter_mut() {
+                if *st == OpStatus::Pending {
+                    *st = OpStatus::Failed(unconfirmed.clone());
                 }
             }
             p.first_error.get_or_insert(unconfirmed);
         }
         let now = Instant::now();
         if p.done.is_none() {
-            self.stats
-                .record(&p.ops, p.first_error.is_some(), now - self.started);
+            let ops = self.ops.iter().zip(&self.plans).zip(&p.status);
+            self.stats.record(
+                ops.map(|((op, plan), st)| (op.kind, op.len, plan.path, st)),
+                p.first_error.is_some(),
+                now - self.started,
+            );
         }
         p.done = Some(now);
         self.ended.store(true, Ordering::Release);
@@ -486,7 +525,7 @@ impl Drop for TransferHandle {
     /// conservatively: the transport's in-flight entry holds one reference; any other holder is
     /// another handle (whose drop does this) or a completion pass (which finishes it).
     fn drop(&mut self) {
-        if let Some(d) = self.state.driver.get() {
+        if let Some(d) = self.state.drive() {
             if !self.state.ended() && Arc::strong_count(&self.state) <= 2 {
                 d.park(&self.state);
             }
@@ -497,7 +536,7 @@ impl Drop for TransferHandle {
 impl TransferHandle {
     /// Where the transfer stands now.
     pub fn status(&self) -> Status {
-        if let Some(d) = self.state.driver.get() {
+        if let Some(d) = self.state.drive() {
             d.poll();
         }
         let p = self.state.lock();
@@ -515,7 +554,7 @@ impl TransferHandle {
 
     /// Per-op results so far (path, reason, outcome).
     pub fn op_results(&self) -> Vec<OpResult> {
-        self.state.lock().ops.to_vec()
+        self.state.results(&self.state.lock())
     }
 
     /// Waits up to `timeout` for the transfer to end.
@@ -527,7 +566,7 @@ impl TransferHandle {
         // A small transfer ends within a round trip: catching that by spinning saves the
         // condition variable's sleep and wake-up, which would cost more than the round trip.
         let spin = WAIT_SPIN.min(timeout);
-        let drive = self.state.driver.get();
+        let drive = self.state.drive();
         let ended = crate::ring::spin_until(spin, || {
             if let Some(d) = drive {
                 d.poll();
@@ -559,9 +598,9 @@ impl TransferHandle {
             return Err(e.clone());
         }
         Ok(TransferReport {
-            bytes: p.ops.iter().map(|o| o.len).sum(),
+            bytes: self.state.ops.iter().map(|o| o.len).sum(),
             elapsed: p.done.map(|d| d - self.state.started).unwrap_or_default(),
-            ops: p.ops.to_vec(),
+            ops: self.state.results(&p),
         })
     }
 }

@@ -40,6 +40,12 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug {
     /// Starts running `xfer`; returns at once. The transport must eventually call `xfer.finish()`.
     fn submit(&self, xfer: Arc<XferState>);
 
+    /// The driver of the transfers this transport leaves to whoever waits (`Drive`), if it
+    /// does that.
+    fn driver(&self) -> Option<Arc<dyn crate::transfer::Drive>> {
+        None
+    }
+
     /// Whether the connection under this transport is still usable.
     fn is_alive(&self) -> bool;
 

@@ -213,12 +213,10 @@ impl Transport for ShmTransport {
                         self.dead.store(true, Ordering::SeqCst);
                     }
                     if taken {
-                        xfer.set_driver(Arc::clone(&self.driver) as Arc<dyn Drive>);
+                        xfer.set_driven();
                     }
                     drop(w);
-                    for x in done {
-                        x.finish();
-                    }
+                    done.finish();
                     // A slot left in flight is completed by whoever waits for it, polls it or
                     // submits next on this connection; a handle dropped first hands it to the
                     // worker thread (`TransferHandle`'s drop). Waking the worker per transfer
@@ -231,6 +229,10 @@ impl Transport for ShmTransport {
         }
         self.queued.fetch_add(1, Ordering::SeqCst);
         self.queue.submit(xfer);
+    }
+
+    fn driver(&self) -> Option<Arc<dyn Drive>> {
+        Some(Arc::clone(&self.driver) as Arc<dyn Drive>)
     }
 
     fn is_alive(&self) -> bool {
@@ -295,9 +297,7 @@ fn worker_thread(
             dead.store(true, Ordering::SeqCst);
         }
         drop(w);
-        for x in done {
-            x.finish();
-        }
+        done.finish();
         queued.fetch_sub(counted, Ordering::SeqCst);
     }
     let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
@@ -307,9 +307,7 @@ fn worker_thread(
         let _ = w.conn.send(&Msg::Bye);
     }
     drop(w);
-    for x in done {
-        x.finish();
-    }
+    done.finish();
 }
 
 impl Worker {
@@ -332,7 +330,7 @@ impl Worker {
 
     /// Runs one transfer; `Err` means the connection is unusable.
     fn run(&mut self, xfer: &XferState) -> Result<()> {
-        let plans = xfer.paths();
+        let plans: Vec<Path> = xfer.paths().collect();
         let mut ok = vec![true; xfer.ops.len()];
         // Map every agent-allocated remote region once.
         for (i, op) in xfer.ops.iter().enumerate() {
@@ -348,7 +346,7 @@ impl Worker {
                 }
             }
         }
-        if self.run_ring(xfer, plans, &ok)? {
+        if self.run_ring(xfer, &plans, &ok)? {
             return Ok(());
         }
         let idx: Vec<usize> = (0..xfer.ops.len()).filter(|&i| ok[i]).collect();

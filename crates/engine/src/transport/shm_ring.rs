@@ -37,8 +37,37 @@ use crate::transfer::{Drive, OpKind, XferState};
 use crate::transport::SerialQueue;
 use crate::wire::ShmOp;
 
-/// Transfers a completion pass finished, to be `finish`ed once the worker lock is let go.
-pub(super) type Done = smallvec::SmallVec<[Arc<XferState>; 4]>;
+/// Transfers a completion pass ended, to be finished once the worker lock is let go (a waiter
+/// that sees its transfer end may submit the next one at once, and that takes the lock).
+#[derive(Debug, Default)]
+pub(super) struct Done(smallvec::SmallVec<[(Arc<XferState>, Option<Skip>); 4]>);
+
+impl Done {
+    pub(super) fn new() -> Self {
+        Done::default()
+    }
+
+    /// `xfer` ends as it stands (its ops already recorded).
+    pub(super) fn push(&mut self, xfer: Arc<XferState>) {
+        self.0.push((xfer, None));
+    }
+
+    /// `xfer`, one slot's worth of ops, ends with every op not in `skip` completed (recorded in
+    /// the same update as the end).
+    fn complete(&mut self, xfer: Arc<XferState>, skip: Skip) {
+        self.0.push((xfer, Some(skip)));
+    }
+
+    /// Ends them all, in order.
+    pub(super) fn finish(self) {
+        for (x, skip) in self.0 {
+            match skip {
+                None => x.finish(),
+                Some(s) => x.finish_with(|i| !s.get(i)),
+            }
+        }
+    }
+}
 
 /// `RingClient::front` when nothing is in flight.
 const NO_SLOT: u32 = u32::MAX;
@@ -59,6 +88,10 @@ pub(super) struct RingClient {
     /// The slot of the oldest transfer in flight (`NO_SLOT`: none), for `Driver::poll`.
     pub(super) front: Arc<AtomicU32>,
     seq: u32,
+    /// Inline slots whose `DONE` this side has read: free to reuse as they are. The initiator
+    /// does not write `FREE` into them, which would take the slot's line back from the target's
+    /// core once more per request (and stall this core's next atomic until it had).
+    consumed: [bool; ring::SLOTS],
     /// The shm socket, watched for hang-up while waiting.
     sock_fd: RawFd,
     wait: Duration,
@@ -70,6 +103,7 @@ impl RingClient {
             ring: Arc::new(ring),
             front: Arc::new(AtomicU32::new(NO_SLOT)),
             seq: 0,
+            consumed: [false; ring::SLOTS],
             sock_fd,
             wait,
         }
@@ -109,28 +143,36 @@ impl RingClient {
     /// Whether the next slot is free now (taking it would not wait).
     fn next_is_free(&self) -> bool {
         let slot = self.seq as usize % ring::SLOTS;
-        self.ring.state(slot).load(Ordering::Acquire) == FREE
+        self.consumed[slot] || self.ring.state(slot).load(Ordering::Acquire) == FREE
     }
 
-    /// Takes the next slot (waiting until the target freed it) and writes the request into it.
-    fn prepare(
-        &mut self,
-        kind: u32,
-        xfer: u64,
-        ops: impl ExactSizeIterator<Item = ShmOp>,
-    ) -> Result<usize> {
+    /// An answered inline slot was read: it may be reused without waiting.
+    fn consume(&mut self, slot: usize) {
+        self.consumed[slot] = true;
+    }
+
+    /// Takes the next slot (waiting until the target freed it) and writes the request's op
+    /// table into it; `post_slot` completes and posts it.
+    fn prepare(&mut self, ops: impl Iterator<Item = ShmOp>) -> Result<usize> {
         let slot = self.seq as usize % ring::SLOTS;
-        self.wait_state(slot, FREE)?;
-        self.ring.write_request(slot, self.seq, kind, xfer, ops);
+        if !std::mem::take(&mut self.consumed[slot]) {
+            self.wait_state(slot, FREE)?;
+        }
+        self.ring.write_ops(slot, ops);
         Ok(slot)
     }
 
-    /// Publishes a prepared slot (or an `END`) and rings the doorbell.
+    /// Writes the control block of the slot `prepare` took (its data already in place), posts
+    /// it and rings the doorbell.
+    fn post_slot(&mut self, slot: usize, kind: u32, xfer: u64, n_ops: usize) {
+        self.ring.write_control(slot, self.seq, kind, n_ops, xfer);
+        self.seq = self.seq.wrapping_add(1);
+        self.publish(slot, POSTED);
+    }
+
+    /// Publishes a slot state (`POSTED`, `END`) and rings the doorbell.
     fn publish(&mut self, slot: usize, state: u32) {
         self.ring.state(slot).store(state, Ordering::SeqCst);
-        if state == POSTED {
-            self.seq = self.seq.wrapping_add(1);
-        }
         // The doorbell moves only for a sleeping target: the state store and this load are
         // both SeqCst, and the target sets `target_sleeping` (SeqCst) before it re-checks the
         // slots and sleeps on the doorbell's value, so either it sees this slot or this load
@@ -162,7 +204,6 @@ pub(super) fn may_post(xfer: &XferState) -> bool {
         && xfer.notify.is_none()
         && xfer
             .paths()
-            .iter()
             .all(|p| matches!(p, Path::Shm | Path::ShmStaged))
 }
 
@@ -242,9 +283,7 @@ impl Drive for Driver {
                 self.dead.store(true, Ordering::SeqCst);
             }
         }
-        for x in done {
-            x.finish();
-        }
+        done.finish();
     }
 
     fn park(&self, xfer: &Arc<XferState>) {
@@ -257,7 +296,6 @@ impl Drive for Driver {
 /// Whether every op of `xfer` travels inline (small, and to a path the ring carries inline).
 fn all_inline(xfer: &XferState) -> bool {
     xfer.paths()
-        .iter()
         .zip(&xfer.ops)
         .all(|(p, op)| op.len <= INLINE_MAX && matches!(p, Path::Shm | Path::ShmStaged))
 }
@@ -348,11 +386,19 @@ impl Worker {
         if kind == KIND_INLINE {
             let (slot, skip) = self.post_inline(xfer, batch)?;
             self.ring_mut()?.wait_state(slot, DONE)?;
-            return self.finish_inline(xfer, batch, slot, skip);
+            let skip = self.finish_inline(xfer, batch, slot, skip)?;
+            xfer.ops_done(
+                batch
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| !skip.get(*j))
+                    .map(|(_, &i)| i),
+            );
+            return Ok(());
         }
         let rc = self.ring_mut()?;
-        let slot = rc.prepare(kind, xfer.id, ring_ops_iter(xfer, batch))?;
-        rc.publish(slot, POSTED);
+        let slot = rc.prepare(ring_ops_iter(xfer, batch))?;
+        rc.post_slot(slot, kind, xfer.id, batch.len());
         rc.wait_state(slot, DONE)?;
         // BEGIN: the target holds a lease on every accepted op until END.
         self.finish_begin(xfer, batch, slot, Skip::default())
@@ -544,38 +590,34 @@ impl Worker {
     /// Takes the next slot (waiting until it is free), copies the writes' bytes into it and
     /// posts it. Returns the slot and the ops withdrawn (their local copy failed).
     fn post_inline(&mut self, xfer: &XferState, batch: &[usize]) -> Result<(usize, Skip)> {
-        let slot = self
-            .ring_mut()?
-            .prepare(KIND_INLINE, xfer.id, ring_ops_iter(xfer, batch))?;
+        let slot = self.ring_mut()?.prepare(ring_ops_iter(xfer, batch))?;
         let mut skip = Skip::default();
         self.copy_inline(xfer, batch, slot, &mut skip, OpKind::Write)?;
-        self.ring_mut()?.publish(slot, POSTED);
+        self.ring_mut()?
+            .post_slot(slot, KIND_INLINE, xfer.id, batch.len());
         Ok((slot, skip))
     }
 
     /// After `DONE` on an inline slot: the target's errors, the reads' bytes out of the slot,
-    /// the slot freed, the ops completed.
+    /// the slot marked for reuse (it stays `DONE`). Returns the ops of `batch` that did not
+    /// complete (the rest did; the caller records them).
     fn finish_inline(
         &mut self,
         xfer: &XferState,
         batch: &[usize],
         slot: usize,
         mut skip: Skip,
-    ) -> Result<()> {
-        self.take_result(xfer, batch, slot, &mut skip)?;
-        self.copy_inline(xfer, batch, slot, &mut skip, OpKind::Read)?;
-        self.ring_mut()?
-            .ring
-            .state(slot)
-            .store(FREE, Ordering::Release);
-        xfer.ops_done(
-            batch
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| !skip.get(*j))
-                .map(|(_, &i)| i),
-        );
-        Ok(())
+    ) -> Result<Skip> {
+        let rc = self.ring_mut()?;
+        // The common answer (no op failed, only writes) reads one word here.
+        if rc.ring.has_result(slot) {
+            self.take_result(xfer, batch, slot, &mut skip)?;
+        }
+        if batch.iter().any(|&i| xfer.ops[i].kind == OpKind::Read) {
+            self.copy_inline(xfer, batch, slot, &mut skip, OpKind::Read)?;
+        }
+        self.ring_mut()?.consume(slot);
+        Ok(skip)
     }
 
     /// Posts `xfer` (`may_post`) into the next slot and leaves it in flight, completing (into
@@ -615,14 +657,13 @@ impl Worker {
             return None;
         }
         let big = xfer.ops.iter().map(|o| o.len).sum::<u64>() > INLINE_MAX;
-        let plans = xfer.paths();
         // Consecutive ops on the same remote region share its verdict (one map look-up).
         (0..xfer.ops.len())
             .all(|i| {
                 (i > 0
-                    && plans[i] == plans[i - 1]
+                    && xfer.path(i) == xfer.path(i - 1)
                     && Arc::ptr_eq(&xfer.ops[i].remote, &xfer.ops[i - 1].remote))
-                    || ring_class(self, xfer, &plans[i], i, big) == Some(KIND_BEGIN)
+                    || ring_class(self, xfer, &xfer.path(i), i, big) == Some(KIND_BEGIN)
             })
             .then_some(KIND_BEGIN)
     }
@@ -634,8 +675,8 @@ impl Worker {
         let batch = &ring::IDENTITY[..xfer.ops.len().min(MAX_RING_OPS)];
         let (slot, skip) = if kind == KIND_BEGIN {
             let rc = self.ring_mut()?;
-            let slot = rc.prepare(KIND_BEGIN, xfer.id, ring_ops_iter(xfer, batch))?;
-            rc.publish(slot, POSTED);
+            let slot = rc.prepare(ring_ops_iter(xfer, batch))?;
+            rc.post_slot(slot, KIND_BEGIN, xfer.id, batch.len());
             (slot, Skip::default())
         } else {
             self.post_inline(xfer, batch)?
@@ -725,16 +766,23 @@ impl Worker {
             };
             self.mark_front();
             let batch = &ring::IDENTITY[..f.xfer.ops.len().min(MAX_RING_OPS)];
+            // An inline slot in flight holds its whole transfer (`may_post`, `pipeline_guarded`):
+            // its ops complete with the transfer's end.
             let r = if f.kind == KIND_BEGIN {
                 self.finish_begin(&f.xfer, batch, f.slot, f.skip)
+                    .map(|()| None)
             } else {
-                self.finish_inline(&f.xfer, batch, f.slot, f.skip)
+                self.finish_inline(&f.xfer, batch, f.slot, f.skip).map(Some)
             };
-            if let Err(e) = &r {
-                f.xfer.fail_pending(e);
+            match r {
+                Ok(Some(skip)) => done.complete(f.xfer, skip),
+                Ok(None) => done.push(f.xfer),
+                Err(e) => {
+                    f.xfer.fail_pending(&e);
+                    done.push(f.xfer);
+                    return Err(e);
+                }
             }
-            done.push(f.xfer);
-            r?;
         }
         Ok(())
     }
