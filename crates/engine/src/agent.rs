@@ -219,6 +219,9 @@ impl Agent {
     /// [`Error::InvalidArgument`] for a bad config, [`Error::Os`] if a listener cannot be bound.
     pub fn new(cfg: AgentConfig) -> Result<Agent> {
         cfg.validate()?;
+        // The transfer clock calibrates on its first read (about a millisecond, once per
+        // process): here, not in the first transfer.
+        crate::transfer::warm_clock();
         let secret = match (&cfg.secret, cfg.insecure) {
             (_, true) => {
                 log::warn!(

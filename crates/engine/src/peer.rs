@@ -14,7 +14,7 @@ use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
 use crate::plan::{plan_op, FabricMem, Path, PeerRoute};
 use crate::region::RegionDesc;
-use crate::transfer::{Transfer, TransferHandle, XferState};
+use crate::transfer::{Transfer, TransferHandle, XferShared, XferState};
 use crate::transport::{fabric, rdma, shm::ShmTransport, tcp::TcpTransport, Transport};
 use crate::wire::{Hello, Msg};
 
@@ -31,6 +31,8 @@ struct PeerInner {
     transport: Box<dyn Transport>,
     /// Plans made lately, by region pair (`PlanCache`).
     plans: Mutex<PlanCache>,
+    /// Given to each transfer (the agent's counters, the transport's driver).
+    xfer_shared: Arc<XferShared>,
 }
 
 /// The last few plans this peer made, so a stream of transfers between the same regions costs
@@ -392,6 +394,10 @@ impl Peer {
             .stats
             .peers_outbound
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let xfer_shared = Arc::new(XferShared {
+            stats: Arc::clone(&agent.stats),
+            driver: transport.driver(),
+        });
         Ok(Peer {
             inner: Arc::new(PeerInner {
                 agent,
@@ -403,6 +409,7 @@ impl Peer {
                 control,
                 transport,
                 plans: Mutex::default(),
+                xfer_shared,
             }),
         })
     }
@@ -543,8 +550,7 @@ impl Peer {
             t,
             plans,
             self.inner.agent.cfg.transfer_timeout,
-            Arc::clone(&self.inner.agent.stats),
-            self.inner.transport.driver(),
+            Arc::clone(&self.inner.xfer_shared),
         ));
         self.inner.transport.submit(Arc::clone(&state));
         Ok(TransferHandle { state })

@@ -79,7 +79,7 @@ struct PathCounts {
 pub(crate) struct Stats {
     paths: [PathCounts; Path::COUNT],
     failures: Mutex<BTreeMap<&'static str, u64>>,
-    completed: AtomicU64,
+    /// Transfers that failed (those that completed are the latency count less these).
     failed: AtomicU64,
     latency: [AtomicU64; LATENCY_BOUNDS_S.len() + 1],
     sum_ns: AtomicU64,
@@ -158,8 +158,6 @@ impl Stats {
         flush(run);
         if failed {
             self.failed.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.completed.fetch_add(1, Ordering::Relaxed);
         }
         let s = elapsed.as_secs_f64();
         let i = LATENCY_BOUNDS_S
@@ -188,11 +186,13 @@ impl Stats {
             }
         }
         paths.sort_by(|a, b| (&a.path, a.direction).cmp(&(&b.path, b.direction)));
+        let failed = self.failed.load(Ordering::Relaxed);
         let buckets: Vec<u64> = self
             .latency
             .iter()
             .map(|b| b.load(Ordering::Relaxed))
             .collect();
+        let count: u64 = buckets.iter().sum();
         StatsSnapshot {
             paths,
             failures: self
@@ -202,10 +202,10 @@ impl Stats {
                 .iter()
                 .map(|(r, n)| (r.to_string(), *n))
                 .collect(),
-            transfers_completed: self.completed.load(Ordering::Relaxed),
-            transfers_failed: self.failed.load(Ordering::Relaxed),
+            transfers_completed: count.saturating_sub(failed),
+            transfers_failed: failed,
             latency: LatencyStat {
-                count: buckets.iter().sum(),
+                count,
                 buckets,
                 sum_s: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
             },

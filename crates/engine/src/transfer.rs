@@ -9,6 +9,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+/// The clock of transfer start, end and deadline (`quanta`: the TSC where it is usable, else
+/// the OS clock; cheaper to read than `Instant`, and read twice per transfer).
+type Clock = quanta::Instant;
+
+/// Reads the transfer clock once, so its calibration is done before the first transfer.
+pub(crate) fn warm_clock() {
+    let _ = Clock::now();
+}
+
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -260,7 +269,7 @@ struct Progress {
     /// Chunks still unconfirmed per op (most transfers have a few ops: kept inline).
     pending_chunks: smallvec::SmallVec<[u32; 4]>,
     first_error: Option<Error>,
-    done: Option<Instant>,
+    done: Option<Clock>,
     /// Threads sleeping on `cv` (`finish` wakes them only when there are some).
     waiters: u32,
 }
@@ -276,6 +285,17 @@ pub(crate) trait Drive: Send + Sync + std::fmt::Debug {
     fn park(&self, xfer: &Arc<XferState>);
 }
 
+/// What the transfers of one peer share: the initiating agent's counters (fed once per
+/// transfer, when it ends) and the connection's driver, for transports that have one.
+#[derive(Debug)]
+pub(crate) struct XferShared {
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) driver: Option<Arc<dyn Drive>>,
+}
+
+/// The deadline of a transfer whose timeout the clock cannot represent (about 136 years).
+const FOREVER: Duration = Duration::from_secs(1 << 32);
+
 /// State shared between a [`TransferHandle`] and the transport running the transfer.
 #[derive(Debug)]
 pub(crate) struct XferState {
@@ -284,18 +304,15 @@ pub(crate) struct XferState {
     pub(crate) notify: Option<Vec<u8>>,
     /// Each op's plan, as made at submit (read without the lock).
     plans: smallvec::SmallVec<[Plan; 4]>,
-    pub(crate) started: Instant,
-    pub(crate) deadline: Instant,
+    pub(crate) started: Clock,
+    pub(crate) deadline: Clock,
     bytes_done: AtomicU64,
     /// Set once `finish` ran: a waiter spins on it briefly before it sleeps on `cv`.
     ended: AtomicBool,
     progress: Mutex<Progress>,
     cv: Condvar,
-    /// The initiating agent's counters, fed once when the transfer ends.
-    stats: Arc<Stats>,
-    /// The connection's driver (`Drive`), for transports that have one; used once the
-    /// transport marked this transfer `driven`.
-    driver: Option<Arc<dyn Drive>>,
+    /// The peer's counters and driver (one reference per transfer for both).
+    shared: Arc<XferShared>,
     /// Set by the transport when it left this transfer to be completed by whoever waits.
     driven: AtomicBool,
 }
@@ -306,10 +323,9 @@ impl XferState {
         t: Transfer,
         plans: smallvec::SmallVec<[Plan; 4]>,
         timeout: Duration,
-        stats: Arc<Stats>,
-        driver: Option<Arc<dyn Drive>>,
+        shared: Arc<XferShared>,
     ) -> Self {
-        let started = Instant::now();
+        let started = Clock::now();
         let n = t.ops.len();
         XferState {
             id,
@@ -317,7 +333,10 @@ impl XferState {
             notify: t.notify,
             plans,
             started,
-            deadline: started + t.timeout.unwrap_or(timeout),
+            // A timeout too long for the clock (`Duration::MAX` for "never") saturates.
+            deadline: started
+                .checked_add(t.timeout.unwrap_or(timeout))
+                .unwrap_or_else(|| started + FOREVER),
             bytes_done: AtomicU64::new(0),
             ended: AtomicBool::new(false),
             progress: Mutex::new(Progress {
@@ -328,8 +347,7 @@ impl XferState {
                 waiters: 0,
             }),
             cv: Condvar::new(),
-            stats,
-            driver,
+            shared,
             driven: AtomicBool::new(false),
         }
     }
@@ -347,7 +365,7 @@ impl XferState {
 
     /// The driver to poll, once the transfer is driven.
     fn drive(&self) -> Option<&Arc<dyn Drive>> {
-        self.driver.as_ref().filter(|_| self.driven())
+        self.shared.driver.as_ref().filter(|_| self.driven())
     }
 
     /// Whether `finish` ran.
@@ -370,7 +388,7 @@ impl XferState {
         let mut p = self.lock();
         match res {
             Ok(()) => {
-                self.bytes_done.fetch_add(bytes, Ordering::Relaxed);
+                self.add_bytes(&mut p, bytes);
                 let left = &mut p.pending_chunks[i];
                 *left = left.saturating_sub(1);
                 if *left == 0 && p.status[i] == OpStatus::Pending {
@@ -384,6 +402,13 @@ impl XferState {
                 p.first_error.get_or_insert(e);
             }
         }
+    }
+
+    /// Adds to the bytes confirmed. Every writer holds the progress lock (`_held` is its
+    /// guard's contents), so a load and a store do: no atomic read-modify-write per completion.
+    fn add_bytes(&self, _held: &mut Progress, bytes: u64) {
+        let b = self.bytes_done.load(Ordering::Relaxed);
+        self.bytes_done.store(b + bytes, Ordering::Relaxed);
     }
 
     /// Records the whole of each op in `ops` (single-chunk ops) as done, in one update.
@@ -406,7 +431,7 @@ impl XferState {
             }
             bytes += self.ops[i].len;
         }
-        self.bytes_done.fetch_add(bytes, Ordering::Relaxed);
+        self.add_bytes(p, bytes);
     }
 
     /// `ops_done` for every op `done(i)` is true of, then `finish`, in one update (a small
@@ -478,10 +503,10 @@ impl XferState {
             }
             p.first_error.get_or_insert(unconfirmed);
         }
-        let now = Instant::now();
+        let now = Clock::now();
         if p.done.is_none() {
             let ops = self.ops.iter().zip(&self.plans).zip(&p.status);
-            self.stats.record(
+            self.shared.stats.record(
                 ops.map(|((op, plan), st)| (op.kind, op.len, plan.path, st)),
                 p.first_error.is_some(),
                 now - self.started,
@@ -497,12 +522,12 @@ impl XferState {
     }
 
     pub(crate) fn expired(&self) -> bool {
-        Instant::now() >= self.deadline
+        Clock::now() >= self.deadline
     }
 
     /// Time until the deadline (zero once it passed).
     pub(crate) fn time_left(&self) -> Duration {
-        self.deadline.saturating_duration_since(Instant::now())
+        self.deadline.saturating_duration_since(Clock::now())
     }
 
     pub(crate) fn timeout_error(&self) -> Error {

@@ -396,3 +396,72 @@ fn a_leased_transfer_nobody_waits_for_still_completes() {
     t.write(&src, 8, &remote, 8, 8);
     peer.submit(t).unwrap().wait(WAIT).unwrap();
 }
+
+/// Three times as many small transfers as the ring has slots, one after another, with a leased
+/// (`BEGIN`) transfer every 50: inline slots are reused as the target left them (`DONE`),
+/// leased ones after their `END`; every write is read back through the ring and verified, and
+/// the initiator's counters equal what was moved.
+#[test]
+fn more_small_transfers_than_the_ring_has_slots_reuse_them_in_order() {
+    let len = 1u64 << 20;
+    let (agents, peer, remote, dst, src) = pair(len, 23);
+    let back = agents.1.alloc(len, Access::LOCAL, None).unwrap();
+    let (mut writes, mut reads, mut bytes) = (0u64, 0u64, 0u64);
+    for i in 0..384u64 {
+        let (off, n) = if i % 50 == 49 {
+            (256 << 10, 64 << 10) // over INLINE_MAX: leased with BEGIN, then END
+        } else {
+            ((i * 24) % (128 << 10), 1 + i % 24)
+        };
+        let mut t = Transfer::new();
+        t.write(&src, off, &remote, off, n);
+        let rep = peer.submit(t).unwrap().wait(WAIT).unwrap();
+        assert_eq!(rep.ops[0].status, OpStatus::Completed);
+        let mut t = Transfer::new();
+        t.read(&back, off, &remote, off, n);
+        peer.submit(t).unwrap().wait(WAIT).unwrap();
+        let (a, b) = (off as usize, (off + n) as usize);
+        let want = &src.bytes().unwrap()[a..b];
+        assert_eq!(
+            first_diff(&back.bytes().unwrap()[a..b], want),
+            None,
+            "read back {i} ({n} B at {off})"
+        );
+        assert_eq!(
+            first_diff(&dst.bytes().unwrap()[a..b], want),
+            None,
+            "target's view {i} ({n} B at {off})"
+        );
+        writes += 1;
+        reads += 1;
+        bytes += n;
+    }
+    let s = agents.1.stats();
+    let by = |dir: &str| {
+        s.paths
+            .iter()
+            .find(|p| p.path == "shm" && p.direction == dir)
+            .map(|p| (p.ops, p.bytes))
+    };
+    assert_eq!(by("write"), Some((writes, bytes)));
+    assert_eq!(by("read"), Some((reads, bytes)));
+    assert_eq!(
+        (s.transfers_completed, s.transfers_failed),
+        (writes + reads, 0)
+    );
+    assert_eq!(s.latency.count, writes + reads);
+}
+
+/// A transfer whose timeout the clock cannot represent (`Duration::MAX`, "never") runs as one
+/// that never times out, instead of failing or panicking at submit.
+#[test]
+fn a_transfer_with_an_endless_timeout_completes() {
+    let (_agents, peer, remote, dst, src) = pair(4096, 29);
+    let mut t = Transfer::new();
+    t.write(&src, 0, &remote, 0, 64).timeout(Duration::MAX);
+    peer.submit(t).unwrap().wait(WAIT).unwrap();
+    assert_eq!(
+        first_diff(&dst.bytes().unwrap()[..64], &src.bytes().unwrap()[..64]),
+        None
+    );
+}

@@ -208,12 +208,9 @@ impl Transport for ShmTransport {
                 // lowers the count, so nothing submitted earlier is still waiting to start.
                 if self.queued.load(Ordering::SeqCst) == 0 && self.queue.is_alive() {
                     let mut done = ring::Done::new();
-                    let taken = w.post_guarded(&xfer, &mut done);
+                    let back = w.post_guarded(xfer, &mut done);
                     if w.broken.is_some() {
                         self.dead.store(true, Ordering::SeqCst);
-                    }
-                    if taken {
-                        xfer.set_driven();
                     }
                     drop(w);
                     done.finish();
@@ -221,8 +218,13 @@ impl Transport for ShmTransport {
                     // submits next on this connection; a handle dropped first hands it to the
                     // worker thread (`TransferHandle`'s drop). Waking the worker per transfer
                     // instead costs more than a 1 MiB copy on a machine of few cores.
-                    if taken {
-                        return;
+                    match back {
+                        None => return,
+                        Some(x) => {
+                            self.queued.fetch_add(1, Ordering::SeqCst);
+                            self.queue.submit(x);
+                            return;
+                        }
                     }
                 }
             }

@@ -217,8 +217,19 @@ pub(super) fn posts_inline(xfer: &XferState) -> bool {
         && all_inline(xfer)
 }
 
+/// Largest one-op write staged on the stack before its slot is written (`stage_small`).
+const STAGE_MAX: usize = 64;
+
 /// Most queued small transfers the worker posts before it awaits the first answer.
 pub(super) const PIPELINE: usize = ring::SLOTS / 2;
+
+/// A slot `start_slot` posted, before it joins the transfers in flight.
+#[derive(Debug)]
+struct Started {
+    slot: usize,
+    kind: u32,
+    skip: Skip,
+}
 
 /// A posted slot not yet answered (or answered and not yet completed): inline, or `BEGIN`
 /// (answered: the ops are leased by the target, and whoever completes it copies through the
@@ -590,12 +601,73 @@ impl Worker {
     /// Takes the next slot (waiting until it is free), copies the writes' bytes into it and
     /// posts it. Returns the slot and the ops withdrawn (their local copy failed).
     fn post_inline(&mut self, xfer: &XferState, batch: &[usize]) -> Result<(usize, Skip)> {
-        let slot = self.ring_mut()?.prepare(ring_ops_iter(xfer, batch))?;
         let mut skip = Skip::default();
+        if let Some(staged) = self.stage_small(xfer, batch) {
+            let rc = self.ring_mut()?;
+            let slot = rc.prepare(ring_ops_iter(xfer, batch))?;
+            match staged {
+                Ok((buf, len)) => {
+                    // SAFETY: one op of `len` <= STAGE_MAX bytes: its data lies at the start of
+                    // the slot's data area; `buf` is on this stack.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            buf.as_ptr(),
+                            rc.ring.data_ptr(slot, 1, 0),
+                            len,
+                        )
+                    };
+                }
+                Err(e) => {
+                    skip.set(0, 1);
+                    rc.ring.skip_op(slot, 0);
+                    xfer.chunk_done(batch[0], 0, Err(e));
+                }
+            }
+            rc.post_slot(slot, KIND_INLINE, xfer.id, 1);
+            return Ok((slot, skip));
+        }
+        let slot = self.ring_mut()?.prepare(ring_ops_iter(xfer, batch))?;
         self.copy_inline(xfer, batch, slot, &mut skip, OpKind::Write)?;
         self.ring_mut()?
             .post_slot(slot, KIND_INLINE, xfer.id, batch.len());
         Ok((slot, skip))
+    }
+
+    /// A one-op write of at most `STAGE_MAX` bytes, read out of its region onto the stack
+    /// before the slot is touched: the region's lock is then let go (a full barrier) with no
+    /// store to the shared slot pending, and the slot's two cache lines are written back to
+    /// back and move to the target together, not one after the other.
+    fn stage_small(
+        &self,
+        xfer: &XferState,
+        batch: &[usize],
+    ) -> Option<Result<([u8; STAGE_MAX], usize)>> {
+        let [i] = *batch else {
+            return None;
+        };
+        let op = &xfer.ops[i];
+        let len = usize::try_from(op.len).ok().filter(|&l| l <= STAGE_MAX)?;
+        if op.kind != OpKind::Write {
+            return None;
+        }
+        let mut buf = [0u8; STAGE_MAX];
+        let dst = buf.as_mut_ptr();
+        let quick = op.local.with_locked(LeaseKind::Source, |base| {
+            // SAFETY: local_offset + len <= the region's length (checked at submit); `buf`
+            // holds STAGE_MAX >= len bytes.
+            unsafe { std::ptr::copy_nonoverlapping(base.add(op.local_offset as usize), dst, len) }
+        });
+        let r = match quick {
+            Some(r) => r,
+            None => op
+                .local
+                .lease(LeaseKind::Source, self.wait)
+                .and_then(|lease| {
+                    // SAFETY: `buf` holds len bytes; the local span is leased and bounds-checked.
+                    unsafe { copy_span(&lease, op.local_offset, dst, len, Dir::OutOfRegion) }
+                }),
+        };
+        Some(r.map(|()| (buf, len)))
     }
 
     /// After `DONE` on an inline slot: the target's errors, the reads' bytes out of the slot,
@@ -624,9 +696,9 @@ impl Worker {
     /// `done`) the answered slots before it; waits at most `SUBMIT_SPIN` for a slot.
     /// `Ok(false)`: nothing was started (no slot came free, or the transfer needs more than one
     /// slot or mixes inline and leased ops).
-    pub(super) fn post(&mut self, xfer: &Arc<XferState>, done: &mut Done) -> Result<bool> {
+    fn post(&mut self, xfer: &XferState, done: &mut Done) -> Result<Option<Started>> {
         let Some(kind) = self.direct_kind(xfer) else {
-            return Ok(false);
+            return Ok(None);
         };
         let mut err = None;
         ring::spin_until(SUBMIT_SPIN, || {
@@ -640,10 +712,9 @@ impl Worker {
             return Err(e);
         }
         if !self.ring.as_ref().is_some_and(RingClient::next_is_free) {
-            return Ok(false);
+            return Ok(None);
         }
-        self.post_now(xfer, kind)?;
-        Ok(true)
+        self.start_slot(xfer, kind).map(Some)
     }
 
     /// The one slot `xfer` (`may_post`) goes in, if it fits one: inline (`posts_inline`), or
@@ -668,9 +739,9 @@ impl Worker {
             .then_some(KIND_BEGIN)
     }
 
-    /// Posts `xfer` into the next slot as `kind` (`direct_kind`), waiting for it to be free,
-    /// and leaves it in flight.
-    fn post_now(&mut self, xfer: &Arc<XferState>, kind: u32) -> Result<()> {
+    /// Posts `xfer` into the next slot as `kind` (`direct_kind`), waiting for it to be free;
+    /// `in_flight` then keeps it.
+    fn start_slot(&mut self, xfer: &XferState, kind: u32) -> Result<Started> {
         // `may_post`: at most MAX_RING_OPS ops.
         let batch = &ring::IDENTITY[..xfer.ops.len().min(MAX_RING_OPS)];
         let (slot, skip) = if kind == KIND_BEGIN {
@@ -681,14 +752,18 @@ impl Worker {
         } else {
             self.post_inline(xfer, batch)?
         };
+        Ok(Started { slot, kind, skip })
+    }
+
+    /// A posted slot joins the transfers in flight (the caller's reference moves in).
+    fn in_flight(&mut self, xfer: Arc<XferState>, s: Started) {
         self.inflight.push_back(Inflight {
-            xfer: Arc::clone(xfer),
-            slot,
-            kind,
-            skip,
+            xfer,
+            slot: s.slot,
+            kind: s.kind,
+            skip: s.skip,
         });
         self.mark_front();
-        Ok(())
     }
 
     /// An answered `BEGIN` slot: the target's verdicts, the copies through the mappings, `END`
@@ -710,20 +785,29 @@ impl Worker {
         Ok(())
     }
 
-    /// The submitting thread's `post`: true when the transfer was taken (posted, or failed
-    /// into `done` on a broken connection).
-    pub(super) fn post_guarded(&mut self, xfer: &Arc<XferState>, done: &mut Done) -> bool {
+    /// The submitting thread's `post`: `None` when the transfer was taken (posted and left to
+    /// whoever waits, or failed into `done` on a broken connection), else the transfer back.
+    pub(super) fn post_guarded(
+        &mut self,
+        xfer: Arc<XferState>,
+        done: &mut Done,
+    ) -> Option<Arc<XferState>> {
         let r = match &self.broken {
             Some(e) => Err(e.clone()),
-            None => self.post(xfer, done),
+            None => self.post(&xfer, done),
         };
         match r {
-            Ok(taken) => taken,
+            Ok(Some(s)) => {
+                xfer.set_driven();
+                self.in_flight(xfer, s);
+                None
+            }
+            Ok(None) => Some(xfer),
             Err(e) => {
                 xfer.fail_pending(&e);
-                done.push(Arc::clone(xfer));
+                done.push(xfer);
                 self.break_with(e, done);
-                true
+                None
             }
         }
     }
@@ -735,7 +819,9 @@ impl Worker {
         for (k, x) in group.iter().enumerate() {
             let r = match &self.broken {
                 Some(e) => Err(e.clone()),
-                None => self.post_now(x, KIND_INLINE),
+                None => self
+                    .start_slot(x, KIND_INLINE)
+                    .map(|s| self.in_flight(Arc::clone(x), s)),
             };
             if let Err(e) = r {
                 for x in &group[k..] {
