@@ -6,7 +6,7 @@
 //! fixed here and reported by [`Peer::route`].
 
 use std::net::{SocketAddr, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::agent::{AgentInner, PeerInfo};
 use crate::config::Transports;
@@ -90,6 +90,56 @@ impl PlanCache {
             self.next = self.next.wrapping_add(1);
         }
     }
+}
+
+/// This thread's last plan and what it was made for.
+#[derive(Debug)]
+struct LastPlan {
+    peer: Weak<PeerInner>,
+    local: Weak<crate::region::RegionInner>,
+    remote: Arc<crate::region::RegionDesc>,
+    strict: bool,
+    plan: crate::plan::Plan,
+}
+
+thread_local! {
+    /// A thread submitting a stream of transfers between the same two regions finds their
+    /// plan here, without taking the peer's cache lock. Weak references, as in `PlanCache`:
+    /// nothing is kept alive, and no address is reused while the entry lives.
+    static LAST_PLAN: std::cell::RefCell<Option<LastPlan>> = const { std::cell::RefCell::new(None) };
+}
+
+fn last_plan(
+    peer: &Arc<PeerInner>,
+    op: &crate::transfer::Op,
+    strict: bool,
+) -> Option<crate::plan::Plan> {
+    LAST_PLAN.with(|l| {
+        let l = l.borrow();
+        let e = l.as_ref()?;
+        (e.strict == strict
+            && std::ptr::eq(e.peer.as_ptr(), Arc::as_ptr(peer))
+            && std::ptr::eq(e.local.as_ptr(), Arc::as_ptr(&op.local))
+            && (Arc::ptr_eq(&e.remote, &op.remote) || *e.remote == *op.remote))
+            .then(|| e.plan.clone())
+    })
+}
+
+fn remember_plan(
+    peer: &Arc<PeerInner>,
+    op: &crate::transfer::Op,
+    strict: bool,
+    plan: &crate::plan::Plan,
+) {
+    LAST_PLAN.with(|l| {
+        *l.borrow_mut() = Some(LastPlan {
+            peer: Arc::downgrade(peer),
+            local: Arc::downgrade(&op.local),
+            remote: Arc::clone(&op.remote),
+            strict,
+            plan: plan.clone(),
+        });
+    });
 }
 
 impl Drop for PeerInner {
@@ -513,7 +563,8 @@ impl Peer {
         // string) is made once per run of such ops, not once per op.
         let mut plans: smallvec::SmallVec<[crate::plan::Plan; 4]> =
             smallvec::SmallVec::with_capacity(t.ops.len());
-        let mut cache = self.inner.plans.lock().unwrap_or_else(|p| p.into_inner());
+        // The peer's cache is locked only when this thread's last plan does not fit.
+        let mut cache = None;
         for (i, op) in t.ops.iter().enumerate() {
             let same = i > 0 && {
                 let prev = &t.ops[i - 1];
@@ -521,18 +572,28 @@ impl Peer {
             };
             let plan = match plans.last() {
                 Some(p) if same => p.clone(),
-                _ => match cache.get(&op.local, &op.remote, strict) {
+                _ => match last_plan(&self.inner, op, strict) {
                     Some(p) => p,
                     None => {
-                        let p = plan_op(
-                            &self.inner.route,
-                            &op.local,
-                            &op.remote,
-                            &self.inner.tcp_detail,
-                            &self.inner.fabric,
-                            strict,
-                        )?;
-                        cache.put(&op.local, &op.remote, strict, &p);
+                        let cache = cache.get_or_insert_with(|| {
+                            self.inner.plans.lock().unwrap_or_else(|p| p.into_inner())
+                        });
+                        let p = match cache.get(&op.local, &op.remote, strict) {
+                            Some(p) => p,
+                            None => {
+                                let p = plan_op(
+                                    &self.inner.route,
+                                    &op.local,
+                                    &op.remote,
+                                    &self.inner.tcp_detail,
+                                    &self.inner.fabric,
+                                    strict,
+                                )?;
+                                cache.put(&op.local, &op.remote, strict, &p);
+                                p
+                            }
+                        };
+                        remember_plan(&self.inner, op, strict, &p);
                         p
                     }
                 },

@@ -309,6 +309,10 @@ pub(crate) struct XferState {
     bytes_done: AtomicU64,
     /// Set once `finish` ran: a waiter spins on it briefly before it sleeps on `cv`.
     ended: AtomicBool,
+    /// Set by `finish` (before `ended`): no op failed, so every op completed.
+    ok: AtomicBool,
+    /// Set by `finish` (before `ended`): submit to end.
+    elapsed_ns: AtomicU64,
     progress: Mutex<Progress>,
     cv: Condvar,
     /// The peer's counters and driver (one reference per transfer for both).
@@ -339,6 +343,8 @@ impl XferState {
                 .unwrap_or_else(|| started + FOREVER),
             bytes_done: AtomicU64::new(0),
             ended: AtomicBool::new(false),
+            ok: AtomicBool::new(false),
+            elapsed_ns: AtomicU64::new(0),
             progress: Mutex::new(Progress {
                 status: smallvec::smallvec![OpStatus::Pending; n],
                 pending_chunks: smallvec::smallvec![1; n],
@@ -513,12 +519,40 @@ impl XferState {
             );
         }
         p.done = Some(now);
+        // What a waiter of a completed transfer reads without the lock (`report_if_ok`):
+        // stored before `ended`, which publishes them.
+        self.ok.store(p.first_error.is_none(), Ordering::Relaxed);
+        let ns = u64::try_from((now - self.started).as_nanos()).unwrap_or(u64::MAX);
+        self.elapsed_ns.store(ns, Ordering::Relaxed);
         self.ended.store(true, Ordering::Release);
         let wake = p.waiters > 0;
         drop(p);
         if wake {
             self.cv.notify_all();
         }
+    }
+
+    /// The report of a transfer that ended with every op completed, built without the lock
+    /// (from what `finish` published with `ended`); `None` if it has not ended so.
+    fn report_if_ok(&self) -> Option<TransferReport> {
+        if !(self.ended() && self.ok.load(Ordering::Relaxed)) {
+            return None;
+        }
+        Some(TransferReport {
+            bytes: self.ops.iter().map(|o| o.len).sum(),
+            elapsed: Duration::from_nanos(self.elapsed_ns.load(Ordering::Relaxed)),
+            ops: self
+                .ops
+                .iter()
+                .zip(&self.plans)
+                .map(|(op, plan)| OpResult {
+                    kind: op.kind,
+                    len: op.len,
+                    plan: plan.clone(),
+                    status: OpStatus::Completed,
+                })
+                .collect(),
+        })
     }
 
     pub(crate) fn expired(&self) -> bool {
@@ -600,6 +634,9 @@ impl TransferHandle {
         });
         if let (false, Some(d)) = (ended, drive) {
             d.park(&self.state);
+        }
+        if let Some(r) = self.state.report_if_ok() {
+            return Ok(r);
         }
         let mut p = self.state.lock();
         // Read the clock only when the wait has to sleep (the spin above ends most waits).
