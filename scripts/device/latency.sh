@@ -5,8 +5,8 @@
 # Each latency block runs 3 times (report the median). Run from the repository root with the
 # release binary at .devbin/gdx; everything goes to $OUT; about 90 s in all. With GDX_OLD=<an
 # older gdx binary>, the large transfers (and one block of each small figure) also run with
-# it, alternating with the new one, so "large-transfer bandwidth unchanged" is judged within
-# one run (about 60 s more).
+# it, alternating with the new one (the small and window figures too, three pairs each), so
+# "unchanged" and "better" are judged within one run (about 90 s more).
 . "$(dirname "$0")/env.sh"
 LOG="$OUT/latency-log.txt"
 GDX=${GDX:-.devbin/gdx}
@@ -36,8 +36,14 @@ for i in 1 2 3; do
 done
 if [ -n "$GDX_OLD" ]; then
   log "old binary: $("$GDX_OLD" --version 2>&1)"
-  BIN=$GDX_OLD bench old-small --path shm,tcp --size 8,4KiB --duration 300ms
-  BIN=$GDX_OLD bench old-window --path shm --size 8 --window 64 --duration 300ms
+  # Small figures paired too: old then new, three times, so each new figure has an old one
+  # measured seconds before it.
+  for i in 1 2 3; do
+    BIN=$GDX_OLD bench "old-small-$i" --path shm,tcp --size 8,4KiB --duration 300ms
+    bench "pair-small-$i" --path shm,tcp --size 8,4KiB --duration 300ms
+    BIN=$GDX_OLD bench "old-window-$i" --path shm --size 8 --window 64 --duration 300ms
+    bench "pair-window-$i" --path shm --size 8 --window 64 --duration 300ms
+  done
   BIN=$GDX_OLD bench old-batch --path shm --size 4KiB --batch 1000 --duration 300ms
   for i in 1 2 3; do
     BIN=$GDX_OLD bench "old-large-$i" --path shm,tcp --size 1MiB,256MiB --duration 500ms
