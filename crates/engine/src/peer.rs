@@ -14,7 +14,7 @@ use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
 use crate::plan::{plan_op, FabricMem, Path, PeerRoute};
 use crate::region::RegionDesc;
-use crate::transfer::{Transfer, TransferHandle, XferShared, XferState};
+use crate::transfer::{NewTransfer, Transfer, TransferHandle, XferShared};
 use crate::transport::{fabric, rdma, shm::ShmTransport, tcp::TcpTransport, Transport};
 use crate::wire::{Hello, Msg};
 
@@ -606,14 +606,13 @@ impl Peer {
             .agent
             .next_xfer
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let state = Arc::new(XferState::new(
+        let state = self.inner.transport.submit_new(NewTransfer::now(
             id,
             t,
             plans,
             self.inner.agent.cfg.transfer_timeout,
             Arc::clone(&self.inner.xfer_shared),
         ));
-        self.inner.transport.submit(Arc::clone(&state));
         Ok(TransferHandle { state })
     }
 

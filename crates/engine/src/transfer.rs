@@ -321,15 +321,53 @@ pub(crate) struct XferState {
     driven: AtomicBool,
 }
 
-impl XferState {
-    pub(crate) fn new(
+/// A submitted transfer whose state is not built yet (`Transport::submit_new`): a transport
+/// that can put the request on the wire first builds the state after, while the peer works.
+#[derive(Debug)]
+pub(crate) struct NewTransfer {
+    pub(crate) id: u64,
+    pub(crate) t: Transfer,
+    pub(crate) plans: smallvec::SmallVec<[Plan; 4]>,
+    pub(crate) timeout: Duration,
+    pub(crate) shared: Arc<XferShared>,
+    /// When it was submitted (the transfer's start, whenever its state is built).
+    pub(crate) started: Clock,
+}
+
+impl NewTransfer {
+    /// Starts the clock of a transfer submitted now.
+    pub(crate) fn now(
         id: u64,
         t: Transfer,
         plans: smallvec::SmallVec<[Plan; 4]>,
         timeout: Duration,
         shared: Arc<XferShared>,
     ) -> Self {
-        let started = Clock::now();
+        NewTransfer {
+            id,
+            t,
+            plans,
+            timeout,
+            shared,
+            started: Clock::now(),
+        }
+    }
+
+    pub(crate) fn build(self) -> XferState {
+        XferState::new(self)
+    }
+}
+
+impl XferState {
+    fn new(n: NewTransfer) -> Self {
+        let NewTransfer {
+            id,
+            t,
+            plans,
+            timeout,
+            shared,
+            started,
+        } = n;
         let n = t.ops.len();
         XferState {
             id,

@@ -465,3 +465,27 @@ fn a_transfer_with_an_endless_timeout_completes() {
         None
     );
 }
+
+/// A small write whose local region was freed after the transfer was built: the slot goes out
+/// with the op withdrawn, the transfer fails with the region's error, and the connection keeps
+/// carrying transfers.
+#[test]
+fn a_small_write_from_a_freed_local_region_fails_and_the_ring_goes_on() {
+    let (agents, peer, remote, dst, src) = pair(4096, 31);
+    let mut t = Transfer::new();
+    t.write(&src, 0, &remote, 0, 8);
+    drop(src);
+    let e = peer.submit(t).unwrap().wait(WAIT).unwrap_err();
+    assert!(matches!(e, Error::RegionGone { .. }), "{e}");
+    let mut src2 = agents.1.alloc(4096, Access::LOCAL, None).unwrap();
+    fill_pattern(&mut src2.bytes_mut().unwrap(), 37);
+    for i in 0..3u64 {
+        let mut t = Transfer::new();
+        t.write(&src2, i * 8, &remote, i * 8, 8);
+        peer.submit(t).unwrap().wait(WAIT).unwrap();
+    }
+    assert_eq!(
+        first_diff(&dst.bytes().unwrap()[..24], &src2.bytes().unwrap()[..24]),
+        None
+    );
+}

@@ -40,6 +40,15 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug {
     /// Starts running `xfer`; returns at once. The transport must eventually call `xfer.finish()`.
     fn submit(&self, xfer: Arc<XferState>);
 
+    /// Starts a transfer whose state is not built yet and returns that state. The default
+    /// builds it and calls `submit`; a transport that can put the request on the wire first
+    /// (the shm ring) builds it after, so that work overlaps the peer's.
+    fn submit_new(&self, n: crate::transfer::NewTransfer) -> Arc<XferState> {
+        let x = Arc::new(n.build());
+        self.submit(Arc::clone(&x));
+        x
+    }
+
     /// The driver of the transfers this transport leaves to whoever waits (`Drive`), if it
     /// does that.
     fn driver(&self) -> Option<Arc<dyn crate::transfer::Drive>> {

@@ -31,7 +31,7 @@ use crate::gpu::{copy_span, Dir};
 use crate::mem::Mapping;
 use crate::plan::Path;
 use crate::region::LeaseKind;
-use crate::transfer::{Drive, OpKind, XferState};
+use crate::transfer::{Drive, NewTransfer, OpKind, XferState};
 use crate::transport::{SerialQueue, Transport};
 use crate::wire::Msg;
 
@@ -200,6 +200,15 @@ impl ShmTransport {
     }
 }
 
+impl ShmTransport {
+    /// `submit_new` the usual way: the state built, then submitted.
+    fn submit_built(&self, n: NewTransfer) -> Arc<XferState> {
+        let x = Arc::new(n.build());
+        self.submit(Arc::clone(&x));
+        x
+    }
+}
+
 impl Transport for ShmTransport {
     fn submit(&self, xfer: Arc<XferState>) {
         if self.queued.load(Ordering::SeqCst) == 0 && ring::may_post(&xfer) {
@@ -231,6 +240,41 @@ impl Transport for ShmTransport {
         }
         self.queued.fetch_add(1, Ordering::SeqCst);
         self.queue.submit(xfer);
+    }
+
+    fn submit_new(&self, n: NewTransfer) -> Arc<XferState> {
+        if self.queued.load(Ordering::SeqCst) == 0 {
+            if let Ok(mut w) = self.worker.try_lock() {
+                // As in `submit`: nothing queued earlier is still waiting to start.
+                if self.queued.load(Ordering::SeqCst) == 0 && self.queue.is_alive() {
+                    let mut done = ring::Done::new();
+                    let posted = w.post_early(&n, &mut done);
+                    let x = match posted {
+                        Ok(None) => {
+                            drop(w);
+                            done.finish();
+                            return self.submit_built(n);
+                        }
+                        // The slot is on its way: the state is built while the peer works.
+                        Ok(Some(e)) => {
+                            let x = Arc::new(n.build());
+                            w.in_flight_early(Arc::clone(&x), e);
+                            x
+                        }
+                        Err(e) => {
+                            let x = Arc::new(n.build());
+                            w.fail_early(Arc::clone(&x), e, &mut done);
+                            self.dead.store(true, Ordering::SeqCst);
+                            x
+                        }
+                    };
+                    drop(w);
+                    done.finish();
+                    return x;
+                }
+            }
+        }
+        self.submit_built(n)
     }
 
     fn driver(&self) -> Option<Arc<dyn Drive>> {

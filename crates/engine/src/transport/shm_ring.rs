@@ -33,7 +33,7 @@ use crate::ring::{
     self, Ring, DATA_BYTES, DONE, END, FREE, INLINE_MAX, KIND_BEGIN, KIND_INLINE, MAX_RING_OPS,
     NAP, POSTED,
 };
-use crate::transfer::{Drive, OpKind, XferState};
+use crate::transfer::{Drive, NewTransfer, Op, OpKind, XferState};
 use crate::transport::SerialQueue;
 use crate::wire::ShmOp;
 
@@ -223,6 +223,14 @@ const STAGE_MAX: usize = 64;
 /// Most queued small transfers the worker posts before it awaits the first answer.
 pub(super) const PIPELINE: usize = ring::SLOTS / 2;
 
+/// A slot `post_early` posted for a transfer whose state is not built yet.
+#[derive(Debug)]
+pub(super) struct Early {
+    started: Started,
+    /// The op's local copy failed (the op was withdrawn from the slot).
+    failed: Option<Error>,
+}
+
 /// A slot `start_slot` posted, before it joins the transfers in flight.
 #[derive(Debug)]
 struct Started {
@@ -336,16 +344,18 @@ fn ring_ops_iter<'a>(
     xfer: &'a XferState,
     batch: &'a [usize],
 ) -> impl ExactSizeIterator<Item = ShmOp> + 'a {
-    batch.iter().map(|&i| {
-        let op = &xfer.ops[i];
-        ShmOp {
-            write: op.kind == OpKind::Write,
-            region: op.remote.id,
-            key: op.remote.key,
-            offset: op.remote_offset,
-            len: op.len,
-        }
-    })
+    batch.iter().map(|&i| shm_op(&xfer.ops[i]))
+}
+
+/// An op's entry in a slot's op table.
+fn shm_op(op: &Op) -> ShmOp {
+    ShmOp {
+        write: op.kind == OpKind::Write,
+        region: op.remote.id,
+        key: op.remote.key,
+        offset: op.remote_offset,
+        len: op.len,
+    }
 }
 
 impl Worker {
@@ -645,7 +655,11 @@ impl Worker {
         let [i] = *batch else {
             return None;
         };
-        let op = &xfer.ops[i];
+        self.stage_op(&xfer.ops[i])
+    }
+
+    /// `stage_small` of one op.
+    fn stage_op(&self, op: &Op) -> Option<Result<([u8; STAGE_MAX], usize)>> {
         let len = usize::try_from(op.len).ok().filter(|&l| l <= STAGE_MAX)?;
         if op.kind != OpKind::Write {
             return None;
@@ -700,6 +714,15 @@ impl Worker {
         let Some(kind) = self.direct_kind(xfer) else {
             return Ok(None);
         };
+        if !self.slot_ready(done)? {
+            return Ok(None);
+        }
+        self.start_slot(xfer, kind).map(Some)
+    }
+
+    /// Whether the next slot is free, after completing (into `done`) the answered slots
+    /// before it for at most `SUBMIT_SPIN`.
+    fn slot_ready(&mut self, done: &mut Done) -> Result<bool> {
         let mut err = None;
         ring::spin_until(SUBMIT_SPIN, || {
             if let Err(e) = self.reap(false, done) {
@@ -711,10 +734,77 @@ impl Worker {
         if let Some(e) = err {
             return Err(e);
         }
-        if !self.ring.as_ref().is_some_and(RingClient::next_is_free) {
+        Ok(self.ring.as_ref().is_some_and(RingClient::next_is_free))
+    }
+
+    /// Posts a one-op inline transfer (a write of up to `STAGE_MAX` bytes, or a read of up to
+    /// `INLINE_MAX`) before its state is built (`NewTransfer`): the slot is on its way to the
+    /// target while the caller builds the state and hands it to `in_flight_early`. `None`: not
+    /// such a transfer, or no slot free now (the caller takes the usual path).
+    pub(super) fn post_early(&mut self, n: &NewTransfer, done: &mut Done) -> Result<Option<Early>> {
+        let ([op], [plan]) = (&n.t.ops[..], &n.plans[..]) else {
+            return Ok(None);
+        };
+        let fits = match op.kind {
+            OpKind::Write => op.len <= STAGE_MAX as u64,
+            OpKind::Read => op.len <= INLINE_MAX,
+        };
+        if !fits
+            || n.t.notify.is_some()
+            || self.ring.is_none()
+            || self.broken.is_some()
+            || !matches!(plan.path, Path::Shm | Path::ShmStaged)
+            || !self.slot_ready(done)?
+        {
             return Ok(None);
         }
-        self.start_slot(xfer, kind).map(Some)
+        let staged = self.stage_op(op);
+        let rc = self.ring_mut()?;
+        let slot = rc.prepare(std::iter::once(shm_op(op)))?;
+        let mut skip = Skip::default();
+        let mut failed = None;
+        match staged {
+            Some(Ok((buf, len))) => {
+                // SAFETY: one op of `len` <= STAGE_MAX bytes: its data lies at the start of
+                // the slot's data area; `buf` is on this stack.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(buf.as_ptr(), rc.ring.data_ptr(slot, 1, 0), len)
+                };
+            }
+            Some(Err(e)) => {
+                skip.set(0, 1);
+                rc.ring.skip_op(slot, 0);
+                failed = Some(e);
+            }
+            None => {}
+        }
+        rc.post_slot(slot, KIND_INLINE, n.id, 1);
+        Ok(Some(Early {
+            started: Started {
+                slot,
+                kind: KIND_INLINE,
+                skip,
+            },
+            failed,
+        }))
+    }
+
+    /// The state of a transfer `post_early` posted joins the transfers in flight, left to
+    /// whoever waits (its op failed first if its local copy did).
+    pub(super) fn in_flight_early(&mut self, xfer: Arc<XferState>, e: Early) {
+        if let Some(err) = e.failed {
+            xfer.chunk_done(0, 0, Err(err));
+        }
+        xfer.set_driven();
+        self.in_flight(xfer, e.started);
+    }
+
+    /// `post_early` broke the connection: the new transfer fails with `e`, as does everything
+    /// in flight.
+    pub(super) fn fail_early(&mut self, xfer: Arc<XferState>, e: Error, done: &mut Done) {
+        xfer.fail_pending(&e);
+        done.push(xfer);
+        self.break_with(e, done);
     }
 
     /// The one slot `xfer` (`may_post`) goes in, if it fits one: inline (`posts_inline`), or
