@@ -42,47 +42,46 @@ struct PeerInner {
 /// the entry lives).
 #[derive(Debug, Default)]
 struct PlanCache {
-    entries: Vec<(
-        std::sync::Weak<crate::region::RegionInner>,
-        Arc<crate::region::RegionDesc>,
-        bool,
-        crate::plan::Plan,
-    )>,
+    entries: Vec<(PlanKey, crate::plan::Plan)>,
     next: usize,
+}
+
+/// What a plan was made for: the two regions (the local one held weakly) and strict mode.
+#[derive(Debug)]
+struct PlanKey {
+    local: Weak<crate::region::RegionInner>,
+    remote: Arc<crate::region::RegionDesc>,
+    strict: bool,
+}
+
+impl PlanKey {
+    fn of(op: &crate::transfer::Op, strict: bool) -> PlanKey {
+        PlanKey {
+            local: Arc::downgrade(&op.local),
+            remote: Arc::clone(&op.remote),
+            strict,
+        }
+    }
+
+    fn matches(&self, op: &crate::transfer::Op, strict: bool) -> bool {
+        self.strict == strict
+            && std::ptr::eq(self.local.as_ptr(), Arc::as_ptr(&op.local))
+            && (Arc::ptr_eq(&self.remote, &op.remote) || *self.remote == *op.remote)
+    }
 }
 
 impl PlanCache {
     const SIZE: usize = 8;
 
-    fn get(
-        &self,
-        local: &Arc<crate::region::RegionInner>,
-        remote: &Arc<crate::region::RegionDesc>,
-        strict: bool,
-    ) -> Option<crate::plan::Plan> {
+    fn get(&self, op: &crate::transfer::Op, strict: bool) -> Option<crate::plan::Plan> {
         self.entries
             .iter()
-            .find(|(l, r, s, _)| {
-                *s == strict
-                    && std::ptr::eq(l.as_ptr(), Arc::as_ptr(local))
-                    && (Arc::ptr_eq(r, remote) || **r == **remote)
-            })
-            .map(|e| e.3.clone())
+            .find(|(k, _)| k.matches(op, strict))
+            .map(|e| e.1.clone())
     }
 
-    fn put(
-        &mut self,
-        local: &Arc<crate::region::RegionInner>,
-        remote: &Arc<crate::region::RegionDesc>,
-        strict: bool,
-        plan: &crate::plan::Plan,
-    ) {
-        let e = (
-            Arc::downgrade(local),
-            Arc::clone(remote),
-            strict,
-            plan.clone(),
-        );
+    fn put(&mut self, op: &crate::transfer::Op, strict: bool, plan: &crate::plan::Plan) {
+        let e = (PlanKey::of(op, strict), plan.clone());
         if self.entries.len() < Self::SIZE {
             self.entries.push(e);
         } else {
@@ -96,9 +95,7 @@ impl PlanCache {
 #[derive(Debug)]
 struct LastPlan {
     peer: Weak<PeerInner>,
-    local: Weak<crate::region::RegionInner>,
-    remote: Arc<crate::region::RegionDesc>,
-    strict: bool,
+    key: PlanKey,
     plan: crate::plan::Plan,
 }
 
@@ -117,10 +114,7 @@ fn last_plan(
     LAST_PLAN.with(|l| {
         let l = l.borrow();
         let e = l.as_ref()?;
-        (e.strict == strict
-            && std::ptr::eq(e.peer.as_ptr(), Arc::as_ptr(peer))
-            && std::ptr::eq(e.local.as_ptr(), Arc::as_ptr(&op.local))
-            && (Arc::ptr_eq(&e.remote, &op.remote) || *e.remote == *op.remote))
+        (std::ptr::eq(e.peer.as_ptr(), Arc::as_ptr(peer)) && e.key.matches(op, strict))
             .then(|| e.plan.clone())
     })
 }
@@ -134,9 +128,7 @@ fn remember_plan(
     LAST_PLAN.with(|l| {
         *l.borrow_mut() = Some(LastPlan {
             peer: Arc::downgrade(peer),
-            local: Arc::downgrade(&op.local),
-            remote: Arc::clone(&op.remote),
-            strict,
+            key: PlanKey::of(op, strict),
             plan: plan.clone(),
         });
     });
@@ -578,7 +570,7 @@ impl Peer {
                         let cache = cache.get_or_insert_with(|| {
                             self.inner.plans.lock().unwrap_or_else(|p| p.into_inner())
                         });
-                        let p = match cache.get(&op.local, &op.remote, strict) {
+                        let p = match cache.get(op, strict) {
                             Some(p) => p,
                             None => {
                                 let p = plan_op(
@@ -589,7 +581,7 @@ impl Peer {
                                     &self.inner.fabric,
                                     strict,
                                 )?;
-                                cache.put(&op.local, &op.remote, strict, &p);
+                                cache.put(op, strict, &p);
                                 p
                             }
                         };

@@ -514,17 +514,31 @@ impl XferState {
 
     /// Each op's result as it stands.
     fn results(&self, p: &Progress) -> Vec<OpResult> {
+        self.results_by(|i| p.status[i].clone())
+    }
+
+    /// Each op's result, with op `i`'s outcome `status(i)`.
+    fn results_by(&self, status: impl Fn(usize) -> OpStatus) -> Vec<OpResult> {
         self.ops
             .iter()
             .zip(&self.plans)
-            .zip(&p.status)
-            .map(|((op, plan), status)| OpResult {
+            .enumerate()
+            .map(|(i, (op, plan))| OpResult {
                 kind: op.kind,
                 len: op.len,
                 plan: plan.clone(),
-                status: status.clone(),
+                status: status(i),
             })
             .collect()
+    }
+
+    /// The report of an ended transfer whose ops' results are `ops`.
+    fn report(&self, ops: Vec<OpResult>) -> TransferReport {
+        TransferReport {
+            bytes: self.ops.iter().map(|o| o.len).sum(),
+            elapsed: Duration::from_nanos(self.elapsed_ns.load(Ordering::Relaxed)),
+            ops,
+        }
     }
 
     /// True if some op failed so far.
@@ -576,21 +590,7 @@ impl XferState {
         if !(self.ended() && self.ok.load(Ordering::Relaxed)) {
             return None;
         }
-        Some(TransferReport {
-            bytes: self.ops.iter().map(|o| o.len).sum(),
-            elapsed: Duration::from_nanos(self.elapsed_ns.load(Ordering::Relaxed)),
-            ops: self
-                .ops
-                .iter()
-                .zip(&self.plans)
-                .map(|(op, plan)| OpResult {
-                    kind: op.kind,
-                    len: op.len,
-                    plan: plan.clone(),
-                    status: OpStatus::Completed,
-                })
-                .collect(),
-        })
+        Some(self.report(self.results_by(|_| OpStatus::Completed)))
     }
 
     pub(crate) fn expired(&self) -> bool {
@@ -697,10 +697,7 @@ impl TransferHandle {
         if let Some(e) = &p.first_error {
             return Err(e.clone());
         }
-        Ok(TransferReport {
-            bytes: self.state.ops.iter().map(|o| o.len).sum(),
-            elapsed: p.done.map(|d| d - self.state.started).unwrap_or_default(),
-            ops: self.state.results(&p),
-        })
+        // Ended (`done` is set): `finish` stored the elapsed time with it.
+        Ok(self.state.report(self.state.results(&p)))
     }
 }

@@ -334,15 +334,7 @@ proptest! {
 #[test]
 fn a_region_freed_after_ring_writes_is_refused_at_once() {
     let (agents, peer, remote, dst, src) = pair(4096, 13);
-    for i in 0..3u64 {
-        let mut t = Transfer::new();
-        t.write(&src, i * 8, &remote, i * 8, 8);
-        peer.submit(t).unwrap().wait(WAIT).unwrap();
-    }
-    assert_eq!(
-        first_diff(&dst.bytes().unwrap()[..24], &src.bytes().unwrap()[..24]),
-        None
-    );
+    three_small_writes(&peer, &src, &remote, &dst);
     drop(dst);
     let mut t = Transfer::new();
     t.write(&src, 0, &remote, 0, 8);
@@ -479,13 +471,18 @@ fn a_small_write_from_a_freed_local_region_fails_and_the_ring_goes_on() {
     assert!(matches!(e, Error::RegionGone { .. }), "{e}");
     let mut src2 = agents.1.alloc(4096, Access::LOCAL, None).unwrap();
     fill_pattern(&mut src2.bytes_mut().unwrap(), 37);
+    three_small_writes(&peer, &src2, &remote, &dst);
+}
+
+/// Three 8 B writes of `src[0..24]` through the ring, then the target's bytes verified.
+fn three_small_writes(peer: &Peer, src: &Region<'_>, remote: &RegionDesc, dst: &Region<'_>) {
     for i in 0..3u64 {
         let mut t = Transfer::new();
-        t.write(&src2, i * 8, &remote, i * 8, 8);
+        t.write(src, i * 8, remote, i * 8, 8);
         peer.submit(t).unwrap().wait(WAIT).unwrap();
     }
     assert_eq!(
-        first_diff(&dst.bytes().unwrap()[..24], &src2.bytes().unwrap()[..24]),
+        first_diff(&dst.bytes().unwrap()[..24], &src.bytes().unwrap()[..24]),
         None
     );
 }

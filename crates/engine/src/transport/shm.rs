@@ -207,34 +207,37 @@ impl ShmTransport {
         self.submit(Arc::clone(&x));
         x
     }
+
+    /// The worker, when the submitting thread may post into the ring itself: free now, and
+    /// (re-checked under its lock: the worker thread finishes a transfer before it lowers the
+    /// count) nothing submitted earlier still waiting to start.
+    fn post_here(&self) -> Option<std::sync::MutexGuard<'_, Worker>> {
+        if self.queued.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
+        let w = self.worker.try_lock().ok()?;
+        (self.queued.load(Ordering::SeqCst) == 0 && self.queue.is_alive()).then_some(w)
+    }
 }
 
 impl Transport for ShmTransport {
-    fn submit(&self, xfer: Arc<XferState>) {
-        if self.queued.load(Ordering::SeqCst) == 0 && ring::may_post(&xfer) {
-            if let Ok(mut w) = self.worker.try_lock() {
-                // Re-checked under the lock: the worker thread finishes a transfer before it
-                // lowers the count, so nothing submitted earlier is still waiting to start.
-                if self.queued.load(Ordering::SeqCst) == 0 && self.queue.is_alive() {
-                    let mut done = ring::Done::new();
-                    let back = w.post_guarded(xfer, &mut done);
-                    if w.broken.is_some() {
-                        self.dead.store(true, Ordering::SeqCst);
-                    }
-                    drop(w);
-                    done.finish();
-                    // A slot left in flight is completed by whoever waits for it, polls it or
-                    // submits next on this connection; a handle dropped first hands it to the
-                    // worker thread (`TransferHandle`'s drop). Waking the worker per transfer
-                    // instead costs more than a 1 MiB copy on a machine of few cores.
-                    match back {
-                        None => return,
-                        Some(x) => {
-                            self.queued.fetch_add(1, Ordering::SeqCst);
-                            self.queue.submit(x);
-                            return;
-                        }
-                    }
+    fn submit(&self, mut xfer: Arc<XferState>) {
+        if ring::may_post(&xfer) {
+            if let Some(mut w) = self.post_here() {
+                let mut done = ring::Done::new();
+                let back = w.post_guarded(xfer, &mut done);
+                if w.broken.is_some() {
+                    self.dead.store(true, Ordering::SeqCst);
+                }
+                drop(w);
+                done.finish();
+                // A slot left in flight is completed by whoever waits for it, polls it or
+                // submits next on this connection; a handle dropped first hands it to the
+                // worker thread (`TransferHandle`'s drop). Waking the worker per transfer
+                // instead costs more than a 1 MiB copy on a machine of few cores.
+                match back {
+                    None => return,
+                    Some(x) => xfer = x,
                 }
             }
         }
@@ -243,38 +246,35 @@ impl Transport for ShmTransport {
     }
 
     fn submit_new(&self, n: NewTransfer) -> Arc<XferState> {
-        if self.queued.load(Ordering::SeqCst) == 0 {
-            if let Ok(mut w) = self.worker.try_lock() {
-                // As in `submit`: nothing queued earlier is still waiting to start.
-                if self.queued.load(Ordering::SeqCst) == 0 && self.queue.is_alive() {
-                    let mut done = ring::Done::new();
-                    let posted = w.post_early(&n, &mut done);
-                    let x = match posted {
-                        Ok(None) => {
-                            drop(w);
-                            done.finish();
-                            return self.submit_built(n);
-                        }
-                        // The slot is on its way: the state is built while the peer works.
-                        Ok(Some(e)) => {
-                            let x = Arc::new(n.build());
-                            w.in_flight_early(Arc::clone(&x), e);
-                            x
-                        }
-                        Err(e) => {
-                            let x = Arc::new(n.build());
-                            w.fail_early(Arc::clone(&x), e, &mut done);
-                            self.dead.store(true, Ordering::SeqCst);
-                            x
-                        }
-                    };
-                    drop(w);
-                    done.finish();
-                    return x;
-                }
-            }
+        if !ring::posts_early(&n) {
+            return self.submit_built(n);
         }
-        self.submit_built(n)
+        let Some(mut w) = self.post_here() else {
+            return self.submit_built(n);
+        };
+        let mut done = ring::Done::new();
+        let x = match w.post_early(&n, &mut done) {
+            Ok(None) => {
+                drop(w);
+                done.finish();
+                return self.submit_built(n);
+            }
+            // The slot is on its way: the state is built while the peer works.
+            Ok(Some(e)) => {
+                let x = Arc::new(n.build());
+                w.in_flight_early(Arc::clone(&x), e);
+                x
+            }
+            Err(e) => {
+                let x = Arc::new(n.build());
+                w.fail_early(Arc::clone(&x), e, &mut done);
+                self.dead.store(true, Ordering::SeqCst);
+                x
+            }
+        };
+        drop(w);
+        done.finish();
+        x
     }
 
     fn driver(&self) -> Option<Arc<dyn Drive>> {

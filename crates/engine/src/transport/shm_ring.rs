@@ -207,6 +207,20 @@ pub(super) fn may_post(xfer: &XferState) -> bool {
             .all(|p| matches!(p, Path::Shm | Path::ShmStaged))
 }
 
+/// Whether `n` may be posted before its state is built (`Worker::post_early`): one op over
+/// shm, inline (a write of up to `STAGE_MAX` bytes, staged on the stack; a read of up to
+/// `INLINE_MAX`), no notification.
+pub(super) fn posts_early(n: &NewTransfer) -> bool {
+    let ([op], [plan]) = (&n.t.ops[..], &n.plans[..]) else {
+        return false;
+    };
+    let fits = match op.kind {
+        OpKind::Write => op.len <= STAGE_MAX as u64,
+        OpKind::Read => op.len <= INLINE_MAX,
+    };
+    fits && n.t.notify.is_none() && matches!(plan.path, Path::Shm | Path::ShmStaged)
+}
+
 /// Whether `xfer` goes in one inline slot (all its bytes ≤ `INLINE_MAX`: two copies of that
 /// cost less than a BEGIN's extra round trip and bookkeeping), every op inline, no
 /// notification.
@@ -217,8 +231,11 @@ pub(super) fn posts_inline(xfer: &XferState) -> bool {
         && all_inline(xfer)
 }
 
-/// Largest one-op write staged on the stack before its slot is written (`stage_small`).
+/// Largest one-op write staged on the stack before its slot is written (`stage_op`).
 const STAGE_MAX: usize = 64;
+
+/// A one-op write's bytes read onto the stack (`stage_op`), and their length.
+type Staged = Result<([u8; STAGE_MAX], usize)>;
 
 /// Most queued small transfers the worker posts before it awaits the first answer.
 pub(super) const PIPELINE: usize = ring::SLOTS / 2;
@@ -611,31 +628,16 @@ impl Worker {
     /// Takes the next slot (waiting until it is free), copies the writes' bytes into it and
     /// posts it. Returns the slot and the ops withdrawn (their local copy failed).
     fn post_inline(&mut self, xfer: &XferState, batch: &[usize]) -> Result<(usize, Skip)> {
-        let mut skip = Skip::default();
-        if let Some(staged) = self.stage_small(xfer, batch) {
-            let rc = self.ring_mut()?;
-            let slot = rc.prepare(ring_ops_iter(xfer, batch))?;
-            match staged {
-                Ok((buf, len)) => {
-                    // SAFETY: one op of `len` <= STAGE_MAX bytes: its data lies at the start of
-                    // the slot's data area; `buf` is on this stack.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            buf.as_ptr(),
-                            rc.ring.data_ptr(slot, 1, 0),
-                            len,
-                        )
-                    };
+        if let [i] = *batch {
+            if let Some(staged) = self.stage_op(&xfer.ops[i]) {
+                let (slot, skip, failed) = self.post_one(&xfer.ops[i], xfer.id, Some(staged))?;
+                if let Some(e) = failed {
+                    xfer.chunk_done(i, 0, Err(e));
                 }
-                Err(e) => {
-                    skip.set(0, 1);
-                    rc.ring.skip_op(slot, 0);
-                    xfer.chunk_done(batch[0], 0, Err(e));
-                }
+                return Ok((slot, skip));
             }
-            rc.post_slot(slot, KIND_INLINE, xfer.id, 1);
-            return Ok((slot, skip));
         }
+        let mut skip = Skip::default();
         let slot = self.ring_mut()?.prepare(ring_ops_iter(xfer, batch))?;
         self.copy_inline(xfer, batch, slot, &mut skip, OpKind::Write)?;
         self.ring_mut()?
@@ -643,23 +645,43 @@ impl Worker {
         Ok((slot, skip))
     }
 
+    /// One inline op posted in its own slot: its table entry, then its staged bytes (a write,
+    /// `stage_op`) or none (a read), then the control block. Returns the slot, the op withdrawn
+    /// if its local copy failed, and that failure (for the caller to record on the transfer).
+    fn post_one(
+        &mut self,
+        op: &Op,
+        id: u64,
+        staged: Option<Staged>,
+    ) -> Result<(usize, Skip, Option<Error>)> {
+        let rc = self.ring_mut()?;
+        let slot = rc.prepare(std::iter::once(shm_op(op)))?;
+        let mut skip = Skip::default();
+        let mut failed = None;
+        match staged {
+            Some(Ok((buf, len))) => {
+                // SAFETY: one op of `len` <= STAGE_MAX bytes: its data lies at the start of
+                // the slot's data area; `buf` is on this stack.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(buf.as_ptr(), rc.ring.data_ptr(slot, 1, 0), len)
+                };
+            }
+            Some(Err(e)) => {
+                skip.set(0, 1);
+                rc.ring.skip_op(slot, 0);
+                failed = Some(e);
+            }
+            None => {}
+        }
+        rc.post_slot(slot, KIND_INLINE, id, 1);
+        Ok((slot, skip, failed))
+    }
+
     /// A one-op write of at most `STAGE_MAX` bytes, read out of its region onto the stack
     /// before the slot is touched: the region's lock is then let go (a full barrier) with no
     /// store to the shared slot pending, and the slot's two cache lines are written back to
-    /// back and move to the target together, not one after the other.
-    fn stage_small(
-        &self,
-        xfer: &XferState,
-        batch: &[usize],
-    ) -> Option<Result<([u8; STAGE_MAX], usize)>> {
-        let [i] = *batch else {
-            return None;
-        };
-        self.stage_op(&xfer.ops[i])
-    }
-
-    /// `stage_small` of one op.
-    fn stage_op(&self, op: &Op) -> Option<Result<([u8; STAGE_MAX], usize)>> {
+    /// back and move to the target together, not one after the other. `None`: not such an op.
+    fn stage_op(&self, op: &Op) -> Option<Staged> {
         let len = usize::try_from(op.len).ok().filter(|&l| l <= STAGE_MAX)?;
         if op.kind != OpKind::Write {
             return None;
@@ -708,7 +730,7 @@ impl Worker {
 
     /// Posts `xfer` (`may_post`) into the next slot and leaves it in flight, completing (into
     /// `done`) the answered slots before it; waits at most `SUBMIT_SPIN` for a slot.
-    /// `Ok(false)`: nothing was started (no slot came free, or the transfer needs more than one
+    /// `Ok(None)`: nothing was started (no slot came free, or the transfer needs more than one
     /// slot or mixes inline and leased ops).
     fn post(&mut self, xfer: &XferState, done: &mut Done) -> Result<Option<Started>> {
         let Some(kind) = self.direct_kind(xfer) else {
@@ -742,43 +764,18 @@ impl Worker {
     /// target while the caller builds the state and hands it to `in_flight_early`. `None`: not
     /// such a transfer, or no slot free now (the caller takes the usual path).
     pub(super) fn post_early(&mut self, n: &NewTransfer, done: &mut Done) -> Result<Option<Early>> {
-        let ([op], [plan]) = (&n.t.ops[..], &n.plans[..]) else {
+        let [op] = &n.t.ops[..] else {
             return Ok(None);
         };
-        let fits = match op.kind {
-            OpKind::Write => op.len <= STAGE_MAX as u64,
-            OpKind::Read => op.len <= INLINE_MAX,
-        };
-        if !fits
-            || n.t.notify.is_some()
+        if !posts_early(n)
             || self.ring.is_none()
             || self.broken.is_some()
-            || !matches!(plan.path, Path::Shm | Path::ShmStaged)
             || !self.slot_ready(done)?
         {
             return Ok(None);
         }
         let staged = self.stage_op(op);
-        let rc = self.ring_mut()?;
-        let slot = rc.prepare(std::iter::once(shm_op(op)))?;
-        let mut skip = Skip::default();
-        let mut failed = None;
-        match staged {
-            Some(Ok((buf, len))) => {
-                // SAFETY: one op of `len` <= STAGE_MAX bytes: its data lies at the start of
-                // the slot's data area; `buf` is on this stack.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(buf.as_ptr(), rc.ring.data_ptr(slot, 1, 0), len)
-                };
-            }
-            Some(Err(e)) => {
-                skip.set(0, 1);
-                rc.ring.skip_op(slot, 0);
-                failed = Some(e);
-            }
-            None => {}
-        }
-        rc.post_slot(slot, KIND_INLINE, n.id, 1);
+        let (slot, skip, failed) = self.post_one(op, n.id, staged)?;
         Ok(Some(Early {
             started: Started {
                 slot,
