@@ -29,7 +29,8 @@ fn main() {
         ..base.clone()
     })
     .unwrap();
-    let len = (size * window * batch).max(4096);
+    let len = (size * window * batch).max(4096).next_power_of_two();
+    let slots = len / size;
     let _r = server.alloc(len, Access::READ_WRITE, Some("r")).unwrap();
     let client = Agent::new(AgentConfig {
         name: "lat-client".into(),
@@ -41,8 +42,14 @@ fn main() {
         .connect(server.listen_addr().unwrap().to_string().as_str())
         .unwrap();
     let remote = peer.region("r").unwrap();
-    let local = client.alloc(len, Access::LOCAL, None).unwrap();
+    let mut local = client.alloc(len, Access::LOCAL, None).unwrap();
+    // Real bytes: an untouched region reads the kernel's one zero page, which is always in
+    // cache and would flatter every copy.
+    for (i, b) in local.bytes_mut().unwrap().iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(31) | 1;
+    }
     let mut lat = Vec::with_capacity(iters as usize);
+    let mut block = Vec::with_capacity(1000);
     let wait = Duration::from_secs(10);
     let start = Instant::now();
     for i in 0..iters {
@@ -51,7 +58,8 @@ fn main() {
         for w in 0..window {
             let mut t = Transfer::new();
             for k in 0..batch {
-                let off = (w * batch + k) * size;
+                // As `gdx bench` does: successive transfers rotate over the region.
+                let off = (((i * window + w) * batch + k) % slots) * size;
                 t.write(&local, off, &remote, off, size);
             }
             hs.push(peer.submit(t).unwrap());
@@ -59,8 +67,17 @@ fn main() {
         for h in hs {
             h.wait(wait).unwrap();
         }
+        let us = s.elapsed().as_secs_f64() * 1e6;
+        if std::env::var_os("SHM_LAT_BLOCKS").is_some() {
+            block.push(us);
+            if block.len() == 1000 {
+                block.sort_by(f64::total_cmp);
+                eprintln!("block p50 {:.3} µs", block[500]);
+                block.clear();
+            }
+        }
         if i >= iters / 10 {
-            lat.push(s.elapsed().as_secs_f64() * 1e6);
+            lat.push(us);
         }
     }
     let total = start.elapsed().as_secs_f64();

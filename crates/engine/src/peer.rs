@@ -553,8 +553,7 @@ impl Peer {
             .load(std::sync::atomic::Ordering::Relaxed);
         // A batch's ops mostly join the same two regions: the plan (and its reason, a formatted
         // string) is made once per run of such ops, not once per op.
-        let mut plans: smallvec::SmallVec<[crate::plan::Plan; 4]> =
-            smallvec::SmallVec::with_capacity(t.ops.len());
+        let mut plans = crate::transfer::Plans::default();
         // The peer's cache is locked only when this thread's last plan does not fit.
         let mut cache = None;
         for (i, op) in t.ops.iter().enumerate() {
@@ -562,35 +561,36 @@ impl Peer {
                 let prev = &t.ops[i - 1];
                 Arc::ptr_eq(&prev.local, &op.local) && Arc::ptr_eq(&prev.remote, &op.remote)
             };
-            let plan = match plans.last() {
-                Some(p) if same => p.clone(),
-                _ => match last_plan(&self.inner, op, strict) {
-                    Some(p) => p,
-                    None => {
-                        let cache = cache.get_or_insert_with(|| {
-                            self.inner.plans.lock().unwrap_or_else(|p| p.into_inner())
-                        });
-                        let p = match cache.get(op, strict) {
-                            Some(p) => p,
-                            None => {
-                                let p = plan_op(
-                                    &self.inner.route,
-                                    &op.local,
-                                    &op.remote,
-                                    &self.inner.tcp_detail,
-                                    &self.inner.fabric,
-                                    strict,
-                                )?;
-                                cache.put(op, strict, &p);
-                                p
-                            }
-                        };
-                        remember_plan(&self.inner, op, strict, &p);
-                        p
-                    }
-                },
+            if same && plans.last().is_some() {
+                plans.push_same();
+                continue;
+            }
+            let plan = match last_plan(&self.inner, op, strict) {
+                Some(p) => p,
+                None => {
+                    let cache = cache.get_or_insert_with(|| {
+                        self.inner.plans.lock().unwrap_or_else(|p| p.into_inner())
+                    });
+                    let p = match cache.get(op, strict) {
+                        Some(p) => p,
+                        None => {
+                            let p = plan_op(
+                                &self.inner.route,
+                                &op.local,
+                                &op.remote,
+                                &self.inner.tcp_detail,
+                                &self.inner.fabric,
+                                strict,
+                            )?;
+                            cache.put(op, strict, &p);
+                            p
+                        }
+                    };
+                    remember_plan(&self.inner, op, strict, &p);
+                    p
+                }
             };
-            plans.push(plan);
+            plans.push(&plan);
         }
         drop(cache);
         let id = self

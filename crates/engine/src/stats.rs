@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::plan::Path;
-use crate::transfer::{OpKind, OpStatus};
+use crate::transfer::{OpKind, Outcome};
 
 /// Upper bounds (seconds) of the transfer latency histogram's buckets; a last `+Inf` bucket
 /// is implied. Roughly 2.5x apart, from 100 µs (a small shm op) to 60 s (a default timeout).
@@ -118,7 +118,7 @@ impl Stats {
     /// Records one ended transfer: each op's direction, length, path and outcome.
     pub(crate) fn record<'a>(
         &self,
-        ops: impl Iterator<Item = (OpKind, u64, Path, &'a OpStatus)>,
+        ops: impl Iterator<Item = (OpKind, u64, Path, Outcome<'a>)>,
         failed: bool,
         elapsed: Duration,
     ) {
@@ -138,7 +138,7 @@ impl Stats {
                 OpKind::Read => 1,
             };
             match status {
-                OpStatus::Completed => match &mut run {
+                Outcome::Completed => match &mut run {
                     Some((p, d, bytes, n)) if *p == path && *d == dir => {
                         *bytes += len;
                         *n += 1;
@@ -148,11 +148,11 @@ impl Stats {
                         run = Some((path, dir, len, 1));
                     }
                 },
-                OpStatus::Failed(err) => {
+                Outcome::Failed(err) => {
                     let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
                     *f.entry(reason_label(err)).or_default() += 1;
                 }
-                OpStatus::Pending => {}
+                Outcome::Pending => {}
             }
         }
         flush(run);
@@ -218,6 +218,7 @@ impl Stats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transfer::OpStatus;
 
     fn op(kind: OpKind, len: u64, status: OpStatus) -> (OpKind, u64, Path, OpStatus) {
         (kind, len, Path::Tcp, status)
@@ -225,8 +226,15 @@ mod tests {
 
     fn ops(
         v: &[(OpKind, u64, Path, OpStatus)],
-    ) -> impl Iterator<Item = (OpKind, u64, Path, &OpStatus)> {
-        v.iter().map(|(k, l, p, s)| (*k, *l, *p, s))
+    ) -> impl Iterator<Item = (OpKind, u64, Path, Outcome<'_>)> {
+        v.iter().map(|(k, l, p, s)| {
+            let o = match s {
+                OpStatus::Pending => Outcome::Pending,
+                OpStatus::Completed => Outcome::Completed,
+                OpStatus::Failed(e) => Outcome::Failed(e),
+            };
+            (*k, *l, *p, o)
+        })
     }
 
     #[test]

@@ -211,7 +211,7 @@ pub(super) fn may_post(xfer: &XferState) -> bool {
 /// shm, inline (a write of up to `STAGE_MAX` bytes, staged on the stack; a read of up to
 /// `INLINE_MAX`), no notification.
 pub(super) fn posts_early(n: &NewTransfer) -> bool {
-    let ([op], [plan]) = (&n.t.ops[..], &n.plans[..]) else {
+    let ([op], Some(plan)) = (&n.t.ops[..], n.plans.only()) else {
         return false;
     };
     let fits = match op.kind {

@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The clock of transfer start, end and deadline (`quanta`: the TSC where it is usable, else
 /// the OS clock; cheaper to read than `Instant`, and read twice per transfer).
@@ -21,9 +21,15 @@ pub(crate) fn warm_clock() {
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::plan::Plan;
+
+mod handle;
+mod runs;
+
 use crate::region::{check_bounds, Region, RegionDesc, RegionInner};
 use crate::stats::Stats;
+pub use handle::TransferHandle;
+pub(crate) use runs::Plans;
+pub use runs::{OpResult, OpResults};
 
 /// Direction of an op, seen from the initiator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -231,19 +237,6 @@ pub enum OpStatus {
     Failed(Error),
 }
 
-/// Per-op result: the path taken, why, and the outcome.
-#[derive(Debug, Clone)]
-pub struct OpResult {
-    /// Write or read.
-    pub kind: OpKind,
-    /// Length in bytes.
-    pub len: u64,
-    /// Path and reason.
-    pub plan: Plan,
-    /// Outcome.
-    pub status: OpStatus,
-}
-
 /// What a completed transfer did.
 #[derive(Debug, Clone)]
 pub struct TransferReport {
@@ -251,8 +244,8 @@ pub struct TransferReport {
     pub bytes: u64,
     /// Time from submit to completion.
     pub elapsed: Duration,
-    /// One entry per op, in submission order.
-    pub ops: Vec<OpResult>,
+    /// One entry per op, in submission order (stored once per run of equal results).
+    pub ops: OpResults,
 }
 
 impl TransferReport {
@@ -262,16 +255,100 @@ impl TransferReport {
     }
 }
 
+/// An op's outcome as the progress lock keeps it: pending, completed, or failed with
+/// `Progress::errors[k]`. Four bytes per op; an error that fails many ops (a lost peer) is
+/// stored once for all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OpState(u32);
+
+impl OpState {
+    const PENDING: OpState = OpState(0);
+    const COMPLETED: OpState = OpState(1);
+
+    fn failed(k: usize) -> OpState {
+        OpState(u32::try_from(k).unwrap_or(u32::MAX - 2) + 2)
+    }
+
+    /// The index of its error in `Progress::errors`, if it failed.
+    fn error(self) -> Option<usize> {
+        (self.0 >= 2).then(|| (self.0 - 2) as usize)
+    }
+}
+
+/// An op's outcome, borrowed from the progress state (`Stats::record`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Outcome<'a> {
+    Pending,
+    Completed,
+    Failed(&'a Error),
+}
+
 #[derive(Debug)]
 struct Progress {
     /// Each op's outcome so far (its plan is the transfer's, outside the lock).
-    status: smallvec::SmallVec<[OpStatus; 1]>,
+    state: smallvec::SmallVec<[OpState; 4]>,
+    /// The errors failed ops point at (`OpState::failed`).
+    errors: Vec<Error>,
     /// Chunks still unconfirmed per op (most transfers have a few ops: kept inline).
     pending_chunks: smallvec::SmallVec<[u32; 4]>,
     first_error: Option<Error>,
     done: Option<Clock>,
     /// Threads sleeping on `cv` (`finish` wakes them only when there are some).
     waiters: u32,
+}
+
+impl Progress {
+    /// Fails op `i` with `e` if it is still pending (its first error stays).
+    fn fail(&mut self, i: usize, e: &Error) {
+        if self.state[i] != OpState::PENDING {
+            return;
+        }
+        let k = match self.errors.last() {
+            Some(last) if last == e => self.errors.len() - 1,
+            _ => {
+                self.errors.push(e.clone());
+                self.errors.len() - 1
+            }
+        };
+        self.state[i] = OpState::failed(k);
+    }
+
+    /// Fails every op still pending with `e`.
+    fn fail_all_pending(&mut self, e: &Error) {
+        for i in 0..self.state.len() {
+            self.fail(i, e);
+        }
+    }
+
+    fn outcome(&self, i: usize) -> Outcome<'_> {
+        match self.state[i] {
+            OpState::PENDING => Outcome::Pending,
+            OpState::COMPLETED => Outcome::Completed,
+            s => match s.error().and_then(|k| self.errors.get(k)) {
+                Some(e) => Outcome::Failed(e),
+                None => Outcome::Pending,
+            },
+        }
+    }
+
+    fn status(&self, i: usize) -> OpStatus {
+        match self.outcome(i) {
+            Outcome::Pending => OpStatus::Pending,
+            Outcome::Completed => OpStatus::Completed,
+            Outcome::Failed(e) => OpStatus::Failed(e.clone()),
+        }
+    }
+
+    /// Whether op `i`'s stored outcome is `st` (without building it).
+    fn is(&self, i: usize, st: &OpStatus) -> bool {
+        match (self.outcome(i), st) {
+            (Outcome::Pending, OpStatus::Pending) | (Outcome::Completed, OpStatus::Completed) => {
+                true
+            }
+            (Outcome::Failed(a), OpStatus::Failed(b)) => a == b,
+            _ => false,
+        }
+    }
 }
 
 /// A transport that completes some transfers when asked rather than on a thread of its own (the
@@ -303,7 +380,7 @@ pub(crate) struct XferState {
     pub(crate) ops: smallvec::SmallVec<[Op; 1]>,
     pub(crate) notify: Option<Vec<u8>>,
     /// Each op's plan, as made at submit (read without the lock).
-    plans: smallvec::SmallVec<[Plan; 4]>,
+    plans: Plans,
     pub(crate) started: Clock,
     pub(crate) deadline: Clock,
     bytes_done: AtomicU64,
@@ -327,7 +404,7 @@ pub(crate) struct XferState {
 pub(crate) struct NewTransfer {
     pub(crate) id: u64,
     pub(crate) t: Transfer,
-    pub(crate) plans: smallvec::SmallVec<[Plan; 4]>,
+    pub(crate) plans: Plans,
     pub(crate) timeout: Duration,
     pub(crate) shared: Arc<XferShared>,
     /// When it was submitted (the transfer's start, whenever its state is built).
@@ -339,7 +416,7 @@ impl NewTransfer {
     pub(crate) fn now(
         id: u64,
         t: Transfer,
-        plans: smallvec::SmallVec<[Plan; 4]>,
+        plans: Plans,
         timeout: Duration,
         shared: Arc<XferShared>,
     ) -> Self {
@@ -369,6 +446,7 @@ impl XferState {
             started,
         } = n;
         let n = t.ops.len();
+        debug_assert_eq!(plans.len(), n, "one plan per op");
         XferState {
             id,
             ops: t.ops,
@@ -384,7 +462,8 @@ impl XferState {
             ok: AtomicBool::new(false),
             elapsed_ns: AtomicU64::new(0),
             progress: Mutex::new(Progress {
-                status: smallvec::smallvec![OpStatus::Pending; n],
+                state: smallvec::smallvec![OpState::PENDING; n],
+                errors: Vec::new(),
                 pending_chunks: smallvec::smallvec![1; n],
                 first_error: None,
                 done: None,
@@ -435,14 +514,12 @@ impl XferState {
                 self.add_bytes(&mut p, bytes);
                 let left = &mut p.pending_chunks[i];
                 *left = left.saturating_sub(1);
-                if *left == 0 && p.status[i] == OpStatus::Pending {
-                    p.status[i] = OpStatus::Completed;
+                if *left == 0 && p.state[i] == OpState::PENDING {
+                    p.state[i] = OpState::COMPLETED;
                 }
             }
             Err(e) => {
-                if p.status[i] == OpStatus::Pending {
-                    p.status[i] = OpStatus::Failed(e.clone());
-                }
+                p.fail(i, &e);
                 p.first_error.get_or_insert(e);
             }
         }
@@ -470,8 +547,8 @@ impl XferState {
         for i in ops {
             let left = &mut p.pending_chunks[i];
             *left = left.saturating_sub(1);
-            if *left == 0 && p.status[i] == OpStatus::Pending {
-                p.status[i] = OpStatus::Completed;
+            if *left == 0 && p.state[i] == OpState::PENDING {
+                p.state[i] = OpState::COMPLETED;
             }
             bytes += self.ops[i].len;
         }
@@ -489,11 +566,7 @@ impl XferState {
     /// Fails every op not yet completed with `e` (peer lost, notification failed ...).
     pub(crate) fn fail_pending(&self, e: &Error) {
         let mut p = self.lock();
-        for st in p.status.iter_mut() {
-            if *st == OpStatus::Pending {
-                *st = OpStatus::Failed(e.clone());
-            }
-        }
+        p.fail_all_pending(e);
         p.first_error.get_or_insert_with(|| e.clone());
     }
 
@@ -504,36 +577,40 @@ impl XferState {
 
     /// The path of every op (no copies of the reasons).
     pub(crate) fn paths(&self) -> impl ExactSizeIterator<Item = crate::plan::Path> + '_ {
-        self.plans.iter().map(|p| p.path)
+        self.plans.paths()
     }
 
     /// The path of op `i`.
     pub(crate) fn path(&self, i: usize) -> crate::plan::Path {
-        self.plans[i].path
+        self.plans.get(i).map_or(crate::plan::Path::Tcp, |p| p.path)
     }
 
     /// Each op's result as it stands.
-    fn results(&self, p: &Progress) -> Vec<OpResult> {
-        self.results_by(|i| p.status[i].clone())
+    fn results(&self, p: &Progress) -> OpResults {
+        let mut r = OpResults::default();
+        for (i, (op, plan)) in self.ops.iter().zip(self.plans.iter()).enumerate() {
+            r.push_with(op.kind, op.len, plan, || p.status(i), |st| p.is(i, st));
+        }
+        r
     }
 
-    /// Each op's result, with op `i`'s outcome `status(i)`.
-    fn results_by(&self, status: impl Fn(usize) -> OpStatus) -> Vec<OpResult> {
-        self.ops
-            .iter()
-            .zip(&self.plans)
-            .enumerate()
-            .map(|(i, (op, plan))| OpResult {
-                kind: op.kind,
-                len: op.len,
-                plan: plan.clone(),
-                status: status(i),
-            })
-            .collect()
+    /// Each op's result for a transfer whose ops all completed.
+    fn results_completed(&self) -> OpResults {
+        let mut r = OpResults::default();
+        for (op, plan) in self.ops.iter().zip(self.plans.iter()) {
+            r.push_with(
+                op.kind,
+                op.len,
+                plan,
+                || OpStatus::Completed,
+                |st| *st == OpStatus::Completed,
+            );
+        }
+        r
     }
 
     /// The report of an ended transfer whose ops' results are `ops`.
-    fn report(&self, ops: Vec<OpResult>) -> TransferReport {
+    fn report(&self, ops: OpResults) -> TransferReport {
         TransferReport {
             bytes: self.ops.iter().map(|o| o.len).sum(),
             elapsed: Duration::from_nanos(self.elapsed_ns.load(Ordering::Relaxed)),
@@ -552,20 +629,16 @@ impl XferState {
     }
 
     fn finish_locked(&self, mut p: MutexGuard<'_, Progress>) {
-        if p.status.contains(&OpStatus::Pending) {
+        if p.state.contains(&OpState::PENDING) {
             let unconfirmed = Error::Protocol("op was never confirmed by the peer".into());
-            for st in p.status.iter_mut() {
-                if *st == OpStatus::Pending {
-                    *st = OpStatus::Failed(unconfirmed.clone());
-                }
-            }
+            p.fail_all_pending(&unconfirmed);
             p.first_error.get_or_insert(unconfirmed);
         }
         let now = Clock::now();
         if p.done.is_none() {
-            let ops = self.ops.iter().zip(&self.plans).zip(&p.status);
+            let ops = self.ops.iter().zip(self.plans.paths()).enumerate();
             self.shared.stats.record(
-                ops.map(|((op, plan), st)| (op.kind, op.len, plan.path, st)),
+                ops.map(|(i, (op, path))| (op.kind, op.len, path, p.outcome(i))),
                 p.first_error.is_some(),
                 now - self.started,
             );
@@ -590,7 +663,7 @@ impl XferState {
         if !(self.ended() && self.ok.load(Ordering::Relaxed)) {
             return None;
         }
-        Some(self.report(self.results_by(|_| OpStatus::Completed)))
+        Some(self.report(self.results_completed()))
     }
 
     pub(crate) fn expired(&self) -> bool {
@@ -604,100 +677,5 @@ impl XferState {
 
     pub(crate) fn timeout_error(&self) -> Error {
         Error::Timeout(self.deadline - self.started)
-    }
-}
-
-/// How long [`TransferHandle::wait`] spins (yielding) before it sleeps.
-const WAIT_SPIN: Duration = Duration::from_micros(50);
-
-/// The handle [`crate::Peer::submit`] returns. Cheap to clone; dropping it does not cancel.
-#[derive(Debug, Clone)]
-pub struct TransferHandle {
-    pub(crate) state: Arc<XferState>,
-}
-
-impl Drop for TransferHandle {
-    /// The last handle of a transfer its waiters drive (`Drive`) hands it to the transport's
-    /// thread, so it completes (and a target's leases end) with nobody waiting. Counted
-    /// conservatively: the transport's in-flight entry holds one reference; any other holder is
-    /// another handle (whose drop does this) or a completion pass (which finishes it).
-    fn drop(&mut self) {
-        if let Some(d) = self.state.drive() {
-            if !self.state.ended() && Arc::strong_count(&self.state) <= 2 {
-                d.park(&self.state);
-            }
-        }
-    }
-}
-
-impl TransferHandle {
-    /// Where the transfer stands now.
-    pub fn status(&self) -> Status {
-        if let Some(d) = self.state.drive() {
-            d.poll();
-        }
-        let p = self.state.lock();
-        match (p.done, &p.first_error) {
-            (None, _) => Status::Pending,
-            (Some(_), None) => Status::Completed,
-            (Some(_), Some(e)) => Status::Failed { reason: e.clone() },
-        }
-    }
-
-    /// Bytes confirmed in place so far.
-    pub fn bytes_done(&self) -> u64 {
-        self.state.bytes_done.load(Ordering::Relaxed)
-    }
-
-    /// Per-op results so far (path, reason, outcome).
-    pub fn op_results(&self) -> Vec<OpResult> {
-        self.state.results(&self.state.lock())
-    }
-
-    /// Waits up to `timeout` for the transfer to end.
-    ///
-    /// # Errors
-    /// [`Error::Timeout`] if it is still pending after `timeout` (it keeps running; wait again or
-    /// drop the handle), or the transfer's failure reason.
-    pub fn wait(&self, timeout: Duration) -> Result<TransferReport> {
-        // A small transfer ends within a round trip: catching that by spinning saves the
-        // condition variable's sleep and wake-up, which would cost more than the round trip.
-        let spin = WAIT_SPIN.min(timeout);
-        let drive = self.state.drive();
-        let ended = crate::ring::spin_until(spin, || {
-            if let Some(d) = drive {
-                d.poll();
-            }
-            self.state.ended()
-        });
-        if let (false, Some(d)) = (ended, drive) {
-            d.park(&self.state);
-        }
-        if let Some(r) = self.state.report_if_ok() {
-            return Ok(r);
-        }
-        let mut p = self.state.lock();
-        // Read the clock only when the wait has to sleep (the spin above ends most waits).
-        let mut deadline: Option<Instant> = None;
-        while p.done.is_none() {
-            let now = Instant::now();
-            let deadline = *deadline.get_or_insert(now + timeout.saturating_sub(spin));
-            if now >= deadline {
-                return Err(Error::Timeout(timeout));
-            }
-            p.waiters += 1;
-            p = self
-                .state
-                .cv
-                .wait_timeout(p, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-            p.waiters -= 1;
-        }
-        if let Some(e) = &p.first_error {
-            return Err(e.clone());
-        }
-        // Ended (`done` is set): `finish` stored the elapsed time with it.
-        Ok(self.state.report(self.state.results(&p)))
     }
 }

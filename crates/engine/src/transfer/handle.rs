@@ -1,0 +1,103 @@
+//! [`TransferHandle`]: what [`crate::Peer::submit`] returns, and the wait for a transfer's end.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{OpResults, Status, TransferReport, XferState};
+use crate::error::{Error, Result};
+
+/// How long [`TransferHandle::wait`] spins (yielding) before it sleeps.
+const WAIT_SPIN: Duration = Duration::from_micros(50);
+
+/// The handle [`crate::Peer::submit`] returns. Cheap to clone; dropping it does not cancel.
+#[derive(Debug, Clone)]
+pub struct TransferHandle {
+    pub(crate) state: Arc<XferState>,
+}
+
+impl Drop for TransferHandle {
+    /// The last handle of a transfer its waiters drive (`Drive`) hands it to the transport's
+    /// thread, so it completes (and a target's leases end) with nobody waiting. Counted
+    /// conservatively: the transport's in-flight entry holds one reference; any other holder is
+    /// another handle (whose drop does this) or a completion pass (which finishes it).
+    fn drop(&mut self) {
+        if let Some(d) = self.state.drive() {
+            if !self.state.ended() && Arc::strong_count(&self.state) <= 2 {
+                d.park(&self.state);
+            }
+        }
+    }
+}
+
+impl TransferHandle {
+    /// Where the transfer stands now.
+    pub fn status(&self) -> Status {
+        if let Some(d) = self.state.drive() {
+            d.poll();
+        }
+        let p = self.state.lock();
+        match (p.done, &p.first_error) {
+            (None, _) => Status::Pending,
+            (Some(_), None) => Status::Completed,
+            (Some(_), Some(e)) => Status::Failed { reason: e.clone() },
+        }
+    }
+
+    /// Bytes confirmed in place so far.
+    pub fn bytes_done(&self) -> u64 {
+        self.state.bytes_done.load(Ordering::Relaxed)
+    }
+
+    /// Per-op results so far (path, reason, outcome).
+    pub fn op_results(&self) -> OpResults {
+        self.state.results(&self.state.lock())
+    }
+
+    /// Waits up to `timeout` for the transfer to end.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] if it is still pending after `timeout` (it keeps running; wait again or
+    /// drop the handle), or the transfer's failure reason.
+    pub fn wait(&self, timeout: Duration) -> Result<TransferReport> {
+        // A small transfer ends within a round trip: catching that by spinning saves the
+        // condition variable's sleep and wake-up, which would cost more than the round trip.
+        let spin = WAIT_SPIN.min(timeout);
+        let drive = self.state.drive();
+        let ended = crate::ring::spin_until(spin, || {
+            if let Some(d) = drive {
+                d.poll();
+            }
+            self.state.ended()
+        });
+        if let (false, Some(d)) = (ended, drive) {
+            d.park(&self.state);
+        }
+        if let Some(r) = self.state.report_if_ok() {
+            return Ok(r);
+        }
+        let mut p = self.state.lock();
+        // Read the clock only when the wait has to sleep (the spin above ends most waits).
+        let mut deadline: Option<Instant> = None;
+        while p.done.is_none() {
+            let now = Instant::now();
+            let deadline = *deadline.get_or_insert(now + timeout.saturating_sub(spin));
+            if now >= deadline {
+                return Err(Error::Timeout(timeout));
+            }
+            p.waiters += 1;
+            p = self
+                .state
+                .cv
+                .wait_timeout(p, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            p.waiters -= 1;
+        }
+        if let Some(e) = &p.first_error {
+            return Err(e.clone());
+        }
+        // Ended (`done` is set): `finish` stored the elapsed time with it.
+        Ok(self.state.report(self.state.results(&p)))
+    }
+}

@@ -1,0 +1,381 @@
+//! Per-op values stored once per run of consecutive ops that share them: each op's plan in a
+//! transfer, each op's result in a report.
+//!
+//! A batch mostly joins the same two regions with ops of one size, so its thousand ops share
+//! one plan and end with one outcome. Stored per op, that is a thousand reference-count
+//! increments (a `Plan`'s reason is an `Arc<str>`) at submit, a thousand more for the report
+//! and as many decrements when they drop, and tens of KiB allocated and freed per transfer
+//! (which glibc may hand back to the kernel and fault in again on the next one). Stored per
+//! run, it is one of each.
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use super::{OpKind, OpStatus};
+use crate::plan::{Path, Plan};
+
+/// Values for ops `0..len`, one entry per run of equal consecutive values.
+#[derive(Debug, Clone)]
+struct Runs<T> {
+    /// (end of the run, exclusive; its value), ends ascending.
+    runs: SmallVec<[(u32, T); 1]>,
+}
+
+impl<T> Default for Runs<T> {
+    fn default() -> Self {
+        Runs {
+            runs: SmallVec::new(),
+        }
+    }
+}
+
+impl<T> Runs<T> {
+    fn len(&self) -> usize {
+        self.runs.last().map_or(0, |r| r.0 as usize)
+    }
+
+    /// Appends one op: to the last run when `same` says its value is the op's, else as a new
+    /// run of `make()`.
+    fn push_with(&mut self, same: impl FnOnce(&T) -> bool, make: impl FnOnce() -> T) {
+        let end = self.len() as u32 + 1;
+        match self.runs.last_mut() {
+            Some(last) if same(&last.1) => last.0 = end,
+            _ => self.runs.push((end, make())),
+        }
+    }
+
+    /// The value of op `i`.
+    fn get(&self, i: usize) -> Option<&T> {
+        if let [(end, v)] = &self.runs[..] {
+            return (i < *end as usize).then_some(v);
+        }
+        let k = self.runs.partition_point(|r| r.0 as usize <= i);
+        self.runs.get(k).map(|r| &r.1)
+    }
+
+    /// Each op's value, in op order.
+    fn iter(&self) -> impl ExactSizeIterator<Item = &T> + Clone + '_ {
+        PerOp {
+            runs: &self.runs,
+            run: 0,
+            at: 0,
+            len: self.len(),
+        }
+    }
+}
+
+/// `Runs::iter`.
+struct PerOp<'a, T> {
+    runs: &'a [(u32, T)],
+    run: usize,
+    at: usize,
+    len: usize,
+}
+
+impl<'a, T> Iterator for PerOp<'a, T> {
+    type Item = &'a T;
+
+    fn next(&mut self) -> Option<&'a T> {
+        if self.at >= self.len {
+            return None;
+        }
+        while self
+            .runs
+            .get(self.run)
+            .is_some_and(|r| r.0 as usize <= self.at)
+        {
+            self.run += 1;
+        }
+        self.at += 1;
+        self.runs.get(self.run).map(|r| &r.1)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.len - self.at.min(self.len);
+        (n, Some(n))
+    }
+}
+
+impl<T> ExactSizeIterator for PerOp<'_, T> {}
+
+impl<T> Clone for PerOp<'_, T> {
+    fn clone(&self) -> Self {
+        PerOp { ..*self }
+    }
+}
+
+/// Whether two plans are the one plan (same path, the same shared reason): what a run of a
+/// transfer's plans is made of. Plans of one region pair come from one cache entry, so this is
+/// a pointer comparison, not a string comparison.
+fn same_plan(a: &Plan, b: &Plan) -> bool {
+    a.path == b.path && Arc::ptr_eq(&a.reason, &b.reason)
+}
+
+/// Each op's plan, as made at submit.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Plans(Runs<Plan>);
+
+impl Plans {
+    /// Appends the plan of the next op.
+    pub(crate) fn push(&mut self, plan: &Plan) {
+        self.0.push_with(|p| same_plan(p, plan), || plan.clone());
+    }
+
+    /// Appends the next op, whose plan is the last op's.
+    pub(crate) fn push_same(&mut self) {
+        if let Some(last) = self.0.runs.last_mut() {
+            last.0 += 1;
+        }
+    }
+
+    /// The last op's plan, if any.
+    pub(crate) fn last(&self) -> Option<&Plan> {
+        self.0.runs.last().map(|r| &r.1)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The plan of op `i`.
+    pub(crate) fn get(&self, i: usize) -> Option<&Plan> {
+        self.0.get(i)
+    }
+
+    /// Each op's plan, in op order.
+    pub(crate) fn iter(&self) -> impl ExactSizeIterator<Item = &Plan> + Clone + '_ {
+        self.0.iter()
+    }
+
+    /// The one plan of a one-op transfer.
+    pub(crate) fn only(&self) -> Option<&Plan> {
+        match &self.0.runs[..] {
+            [(1, p)] => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Each op's path.
+    pub(crate) fn paths(&self) -> impl ExactSizeIterator<Item = Path> + '_ {
+        self.iter().map(|p| p.path)
+    }
+}
+
+/// Per-op result: the path taken, why, and the outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpResult {
+    /// Write or read.
+    pub kind: OpKind,
+    /// Length in bytes.
+    pub len: u64,
+    /// Path and reason.
+    pub plan: Plan,
+    /// Outcome.
+    pub status: OpStatus,
+}
+
+/// One [`OpResult`] per op of a transfer, in submission order: indexed (`ops[i]`), iterated
+/// (`ops.iter()`, `for o in &ops`) and counted (`ops.len()`) as a list is. Consecutive ops with
+/// the same result (same direction, length, plan and outcome, as most of a batch's are) share
+/// one stored entry, so a report of a thousand-op batch costs one entry, not a thousand.
+#[derive(Debug, Clone, Default)]
+pub struct OpResults(Runs<OpResult>);
+
+impl OpResults {
+    /// Appends op results one by one (each stored once per run of equal results).
+    pub(crate) fn push_with(
+        &mut self,
+        kind: OpKind,
+        len: u64,
+        plan: &Plan,
+        status: impl FnOnce() -> OpStatus,
+        same_status: impl FnOnce(&OpStatus) -> bool,
+    ) {
+        self.0.push_with(
+            |r| {
+                r.kind == kind && r.len == len && same_plan(&r.plan, plan) && same_status(&r.status)
+            },
+            || OpResult {
+                kind,
+                len,
+                plan: plan.clone(),
+                status: status(),
+            },
+        );
+    }
+
+    /// Number of ops.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True for no ops.
+    pub fn is_empty(&self) -> bool {
+        self.0.runs.is_empty()
+    }
+
+    /// The result of op `i`.
+    pub fn get(&self, i: usize) -> Option<&OpResult> {
+        self.0.get(i)
+    }
+
+    /// The first op's result.
+    pub fn first(&self) -> Option<&OpResult> {
+        self.0.runs.first().map(|r| &r.1)
+    }
+
+    /// The last op's result.
+    pub fn last(&self) -> Option<&OpResult> {
+        self.0.runs.last().map(|r| &r.1)
+    }
+
+    /// Each op's result, in submission order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &OpResult> + Clone + '_ {
+        self.0.iter()
+    }
+
+    /// The results as a list, one entry per op.
+    pub fn to_vec(&self) -> Vec<OpResult> {
+        self.iter().cloned().collect()
+    }
+}
+
+impl std::ops::Index<usize> for OpResults {
+    type Output = OpResult;
+
+    /// # Panics
+    /// When `i` is not an op of the transfer (as a slice's index does).
+    // `Index` has no way to fail but a panic; `get` is the fallible form.
+    #[allow(clippy::panic)]
+    fn index(&self, i: usize) -> &OpResult {
+        match self.get(i) {
+            Some(r) => r,
+            None => panic!("op {i} of a transfer of {} op(s)", self.len()),
+        }
+    }
+}
+
+impl PartialEq for OpResults {
+    fn eq(&self, other: &OpResults) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for OpResults {}
+
+impl<'a> IntoIterator for &'a OpResults {
+    type Item = &'a OpResult;
+    type IntoIter = Box<dyn Iterator<Item = &'a OpResult> + 'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        Box::new(self.iter())
+    }
+}
+
+impl IntoIterator for OpResults {
+    type Item = OpResult;
+    type IntoIter = std::vec::IntoIter<OpResult>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.to_vec().into_iter()
+    }
+}
+
+impl From<OpResults> for Vec<OpResult> {
+    fn from(r: OpResults) -> Vec<OpResult> {
+        r.to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(path: Path, why: &str) -> Plan {
+        Plan {
+            path,
+            reason: why.into(),
+        }
+    }
+
+    #[test]
+    fn plans_of_one_pair_are_one_run_and_every_op_reads_its_own() {
+        let (a, b) = (plan(Path::Shm, "a"), plan(Path::Tcp, "b"));
+        let mut p = Plans::default();
+        for _ in 0..1000 {
+            p.push(&a);
+        }
+        p.push(&b);
+        p.push(&a);
+        assert_eq!(p.len(), 1002);
+        assert_eq!(p.0.runs.len(), 3, "1000 equal plans, then two changes");
+        assert_eq!(p.get(999).map(|p| p.path), Some(Path::Shm));
+        assert_eq!(p.get(1000).map(|p| p.path), Some(Path::Tcp));
+        assert_eq!(p.get(1001).map(|p| p.path), Some(Path::Shm));
+        assert!(p.get(1002).is_none());
+        let paths: Vec<Path> = p.paths().collect();
+        assert_eq!(paths.len(), 1002);
+        assert_eq!(paths[1000], Path::Tcp);
+        assert!(p.only().is_none());
+    }
+
+    #[test]
+    fn equal_text_from_two_plans_is_two_runs_still_read_right() {
+        // Not the same shared reason: stored apart (correct either way).
+        let mut p = Plans::default();
+        p.push(&plan(Path::Shm, "x"));
+        p.push(&plan(Path::Shm, "x"));
+        assert_eq!(p.0.runs.len(), 2);
+        assert_eq!(p.iter().count(), 2);
+        let mut one = Plans::default();
+        one.push(&plan(Path::Tcp, "t"));
+        assert_eq!(one.only().map(|p| p.path), Some(Path::Tcp));
+    }
+
+    #[test]
+    fn results_index_iterate_and_compare_per_op() {
+        let a = plan(Path::Shm, "a");
+        let mut r = OpResults::default();
+        let err = crate::Error::RegionGone { region: 7 };
+        for i in 0..10u64 {
+            let st = if i == 4 {
+                OpStatus::Failed(err.clone())
+            } else {
+                OpStatus::Completed
+            };
+            let s2 = st.clone();
+            r.push_with(OpKind::Write, 8, &a, || st, |s| *s == s2);
+        }
+        assert_eq!(r.len(), 10);
+        assert_eq!(r.0.runs.len(), 3);
+        assert_eq!(r[4].status, OpStatus::Failed(err));
+        assert_eq!(r[9].status, OpStatus::Completed);
+        assert_eq!(
+            r.iter().filter(|o| o.status == OpStatus::Completed).count(),
+            9
+        );
+        assert_eq!((&r).into_iter().count(), 10);
+        let v: Vec<OpResult> = r.clone().into();
+        assert_eq!(v.len(), 10);
+        assert_eq!(v[4], r[4]);
+        assert_eq!(r, r.clone());
+        assert!(r.get(10).is_none());
+    }
+
+    #[test]
+    #[should_panic(expected = "op 3 of a transfer of 3 op(s)")]
+    fn indexing_past_the_ops_panics_as_a_slice_does() {
+        let mut r = OpResults::default();
+        for _ in 0..3 {
+            r.push_with(
+                OpKind::Read,
+                1,
+                &plan(Path::Tcp, "t"),
+                || OpStatus::Completed,
+                |_| true,
+            );
+        }
+        let _ = &r[3];
+    }
+}
