@@ -353,7 +353,7 @@ impl BenchCase for AgentCase {
                 |i| {
                     // `inflight` transfers of `batch` ops each, all submitted before any wait.
                     let transfer = |w: u64| {
-                        let mut t = Transfer::new();
+                        let mut t = Transfer::with_capacity(batch as usize);
                         for k in 0..batch {
                             let off = (((i * inflight + w) * batch + k) % n) * size;
                             t.write(&cell.borrow(), off, &remote, off, size);

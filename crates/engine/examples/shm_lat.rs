@@ -56,7 +56,7 @@ fn main() {
         let s = Instant::now();
         let mut hs = Vec::with_capacity(window as usize);
         for w in 0..window {
-            let mut t = Transfer::new();
+            let mut t = Transfer::with_capacity(batch as usize);
             for k in 0..batch {
                 // As `gdx bench` does: successive transfers rotate over the region.
                 let off = (((i * window + w) * batch + k) % slots) * size;

@@ -55,32 +55,32 @@ struct PlanKey {
 }
 
 impl PlanKey {
-    fn of(op: &crate::transfer::Op, strict: bool) -> PlanKey {
+    fn of(op: crate::transfer::OpRef<'_>, strict: bool) -> PlanKey {
         PlanKey {
-            local: Arc::downgrade(&op.local),
-            remote: Arc::clone(&op.remote),
+            local: Arc::downgrade(op.local),
+            remote: Arc::clone(op.remote),
             strict,
         }
     }
 
-    fn matches(&self, op: &crate::transfer::Op, strict: bool) -> bool {
+    fn matches(&self, op: crate::transfer::OpRef<'_>, strict: bool) -> bool {
         self.strict == strict
-            && std::ptr::eq(self.local.as_ptr(), Arc::as_ptr(&op.local))
-            && (Arc::ptr_eq(&self.remote, &op.remote) || *self.remote == *op.remote)
+            && std::ptr::eq(self.local.as_ptr(), Arc::as_ptr(op.local))
+            && (Arc::ptr_eq(&self.remote, op.remote) || *self.remote == **op.remote)
     }
 }
 
 impl PlanCache {
     const SIZE: usize = 8;
 
-    fn get(&self, op: &crate::transfer::Op, strict: bool) -> Option<crate::plan::Plan> {
+    fn get(&self, op: crate::transfer::OpRef<'_>, strict: bool) -> Option<crate::plan::Plan> {
         self.entries
             .iter()
             .find(|(k, _)| k.matches(op, strict))
             .map(|e| e.1.clone())
     }
 
-    fn put(&mut self, op: &crate::transfer::Op, strict: bool, plan: &crate::plan::Plan) {
+    fn put(&mut self, op: crate::transfer::OpRef<'_>, strict: bool, plan: &crate::plan::Plan) {
         let e = (PlanKey::of(op, strict), plan.clone());
         if self.entries.len() < Self::SIZE {
             self.entries.push(e);
@@ -108,7 +108,7 @@ thread_local! {
 
 fn last_plan(
     peer: &Arc<PeerInner>,
-    op: &crate::transfer::Op,
+    op: crate::transfer::OpRef<'_>,
     strict: bool,
 ) -> Option<crate::plan::Plan> {
     LAST_PLAN.with(|l| {
@@ -121,7 +121,7 @@ fn last_plan(
 
 fn remember_plan(
     peer: &Arc<PeerInner>,
-    op: &crate::transfer::Op,
+    op: crate::transfer::OpRef<'_>,
     strict: bool,
     plan: &crate::plan::Plan,
 ) {
@@ -556,11 +556,8 @@ impl Peer {
         let mut plans = crate::transfer::Plans::default();
         // The peer's cache is locked only when this thread's last plan does not fit.
         let mut cache = None;
-        for (i, op) in t.ops.iter().enumerate() {
-            let same = i > 0 && {
-                let prev = &t.ops[i - 1];
-                Arc::ptr_eq(&prev.local, &op.local) && Arc::ptr_eq(&prev.remote, &op.remote)
-            };
+        for (i, op) in t.op_refs().enumerate() {
+            let same = i > 0 && t.ops[i - 1].same_regions(&op);
             if same && plans.last().is_some() {
                 plans.push_same();
                 continue;
@@ -576,8 +573,8 @@ impl Peer {
                         None => {
                             let p = plan_op(
                                 &self.inner.route,
-                                &op.local,
-                                &op.remote,
+                                op.local,
+                                op.remote,
                                 &self.inner.tcp_detail,
                                 &self.inner.fabric,
                                 strict,

@@ -23,11 +23,13 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 
 mod handle;
+mod ops;
 mod runs;
 
-use crate::region::{check_bounds, Region, RegionDesc, RegionInner};
+use crate::region::{check_bounds, Region, RegionDesc};
 use crate::stats::Stats;
 pub use handle::TransferHandle;
+pub(crate) use ops::{Op, OpRef, Regions};
 pub(crate) use runs::Plans;
 pub use runs::{OpResult, OpResults};
 
@@ -41,23 +43,12 @@ pub enum OpKind {
     Read,
 }
 
-/// One op of a batch.
-#[derive(Debug, Clone)]
-pub(crate) struct Op {
-    pub(crate) kind: OpKind,
-    pub(crate) local: Arc<RegionInner>,
-    pub(crate) local_offset: u64,
-    /// Shared by consecutive ops on the same remote region (a batch clones it once).
-    pub(crate) remote: Arc<RegionDesc>,
-    pub(crate) remote_offset: u64,
-    pub(crate) len: u64,
-}
-
 /// A batch of ops to one peer, built with [`Transfer::write`] / [`Transfer::read`] and handed to
 /// [`crate::Peer::submit`].
 #[derive(Debug, Default)]
 pub struct Transfer {
     pub(crate) ops: smallvec::SmallVec<[Op; 1]>,
+    pub(crate) regions: Regions,
     pub(crate) notify: Option<Vec<u8>>,
     pub(crate) timeout: Option<Duration>,
 }
@@ -115,18 +106,8 @@ impl Transfer {
         ro: u64,
         len: u64,
     ) -> &mut Self {
-        let remote = match self.ops.last() {
-            Some(prev) if *prev.remote == *remote => Arc::clone(&prev.remote),
-            _ => shared_desc(remote),
-        };
-        self.ops.push(Op {
-            kind,
-            local: Arc::clone(&local.inner),
-            local_offset: lo,
-            remote,
-            remote_offset: ro,
-            len,
-        });
+        let op = self.regions.op(kind, &local.inner, lo, remote, ro, len);
+        self.ops.push(op);
         self
     }
 
@@ -153,6 +134,19 @@ impl Transfer {
         self.ops.is_empty()
     }
 
+    /// An empty batch with room for `n` ops (a large batch then grows its op list once).
+    pub fn with_capacity(n: usize) -> Self {
+        Transfer {
+            ops: smallvec::SmallVec::with_capacity(n),
+            ..Transfer::default()
+        }
+    }
+
+    /// Each op with its regions.
+    pub(crate) fn op_refs(&self) -> impl ExactSizeIterator<Item = OpRef<'_>> + Clone + '_ {
+        ops::with_regions(&self.ops, &self.regions)
+    }
+
     /// Checks every op against what the initiator knows (local region, remote descriptor) before
     /// anything is sent; the target checks again.
     pub(crate) fn validate(&self) -> Result<()> {
@@ -166,7 +160,7 @@ impl Transfer {
                 "notification larger than 64 KiB".into(),
             ));
         }
-        for op in &self.ops {
+        for op in self.op_refs() {
             if op.len == 0 {
                 return Err(Error::InvalidArgument("op of length 0".into()));
             }
@@ -378,6 +372,8 @@ const FOREVER: Duration = Duration::from_secs(1 << 32);
 pub(crate) struct XferState {
     pub(crate) id: u64,
     pub(crate) ops: smallvec::SmallVec<[Op; 1]>,
+    /// The regions the ops join (`op`, `op_refs`).
+    regions: Regions,
     pub(crate) notify: Option<Vec<u8>>,
     /// Each op's plan, as made at submit (read without the lock).
     plans: Plans,
@@ -450,6 +446,7 @@ impl XferState {
         XferState {
             id,
             ops: t.ops,
+            regions: t.regions,
             notify: t.notify,
             plans,
             started,
@@ -473,6 +470,16 @@ impl XferState {
             shared,
             driven: AtomicBool::new(false),
         }
+    }
+
+    /// Op `i` with its regions.
+    pub(crate) fn op(&self, i: usize) -> OpRef<'_> {
+        self.regions.get(&self.ops[i])
+    }
+
+    /// Each op with its regions.
+    pub(crate) fn op_refs(&self) -> impl ExactSizeIterator<Item = OpRef<'_>> + Clone + '_ {
+        ops::with_regions(&self.ops, &self.regions)
     }
 
     /// The transport left this transfer to whoever waits for it (`Drive`): waiters poll the

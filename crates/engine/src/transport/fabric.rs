@@ -274,7 +274,7 @@ impl Worker {
     }
 
     fn run_op(&mut self, xfer: &XferState, i: usize) -> Result<()> {
-        let op = &xfer.ops[i];
+        let op = xfer.op(i);
         let remote = self.remote_region(op.remote.id, op.remote.key)?;
         let (lease, kind) = match op.kind {
             OpKind::Write => (LeaseKind::Source, RmaKind::Write),
@@ -285,7 +285,7 @@ impl Worker {
         if let (Some(dev), false) = (op.local.device(), self.node.ep.registers_hmem()) {
             return self.run_staged(xfer, i, dev, kind, remote);
         }
-        let mr = self.node.register(&op.local)?;
+        let mr = self.node.register(op.local)?;
         self.rma(
             xfer,
             RmaOp {
@@ -310,7 +310,7 @@ impl Worker {
         kind: RmaKind,
         remote: RemoteRegion,
     ) -> Result<()> {
-        let op = &xfer.ops[i];
+        let op = xfer.op(i);
         let bounce = match &self.bounce {
             Some(b) => b.clone(),
             None => {

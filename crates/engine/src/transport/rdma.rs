@@ -317,14 +317,14 @@ impl Worker {
     }
 
     fn run_op(&mut self, xfer: &XferState, i: usize) -> Result<()> {
-        let op = &xfer.ops[i];
+        let op = xfer.op(i);
         let remote = self.remote_region(op.remote.id, op.remote.key)?;
         let (kind, rdma) = match op.kind {
             OpKind::Write => (LeaseKind::Source, RdmaOp::Write),
             OpKind::Read => (LeaseKind::Sink, RdmaOp::Read),
         };
         let _lease = op.local.lease(kind, self.wait)?;
-        let mr = self.node.register(&op.local)?;
+        let mr = self.node.register(op.local)?;
         let item = WorkItem::between(&mr, op.local_offset, &remote, op.remote_offset, op.len)
             .map_err(rdma_err)?;
         let left = xfer.time_left();

@@ -379,8 +379,8 @@ impl Worker {
         let plans: Vec<Path> = xfer.paths().collect();
         let mut ok = vec![true; xfer.ops.len()];
         // Map every agent-allocated remote region once.
-        for (i, op) in xfer.ops.iter().enumerate() {
-            let again = i > 0 && ok[i - 1] && xfer.ops[i - 1].remote.id == op.remote.id;
+        for (i, op) in xfer.op_refs().enumerate() {
+            let again = i > 0 && ok[i - 1] && xfer.op(i - 1).remote.id == op.remote.id;
             if plans[i] == Path::Shm && !again && !self.maps.contains_key(&op.remote.id) {
                 if let Err(e) = self.map(op.remote.id, op.remote.key, op.remote.access.remote_write)
                 {
@@ -410,7 +410,7 @@ impl Worker {
                 }
                 batch_ok[j] = false;
                 if matches!(e, Error::NoSuchRegion { .. } | Error::RegionGone { .. }) {
-                    let gone = xfer.ops[batch[j]].remote.id;
+                    let gone = xfer.op(batch[j]).remote.id;
                     self.imports.remove(&gone);
                     self.maps.remove(&gone);
                 }
@@ -525,7 +525,7 @@ impl Worker {
     }
 
     fn copy_direct(&mut self, xfer: &XferState, i: usize) -> Result<()> {
-        let op = &xfer.ops[i];
+        let op = xfer.op(i);
         let (m, writable) = self.maps.get(&op.remote.id).ok_or(Error::NoSuchRegion {
             region: op.remote.id,
         })?;
@@ -552,7 +552,7 @@ impl Worker {
     /// cached by the local peer), copied GPU to GPU and waited for, while the target holds the
     /// leases taken by `ShmBegin`.
     fn copy_ipc(&mut self, xfer: &XferState, i: usize) -> Result<()> {
-        let op = &xfer.ops[i];
+        let op = xfer.op(i);
         let dev = op.local.device().ok_or_else(|| {
             Error::InvalidArgument("an ipc op needs a GPU region on this side".into())
         })?;
@@ -607,7 +607,7 @@ impl Worker {
     }
 
     fn copy_staged(&mut self, xfer: &XferState, i: usize) -> Result<()> {
-        let op = &xfer.ops[i];
+        let op = xfer.op(i);
         let write = op.kind == OpKind::Write;
         let lease = op.local.lease(
             if write {

@@ -33,7 +33,7 @@ use crate::ring::{
     self, Ring, DATA_BYTES, DONE, END, FREE, INLINE_MAX, KIND_BEGIN, KIND_INLINE, MAX_RING_OPS,
     NAP, POSTED,
 };
-use crate::transfer::{Drive, NewTransfer, Op, OpKind, XferState};
+use crate::transfer::{Drive, NewTransfer, OpKind, OpRef, XferState};
 use crate::transport::SerialQueue;
 use crate::wire::ShmOp;
 
@@ -340,7 +340,7 @@ fn all_inline(xfer: &XferState) -> bool {
 /// A transfer of more than `INLINE_MAX` bytes moves its small ops to mapped regions with `BEGIN`
 /// too: one copy instead of two, and one lease per region run instead of one per op.
 fn ring_class(w: &Worker, xfer: &XferState, plan: &Path, i: usize, big: bool) -> Option<u32> {
-    let op = &xfer.ops[i];
+    let op = xfer.op(i);
     let mapped = *plan == Path::Shm && w.maps.contains_key(&op.remote.id);
     if mapped && (big || op.len > INLINE_MAX) {
         return Some(KIND_BEGIN);
@@ -361,11 +361,11 @@ fn ring_ops_iter<'a>(
     xfer: &'a XferState,
     batch: &'a [usize],
 ) -> impl ExactSizeIterator<Item = ShmOp> + 'a {
-    batch.iter().map(|&i| shm_op(&xfer.ops[i]))
+    batch.iter().map(|&i| shm_op(xfer.op(i)))
 }
 
 /// An op's entry in a slot's op table.
-fn shm_op(op: &Op) -> ShmOp {
+fn shm_op(op: OpRef<'_>) -> ShmOp {
     ShmOp {
         write: op.kind == OpKind::Write,
         region: op.remote.id,
@@ -459,11 +459,11 @@ impl Worker {
                 j += 1;
                 continue;
             }
-            let first = &xfer.ops[batch[j]];
+            let first = xfer.op(batch[j]);
             let mut end = j + 1;
             while end < batch.len() && !skip.get(end) {
-                let op = &xfer.ops[batch[end]];
-                if !Arc::ptr_eq(&op.local, &first.local)
+                let op = xfer.op(batch[end]);
+                if !Arc::ptr_eq(op.local, first.local)
                     || op.remote.id != first.remote.id
                     || op.kind != first.kind
                 {
@@ -507,7 +507,7 @@ impl Worker {
                 }
             };
             for &i in run {
-                let op = &xfer.ops[i];
+                let op = xfer.op(i);
                 if let Err(e) =
                     crate::region::check_bounds(op.remote_offset, op.len, m.len() as u64)
                 {
@@ -552,7 +552,7 @@ impl Worker {
             if !skip.get(j) {
                 skip.set(j, batch.len());
                 if matches!(e, Error::NoSuchRegion { .. } | Error::RegionGone { .. }) {
-                    let gone = xfer.ops[batch[j]].remote.id;
+                    let gone = xfer.op(batch[j]).remote.id;
                     self.maps.remove(&gone);
                 }
                 xfer.chunk_done(batch[j], 0, Err(e));
@@ -582,7 +582,7 @@ impl Worker {
         };
         let mut at = 0usize;
         for (j, &i) in batch.iter().enumerate() {
-            let op = &xfer.ops[i];
+            let op = xfer.op(i);
             if !skip.get(j) && op.kind == kind {
                 let slot_data = rc.ring.data_ptr(slot, batch.len(), at);
                 let len = op.len as usize;
@@ -629,8 +629,8 @@ impl Worker {
     /// posts it. Returns the slot and the ops withdrawn (their local copy failed).
     fn post_inline(&mut self, xfer: &XferState, batch: &[usize]) -> Result<(usize, Skip)> {
         if let [i] = *batch {
-            if let Some(staged) = self.stage_op(&xfer.ops[i]) {
-                let (slot, skip, failed) = self.post_one(&xfer.ops[i], xfer.id, Some(staged))?;
+            if let Some(staged) = self.stage_op(xfer.op(i)) {
+                let (slot, skip, failed) = self.post_one(xfer.op(i), xfer.id, Some(staged))?;
                 if let Some(e) = failed {
                     xfer.chunk_done(i, 0, Err(e));
                 }
@@ -650,7 +650,7 @@ impl Worker {
     /// if its local copy failed, and that failure (for the caller to record on the transfer).
     fn post_one(
         &mut self,
-        op: &Op,
+        op: OpRef<'_>,
         id: u64,
         staged: Option<Staged>,
     ) -> Result<(usize, Skip, Option<Error>)> {
@@ -681,7 +681,7 @@ impl Worker {
     /// before the slot is touched: the region's lock is then let go (a full barrier) with no
     /// store to the shared slot pending, and the slot's two cache lines are written back to
     /// back and move to the target together, not one after the other. `None`: not such an op.
-    fn stage_op(&self, op: &Op) -> Option<Staged> {
+    fn stage_op(&self, op: OpRef<'_>) -> Option<Staged> {
         let len = usize::try_from(op.len).ok().filter(|&l| l <= STAGE_MAX)?;
         if op.kind != OpKind::Write {
             return None;
@@ -764,7 +764,7 @@ impl Worker {
     /// target while the caller builds the state and hands it to `in_flight_early`. `None`: not
     /// such a transfer, or no slot free now (the caller takes the usual path).
     pub(super) fn post_early(&mut self, n: &NewTransfer, done: &mut Done) -> Result<Option<Early>> {
-        let [op] = &n.t.ops[..] else {
+        let Some(op) = n.t.op_refs().next().filter(|_| n.t.ops.len() == 1) else {
             return Ok(None);
         };
         if !posts_early(n)
@@ -820,7 +820,7 @@ impl Worker {
             .all(|i| {
                 (i > 0
                     && xfer.path(i) == xfer.path(i - 1)
-                    && Arc::ptr_eq(&xfer.ops[i].remote, &xfer.ops[i - 1].remote))
+                    && Arc::ptr_eq(xfer.op(i).remote, xfer.op(i - 1).remote))
                     || ring_class(self, xfer, &xfer.path(i), i, big) == Some(KIND_BEGIN)
             })
             .then_some(KIND_BEGIN)

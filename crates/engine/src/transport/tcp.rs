@@ -155,7 +155,7 @@ impl TcpTransport {
     /// path does not apply (too large, GPU memory, every stream busy).
     fn submit_fast(&self, xfer: Arc<XferState>) -> Option<Arc<XferState>> {
         let total: u64 = xfer.ops.iter().map(|o| o.len).sum();
-        if total > FAST_BYTES || xfer.ops.iter().any(|o| o.local.device().is_some()) {
+        if total > FAST_BYTES || xfer.op_refs().any(|o| o.local.device().is_some()) {
             return Some(xfer);
         }
         let mut chunks = Vec::new();
@@ -489,7 +489,7 @@ impl Staging<'_> {
         while self.ahead.len() < DEPTH - 1 && self.scanned < chunks.len() {
             let k = self.scanned;
             let c = chunks[k];
-            let op = &xfer.ops[c.op as usize];
+            let op = xfer.op(c.op as usize);
             self.scanned += 1;
             if op.kind != OpKind::Write {
                 continue;
@@ -576,7 +576,7 @@ fn send_chunk(
     c: Chunk,
     wait: Duration,
 ) -> Result<bool> {
-    let op = &xfer.ops[c.op as usize];
+    let op = xfer.op(c.op as usize);
     let roff = op.remote_offset + c.off;
     match op.kind {
         OpKind::Write => {
@@ -647,7 +647,7 @@ fn recv_read(
     p: u32,
     wait: Duration,
 ) -> Result<()> {
-    let op = &xfer.ops[c.op as usize];
+    let op = xfer.op(c.op as usize);
     let lease = match op.local.lease(LeaseKind::Sink, wait) {
         Ok(lease) => lease,
         Err(e) => {
@@ -687,7 +687,7 @@ fn recv_reply(
     c: Chunk,
     wait: Duration,
 ) -> Result<()> {
-    let op = &xfer.ops[c.op as usize];
+    let op = xfer.op(c.op as usize);
     let matches = |x: u64, o: u32, k: u32| x == xfer.id && o == c.op && k == c.idx;
     match conn.recv_frame(false)? {
         (
