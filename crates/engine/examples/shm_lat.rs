@@ -50,6 +50,7 @@ fn main() {
     }
     let mut lat = Vec::with_capacity(iters as usize);
     let mut block = Vec::with_capacity(1000);
+    let blocks = std::env::var_os("SHM_LAT_BLOCKS").is_some();
     let wait = Duration::from_secs(10);
     let start = Instant::now();
     for i in 0..iters {
@@ -68,7 +69,7 @@ fn main() {
             h.wait(wait).unwrap();
         }
         let us = s.elapsed().as_secs_f64() * 1e6;
-        if std::env::var_os("SHM_LAT_BLOCKS").is_some() {
+        if blocks {
             block.push(us);
             if block.len() == 1000 {
                 block.sort_by(f64::total_cmp);

@@ -100,9 +100,10 @@ pub enum Error {
     /// The requested path or transport is not available (with the reason).
     #[error("unavailable: {0}")]
     Unavailable(String),
-    /// A CUDA driver call failed.
+    /// A CUDA driver call failed. (Boxed, like the other large causes, so that an `Error`, and
+    /// every `Result` and op status that holds one, stays a few words long.)
     #[error("{0}")]
-    Cuda(#[from] gdx_sys::cuda::CudaError),
+    Cuda(#[source] Box<gdx_sys::cuda::CudaError>),
     /// Strict mode refused a plan that leaves the direct path; the message is the plan's reason.
     #[error("strict mode: {0}")]
     Strict(String),
@@ -110,7 +111,7 @@ pub enum Error {
     /// name: remote access, retry exceeded, local protection, flushed ...); the verbs error is
     /// the source.
     #[error("rdma: {0}")]
-    Rdma(#[source] gdx_rdma::RdmaError),
+    Rdma(#[source] Box<gdx_rdma::RdmaError>),
     /// RDMA cannot serve what was asked, for a reason the engine found (a staged registration,
     /// a region without an rkey), or the peer's RDMA failure as it arrived over the wire (its
     /// cause stays on the peer). Same wire code as [`Error::Rdma`].
@@ -161,7 +162,19 @@ pub enum Error {
     /// The peer reported an error whose cause stayed on the peer (an OS call, CUDA) or a code
     /// this build does not know: its wire form as it arrived.
     #[error(transparent)]
-    Remote(RemoteError),
+    Remote(Box<RemoteError>),
+}
+
+impl From<gdx_sys::cuda::CudaError> for Error {
+    fn from(e: gdx_sys::cuda::CudaError) -> Error {
+        Error::Cuda(Box::new(e))
+    }
+}
+
+impl From<gdx_rdma::RdmaError> for Error {
+    fn from(e: gdx_rdma::RdmaError) -> Error {
+        Error::Rdma(Box::new(e))
+    }
 }
 
 impl PartialEq for Error {
@@ -283,11 +296,11 @@ impl Error {
             },
             24 => Error::Unreachable(message),
             25 => Error::FabricRefused(message),
-            code => Error::Remote(RemoteError {
+            code => Error::Remote(Box::new(RemoteError {
                 code,
                 args: [a, b, c],
                 message,
-            }),
+            })),
         }
     }
 
@@ -372,14 +385,14 @@ mod tests {
         assert!(r.message.starts_with("mmap failed: "), "{}", r.message);
         // On the peer the cause is gone: the wire form is what arrives.
         let back = Error::from(r.clone());
-        assert!(matches!(&back, Error::Remote(x) if *x == r), "{back:?}");
+        assert!(matches!(&back, Error::Remote(x) if **x == r), "{back:?}");
         assert!(back.source().is_none());
         assert_eq!(back, e, "equal as they travel");
     }
 
     #[test]
     fn an_rdma_error_arrives_with_the_same_text() {
-        let local = Error::Rdma(gdx_rdma::RdmaError::Mismatch("mtu 1024 vs 4096".into()));
+        let local = Error::from(gdx_rdma::RdmaError::Mismatch("mtu 1024 vs 4096".into()));
         assert!(local.source().is_some());
         let back = Error::from(RemoteError::from(&local));
         assert!(matches!(back, Error::RdmaRefused(_)), "{back:?}");
@@ -400,11 +413,11 @@ mod tests {
                 what: "max_leases (GDX_MAX_LEASES)".into(),
                 limit: 4,
             },
-            Error::Remote(RemoteError {
+            Error::Remote(Box::new(RemoteError {
                 code: 900,
                 args: [1, 2, 3],
                 message: "from a newer build".into(),
-            }),
+            })),
         ] {
             let back = Error::from(RemoteError::from(&e));
             assert_eq!(format!("{back:?}"), format!("{e:?}"));

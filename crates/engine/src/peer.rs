@@ -587,7 +587,7 @@ impl Peer {
                     p
                 }
             };
-            plans.push(&plan);
+            plans.push(plan);
         }
         drop(cache);
         let id = self

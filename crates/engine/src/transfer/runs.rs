@@ -15,7 +15,8 @@ use smallvec::SmallVec;
 use super::{OpKind, OpStatus};
 use crate::plan::{Path, Plan};
 
-/// Values for ops `0..len`, one entry per run of equal consecutive values.
+/// Values for ops `0..len`, one entry per run of equal consecutive values (the first inline:
+/// a one-op transfer's plan, or its report's result, costs no allocation).
 #[derive(Debug, Clone)]
 struct Runs<T> {
     /// (end of the run, exclusive; its value), ends ascending.
@@ -117,9 +118,13 @@ fn same_plan(a: &Plan, b: &Plan) -> bool {
 pub(crate) struct Plans(Runs<Plan>);
 
 impl Plans {
-    /// Appends the plan of the next op.
-    pub(crate) fn push(&mut self, plan: &Plan) {
-        self.0.push_with(|p| same_plan(p, plan), || plan.clone());
+    /// Appends the plan of the next op (taken, not cloned: its reason's reference moves in).
+    pub(crate) fn push(&mut self, plan: Plan) {
+        let end = self.len() as u32 + 1;
+        match self.0.runs.last_mut() {
+            Some(last) if same_plan(&last.1, &plan) => last.0 = end,
+            _ => self.0.runs.push((end, plan)),
+        }
     }
 
     /// Appends the next op, whose plan is the last op's.
@@ -304,10 +309,10 @@ mod tests {
         let (a, b) = (plan(Path::Shm, "a"), plan(Path::Tcp, "b"));
         let mut p = Plans::default();
         for _ in 0..1000 {
-            p.push(&a);
+            p.push(a.clone());
         }
-        p.push(&b);
-        p.push(&a);
+        p.push(b.clone());
+        p.push(a.clone());
         assert_eq!(p.len(), 1002);
         assert_eq!(p.0.runs.len(), 3, "1000 equal plans, then two changes");
         assert_eq!(p.get(999).map(|p| p.path), Some(Path::Shm));
@@ -324,12 +329,12 @@ mod tests {
     fn equal_text_from_two_plans_is_two_runs_still_read_right() {
         // Not the same shared reason: stored apart (correct either way).
         let mut p = Plans::default();
-        p.push(&plan(Path::Shm, "x"));
-        p.push(&plan(Path::Shm, "x"));
+        p.push(plan(Path::Shm, "x"));
+        p.push(plan(Path::Shm, "x"));
         assert_eq!(p.0.runs.len(), 2);
         assert_eq!(p.iter().count(), 2);
         let mut one = Plans::default();
-        one.push(&plan(Path::Tcp, "t"));
+        one.push(plan(Path::Tcp, "t"));
         assert_eq!(one.only().map(|p| p.path), Some(Path::Tcp));
     }
 

@@ -45,7 +45,7 @@ const QPS_PER_PEER: u16 = 2;
 const CQ_ENTRIES: u32 = 1024;
 
 fn rdma_err(e: impl Into<RdmaError>) -> Error {
-    Error::Rdma(e.into())
+    Error::Rdma(Box::new(e.into()))
 }
 
 /// This agent's RDMA endpoint and the registrations it made for its regions.
