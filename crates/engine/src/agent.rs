@@ -143,7 +143,6 @@ pub(crate) struct AgentInner {
     pub(crate) inbound: Queue<PeerInfo>,
     conns: Mutex<HashMap<u64, Sock>>,
     next_conn: AtomicU64,
-    pub(crate) next_xfer: AtomicU64,
     pub(crate) shutdown: AtomicBool,
     /// Strict mode for GPU regions ([`Agent::set_strict`]; `GDX_STRICT` at start).
     pub(crate) strict: AtomicBool,
@@ -291,7 +290,6 @@ impl Agent {
             inbound: Queue::default(),
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
-            next_xfer: AtomicU64::new(1),
             shutdown: AtomicBool::new(false),
             strict: AtomicBool::new(crate::planner::strict_from_env()?),
             rdma,

@@ -590,17 +590,13 @@ impl Peer {
             plans.push(plan);
         }
         drop(cache);
-        let id = self
-            .inner
-            .agent
-            .next_xfer
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = crate::transfer::next_id();
         let state = self.inner.transport.submit_new(NewTransfer::now(
             id,
             t,
             plans,
             self.inner.agent.cfg.transfer_timeout,
-            Arc::clone(&self.inner.xfer_shared),
+            &self.inner.xfer_shared,
         ));
         Ok(TransferHandle { state })
     }

@@ -43,7 +43,7 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug {
     /// Starts a transfer whose state is not built yet and returns that state. The default
     /// builds it and calls `submit`; a transport that can put the request on the wire first
     /// (the shm ring) builds it after, so that work overlaps the peer's.
-    fn submit_new(&self, n: crate::transfer::NewTransfer) -> Arc<XferState> {
+    fn submit_new(&self, n: crate::transfer::NewTransfer<'_>) -> Arc<XferState> {
         let x = Arc::new(n.build());
         self.submit(Arc::clone(&x));
         x

@@ -202,7 +202,7 @@ impl ShmTransport {
 
 impl ShmTransport {
     /// `submit_new` the usual way: the state built, then submitted.
-    fn submit_built(&self, n: NewTransfer) -> Arc<XferState> {
+    fn submit_built(&self, n: NewTransfer<'_>) -> Arc<XferState> {
         let x = Arc::new(n.build());
         self.submit(Arc::clone(&x));
         x
@@ -245,7 +245,7 @@ impl Transport for ShmTransport {
         self.queue.submit(xfer);
     }
 
-    fn submit_new(&self, n: NewTransfer) -> Arc<XferState> {
+    fn submit_new(&self, n: NewTransfer<'_>) -> Arc<XferState> {
         if !ring::posts_early(&n) {
             return self.submit_built(n);
         }

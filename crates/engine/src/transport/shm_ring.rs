@@ -210,7 +210,7 @@ pub(super) fn may_post(xfer: &XferState) -> bool {
 /// Whether `n` may be posted before its state is built (`Worker::post_early`): one op over
 /// shm, inline (a write of up to `STAGE_MAX` bytes, staged on the stack; a read of up to
 /// `INLINE_MAX`), no notification.
-pub(super) fn posts_early(n: &NewTransfer) -> bool {
+pub(super) fn posts_early(n: &NewTransfer<'_>) -> bool {
     let ([op], Some(plan)) = (&n.t.ops[..], n.plans.only()) else {
         return false;
     };
@@ -763,7 +763,11 @@ impl Worker {
     /// `INLINE_MAX`) before its state is built (`NewTransfer`): the slot is on its way to the
     /// target while the caller builds the state and hands it to `in_flight_early`. `None`: not
     /// such a transfer, or no slot free now (the caller takes the usual path).
-    pub(super) fn post_early(&mut self, n: &NewTransfer, done: &mut Done) -> Result<Option<Early>> {
+    pub(super) fn post_early(
+        &mut self,
+        n: &NewTransfer<'_>,
+        done: &mut Done,
+    ) -> Result<Option<Early>> {
         let Some(op) = n.t.op_refs().next().filter(|_| n.t.ops.len() == 1) else {
             return Ok(None);
         };
