@@ -95,7 +95,13 @@ pub(super) struct RingClient {
     /// The shm socket, watched for hang-up while waiting.
     sock_fd: RawFd,
     wait: Duration,
+    /// When this side last published a slot (`publish`).
+    last_post: Option<quanta::Instant>,
 }
+
+/// A post this soon after the previous one skips the doorbell check (`RingClient::publish`):
+/// half the target's spin before it may sleep (200 µs, `docs/wire-protocol.md`).
+const QUIET: Duration = Duration::from_micros(100);
 
 impl RingClient {
     pub(super) fn new(ring: Ring, sock_fd: RawFd, wait: Duration) -> Self {
@@ -106,6 +112,7 @@ impl RingClient {
             consumed: [false; ring::SLOTS],
             sock_fd,
             wait,
+            last_post: None,
         }
     }
 
@@ -172,6 +179,21 @@ impl RingClient {
 
     /// Publishes a slot state (`POSTED`, `END`) and rings the doorbell.
     fn publish(&mut self, slot: usize, state: u32) {
+        // Within `QUIET` of the previous post the target is still spinning (it spins 200 µs
+        // after the last request it saw, which was that post or a later one, before it may
+        // sleep), and this store is visible to it long before it could re-check the slots on
+        // its way to sleep: a release store does, with no doorbell check. The fence a check
+        // needs (the SeqCst store) would hold this core until the slot's line came back from
+        // the target's core, once per post.
+        let now = quanta::Instant::now();
+        let recent = self
+            .last_post
+            .is_some_and(|t| now.saturating_duration_since(t) < QUIET);
+        self.last_post = Some(now);
+        if recent {
+            self.ring.state(slot).store(state, Ordering::Release);
+            return;
+        }
         self.ring.state(slot).store(state, Ordering::SeqCst);
         // The doorbell moves only for a sleeping target: the state store and this load are
         // both SeqCst, and the target sets `target_sleeping` (SeqCst) before it re-checks the
