@@ -458,6 +458,28 @@ fn a_transfer_with_an_endless_timeout_completes() {
     );
 }
 
+/// Posts at gaps on both sides of the target's sleep (it spins 200 µs after its last request;
+/// a post under 100 µs after the previous one skips the doorbell check, any later one checks
+/// and wakes a sleeping target): every write, each a fresh pattern over the same bytes, lands
+/// and reads back through the ring.
+#[test]
+fn posts_close_together_and_after_the_target_slept_all_land() {
+    let (_agents, peer, remote, dst, mut src) = pair(4096, 41);
+    let gaps_us = [0u64, 10, 90, 110, 150, 250, 1_000, 20_000, 0, 0, 300, 5];
+    for (i, gap) in gaps_us.into_iter().enumerate() {
+        std::thread::sleep(Duration::from_micros(gap));
+        fill_pattern(&mut src.bytes_mut().unwrap()[..64], 100 + i as u64);
+        let mut t = Transfer::new();
+        t.write(&src, 0, &remote, 0, 64);
+        peer.submit(t).unwrap().wait(WAIT).unwrap();
+        assert_eq!(
+            first_diff(&dst.bytes().unwrap()[..64], &src.bytes().unwrap()[..64]),
+            None,
+            "write {i} after a {gap} µs gap"
+        );
+    }
+}
+
 /// A small write whose local region was freed after the transfer was built: the slot goes out
 /// with the op withdrawn, the transfer fails with the region's error, and the connection keeps
 /// carrying transfers.
