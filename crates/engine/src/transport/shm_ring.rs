@@ -175,6 +175,12 @@ impl RingClient {
         self.ring.write_control(slot, self.seq, kind, n_ops, xfer);
         self.seq = self.seq.wrapping_add(1);
         self.publish(slot, POSTED);
+        // The next slot, if the target is done with it (its answer was read), is fetched for
+        // writing while this one is in flight.
+        let next = self.seq as usize % ring::SLOTS;
+        if self.consumed[next] {
+            self.ring.prefetch_for_write(next);
+        }
     }
 
     /// Publishes a slot state (`POSTED`, `END`) and rings the doorbell.
