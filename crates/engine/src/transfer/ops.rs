@@ -62,7 +62,7 @@ impl Regions {
         let r = match self.remote.last() {
             Some(last) if **last == *remote => self.remote.len() - 1,
             _ => {
-                self.remote.push(super::shared_desc(remote));
+                self.remote.push(super::builder::shared_desc(remote));
                 self.remote.len() - 1
             }
         };

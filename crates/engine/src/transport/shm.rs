@@ -41,6 +41,10 @@ use crate::wire::MAX_OPS_PER_BEGIN;
 
 #[path = "shm_ring.rs"]
 mod ring;
+#[path = "shm_ring_begin.rs"]
+mod ring_begin;
+#[path = "shm_ring_client.rs"]
+mod ring_client;
 
 /// Runs transfers over one shm connection: small ones posted into the ring by the submitting
 /// thread and completed by whoever waits (`ring::Driver`), the rest one at a time on a worker

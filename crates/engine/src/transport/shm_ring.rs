@@ -14,215 +14,31 @@
 //! completes every answered one, oldest first; a waiter about to sleep hands the rest to the
 //! worker thread, which waits with the liveness checks below.
 //!
-//! Liveness: a waiter spins briefly, then sleeps on the slot's futex in short naps, and between
-//! naps checks the shm socket for hang-up (the target closes it when it dies or its ring
-//! thread gives up) and the I/O timeout; either fails the transfer's unconfirmed ops with
-//! `PeerLost` and the connection stays failed.
+//! Liveness (`shm_ring_client.rs`): a waiter spins briefly, then sleeps on the slot's futex in
+//! short naps, and between naps checks the shm socket for hang-up (the target closes it when it
+//! dies or its ring thread gives up) and the I/O timeout; either fails the transfer's
+//! unconfirmed ops with `PeerLost` and the connection stays failed.
 
-use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
 
+use super::ring_client::NO_SLOT;
+pub(super) use super::ring_client::{Done, Driver, RingClient, Skip};
 use super::Worker;
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
 use crate::plan::Path;
 use crate::region::LeaseKind;
-use crate::ring::{
-    self, Ring, DATA_BYTES, DONE, END, FREE, INLINE_MAX, KIND_BEGIN, KIND_INLINE, MAX_RING_OPS,
-    NAP, POSTED,
-};
-use crate::transfer::{Drive, NewTransfer, OpKind, OpRef, XferState};
-use crate::transport::SerialQueue;
+use crate::ring::{self, DONE, INLINE_MAX, KIND_BEGIN, KIND_INLINE, MAX_RING_OPS};
+use crate::transfer::{NewTransfer, OpKind, OpRef, XferState};
 use crate::wire::ShmOp;
 
-/// Transfers a completion pass ended, to be finished once the worker lock is let go (a waiter
-/// that sees its transfer end may submit the next one at once, and that takes the lock).
-#[derive(Debug, Default)]
-pub(super) struct Done(smallvec::SmallVec<[(Arc<XferState>, Option<Skip>); 4]>);
-
-impl Done {
-    pub(super) fn new() -> Self {
-        Done::default()
-    }
-
-    /// `xfer` ends as it stands (its ops already recorded).
-    pub(super) fn push(&mut self, xfer: Arc<XferState>) {
-        self.0.push((xfer, None));
-    }
-
-    /// `xfer`, one slot's worth of ops, ends with every op not in `skip` completed (recorded in
-    /// the same update as the end).
-    fn complete(&mut self, xfer: Arc<XferState>, skip: Skip) {
-        self.0.push((xfer, Some(skip)));
-    }
-
-    /// Ends them all, in order.
-    pub(super) fn finish(self) {
-        for (x, skip) in self.0 {
-            match skip {
-                None => x.finish(),
-                Some(s) => x.finish_with(|i| !s.get(i)),
-            }
-        }
-    }
-}
-
-/// `RingClient::front` when nothing is in flight.
-const NO_SLOT: u32 = u32::MAX;
-
-/// How long the initiator spins on a slot before it sleeps on its futex.
-const SPIN: Duration = Duration::from_micros(100);
 /// How long the submitting thread waits for the next slot (the oldest in flight to be answered)
 /// before it queues the transfer to the worker thread instead: a ring round trip to a running
 /// peer is a few µs; anything longer (a sleeping, descheduled or stopped peer) is waited for off
 /// the caller's thread.
 const SUBMIT_SPIN: Duration = Duration::from_micros(10);
-
-/// The initiator's ring state: the mapping and the next sequence number.
-#[derive(Debug)]
-pub(super) struct RingClient {
-    /// Shared with the connection's `Driver`, which reads slot states without the lock.
-    pub(super) ring: Arc<Ring>,
-    /// The slot of the oldest transfer in flight (`NO_SLOT`: none), for `Driver::poll`.
-    pub(super) front: Arc<AtomicU32>,
-    seq: u32,
-    /// Inline slots whose `DONE` this side has read: free to reuse as they are. The initiator
-    /// does not write `FREE` into them, which would take the slot's line back from the target's
-    /// core once more per request (and stall this core's next atomic until it had).
-    consumed: [bool; ring::SLOTS],
-    /// The shm socket, watched for hang-up while waiting.
-    sock_fd: RawFd,
-    wait: Duration,
-    /// When this side last published a slot (`publish`).
-    last_post: Option<quanta::Instant>,
-}
-
-/// A post this soon after the previous one skips the doorbell check (`RingClient::publish`):
-/// half the target's spin before it may sleep (200 µs, `docs/wire-protocol.md`).
-const QUIET: Duration = Duration::from_micros(100);
-
-impl RingClient {
-    pub(super) fn new(ring: Ring, sock_fd: RawFd, wait: Duration) -> Self {
-        RingClient {
-            ring: Arc::new(ring),
-            front: Arc::new(AtomicU32::new(NO_SLOT)),
-            seq: 0,
-            consumed: [false; ring::SLOTS],
-            sock_fd,
-            wait,
-            last_post: None,
-        }
-    }
-
-    /// Waits until `slot` is in state `want`.
-    fn wait_state(&self, slot: usize, want: u32) -> Result<()> {
-        let st = self.ring.state(slot);
-        if ring::spin_until(SPIN, || st.load(Ordering::Acquire) == want) {
-            return Ok(());
-        }
-        let deadline = Instant::now() + self.wait;
-        loop {
-            self.ring.waiting(slot).store(1, Ordering::SeqCst);
-            let cur = st.load(Ordering::SeqCst);
-            if cur != want {
-                ring::futex_wait(st, cur, NAP);
-            }
-            self.ring.waiting(slot).store(0, Ordering::SeqCst);
-            if st.load(Ordering::Acquire) == want {
-                return Ok(());
-            }
-            if hung_up(self.sock_fd) {
-                return Err(Error::PeerLost(
-                    "the shm peer closed its connection while a ring request was pending".into(),
-                ));
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::PeerLost(format!(
-                    "no answer on the shm ring within the I/O timeout ({} ms)",
-                    self.wait.as_millis()
-                )));
-            }
-        }
-    }
-
-    /// Whether the next slot is free now (taking it would not wait).
-    fn next_is_free(&self) -> bool {
-        let slot = self.seq as usize % ring::SLOTS;
-        self.consumed[slot] || self.ring.state(slot).load(Ordering::Acquire) == FREE
-    }
-
-    /// An answered inline slot was read: it may be reused without waiting.
-    fn consume(&mut self, slot: usize) {
-        self.consumed[slot] = true;
-    }
-
-    /// Takes the next slot (waiting until the target freed it) and writes the request's op
-    /// table into it; `post_slot` completes and posts it.
-    fn prepare(&mut self, ops: impl Iterator<Item = ShmOp>) -> Result<usize> {
-        let slot = self.seq as usize % ring::SLOTS;
-        if !std::mem::take(&mut self.consumed[slot]) {
-            self.wait_state(slot, FREE)?;
-        }
-        self.ring.write_ops(slot, ops);
-        Ok(slot)
-    }
-
-    /// Writes the control block of the slot `prepare` took (its data already in place), posts
-    /// it and rings the doorbell.
-    fn post_slot(&mut self, slot: usize, kind: u32, xfer: u64, n_ops: usize) {
-        self.ring.write_control(slot, self.seq, kind, n_ops, xfer);
-        self.seq = self.seq.wrapping_add(1);
-        self.publish(slot, POSTED);
-        // The next slot, if the target is done with it (its answer was read), is fetched for
-        // writing while this one is in flight.
-        let next = self.seq as usize % ring::SLOTS;
-        if self.consumed[next] {
-            self.ring.prefetch_for_write(next);
-        }
-    }
-
-    /// Publishes a slot state (`POSTED`, `END`) and rings the doorbell.
-    fn publish(&mut self, slot: usize, state: u32) {
-        // Within `QUIET` of the previous post the target is still spinning (it spins 200 µs
-        // after the last request it saw, which was that post or a later one, before it may
-        // sleep), and this store is visible to it long before it could re-check the slots on
-        // its way to sleep: a release store does, with no doorbell check. The fence a check
-        // needs (the SeqCst store) would hold this core until the slot's line came back from
-        // the target's core, once per post.
-        let now = quanta::Instant::now();
-        let recent = self
-            .last_post
-            .is_some_and(|t| now.saturating_duration_since(t) < QUIET);
-        self.last_post = Some(now);
-        if recent {
-            self.ring.state(slot).store(state, Ordering::Release);
-            return;
-        }
-        self.ring.state(slot).store(state, Ordering::SeqCst);
-        // The doorbell moves only for a sleeping target: the state store and this load are
-        // both SeqCst, and the target sets `target_sleeping` (SeqCst) before it re-checks the
-        // slots and sleeps on the doorbell's value, so either it sees this slot or this load
-        // sees it sleeping (and the bump changes the value it sleeps on, or the wake finds it).
-        if self.ring.target_sleeping().load(Ordering::SeqCst) != 0 {
-            self.ring.doorbell().fetch_add(1, Ordering::SeqCst);
-            ring::futex_wake(self.ring.doorbell());
-        }
-    }
-}
-
-/// True when the peer hung up the socket (or it failed).
-fn hung_up(fd: RawFd) -> bool {
-    use rustix::event::{PollFd, PollFlags};
-    // SAFETY: the transport keeps the socket open while its ring client lives; poll only looks
-    // the number up (POLLNVAL if it were closed).
-    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    let mut p = [PollFd::from_borrowed_fd(fd, PollFlags::RDHUP)];
-    let n = rustix::event::poll(&mut p, Some(&rustix::event::Timespec::default())).unwrap_or(0);
-    let hup = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL;
-    n > 0 && p[0].revents().intersects(hup)
-}
 
 /// Whether `xfer` may be posted by the submitting thread and left in flight (`Worker::post`
 /// decides: one slot, every op inline or every op leased with `BEGIN`): at most one slot's ops,
@@ -296,67 +112,6 @@ pub(super) struct Inflight {
     skip: Skip,
 }
 
-/// The ops of one slot that are out of it: withdrawn before posting, or failed by the target.
-/// Nothing is allocated until an op fails (the common case).
-#[derive(Debug, Default)]
-pub(super) struct Skip(Option<Vec<bool>>);
-
-impl Skip {
-    fn get(&self, j: usize) -> bool {
-        self.0
-            .as_ref()
-            .is_some_and(|v| v.get(j).copied().unwrap_or(false))
-    }
-
-    /// Marks op `j` of a slot of `n` ops.
-    fn set(&mut self, j: usize, n: usize) {
-        if let Some(b) = self.0.get_or_insert_with(|| vec![false; n]).get_mut(j) {
-            *b = true;
-        }
-    }
-}
-
-/// The handle waiters drive a transfer in flight through (`Drive`); weak, so an abandoned
-/// transfer keeps neither the connection nor its worker thread alive.
-#[derive(Debug)]
-pub(super) struct Driver {
-    /// The ring and its oldest slot in flight: a poll while that slot is unanswered costs
-    /// two loads, no lock (a waiter polls in a tight loop, maybe on a core the target shares).
-    pub(super) ring: Arc<Ring>,
-    pub(super) front: Arc<AtomicU32>,
-    pub(super) worker: Weak<Mutex<Worker>>,
-    pub(super) queue: Weak<SerialQueue>,
-    pub(super) dead: Arc<AtomicBool>,
-}
-
-impl Drive for Driver {
-    fn poll(&self) {
-        let front = self.front.load(Ordering::Acquire);
-        if front == NO_SLOT || self.ring.state(front as usize).load(Ordering::Acquire) != DONE {
-            return;
-        }
-        let Some(w) = self.worker.upgrade() else {
-            return;
-        };
-        let mut done = Done::new();
-        if let Ok(mut w) = w.try_lock() {
-            if w.inflight.is_empty() {
-                return;
-            }
-            if w.reap_guarded(false, &mut done) {
-                self.dead.store(true, Ordering::SeqCst);
-            }
-        }
-        done.finish();
-    }
-
-    fn park(&self, xfer: &Arc<XferState>) {
-        if let Some(q) = self.queue.upgrade() {
-            q.nudge(Arc::clone(xfer));
-        }
-    }
-}
-
 /// Whether every op of `xfer` travels inline (small, and to a path the ring carries inline).
 fn all_inline(xfer: &XferState) -> bool {
     xfer.paths()
@@ -367,7 +122,13 @@ fn all_inline(xfer: &XferState) -> bool {
 /// Whether op `i` can go through the ring (inline, or leased and copied through a mapping).
 /// A transfer of more than `INLINE_MAX` bytes moves its small ops to mapped regions with `BEGIN`
 /// too: one copy instead of two, and one lease per region run instead of one per op.
-fn ring_class(w: &Worker, xfer: &XferState, plan: &Path, i: usize, big: bool) -> Option<u32> {
+pub(super) fn ring_class(
+    w: &Worker,
+    xfer: &XferState,
+    plan: &Path,
+    i: usize,
+    big: bool,
+) -> Option<u32> {
     let op = xfer.op(i);
     let mapped = *plan == Path::Shm && w.maps.contains_key(&op.remote.id);
     if mapped && (big || op.len > INLINE_MAX) {
@@ -385,7 +146,7 @@ pub(super) fn ring_ops(xfer: &XferState, batch: &[usize]) -> Vec<ShmOp> {
 }
 
 /// `ring_ops`, written straight into a slot (no list built).
-fn ring_ops_iter<'a>(
+pub(super) fn ring_ops_iter<'a>(
     xfer: &'a XferState,
     batch: &'a [usize],
 ) -> impl ExactSizeIterator<Item = ShmOp> + 'a {
@@ -404,167 +165,14 @@ fn shm_op(op: OpRef<'_>) -> ShmOp {
 }
 
 impl Worker {
-    /// Runs `xfer` through the ring when every op fits it; `Ok(false)` when some op does not
-    /// (the caller runs the transfer over the socket).
-    pub(super) fn run_ring(
-        &mut self,
-        xfer: &XferState,
-        plans: &[Path],
-        ok: &[bool],
-    ) -> Result<bool> {
-        if self.ring.is_none() {
-            return Ok(false);
-        }
-        let idx: Vec<usize> = (0..xfer.ops.len()).filter(|&i| ok[i]).collect();
-        let mut classes = Vec::with_capacity(idx.len());
-        let big = idx.iter().map(|&i| xfer.ops[i].len).sum::<u64>() > INLINE_MAX;
-        for &i in &idx {
-            match ring_class(self, xfer, &plans[i], i, big) {
-                Some(k) => classes.push(k),
-                None => return Ok(false),
-            }
-        }
-        // Consecutive ops of one class share a slot, up to its op and data limits.
-        let mut start = 0;
-        while start < idx.len() {
-            let kind = classes[start];
-            let mut end = start;
-            let mut data = 0u64;
-            while end < idx.len() && classes[end] == kind && end - start < MAX_RING_OPS {
-                let len = xfer.ops[idx[end]].len;
-                if kind == KIND_INLINE && data + len > DATA_BYTES as u64 {
-                    break;
-                }
-                data += len;
-                end += 1;
-            }
-            self.ring_batch(xfer, &idx[start..end], kind)?;
-            start = end;
-        }
-        if let Some(n) = xfer.notify.clone().filter(|_| !xfer.has_failed()) {
-            self.send_notify(xfer, n)?;
-        }
-        Ok(true)
-    }
-
-    /// One slot: post, wait for `DONE`, then complete (inline) or copy and `END` (begin).
-    fn ring_batch(&mut self, xfer: &XferState, batch: &[usize], kind: u32) -> Result<()> {
-        if kind == KIND_INLINE {
-            let (slot, skip) = self.post_inline(xfer, batch)?;
-            self.ring_mut()?.wait_state(slot, DONE)?;
-            let skip = self.finish_inline(xfer, batch, slot, skip)?;
-            xfer.ops_done(
-                batch
-                    .iter()
-                    .enumerate()
-                    .filter(|(j, _)| !skip.get(*j))
-                    .map(|(_, &i)| i),
-            );
-            return Ok(());
-        }
-        let rc = self.ring_mut()?;
-        let slot = rc.prepare(ring_ops_iter(xfer, batch))?;
-        rc.post_slot(slot, kind, xfer.id, batch.len());
-        rc.wait_state(slot, DONE)?;
-        // BEGIN: the target holds a lease on every accepted op until END.
-        self.finish_begin(xfer, batch, slot, Skip::default())
-    }
-
-    /// The copies of a `BEGIN` slot through the mappings: consecutive ops between the same
-    /// local region and the same remote region, in the same direction, share one local lease and
-    /// one mapping look-up (a batch of small ops costs its copies, not per-op bookkeeping).
-    /// Returns the ops copied and the error that broke the connection, if one did.
-    fn copy_runs(
-        &self,
-        xfer: &XferState,
-        batch: &[usize],
-        skip: &Skip,
-    ) -> (Vec<usize>, Option<Error>) {
-        let mut done = Vec::with_capacity(batch.len());
-        let mut j = 0;
-        while j < batch.len() {
-            if skip.get(j) {
-                j += 1;
-                continue;
-            }
-            let first = xfer.op(batch[j]);
-            let mut end = j + 1;
-            while end < batch.len() && !skip.get(end) {
-                let op = xfer.op(batch[end]);
-                if !Arc::ptr_eq(op.local, first.local)
-                    || op.remote.id != first.remote.id
-                    || op.kind != first.kind
-                {
-                    break;
-                }
-                end += 1;
-            }
-            let run = &batch[j..end];
-            j = end;
-            let fail_run = |e: &Error| {
-                for &i in run {
-                    xfer.chunk_done(i, 0, Err(e.clone()));
-                }
-            };
-            if xfer.expired() {
-                fail_run(&xfer.timeout_error());
-                continue;
-            }
-            let Some((m, writable)) = self.maps.get(&first.remote.id) else {
-                fail_run(&Error::NoSuchRegion {
-                    region: first.remote.id,
-                });
-                continue;
-            };
-            let (kind, dir) = match first.kind {
-                OpKind::Write if !writable => {
-                    fail_run(&Error::ReadOnly {
-                        region: first.remote.id,
-                    });
-                    continue;
-                }
-                OpKind::Write => (LeaseKind::Source, Dir::OutOfRegion),
-                OpKind::Read => (LeaseKind::Sink, Dir::IntoRegion),
-            };
-            let lease = match first.local.lease(kind, self.wait) {
-                Ok(l) => l,
-                Err(e) if e.is_fatal_for_stream() => return (done, Some(e)),
-                Err(e) => {
-                    fail_run(&e);
-                    continue;
-                }
-            };
-            for &i in run {
-                let op = xfer.op(i);
-                if let Err(e) =
-                    crate::region::check_bounds(op.remote_offset, op.len, m.len() as u64)
-                {
-                    xfer.chunk_done(i, 0, Err(e));
-                    continue;
-                }
-                // SAFETY: remote_offset + len <= m.len() (checked above).
-                let remote = unsafe { m.ptr().add(op.remote_offset as usize) };
-                // SAFETY: the remote span is checked above, mapped (writable for a write) and
-                // leased by the target since BEGIN; the local span was bounds-checked at submit
-                // and is held by the lease; distinct mappings do not overlap.
-                match unsafe { copy_span(&lease, op.local_offset, remote, op.len as usize, dir) } {
-                    Ok(()) => done.push(i),
-                    Err(e) if e.is_fatal_for_stream() => return (done, Some(e)),
-                    Err(e) => xfer.chunk_done(i, 0, Err(e)),
-                }
-            }
-        }
-        (done, None)
-    }
-
-    fn ring_mut(&mut self) -> Result<&mut RingClient> {
+    pub(super) fn ring_mut(&mut self) -> Result<&mut RingClient> {
         self.ring
             .as_mut()
             .ok_or_else(|| Error::Protocol("no shm ring".into()))
     }
 
     /// Reads the target's per-op errors of `slot` into `skip` (and fails those ops).
-    fn take_result(
+    pub(super) fn take_result(
         &mut self,
         xfer: &XferState,
         batch: &[usize],
@@ -655,7 +263,11 @@ impl Worker {
 
     /// Takes the next slot (waiting until it is free), copies the writes' bytes into it and
     /// posts it. Returns the slot and the ops withdrawn (their local copy failed).
-    fn post_inline(&mut self, xfer: &XferState, batch: &[usize]) -> Result<(usize, Skip)> {
+    pub(super) fn post_inline(
+        &mut self,
+        xfer: &XferState,
+        batch: &[usize],
+    ) -> Result<(usize, Skip)> {
         if let [i] = *batch {
             if let Some(staged) = self.stage_op(xfer.op(i)) {
                 let (slot, skip, failed) = self.post_one(xfer.op(i), xfer.id, Some(staged))?;
@@ -737,7 +349,7 @@ impl Worker {
     /// After `DONE` on an inline slot: the target's errors, the reads' bytes out of the slot,
     /// the slot marked for reuse (it stays `DONE`). Returns the ops of `batch` that did not
     /// complete (the rest did; the caller records them).
-    fn finish_inline(
+    pub(super) fn finish_inline(
         &mut self,
         xfer: &XferState,
         batch: &[usize],
@@ -883,25 +495,6 @@ impl Worker {
             skip: s.skip,
         });
         self.mark_front();
-    }
-
-    /// An answered `BEGIN` slot: the target's verdicts, the copies through the mappings, `END`
-    /// (the target then drops the leases), the ops completed.
-    fn finish_begin(
-        &mut self,
-        xfer: &XferState,
-        batch: &[usize],
-        slot: usize,
-        mut skip: Skip,
-    ) -> Result<()> {
-        self.take_result(xfer, batch, slot, &mut skip)?;
-        let (done, fatal) = self.copy_runs(xfer, batch, &skip);
-        self.ring_mut()?.publish(slot, END);
-        if let Some(e) = fatal {
-            return Err(e);
-        }
-        xfer.ops_done(done);
-        Ok(())
     }
 
     /// The submitting thread's `post`: `None` when the transfer was taken (posted and left to

@@ -1,0 +1,188 @@
+//! Transfers the worker thread runs through the shm ring slot by slot (`run_ring`), and the
+//! leased (`BEGIN`) slots' copies through the mappings; the submitting thread's one-slot posts
+//! and the inline path are in `shm_ring.rs`.
+
+use std::sync::Arc;
+
+use super::ring::{ring_class, ring_ops_iter, Skip};
+use super::Worker;
+use crate::error::{Error, Result};
+use crate::gpu::{copy_span, Dir};
+use crate::plan::Path;
+use crate::region::LeaseKind;
+use crate::ring::{DATA_BYTES, DONE, END, INLINE_MAX, KIND_INLINE, MAX_RING_OPS};
+use crate::transfer::{OpKind, XferState};
+
+impl Worker {
+    /// Runs `xfer` through the ring when every op fits it; `Ok(false)` when some op does not
+    /// (the caller runs the transfer over the socket).
+    pub(super) fn run_ring(
+        &mut self,
+        xfer: &XferState,
+        plans: &[Path],
+        ok: &[bool],
+    ) -> Result<bool> {
+        if self.ring.is_none() {
+            return Ok(false);
+        }
+        let idx: Vec<usize> = (0..xfer.ops.len()).filter(|&i| ok[i]).collect();
+        let mut classes = Vec::with_capacity(idx.len());
+        let big = idx.iter().map(|&i| xfer.ops[i].len).sum::<u64>() > INLINE_MAX;
+        for &i in &idx {
+            match ring_class(self, xfer, &plans[i], i, big) {
+                Some(k) => classes.push(k),
+                None => return Ok(false),
+            }
+        }
+        // Consecutive ops of one class share a slot, up to its op and data limits.
+        let mut start = 0;
+        while start < idx.len() {
+            let kind = classes[start];
+            let mut end = start;
+            let mut data = 0u64;
+            while end < idx.len() && classes[end] == kind && end - start < MAX_RING_OPS {
+                let len = xfer.ops[idx[end]].len;
+                if kind == KIND_INLINE && data + len > DATA_BYTES as u64 {
+                    break;
+                }
+                data += len;
+                end += 1;
+            }
+            self.ring_batch(xfer, &idx[start..end], kind)?;
+            start = end;
+        }
+        if let Some(n) = xfer.notify.clone().filter(|_| !xfer.has_failed()) {
+            self.send_notify(xfer, n)?;
+        }
+        Ok(true)
+    }
+
+    /// One slot: post, wait for `DONE`, then complete (inline) or copy and `END` (begin).
+    fn ring_batch(&mut self, xfer: &XferState, batch: &[usize], kind: u32) -> Result<()> {
+        if kind == KIND_INLINE {
+            let (slot, skip) = self.post_inline(xfer, batch)?;
+            self.ring_mut()?.wait_state(slot, DONE)?;
+            let skip = self.finish_inline(xfer, batch, slot, skip)?;
+            xfer.ops_done(
+                batch
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| !skip.get(*j))
+                    .map(|(_, &i)| i),
+            );
+            return Ok(());
+        }
+        let rc = self.ring_mut()?;
+        let slot = rc.prepare(ring_ops_iter(xfer, batch))?;
+        rc.post_slot(slot, kind, xfer.id, batch.len());
+        rc.wait_state(slot, DONE)?;
+        // BEGIN: the target holds a lease on every accepted op until END.
+        self.finish_begin(xfer, batch, slot, Skip::default())
+    }
+
+    /// The copies of a `BEGIN` slot through the mappings: consecutive ops between the same
+    /// local region and the same remote region, in the same direction, share one local lease and
+    /// one mapping look-up (a batch of small ops costs its copies, not per-op bookkeeping).
+    /// Returns the ops copied and the error that broke the connection, if one did.
+    fn copy_runs(
+        &self,
+        xfer: &XferState,
+        batch: &[usize],
+        skip: &Skip,
+    ) -> (Vec<usize>, Option<Error>) {
+        let mut done = Vec::with_capacity(batch.len());
+        let mut j = 0;
+        while j < batch.len() {
+            if skip.get(j) {
+                j += 1;
+                continue;
+            }
+            let first = xfer.op(batch[j]);
+            let mut end = j + 1;
+            while end < batch.len() && !skip.get(end) {
+                let op = xfer.op(batch[end]);
+                if !Arc::ptr_eq(op.local, first.local)
+                    || op.remote.id != first.remote.id
+                    || op.kind != first.kind
+                {
+                    break;
+                }
+                end += 1;
+            }
+            let run = &batch[j..end];
+            j = end;
+            let fail_run = |e: &Error| {
+                for &i in run {
+                    xfer.chunk_done(i, 0, Err(e.clone()));
+                }
+            };
+            if xfer.expired() {
+                fail_run(&xfer.timeout_error());
+                continue;
+            }
+            let Some((m, writable)) = self.maps.get(&first.remote.id) else {
+                fail_run(&Error::NoSuchRegion {
+                    region: first.remote.id,
+                });
+                continue;
+            };
+            let (kind, dir) = match first.kind {
+                OpKind::Write if !writable => {
+                    fail_run(&Error::ReadOnly {
+                        region: first.remote.id,
+                    });
+                    continue;
+                }
+                OpKind::Write => (LeaseKind::Source, Dir::OutOfRegion),
+                OpKind::Read => (LeaseKind::Sink, Dir::IntoRegion),
+            };
+            let lease = match first.local.lease(kind, self.wait) {
+                Ok(l) => l,
+                Err(e) if e.is_fatal_for_stream() => return (done, Some(e)),
+                Err(e) => {
+                    fail_run(&e);
+                    continue;
+                }
+            };
+            for &i in run {
+                let op = xfer.op(i);
+                if let Err(e) =
+                    crate::region::check_bounds(op.remote_offset, op.len, m.len() as u64)
+                {
+                    xfer.chunk_done(i, 0, Err(e));
+                    continue;
+                }
+                // SAFETY: remote_offset + len <= m.len() (checked above).
+                let remote = unsafe { m.ptr().add(op.remote_offset as usize) };
+                // SAFETY: the remote span is checked above, mapped (writable for a write) and
+                // leased by the target since BEGIN; the local span was bounds-checked at submit
+                // and is held by the lease; distinct mappings do not overlap.
+                match unsafe { copy_span(&lease, op.local_offset, remote, op.len as usize, dir) } {
+                    Ok(()) => done.push(i),
+                    Err(e) if e.is_fatal_for_stream() => return (done, Some(e)),
+                    Err(e) => xfer.chunk_done(i, 0, Err(e)),
+                }
+            }
+        }
+        (done, None)
+    }
+
+    /// An answered `BEGIN` slot: the target's verdicts, the copies through the mappings, `END`
+    /// (the target then drops the leases), the ops completed.
+    pub(super) fn finish_begin(
+        &mut self,
+        xfer: &XferState,
+        batch: &[usize],
+        slot: usize,
+        mut skip: Skip,
+    ) -> Result<()> {
+        self.take_result(xfer, batch, slot, &mut skip)?;
+        let (done, fatal) = self.copy_runs(xfer, batch, &skip);
+        self.ring_mut()?.publish(slot, END);
+        if let Some(e) = fatal {
+            return Err(e);
+        }
+        xfer.ops_done(done);
+        Ok(())
+    }
+}

@@ -1,0 +1,258 @@
+//! The initiator's handle on its shm control ring (layout and states: `ring.rs`): slots taken
+//! in sequence, requests written and published, the doorbell rung only when the target may be
+//! asleep, and the wait for a slot's answer with the liveness checks; and what waiters use to
+//! complete transfers in flight (`Driver`, `Done`). `shm_ring.rs` runs transfers through it.
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use super::Worker;
+use crate::error::{Error, Result};
+use crate::ring::{self, Ring, DONE, FREE, NAP, POSTED};
+use crate::transfer::{Drive, XferState};
+use crate::transport::SerialQueue;
+use crate::wire::ShmOp;
+
+/// `RingClient::front` when nothing is in flight.
+pub(super) const NO_SLOT: u32 = u32::MAX;
+
+/// How long the initiator spins on a slot before it sleeps on its futex.
+const SPIN: Duration = Duration::from_micros(100);
+/// The initiator's ring state: the mapping and the next sequence number.
+#[derive(Debug)]
+pub(super) struct RingClient {
+    /// Shared with the connection's `Driver`, which reads slot states without the lock.
+    pub(super) ring: Arc<Ring>,
+    /// The slot of the oldest transfer in flight (`NO_SLOT`: none), for `Driver::poll`.
+    pub(super) front: Arc<AtomicU32>,
+    seq: u32,
+    /// Inline slots whose `DONE` this side has read: free to reuse as they are. The initiator
+    /// does not write `FREE` into them, which would take the slot's line back from the target's
+    /// core once more per request (and stall this core's next atomic until it had).
+    consumed: [bool; ring::SLOTS],
+    /// The shm socket, watched for hang-up while waiting.
+    sock_fd: RawFd,
+    wait: Duration,
+    /// When this side last published a slot (`publish`).
+    last_post: Option<quanta::Instant>,
+}
+
+/// A post this soon after the previous one skips the doorbell check (`RingClient::publish`):
+/// half the target's spin before it may sleep (200 µs, `docs/wire-protocol.md`).
+const QUIET: Duration = Duration::from_micros(100);
+
+impl RingClient {
+    pub(super) fn new(ring: Ring, sock_fd: RawFd, wait: Duration) -> Self {
+        RingClient {
+            ring: Arc::new(ring),
+            front: Arc::new(AtomicU32::new(NO_SLOT)),
+            seq: 0,
+            consumed: [false; ring::SLOTS],
+            sock_fd,
+            wait,
+            last_post: None,
+        }
+    }
+
+    /// Waits until `slot` is in state `want`.
+    pub(super) fn wait_state(&self, slot: usize, want: u32) -> Result<()> {
+        let st = self.ring.state(slot);
+        if ring::spin_until(SPIN, || st.load(Ordering::Acquire) == want) {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.wait;
+        loop {
+            self.ring.waiting(slot).store(1, Ordering::SeqCst);
+            let cur = st.load(Ordering::SeqCst);
+            if cur != want {
+                ring::futex_wait(st, cur, NAP);
+            }
+            self.ring.waiting(slot).store(0, Ordering::SeqCst);
+            if st.load(Ordering::Acquire) == want {
+                return Ok(());
+            }
+            if hung_up(self.sock_fd) {
+                return Err(Error::PeerLost(
+                    "the shm peer closed its connection while a ring request was pending".into(),
+                ));
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::PeerLost(format!(
+                    "no answer on the shm ring within the I/O timeout ({} ms)",
+                    self.wait.as_millis()
+                )));
+            }
+        }
+    }
+
+    /// Whether the next slot is free now (taking it would not wait).
+    pub(super) fn next_is_free(&self) -> bool {
+        let slot = self.seq as usize % ring::SLOTS;
+        self.consumed[slot] || self.ring.state(slot).load(Ordering::Acquire) == FREE
+    }
+
+    /// An answered inline slot was read: it may be reused without waiting.
+    pub(super) fn consume(&mut self, slot: usize) {
+        self.consumed[slot] = true;
+    }
+
+    /// Takes the next slot (waiting until the target freed it) and writes the request's op
+    /// table into it; `post_slot` completes and posts it.
+    pub(super) fn prepare(&mut self, ops: impl Iterator<Item = ShmOp>) -> Result<usize> {
+        let slot = self.seq as usize % ring::SLOTS;
+        if !std::mem::take(&mut self.consumed[slot]) {
+            self.wait_state(slot, FREE)?;
+        }
+        self.ring.write_ops(slot, ops);
+        Ok(slot)
+    }
+
+    /// Writes the control block of the slot `prepare` took (its data already in place), posts
+    /// it and rings the doorbell.
+    pub(super) fn post_slot(&mut self, slot: usize, kind: u32, xfer: u64, n_ops: usize) {
+        self.ring.write_control(slot, self.seq, kind, n_ops, xfer);
+        self.seq = self.seq.wrapping_add(1);
+        self.publish(slot, POSTED);
+        // The next slot, if the target is done with it (its answer was read), is fetched for
+        // writing while this one is in flight.
+        let next = self.seq as usize % ring::SLOTS;
+        if self.consumed[next] {
+            self.ring.prefetch_for_write(next);
+        }
+    }
+
+    /// Publishes a slot state (`POSTED`, `END`) and rings the doorbell.
+    pub(super) fn publish(&mut self, slot: usize, state: u32) {
+        // Within `QUIET` of the previous post the target is still spinning (it spins 200 µs
+        // after the last request it saw, which was that post or a later one, before it may
+        // sleep), and this store is visible to it long before it could re-check the slots on
+        // its way to sleep: a release store does, with no doorbell check. The fence a check
+        // needs (the SeqCst store) would hold this core until the slot's line came back from
+        // the target's core, once per post.
+        let now = quanta::Instant::now();
+        let recent = self
+            .last_post
+            .is_some_and(|t| now.saturating_duration_since(t) < QUIET);
+        self.last_post = Some(now);
+        if recent {
+            self.ring.state(slot).store(state, Ordering::Release);
+            return;
+        }
+        self.ring.state(slot).store(state, Ordering::SeqCst);
+        // The doorbell moves only for a sleeping target: the state store and this load are
+        // both SeqCst, and the target sets `target_sleeping` (SeqCst) before it re-checks the
+        // slots and sleeps on the doorbell's value, so either it sees this slot or this load
+        // sees it sleeping (and the bump changes the value it sleeps on, or the wake finds it).
+        if self.ring.target_sleeping().load(Ordering::SeqCst) != 0 {
+            self.ring.doorbell().fetch_add(1, Ordering::SeqCst);
+            ring::futex_wake(self.ring.doorbell());
+        }
+    }
+}
+
+/// True when the peer hung up the socket (or it failed).
+fn hung_up(fd: RawFd) -> bool {
+    use rustix::event::{PollFd, PollFlags};
+    // SAFETY: the transport keeps the socket open while its ring client lives; poll only looks
+    // the number up (POLLNVAL if it were closed).
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let mut p = [PollFd::from_borrowed_fd(fd, PollFlags::RDHUP)];
+    let n = rustix::event::poll(&mut p, Some(&rustix::event::Timespec::default())).unwrap_or(0);
+    let hup = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL;
+    n > 0 && p[0].revents().intersects(hup)
+}
+
+/// Transfers a completion pass ended, to be finished once the worker lock is let go (a waiter
+/// that sees its transfer end may submit the next one at once, and that takes the lock).
+#[derive(Debug, Default)]
+pub(super) struct Done(smallvec::SmallVec<[(Arc<XferState>, Option<Skip>); 4]>);
+
+impl Done {
+    pub(super) fn new() -> Self {
+        Done::default()
+    }
+
+    /// `xfer` ends as it stands (its ops already recorded).
+    pub(super) fn push(&mut self, xfer: Arc<XferState>) {
+        self.0.push((xfer, None));
+    }
+
+    /// `xfer`, one slot's worth of ops, ends with every op not in `skip` completed (recorded in
+    /// the same update as the end).
+    pub(super) fn complete(&mut self, xfer: Arc<XferState>, skip: Skip) {
+        self.0.push((xfer, Some(skip)));
+    }
+
+    /// Ends them all, in order.
+    pub(super) fn finish(self) {
+        for (x, skip) in self.0 {
+            match skip {
+                None => x.finish(),
+                Some(s) => x.finish_with(|i| !s.get(i)),
+            }
+        }
+    }
+}
+
+/// The ops of one slot that are out of it: withdrawn before posting, or failed by the target.
+/// Nothing is allocated until an op fails (the common case).
+#[derive(Debug, Default)]
+pub(super) struct Skip(Option<Vec<bool>>);
+
+impl Skip {
+    pub(super) fn get(&self, j: usize) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|v| v.get(j).copied().unwrap_or(false))
+    }
+
+    /// Marks op `j` of a slot of `n` ops.
+    pub(super) fn set(&mut self, j: usize, n: usize) {
+        if let Some(b) = self.0.get_or_insert_with(|| vec![false; n]).get_mut(j) {
+            *b = true;
+        }
+    }
+}
+
+/// The handle waiters drive a transfer in flight through (`Drive`); weak, so an abandoned
+/// transfer keeps neither the connection nor its worker thread alive.
+#[derive(Debug)]
+pub(super) struct Driver {
+    /// The ring and its oldest slot in flight: a poll while that slot is unanswered costs
+    /// two loads, no lock (a waiter polls in a tight loop, maybe on a core the target shares).
+    pub(super) ring: Arc<Ring>,
+    pub(super) front: Arc<AtomicU32>,
+    pub(super) worker: Weak<Mutex<Worker>>,
+    pub(super) queue: Weak<SerialQueue>,
+    pub(super) dead: Arc<AtomicBool>,
+}
+
+impl Drive for Driver {
+    fn poll(&self) {
+        let front = self.front.load(Ordering::Acquire);
+        if front == NO_SLOT || self.ring.state(front as usize).load(Ordering::Acquire) != DONE {
+            return;
+        }
+        let Some(w) = self.worker.upgrade() else {
+            return;
+        };
+        let mut done = Done::new();
+        if let Ok(mut w) = w.try_lock() {
+            if w.inflight.is_empty() {
+                return;
+            }
+            if w.reap_guarded(false, &mut done) {
+                self.dead.store(true, Ordering::SeqCst);
+            }
+        }
+        done.finish();
+    }
+
+    fn park(&self, xfer: &Arc<XferState>) {
+        if let Some(q) = self.queue.upgrade() {
+            q.nudge(Arc::clone(xfer));
+        }
+    }
+}
