@@ -94,5 +94,8 @@ pub use region::{
     Access, Location, Region, RegionDesc, RegionKey, RegionMut, RegionRef, RegionScope,
 };
 pub use stats::{reason_label, LatencyStat, PathStat, StatsSnapshot, LATENCY_BOUNDS_S};
-pub use transfer::{OpKind, OpResult, OpStatus, Status, Transfer, TransferHandle, TransferReport};
+pub use transfer::{
+    OpKind, OpResult, OpResults, OpResultsIter, OpStatus, Status, Transfer, TransferHandle,
+    TransferReport,
+};
 pub use wire::RemoteError;

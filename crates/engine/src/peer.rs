@@ -557,8 +557,7 @@ impl Peer {
         // The peer's cache is locked only when this thread's last plan does not fit.
         let mut cache = None;
         for (i, op) in t.op_refs().enumerate() {
-            let same = i > 0 && t.ops[i - 1].same_regions(&op);
-            if same && plans.last().is_some() {
+            if i > 0 && t.ops[i - 1].same_regions(&op) {
                 plans.push_same();
                 continue;
             }

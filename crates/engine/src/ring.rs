@@ -94,6 +94,11 @@ pub(crate) const KIND_BEGIN: u32 = 2;
 /// How long a waiter sleeps on the futex before it re-checks the peer.
 pub(crate) const NAP: Duration = Duration::from_millis(2);
 
+/// How long the target spins after its last request before it may sleep on the doorbell. Part
+/// of the protocol: an initiator relies on it to skip the doorbell check for a post soon after
+/// the previous one (`docs/wire-protocol.md`).
+pub(crate) const TARGET_SPIN: Duration = Duration::from_micros(200);
+
 /// A request as the target read it out of a slot (its own copy: the initiator cannot change it).
 /// The ring thread keeps one and refills it per request (no allocation per request).
 #[derive(Debug, Default)]

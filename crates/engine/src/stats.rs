@@ -176,14 +176,21 @@ pub fn reason_label(e: &Error) -> &'static str {
 }
 
 impl Stats {
-    /// Runs `f` on this thread's shard of these counters (made on the thread's first use), or
-    /// on the retired sums when the thread is exiting (its shards are gone).
-    fn with_shard(self: &Arc<Self>, mut f: impl FnMut(&Counts)) {
+    /// Runs `f` on this thread's shard of these counters (made on the thread's first use), or,
+    /// when the thread is exiting (its shards are gone), on the retired sums, which others may
+    /// add to too (`f`'s flag says which).
+    fn with_shard(self: &Arc<Self>, f: impl FnOnce(&Counts, bool)) {
         let me = Arc::as_ptr(self);
-        let here = SHARDS.try_with(|shards| {
+        let mut f = Some(f);
+        let mut run = |c: &Counts, shared: bool| {
+            if let Some(f) = f.take() {
+                f(c, shared);
+            }
+        };
+        let _ = SHARDS.try_with(|shards| {
             let mut shards = shards.borrow_mut();
             if let Some(s) = shards.iter().find(|s| s.stats.as_ptr() == me) {
-                f(&s.shard);
+                run(&s.shard, false);
                 return;
             }
             shards.retain(|s| s.stats.strong_count() > 0);
@@ -192,15 +199,14 @@ impl Stats {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push(Arc::clone(&shard));
-            f(&shard);
+            run(&shard, false);
             shards.push(ShardRef {
                 stats: Arc::downgrade(self),
                 shard,
             });
         });
-        if here.is_err() {
-            f(&self.retired);
-        }
+        // Not run above: the thread's locals are gone.
+        run(&self.retired, true);
     }
 
     /// Records one ended transfer: each op's direction, length, path and outcome.
@@ -210,24 +216,19 @@ impl Stats {
         failed: bool,
         elapsed: Duration,
     ) {
-        let mut ops = Some(ops);
-        self.with_shard(|shard| {
-            if let Some(ops) = ops.take() {
-                self.record_into(shard, ops, failed, elapsed);
-            }
-        });
+        self.with_shard(|shard, shared| self.record_into(shard, shared, ops, failed, elapsed));
     }
 
     fn record_into<'a>(
         &self,
         shard: &Counts,
+        shared: bool,
         ops: impl Iterator<Item = (OpKind, u64, Path, Outcome<'a>)>,
         failed: bool,
         elapsed: Duration,
     ) {
-        // The retired sums are shared: atomic adds there; a thread's own shard takes a load and
-        // a store.
-        let shared = std::ptr::eq(shard, &self.retired);
+        // Shared counts (the retired sums) take atomic adds; a thread's own shard a load and a
+        // store.
         let add = |c: &AtomicU64, v: u64| {
             if shared {
                 c.fetch_add(v, Ordering::Relaxed);

@@ -21,7 +21,7 @@ use crate::region::{Lease, RegionCache};
 use crate::ring::{self, Ring, DONE, END, FREE, KIND_BEGIN, POSTED, SLOTS};
 
 /// How long the ring thread spins after its last request before it sleeps on the doorbell.
-const SPIN: Duration = Duration::from_micros(200);
+const SPIN: Duration = ring::TARGET_SPIN;
 /// Longest sleep between checks of the stop flag.
 const SLEEP: Duration = Duration::from_millis(100);
 /// Idle polls between two reads of the clock (and yields).

@@ -32,7 +32,7 @@ pub use builder::Transfer;
 pub use handle::TransferHandle;
 pub(crate) use ops::{Op, OpRef, Regions};
 pub(crate) use runs::Plans;
-pub use runs::{OpResult, OpResults};
+pub use runs::{OpResult, OpResults, OpResultsIter};
 
 /// Direction of an op, seen from the initiator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -162,18 +162,21 @@ impl Progress {
             },
         }
     }
+}
 
-    fn status(&self, i: usize) -> OpStatus {
-        match self.outcome(i) {
+impl Outcome<'_> {
+    /// The public form (the error cloned).
+    fn status(self) -> OpStatus {
+        match self {
             Outcome::Pending => OpStatus::Pending,
             Outcome::Completed => OpStatus::Completed,
             Outcome::Failed(e) => OpStatus::Failed(e.clone()),
         }
     }
 
-    /// Whether op `i`'s stored outcome is `st` (without building it).
-    fn is(&self, i: usize, st: &OpStatus) -> bool {
-        match (self.outcome(i), st) {
+    /// Whether this is `st` (without building the public form).
+    fn is(self, st: &OpStatus) -> bool {
+        match (self, st) {
             (Outcome::Pending, OpStatus::Pending) | (Outcome::Completed, OpStatus::Completed) => {
                 true
             }
@@ -472,28 +475,24 @@ impl XferState {
 
     /// The path of op `i`.
     pub(crate) fn path(&self, i: usize) -> crate::plan::Path {
-        self.plans.get(i).map_or(crate::plan::Path::Tcp, |p| p.path)
+        self.plans.at(i).path
     }
 
     /// Each op's result as it stands.
     fn results(&self, p: &Progress) -> OpResults {
-        let mut r = OpResults::default();
-        for (i, (op, plan)) in self.ops.iter().zip(self.plans.iter()).enumerate() {
-            r.push_with(op.kind, op.len, plan, || p.status(i), |st| p.is(i, st));
-        }
-        r
+        self.results_by(|i| p.outcome(i))
     }
 
-    /// Each op's result for a transfer whose ops all completed.
-    fn results_completed(&self) -> OpResults {
+    /// Each op's result, op `i`'s outcome being `outcome(i)`.
+    fn results_by<'a>(&self, outcome: impl Fn(usize) -> Outcome<'a>) -> OpResults {
         let mut r = OpResults::default();
-        for (op, plan) in self.ops.iter().zip(self.plans.iter()) {
+        for (i, (op, plan)) in self.ops.iter().zip(self.plans.iter()).enumerate() {
             r.push_with(
                 op.kind,
                 op.len,
                 plan,
-                || OpStatus::Completed,
-                |st| *st == OpStatus::Completed,
+                || outcome(i).status(),
+                |st| outcome(i).is(st),
             );
         }
         r
@@ -553,7 +552,7 @@ impl XferState {
         if !(self.ended() && self.ok.load(Ordering::Relaxed)) {
             return None;
         }
-        Some(self.report(self.results_completed()))
+        Some(self.report(self.results_by(|_| Outcome::Completed)))
     }
 
     pub(crate) fn expired(&self) -> bool {

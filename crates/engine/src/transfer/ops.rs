@@ -12,8 +12,9 @@ use smallvec::SmallVec;
 use super::OpKind;
 use crate::region::{RegionDesc, RegionInner};
 
-/// One op of a batch.
-#[derive(Debug, Clone)]
+/// One op of a batch (not `Clone`: its indices mean something only in its own transfer's
+/// table).
+#[derive(Debug)]
 pub(crate) struct Op {
     pub(crate) kind: OpKind,
     pub(crate) local_offset: u64,

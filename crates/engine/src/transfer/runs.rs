@@ -36,13 +36,26 @@ impl<T> Runs<T> {
         self.runs.last().map_or(0, |r| r.0 as usize)
     }
 
+    /// Appends one op to the last run (none yet: nothing to extend).
+    fn extend_last(&mut self) {
+        if let Some(last) = self.runs.last_mut() {
+            last.0 += 1;
+        }
+    }
+
+    /// Appends one op with its own run of `v`.
+    fn push_run(&mut self, v: T) {
+        let end = self.len() as u32 + 1;
+        self.runs.push((end, v));
+    }
+
     /// Appends one op: to the last run when `same` says its value is the op's, else as a new
     /// run of `make()`.
     fn push_with(&mut self, same: impl FnOnce(&T) -> bool, make: impl FnOnce() -> T) {
-        let end = self.len() as u32 + 1;
-        match self.runs.last_mut() {
-            Some(last) if same(&last.1) => last.0 = end,
-            _ => self.runs.push((end, make())),
+        if self.runs.last().is_some_and(|last| same(&last.1)) {
+            self.extend_last();
+        } else {
+            self.push_run(make());
         }
     }
 
@@ -55,8 +68,14 @@ impl<T> Runs<T> {
         self.runs.get(k).map(|r| &r.1)
     }
 
+    /// The value of op `i`, which must be one of the ops (as a slice's index, past the end it
+    /// panics).
+    fn at(&self, i: usize) -> &T {
+        &self.runs[self.runs.partition_point(|r| r.0 as usize <= i)].1
+    }
+
     /// Each op's value, in op order.
-    fn iter(&self) -> impl ExactSizeIterator<Item = &T> + Clone + '_ {
+    fn iter(&self) -> PerOp<'_, T> {
         PerOp {
             runs: &self.runs,
             run: 0,
@@ -120,18 +139,16 @@ pub(crate) struct Plans(Runs<Plan>);
 impl Plans {
     /// Appends the plan of the next op (taken, not cloned: its reason's reference moves in).
     pub(crate) fn push(&mut self, plan: Plan) {
-        let end = self.len() as u32 + 1;
-        match self.0.runs.last_mut() {
-            Some(last) if same_plan(&last.1, &plan) => last.0 = end,
-            _ => self.0.runs.push((end, plan)),
+        if self.last().is_some_and(|last| same_plan(last, &plan)) {
+            self.0.extend_last();
+        } else {
+            self.0.push_run(plan);
         }
     }
 
-    /// Appends the next op, whose plan is the last op's.
+    /// Appends the next op, whose plan is the last op's (no op yet: nothing to repeat).
     pub(crate) fn push_same(&mut self) {
-        if let Some(last) = self.0.runs.last_mut() {
-            last.0 += 1;
-        }
+        self.0.extend_last();
     }
 
     /// The last op's plan, if any.
@@ -143,9 +160,16 @@ impl Plans {
         self.0.len()
     }
 
-    /// The plan of op `i`.
-    pub(crate) fn get(&self, i: usize) -> Option<&Plan> {
+    /// The plan of op `i` (`None` past the end).
+    #[cfg(test)]
+    fn get(&self, i: usize) -> Option<&Plan> {
         self.0.get(i)
+    }
+
+    /// The plan of op `i`, which must be one of the ops (past the end it panics, as a slice's
+    /// index does).
+    pub(crate) fn at(&self, i: usize) -> &Plan {
+        self.0.at(i)
     }
 
     /// Each op's plan, in op order.
@@ -236,8 +260,8 @@ impl OpResults {
     }
 
     /// Each op's result, in submission order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = &OpResult> + Clone + '_ {
-        self.0.iter()
+    pub fn iter(&self) -> OpResultsIter<'_> {
+        OpResultsIter(self.0.iter())
     }
 
     /// The results as a list, one entry per op.
@@ -269,12 +293,30 @@ impl PartialEq for OpResults {
 
 impl Eq for OpResults {}
 
+/// [`OpResults::iter`]: each op's result, in submission order.
+#[derive(Clone)]
+pub struct OpResultsIter<'a>(PerOp<'a, OpResult>);
+
+impl<'a> Iterator for OpResultsIter<'a> {
+    type Item = &'a OpResult;
+
+    fn next(&mut self) -> Option<&'a OpResult> {
+        self.0.next()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.size_hint()
+    }
+}
+
+impl ExactSizeIterator for OpResultsIter<'_> {}
+
 impl<'a> IntoIterator for &'a OpResults {
     type Item = &'a OpResult;
-    type IntoIter = Box<dyn Iterator<Item = &'a OpResult> + 'a>;
+    type IntoIter = OpResultsIter<'a>;
 
-    fn into_iter(self) -> Self::IntoIter {
-        Box::new(self.iter())
+    fn into_iter(self) -> OpResultsIter<'a> {
+        self.iter()
     }
 }
 

@@ -35,6 +35,17 @@ pub(crate) fn notify_and_finish(xfer: &XferState, control: &Mutex<crate::conn::C
     xfer.finish();
 }
 
+/// `Transport::submit_new` the usual way: the state built, then submitted (the default, and
+/// what a transport that sometimes posts first does otherwise).
+pub(crate) fn submit_built<T: Transport + ?Sized>(
+    t: &T,
+    n: crate::transfer::NewTransfer<'_>,
+) -> Arc<XferState> {
+    let x = Arc::new(n.build());
+    t.submit(Arc::clone(&x));
+    x
+}
+
 /// The plug-in point for a data path backend.
 pub(crate) trait Transport: Send + Sync + std::fmt::Debug {
     /// Starts running `xfer`; returns at once. The transport must eventually call `xfer.finish()`.
@@ -44,9 +55,7 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug {
     /// builds it and calls `submit`; a transport that can put the request on the wire first
     /// (the shm ring) builds it after, so that work overlaps the peer's.
     fn submit_new(&self, n: crate::transfer::NewTransfer<'_>) -> Arc<XferState> {
-        let x = Arc::new(n.build());
-        self.submit(Arc::clone(&x));
-        x
+        submit_built(self, n)
     }
 
     /// The driver of the transfers this transport leaves to whoever waits (`Drive`), if it

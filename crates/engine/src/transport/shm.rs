@@ -205,13 +205,6 @@ impl ShmTransport {
 }
 
 impl ShmTransport {
-    /// `submit_new` the usual way: the state built, then submitted.
-    fn submit_built(&self, n: NewTransfer<'_>) -> Arc<XferState> {
-        let x = Arc::new(n.build());
-        self.submit(Arc::clone(&x));
-        x
-    }
-
     /// The worker, when the submitting thread may post into the ring itself: free now, and
     /// (re-checked under its lock: the worker thread finishes a transfer before it lowers the
     /// count) nothing submitted earlier still waiting to start.
@@ -251,17 +244,17 @@ impl Transport for ShmTransport {
 
     fn submit_new(&self, n: NewTransfer<'_>) -> Arc<XferState> {
         if !ring::posts_early(&n) {
-            return self.submit_built(n);
+            return super::submit_built(self, n);
         }
         let Some(mut w) = self.post_here() else {
-            return self.submit_built(n);
+            return super::submit_built(self, n);
         };
         let mut done = ring::Done::new();
         let x = match w.post_early(&n, &mut done) {
             Ok(None) => {
                 drop(w);
                 done.finish();
-                return self.submit_built(n);
+                return super::submit_built(self, n);
             }
             // The slot is on its way: the state is built while the peer works.
             Ok(Some(e)) => {

@@ -401,21 +401,19 @@ impl Worker {
 
     /// Posts a one-op inline transfer (a write of up to `STAGE_MAX` bytes, or a read of up to
     /// `INLINE_MAX`) before its state is built (`NewTransfer`): the slot is on its way to the
-    /// target while the caller builds the state and hands it to `in_flight_early`. `None`: not
-    /// such a transfer, or no slot free now (the caller takes the usual path).
+    /// target while the caller builds the state and hands it to `in_flight_early`. `n` is
+    /// `posts_early` (the caller checks that before it takes the worker lock). `None`: no ring,
+    /// or no slot free now (the caller takes the usual path).
     pub(super) fn post_early(
         &mut self,
         n: &NewTransfer<'_>,
         done: &mut Done,
     ) -> Result<Option<Early>> {
-        let Some(op) = n.t.op_refs().next().filter(|_| n.t.ops.len() == 1) else {
+        debug_assert!(posts_early(n));
+        let Some(op) = n.t.op_refs().next() else {
             return Ok(None);
         };
-        if !posts_early(n)
-            || self.ring.is_none()
-            || self.broken.is_some()
-            || !self.slot_ready(done)?
-        {
+        if self.ring.is_none() || self.broken.is_some() || !self.slot_ready(done)? {
             return Ok(None);
         }
         let staged = self.stage_op(op);

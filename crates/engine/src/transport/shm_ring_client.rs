@@ -40,8 +40,8 @@ pub(super) struct RingClient {
 }
 
 /// A post this soon after the previous one skips the doorbell check (`RingClient::publish`):
-/// half the target's spin before it may sleep (200 µs, `docs/wire-protocol.md`).
-const QUIET: Duration = Duration::from_micros(100);
+/// half the target's spin before it may sleep.
+const QUIET: Duration = Duration::from_micros(ring::TARGET_SPIN.as_micros() as u64 / 2);
 
 impl RingClient {
     pub(super) fn new(ring: Ring, sock_fd: RawFd, wait: Duration) -> Self {
@@ -125,10 +125,10 @@ impl RingClient {
 
     /// Publishes a slot state (`POSTED`, `END`) and rings the doorbell.
     pub(super) fn publish(&mut self, slot: usize, state: u32) {
-        // Within `QUIET` of the previous post the target is still spinning (it spins 200 µs
-        // after the last request it saw, which was that post or a later one, before it may
-        // sleep), and this store is visible to it long before it could re-check the slots on
-        // its way to sleep: a release store does, with no doorbell check. The fence a check
+        // Within `QUIET` of the previous post the target is still spinning (it spins
+        // `TARGET_SPIN` after the last request it saw, which was that post or a later one,
+        // before it may sleep), and this store is visible to it long before it could re-check
+        // the slots on its way to sleep: a release store does, with no doorbell check. The fence a check
         // needs (the SeqCst store) would hold this core until the slot's line came back from
         // the target's core, once per post.
         let now = quanta::Instant::now();
