@@ -238,6 +238,9 @@ pub struct Params {
     /// Transfers in flight at once in the host shm/tcp cases (`--window`): each timed
     /// iteration submits this many transfers, then waits for all of them; Mop/s counts ops.
     pub window: u32,
+    /// Host shm/tcp cases (`--prepared`): each transfer is prepared once
+    /// (`Peer::prepare`) and posted again, instead of built and submitted afresh.
+    pub prepared: bool,
 }
 
 /// The default sweep: 8 B to 1 GiB in steps of ×4, plus 1 GiB.
@@ -263,6 +266,7 @@ impl Default for Params {
             staged_chunk: 16 << 20,
             batch: 1,
             window: 1,
+            prepared: false,
         }
     }
 }

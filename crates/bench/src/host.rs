@@ -73,6 +73,24 @@ pub(crate) fn fill_wall_row(row: &mut Row, bytes: f64, t: &Timed) {
 /// are not set beside it).
 pub const WINDOW_NOTE: &str = "window of transfers";
 
+/// Marks a row measured with prepared transfers (`--prepared`).
+pub const PREPARED_NOTE: &str = "prepared transfers";
+
+/// Most transfers `--prepared` prepares per size.
+const MOST_PREPARED: u64 = 1024;
+
+/// The slots `--prepared` rotates over, of the `n` the fresh transfers would: at most
+/// `MOST_PREPARED` transfers' worth, a whole number of `batch`-op transfers when there is room
+/// for one.
+fn prepared_slots(n: u64, batch: u64) -> u64 {
+    let n = n.min(MOST_PREPARED * batch);
+    if n >= batch {
+        n - n % batch
+    } else {
+        n
+    }
+}
+
 /// Slots of `size` bytes the buffers rotate over inside a `window`-byte buffer.
 pub(crate) fn slots(size: u64, window: u64) -> u64 {
     (window.min(ROTATE_BYTES.max(size)) / size.max(1)).max(1)
@@ -336,13 +354,48 @@ impl BenchCase for AgentCase {
                 fill_pattern(&mut b[..size as usize], seed);
             }
             let mut total = 0;
+            // `--prepared`: each rotation position's transfer is prepared once and posted again
+            // (over fewer positions: see `prepared_slots`).
+            let n = if params.prepared {
+                prepared_slots(n, batch)
+            } else {
+                n
+            };
+            let build = |j: u64| {
+                let mut t = Transfer::with_capacity(batch as usize);
+                for k in 0..batch {
+                    let off = ((j * batch + k) % n) * size;
+                    t.write(&local, off, &remote, off, size);
+                }
+                t
+            };
+            let positions = (n / batch).max(1);
+            let mut prepared = Vec::new();
+            if params.prepared {
+                for j in 0..positions {
+                    match peer.prepare(build(j)) {
+                        Ok(p) => prepared.push(p),
+                        Err(e) => {
+                            sink(Row::failed(
+                                &self.spec,
+                                size,
+                                format!("preparing transfer {j}: {e}"),
+                            ));
+                            break;
+                        }
+                    }
+                }
+                if prepared.len() as u64 != positions {
+                    continue;
+                }
+            }
             let cell = RefCell::new(&mut local);
             let timed = wall_loop(
                 params,
                 (size * batch * inflight) as f64,
                 |t| {
                     total = t * batch * inflight;
-                    let tb = touched(size, window, total) as usize;
+                    let tb = (n.min(total.max(1)) * size) as usize;
                     let mut l = cell.borrow_mut();
                     let mut b = l
                         .bytes_mut()
@@ -352,13 +405,19 @@ impl BenchCase for AgentCase {
                 },
                 |i| {
                     // `inflight` transfers of `batch` ops each, all submitted before any wait.
-                    let transfer = |w: u64| {
-                        let mut t = Transfer::with_capacity(batch as usize);
-                        for k in 0..batch {
-                            let off = (((i * inflight + w) * batch + k) % n) * size;
-                            t.write(&cell.borrow(), off, &remote, off, size);
-                        }
-                        peer.submit(t).map_err(BenchError::engine("transfer"))
+                    let mut transfer = |w: u64| {
+                        let j = i * inflight + w;
+                        let r = if prepared.is_empty() {
+                            let mut t = Transfer::with_capacity(batch as usize);
+                            for k in 0..batch {
+                                let off = ((j * batch + k) % n) * size;
+                                t.write(&cell.borrow(), off, &remote, off, size);
+                            }
+                            peer.submit(t)
+                        } else {
+                            prepared[(j % positions) as usize].post()
+                        };
+                        r.map_err(BenchError::engine("transfer"))
                     };
                     if inflight == 1 {
                         // One at a time (the latency rows): no list of handles to allocate in
@@ -385,6 +444,12 @@ impl BenchCase for AgentCase {
             };
             let mut row = Row::new(&self.spec, size);
             fill_wall_row(&mut row, (size * batch * inflight) as f64, &timed);
+            if params.prepared {
+                row.add_note(format!(
+                    "{PREPARED_NOTE}: {positions} transfer(s) prepared once (validated, planned) \
+                     and posted again in turn, over {n} slot(s)"
+                ));
+            }
             if batch * inflight > 1 {
                 // Bandwidth counts every op's bytes, so the message rate derived from it
                 // (bandwidth / size, `finish_row`) counts ops.
@@ -398,7 +463,7 @@ impl BenchCase for AgentCase {
                 row.add_note("cpu includes both agents (loopback, one process)");
             }
             if params.verify {
-                let tb = touched(size, window, total);
+                let tb = n.min(total.max(1)) * size;
                 let want = local
                     .bytes()
                     .map_err(BenchError::engine("mapping the source"))?;
@@ -519,5 +584,48 @@ mod tests {
                 assert!(r.iters >= 3);
             }
         }
+    }
+
+    /// `--prepared`, alone, in a batch and in a window: rows measured, verified and marked.
+    #[test]
+    fn prepared_transfers_measure_verify_and_say_so() {
+        let ctx = Ctx::without_devices();
+        for (batch, window) in [(1, 1), (4, 1), (1, 8)] {
+            let params = Params {
+                sizes: vec![8, 65536],
+                duration: Duration::from_millis(20),
+                max_samples: 20,
+                batch,
+                window,
+                prepared: true,
+                ..Params::default()
+            };
+            for case in cases()
+                .into_iter()
+                .filter(|c| c.spec().key != "host_to_host_memcpy")
+            {
+                let mut rows = Vec::new();
+                case.run(&ctx, &params, &mut |r| rows.push(r))
+                    .unwrap_or_else(|e| panic!("{}: {e}", case.spec().key));
+                assert_eq!(rows.len(), 2, "{}", case.spec().key);
+                for r in rows {
+                    assert_eq!(r.verified, Some(true), "{} {:?}", r.key, r.note);
+                    assert!(
+                        r.note.as_deref().is_some_and(|n| n.contains(PREPARED_NOTE)),
+                        "{} {:?}",
+                        r.key,
+                        r.note
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn prepared_slots_are_whole_transfers_and_bounded() {
+        assert_eq!(prepared_slots(64, 1), 64);
+        assert_eq!(prepared_slots(1 << 20, 1), MOST_PREPARED);
+        assert_eq!(prepared_slots(1000, 3), 999);
+        assert_eq!(prepared_slots(2, 8), 2);
     }
 }

@@ -52,18 +52,35 @@ fn main() {
     let mut block = Vec::with_capacity(1000);
     let blocks = std::env::var_os("SHM_LAT_BLOCKS").is_some();
     let wait = Duration::from_secs(10);
+    // SHM_LAT_PREPARED: each rotation position's transfer prepared once and posted again.
+    let build = |j: u64| {
+        let mut t = Transfer::with_capacity(batch as usize);
+        for k in 0..batch {
+            // As `gdx bench` does: successive transfers rotate over the region.
+            let off = ((j * batch + k) % slots) * size;
+            t.write(&local, off, &remote, off, size);
+        }
+        t
+    };
+    let positions = (slots / batch).max(1);
+    let mut prepared: Vec<_> = if std::env::var_os("SHM_LAT_PREPARED").is_some() {
+        (0..positions)
+            .map(|j| peer.prepare(build(j)).unwrap())
+            .collect()
+    } else {
+        Vec::new()
+    };
     let start = Instant::now();
     for i in 0..iters {
         let s = Instant::now();
         let mut hs = Vec::with_capacity(window as usize);
         for w in 0..window {
-            let mut t = Transfer::with_capacity(batch as usize);
-            for k in 0..batch {
-                // As `gdx bench` does: successive transfers rotate over the region.
-                let off = (((i * window + w) * batch + k) % slots) * size;
-                t.write(&local, off, &remote, off, size);
+            let j = i * window + w;
+            if prepared.is_empty() {
+                hs.push(peer.submit(build(j)).unwrap());
+            } else {
+                hs.push(prepared[(j % positions) as usize].post().unwrap());
             }
-            hs.push(peer.submit(t).unwrap());
         }
         for h in hs {
             h.wait(wait).unwrap();

@@ -95,7 +95,7 @@ pub use region::{
 };
 pub use stats::{reason_label, LatencyStat, PathStat, StatsSnapshot, LATENCY_BOUNDS_S};
 pub use transfer::{
-    OpKind, OpResult, OpResults, OpResultsIter, OpStatus, Status, Transfer, TransferHandle,
-    TransferReport,
+    OpKind, OpResult, OpResults, OpResultsIter, OpStatus, PreparedTransfer, Status, Transfer,
+    TransferHandle, TransferReport,
 };
 pub use wire::RemoteError;

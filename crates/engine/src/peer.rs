@@ -14,7 +14,9 @@ use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
 use crate::plan::{plan_op, FabricMem, Path, PeerRoute};
 use crate::region::RegionDesc;
-use crate::transfer::{NewTransfer, Transfer, TransferHandle, XferShared};
+use crate::transfer::{
+    NewTransfer, PreparedTransfer, Transfer, TransferHandle, XferShared, XferState,
+};
 use crate::transport::{fabric, rdma, shm::ShmTransport, tcp::TcpTransport, Transport};
 use crate::wire::{Hello, Msg};
 
@@ -539,13 +541,57 @@ impl Peer {
     /// [`Error::OutOfBounds`] (local or remote span), [`Error::ReadOnly`] / [`Error::NotReadable`]
     /// (per the remote descriptor), [`Error::PeerLost`] if this connection already broke.
     pub fn submit(&self, t: Transfer) -> Result<TransferHandle> {
-        t.validate()?;
-        if !self.is_alive() {
-            return Err(Error::PeerLost(format!(
-                "connection to {} broke earlier; reconnect",
-                self.inner.addr
-            )));
+        let plans = self.plan(&t)?;
+        let id = crate::transfer::next_id();
+        let state = self.inner.transport.submit_new(NewTransfer::now(
+            id,
+            t,
+            plans,
+            self.inner.agent.cfg.transfer_timeout,
+            &self.inner.xfer_shared,
+        ));
+        Ok(TransferHandle { state })
+    }
+
+    /// Validates and plans `t` once, for posting many times ([`PreparedTransfer::post`]): the
+    /// way to send the same ops again and again (a KV block's write, a doorbell, a latency
+    /// loop), as NIXL's prepared transfer requests and perftest's reused work requests are.
+    /// Each post then skips validation, planning and the transfer's allocation.
+    ///
+    /// The plans are made now: a later change of strict mode does not re-plan a prepared
+    /// transfer (prepare it again). The target checks every op on every post, so a region it
+    /// freed since fails the op that names it.
+    ///
+    /// # Errors
+    /// As [`Peer::submit`]'s, before anything is sent.
+    pub fn prepare(&self, t: Transfer) -> Result<PreparedTransfer> {
+        let plans = self.plan(&t)?;
+        let timeout = t.timeout.unwrap_or(self.inner.agent.cfg.transfer_timeout);
+        let state = NewTransfer::now(0, t, plans, timeout, &self.inner.xfer_shared).build();
+        Ok(PreparedTransfer::new(self.clone(), state, timeout))
+    }
+
+    /// Starts a prepared transfer's state (re-armed by its caller).
+    pub(crate) fn post_prepared(&self, state: &Arc<XferState>) -> Result<()> {
+        self.check_alive()?;
+        self.inner.transport.submit(Arc::clone(state));
+        Ok(())
+    }
+
+    fn check_alive(&self) -> Result<()> {
+        if self.is_alive() {
+            return Ok(());
         }
+        Err(Error::PeerLost(format!(
+            "connection to {} broke earlier; reconnect",
+            self.inner.addr
+        )))
+    }
+
+    /// Checks `t` and makes each op's plan (what `submit` and `prepare` share).
+    fn plan(&self, t: &Transfer) -> Result<crate::transfer::Plans> {
+        t.validate()?;
+        self.check_alive()?;
         let strict = self
             .inner
             .agent
@@ -588,16 +634,7 @@ impl Peer {
             };
             plans.push(plan);
         }
-        drop(cache);
-        let id = crate::transfer::next_id();
-        let state = self.inner.transport.submit_new(NewTransfer::now(
-            id,
-            t,
-            plans,
-            self.inner.agent.cfg.transfer_timeout,
-            &self.inner.xfer_shared,
-        ));
-        Ok(TransferHandle { state })
+        Ok(plans)
     }
 
     /// Opens a fresh connection to the same address (after a failure).

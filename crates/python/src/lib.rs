@@ -11,6 +11,7 @@ mod agent;
 mod cuda;
 mod errors;
 mod peer;
+mod prepared;
 mod region;
 mod wait;
 
@@ -25,6 +26,7 @@ fn _gdx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<region::PyRemoteRegion>()?;
     m.add_class::<peer::PyPeer>()?;
     m.add_class::<peer::PyTransfer>()?;
+    m.add_class::<prepared::PyPreparedTransfer>()?;
     m.add_class::<peer::PyOpResult>()?;
     m.add_class::<peer::PyNotification>()?;
     m.add_function(wrap_pyfunction!(region::_forge_key, m)?)?;

@@ -25,6 +25,10 @@ pub struct PyPeer {
 }
 
 impl PyPeer {
+    pub(crate) fn peer(&self) -> &Arc<Peer> {
+        &self.peer
+    }
+
     pub(crate) fn new(peer: Peer) -> PyPeer {
         PyPeer {
             peer: Arc::new(peer),
@@ -33,7 +37,11 @@ impl PyPeer {
 
     /// Builds the engine batch from `(local, local_offset, remote, remote_offset, nbytes)`
     /// tuples; returns it with the GPU of the first GPU region (for `stream=`).
-    fn batch(&self, ops: &Bound<'_, PyAny>, kind: OpKind) -> PyResult<(Transfer, Option<u32>)> {
+    pub(crate) fn batch(
+        &self,
+        ops: &Bound<'_, PyAny>,
+        kind: OpKind,
+    ) -> PyResult<(Transfer, Option<u32>)> {
         let mut t = Transfer::new();
         let mut gpu = None;
         for (i, op) in ops.try_iter()?.enumerate() {
@@ -186,6 +194,33 @@ impl PyPeer {
         self.submit(py, ops, OpKind::Read, notify, stream, timeout)
     }
 
+    /// Checks and plans a batch of writes once (the same ops as ``write``), for posting again
+    /// and again with ``PreparedTransfer.post()``/``run()``: each post skips building the
+    /// batch, validation and planning. The bytes are read at each post, so rewrite the local
+    /// region between posts.
+    #[pyo3(signature = (ops, notify=None, timeout=None))]
+    fn prepare_write(
+        &self,
+        py: Python<'_>,
+        ops: &Bound<'_, PyAny>,
+        notify: Option<Vec<u8>>,
+        timeout: Option<f64>,
+    ) -> PyResult<crate::prepared::PyPreparedTransfer> {
+        crate::prepared::prepare(self, py, ops, OpKind::Write, notify, timeout)
+    }
+
+    /// ``prepare_write`` for reads.
+    #[pyo3(signature = (ops, notify=None, timeout=None))]
+    fn prepare_read(
+        &self,
+        py: Python<'_>,
+        ops: &Bound<'_, PyAny>,
+        notify: Option<Vec<u8>>,
+        timeout: Option<f64>,
+    ) -> PyResult<crate::prepared::PyPreparedTransfer> {
+        crate::prepared::prepare(self, py, ops, OpKind::Read, notify, timeout)
+    }
+
     /// Sends a notification on its own.
     fn notify(&self, py: Python<'_>, data: Vec<u8>) -> PyResult<()> {
         let peer = Arc::clone(&self.peer);
@@ -220,8 +255,8 @@ impl PyPeer {
 /// ``wait()``, read the plan of each op with ``explain()``.
 #[pyclass(name = "Transfer", module = "gdx", frozen)]
 pub struct PyTransfer {
-    h: TransferHandle,
-    n_ops: usize,
+    pub(crate) h: TransferHandle,
+    pub(crate) n_ops: usize,
 }
 
 #[pymethods]

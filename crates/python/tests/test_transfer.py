@@ -110,3 +110,46 @@ def test_agent_reads_gdx_secret_file_when_secret_absent(secret, tmp_path, monkey
     monkeypatch.setenv("GDX_SECRET_FILE", str(path))
     with gdx.Agent("a") as a:
         assert a.secret == secret
+
+
+def test_prepared_write_posted_again_carries_each_posts_bytes(agent, peer, tmp_path):
+    """One prepared batch posted five times, the source rewritten in place before each post:
+    the peer holds the last post's bytes; then a prepared read brings them back."""
+    n = 16
+    src = np.zeros(n * BLOCK, np.uint8)
+    local = agent.register(src, access="none")
+    p = agent.connect(peer.address, timeout=10)
+    rd = p.region("kv")
+    blocks = scatter(rd.nbytes // BLOCK, 7)[:n]
+    ops = [(local, i * BLOCK, rd, int(b) * BLOCK, BLOCK) for i, b in enumerate(blocks)]
+    w = p.prepare_write(ops)
+    assert len(w) == n and set(w.paths) <= {"shm", "shm-staged"}, w.paths
+    for k in range(5):
+        src[:] = pattern(n * BLOCK, 100 + k)
+        results = w.run(timeout=30)
+        assert len(results) == n and all(r.status == "completed" for r in results)
+        remote = peer.bytes("kv", tmp_path)
+        for i, b in enumerate(blocks):
+            assert np.array_equal(remote[b * BLOCK : (b + 1) * BLOCK], src[i * BLOCK : (i + 1) * BLOCK]), (k, i)
+    # post() returns a Transfer like write()'s.
+    h = w.post()
+    h.wait(timeout=30)
+    assert h.status == "completed"
+
+    back = np.zeros(n * BLOCK, np.uint8)
+    sink = agent.register(back, access="none")
+    r = p.prepare_read([(sink, i * BLOCK, rd, int(b) * BLOCK, BLOCK) for i, b in enumerate(blocks)])
+    for _ in range(2):
+        back[:] = 0
+        r.run(timeout=30)
+        assert np.array_equal(back, src)
+
+
+def test_prepare_refuses_what_write_refuses(agent, peer):
+    local = agent.register(np.zeros(64, np.uint8), access="none")
+    p = agent.connect(peer.address, timeout=10)
+    rd = p.region("kv")
+    with pytest.raises(gdx.OutOfBounds):
+        p.prepare_write([(local, 0, rd, rd.nbytes - 8, 64)])
+    with pytest.raises(gdx.Error):
+        p.prepare_write([])

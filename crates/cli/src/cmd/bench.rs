@@ -134,6 +134,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     window: u32,
 
+    /// Host shm/tcp cases: prepare each transfer once (validated and planned) and post it
+    /// again, as a latency loop or a KV block's write does (perftest reuses its work requests
+    /// the same way); without it every transfer is built and submitted afresh
+    #[arg(long)]
+    prepared: bool,
+
     /// Skip checking the destination after the timed loop.
     #[arg(long)]
     no_verify: bool,
@@ -491,6 +497,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         staged_chunk: args.staged_chunk,
         batch: args.batch,
         window: args.window,
+        prepared: args.prepared,
     };
     let uses_gpu = cases.iter().any(|c| {
         let s = c.spec();

@@ -25,12 +25,14 @@ use crate::error::{Error, Result};
 mod builder;
 mod handle;
 mod ops;
+mod prepared;
 mod runs;
 
 use crate::stats::Stats;
 pub use builder::Transfer;
 pub use handle::TransferHandle;
 pub(crate) use ops::{Op, OpRef, Regions};
+pub use prepared::PreparedTransfer;
 pub(crate) use runs::Plans;
 pub use runs::{OpResult, OpResults, OpResultsIter};
 
@@ -130,6 +132,18 @@ struct Progress {
 }
 
 impl Progress {
+    /// Every one of `n` ops pending, in one chunk each.
+    fn new(n: usize) -> Progress {
+        Progress {
+            state: smallvec::smallvec![OpState::PENDING; n],
+            errors: Vec::new(),
+            pending_chunks: smallvec::smallvec![1; n],
+            first_error: None,
+            done: None,
+            waiters: 0,
+        }
+    }
+
     /// Fails op `i` with `e` if it is still pending (its first error stays).
     fn fail(&mut self, i: usize, e: &Error) {
         if self.state[i] != OpState::PENDING {
@@ -337,21 +351,12 @@ impl XferState {
             plans,
             started,
             // A timeout too long for the clock (`Duration::MAX` for "never") saturates.
-            deadline: started
-                .checked_add(t.timeout.unwrap_or(timeout))
-                .unwrap_or_else(|| started + FOREVER),
+            deadline: prepared::deadline(started, t.timeout.unwrap_or(timeout)),
             bytes_done: AtomicU64::new(0),
             ended: AtomicBool::new(false),
             ok: AtomicBool::new(false),
             elapsed_ns: AtomicU64::new(0),
-            progress: Mutex::new(Progress {
-                state: smallvec::smallvec![OpState::PENDING; n],
-                errors: Vec::new(),
-                pending_chunks: smallvec::smallvec![1; n],
-                first_error: None,
-                done: None,
-                waiters: 0,
-            }),
+            progress: Mutex::new(Progress::new(n)),
             cv: Condvar::new(),
             shared: Arc::clone(shared),
             driven: AtomicBool::new(false),

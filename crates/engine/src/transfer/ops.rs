@@ -27,6 +27,19 @@ pub(crate) struct Op {
 }
 
 impl Op {
+    /// A copy for a copy of its whole transfer (whose region table is copied with it: the
+    /// indices mean nothing in another table).
+    pub(super) fn copy_with_table(&self) -> Op {
+        Op {
+            kind: self.kind,
+            local_offset: self.local_offset,
+            remote_offset: self.remote_offset,
+            len: self.len,
+            local: self.local,
+            remote: self.remote,
+        }
+    }
+
     /// Whether `other` (of the same transfer) joins the same two regions as this op.
     pub(crate) fn same_regions(&self, other: &Op) -> bool {
         self.local == other.local && self.remote == other.remote
@@ -34,7 +47,7 @@ impl Op {
 }
 
 /// The distinct regions a transfer's ops join, each referenced once.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Regions {
     local: SmallVec<[Arc<RegionInner>; 1]>,
     /// Shared by consecutive ops on the same remote region (a batch clones it once).

@@ -1,0 +1,135 @@
+//! [`PreparedTransfer`]: a transfer validated and planned once ([`crate::Peer::prepare`]) and
+//! posted many times, its state re-armed in place when the last post is over.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{next_id, Clock, OpState, TransferHandle, TransferReport, XferState, FOREVER};
+use crate::error::Result;
+use crate::peer::Peer;
+use crate::plan::Path;
+
+/// A batch of ops to one peer, checked and planned once, to post again and again (what
+/// [`crate::Peer::prepare`] returns). Each [`PreparedTransfer::post`] starts the same ops and
+/// returns a [`TransferHandle`] like [`crate::Peer::submit`]'s; the bytes are read from the
+/// local region at each post, so a caller rewrites them between posts.
+///
+/// A post while an earlier one is still running (or its handle is still held) runs too, on a
+/// state of its own; the state is reused only when nothing else holds it.
+#[derive(Debug)]
+pub struct PreparedTransfer {
+    peer: Peer,
+    state: Arc<XferState>,
+    /// The transfer's deadline from each post (its own timeout, else the agent's default).
+    timeout: Duration,
+}
+
+impl PreparedTransfer {
+    pub(crate) fn new(peer: Peer, state: XferState, timeout: Duration) -> Self {
+        PreparedTransfer {
+            peer,
+            state: Arc::new(state),
+            timeout,
+        }
+    }
+
+    /// Starts the ops once more; returns at once.
+    ///
+    /// # Errors
+    /// [`crate::Error::PeerLost`] if the connection broke (nothing is sent). Errors of the ops
+    /// themselves (a region the target freed since) come from the handle's wait.
+    pub fn post(&mut self) -> Result<TransferHandle> {
+        let (id, started) = (next_id(), Clock::now());
+        match Arc::get_mut(&mut self.state) {
+            Some(s) => s.rearm(id, started, self.timeout),
+            // The last post is still running or its handle is held: this one gets a state of
+            // its own (an allocation, not a different path).
+            None => self.state = Arc::new(self.state.repost(id, started, self.timeout)),
+        }
+        self.peer.post_prepared(&self.state)?;
+        Ok(TransferHandle {
+            state: Arc::clone(&self.state),
+        })
+    }
+
+    /// Posts and waits up to `timeout` ([`TransferHandle::wait`]).
+    ///
+    /// # Errors
+    /// As [`PreparedTransfer::post`] and [`TransferHandle::wait`].
+    pub fn run(&mut self, timeout: Duration) -> Result<TransferReport> {
+        self.post()?.wait(timeout)
+    }
+
+    /// Number of ops.
+    pub fn len(&self) -> usize {
+        self.state.ops.len()
+    }
+
+    /// Always false: [`crate::Peer::prepare`] refuses an empty batch.
+    pub fn is_empty(&self) -> bool {
+        self.state.ops.is_empty()
+    }
+
+    /// The path each op was planned on (the plans themselves are in each post's report).
+    pub fn paths(&self) -> Vec<Path> {
+        self.state.paths().collect()
+    }
+
+    /// The peer it posts to.
+    pub fn peer(&self) -> &Peer {
+        &self.peer
+    }
+}
+
+impl XferState {
+    /// Readies an ended (or never posted) transfer that nothing else holds for one more post.
+    fn rearm(&mut self, id: u64, started: Clock, timeout: Duration) {
+        let n = self.ops.len();
+        self.id = id;
+        self.started = started;
+        self.deadline = deadline(started, timeout);
+        *self.bytes_done.get_mut() = 0;
+        *self.ended.get_mut() = false;
+        *self.ok.get_mut() = false;
+        *self.elapsed_ns.get_mut() = 0;
+        *self.driven.get_mut() = false;
+        let p = self.progress.get_mut().unwrap_or_else(|e| e.into_inner());
+        p.state.clear();
+        p.state.resize(n, OpState::PENDING);
+        p.errors.clear();
+        p.pending_chunks.clear();
+        p.pending_chunks.resize(n, 1);
+        p.first_error = None;
+        p.done = None;
+        p.waiters = 0;
+    }
+
+    /// A fresh state for the same ops (when this one is still in use).
+    fn repost(&self, id: u64, started: Clock, timeout: Duration) -> XferState {
+        let n = self.ops.len();
+        XferState {
+            id,
+            ops: self.ops.iter().map(|o| o.copy_with_table()).collect(),
+            regions: self.regions.clone(),
+            notify: self.notify.clone(),
+            plans: self.plans.clone(),
+            started,
+            deadline: deadline(started, timeout),
+            bytes_done: Default::default(),
+            ended: Default::default(),
+            ok: Default::default(),
+            elapsed_ns: Default::default(),
+            progress: std::sync::Mutex::new(super::Progress::new(n)),
+            cv: Default::default(),
+            shared: Arc::clone(&self.shared),
+            driven: Default::default(),
+        }
+    }
+}
+
+/// `started + timeout`, saturating (`Duration::MAX` means never).
+pub(super) fn deadline(started: Clock, timeout: Duration) -> Clock {
+    started
+        .checked_add(timeout)
+        .unwrap_or_else(|| started + FOREVER)
+}
