@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue #17 figures on the GPU machine (host transports only, no GPU used): 8 B shm/tcp write +
-# completion beside the same-run latency floors, the 8 B message rate over shm with --window 64,
+# completion beside the same-run latency floors (fresh and --prepared transfers), the 8 B message rate over shm with --window 64,
 # a 1,000 x 4 KiB shm batch beside single-thread memcpy of 4 MiB, and large-transfer bandwidth.
 # Each latency block runs 3 times (report the median). Run from the repository root with the
 # release binary at .devbin/gdx; everything goes to $OUT; about 90 s in all. With GDX_OLD=<an
@@ -26,6 +26,9 @@ bench() {
 log "date $(date -u +%FT%TZ) host $(hostname) cores $(nproc); $("$GDX" --version 2>&1)"
 for i in 1 2 3; do
   bench "small-$i" --path shm,tcp --size 8,4KiB --duration 300ms
+done
+for i in 1 2 3; do
+  bench "prepared-$i" --path shm,tcp --size 8,4KiB --duration 300ms --prepared
 done
 for i in 1 2 3; do
   bench "window-$i" --path shm --size 8 --window 64 --duration 300ms

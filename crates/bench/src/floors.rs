@@ -79,6 +79,25 @@ impl LatencyFloors {
                 continue;
             }
             let size = crate::render::human_size(r.size_bytes);
+            if let Some(n) = &r.floor_near {
+                let (what, run) = match r.path {
+                    PathKind::Tcp => ("tcp", self.tcp_us),
+                    _ => ("shm", Some(self.shm_flag_us)),
+                };
+                s.push_str(&format!(
+                    "{size} {what} p50 {p50:.2} µs = {:.2}× the {what} floor measured beside it \
+                     ({:.2} µs; {} block(s) interleaved, {:.2}–{:.2}×)",
+                    n.ratio, n.floor_us, n.blocks, n.ratio_min, n.ratio_max
+                ));
+                if let Some(f) = run {
+                    s.push_str(&format!("; {:.2}× the run's floor", p50 / f.max(1e-9)));
+                }
+                if let (PathKind::Shm, Some(u)) = (r.path, self.unix_us) {
+                    s.push_str(&format!(", {:.2}× the unix-socket floor", p50 / u));
+                }
+                s.push('\n');
+                continue;
+            }
             match r.path {
                 PathKind::Shm => {
                     s.push_str(&format!(
@@ -110,6 +129,16 @@ fn p50(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// The median (the mean of the two middle values of an even count; 0 when empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 fn spin_until(w: &AtomicU32, want: u32) {
     let mut i = 0u32;
     while w.load(Ordering::Acquire) != want {
@@ -123,8 +152,12 @@ fn spin_until(w: &AtomicU32, want: u32) {
 }
 
 fn shm_flag() -> f64 {
+    shm_flag_n(WARMUP, ROUND_TRIPS)
+}
+
+fn shm_flag_n(warmup: usize, trips: usize) -> f64 {
     let w = Arc::new(AtomicU32::new(0));
-    let n = (WARMUP + ROUND_TRIPS) as u32;
+    let n = (warmup + trips) as u32;
     let w2 = Arc::clone(&w);
     let echo = std::thread::spawn(move || {
         for i in 0..n {
@@ -132,12 +165,12 @@ fn shm_flag() -> f64 {
             w2.store(2 * i + 2, Ordering::Release);
         }
     });
-    let mut t = Vec::with_capacity(ROUND_TRIPS);
+    let mut t = Vec::with_capacity(trips);
     for i in 0..n {
         let s = Instant::now();
         w.store(2 * i + 1, Ordering::Release);
         spin_until(&w, 2 * i + 2);
-        if i as usize >= WARMUP {
+        if i as usize >= warmup {
             t.push(s.elapsed().as_secs_f64() * 1e6);
         }
     }
@@ -145,8 +178,17 @@ fn shm_flag() -> f64 {
     p50(t)
 }
 
-fn ping_pong<S: Read + Write + Send + 'static>(mut a: S, mut b: S) -> std::io::Result<f64> {
-    let n = WARMUP + ROUND_TRIPS;
+fn ping_pong<S: Read + Write + Send + 'static>(a: S, b: S) -> std::io::Result<f64> {
+    ping_pong_n(a, b, WARMUP, ROUND_TRIPS)
+}
+
+fn ping_pong_n<S: Read + Write + Send + 'static>(
+    mut a: S,
+    mut b: S,
+    warmup: usize,
+    trips: usize,
+) -> std::io::Result<f64> {
+    let n = warmup + trips;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
         let mut buf = [0u8; 8];
         for _ in 0..n {
@@ -155,13 +197,13 @@ fn ping_pong<S: Read + Write + Send + 'static>(mut a: S, mut b: S) -> std::io::R
         }
         Ok(())
     });
-    let mut t = Vec::with_capacity(ROUND_TRIPS);
+    let mut t = Vec::with_capacity(trips);
     let mut buf = [7u8; 8];
     for i in 0..n {
         let s = Instant::now();
         a.write_all(&buf)?;
         a.read_exact(&mut buf)?;
-        if i >= WARMUP {
+        if i >= warmup {
             t.push(s.elapsed().as_secs_f64() * 1e6);
         }
     }
@@ -176,12 +218,111 @@ fn unix() -> std::io::Result<f64> {
 }
 
 fn tcp() -> std::io::Result<f64> {
+    let (a, b) = tcp_pair()?;
+    ping_pong(a, b)
+}
+
+fn tcp_pair() -> std::io::Result<(std::net::TcpStream, std::net::TcpStream)> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     let a = std::net::TcpStream::connect(l.local_addr()?)?;
     let (b, _) = l.accept()?;
     a.set_nodelay(true)?;
     b.set_nodelay(true)?;
-    ping_pong(a, b)
+    Ok((a, b))
+}
+
+/// Transfers of a host latency row between two floor blocks ([`NearFloor`]).
+pub const BLOCK_OPS: u64 = 100;
+/// Timed round trips of one floor block (after `BLOCK_TRIPS / 10` warm-up).
+pub const BLOCK_TRIPS: usize = 300;
+/// The pause before a floor block: longer than the engine's target spins after its last
+/// request (200 µs), so the floor's two threads do not share the cores with it.
+const QUIET: std::time::Duration = std::time::Duration::from_micros(400);
+
+/// A floor measured beside one host latency row, interleaved with it: before each block of
+/// [`BLOCK_OPS`] transfers, [`BLOCK_TRIPS`] round trips of the row's floor (the shm flag for
+/// shm rows, tcp loopback for tcp rows). Each block's p50 is judged against the floor block
+/// measured just before it, so a figure and its reference share the machine's state: on a
+/// small VM the two vCPUs may sit on one physical core's hyperthreads, on two cores, or on
+/// one time-shared CPU, and the run-wide floor (measured once, at the start) may have been
+/// taken in another of those states than the row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NearFloor {
+    /// Median of the floor blocks' p50s, µs.
+    pub floor_us: f64,
+    /// Median over the blocks of (block p50 / its floor block's p50).
+    pub ratio: f64,
+    /// Smallest and largest block ratio.
+    pub ratio_min: f64,
+    /// Largest block ratio.
+    pub ratio_max: f64,
+    /// Blocks paired.
+    pub blocks: u32,
+}
+
+/// Which floor a row is judged against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FloorKind {
+    /// Shared-memory flag round trip.
+    ShmFlag,
+    /// TCP loopback round trip.
+    Tcp,
+}
+
+impl FloorKind {
+    /// The floor of rows of `path`, if it has one.
+    pub fn of(path: PathKind) -> Option<FloorKind> {
+        match path {
+            PathKind::Shm => Some(FloorKind::ShmFlag),
+            PathKind::Tcp => Some(FloorKind::Tcp),
+            _ => None,
+        }
+    }
+
+    /// One floor block's p50 in µs, after a pause ([`QUIET`]); `None` if it could not be
+    /// measured (no loopback).
+    pub fn block(self) -> Option<f64> {
+        std::thread::sleep(QUIET);
+        let warm = BLOCK_TRIPS / 10;
+        match self {
+            FloorKind::ShmFlag => Some(shm_flag_n(warm, BLOCK_TRIPS)),
+            FloorKind::Tcp => tcp_pair()
+                .and_then(|(a, b)| ping_pong_n(a, b, warm, BLOCK_TRIPS))
+                .ok(),
+        }
+    }
+}
+
+impl NearFloor {
+    /// Pairs `floors[i]` (µs) with the p50 of the `i`-th block of [`BLOCK_OPS`] samples; a
+    /// block with too few samples (under a fifth of a block) or no floor is left out.
+    pub fn pair(floors: &[Option<f64>], samples: &[std::time::Duration]) -> Option<NearFloor> {
+        let mut fl = Vec::new();
+        let mut ratios = Vec::new();
+        for (f, block) in floors.iter().zip(samples.chunks(BLOCK_OPS as usize)) {
+            let (Some(f), true) = (f, block.len() as u64 >= BLOCK_OPS / 5) else {
+                continue;
+            };
+            let us = p50(block.iter().map(|d| d.as_secs_f64() * 1e6).collect());
+            if *f > 0.0 {
+                fl.push(*f);
+                ratios.push(us / f);
+            }
+        }
+        if ratios.is_empty() {
+            return None;
+        }
+        let (lo, hi) = ratios
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(l, h), &r| (l.min(r), h.max(r)));
+        Some(NearFloor {
+            floor_us: median(fl),
+            blocks: ratios.len() as u32,
+            ratio: median(ratios),
+            ratio_min: lo,
+            ratio_max: hi,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -217,5 +358,47 @@ mod tests {
             "8 B shm p50 2.50 µs = 2.5× the shm floor, 0.25× the unix-socket floor\n\
              8 B tcp p50 24.00 µs = 1.20× the tcp floor\n"
         );
+    }
+
+    /// Each block is judged against the floor measured just before it; a block with no floor,
+    /// or too few samples, is left out; the median of an even count is the middle pair's mean.
+    #[test]
+    fn interleaved_blocks_are_paired_with_the_floor_before_them() {
+        use std::time::Duration;
+        let us = |v: f64, n: usize| vec![Duration::from_secs_f64(v * 1e-6); n];
+        let b = BLOCK_OPS as usize;
+        // Four blocks: 1 µs over a 0.25 µs floor, 2 µs over 0.5 µs, 100 µs (a time-shared
+        // phase) over 10 µs, and a block without a floor; then a 3-sample tail, left out.
+        let mut samples = us(1.0, b);
+        samples.extend(us(2.0, b));
+        samples.extend(us(100.0, b));
+        samples.extend(us(5.0, b));
+        samples.extend(us(9.0, 3));
+        let floors = [Some(0.25), Some(0.5), Some(10.0), None, Some(1.0)];
+        let n = NearFloor::pair(&floors, &samples).expect("paired");
+        assert_eq!(n.blocks, 3);
+        assert!((n.ratio - 4.0).abs() < 1e-9, "{n:?}");
+        assert!((n.ratio_min - 4.0).abs() < 1e-9 && (n.ratio_max - 10.0).abs() < 1e-9);
+        assert!((n.floor_us - 0.5).abs() < 1e-9);
+        assert_eq!(NearFloor::pair(&[None], &samples), None);
+        assert!((median(vec![4.0, 1.0, 3.0, 2.0]) - 2.5).abs() < 1e-12);
+
+        let fixed = LatencyFloors {
+            shm_flag_us: 0.1,
+            unix_us: Some(10.0),
+            tcp_us: Some(20.0),
+            method: String::new(),
+        };
+        let mut row = Row::new(crate::host::cases()[0].spec(), 8);
+        row.path = PathKind::Shm;
+        row.lat_p50_us = Some(1.0);
+        row.floor_near = Some(n);
+        assert_eq!(
+            fixed.beside(&[&row]),
+            "8 B shm p50 1.00 µs = 4.00× the shm floor measured beside it (0.50 µs; 3 block(s) \
+             interleaved, 4.00–10.00×); 10.00× the run's floor, 0.10× the unix-socket floor\n"
+        );
+        // A block of the real floor measures something.
+        assert!(FloorKind::ShmFlag.block().is_some_and(|f| f > 0.0));
     }
 }

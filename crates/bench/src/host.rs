@@ -17,6 +17,7 @@ use gdx_sys::cuda::probe::fill_pattern;
 
 use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived, ROTATE_BYTES};
 use crate::error::{BenchError, Mismatch};
+use crate::floors::{FloorKind, NearFloor, BLOCK_OPS};
 use crate::report::Row;
 use crate::stats::{fill_row, CpuClock};
 use crate::Ctx;
@@ -37,8 +38,20 @@ pub(crate) struct Timed {
 pub(crate) fn wall_loop(
     params: &Params,
     bytes: f64,
+    prepare: impl FnMut(u64) -> Result<(), BenchError>,
+    op: impl FnMut(u64) -> Result<(), BenchError>,
+) -> Result<Timed, BenchError> {
+    wall_loop_between(params, bytes, prepare, op, |_| Duration::ZERO)
+}
+
+/// `wall_loop`, calling `between(i)` before timed op `i`, outside its timing; `between`
+/// returns the CPU time it spent, which the row's CPU figure leaves out.
+pub(crate) fn wall_loop_between(
+    params: &Params,
+    bytes: f64,
     mut prepare: impl FnMut(u64) -> Result<(), BenchError>,
     mut op: impl FnMut(u64) -> Result<(), BenchError>,
+    mut between: impl FnMut(u64) -> Duration,
 ) -> Result<Timed, BenchError> {
     let mut est = Duration::MAX;
     for _ in 0..params.warmup.max(1) {
@@ -50,14 +63,16 @@ pub(crate) fn wall_loop(
     prepare(iters)?;
     let cpu = CpuClock::now();
     let mut samples = Vec::with_capacity(iters as usize);
+    let mut excluded = Duration::ZERO;
     for i in 0..iters {
+        excluded += between(i);
         let t = Instant::now();
         op(i)?;
         samples.push(t.elapsed());
     }
     Ok(Timed {
         samples,
-        cpu_s_per_gb: cpu.per_gb_since(bytes * iters as f64),
+        cpu_s_per_gb: cpu.shifted(excluded).per_gb_since(bytes * iters as f64),
     })
 }
 
@@ -390,7 +405,12 @@ impl BenchCase for AgentCase {
                 }
             }
             let cell = RefCell::new(&mut local);
-            let timed = wall_loop(
+            // A latency row (one op at a time) is judged against its floor measured between
+            // its blocks of transfers (`NearFloor`).
+            let near =
+                FloorKind::of(self.spec.path).filter(|_| batch * inflight == 1 && size <= 64 << 10);
+            let mut floors = Vec::new();
+            let timed = wall_loop_between(
                 params,
                 (size * batch * inflight) as f64,
                 |t| {
@@ -434,6 +454,17 @@ impl BenchCase for AgentCase {
                     }
                     Ok(())
                 },
+                |i| match near {
+                    Some(k) if i.is_multiple_of(BLOCK_OPS) => {
+                        let cpu = gdx_sys::os::process_cpu_time().ok();
+                        floors.push(k.block());
+                        match (cpu, gdx_sys::os::process_cpu_time().ok()) {
+                            (Some(a), Some(b)) => b.saturating_sub(a),
+                            _ => Duration::ZERO,
+                        }
+                    }
+                    _ => Duration::ZERO,
+                },
             );
             let timed = match timed {
                 Ok(t) => t,
@@ -444,6 +475,7 @@ impl BenchCase for AgentCase {
             };
             let mut row = Row::new(&self.spec, size);
             fill_wall_row(&mut row, (size * batch * inflight) as f64, &timed);
+            row.floor_near = NearFloor::pair(&floors, &timed.samples);
             if params.prepared {
                 row.add_note(format!(
                     "{PREPARED_NOTE}: {positions} transfer(s) prepared once (validated, planned) \

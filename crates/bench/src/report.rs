@@ -74,6 +74,10 @@ pub struct Row {
     pub status: Status,
     /// Method details, warnings and likely causes.
     pub note: Option<String>,
+    /// Host latency rows: the floor measured interleaved with the row's samples, and the
+    /// row against it ([`crate::floors::NearFloor`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor_near: Option<crate::floors::NearFloor>,
 }
 
 impl Row {
@@ -103,6 +107,7 @@ impl Row {
             verified: None,
             status: Status::Passed,
             note: None,
+            floor_near: None,
         }
     }
 

@@ -37,6 +37,12 @@ impl CpuClock {
         CpuClock(gdx_sys::os::process_cpu_time().ok())
     }
 
+    /// The clock as if `by` less CPU time had passed since it was read (time spent on work
+    /// the figure leaves out).
+    pub fn shifted(self, by: Duration) -> CpuClock {
+        CpuClock(self.0.map(|t| t + by))
+    }
+
     /// CPU seconds per GB (1e9 bytes) for `bytes` moved since `self`.
     pub fn per_gb_since(self, bytes: f64) -> Option<f64> {
         let (Some(a), Some(b)) = (self.0, CpuClock::now().0) else {

@@ -1,6 +1,7 @@
 //! Profiling aid: loops submit + wait of one small write over shm between two agents of this
 //! process and prints the p50, p99 and mean round trip (`cargo run --release --example shm_lat --
-//! [size] [iters] [window] [batch]`).
+//! [size] [iters] [window] [batch]`; `SHM_LAT_PREPARED=1` posts prepared transfers,
+//! `SHM_LAT_TCP=1` runs over tcp).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
@@ -32,9 +33,14 @@ fn main() {
     let len = (size * window * batch).max(4096).next_power_of_two();
     let slots = len / size;
     let _r = server.alloc(len, Access::READ_WRITE, Some("r")).unwrap();
+    // SHM_LAT_TCP: the same loop over tcp (the client offers no shm).
+    let tcp_only = std::env::var_os("SHM_LAT_TCP").is_some();
     let client = Agent::new(AgentConfig {
         name: "lat-client".into(),
-        transports: t,
+        transports: Transports {
+            shm: !tcp_only,
+            ..t
+        },
         ..base
     })
     .unwrap();

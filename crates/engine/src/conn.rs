@@ -130,6 +130,10 @@ impl Conn {
 
     /// One `recvmsg` into the free tail of the buffer; collects passed fds. Returns bytes read.
     fn fill(&mut self) -> io::Result<usize> {
+        self.fill_with(rustix::net::RecvFlags::empty())
+    }
+
+    fn fill_with(&mut self, flags: rustix::net::RecvFlags) -> io::Result<usize> {
         if let Some((d, _)) = self.deadline {
             let left = d.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -158,7 +162,12 @@ impl Conn {
         let mut cmsg = RecvAncillaryBuffer::new(&mut space);
         let n = loop {
             let mut iov = [io::IoSliceMut::new(&mut self.buf[self.end..])];
-            match rustix::net::recvmsg(&self.sock, &mut iov, &mut cmsg, RecvFlags::CMSG_CLOEXEC) {
+            match rustix::net::recvmsg(
+                &self.sock,
+                &mut iov,
+                &mut cmsg,
+                RecvFlags::CMSG_CLOEXEC | flags,
+            ) {
                 Ok(r) => break r.bytes,
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(e.into()),
@@ -290,6 +299,40 @@ impl Conn {
     /// Whether a frame's first bytes are already here (buffered, or readable on the socket now),
     /// so that receiving would not block. Lets a server defer replies while more requests are
     /// queued, and send them before it would wait.
+    /// Polls, without sleeping, up to `spin` for input; true once some is there. A stream
+    /// whose next request comes within `spin` then costs its reader no wake-up from a blocked
+    /// read (tens of µs on a VM whose idle vCPU halts), which would otherwise be most of a
+    /// small write's round trip.
+    pub(crate) fn spin_for_input(&mut self, spin: std::time::Duration) -> bool {
+        let start = Instant::now();
+        loop {
+            if self.poll_input() {
+                return true;
+            }
+            if start.elapsed() >= spin {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Whether input is buffered or arrives now: one non-blocking read into the buffer (what
+    /// a poller calls in its loop: a `poll` first and then the read would cost two system
+    /// calls per answer, a good part of a loopback round trip on a VM). A closed or failed
+    /// socket counts as input: the next read reports it.
+    pub(crate) fn poll_input(&mut self) -> bool {
+        if self.end > self.start {
+            return true;
+        }
+        if self.deadline.is_some() {
+            return self.has_input();
+        }
+        match self.fill_with(rustix::net::RecvFlags::DONTWAIT) {
+            Ok(_) => true,
+            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+        }
+    }
+
     pub(crate) fn has_input(&self) -> bool {
         if self.end > self.start {
             return true;

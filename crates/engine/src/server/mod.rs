@@ -405,6 +405,9 @@ fn land(c: &mut Conn, stager: &Stager, q: &mut VecDeque<Landing>, keep: usize) -
     Ok(())
 }
 
+/// How long a data stream's reader polls for the next request before it blocks in the read.
+const STREAM_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+
 fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
     let reg: &Registry = &agent.registry;
     let lease_wait = agent.cfg.io_timeout;
@@ -416,6 +419,9 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
         if !landing.is_empty() && !c.has_input() {
             land(c, &stager, &mut landing, 0)?;
         }
+        // The next request of a busy stream usually follows within the spin: catch it
+        // without sleeping in the read (the initiator polls for its ack the same way).
+        c.spin_for_input(STREAM_SPIN);
         let (msg, payload) = c.recv_frame(true)?;
         // A write lands first where its reply is sent (a GPU write may itself be queued).
         if !matches!(msg, Msg::Write { .. }) {

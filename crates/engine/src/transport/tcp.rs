@@ -234,7 +234,7 @@ impl TcpTransport {
                 let until = std::time::Instant::now() + SUBMIT_SPIN;
                 while got < sent.len() {
                     let left = until.saturating_duration_since(std::time::Instant::now());
-                    if left.is_zero() || !crate::ring::spin_until(left, || conn.has_input()) {
+                    if left.is_zero() || !crate::ring::spin_until(left, || conn.poll_input()) {
                         break;
                     }
                     if let Err(e) =
