@@ -18,6 +18,14 @@ fn main() {
     }
     println!("cargo:rerun-if-changed=../../.git/HEAD");
     println!("cargo:rerun-if-changed=../../.git/index");
+    // A commit moves the branch HEAD names, not HEAD itself: watch that ref too (else the
+    // hash stays the one of the commit the crate was first built at).
+    if let Ok(head) = std::fs::read_to_string("../../.git/HEAD") {
+        if let Some(r) = head.trim().strip_prefix("ref: ") {
+            println!("cargo:rerun-if-changed=../../.git/{r}");
+        }
+    }
+    println!("cargo:rerun-if-changed=../../.git/packed-refs");
     let out = Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
         .output();
