@@ -605,17 +605,26 @@ mod tests {
             max_samples: 20,
             ..Params::default()
         };
-        for case in cases() {
-            let mut rows = Vec::new();
-            case.run(&ctx, &params, &mut |r| rows.push(r))
-                .unwrap_or_else(|e| panic!("{}: {e}", case.spec().key));
-            assert_eq!(rows.len(), 2, "{}", case.spec().key);
-            for r in rows {
-                assert_eq!(r.verified, Some(true), "{} {:?}", r.key, r.note);
-                assert!(r.bw_gbps.is_some_and(|b| b > 0.0));
-                assert!(r.iters >= 3);
-            }
+        for r in run_cases(&ctx, &params, cases()) {
+            assert!(r.bw_gbps.is_some_and(|b| b > 0.0));
+            assert!(r.iters >= 3);
         }
+    }
+
+    /// Runs `cases` with `params`: every case gives one verified row per size.
+    fn run_cases(ctx: &Ctx, params: &Params, cases: Vec<Box<dyn BenchCase>>) -> Vec<Row> {
+        let mut all = Vec::new();
+        for case in cases {
+            let mut rows = Vec::new();
+            case.run(ctx, params, &mut |r| rows.push(r))
+                .unwrap_or_else(|e| panic!("{}: {e}", case.spec().key));
+            assert_eq!(rows.len(), params.sizes.len(), "{}", case.spec().key);
+            for r in &rows {
+                assert_eq!(r.verified, Some(true), "{} {:?}", r.key, r.note);
+            }
+            all.extend(rows);
+        }
+        all
     }
 
     /// `--prepared`, alone, in a batch and in a window: rows measured, verified and marked.
@@ -632,23 +641,17 @@ mod tests {
                 prepared: true,
                 ..Params::default()
             };
-            for case in cases()
+            let agents = cases()
                 .into_iter()
                 .filter(|c| c.spec().key != "host_to_host_memcpy")
-            {
-                let mut rows = Vec::new();
-                case.run(&ctx, &params, &mut |r| rows.push(r))
-                    .unwrap_or_else(|e| panic!("{}: {e}", case.spec().key));
-                assert_eq!(rows.len(), 2, "{}", case.spec().key);
-                for r in rows {
-                    assert_eq!(r.verified, Some(true), "{} {:?}", r.key, r.note);
-                    assert!(
-                        r.note.as_deref().is_some_and(|n| n.contains(PREPARED_NOTE)),
-                        "{} {:?}",
-                        r.key,
-                        r.note
-                    );
-                }
+                .collect();
+            for r in run_cases(&ctx, &params, agents) {
+                assert!(
+                    r.note.as_deref().is_some_and(|n| n.contains(PREPARED_NOTE)),
+                    "{} {:?}",
+                    r.key,
+                    r.note
+                );
             }
         }
     }

@@ -93,6 +93,24 @@ impl PyPeer {
         Ok((t, gpu))
     }
 
+    /// `batch` with the notification and the deadline set (what a submit and a prepare take).
+    pub(crate) fn transfer(
+        &self,
+        ops: &Bound<'_, PyAny>,
+        kind: OpKind,
+        notify: Option<Vec<u8>>,
+        timeout: Option<f64>,
+    ) -> PyResult<(Transfer, Option<u32>)> {
+        let (mut t, gpu) = self.batch(ops, kind)?;
+        if let Some(n) = notify {
+            t.notify(n);
+        }
+        if let Some(s) = timeout {
+            t.timeout(seconds(Some(s), Duration::ZERO)?);
+        }
+        Ok((t, gpu))
+    }
+
     fn submit(
         &self,
         py: Python<'_>,
@@ -102,13 +120,7 @@ impl PyPeer {
         stream: Option<&Bound<'_, PyAny>>,
         timeout: Option<f64>,
     ) -> PyResult<PyTransfer> {
-        let (mut t, gpu) = self.batch(ops, kind)?;
-        if let Some(n) = notify {
-            t.notify(n);
-        }
-        if let Some(s) = timeout {
-            t.timeout(seconds(Some(s), Duration::ZERO)?);
-        }
+        let (t, gpu) = self.transfer(ops, kind, notify, timeout)?;
         if let Some(s) = stream {
             cuda::sync_stream(py, cuda::stream_handle(s)?, gpu.unwrap_or(0))?;
         }

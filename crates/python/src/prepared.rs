@@ -31,13 +31,7 @@ pub(crate) fn prepare(
     notify: Option<Vec<u8>>,
     timeout: Option<f64>,
 ) -> PyResult<PyPreparedTransfer> {
-    let (mut t, gpu) = peer.batch(ops, kind)?;
-    if let Some(n) = notify {
-        t.notify(n);
-    }
-    if let Some(s) = timeout {
-        t.timeout(seconds(Some(s), Duration::ZERO)?);
-    }
+    let (t, gpu) = peer.transfer(ops, kind, notify, timeout)?;
     let n_ops = t.len();
     let engine = Arc::clone(peer.peer());
     let p = py.allow_threads(move || engine.prepare(t)).py_err()?;
