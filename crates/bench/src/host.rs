@@ -376,11 +376,12 @@ impl BenchCase for AgentCase {
             } else {
                 n
             };
-            let build = |j: u64| {
+            // Transfer `j` of the rotation: ops `j * batch ..` of the slots, wrapping.
+            let build = |local: &Region<'_>, j: u64| {
                 let mut t = Transfer::with_capacity(batch as usize);
                 for k in 0..batch {
                     let off = ((j * batch + k) % n) * size;
-                    t.write(&local, off, &remote, off, size);
+                    t.write(local, off, &remote, off, size);
                 }
                 t
             };
@@ -388,7 +389,7 @@ impl BenchCase for AgentCase {
             let mut prepared = Vec::new();
             if params.prepared {
                 for j in 0..positions {
-                    match peer.prepare(build(j)) {
+                    match peer.prepare(build(&local, j)) {
                         Ok(p) => prepared.push(p),
                         Err(e) => {
                             sink(Row::failed(
@@ -428,12 +429,7 @@ impl BenchCase for AgentCase {
                     let mut transfer = |w: u64| {
                         let j = i * inflight + w;
                         let r = if prepared.is_empty() {
-                            let mut t = Transfer::with_capacity(batch as usize);
-                            for k in 0..batch {
-                                let off = ((j * batch + k) % n) * size;
-                                t.write(&cell.borrow(), off, &remote, off, size);
-                            }
-                            peer.submit(t)
+                            peer.submit(build(&cell.borrow(), j))
                         } else {
                             prepared[(j % positions) as usize].post()
                         };
