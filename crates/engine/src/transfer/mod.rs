@@ -9,13 +9,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-/// The clock of transfer start, end and deadline (`quanta`: the TSC where it is usable, else
-/// the OS clock; cheaper to read than `Instant`, and read twice per transfer).
-type Clock = quanta::Instant;
+/// The clock of transfer start, end and deadline (raw ticks: `clock.rs`).
+type Clock = clock::Tick;
 
 /// Reads the transfer clock once, so its calibration is done before the first transfer.
 pub(crate) fn warm_clock() {
-    let _ = Clock::now();
+    clock::warm();
 }
 
 use serde::Serialize;
@@ -23,6 +22,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 
 mod builder;
+pub(crate) mod clock;
 mod handle;
 mod ops;
 mod prepared;
@@ -263,9 +263,6 @@ fn ids_are_unique_across_threads_and_blocks() {
     assert!(all[0] > 0);
 }
 
-/// The deadline of a transfer whose timeout the clock cannot represent (about 136 years).
-const FOREVER: Duration = Duration::from_secs(1 << 32);
-
 /// State shared between a [`TransferHandle`] and the transport running the transfer.
 #[derive(Debug)]
 pub(crate) struct XferState {
@@ -278,6 +275,8 @@ pub(crate) struct XferState {
     plans: Plans,
     pub(crate) started: Clock,
     pub(crate) deadline: Clock,
+    /// What `deadline` is `started` plus (reported as it was given, not rounded by the clock).
+    timeout: Duration,
     bytes_done: AtomicU64,
     /// Set once `finish` ran: a waiter spins on it briefly before it sleeps on `cv`.
     ended: AtomicBool,
@@ -343,6 +342,7 @@ impl XferState {
         } = n;
         let n = t.ops.len();
         debug_assert_eq!(plans.len(), n, "one plan per op");
+        let timeout = t.timeout.unwrap_or(timeout);
         XferState {
             id,
             ops: t.ops,
@@ -351,7 +351,8 @@ impl XferState {
             plans,
             started,
             // A timeout too long for the clock (`Duration::MAX` for "never") saturates.
-            deadline: prepared::deadline(started, t.timeout.unwrap_or(timeout)),
+            deadline: started.plus(timeout),
+            timeout,
             bytes_done: AtomicU64::new(0),
             ended: AtomicBool::new(false),
             ok: AtomicBool::new(false),
@@ -534,14 +535,14 @@ impl XferState {
             self.shared.stats.record(
                 ops.map(|(i, (op, path))| (op.kind, op.len, path, p.outcome(i))),
                 p.first_error.is_some(),
-                now - self.started,
+                now.since(self.started),
             );
         }
         p.done = Some(now);
         // What a waiter of a completed transfer reads without the lock (`report_if_ok`):
         // stored before `ended`, which publishes them.
         self.ok.store(p.first_error.is_none(), Ordering::Relaxed);
-        let ns = u64::try_from((now - self.started).as_nanos()).unwrap_or(u64::MAX);
+        let ns = u64::try_from(now.since(self.started).as_nanos()).unwrap_or(u64::MAX);
         self.elapsed_ns.store(ns, Ordering::Relaxed);
         self.ended.store(true, Ordering::Release);
         let wake = p.waiters > 0;
@@ -566,10 +567,10 @@ impl XferState {
 
     /// Time until the deadline (zero once it passed).
     pub(crate) fn time_left(&self) -> Duration {
-        self.deadline.saturating_duration_since(Clock::now())
+        self.deadline.left()
     }
 
     pub(crate) fn timeout_error(&self) -> Error {
-        Error::Timeout(self.deadline - self.started)
+        Error::Timeout(self.timeout)
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{next_id, Clock, OpState, TransferHandle, TransferReport, XferState, FOREVER};
+use super::{next_id, Clock, OpState, TransferHandle, TransferReport, XferState};
 use crate::error::Result;
 use crate::peer::Peer;
 use crate::plan::Path;
@@ -87,7 +87,8 @@ impl XferState {
         let n = self.ops.len();
         self.id = id;
         self.started = started;
-        self.deadline = deadline(started, timeout);
+        self.deadline = started.plus(timeout);
+        self.timeout = timeout;
         *self.bytes_done.get_mut() = 0;
         *self.ended.get_mut() = false;
         *self.ok.get_mut() = false;
@@ -114,7 +115,8 @@ impl XferState {
             notify: self.notify.clone(),
             plans: self.plans.clone(),
             started,
-            deadline: deadline(started, timeout),
+            deadline: started.plus(timeout),
+            timeout,
             bytes_done: Default::default(),
             ended: Default::default(),
             ok: Default::default(),
@@ -125,11 +127,4 @@ impl XferState {
             driven: Default::default(),
         }
     }
-}
-
-/// `started + timeout`, saturating (`Duration::MAX` means never).
-pub(super) fn deadline(started: Clock, timeout: Duration) -> Clock {
-    started
-        .checked_add(timeout)
-        .unwrap_or_else(|| started + FOREVER)
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use super::Worker;
 use crate::error::{Error, Result};
 use crate::ring::{self, Ring, DONE, FREE, NAP, POSTED};
+use crate::transfer::clock::Tick;
 use crate::transfer::{Drive, XferState};
 use crate::transport::SerialQueue;
 use crate::wire::ShmOp;
@@ -36,7 +37,7 @@ pub(super) struct RingClient {
     sock_fd: RawFd,
     wait: Duration,
     /// When this side last published a slot (`publish`).
-    last_post: Option<quanta::Instant>,
+    last_post: Option<Tick>,
 }
 
 /// A post this soon after the previous one skips the doorbell check (`RingClient::publish`):
@@ -131,10 +132,8 @@ impl RingClient {
         // the slots on its way to sleep: a release store does, with no doorbell check. The fence a check
         // needs (the SeqCst store) would hold this core until the slot's line came back from
         // the target's core, once per post.
-        let now = quanta::Instant::now();
-        let recent = self
-            .last_post
-            .is_some_and(|t| now.saturating_duration_since(t) < QUIET);
+        let now = Tick::now();
+        let recent = self.last_post.is_some_and(|t| now.since(t) < QUIET);
         self.last_post = Some(now);
         if recent {
             self.ring.state(slot).store(state, Ordering::Release);
