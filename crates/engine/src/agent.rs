@@ -220,7 +220,7 @@ impl Agent {
         cfg.validate()?;
         // The transfer clock calibrates on its first read (about a millisecond, once per
         // process): here, not in the first transfer.
-        crate::transfer::warm_clock();
+        crate::transfer::clock::warm();
         let secret = match (&cfg.secret, cfg.insecure) {
             (_, true) => {
                 log::warn!(

@@ -12,11 +12,6 @@ use std::time::Duration;
 /// The clock of transfer start, end and deadline (raw ticks: `clock.rs`).
 type Clock = clock::Tick;
 
-/// Reads the transfer clock once, so its calibration is done before the first transfer.
-pub(crate) fn warm_clock() {
-    clock::warm();
-}
-
 use serde::Serialize;
 
 use crate::error::{Error, Result};
