@@ -12,7 +12,8 @@
 //! area (`RESULT_BYTES`: the body of a `ShmBeginResult`, encoded with the wire codec;
 //! `result_len` 0: no op failed). The data follows the op table closely so that a one-op
 //! request of a few bytes spans two adjacent cache lines (control block, op + data), which is
-//! what the other side's core has to fetch per request.
+//! what the other side's core has to fetch per request. A short request (`KIND_SHORT`: one op
+//! of up to `SHORT_MAX` bytes) fits in the control block alone: one line.
 //!
 //! Slot states (`state`): `FREE` → (initiator fills it) `POSTED` → (target checked every op;
 //! inline ops copied; `BEGIN` ops leased) `DONE` → for `INLINE`: the initiator reads the
@@ -90,6 +91,21 @@ pub(crate) const END: u32 = 3;
 pub(crate) const KIND_INLINE: u32 = 1;
 /// Ops leased by the target and copied by the initiator through its mappings.
 pub(crate) const KIND_BEGIN: u32 = 2;
+/// One inline op of at most `SHORT_MAX` bytes, carried whole in the slot's control block: the
+/// target's core fetches one cache line per request instead of two (the control block, then
+/// the op table and data), which is most of what a small op costs past the flag round trip.
+pub(crate) const KIND_SHORT: u32 = 3;
+/// Largest op a short request carries (the room left in its control block).
+pub(crate) const SHORT_MAX: usize = 8;
+/// A short request's fields after `result_len`: the op's region, key and offset, then its
+/// bytes (a write's, or a read's once the target answered).
+const SHORT_REGION_AT: usize = 24;
+const SHORT_KEY_AT: usize = 32;
+const SHORT_OFFSET_AT: usize = 48;
+const SHORT_DATA_AT: usize = 56;
+/// In a short request's `n_ops` word: the op is a write (the low byte is its length).
+const SHORT_WRITE: u32 = 1 << 8;
+const _: () = assert!(SHORT_DATA_AT + SHORT_MAX == CTRL_BYTES);
 
 /// How long a waiter sleeps on the futex before it re-checks the peer.
 pub(crate) const NAP: Duration = Duration::from_millis(2);
@@ -211,6 +227,78 @@ impl Ring {
         let _ = slot;
     }
 
+    /// Pointer to inline data byte `off` of the request of `kind` and `n_ops` ops in `slot`: in
+    /// the control block for a short request, else after the op table (`data_ptr`).
+    pub(crate) fn request_data(&self, slot: usize, kind: u32, n_ops: usize, off: usize) -> *mut u8 {
+        if kind == KIND_SHORT {
+            return self.slot_ptr(slot, SHORT_DATA_AT + off.min(SHORT_MAX));
+        }
+        self.data_ptr(slot, n_ops, off)
+    }
+
+    /// Initiator: writes a short request (`KIND_SHORT`) for `op` into `slot`, with `data` (a
+    /// write's bytes; empty for a read): the op first, its control fields last, just before
+    /// the state is published. `op.len` is 1..=`SHORT_MAX` and, for a write, `data`'s length.
+    pub(crate) fn write_short(&self, slot: usize, seq: u32, op: &ShmOp, data: &[u8]) {
+        debug_assert!((1..=SHORT_MAX as u64).contains(&op.len));
+        const R: usize = SHORT_REGION_AT;
+        let mut b = [0u8; CTRL_BYTES - R];
+        b[..8].copy_from_slice(&op.region.to_le_bytes());
+        b[SHORT_KEY_AT - R..][..16].copy_from_slice(&op.key.0.to_le_bytes());
+        b[SHORT_OFFSET_AT - R..][..8].copy_from_slice(&op.offset.to_le_bytes());
+        let n = data.len().min(SHORT_MAX);
+        b[SHORT_DATA_AT - R..][..n].copy_from_slice(&data[..n]);
+        // SAFETY: [SHORT_REGION_AT, CTRL_BYTES) lies in the slot's control block; `b` is on the
+        // stack, so the spans do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(b.as_ptr(), self.slot_ptr(slot, SHORT_REGION_AT), b.len())
+        };
+        let len = op.len.min(SHORT_MAX as u64) as u32;
+        let flags = if op.write { SHORT_WRITE } else { 0 };
+        self.field(slot, 8).store(seq, Ordering::Relaxed);
+        self.field(slot, 12).store(KIND_SHORT, Ordering::Relaxed);
+        self.field(slot, 16).store(len | flags, Ordering::Relaxed);
+    }
+
+    /// Target: a short request's op, copied out of the control block and checked.
+    fn read_short(&self, slot: usize, req: &mut Request) -> Result<()> {
+        let word = self.field(slot, 16).load(Ordering::Relaxed);
+        let len = word & 0xff;
+        if word & !(0xff | SHORT_WRITE) != 0 || len == 0 || len as usize > SHORT_MAX {
+            return Err(Error::Protocol(format!(
+                "shm ring short request word {word:#x} (length 1..={SHORT_MAX}, bit 8 write)"
+            )));
+        }
+        let mut b = [0u8; SHORT_DATA_AT - SHORT_REGION_AT];
+        // SAFETY: [SHORT_REGION_AT, SHORT_DATA_AT) lies in the slot's control block; `b` is
+        // private (read out of shared memory once, then used).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.slot_ptr(slot, SHORT_REGION_AT),
+                b.as_mut_ptr(),
+                b.len(),
+            )
+        };
+        const R: usize = SHORT_REGION_AT;
+        let u64_at =
+            |i: usize| u64::from_le_bytes(b[i - R..i - R + 8].try_into().unwrap_or([0; 8]));
+        let key = u128::from_le_bytes(
+            b[SHORT_KEY_AT - R..SHORT_KEY_AT - R + 16]
+                .try_into()
+                .unwrap_or([0; 16]),
+        );
+        req.ops.push(ShmOp {
+            write: word & SHORT_WRITE != 0,
+            region: u64_at(SHORT_REGION_AT),
+            key: RegionKey(key),
+            offset: u64_at(SHORT_OFFSET_AT),
+            len: u64::from(len),
+        });
+        req.data_off.push(0);
+        req.skip.push(false);
+        Ok(())
+    }
+
     /// Pointer to inline data byte `off` of slot `slot`, whose request has `n_ops` ops.
     pub(crate) fn data_ptr(&self, slot: usize, n_ops: usize, off: usize) -> *mut u8 {
         self.slot_ptr(slot, data_at(n_ops.min(MAX_RING_OPS)) + off.min(DATA_BYTES))
@@ -266,6 +354,16 @@ impl Ring {
     pub(crate) fn read_request(&self, slot: usize, req: &mut Request) -> Result<()> {
         let seq = self.field(slot, 8).load(Ordering::Relaxed);
         let kind = self.field(slot, 12).load(Ordering::Relaxed);
+        req.ops.clear();
+        req.data_off.clear();
+        req.skip.clear();
+        if kind == KIND_SHORT {
+            // No transfer id: the control block's room holds the op.
+            req.seq = seq;
+            req.kind = kind;
+            req.xfer = 0;
+            return self.read_short(slot, req);
+        }
         let n = self.field(slot, 16).load(Ordering::Relaxed) as usize;
         let xfer = u64::from(self.field(slot, 24).load(Ordering::Relaxed))
             | (u64::from(self.field(slot, 28).load(Ordering::Relaxed)) << 32);
@@ -280,9 +378,6 @@ impl Ring {
         req.seq = seq;
         req.kind = kind;
         req.xfer = xfer;
-        req.ops.clear();
-        req.data_off.clear();
-        req.skip.clear();
         let (ops, data_off, skip) = (&mut req.ops, &mut req.data_off, &mut req.skip);
         let mut total = 0usize;
         for j in 0..n {

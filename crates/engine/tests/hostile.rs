@@ -859,14 +859,57 @@ impl RawRing {
 
     /// Waits (bounded) for slot 0 to reach `state`.
     fn reaches(&self, state: u32) -> bool {
+        self.slot_reaches(0, state)
+    }
+
+    /// Waits (bounded) for slot `slot` to reach `state`.
+    fn slot_reaches(&self, slot: usize, state: u32) -> bool {
         let until = std::time::Instant::now() + Duration::from_secs(10);
         while std::time::Instant::now() < until {
-            if self.word(4096).load(std::sync::atomic::Ordering::SeqCst) == state {
+            if self
+                .word(4096 + slot * RING_SLOT)
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == state
+            {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(1));
         }
         false
+    }
+
+    /// Writes a short request (kind 3: one op wholly in the control block; `word` is its
+    /// `n_ops` word, length | bit 8 write) into slot `seq % 128` and posts it.
+    fn post_short(&self, seq: u32, word: u32, op: &ShmOp, data: &[u8]) {
+        let s = 4096 + (seq as usize % RING_SLOTS) * RING_SLOT;
+        let mut b = Vec::new();
+        b.extend_from_slice(&op.region.to_le_bytes());
+        b.extend_from_slice(&op.key.0.to_le_bytes());
+        b.extend_from_slice(&op.offset.to_le_bytes());
+        b.extend_from_slice(data);
+        assert!(b.len() <= 40);
+        // SAFETY: [24, 24 + 40) of the slot lies inside it.
+        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), self.ptr.add(s + 24), b.len()) };
+        self.word(s + 8).store(seq, Relaxed);
+        self.word(s + 12).store(3, Relaxed);
+        self.word(s + 16).store(word, Relaxed);
+        self.word(s).store(1, std::sync::atomic::Ordering::SeqCst);
+        self.word(4)
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The 8 data bytes of slot `slot`'s control block (a short request's).
+    fn short_data(&self, slot: usize) -> [u8; 8] {
+        let mut b = [0u8; 8];
+        // SAFETY: [56, 64) of the slot lies inside it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.add(4096 + slot * RING_SLOT + 56),
+                b.as_mut_ptr(),
+                8,
+            )
+        };
+        b
     }
 }
 
@@ -920,6 +963,86 @@ fn a_ring_begin_holds_its_lease_until_end() {
         .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     assert!(ring.reaches(0), "END never released the slot");
     r.bytes_mut().expect("the lease outlived END");
+}
+
+/// A short request (docs/wire-protocol.md: one op of at most 8 bytes in the control block)
+/// writes and reads through the documented fields, and a wrong key is refused in the result
+/// with the region untouched.
+#[test]
+fn a_short_ring_request_moves_bytes_in_its_control_block() {
+    let target = agent("target", true);
+    let r = target.alloc(4096, Access::READ_WRITE, None).unwrap();
+    let d = r.desc();
+    let (_s, _u, ring) = attach_ring(&target);
+    let op = ShmOp {
+        write: true,
+        region: d.id,
+        key: d.key,
+        offset: 100,
+        len: 7,
+    };
+    ring.post_short(0, 7 | 1 << 8, &op, b"abcdefg");
+    assert!(ring.slot_reaches(0, 2), "short write never DONE");
+    assert_eq!(
+        ring.word(4096 + 20).load(Relaxed),
+        0,
+        "no error, nothing encoded"
+    );
+    assert_eq!(&r.bytes().unwrap()[100..107], b"abcdefg");
+    assert_eq!(
+        r.bytes().unwrap()[107],
+        0,
+        "one byte past the op was written"
+    );
+    // A read of 5 of those bytes lands in the slot's data bytes.
+    let read = ShmOp {
+        write: false,
+        offset: 101,
+        len: 5,
+        ..op
+    };
+    ring.post_short(1, 5, &read, &[]);
+    assert!(ring.slot_reaches(1, 2), "short read never DONE");
+    assert_eq!(ring.word(4096 + RING_SLOT + 20).load(Relaxed), 0);
+    assert_eq!(&ring.short_data(1)[..5], b"bcdef");
+    // A wrong key: the op is refused in the slot's result, the region keeps its bytes.
+    let bad = ShmOp {
+        key: RegionKey(d.key.0 ^ 1),
+        offset: 200,
+        ..op
+    };
+    ring.post_short(2, 7 | 1 << 8, &bad, b"XXXXXXX");
+    assert!(ring.slot_reaches(2, 2), "refused short write never DONE");
+    assert_ne!(
+        ring.word(4096 + 2 * RING_SLOT + 20).load(Relaxed),
+        0,
+        "no error reported"
+    );
+    assert_eq!(&r.bytes().unwrap()[200..207], &[0u8; 7]);
+}
+
+#[test]
+fn a_short_ring_request_out_of_protocol_closes_the_connection() {
+    let target = agent("target", true);
+    let r = target.alloc(4096, Access::READ_WRITE, None).unwrap();
+    let d = r.desc();
+    let op = ShmOp {
+        len: 8,
+        ..write_64(&d)
+    };
+    // No bytes, more than 8 bytes, an unknown flag bit.
+    for word in [1 << 8, 9 | 1 << 8, 4 | 1 << 9] {
+        let (_s, u, ring) = attach_ring(&target);
+        ring.post_short(0, word, &op, &[1; 8]);
+        assert!(recv_with_fds(&u).is_none(), "word {word:#x}");
+        assert_ne!(ring.word(4096).load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(
+            &r.bytes().unwrap()[..8],
+            &[0u8; 8],
+            "word {word:#x} wrote bytes"
+        );
+    }
+    legit_round_trip(&target, 4);
 }
 
 #[test]

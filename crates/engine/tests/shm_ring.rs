@@ -508,3 +508,45 @@ fn three_small_writes(peer: &Peer, src: &Region<'_>, remote: &RegionDesc, dst: &
         None
     );
 }
+
+/// Ops of 1..=9 bytes at odd offsets, one per transfer: up to 8 bytes they travel as short
+/// requests (the op in the slot's control block), 9 as an inline one. Each write lands exactly
+/// (the bytes around it untouched), and each read brings back the target's bytes; then the
+/// same ops all in flight at once.
+#[test]
+fn short_writes_and_reads_of_every_length_up_to_nine_bytes_land_exactly() {
+    let (agents, peer, remote, dst, src) = pair(4096, 41);
+    let mut at = 3u64;
+    for len in 1..=9u64 {
+        let mut t = Transfer::new();
+        t.write(&src, at, &remote, at, len);
+        let rep = peer.submit(t).unwrap().wait(WAIT).unwrap();
+        assert_eq!(rep.bytes, len);
+        let got = dst.bytes().unwrap();
+        let want = src.bytes().unwrap();
+        let (a, b) = (at as usize, (at + len) as usize);
+        assert_eq!(first_diff(&got[a..b], &want[a..b]), None, "{len} B write");
+        assert_eq!(got[a - 1], 0, "the byte before a {len} B write changed");
+        assert_eq!(got[b], 0, "the byte after a {len} B write changed");
+        at += len + 2;
+    }
+    // Reads of the same spans into a fresh local region.
+    let back = agents.1.alloc(4096, Access::LOCAL, None).unwrap();
+    let mut handles = Vec::new();
+    let mut at = 3u64;
+    for len in 1..=9u64 {
+        let mut t = Transfer::new();
+        t.read(&back, at, &remote, at, len);
+        handles.push(peer.submit(t).unwrap());
+        at += len + 2;
+    }
+    for h in handles {
+        h.wait(WAIT).unwrap();
+    }
+    let (got, want) = (back.bytes().unwrap(), dst.bytes().unwrap());
+    assert_eq!(first_diff(&got[..at as usize], &want[..at as usize]), None);
+    assert!(
+        got[3..at as usize].iter().any(|&b| b != 0),
+        "nothing was read"
+    );
+}

@@ -219,7 +219,7 @@ fn run_request(
             continue;
         }
         let at = req.data_off.get(i).copied().unwrap_or(0);
-        let slot_data = ring.data_ptr(s, req.ops.len(), at);
+        let slot_data = ring.request_data(s, req.kind, req.ops.len(), at);
         let len = op.len as usize;
         // The copy under the region's locked lease state (no lease taken and dropped per op);
         // GPU memory or a conflicting lease gets a lease, and the copy runs under it.
@@ -238,7 +238,8 @@ fn run_request(
                     (region.cast_const(), slot_data)
                 };
                 // SAFETY: the slot's data span [at, at + len) was checked by `read_request` to
-                // lie in the data area (len <= INLINE_MAX, at + len <= DATA_BYTES); the region
+                // lie in the data area (len <= INLINE_MAX, at + len <= DATA_BYTES; a short
+                // request: at 0, len <= SHORT_MAX, in its control block); the region
                 // span is bounds-checked and its lease state locked; a slot and a region are
                 // distinct mappings.
                 unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };

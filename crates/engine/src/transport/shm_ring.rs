@@ -30,7 +30,9 @@ use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
 use crate::plan::Path;
 use crate::region::LeaseKind;
-use crate::ring::{self, DONE, INLINE_MAX, KIND_BEGIN, KIND_INLINE, MAX_RING_OPS};
+use crate::ring::{
+    self, DONE, INLINE_MAX, KIND_BEGIN, KIND_INLINE, KIND_SHORT, MAX_RING_OPS, SHORT_MAX,
+};
 use crate::transfer::{NewTransfer, OpKind, OpRef, XferState};
 use crate::wire::ShmOp;
 
@@ -200,11 +202,12 @@ impl Worker {
     /// Copies the inline bytes of the ops of `batch` going `kind` (writes: into the slot before
     /// posting; reads: out of it after `DONE`), skipping the ops in `skip`; an op whose local
     /// copy fails is failed and added to `skip` (and, before posting, withdrawn from the slot).
+    /// `slot_kind` is the slot's request kind (inline or short: where its data lies).
     fn copy_inline(
         &self,
         xfer: &XferState,
         batch: &[usize],
-        slot: usize,
+        (slot, slot_kind): (usize, u32),
         skip: &mut Skip,
         kind: OpKind,
     ) -> Result<()> {
@@ -220,14 +223,15 @@ impl Worker {
         for (j, &i) in batch.iter().enumerate() {
             let op = xfer.op(i);
             if !skip.get(j) && op.kind == kind {
-                let slot_data = rc.ring.data_ptr(slot, batch.len(), at);
+                let slot_data = rc.ring.request_data(slot, slot_kind, batch.len(), at);
                 let len = op.len as usize;
                 // The copy under the local region's locked lease state (no lease taken and
                 // dropped); GPU memory or a conflicting user view takes a lease below.
                 let quick = op.local.with_locked(lease_kind, |base| {
                     // SAFETY: local_offset + len <= the region's length (checked at submit);
                     // [at, at + len) lies in the slot's data area (the batch was cut to
-                    // DATA_BYTES); a slot and a region are distinct mappings.
+                    // DATA_BYTES; a short request's one op of <= SHORT_MAX bytes in its
+                    // control block); a slot and a region are distinct mappings.
                     unsafe {
                         let region = base.add(op.local_offset as usize);
                         match dir {
@@ -262,39 +266,56 @@ impl Worker {
     }
 
     /// Takes the next slot (waiting until it is free), copies the writes' bytes into it and
-    /// posts it. Returns the slot and the ops withdrawn (their local copy failed).
+    /// posts it. Returns the slot, the ops withdrawn (their local copy failed) and the slot's
+    /// request kind (inline, or short for one op of up to `SHORT_MAX` bytes).
     pub(super) fn post_inline(
         &mut self,
         xfer: &XferState,
         batch: &[usize],
-    ) -> Result<(usize, Skip)> {
+    ) -> Result<(usize, Skip, u32)> {
         if let [i] = *batch {
-            if let Some(staged) = self.stage_op(xfer.op(i)) {
-                let (slot, skip, failed) = self.post_one(xfer.op(i), xfer.id, Some(staged))?;
+            let op = xfer.op(i);
+            let staged = self.stage_op(op);
+            if staged.is_some() || (op.kind == OpKind::Read && op.len <= SHORT_MAX as u64) {
+                let (slot, skip, failed, kind) = self.post_one(op, xfer.id, staged)?;
                 if let Some(e) = failed {
                     xfer.chunk_done(i, 0, Err(e));
                 }
-                return Ok((slot, skip));
+                return Ok((slot, skip, kind));
             }
         }
         let mut skip = Skip::default();
         let slot = self.ring_mut()?.prepare(ring_ops_iter(xfer, batch))?;
-        self.copy_inline(xfer, batch, slot, &mut skip, OpKind::Write)?;
+        self.copy_inline(xfer, batch, (slot, KIND_INLINE), &mut skip, OpKind::Write)?;
         self.ring_mut()?
             .post_slot(slot, KIND_INLINE, xfer.id, batch.len());
-        Ok((slot, skip))
+        Ok((slot, skip, KIND_INLINE))
     }
 
     /// One inline op posted in its own slot: its table entry, then its staged bytes (a write,
-    /// `stage_op`) or none (a read), then the control block. Returns the slot, the op withdrawn
-    /// if its local copy failed, and that failure (for the caller to record on the transfer).
+    /// `stage_op`) or none (a read), then the control block; an op of up to `SHORT_MAX` bytes
+    /// as a short request, wholly in the control block. Returns the slot, the op withdrawn if
+    /// its local copy failed, that failure (for the caller to record on the transfer), and the
+    /// request's kind.
     fn post_one(
         &mut self,
         op: OpRef<'_>,
         id: u64,
         staged: Option<Staged>,
-    ) -> Result<(usize, Skip, Option<Error>)> {
+    ) -> Result<(usize, Skip, Option<Error>, u32)> {
         let rc = self.ring_mut()?;
+        let short = op.len <= SHORT_MAX as u64;
+        match &staged {
+            Some(Ok((buf, len))) if short => {
+                let slot = rc.post_short(&shm_op(op), &buf[..*len])?;
+                return Ok((slot, Skip::default(), None, KIND_SHORT));
+            }
+            None if short && op.kind == OpKind::Read => {
+                let slot = rc.post_short(&shm_op(op), &[])?;
+                return Ok((slot, Skip::default(), None, KIND_SHORT));
+            }
+            _ => {}
+        }
         let slot = rc.prepare(std::iter::once(shm_op(op)))?;
         let mut skip = Skip::default();
         let mut failed = None;
@@ -314,7 +335,7 @@ impl Worker {
             None => {}
         }
         rc.post_slot(slot, KIND_INLINE, id, 1);
-        Ok((slot, skip, failed))
+        Ok((slot, skip, failed, KIND_INLINE))
     }
 
     /// A one-op write of at most `STAGE_MAX` bytes, read out of its region onto the stack
@@ -346,14 +367,14 @@ impl Worker {
         Some(r.map(|()| (buf, len)))
     }
 
-    /// After `DONE` on an inline slot: the target's errors, the reads' bytes out of the slot,
-    /// the slot marked for reuse (it stays `DONE`). Returns the ops of `batch` that did not
-    /// complete (the rest did; the caller records them).
+    /// After `DONE` on an inline (or short) slot of request kind `kind`: the target's errors,
+    /// the reads' bytes out of the slot, the slot marked for reuse (it stays `DONE`). Returns
+    /// the ops of `batch` that did not complete (the rest did; the caller records them).
     pub(super) fn finish_inline(
         &mut self,
         xfer: &XferState,
         batch: &[usize],
-        slot: usize,
+        (slot, kind): (usize, u32),
         mut skip: Skip,
     ) -> Result<Skip> {
         let rc = self.ring_mut()?;
@@ -362,7 +383,7 @@ impl Worker {
             self.take_result(xfer, batch, slot, &mut skip)?;
         }
         if batch.iter().any(|&i| xfer.ops[i].kind == OpKind::Read) {
-            self.copy_inline(xfer, batch, slot, &mut skip, OpKind::Read)?;
+            self.copy_inline(xfer, batch, (slot, kind), &mut skip, OpKind::Read)?;
         }
         self.ring_mut()?.consume(slot);
         Ok(skip)
@@ -417,13 +438,9 @@ impl Worker {
             return Ok(None);
         }
         let staged = self.stage_op(op);
-        let (slot, skip, failed) = self.post_one(op, n.id, staged)?;
+        let (slot, skip, failed, kind) = self.post_one(op, n.id, staged)?;
         Ok(Some(Early {
-            started: Started {
-                slot,
-                kind: KIND_INLINE,
-                skip,
-            },
+            started: Started { slot, kind, skip },
             failed,
         }))
     }
@@ -473,11 +490,11 @@ impl Worker {
     fn start_slot(&mut self, xfer: &XferState, kind: u32) -> Result<Started> {
         // `may_post`: at most MAX_RING_OPS ops.
         let batch = &ring::IDENTITY[..xfer.ops.len().min(MAX_RING_OPS)];
-        let (slot, skip) = if kind == KIND_BEGIN {
+        let (slot, skip, kind) = if kind == KIND_BEGIN {
             let rc = self.ring_mut()?;
             let slot = rc.prepare(ring_ops_iter(xfer, batch))?;
             rc.post_slot(slot, KIND_BEGIN, xfer.id, batch.len());
-            (slot, Skip::default())
+            (slot, Skip::default(), KIND_BEGIN)
         } else {
             self.post_inline(xfer, batch)?
         };
@@ -568,7 +585,8 @@ impl Worker {
                 self.finish_begin(&f.xfer, batch, f.slot, f.skip)
                     .map(|()| None)
             } else {
-                self.finish_inline(&f.xfer, batch, f.slot, f.skip).map(Some)
+                self.finish_inline(&f.xfer, batch, (f.slot, f.kind), f.skip)
+                    .map(Some)
             };
             match r {
                 Ok(Some(skip)) => done.complete(f.xfer, skip),

@@ -60,9 +60,9 @@ impl Worker {
     /// One slot: post, wait for `DONE`, then complete (inline) or copy and `END` (begin).
     fn ring_batch(&mut self, xfer: &XferState, batch: &[usize], kind: u32) -> Result<()> {
         if kind == KIND_INLINE {
-            let (slot, skip) = self.post_inline(xfer, batch)?;
+            let (slot, skip, kind) = self.post_inline(xfer, batch)?;
             self.ring_mut()?.wait_state(slot, DONE)?;
-            let skip = self.finish_inline(xfer, batch, slot, skip)?;
+            let skip = self.finish_inline(xfer, batch, (slot, kind), skip)?;
             xfer.ops_done(
                 batch
                     .iter()

@@ -102,11 +102,29 @@ impl RingClient {
     /// Takes the next slot (waiting until the target freed it) and writes the request's op
     /// table into it; `post_slot` completes and posts it.
     pub(super) fn prepare(&mut self, ops: impl Iterator<Item = ShmOp>) -> Result<usize> {
+        let slot = self.take_slot()?;
+        self.ring.write_ops(slot, ops);
+        Ok(slot)
+    }
+
+    /// Takes the next slot, waiting until the target freed it.
+    fn take_slot(&mut self) -> Result<usize> {
         let slot = self.seq as usize % ring::SLOTS;
         if !std::mem::take(&mut self.consumed[slot]) {
             self.wait_state(slot, FREE)?;
         }
-        self.ring.write_ops(slot, ops);
+        Ok(slot)
+    }
+
+    /// Takes the next slot (waiting until the target freed it), writes a short request for
+    /// `op` into it (`ring::KIND_SHORT`: with `data`, a write's bytes) and posts it.
+    pub(super) fn post_short(&mut self, op: &ShmOp, data: &[u8]) -> Result<usize> {
+        let slot = self.take_slot()?;
+        self.ring.write_short(slot, self.seq, op, data);
+        self.seq = self.seq.wrapping_add(1);
+        // No prefetch of the next slot: a short request writes only its control block, the
+        // line the target polls for the next request anyway.
+        self.publish(slot, POSTED);
         Ok(slot)
     }
 
