@@ -327,6 +327,91 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
+
+    /// Leased batches of 128..=1000 small reads, which the initiator posts in several slots
+    /// back to back (the target leases one part while the one before is copied), two in
+    /// flight, the server killed at a random moment (or not at all): every op completes with
+    /// verified bytes or fails with a named reason, never both, never a hang.
+    #[test]
+    fn leased_batches_in_parts_complete_verified_or_fail_named_under_peer_death(
+        n_ops in 128usize..=1000,
+        len in 160u64..=4096,
+        seed in any::<u64>(),
+        kill_after_us in proptest::option::of(0u64..400),
+    ) {
+        let (mut server, addr, remote) = spawn_server();
+        let me = Agent::new(AgentConfig {
+            listen: None,
+            transfer_timeout: Duration::from_secs(20),
+            ..config("ring-parts", true)
+        })
+        .unwrap();
+        let peer = me.connect(addr.as_str()).unwrap();
+        prop_assert_eq!(peer.route().transport, Path::Shm);
+        let mut want = vec![0u8; LEN as usize];
+        fill_pattern(&mut want, SEED);
+        let dst = me.alloc((2 * n_ops as u64 * len).max(1 << 20), Access::LOCAL, None).unwrap();
+        // A first leased read, waited for, has the initiator map the region: the batches
+        // after it are then posted by the submitting thread, in parts.
+        let mut t = Transfer::new();
+        t.read(&dst, 0, &remote, 0, 1 << 20);
+        peer.submit(t).unwrap().wait(WAIT).unwrap();
+        let mut handles = Vec::new();
+        for x in 0..2u64 {
+            let mut t = Transfer::with_capacity(n_ops);
+            let mut spans = Vec::new();
+            for j in 0..n_ops as u64 {
+                // Offsets scattered over the region (a multiplicative step), each op its own
+                // local span.
+                let off = (seed.wrapping_add((x * 1000 + j).wrapping_mul(0x9e37_79b9))) % (LEN - len);
+                let local = (x * n_ops as u64 + j) * len;
+                t.read(&dst, local, &remote, off, len);
+                spans.push((local, off));
+            }
+            handles.push((peer.submit(t).unwrap(), spans));
+        }
+        if let Some(us) = kill_after_us {
+            std::thread::sleep(Duration::from_micros(us));
+            let _ = server.0.kill();
+        }
+        for (h, spans) in &handles {
+            let r = h.wait(WAIT);
+            if kill_after_us.is_none() {
+                prop_assert!(r.is_ok(), "no kill, yet {:?}", r.err());
+            }
+            let results = h.op_results();
+            prop_assert_eq!(results.len(), spans.len());
+            let got = dst.bytes().unwrap();
+            for (j, (res, &(local, off))) in results.iter().zip(spans).enumerate() {
+                match &res.status {
+                    OpStatus::Completed => prop_assert_eq!(
+                        first_diff(
+                            &got[local as usize..(local + len) as usize],
+                            &want[off as usize..(off + len) as usize]
+                        ),
+                        None,
+                        "op {} completed with wrong bytes",
+                        j
+                    ),
+                    OpStatus::Failed(e) => prop_assert!(named(e), "op {} failed: {}", j, e),
+                    OpStatus::Pending => prop_assert!(false, "op {} still pending", j),
+                }
+            }
+            if let Err(e) = &r {
+                prop_assert!(named(e), "{}", e);
+                prop_assert!(
+                    results.iter().any(|o| matches!(o.status, OpStatus::Failed(_))),
+                    "transfer failed ({}) with every op completed",
+                    e
+                );
+            }
+        }
+        drop(server);
+    }
+}
+
 /// The ring thread keeps the last region it served (no table look-up per op): a region freed
 /// right after a write through the ring is refused on the next op, by name, and its bytes are
 /// not touched; a region allocated in its place under the same name takes writes again, with

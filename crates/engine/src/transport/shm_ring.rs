@@ -96,10 +96,13 @@ pub(super) struct Early {
 
 /// A slot `start_slot` posted, before it joins the transfers in flight.
 #[derive(Debug)]
-struct Started {
-    slot: usize,
-    kind: u32,
-    skip: Skip,
+pub(super) struct Started {
+    pub(super) slot: usize,
+    pub(super) kind: u32,
+    pub(super) skip: Skip,
+    /// Ops per slot: a `BEGIN` transfer may be cut into several slots posted back to back
+    /// (`start_begin`), each holding `chunk` ops (the last the rest).
+    pub(super) chunk: usize,
 }
 
 /// A posted slot not yet answered (or answered and not yet completed): inline, or `BEGIN`
@@ -108,10 +111,16 @@ struct Started {
 #[derive(Debug)]
 pub(super) struct Inflight {
     xfer: Arc<XferState>,
+    /// The slot of its oldest unfinished part (a transfer cut into several `BEGIN` slots has
+    /// the rest in the slots after it).
     slot: usize,
     kind: u32,
-    /// The ops withdrawn before posting (their local copy failed).
+    /// The ops withdrawn before posting (their local copy failed), of the slot's ops.
     skip: Skip,
+    /// The ops of the transfer in `slot`.
+    ops: std::ops::Range<usize>,
+    /// Ops per slot (`Started::chunk`).
+    chunk: usize,
 }
 
 /// Whether every op of `xfer` travels inline (small, and to a path the ring carries inline).
@@ -440,7 +449,12 @@ impl Worker {
         let staged = self.stage_op(op);
         let (slot, skip, failed, kind) = self.post_one(op, n.id, staged)?;
         Ok(Some(Early {
-            started: Started { slot, kind, skip },
+            started: Started {
+                slot,
+                kind,
+                skip,
+                chunk: 1,
+            },
             failed,
         }))
     }
@@ -490,24 +504,28 @@ impl Worker {
     fn start_slot(&mut self, xfer: &XferState, kind: u32) -> Result<Started> {
         // `may_post`: at most MAX_RING_OPS ops.
         let batch = &ring::IDENTITY[..xfer.ops.len().min(MAX_RING_OPS)];
-        let (slot, skip, kind) = if kind == KIND_BEGIN {
-            let rc = self.ring_mut()?;
-            let slot = rc.prepare(ring_ops_iter(xfer, batch))?;
-            rc.post_slot(slot, KIND_BEGIN, xfer.id, batch.len());
-            (slot, Skip::default(), KIND_BEGIN)
-        } else {
-            self.post_inline(xfer, batch)?
-        };
-        Ok(Started { slot, kind, skip })
+        if kind == KIND_BEGIN {
+            return self.start_begin(xfer, batch.len());
+        }
+        let (slot, skip, kind) = self.post_inline(xfer, batch)?;
+        Ok(Started {
+            slot,
+            kind,
+            skip,
+            chunk: batch.len(),
+        })
     }
 
     /// A posted slot joins the transfers in flight (the caller's reference moves in).
     fn in_flight(&mut self, xfer: Arc<XferState>, s: Started) {
+        let n = xfer.ops.len().min(MAX_RING_OPS);
         self.inflight.push_back(Inflight {
             xfer,
             slot: s.slot,
             kind: s.kind,
             skip: s.skip,
+            ops: 0..s.chunk.min(n),
+            chunk: s.chunk.max(1),
         });
         self.mark_front();
     }
@@ -574,21 +592,30 @@ impl Worker {
             } else if rc.ring.state(slot).load(Ordering::Acquire) != DONE {
                 break;
             }
-            let Some(f) = self.inflight.pop_front() else {
+            let Some(mut f) = self.inflight.pop_front() else {
                 break;
             };
             self.mark_front();
-            let batch = &ring::IDENTITY[..f.xfer.ops.len().min(MAX_RING_OPS)];
+            let batch = &ring::IDENTITY[f.ops.clone()];
             // An inline slot in flight holds its whole transfer (`may_post`, `pipeline_guarded`):
-            // its ops complete with the transfer's end.
+            // its ops complete with the transfer's end. A `BEGIN` transfer may go on in the
+            // slots after this one (`start_begin`): it ends with its last.
+            let skip = std::mem::take(&mut f.skip);
             let r = if f.kind == KIND_BEGIN {
-                self.finish_begin(&f.xfer, batch, f.slot, f.skip)
+                self.finish_begin(&f.xfer, batch, f.slot, skip)
                     .map(|()| None)
             } else {
-                self.finish_inline(&f.xfer, batch, (f.slot, f.kind), f.skip)
+                self.finish_inline(&f.xfer, batch, (f.slot, f.kind), skip)
                     .map(Some)
             };
+            let n = f.xfer.ops.len().min(MAX_RING_OPS);
             match r {
+                Ok(None) if f.ops.end < n => {
+                    f.slot = (f.slot + 1) % ring::SLOTS;
+                    f.ops = f.ops.end..(f.ops.end + f.chunk).min(n);
+                    self.inflight.push_front(f);
+                    self.mark_front();
+                }
                 Ok(Some(skip)) => done.complete(f.xfer, skip),
                 Ok(None) => done.push(f.xfer),
                 Err(e) => {

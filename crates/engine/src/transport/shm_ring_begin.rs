@@ -1,17 +1,33 @@
-//! Transfers the worker thread runs through the shm ring slot by slot (`run_ring`), and the
-//! leased (`BEGIN`) slots' copies through the mappings; the submitting thread's one-slot posts
-//! and the inline path are in `shm_ring.rs`.
+//! Transfers the worker thread runs through the shm ring slot by slot (`run_ring`), a leased
+//! transfer posted in parts (`start_begin`), and the leased (`BEGIN`) slots' copies through the
+//! mappings; the submitting thread's one-slot posts and the inline path are in `shm_ring.rs`.
 
 use std::sync::Arc;
 
-use super::ring::{ring_class, ring_ops_iter, Skip};
+use super::ring::{ring_class, ring_ops_iter, Skip, Started};
 use super::Worker;
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
 use crate::plan::Path;
 use crate::region::LeaseKind;
-use crate::ring::{DATA_BYTES, DONE, END, INLINE_MAX, KIND_INLINE, MAX_RING_OPS};
+use crate::ring::{
+    DATA_BYTES, DONE, END, IDENTITY, INLINE_MAX, KIND_BEGIN, KIND_INLINE, MAX_RING_OPS,
+};
 use crate::transfer::{OpKind, XferState};
+
+/// Most slots one leased transfer is cut into (`start_begin`).
+const BEGIN_PARTS: usize = 8;
+/// Fewest ops in a part: a smaller batch goes in one slot (a part costs a round trip of its
+/// own, paid back only by the copies of the part before it).
+const MIN_PART_OPS: usize = 64;
+
+/// Ops per slot for a leased transfer of `n` ops (`n` itself: one slot).
+fn begin_chunk(n: usize) -> usize {
+    if n < 2 * MIN_PART_OPS {
+        return n.max(1);
+    }
+    n.div_ceil(BEGIN_PARTS).max(MIN_PART_OPS)
+}
 
 impl Worker {
     /// Runs `xfer` through the ring when every op fits it; `Ok(false)` when some op does not
@@ -78,6 +94,36 @@ impl Worker {
         rc.wait_state(slot, DONE)?;
         // BEGIN: the target holds a lease on every accepted op until END.
         self.finish_begin(xfer, batch, slot, Skip::default())
+    }
+
+    /// Posts the `n` ops of `xfer` (`direct_kind`: every one leased, `n <= MAX_RING_OPS`) as
+    /// `BEGIN` requests: a batch of many ops in up to `BEGIN_PARTS` slots back to back (when
+    /// that many are free now), so the target checks and leases one part while the initiator
+    /// copies the one before (`Worker::reap` completes them in order), else in one slot.
+    pub(super) fn start_begin(&mut self, xfer: &XferState, n: usize) -> Result<Started> {
+        let rc = self.ring_mut()?;
+        let chunk = begin_chunk(n);
+        let chunk = if chunk < n && rc.free_ahead(n.div_ceil(chunk)) {
+            chunk
+        } else {
+            n
+        };
+        let mut first = None;
+        let mut start = 0;
+        while start < n {
+            let end = (start + chunk).min(n);
+            let part = &IDENTITY[start..end];
+            let slot = rc.prepare(ring_ops_iter(xfer, part))?;
+            rc.post_slot(slot, KIND_BEGIN, xfer.id, part.len());
+            first.get_or_insert(slot);
+            start = end;
+        }
+        Ok(Started {
+            slot: first.unwrap_or(0),
+            kind: KIND_BEGIN,
+            skip: Skip::default(),
+            chunk,
+        })
     }
 
     /// The copies of a `BEGIN` slot through the mappings: consecutive ops between the same

@@ -88,6 +88,15 @@ impl RingClient {
         }
     }
 
+    /// Whether the next `k` slots are free now (taking them would not wait).
+    pub(super) fn free_ahead(&self, k: usize) -> bool {
+        k <= ring::SLOTS
+            && (0..k).all(|j| {
+                let slot = self.seq.wrapping_add(j as u32) as usize % ring::SLOTS;
+                self.consumed[slot] || self.ring.state(slot).load(Ordering::Acquire) == FREE
+            })
+    }
+
     /// Whether the next slot is free now (taking it would not wait).
     pub(super) fn next_is_free(&self) -> bool {
         let slot = self.seq as usize % ring::SLOTS;
