@@ -242,6 +242,91 @@ fn named(e: &Error) -> bool {
     matches!(e, Error::PeerLost(_) | Error::Timeout(_))
 }
 
+/// A fresh ring server, an agent of this process (transfers time out after 20 s) connected to
+/// it over shm, the server's region and the bytes it holds.
+fn ring_client(name: &str) -> (Server, Agent, Peer, RegionDesc, Vec<u8>) {
+    let (server, addr, remote) = spawn_server();
+    let me = Agent::new(AgentConfig {
+        listen: None,
+        transfer_timeout: Duration::from_secs(20),
+        ..config(name, true)
+    })
+    .unwrap();
+    let peer = me.connect(addr.as_str()).unwrap();
+    assert_eq!(peer.route().transport, Path::Shm);
+    let mut want = vec![0u8; LEN as usize];
+    fill_pattern(&mut want, SEED);
+    (server, me, peer, remote, want)
+}
+
+/// A transfer's ops: each one's `dst` offset, the server's offset and the length.
+type Spans = Vec<(u64, u64, u64)>;
+
+/// Kills `server` after `kill_after_us` (if any), then checks every transfer of `handles`
+/// (`check_ended`).
+fn kill_then_check(
+    mut server: Server,
+    kill_after_us: Option<u64>,
+    handles: &[(gdx_engine::TransferHandle, Spans)],
+    dst: &Region<'_>,
+    want: &[u8],
+) -> Result<(), TestCaseError> {
+    if let Some(us) = kill_after_us {
+        std::thread::sleep(Duration::from_micros(us));
+        let _ = server.0.kill();
+    }
+    for (h, spans) in handles {
+        check_ended(h, dst, want, spans, kill_after_us.is_some())?;
+    }
+    Ok(())
+}
+
+/// Waits for `h` (a hang shows as `Timeout` from `wait(WAIT)`, which is not accepted) and
+/// checks each op of `spans` (`dst` offset, the server's offset, length): completed with the
+/// server's bytes (`want`) or failed with a named reason, never pending; a failed transfer has
+/// a failed op; without a kill, everything completed.
+fn check_ended(
+    h: &gdx_engine::TransferHandle,
+    dst: &Region<'_>,
+    want: &[u8],
+    spans: &[(u64, u64, u64)],
+    killed: bool,
+) -> Result<(), TestCaseError> {
+    let r = h.wait(WAIT);
+    if !killed {
+        prop_assert!(r.is_ok(), "no kill, yet {:?}", r.err());
+    }
+    let results = h.op_results();
+    prop_assert_eq!(results.len(), spans.len());
+    let got = dst.bytes().unwrap();
+    for (j, (res, &(local, off, len))) in results.iter().zip(spans).enumerate() {
+        match &res.status {
+            OpStatus::Completed => prop_assert_eq!(
+                first_diff(
+                    &got[local as usize..(local + len) as usize],
+                    &want[off as usize..(off + len) as usize]
+                ),
+                None,
+                "op {} completed with wrong bytes",
+                j
+            ),
+            OpStatus::Failed(e) => prop_assert!(named(e), "op {} failed: {}", j, e),
+            OpStatus::Pending => prop_assert!(false, "op {} still pending", j),
+        }
+    }
+    if let Err(e) = &r {
+        prop_assert!(named(e) || killed, "{}", e);
+        prop_assert!(
+            results
+                .iter()
+                .any(|o| matches!(o.status, OpStatus::Failed(_))),
+            "transfer failed ({}) with every op completed",
+            e
+        );
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
 
@@ -253,17 +338,7 @@ proptest! {
         per_xfer in 1usize..6,
         kill_after_us in proptest::option::of(0u64..3000),
     ) {
-        let (mut server, addr, remote) = spawn_server();
-        let me = Agent::new(AgentConfig {
-            listen: None,
-            transfer_timeout: Duration::from_secs(20),
-            ..config("ring-prop", true)
-        })
-        .unwrap();
-        let peer = me.connect(addr.as_str()).unwrap();
-        prop_assert_eq!(peer.route().transport, Path::Shm);
-        let mut want = vec![0u8; LEN as usize];
-        fill_pattern(&mut want, SEED);
+        let (server, me, peer, remote, want) = ring_client("ring-prop");
         // Each op reads into its own span of `dst`; some are small enough to travel inline.
         let ops: Vec<(u64, u64)> = ops
             .into_iter()
@@ -287,43 +362,7 @@ proptest! {
             }
             handles.push((peer.submit(t).unwrap(), spans));
         }
-        if let Some(us) = kill_after_us {
-            std::thread::sleep(Duration::from_micros(us));
-            let _ = server.0.kill();
-        }
-        for (h, spans) in &handles {
-            // A hang would show as Timeout from wait(WAIT), which is not accepted below.
-            let r = h.wait(WAIT);
-            if kill_after_us.is_none() {
-                prop_assert!(r.is_ok(), "no kill, yet {:?}", r.err());
-            }
-            let results = h.op_results();
-            let got = dst.bytes().unwrap();
-            for (j, (res, &(local, off, len))) in results.iter().zip(spans).enumerate() {
-                match &res.status {
-                    OpStatus::Completed => prop_assert_eq!(
-                        first_diff(
-                            &got[local as usize..(local + len) as usize],
-                            &want[off as usize..(off + len) as usize]
-                        ),
-                        None,
-                        "op {} completed with wrong bytes",
-                        j
-                    ),
-                    OpStatus::Failed(e) => prop_assert!(named(e), "op {} failed: {}", j, e),
-                    OpStatus::Pending => prop_assert!(false, "op {} still pending", j),
-                }
-            }
-            if let Err(e) = &r {
-                prop_assert!(named(e) || kill_after_us.is_some(), "{}", e);
-                prop_assert!(
-                    results.iter().any(|o| matches!(o.status, OpStatus::Failed(_))),
-                    "transfer failed ({}) with every op completed",
-                    e
-                );
-            }
-        }
-        drop(server);
+        kill_then_check(server, kill_after_us, &handles, &dst, &want)?;
     }
 }
 
@@ -341,17 +380,7 @@ proptest! {
         seed in any::<u64>(),
         kill_after_us in proptest::option::of(0u64..400),
     ) {
-        let (mut server, addr, remote) = spawn_server();
-        let me = Agent::new(AgentConfig {
-            listen: None,
-            transfer_timeout: Duration::from_secs(20),
-            ..config("ring-parts", true)
-        })
-        .unwrap();
-        let peer = me.connect(addr.as_str()).unwrap();
-        prop_assert_eq!(peer.route().transport, Path::Shm);
-        let mut want = vec![0u8; LEN as usize];
-        fill_pattern(&mut want, SEED);
+        let (server, me, peer, remote, want) = ring_client("ring-parts");
         let dst = me.alloc((2 * n_ops as u64 * len).max(1 << 20), Access::LOCAL, None).unwrap();
         // A first leased read, waited for, has the initiator map the region: the batches
         // after it are then posted by the submitting thread, in parts.
@@ -368,47 +397,11 @@ proptest! {
                 let off = (seed.wrapping_add((x * 1000 + j).wrapping_mul(0x9e37_79b9))) % (LEN - len);
                 let local = (x * n_ops as u64 + j) * len;
                 t.read(&dst, local, &remote, off, len);
-                spans.push((local, off));
+                spans.push((local, off, len));
             }
             handles.push((peer.submit(t).unwrap(), spans));
         }
-        if let Some(us) = kill_after_us {
-            std::thread::sleep(Duration::from_micros(us));
-            let _ = server.0.kill();
-        }
-        for (h, spans) in &handles {
-            let r = h.wait(WAIT);
-            if kill_after_us.is_none() {
-                prop_assert!(r.is_ok(), "no kill, yet {:?}", r.err());
-            }
-            let results = h.op_results();
-            prop_assert_eq!(results.len(), spans.len());
-            let got = dst.bytes().unwrap();
-            for (j, (res, &(local, off))) in results.iter().zip(spans).enumerate() {
-                match &res.status {
-                    OpStatus::Completed => prop_assert_eq!(
-                        first_diff(
-                            &got[local as usize..(local + len) as usize],
-                            &want[off as usize..(off + len) as usize]
-                        ),
-                        None,
-                        "op {} completed with wrong bytes",
-                        j
-                    ),
-                    OpStatus::Failed(e) => prop_assert!(named(e), "op {} failed: {}", j, e),
-                    OpStatus::Pending => prop_assert!(false, "op {} still pending", j),
-                }
-            }
-            if let Err(e) = &r {
-                prop_assert!(named(e), "{}", e);
-                prop_assert!(
-                    results.iter().any(|o| matches!(o.status, OpStatus::Failed(_))),
-                    "transfer failed ({}) with every op completed",
-                    e
-                );
-            }
-        }
-        drop(server);
+        kill_then_check(server, kill_after_us, &handles, &dst, &want)?;
     }
 }
 

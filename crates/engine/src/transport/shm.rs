@@ -45,6 +45,8 @@ mod ring;
 mod ring_begin;
 #[path = "shm_ring_client.rs"]
 mod ring_client;
+#[path = "shm_ring_inline.rs"]
+mod ring_inline;
 
 /// Runs transfers over one shm connection: small ones posted into the ring by the submitting
 /// thread and completed by whoever waits (`ring::Driver`), the rest one at a time on a worker

@@ -1,6 +1,7 @@
 //! Transfers the worker thread runs through the shm ring slot by slot (`run_ring`), a leased
 //! transfer posted in parts (`start_begin`), and the leased (`BEGIN`) slots' copies through the
-//! mappings; the submitting thread's one-slot posts and the inline path are in `shm_ring.rs`.
+//! mappings; the submitting thread's posts are in `shm_ring.rs`, inline and short requests in
+//! `shm_ring_inline.rs`.
 
 use std::sync::Arc;
 
