@@ -99,6 +99,8 @@ fn serve(
     // was last read: the clock is read every `CLOCK_EVERY` polls, not per poll or per request.
     let mut idle_since: Option<Instant> = None;
     let mut polls = 0u32;
+    // The last yield came back late: this core is shared (`ring::yield_core`).
+    let mut shared_core = false;
     let mut served_since_stamp = 0u32;
     let mut req = ring::Request::default();
     let mut regions = RegionCache::default();
@@ -166,9 +168,10 @@ fn serve(
         });
         let idle = now.duration_since(since);
         if idle < SPIN {
-            // Only pause while a reply could still be on its way (see `ring::YIELD_AFTER`).
-            if idle >= ring::YIELD_AFTER {
-                std::thread::yield_now();
+            // Only pause while a reply could still be on its way (see `ring::YIELD_AFTER`;
+            // sooner while this core is shared: `ring::yield_core`).
+            if idle >= ring::yield_after(shared_core) {
+                shared_core = ring::yield_core(now);
             }
             continue;
         }
