@@ -279,14 +279,10 @@ impl Ring {
                 b.len(),
             )
         };
+        // Field offsets within `b`, as `write_short` lays them out.
         const R: usize = SHORT_REGION_AT;
-        let u64_at =
-            |i: usize| u64::from_le_bytes(b[i - R..i - R + 8].try_into().unwrap_or([0; 8]));
-        let key = u128::from_le_bytes(
-            b[SHORT_KEY_AT - R..SHORT_KEY_AT - R + 16]
-                .try_into()
-                .unwrap_or([0; 16]),
-        );
+        let u64_at = |at: usize| u64::from_le_bytes(b[at - R..][..8].try_into().unwrap_or([0; 8]));
+        let key = u128::from_le_bytes(b[SHORT_KEY_AT - R..][..16].try_into().unwrap_or([0; 16]));
         req.ops.push(ShmOp {
             write: word & SHORT_WRITE != 0,
             region: u64_at(SHORT_REGION_AT),

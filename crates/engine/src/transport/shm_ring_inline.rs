@@ -119,8 +119,9 @@ impl Worker {
     ) -> Result<(usize, Skip, u32)> {
         if let [i] = *batch {
             let op = xfer.op(i);
+            // A one-op read needs nothing staged: `post_one` posts it (short when it can be).
             let staged = self.stage_op(op);
-            if staged.is_some() || (op.kind == OpKind::Read && op.len <= SHORT_MAX as u64) {
+            if staged.is_some() || op.kind == OpKind::Read {
                 let (slot, skip, failed, kind) = self.post_one(op, xfer.id, staged)?;
                 if let Some(e) = failed {
                     xfer.chunk_done(i, 0, Err(e));
