@@ -231,7 +231,8 @@ impl Transport for ShmTransport {
                 drop(w);
                 done.finish();
                 // A slot left in flight is completed by whoever waits for it, polls it or
-                // submits next on this connection; a handle dropped first hands it to the
+                // submits next on this connection (a leased one; an inline one when the ring
+                // has no free slot, `slot_ready`); a handle dropped first hands it to the
                 // worker thread (`TransferHandle`'s drop). Waking the worker per transfer
                 // instead costs more than a 1 MiB copy on a machine of few cores.
                 match back {

@@ -177,7 +177,8 @@ impl Worker {
     }
 
     /// Posts `xfer` (`may_post`) into the next slot and leaves it in flight, completing (into
-    /// `done`) the answered slots before it; waits at most `SUBMIT_SPIN` for a slot.
+    /// `done`) the answered slots before it when it must (`slot_ready`); waits at most
+    /// `SUBMIT_SPIN` for a slot.
     /// `Ok(None)`: nothing was started (no slot came free, or the transfer needs more than one
     /// slot or mixes inline and leased ops).
     fn post(&mut self, xfer: &XferState, done: &mut Done) -> Result<Option<Started>> {
@@ -191,8 +192,17 @@ impl Worker {
     }
 
     /// Whether the next slot is free, after completing (into `done`) the answered slots
-    /// before it for at most `SUBMIT_SPIN`.
+    /// before it for at most `SUBMIT_SPIN` (at once when it is free and the oldest in flight is
+    /// inline).
     fn slot_ready(&mut self, done: &mut Done) -> Result<bool> {
+        // With the next slot free, answered inline slots are left to whoever waits: the target
+        // has moved their bytes, and reading the oldest one's state here would fetch a line the
+        // target is writing, once per post of a window. A leased (`BEGIN`) one is completed now:
+        // its bytes move only when someone completes it, and the target holds its leases until.
+        let leased = self.inflight.front().is_some_and(|f| f.kind == KIND_BEGIN);
+        if !leased && self.ring.as_ref().is_some_and(RingClient::next_is_free) {
+            return Ok(true);
+        }
         let mut err = None;
         ring::spin_until(SUBMIT_SPIN, || {
             if let Err(e) = self.reap(false, done) {

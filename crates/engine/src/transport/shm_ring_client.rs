@@ -106,6 +106,7 @@ impl RingClient {
     /// An answered inline slot was read: it may be reused without waiting.
     pub(super) fn consume(&mut self, slot: usize) {
         self.consumed[slot] = true;
+        self.ring.prefetch_control_for_write(slot);
     }
 
     /// Takes the next slot (waiting until the target freed it) and writes the request's op
