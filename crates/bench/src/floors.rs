@@ -23,7 +23,8 @@ use crate::report::Row;
 
 /// Timed round trips per floor.
 pub const ROUND_TRIPS: usize = 20_000;
-const WARMUP: usize = 2_000;
+/// Untimed round trips before the run-wide floors (and warm-up transfers of small host rows).
+pub(crate) const WARMUP: usize = 2_000;
 
 /// The floors of one run, p50 round trip in µs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -287,6 +287,7 @@ fn signal_case(
     let t = Timed {
         cpu_s_per_gb: cpu.per_gb_since(n as f64 * f64::from(iters)),
         samples,
+        warmed: 0,
     };
     fill_wall_row(row, n as f64, &t);
     stream.synchronize().map_err(e)?;
