@@ -223,6 +223,9 @@ impl Ring {
     /// line stays here, and the post that reuses the slot writes it without waiting for the
     /// other core; a window of posts then costs no cross-core fetch each, and no fence behind
     /// the post (a lock's release, a reference count) waits for one.
+    ///
+    /// Target: the same hint right after it sees a slot `POSTED`; the answer goes into that
+    /// line, so fetching it for writing while the request runs takes the fetch off the answer.
     pub(crate) fn prefetch_control_for_write(&self, slot: usize) {
         self.prefetch_line_for_write(slot, 0);
     }

@@ -112,6 +112,10 @@ fn serve(
             if ring.state(s).load(Ordering::Acquire) != POSTED {
                 break;
             }
+            // The answer (result word, `DONE`) goes into the line just read, which the
+            // initiator also holds: taking it for writing now fetches it while the request
+            // runs, not after.
+            ring.prefetch_control_for_write(s);
             if held[s].is_some() {
                 return Err(Error::Protocol(format!(
                     "shm ring slot {s} posted again before END"
