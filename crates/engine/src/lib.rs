@@ -72,6 +72,7 @@ mod region;
 mod ring;
 pub mod serve;
 mod server;
+mod spin;
 mod stats;
 mod transfer;
 mod transport;

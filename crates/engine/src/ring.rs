@@ -32,6 +32,10 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+pub(crate) use crate::spin::{
+    leave_core, spin_until, yield_after, yield_core, LATE_STREAK, LEAVE_EVERY,
+};
+
 use crate::error::{Error, Result};
 use crate::mem::Mapping;
 use crate::region::RegionKey;
@@ -525,70 +529,4 @@ pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
 pub(crate) fn futex_wake(word: &AtomicU32) {
     let _ =
         rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), i32::MAX as u32);
-}
-
-/// Spins until `done()` or `spin` elapsed; true when `done()` became true. The first
-/// `YIELD_AFTER` only pause between polls: an answer from a running peer arrives within that,
-/// and a `sched_yield` (a system call, most of a microsecond in a VM) taken meanwhile would
-/// delay seeing it. After that the spinner yields every 64 polls, since the peer may be waiting
-/// for this core (this machine may have few). Once a yield showed that the core is shared
-/// (`yield_core`), this thread's spins yield after `yield_after(true)`, until a yield shows
-/// it is not.
-pub(crate) fn spin_until(spin: Duration, mut done: impl FnMut() -> bool) -> bool {
-    // The clock is first read after 64 polls: an answer within them (the common case) costs no
-    // clock read at all (tens of ns each in a VM, several per transfer otherwise).
-    let mut start: Option<std::time::Instant> = None;
-    let mut i = 0u32;
-    loop {
-        if done() {
-            return true;
-        }
-        i = i.wrapping_add(1);
-        if i.is_multiple_of(64) {
-            let now = std::time::Instant::now();
-            let t = now.duration_since(*start.get_or_insert(now));
-            if t >= spin {
-                return false;
-            }
-            if t >= yield_after(SHARED_CORE.with(std::cell::Cell::get)) {
-                let shared = yield_core(now);
-                SHARED_CORE.with(|c| c.set(shared));
-            }
-        } else {
-            std::hint::spin_loop();
-        }
-    }
-}
-
-/// How long a spinner polls before it starts yielding its core (`spin_until`).
-pub(crate) const YIELD_AFTER: Duration = Duration::from_micros(20);
-
-/// A yield that returns this late ran another thread on this core (`yield_core`).
-const SHARED_AFTER: Duration = Duration::from_micros(5);
-
-/// How long a spinner polls before it yields: `YIELD_AFTER`, or much less while its core is
-/// `shared` (`yield_core`), where the answer comes only after a yield. Still a few µs, so that
-/// an answer already on its way (a window of transfers in flight) costs no system call.
-pub(crate) fn yield_after(shared: bool) -> Duration {
-    if shared {
-        Duration::from_micros(2)
-    } else {
-        YIELD_AFTER
-    }
-}
-
-thread_local! {
-    /// This thread's last yield came back late (`yield_core`): its spins yield from the start.
-    static SHARED_CORE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Yields this core; true when that ran another thread here for a while (`before` is a clock
-/// read just before the call). A spinner and the peer it waits for can end up on one core
-/// while the machine has no other free: the answer then comes only when the spinner yields,
-/// and a spinner that first spins `YIELD_AFTER` makes every round trip cost two of those
-/// (~50 µs). Spinners that saw a late yield yield much sooner instead (`yield_after`), and
-/// go back to the usual spin when a yield comes back at once.
-pub(crate) fn yield_core(before: std::time::Instant) -> bool {
-    std::thread::yield_now();
-    before.elapsed() >= SHARED_AFTER
 }

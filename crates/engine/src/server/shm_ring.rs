@@ -101,6 +101,10 @@ fn serve(
     let mut polls = 0u32;
     // The last yield came back late: this core is shared (`ring::yield_core`).
     let mut shared_core = false;
+    // Late yields in a row: this thread and the one it serves may share a core while another
+    // is idle (`ring::leave_core`).
+    let mut late_yields = 0u32;
+    let mut left_at: Option<Instant> = None;
     let mut served_since_stamp = 0u32;
     let mut req = ring::Request::default();
     let mut regions = RegionCache::default();
@@ -172,10 +176,18 @@ fn serve(
         });
         let idle = now.duration_since(since);
         if idle < SPIN {
-            // Only pause while a reply could still be on its way (see `ring::YIELD_AFTER`;
+            // Only pause while a reply could still be on its way (see `spin::YIELD_AFTER`;
             // sooner while this core is shared: `ring::yield_core`).
             if idle >= ring::yield_after(shared_core) {
                 shared_core = ring::yield_core(now);
+                late_yields = if shared_core { late_yields + 1 } else { 0 };
+                if late_yields >= ring::LATE_STREAK
+                    && left_at.is_none_or(|t| now.duration_since(t) >= ring::LEAVE_EVERY)
+                {
+                    late_yields = 0;
+                    left_at = Some(now);
+                    let _ = ring::leave_core();
+                }
             }
             continue;
         }

@@ -208,8 +208,8 @@ impl ShmTransport {
 
 impl ShmTransport {
     /// The worker, when the submitting thread may post into the ring itself: free now, and
-    /// (re-checked under its lock: the worker thread finishes a transfer before it lowers the
-    /// count) nothing submitted earlier still waiting to start.
+    /// (re-checked under its lock: the worker thread lowers the count under it, once what it
+    /// took has started) nothing submitted earlier still waiting to start.
     fn post_here(&self) -> Option<std::sync::MutexGuard<'_, Worker>> {
         if self.queued.load(Ordering::SeqCst) != 0 {
             return None;
@@ -342,9 +342,14 @@ fn worker_thread(
             alive.store(false, Ordering::SeqCst);
             dead.store(true, Ordering::SeqCst);
         }
+        // Lowered while the lock is held, before the transfers end: they have all started (and
+        // been answered), so nothing queued earlier waits any more. Lowered after they end, a
+        // submitter that sees its transfer end and submits the next at once could find the
+        // count not yet lowered and hand that one to this thread too (a thread hand-off, tens
+        // of µs on a small VM, where its own post would do).
+        queued.fetch_sub(counted, Ordering::SeqCst);
         drop(w);
         done.finish();
-        queued.fetch_sub(counted, Ordering::SeqCst);
     }
     let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
     let mut done = ring::Done::new();

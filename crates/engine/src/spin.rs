@@ -1,0 +1,142 @@
+//! Spinning for an answer from another thread or process: poll briefly with `pause`, then
+//! yield now and then, and notice when the core is shared with the peer (the shm ring's
+//! target thread and its initiators, the tcp submit spin, a transfer's waiter).
+
+use std::time::Duration;
+
+/// Spins until `done()` or `spin` elapsed; true when `done()` became true. The first
+/// `YIELD_AFTER` only pause between polls: an answer from a running peer arrives within that,
+/// and a `sched_yield` (a system call, most of a microsecond in a VM) taken meanwhile would
+/// delay seeing it. After that the spinner yields every 64 polls, since the peer may be waiting
+/// for this core (this machine may have few). Once a yield showed that the core is shared
+/// (`yield_core`), this thread's spins yield after `yield_after(true)`, until a yield shows
+/// it is not.
+pub(crate) fn spin_until(spin: Duration, mut done: impl FnMut() -> bool) -> bool {
+    // The clock is first read after 64 polls: an answer within them (the common case) costs no
+    // clock read at all (tens of ns each in a VM, several per transfer otherwise).
+    let mut start: Option<std::time::Instant> = None;
+    let mut i = 0u32;
+    loop {
+        if done() {
+            return true;
+        }
+        i = i.wrapping_add(1);
+        if i.is_multiple_of(64) {
+            let now = std::time::Instant::now();
+            let t = now.duration_since(*start.get_or_insert(now));
+            if t >= spin {
+                return false;
+            }
+            if t >= yield_after(SHARED_CORE.with(std::cell::Cell::get)) {
+                let shared = yield_core(now);
+                SHARED_CORE.with(|c| c.set(shared));
+            }
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// How long a spinner polls before it starts yielding its core (`spin_until`).
+pub(crate) const YIELD_AFTER: Duration = Duration::from_micros(20);
+
+/// A yield that returns this late ran another thread on this core (`yield_core`).
+const SHARED_AFTER: Duration = Duration::from_micros(5);
+
+/// How long a spinner polls before it yields: `YIELD_AFTER`, or much less while its core is
+/// `shared` (`yield_core`), where the answer comes only after a yield. Still a few µs, so that
+/// an answer already on its way (a window of transfers in flight) costs no system call.
+pub(crate) fn yield_after(shared: bool) -> Duration {
+    if shared {
+        Duration::from_micros(2)
+    } else {
+        YIELD_AFTER
+    }
+}
+
+thread_local! {
+    /// This thread's last yield came back late (`yield_core`): its spins yield from the start.
+    static SHARED_CORE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Yields this core; true when that ran another thread here for a while (`before` is a clock
+/// read just before the call). A spinner and the peer it waits for can end up on one core
+/// while the machine has no other free: the answer then comes only when the spinner yields,
+/// and a spinner that first spins `YIELD_AFTER` makes every round trip cost two of those
+/// (~50 µs). Spinners that saw a late yield yield much sooner instead (`yield_after`), and
+/// go back to the usual spin when a yield comes back at once.
+pub(crate) fn yield_core(before: std::time::Instant) -> bool {
+    std::thread::yield_now();
+    before.elapsed() >= SHARED_AFTER
+}
+
+/// Late yields in a row (`yield_core`) after which the target's ring thread leaves its core
+/// (`leave_core`).
+pub(crate) const LATE_STREAK: u32 = 8;
+
+/// The least time between two `leave_core` moves of one thread: on a machine with no core to
+/// spare a move finds another busy one, and moving on at every streak would only thrash.
+pub(crate) const LEAVE_EVERY: Duration = Duration::from_millis(20);
+
+/// A run of late yields while another CPU may be idle means the scheduler left two spinners
+/// that wait for each other (the target's ring thread and an initiator) on one core: each runs
+/// a few µs, yields to the other and stays "cache hot", which the load balancer does not move,
+/// so an idle core stays idle and every round trip costs two context switches (8 B shm at
+/// 13–17 µs instead of 0.5 on a 2-vCPU VM, in about one `gdx bench` run in twenty there; a
+/// sleep does not undo it: the wake-up lands on the same core). This moves the calling thread
+/// off its CPU: its affinity without that CPU (the kernel moves it at once), then its affinity
+/// as it was (a user's pinning kept; the thread stays where it went). Nothing happens when
+/// the thread may run on one CPU only; a failed call changes nothing. Returns the CPU it went
+/// from and the one it went to, if it moved.
+pub(crate) fn leave_core() -> Option<(usize, usize)> {
+    use rustix::thread::{sched_getaffinity, sched_getcpu, sched_setaffinity};
+    let allowed = sched_getaffinity(None).ok()?;
+    let here = sched_getcpu();
+    if allowed.count() < 2 || here >= rustix::thread::CpuSet::MAX_CPU || !allowed.is_set(here) {
+        return None;
+    }
+    let mut elsewhere = allowed;
+    elsewhere.unset(here);
+    sched_setaffinity(None, &elsewhere).ok()?;
+    let there = sched_getcpu();
+    let _ = sched_setaffinity(None, &allowed);
+    Some((here, there))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leave_core_moves_the_thread_and_keeps_its_affinity() {
+        use rustix::thread::sched_getaffinity;
+        std::thread::spawn(|| {
+            let before = sched_getaffinity(None).expect("affinity");
+            let moved = leave_core();
+            let after = sched_getaffinity(None).expect("affinity");
+            assert!(
+                before == after,
+                "leave_core left the thread's affinity changed"
+            );
+            if before.count() >= 2 {
+                let (from, to) = moved.expect("two CPUs allowed, yet the thread did not move");
+                assert_ne!(from, to, "still on CPU {from}");
+                assert!(before.is_set(to), "moved to CPU {to}, outside its affinity");
+            } else {
+                assert_eq!(moved, None, "one CPU allowed: nowhere to go");
+            }
+        })
+        .join()
+        .expect("thread");
+    }
+
+    #[test]
+    fn spin_until_sees_a_condition_and_gives_up_after_its_time() {
+        let mut n = 0;
+        assert!(spin_until(Duration::from_millis(50), || {
+            n += 1;
+            n == 1000
+        }));
+        assert!(!spin_until(Duration::from_millis(2), || false));
+    }
+}
