@@ -32,9 +32,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-pub(crate) use crate::spin::{
-    leave_core, spin_until, yield_after, yield_core, LATE_STREAK, LEAVE_EVERY,
-};
+pub(crate) use crate::spin::{spin_until, yield_after};
 
 use crate::error::{Error, Result};
 use crate::mem::Mapping;

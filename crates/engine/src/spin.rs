@@ -70,25 +70,56 @@ pub(crate) fn yield_core(before: std::time::Instant) -> bool {
     before.elapsed() >= SHARED_AFTER
 }
 
-/// Late yields in a row (`yield_core`) after which the target's ring thread leaves its core
-/// (`leave_core`).
-pub(crate) const LATE_STREAK: u32 = 8;
+/// Late yields in a row after which `CoreWatch` leaves its core (`leave_core`).
+const LATE_STREAK: u32 = 8;
 
 /// The least time between two `leave_core` moves of one thread: on a machine with no core to
 /// spare a move finds another busy one, and moving on at every streak would only thrash.
-pub(crate) const LEAVE_EVERY: Duration = Duration::from_millis(20);
+const LEAVE_EVERY: Duration = Duration::from_millis(20);
+
+/// What a long-lived spinner (the target's ring thread) knows of its core across its idle
+/// spins: whether its last yield came back late (`yield_core`), and how many did in a row;
+/// after `LATE_STREAK` of them it leaves its core (`leave_core`, at most every `LEAVE_EVERY`).
+#[derive(Debug, Default)]
+pub(crate) struct CoreWatch {
+    shared: bool,
+    late: u32,
+    left_at: Option<std::time::Instant>,
+}
+
+impl CoreWatch {
+    /// Whether the last yield ran another thread here (for `yield_after`).
+    pub(crate) fn shared(&self) -> bool {
+        self.shared
+    }
+
+    /// `yield_core` (`now` read just before), counted; leaves the core after a streak.
+    pub(crate) fn yield_core(&mut self, now: std::time::Instant) {
+        self.shared = yield_core(now);
+        self.late = if self.shared { self.late + 1 } else { 0 };
+        if self.late >= LATE_STREAK
+            && self
+                .left_at
+                .is_none_or(|t| now.duration_since(t) >= LEAVE_EVERY)
+        {
+            self.late = 0;
+            self.left_at = Some(now);
+            let _ = leave_core();
+        }
+    }
+}
 
 /// A run of late yields while another CPU may be idle means the scheduler left two spinners
 /// that wait for each other (the target's ring thread and an initiator) on one core: each runs
 /// a few µs, yields to the other and stays "cache hot", which the load balancer does not move,
 /// so an idle core stays idle and every round trip costs two context switches (8 B shm at
-/// 13–17 µs instead of 0.5 on a 2-vCPU VM, in about one `gdx bench` run in twenty there; a
+/// 13–17 µs instead of 0.5 on a 2-vCPU VM, in about one `gdx bench` run in 25 there; a
 /// sleep does not undo it: the wake-up lands on the same core). This moves the calling thread
 /// off its CPU: its affinity without that CPU (the kernel moves it at once), then its affinity
 /// as it was (a user's pinning kept; the thread stays where it went). Nothing happens when
 /// the thread may run on one CPU only; a failed call changes nothing. Returns the CPU it went
 /// from and the one it went to, if it moved.
-pub(crate) fn leave_core() -> Option<(usize, usize)> {
+fn leave_core() -> Option<(usize, usize)> {
     use rustix::thread::{sched_getaffinity, sched_getcpu, sched_setaffinity};
     let allowed = sched_getaffinity(None).ok()?;
     let here = sched_getcpu();

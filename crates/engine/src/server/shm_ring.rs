@@ -99,12 +99,8 @@ fn serve(
     // was last read: the clock is read every `CLOCK_EVERY` polls, not per poll or per request.
     let mut idle_since: Option<Instant> = None;
     let mut polls = 0u32;
-    // The last yield came back late: this core is shared (`ring::yield_core`).
-    let mut shared_core = false;
-    // Late yields in a row: this thread and the one it serves may share a core while another
-    // is idle (`ring::leave_core`).
-    let mut late_yields = 0u32;
-    let mut left_at: Option<Instant> = None;
+    // Whether this core is shared, and a move off it when it stays so (`spin::CoreWatch`).
+    let mut core = crate::spin::CoreWatch::default();
     let mut served_since_stamp = 0u32;
     let mut req = ring::Request::default();
     let mut regions = RegionCache::default();
@@ -177,17 +173,9 @@ fn serve(
         let idle = now.duration_since(since);
         if idle < SPIN {
             // Only pause while a reply could still be on its way (see `spin::YIELD_AFTER`;
-            // sooner while this core is shared: `ring::yield_core`).
-            if idle >= ring::yield_after(shared_core) {
-                shared_core = ring::yield_core(now);
-                late_yields = if shared_core { late_yields + 1 } else { 0 };
-                if late_yields >= ring::LATE_STREAK
-                    && left_at.is_none_or(|t| now.duration_since(t) >= ring::LEAVE_EVERY)
-                {
-                    late_yields = 0;
-                    left_at = Some(now);
-                    let _ = ring::leave_core();
-                }
+            // sooner while this core is shared: `spin::CoreWatch`).
+            if idle >= ring::yield_after(core.shared()) {
+                core.yield_core(now);
             }
             continue;
         }
