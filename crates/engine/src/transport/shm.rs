@@ -17,7 +17,7 @@
 //! `PeerLost` even if its copy into the (still mapped) memory had finished.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -27,17 +27,13 @@ use std::time::Duration;
 
 use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
-use crate::gpu::{copy_span, Dir};
 use crate::mem::Mapping;
-use crate::plan::Path;
-use crate::region::LeaseKind;
-use crate::transfer::{Drive, NewTransfer, OpKind, XferState};
+use crate::transfer::{Drive, NewTransfer, XferState};
 use crate::transport::{SerialQueue, Transport};
 use crate::wire::Msg;
 
 /// Size of the bounce buffer used for borrowed remote regions.
 pub(crate) const BOUNCE_BYTES: usize = 8 << 20;
-use crate::wire::MAX_OPS_PER_BEGIN;
 
 #[path = "shm_ring.rs"]
 mod ring;
@@ -47,6 +43,8 @@ mod ring_begin;
 mod ring_client;
 #[path = "shm_ring_inline.rs"]
 mod ring_inline;
+#[path = "shm_socket.rs"]
+mod socket;
 
 /// Runs transfers over one shm connection: small ones posted into the ring by the submitting
 /// thread and completed by whoever waits (`ring::Driver`), the rest one at a time on a worker
@@ -359,318 +357,4 @@ fn worker_thread(
     }
     drop(w);
     done.finish();
-}
-
-impl Worker {
-    /// Runs one transfer (or fails it at once on a broken connection); true when this transfer
-    /// broke the connection.
-    fn run_guarded(&mut self, xfer: &XferState) -> bool {
-        if let Some(e) = &self.broken {
-            xfer.fail_pending(e);
-            return false;
-        }
-        match self.run(xfer) {
-            Ok(()) => false,
-            Err(e) => {
-                xfer.fail_pending(&e);
-                self.broken = Some(e);
-                true
-            }
-        }
-    }
-
-    /// Runs one transfer; `Err` means the connection is unusable.
-    fn run(&mut self, xfer: &XferState) -> Result<()> {
-        let plans: Vec<Path> = xfer.paths().collect();
-        let mut ok = vec![true; xfer.ops.len()];
-        // Map every agent-allocated remote region once.
-        for (i, op) in xfer.op_refs().enumerate() {
-            let again = i > 0 && ok[i - 1] && xfer.op(i - 1).remote.id == op.remote.id;
-            if plans[i] == Path::Shm && !again && !self.maps.contains_key(&op.remote.id) {
-                if let Err(e) = self.map(op.remote.id, op.remote.key, op.remote.access.remote_write)
-                {
-                    if e.is_fatal_for_stream() {
-                        return Err(e);
-                    }
-                    xfer.chunk_done(i, 0, Err(e));
-                    ok[i] = false;
-                }
-            }
-        }
-        if self.run_ring(xfer, &plans, &ok)? {
-            return Ok(());
-        }
-        let idx: Vec<usize> = (0..xfer.ops.len()).filter(|&i| ok[i]).collect();
-        for batch in idx.chunks(MAX_OPS_PER_BEGIN) {
-            let ops = ring::ring_ops(xfer, batch);
-            let begin = self.conn.request(&Msg::ShmBegin { xfer: xfer.id, ops })?;
-            let Msg::ShmBeginResult { errors } = begin else {
-                return Err(Error::Protocol("expected ShmBeginResult".into()));
-            };
-            let mut batch_ok = vec![true; batch.len()];
-            for (j, e) in errors {
-                let j = j as usize;
-                if j >= batch.len() {
-                    return Err(Error::Protocol("ShmBeginResult index out of range".into()));
-                }
-                batch_ok[j] = false;
-                if matches!(e, Error::NoSuchRegion { .. } | Error::RegionGone { .. }) {
-                    let gone = xfer.op(batch[j]).remote.id;
-                    self.imports.remove(&gone);
-                    self.maps.remove(&gone);
-                }
-                xfer.chunk_done(batch[j], 0, Err(e));
-            }
-            let mut done = Vec::new();
-            for (j, &i) in batch.iter().enumerate() {
-                if !batch_ok[j] {
-                    continue;
-                }
-                if xfer.expired() {
-                    xfer.chunk_done(i, 0, Err(xfer.timeout_error()));
-                    continue;
-                }
-                let r = match plans[i] {
-                    Path::Shm => self.copy_direct(xfer, i),
-                    Path::Ipc => self.copy_ipc(xfer, i),
-                    _ => self.copy_staged(xfer, i),
-                };
-                match r {
-                    Ok(()) => done.push(i),
-                    Err(e) if e.is_fatal_for_stream() => return Err(e),
-                    Err(e) => xfer.chunk_done(i, 0, Err(e)),
-                }
-            }
-            let last = batch.last() == idx.last();
-            let notify = if last && !xfer.has_failed() {
-                xfer.notify.clone()
-            } else {
-                None
-            };
-            match self.conn.request(&Msg::ShmEnd {
-                xfer: xfer.id,
-                notify,
-            }) {
-                Ok(Msg::Ok) => {}
-                // The target refused the notification (its queue is full): the bytes are in
-                // place but the transfer did not complete as asked; the connection is fine.
-                Err(e) if !e.is_fatal_for_stream() => {
-                    for i in done {
-                        xfer.chunk_done(i, 0, Err(e.clone()));
-                    }
-                    continue;
-                }
-                Err(e) => return Err(e),
-                Ok(m) => {
-                    return Err(Error::Protocol(format!(
-                        "expected Ok to ShmEnd, got frame type {}",
-                        m.kind()
-                    )))
-                }
-            }
-            for i in done {
-                xfer.chunk_done(i, xfer.ops[i].len, Ok(()));
-            }
-        }
-        Ok(())
-    }
-
-    /// Delivers the notification of a transfer that ran on the ring (its bytes are in place).
-    fn send_notify(&mut self, xfer: &XferState, n: Vec<u8>) -> Result<()> {
-        match self.conn.request(&Msg::ShmEnd {
-            xfer: xfer.id,
-            notify: Some(n),
-        }) {
-            Ok(Msg::Ok) => Ok(()),
-            // The target refused it (queue full): the connection is fine, the transfer failed.
-            Err(e) if !e.is_fatal_for_stream() => {
-                xfer.fail_transfer(e);
-                Ok(())
-            }
-            Err(e) => Err(e),
-            Ok(m) => Err(Error::Protocol(format!(
-                "expected Ok to ShmEnd, got frame type {}",
-                m.kind()
-            ))),
-        }
-    }
-
-    /// `ShmMap`: the fd the target passes for a region (its memfd, or a VMM GPU region's POSIX
-    /// fd), with the length to map and whether it is writable.
-    fn request_fd(
-        &mut self,
-        region: u64,
-        key: crate::region::RegionKey,
-        write: bool,
-    ) -> Result<(std::os::fd::OwnedFd, u64, bool)> {
-        match self.conn.request(&Msg::ShmMap { region, key, write })? {
-            Msg::ShmMapped { len, writable } => {
-                let fd = self
-                    .conn
-                    .take_fd()
-                    .ok_or_else(|| Error::Protocol("ShmMapped without an fd".into()))?;
-                Ok((fd, len, writable))
-            }
-            m => Err(Error::Protocol(format!(
-                "expected ShmMapped, got frame type {}",
-                m.kind()
-            ))),
-        }
-    }
-
-    fn map(&mut self, region: u64, key: crate::region::RegionKey, write: bool) -> Result<()> {
-        let (fd, len, writable) = self.request_fd(region, key, write)?;
-        let len = usize::try_from(len).map_err(|_| Error::Protocol("mapping too large".into()))?;
-        // Sealed against shrink (no SIGBUS if the target truncates it) and at least `len`
-        // bytes, checked before the mapping exists.
-        crate::mem::verify_memfd(fd.as_raw_fd(), Some(len), !writable)?;
-        let m = Mapping::map_fd(fd.as_raw_fd(), len, writable)?;
-        self.maps.insert(region, (m, writable));
-        Ok(())
-    }
-
-    fn copy_direct(&mut self, xfer: &XferState, i: usize) -> Result<()> {
-        let op = xfer.op(i);
-        let (m, writable) = self.maps.get(&op.remote.id).ok_or(Error::NoSuchRegion {
-            region: op.remote.id,
-        })?;
-        crate::region::check_bounds(op.remote_offset, op.len, m.len() as u64)?;
-        // SAFETY: remote_offset + len <= m.len() (checked above).
-        let remote = unsafe { m.ptr().add(op.remote_offset as usize) };
-        let (kind, dir) = match op.kind {
-            OpKind::Write if !writable => {
-                return Err(Error::ReadOnly {
-                    region: op.remote.id,
-                })
-            }
-            OpKind::Write => (LeaseKind::Source, Dir::OutOfRegion),
-            OpKind::Read => (LeaseKind::Sink, Dir::IntoRegion),
-        };
-        let lease = op.local.lease(kind, self.wait)?;
-        // SAFETY: the remote span is checked above, mapped (writable for a write) and leased by
-        // the target since ShmBegin; the local span was bounds-checked at submit and is held by
-        // the lease; distinct mappings do not overlap.
-        unsafe { copy_span(&lease, op.local_offset, remote, op.len as usize, dir) }
-    }
-
-    /// The `ipc` path: the remote GPU region mapped through its CUDA IPC handle (once per region,
-    /// cached by the local peer), copied GPU to GPU and waited for, while the target holds the
-    /// leases taken by `ShmBegin`.
-    fn copy_ipc(&mut self, xfer: &XferState, i: usize) -> Result<()> {
-        let op = xfer.op(i);
-        let dev = op.local.device().ok_or_else(|| {
-            Error::InvalidArgument("an ipc op needs a GPU region on this side".into())
-        })?;
-        let ipc = op.remote.ipc.as_ref().ok_or_else(|| {
-            Error::Unavailable(format!("remote region {} has no IPC handle", op.remote.id))
-        })?;
-        // Keep the mapping for the life of this connection: mapping a CUDA IPC handle costs
-        // far more than a copy's set-up, so it is done once per remote region.
-        let remote = match self.imports.get(&op.remote.id) {
-            Some(r) => r.clone(),
-            None => {
-                let r = match ipc.posix_fd_alloc_len {
-                    None => dev.peer.import_ipc(ipc)?,
-                    Some(_) => match dev.peer.imported(ipc) {
-                        Some(r) => r,
-                        None => {
-                            // A VMM region: ask the target for its fd.
-                            let (fd, _, _) = self.request_fd(op.remote.id, op.remote.key, false)?;
-                            dev.peer.import_fd(ipc, fd.as_fd())?
-                        }
-                    },
-                };
-                self.imports.insert(op.remote.id, r.clone());
-                r
-            }
-        };
-        let kind = match op.kind {
-            OpKind::Write => LeaseKind::Source,
-            OpKind::Read => LeaseKind::Sink,
-        };
-        let _lease = op.local.lease(kind, self.wait)?;
-        // `transfer` (not `copy_blocking`): large copies split over several copy engines, as
-        // between two GPUs of one process.
-        let t = match op.kind {
-            OpKind::Write => dev.peer.transfer(
-                &remote,
-                op.remote_offset,
-                &dev.region,
-                op.local_offset,
-                op.len,
-            )?,
-            OpKind::Read => dev.peer.transfer(
-                &dev.region,
-                op.local_offset,
-                &remote,
-                op.remote_offset,
-                op.len,
-            )?,
-        };
-        t.wait()?;
-        Ok(())
-    }
-
-    fn copy_staged(&mut self, xfer: &XferState, i: usize) -> Result<()> {
-        let op = xfer.op(i);
-        let write = op.kind == OpKind::Write;
-        let lease = op.local.lease(
-            if write {
-                LeaseKind::Source
-            } else {
-                LeaseKind::Sink
-            },
-            self.wait,
-        )?;
-        let mut off = 0u64;
-        while off < op.len {
-            let len = (op.len - off).min(BOUNCE_BYTES as u64);
-            let local_off = op.local_offset + off;
-            if write {
-                // SAFETY: len <= bounce size; the bounce buffer is this worker's own mapping; the
-                // local span lies within the leased, bounds-checked op span.
-                unsafe {
-                    copy_span(
-                        &lease,
-                        local_off,
-                        self.bounce.ptr(),
-                        len as usize,
-                        Dir::OutOfRegion,
-                    )?
-                };
-            }
-            let msg = Msg::ShmStaged {
-                xfer: xfer.id,
-                op: i as u32,
-                write,
-                region: op.remote.id,
-                key: op.remote.key,
-                offset: op.remote_offset + off,
-                len,
-            };
-            match self.conn.request(&msg)? {
-                Msg::Ok => {}
-                m => {
-                    return Err(Error::Protocol(format!(
-                        "expected Ok to ShmStaged, got frame type {}",
-                        m.kind()
-                    )))
-                }
-            }
-            if !write {
-                // SAFETY: as above, from the bounce buffer into the local span.
-                unsafe {
-                    copy_span(
-                        &lease,
-                        local_off,
-                        self.bounce.ptr(),
-                        len as usize,
-                        Dir::IntoRegion,
-                    )?
-                };
-            }
-            off += len;
-        }
-        Ok(())
-    }
 }

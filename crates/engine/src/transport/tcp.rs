@@ -18,21 +18,22 @@
 //! or `ReadData`); a stream that breaks fails its unconfirmed chunks with `PeerLost` and stays broken,
 //! so later transfers on this peer fail fast (reconnect to recover).
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
-use crate::gpu::{Stager, Ticket, DEPTH};
-use crate::region::{Lease, LeaseKind};
-use crate::transfer::{OpKind, XferState};
+use crate::gpu::Stager;
+use crate::transfer::XferState;
 use crate::transport::Transport;
 use crate::wire::Msg;
 
+#[path = "tcp_chunks.rs"]
+mod chunks;
 #[path = "tcp_queue.rs"]
 mod queue;
+use chunks::{await_replies, fail_chunks, recv_reply, run_job, send_chunk, Staging};
 use queue::JobQueue;
 
 /// Chunks in flight per stream before waiting for a confirmation.
@@ -225,12 +226,7 @@ impl TcpTransport {
             let mut got = 0;
             {
                 let Stream { conn, stager, .. } = &mut *st;
-                let mut staging = Staging {
-                    stager,
-                    ahead: VecDeque::new(),
-                    scanned: 0,
-                    landing: VecDeque::new(),
-                };
+                let mut staging = Staging::new(stager, 0);
                 let until = std::time::Instant::now() + SUBMIT_SPIN;
                 while got < sent.len() {
                     let left = until.saturating_duration_since(std::time::Instant::now());
@@ -276,12 +272,7 @@ impl TcpTransport {
 /// `sent` collects the chunks whose requests went out.
 fn send_all(st: &mut Stream, job: &Job, sent: &mut Vec<Chunk>, wait: Duration) -> Result<()> {
     let Stream { conn, stager, .. } = st;
-    let mut staging = Staging {
-        stager,
-        ahead: VecDeque::new(),
-        scanned: job.chunks.len(),
-        landing: VecDeque::new(),
-    };
+    let mut staging = Staging::new(stager, job.chunks.len());
     for (k, &c) in job.chunks.iter().enumerate() {
         if job.xfer.expired() {
             job.xfer
@@ -376,12 +367,6 @@ impl Drop for TcpTransport {
     }
 }
 
-fn fail_chunks(xfer: &XferState, chunks: &[Chunk], e: &Error) {
-    for c in chunks {
-        xfer.chunk_done(c.op as usize, 0, Err(e.clone()));
-    }
-}
-
 /// Called by each stream when it is done with its share; the last one delivers the notification
 /// (only if every op succeeded) and ends the transfer.
 fn group_done(job: &Job) {
@@ -438,302 +423,4 @@ fn stream_worker(
     if st.broken.is_none() {
         let _ = st.conn.send(&Msg::Bye);
     }
-}
-
-/// Receives the replies of chunks the submitting thread sent (host memory only); a
-/// connection-level error fails the chunks not yet confirmed and is returned.
-fn await_replies(
-    conn: &mut Conn,
-    stager: &mut Stager,
-    xfer: &XferState,
-    sent: &[Chunk],
-    io_timeout: Duration,
-) -> Result<()> {
-    let mut st = Staging {
-        stager,
-        ahead: VecDeque::new(),
-        scanned: 0,
-        landing: VecDeque::new(),
-    };
-    for (k, &c) in sent.iter().enumerate() {
-        if let Err(e) = recv_reply(conn, &mut st, xfer, c, io_timeout) {
-            fail_chunks(xfer, &sent[k..], &e);
-            return Err(e);
-        }
-    }
-    st.land(xfer, 0);
-    Ok(())
-}
-
-/// GPU staging state of one stream's share of a transfer: device-to-host copies queued ahead
-/// of the sends (writes from a GPU region), and received chunks whose host-to-device copies
-/// are queued (reads into a GPU region), completed once the copy is done.
-struct Staging<'s> {
-    stager: &'s mut Stager,
-    /// Index into the job's chunks → the queued device-to-host copy and the source lease.
-    ahead: VecDeque<(usize, Ticket, Lease)>,
-    /// How far `ahead` has looked.
-    scanned: usize,
-    landing: VecDeque<(Chunk, Ticket, Lease)>,
-}
-
-impl Staging<'_> {
-    /// Queues the device-to-host copies of the next GPU-sourced write chunks from `from` on,
-    /// keeping at most `DEPTH - 1` queued.
-    fn prefetch(&mut self, xfer: &XferState, chunks: &[Chunk], from: usize, wait: Duration) {
-        // Chunks before `from` were skipped (expired): their staged copies are not needed.
-        while self.ahead.front().is_some_and(|(j, _, _)| *j < from) {
-            self.ahead.pop_front();
-        }
-        self.scanned = self.scanned.max(from);
-        while self.ahead.len() < DEPTH - 1 && self.scanned < chunks.len() {
-            let k = self.scanned;
-            let c = chunks[k];
-            let op = xfer.op(c.op as usize);
-            self.scanned += 1;
-            if op.kind != OpKind::Write {
-                continue;
-            }
-            let Some(dev) = op.local.device() else {
-                continue;
-            };
-            // A failure here is left for the send to meet again and report.
-            let Ok(lease) = op.local.lease(LeaseKind::Source, wait) else {
-                continue;
-            };
-            if let Ok(t) =
-                self.stager
-                    .queue_from_device(dev, op.local_offset + c.off, c.len as usize)
-            {
-                self.ahead.push_back((k, t, lease));
-            }
-        }
-    }
-
-    /// Completes received GPU chunks, oldest first, until at most `keep` wait.
-    fn land(&mut self, xfer: &XferState, keep: usize) {
-        while self.landing.len() > keep {
-            let Some((c, t, _lease)) = self.landing.pop_front() else {
-                break;
-            };
-            match self.stager.wait(t) {
-                Ok(()) => xfer.chunk_done(c.op as usize, u64::from(c.len), Ok(())),
-                Err(e) => xfer.chunk_done(c.op as usize, 0, Err(e)),
-            }
-        }
-    }
-}
-
-/// Runs one stream's share of a transfer. A connection-level error fails every chunk not yet
-/// confirmed and is returned (the stream is then broken).
-fn run_job(conn: &mut Conn, stager: &mut Stager, job: &Job, io_timeout: Duration) -> Result<()> {
-    let xfer = &job.xfer;
-    let mut inflight: VecDeque<Chunk> = VecDeque::with_capacity(WINDOW);
-    let mut next = 0;
-    let mut st = Staging {
-        stager,
-        ahead: VecDeque::new(),
-        scanned: 0,
-        landing: VecDeque::new(),
-    };
-    let res = (|| -> Result<()> {
-        loop {
-            while inflight.len() < WINDOW && next < job.chunks.len() {
-                let c = job.chunks[next];
-                let k = next;
-                next += 1;
-                if xfer.expired() {
-                    xfer.chunk_done(c.op as usize, 0, Err(xfer.timeout_error()));
-                    continue;
-                }
-                st.prefetch(xfer, &job.chunks, k, io_timeout);
-                if send_chunk(conn, &mut st, xfer, k, c, io_timeout)? {
-                    inflight.push_back(c);
-                }
-            }
-            let Some(c) = inflight.front().copied() else {
-                return Ok(());
-            };
-            recv_reply(conn, &mut st, xfer, c, io_timeout)?;
-            inflight.pop_front();
-        }
-    })();
-    // Received GPU chunks complete (or fail) with their copies, whatever happened after.
-    st.land(xfer, 0);
-    if let Err(e) = &res {
-        fail_chunks(xfer, inflight.make_contiguous(), e);
-        fail_chunks(xfer, &job.chunks[next..], e);
-    }
-    res
-}
-
-/// Sends one chunk's request. `Ok(false)`: the chunk failed locally (recorded), nothing was sent.
-fn send_chunk(
-    conn: &mut Conn,
-    st: &mut Staging<'_>,
-    xfer: &XferState,
-    k: usize,
-    c: Chunk,
-    wait: Duration,
-) -> Result<bool> {
-    let op = xfer.op(c.op as usize);
-    let roff = op.remote_offset + c.off;
-    match op.kind {
-        OpKind::Write => {
-            let msg = Msg::Write {
-                xfer: xfer.id,
-                op: c.op,
-                chunk: c.idx,
-                region: op.remote.id,
-                key: op.remote.key,
-                offset: roff,
-            };
-            if op.local.device().is_some() {
-                let staged = match st.ahead.front() {
-                    Some((j, t, _)) if *j == k => Ok(*t),
-                    _ => Err(Error::Unavailable(format!(
-                        "GPU chunk {} of op {} could not be staged",
-                        c.idx, c.op
-                    ))),
-                };
-                let bytes = staged.and_then(|t| st.stager.bytes(t));
-                let sent = match bytes {
-                    Ok(b) => {
-                        // SAFETY: `b` is the staged chunk: `c.len` bytes of a live pinned slot.
-                        unsafe { conn.send_with_payload(&msg, b.as_ptr(), c.len) }.map(|()| true)
-                    }
-                    Err(e) => {
-                        xfer.chunk_done(c.op as usize, 0, Err(e));
-                        Ok(false)
-                    }
-                };
-                if st.ahead.front().is_some_and(|(j, _, _)| *j == k) {
-                    st.ahead.pop_front();
-                }
-                return sent;
-            }
-            let lease = match op.local.lease(LeaseKind::Source, wait) {
-                Ok(l) => l,
-                Err(e) => {
-                    xfer.chunk_done(c.op as usize, 0, Err(e));
-                    return Ok(false);
-                }
-            };
-            // SAFETY: the Source lease covers the op's local span, bounds-checked at submit.
-            unsafe { conn.send_with_payload(&msg, lease.ptr_at(op.local_offset + c.off)?, c.len)? };
-        }
-        OpKind::Read => {
-            conn.send(&Msg::Read {
-                xfer: xfer.id,
-                op: c.op,
-                chunk: c.idx,
-                region: op.remote.id,
-                key: op.remote.key,
-                offset: roff,
-                len: c.len,
-            })?;
-        }
-    }
-    Ok(true)
-}
-
-/// Receives a read's payload into the local region: straight into host memory, or into a
-/// pinned slot whose copy to the GPU is queued (the chunk completes when it is done).
-fn recv_read(
-    conn: &mut Conn,
-    st: &mut Staging<'_>,
-    xfer: &XferState,
-    c: Chunk,
-    p: u32,
-    wait: Duration,
-) -> Result<()> {
-    let op = xfer.op(c.op as usize);
-    let lease = match op.local.lease(LeaseKind::Sink, wait) {
-        Ok(lease) => lease,
-        Err(e) => {
-            conn.discard_payload(p as usize)?;
-            xfer.chunk_done(c.op as usize, 0, Err(e));
-            return Ok(());
-        }
-    };
-    let off = op.local_offset + c.off;
-    let Some(dev) = lease.device().cloned() else {
-        // SAFETY: the Sink lease covers the op's local span, bounds-checked at submit.
-        unsafe { conn.recv_payload(lease.ptr_at(off)?, p as usize)? };
-        xfer.chunk_done(c.op as usize, u64::from(p), Ok(()));
-        return Ok(());
-    };
-    st.land(xfer, DEPTH - 2);
-    let queued = match st.stager.fill(&dev, p as usize) {
-        Ok((t, buf)) => {
-            // SAFETY: `buf` is a live pinned slot of exactly `p` bytes.
-            unsafe { conn.recv_payload(buf.as_mut_ptr(), buf.len())? };
-            st.stager.queue_to_device(t, &dev, off).map(|()| t)
-        }
-        Err(e) => conn.discard_payload(p as usize).and(Err(e)),
-    };
-    match queued {
-        Ok(t) => st.landing.push_back((c, t, lease)),
-        Err(e) => xfer.chunk_done(c.op as usize, 0, Err(e)),
-    }
-    Ok(())
-}
-
-/// Receives the confirmation of the oldest chunk in flight (replies come back in request order).
-fn recv_reply(
-    conn: &mut Conn,
-    st: &mut Staging<'_>,
-    xfer: &XferState,
-    c: Chunk,
-    wait: Duration,
-) -> Result<()> {
-    let op = xfer.op(c.op as usize);
-    let matches = |x: u64, o: u32, k: u32| x == xfer.id && o == c.op && k == c.idx;
-    match conn.recv_frame(false)? {
-        (
-            Msg::WriteAck {
-                xfer: x,
-                op: o,
-                chunk: k,
-            },
-            0,
-        ) if matches(x, o, k) && op.kind == OpKind::Write => {
-            xfer.chunk_done(c.op as usize, u64::from(c.len), Ok(()));
-        }
-        (
-            Msg::ReadData {
-                xfer: x,
-                op: o,
-                chunk: k,
-            },
-            p,
-        ) if matches(x, o, k) && op.kind == OpKind::Read => {
-            if p != c.len {
-                return Err(Error::Protocol(format!(
-                    "ReadData of {p} bytes for a chunk of {}",
-                    c.len
-                )));
-            }
-            recv_read(conn, st, xfer, c, p, wait)?;
-        }
-        (
-            Msg::OpErr {
-                xfer: x,
-                op: o,
-                chunk: k,
-                err,
-            },
-            0,
-        ) if matches(x, o, k) => {
-            xfer.chunk_done(c.op as usize, 0, Err(err));
-        }
-        (Msg::Err(e), _) => return Err(e),
-        (m, _) => {
-            return Err(Error::Protocol(format!(
-                "unexpected frame type {} on a data stream",
-                m.kind()
-            )))
-        }
-    }
-    Ok(())
 }

@@ -1,0 +1,326 @@
+//! The chunk I/O of one tcp stream: sending a job's chunks within the window, receiving their
+//! acks and read payloads, and the GPU staging around both (device-to-host copies queued ahead
+//! of the sends, host-to-device copies of received chunks queued behind the receives). Used by
+//! the stream's thread (`run_job`, `await_replies`) and by the submitting thread's latency path
+//! (`send_chunk`, `recv_reply`).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::{Chunk, Job, WINDOW};
+use crate::conn::Conn;
+use crate::error::{Error, Result};
+use crate::gpu::{Stager, Ticket, DEPTH};
+use crate::region::{Lease, LeaseKind};
+use crate::transfer::{OpKind, XferState};
+use crate::wire::Msg;
+
+pub(super) fn fail_chunks(xfer: &XferState, chunks: &[Chunk], e: &Error) {
+    for c in chunks {
+        xfer.chunk_done(c.op as usize, 0, Err(e.clone()));
+    }
+}
+
+/// Receives the replies of chunks the submitting thread sent (host memory only); a
+/// connection-level error fails the chunks not yet confirmed and is returned.
+pub(super) fn await_replies(
+    conn: &mut Conn,
+    stager: &mut Stager,
+    xfer: &XferState,
+    sent: &[Chunk],
+    io_timeout: Duration,
+) -> Result<()> {
+    let mut st = Staging::new(stager, 0);
+    for (k, &c) in sent.iter().enumerate() {
+        if let Err(e) = recv_reply(conn, &mut st, xfer, c, io_timeout) {
+            fail_chunks(xfer, &sent[k..], &e);
+            return Err(e);
+        }
+    }
+    st.land(xfer, 0);
+    Ok(())
+}
+
+/// GPU staging state of one stream's share of a transfer: device-to-host copies queued ahead
+/// of the sends (writes from a GPU region), and received chunks whose host-to-device copies
+/// are queued (reads into a GPU region), completed once the copy is done.
+pub(super) struct Staging<'s> {
+    stager: &'s mut Stager,
+    /// Index into the job's chunks → the queued device-to-host copy and the source lease.
+    ahead: VecDeque<(usize, Ticket, Lease)>,
+    /// How far `ahead` has looked.
+    scanned: usize,
+    landing: VecDeque<(Chunk, Ticket, Lease)>,
+}
+
+impl<'s> Staging<'s> {
+    /// Nothing queued yet; the chunks before `scanned` are not looked at for prefetching (a
+    /// share the submitting thread sends itself, host memory only, has none to prefetch).
+    pub(super) fn new(stager: &'s mut Stager, scanned: usize) -> Self {
+        Staging {
+            stager,
+            ahead: VecDeque::new(),
+            scanned,
+            landing: VecDeque::new(),
+        }
+    }
+
+    /// Queues the device-to-host copies of the next GPU-sourced write chunks from `from` on,
+    /// keeping at most `DEPTH - 1` queued.
+    fn prefetch(&mut self, xfer: &XferState, chunks: &[Chunk], from: usize, wait: Duration) {
+        // Chunks before `from` were skipped (expired): their staged copies are not needed.
+        while self.ahead.front().is_some_and(|(j, _, _)| *j < from) {
+            self.ahead.pop_front();
+        }
+        self.scanned = self.scanned.max(from);
+        while self.ahead.len() < DEPTH - 1 && self.scanned < chunks.len() {
+            let k = self.scanned;
+            let c = chunks[k];
+            let op = xfer.op(c.op as usize);
+            self.scanned += 1;
+            if op.kind != OpKind::Write {
+                continue;
+            }
+            let Some(dev) = op.local.device() else {
+                continue;
+            };
+            // A failure here is left for the send to meet again and report.
+            let Ok(lease) = op.local.lease(LeaseKind::Source, wait) else {
+                continue;
+            };
+            if let Ok(t) =
+                self.stager
+                    .queue_from_device(dev, op.local_offset + c.off, c.len as usize)
+            {
+                self.ahead.push_back((k, t, lease));
+            }
+        }
+    }
+
+    /// Completes received GPU chunks, oldest first, until at most `keep` wait.
+    fn land(&mut self, xfer: &XferState, keep: usize) {
+        while self.landing.len() > keep {
+            let Some((c, t, _lease)) = self.landing.pop_front() else {
+                break;
+            };
+            match self.stager.wait(t) {
+                Ok(()) => xfer.chunk_done(c.op as usize, u64::from(c.len), Ok(())),
+                Err(e) => xfer.chunk_done(c.op as usize, 0, Err(e)),
+            }
+        }
+    }
+}
+
+/// Runs one stream's share of a transfer. A connection-level error fails every chunk not yet
+/// confirmed and is returned (the stream is then broken).
+pub(super) fn run_job(
+    conn: &mut Conn,
+    stager: &mut Stager,
+    job: &Job,
+    io_timeout: Duration,
+) -> Result<()> {
+    let xfer = &job.xfer;
+    let mut inflight: VecDeque<Chunk> = VecDeque::with_capacity(WINDOW);
+    let mut next = 0;
+    let mut st = Staging::new(stager, 0);
+    let res = (|| -> Result<()> {
+        loop {
+            while inflight.len() < WINDOW && next < job.chunks.len() {
+                let c = job.chunks[next];
+                let k = next;
+                next += 1;
+                if xfer.expired() {
+                    xfer.chunk_done(c.op as usize, 0, Err(xfer.timeout_error()));
+                    continue;
+                }
+                st.prefetch(xfer, &job.chunks, k, io_timeout);
+                if send_chunk(conn, &mut st, xfer, k, c, io_timeout)? {
+                    inflight.push_back(c);
+                }
+            }
+            let Some(c) = inflight.front().copied() else {
+                return Ok(());
+            };
+            recv_reply(conn, &mut st, xfer, c, io_timeout)?;
+            inflight.pop_front();
+        }
+    })();
+    // Received GPU chunks complete (or fail) with their copies, whatever happened after.
+    st.land(xfer, 0);
+    if let Err(e) = &res {
+        fail_chunks(xfer, inflight.make_contiguous(), e);
+        fail_chunks(xfer, &job.chunks[next..], e);
+    }
+    res
+}
+
+/// Sends one chunk's request. `Ok(false)`: the chunk failed locally (recorded), nothing was sent.
+pub(super) fn send_chunk(
+    conn: &mut Conn,
+    st: &mut Staging<'_>,
+    xfer: &XferState,
+    k: usize,
+    c: Chunk,
+    wait: Duration,
+) -> Result<bool> {
+    let op = xfer.op(c.op as usize);
+    let roff = op.remote_offset + c.off;
+    match op.kind {
+        OpKind::Write => {
+            let msg = Msg::Write {
+                xfer: xfer.id,
+                op: c.op,
+                chunk: c.idx,
+                region: op.remote.id,
+                key: op.remote.key,
+                offset: roff,
+            };
+            if op.local.device().is_some() {
+                let staged = match st.ahead.front() {
+                    Some((j, t, _)) if *j == k => Ok(*t),
+                    _ => Err(Error::Unavailable(format!(
+                        "GPU chunk {} of op {} could not be staged",
+                        c.idx, c.op
+                    ))),
+                };
+                let bytes = staged.and_then(|t| st.stager.bytes(t));
+                let sent = match bytes {
+                    Ok(b) => {
+                        // SAFETY: `b` is the staged chunk: `c.len` bytes of a live pinned slot.
+                        unsafe { conn.send_with_payload(&msg, b.as_ptr(), c.len) }.map(|()| true)
+                    }
+                    Err(e) => {
+                        xfer.chunk_done(c.op as usize, 0, Err(e));
+                        Ok(false)
+                    }
+                };
+                if st.ahead.front().is_some_and(|(j, _, _)| *j == k) {
+                    st.ahead.pop_front();
+                }
+                return sent;
+            }
+            let lease = match op.local.lease(LeaseKind::Source, wait) {
+                Ok(l) => l,
+                Err(e) => {
+                    xfer.chunk_done(c.op as usize, 0, Err(e));
+                    return Ok(false);
+                }
+            };
+            // SAFETY: the Source lease covers the op's local span, bounds-checked at submit.
+            unsafe { conn.send_with_payload(&msg, lease.ptr_at(op.local_offset + c.off)?, c.len)? };
+        }
+        OpKind::Read => {
+            conn.send(&Msg::Read {
+                xfer: xfer.id,
+                op: c.op,
+                chunk: c.idx,
+                region: op.remote.id,
+                key: op.remote.key,
+                offset: roff,
+                len: c.len,
+            })?;
+        }
+    }
+    Ok(true)
+}
+
+/// Receives a read's payload into the local region: straight into host memory, or into a
+/// pinned slot whose copy to the GPU is queued (the chunk completes when it is done).
+fn recv_read(
+    conn: &mut Conn,
+    st: &mut Staging<'_>,
+    xfer: &XferState,
+    c: Chunk,
+    p: u32,
+    wait: Duration,
+) -> Result<()> {
+    let op = xfer.op(c.op as usize);
+    let lease = match op.local.lease(LeaseKind::Sink, wait) {
+        Ok(lease) => lease,
+        Err(e) => {
+            conn.discard_payload(p as usize)?;
+            xfer.chunk_done(c.op as usize, 0, Err(e));
+            return Ok(());
+        }
+    };
+    let off = op.local_offset + c.off;
+    let Some(dev) = lease.device().cloned() else {
+        // SAFETY: the Sink lease covers the op's local span, bounds-checked at submit.
+        unsafe { conn.recv_payload(lease.ptr_at(off)?, p as usize)? };
+        xfer.chunk_done(c.op as usize, u64::from(p), Ok(()));
+        return Ok(());
+    };
+    st.land(xfer, DEPTH - 2);
+    let queued = match st.stager.fill(&dev, p as usize) {
+        Ok((t, buf)) => {
+            // SAFETY: `buf` is a live pinned slot of exactly `p` bytes.
+            unsafe { conn.recv_payload(buf.as_mut_ptr(), buf.len())? };
+            st.stager.queue_to_device(t, &dev, off).map(|()| t)
+        }
+        Err(e) => conn.discard_payload(p as usize).and(Err(e)),
+    };
+    match queued {
+        Ok(t) => st.landing.push_back((c, t, lease)),
+        Err(e) => xfer.chunk_done(c.op as usize, 0, Err(e)),
+    }
+    Ok(())
+}
+
+/// Receives the confirmation of the oldest chunk in flight (replies come back in request order).
+pub(super) fn recv_reply(
+    conn: &mut Conn,
+    st: &mut Staging<'_>,
+    xfer: &XferState,
+    c: Chunk,
+    wait: Duration,
+) -> Result<()> {
+    let op = xfer.op(c.op as usize);
+    let matches = |x: u64, o: u32, k: u32| x == xfer.id && o == c.op && k == c.idx;
+    match conn.recv_frame(false)? {
+        (
+            Msg::WriteAck {
+                xfer: x,
+                op: o,
+                chunk: k,
+            },
+            0,
+        ) if matches(x, o, k) && op.kind == OpKind::Write => {
+            xfer.chunk_done(c.op as usize, u64::from(c.len), Ok(()));
+        }
+        (
+            Msg::ReadData {
+                xfer: x,
+                op: o,
+                chunk: k,
+            },
+            p,
+        ) if matches(x, o, k) && op.kind == OpKind::Read => {
+            if p != c.len {
+                return Err(Error::Protocol(format!(
+                    "ReadData of {p} bytes for a chunk of {}",
+                    c.len
+                )));
+            }
+            recv_read(conn, st, xfer, c, p, wait)?;
+        }
+        (
+            Msg::OpErr {
+                xfer: x,
+                op: o,
+                chunk: k,
+                err,
+            },
+            0,
+        ) if matches(x, o, k) => {
+            xfer.chunk_done(c.op as usize, 0, Err(err));
+        }
+        (Msg::Err(e), _) => return Err(e),
+        (m, _) => {
+            return Err(Error::Protocol(format!(
+                "unexpected frame type {} on a data stream",
+                m.kind()
+            )))
+        }
+    }
+    Ok(())
+}
