@@ -20,7 +20,7 @@ bench() {
   local rc=$?
   echo "rc=$rc" >>"$OUT/$name.txt"
   log "$name: rc=$rc ($*)"
-  grep -E "latency floors|^ +[0-9]+ +[0-9]+ |× the|Mop/s per op" "$OUT/$name.txt" \
+  grep -E "latency floors|^ +[0-9]+ +[0-9]+ |× the|Mop/s per op|memcpy of the same" "$OUT/$name.txt" \
     | sed "s/^/  [$name] /" >>"$OUT/latency-log.txt"
 }
 log "date $(date -u +%FT%TZ) host $(hostname) cores $(nproc); $("$GDX" --version 2>&1)"

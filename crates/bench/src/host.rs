@@ -349,6 +349,50 @@ mod tests {
         }
     }
 
+    /// A batch row of at least `copyref::MIN_BYTES` per transfer carries a memcpy of the same
+    /// bytes measured beside it; a one-op row, a small batch and a window of batches do not.
+    #[test]
+    fn batch_rows_carry_a_memcpy_of_the_same_bytes() {
+        let ctx = Ctx::without_devices();
+        for (batch, window, size, want) in [
+            (32, 1, 4096, true),
+            (1, 1, 65536, false),
+            (4, 1, 8, false),
+            (32, 2, 4096, false),
+        ] {
+            let params = Params {
+                sizes: vec![size],
+                duration: Duration::from_millis(50),
+                max_samples: 40,
+                batch,
+                window,
+                ..Params::default()
+            };
+            let agents = cases()
+                .into_iter()
+                .filter(|c| c.spec().key != "host_to_host_memcpy")
+                .collect();
+            for r in run_cases(&ctx, &params, agents) {
+                assert_eq!(
+                    r.copy_near.is_some(),
+                    want,
+                    "{} batch {batch} window {window}",
+                    r.key
+                );
+                if let Some(n) = &r.copy_near {
+                    assert_eq!(n.bytes, 32 * 4096);
+                    assert!(n.blocks >= 1 && n.copy_gbps > 0.0, "{n:?}");
+                    assert!(n.ratio_min <= n.ratio && n.ratio <= n.ratio_max && n.ratio > 0.0);
+                    let line = crate::copyref::beside(&[&r]);
+                    assert!(
+                        line.contains("single-thread memcpy of the same 128 KiB"),
+                        "{line}"
+                    );
+                }
+            }
+        }
+    }
+
     /// Small rows are timed after the floors' warm-up (and say so); a row above `NEAR_MAX`
     /// keeps `--warmup` alone.
     #[test]

@@ -16,6 +16,7 @@ use super::{
     PREPARED_NOTE, WINDOW_NOTE,
 };
 use crate::case::{BenchCase, CaseSpec, Params, PathKind, Waived, ROTATE_BYTES};
+use crate::copyref::{self, CopyRef};
 use crate::error::BenchError;
 use crate::floors::{FloorKind, NearFloor, BLOCK_OPS};
 use crate::report::Row;
@@ -243,6 +244,14 @@ impl BenchCase for AgentCase {
             let near =
                 FloorKind::of(self.spec.path).filter(|_| batch * inflight == 1 && size <= NEAR_MAX);
             let mut floors = Vec::new();
+            // A batch row (one transfer of many ops at a time) is judged against a
+            // single-thread memcpy of the same bytes measured between its blocks (`NearCopy`).
+            let per = size * batch;
+            let mut copy = (batch > 1
+                && inflight == 1
+                && (copyref::MIN_BYTES..=copyref::MAX_BYTES).contains(&per))
+            .then(|| CopyRef::new(per as usize));
+            let mut copies = Vec::new();
             // Small rows (a floor beside them, or a message rate) are timed warm.
             let warm = if size <= NEAR_MAX {
                 Warmup::SMALL_HOST
@@ -289,16 +298,20 @@ impl BenchCase for AgentCase {
                     }
                     Ok(())
                 },
-                |i| match near {
-                    Some(k) if i.is_multiple_of(BLOCK_OPS) => {
-                        let cpu = gdx_sys::os::process_cpu_time().ok();
-                        floors.push(k.block());
-                        match (cpu, gdx_sys::os::process_cpu_time().ok()) {
-                            (Some(a), Some(b)) => b.saturating_sub(a),
-                            _ => Duration::ZERO,
-                        }
+                |i| {
+                    if !i.is_multiple_of(BLOCK_OPS) {
+                        return Duration::ZERO;
                     }
-                    _ => Duration::ZERO,
+                    let cpu = gdx_sys::os::process_cpu_time().ok();
+                    match (near, copy.as_mut()) {
+                        (Some(k), _) => floors.push(k.block()),
+                        (None, Some(c)) => copies.push(c.block()),
+                        (None, None) => return Duration::ZERO,
+                    }
+                    match (cpu, gdx_sys::os::process_cpu_time().ok()) {
+                        (Some(a), Some(b)) => b.saturating_sub(a),
+                        _ => Duration::ZERO,
+                    }
                 },
             );
             let timed = match timed {
@@ -311,6 +324,10 @@ impl BenchCase for AgentCase {
             let mut row = Row::new(&self.spec, size);
             fill_wall_row(&mut row, (size * batch * inflight) as f64, &timed);
             row.floor_near = NearFloor::pair(&floors, &timed.samples);
+            row.copy_near = copy
+                .is_some()
+                .then(|| copyref::pair(per, &copies, &timed.samples))
+                .flatten();
             if timed.warmed > u64::from(params.warmup.max(1)) {
                 row.add_note(format!(
                     "timed after {} warm-up transfer(s) (small rows warm up as the floors do)",

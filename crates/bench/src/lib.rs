@@ -23,6 +23,7 @@ pub mod calibrate;
 pub mod case;
 pub mod ceiling;
 pub mod compare;
+pub mod copyref;
 pub mod ctx;
 pub mod error;
 pub mod export;

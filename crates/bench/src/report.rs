@@ -78,6 +78,11 @@ pub struct Row {
     /// row against it ([`crate::floors::NearFloor`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub floor_near: Option<crate::floors::NearFloor>,
+    /// Batch rows of at least [`crate::copyref::MIN_BYTES`] per transfer: a single-thread
+    /// memcpy of the same bytes measured interleaved with the row's samples, and the row
+    /// against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_near: Option<crate::copyref::NearCopy>,
 }
 
 impl Row {
@@ -108,6 +113,7 @@ impl Row {
             status: Status::Passed,
             note: None,
             floor_near: None,
+            copy_near: None,
         }
     }
 

@@ -274,6 +274,7 @@ impl Observer for Cli<'_> {
             if let Some(f) = &report.header.latency_floors {
                 print!("{}", f.beside(&rows));
             }
+            print!("{}", gdx_bench::copyref::beside(&rows));
             let _ = std::io::stdout().flush();
         }
         self.export(report);
