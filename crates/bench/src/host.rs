@@ -320,6 +320,14 @@ mod tests {
         all
     }
 
+    /// The shm and tcp cases (the loopback agents), without the memcpy baseline.
+    fn agent_cases() -> Vec<Box<dyn BenchCase>> {
+        cases()
+            .into_iter()
+            .filter(|c| c.spec().key != "host_to_host_memcpy")
+            .collect()
+    }
+
     /// `--prepared`, alone, in a batch and in a window: rows measured, verified and marked.
     #[test]
     fn prepared_transfers_measure_verify_and_say_so() {
@@ -334,11 +342,7 @@ mod tests {
                 prepared: true,
                 ..Params::default()
             };
-            let agents = cases()
-                .into_iter()
-                .filter(|c| c.spec().key != "host_to_host_memcpy")
-                .collect();
-            for r in run_cases(&ctx, &params, agents) {
+            for r in run_cases(&ctx, &params, agent_cases()) {
                 assert!(
                     r.note.as_deref().is_some_and(|n| n.contains(PREPARED_NOTE)),
                     "{} {:?}",
@@ -368,11 +372,7 @@ mod tests {
                 window,
                 ..Params::default()
             };
-            let agents = cases()
-                .into_iter()
-                .filter(|c| c.spec().key != "host_to_host_memcpy")
-                .collect();
-            for r in run_cases(&ctx, &params, agents) {
+            for r in run_cases(&ctx, &params, agent_cases()) {
                 assert_eq!(
                     r.copy_near.is_some(),
                     want,
