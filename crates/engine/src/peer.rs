@@ -138,6 +138,8 @@ fn remember_plan(
 
 impl Drop for PeerInner {
     fn drop(&mut self) {
+        // The spare states hold the peer's shared part, which holds them: let them go.
+        self.xfer_shared.spares.close();
         self.agent
             .stats
             .peers_outbound
@@ -438,10 +440,10 @@ impl Peer {
             .stats
             .peers_outbound
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let xfer_shared = Arc::new(XferShared {
-            stats: Arc::clone(&agent.stats),
-            driver: transport.driver(),
-        });
+        let xfer_shared = Arc::new(crate::transfer::xfer_shared(
+            Arc::clone(&agent.stats),
+            transport.driver(),
+        ));
         Ok(Peer {
             inner: Arc::new(PeerInner {
                 agent,

@@ -27,6 +27,8 @@ impl Drop for TransferHandle {
                 d.park(&self.state);
             }
         }
+        // The last handle of an ended transfer: its state may serve the peer's next submit.
+        XferState::put_back(&mut self.state);
     }
 }
 

@@ -22,6 +22,7 @@ mod handle;
 mod ops;
 mod prepared;
 mod runs;
+mod spare;
 
 use crate::stats::Stats;
 pub use builder::Transfer;
@@ -30,6 +31,7 @@ pub(crate) use ops::{Op, OpRef, Regions};
 pub use prepared::PreparedTransfer;
 pub(crate) use runs::Plans;
 pub use runs::{OpResult, OpResults, OpResultsIter};
+pub(crate) use spare::shared as xfer_shared;
 
 /// Direction of an op, seen from the initiator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -212,6 +214,8 @@ pub(crate) trait Drive: Send + Sync + std::fmt::Debug {
 pub(crate) struct XferShared {
     pub(crate) stats: Arc<Stats>,
     pub(crate) driver: Option<Arc<dyn Drive>>,
+    /// Ended fresh transfers' states, kept for the next submits (`spare.rs`).
+    pub(crate) spares: spare::Spares,
 }
 
 /// Ids a thread reserves at a time (`next_id`).

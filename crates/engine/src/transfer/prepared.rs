@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{next_id, Clock, OpState, TransferHandle, TransferReport, XferState};
+use super::{next_id, Clock, TransferHandle, TransferReport, XferState};
 use crate::error::Result;
 use crate::peer::Peer;
 use crate::plan::Path;
@@ -85,24 +85,7 @@ impl XferState {
     /// Readies an ended (or never posted) transfer that nothing else holds for one more post.
     fn rearm(&mut self, id: u64, started: Clock, timeout: Duration) {
         let n = self.ops.len();
-        self.id = id;
-        self.started = started;
-        self.deadline = started.plus(timeout);
-        self.timeout = timeout;
-        *self.bytes_done.get_mut() = 0;
-        *self.ended.get_mut() = false;
-        *self.ok.get_mut() = false;
-        *self.elapsed_ns.get_mut() = 0;
-        *self.driven.get_mut() = false;
-        let p = self.progress.get_mut().unwrap_or_else(|e| e.into_inner());
-        p.state.clear();
-        p.state.resize(n, OpState::PENDING);
-        p.errors.clear();
-        p.pending_chunks.clear();
-        p.pending_chunks.resize(n, 1);
-        p.first_error = None;
-        p.done = None;
-        p.waiters = 0;
+        self.reset(id, started, timeout, n);
     }
 
     /// A fresh state for the same ops (when this one is still in use).

@@ -41,7 +41,7 @@ pub(crate) fn submit_built<T: Transport + ?Sized>(
     t: &T,
     n: crate::transfer::NewTransfer<'_>,
 ) -> Arc<XferState> {
-    let x = Arc::new(n.build());
+    let x = n.into_state();
     t.submit(Arc::clone(&x));
     x
 }

@@ -259,12 +259,12 @@ impl Transport for ShmTransport {
             }
             // The slot is on its way: the state is built while the peer works.
             Ok(Some(e)) => {
-                let x = Arc::new(n.build());
+                let x = n.into_state();
                 w.in_flight_early(Arc::clone(&x), e);
                 x
             }
             Err(e) => {
-                let x = Arc::new(n.build());
+                let x = n.into_state();
                 w.fail_early(Arc::clone(&x), e, &mut done);
                 self.dead.store(true, Ordering::SeqCst);
                 x

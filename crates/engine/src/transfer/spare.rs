@@ -1,0 +1,150 @@
+//! Spare transfer states: a fresh transfer's state, once it ended and its last handle is
+//! dropped, is kept (emptied) for the peer's next fresh submit, which fills it in place instead
+//! of allocating, copying and later freeing ~500 bytes (`Peer::submit` at the latency floor:
+//! the state is built after the post, and a build longer than the peer's answer is latency).
+//!
+//! Ownership: the spares sit in the peer's [`XferShared`], and each spare holds that
+//! `XferShared` (every state does), so the peer breaks the cycle when it goes
+//! ([`Spares::close`], from `PeerInner`'s drop): the spares are dropped, and a state whose
+//! handle drops after that is freed as before. A spare holds no region: its ops, regions, plans
+//! and notification are dropped when it is put back, so a region's memory is never kept alive
+//! by a transfer that ended.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{Clock, NewTransfer, OpState, Plans, Regions, XferShared, XferState};
+
+/// Most spares per peer: a window of transfers in flight up to the shm ring's slots.
+const MOST: usize = 128;
+
+/// The spare states of one peer.
+#[derive(Debug, Default)]
+pub(crate) struct Spares(Mutex<SpareList>);
+
+#[derive(Debug, Default)]
+struct SpareList {
+    states: Vec<Arc<XferState>>,
+    /// The peer is gone: nothing is kept any more.
+    closed: bool,
+}
+
+impl Spares {
+    fn list(&self) -> std::sync::MutexGuard<'_, SpareList> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A spare, if there is one (nothing else holds it).
+    fn take(&self) -> Option<Arc<XferState>> {
+        self.list().states.pop()
+    }
+
+    /// Drops the spares and keeps none from now on (the peer is gone).
+    pub(crate) fn close(&self) {
+        let states = {
+            let mut l = self.list();
+            l.closed = true;
+            std::mem::take(&mut l.states)
+        };
+        drop(states);
+    }
+}
+
+impl NewTransfer<'_> {
+    /// The state, built into one of the peer's spares when it has one, else allocated.
+    pub(crate) fn into_state(self) -> Arc<XferState> {
+        match self.shared.spares.take() {
+            Some(mut s) => match Arc::get_mut(&mut s) {
+                Some(st) => {
+                    st.refill(self);
+                    s
+                }
+                // Not reachable (a spare is held by nothing else); built anew all the same.
+                None => Arc::new(self.build()),
+            },
+            None => Arc::new(self.build()),
+        }
+    }
+}
+
+impl XferState {
+    /// Keeps `state`, whose last handle is being dropped, as a spare of its peer when nothing
+    /// else holds it and it ended; otherwise it is simply dropped by its caller.
+    pub(crate) fn put_back(state: &mut Arc<XferState>) {
+        if !state.ended() {
+            return;
+        }
+        let Some(st) = Arc::get_mut(state) else {
+            return;
+        };
+        // Emptied before the list is looked at: a state the list has no room for is freed
+        // by the caller right after, emptied or not.
+        st.empty();
+        let spare = Arc::clone(state);
+        let mut l = state.shared.spares.list();
+        if !l.closed && l.states.len() < MOST {
+            l.states.push(spare);
+        }
+    }
+
+    /// Lets go of what the transfer referenced (its regions, plans and notification).
+    fn empty(&mut self) {
+        self.ops.clear();
+        self.regions = Regions::default();
+        self.plans = Plans::default();
+        self.notify = None;
+        let p = self.progress.get_mut().unwrap_or_else(|e| e.into_inner());
+        p.errors.clear();
+        p.first_error = None;
+    }
+
+    /// Becomes the state of `n` (a spare of `n`'s peer, held by nothing else).
+    fn refill(&mut self, n: NewTransfer<'_>) {
+        let ops = n.t.ops.len();
+        debug_assert_eq!(n.plans.len(), ops, "one plan per op");
+        if !Arc::ptr_eq(&self.shared, n.shared) {
+            self.shared = Arc::clone(n.shared);
+        }
+        let timeout = n.t.timeout.unwrap_or(n.timeout);
+        self.ops = n.t.ops;
+        self.regions = n.t.regions;
+        self.notify = n.t.notify;
+        self.plans = n.plans;
+        self.reset(n.id, n.started, timeout, ops);
+    }
+
+    /// The start of a transfer of `ops` ops: every op pending, nothing done, nothing ended.
+    pub(super) fn reset(&mut self, id: u64, started: Clock, timeout: Duration, ops: usize) {
+        self.id = id;
+        self.started = started;
+        // A timeout too long for the clock (`Duration::MAX` for "never") saturates.
+        self.deadline = started.plus(timeout);
+        self.timeout = timeout;
+        *self.bytes_done.get_mut() = 0;
+        *self.ended.get_mut() = false;
+        *self.ok.get_mut() = false;
+        *self.elapsed_ns.get_mut() = 0;
+        *self.driven.get_mut() = false;
+        let p = self.progress.get_mut().unwrap_or_else(|e| e.into_inner());
+        p.state.clear();
+        p.state.resize(ops, OpState::PENDING);
+        p.errors.clear();
+        p.pending_chunks.clear();
+        p.pending_chunks.resize(ops, 1);
+        p.first_error = None;
+        p.done = None;
+        p.waiters = 0;
+    }
+}
+
+/// A peer's share of its transfers, with no spares yet.
+pub(crate) fn shared(
+    stats: Arc<crate::stats::Stats>,
+    driver: Option<Arc<dyn super::Drive>>,
+) -> XferShared {
+    XferShared {
+        stats,
+        driver,
+        spares: Spares::default(),
+    }
+}
