@@ -364,9 +364,11 @@ mod tests {
             (4, 1, 8, false),
             (32, 2, 4096, false),
         ] {
+            // A fixed count of transfers, not a duration: a slow (debug, loaded) build must
+            // still fill the blocks a copy is paired with.
             let params = Params {
                 sizes: vec![size],
-                duration: Duration::from_millis(50),
+                iters: Some(40),
                 max_samples: 40,
                 batch,
                 window,

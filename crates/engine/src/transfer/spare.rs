@@ -87,15 +87,22 @@ impl XferState {
         }
     }
 
-    /// Lets go of what the transfer referenced (its regions, plans and notification).
+    /// Lets go of what the transfer referenced (its regions, plans and notification) and of
+    /// any heap room its op lists took (a spare of a thousand-op batch would keep ~50 KB).
     fn empty(&mut self) {
-        self.ops.clear();
+        self.ops = Default::default();
         self.regions = Regions::default();
         self.plans = Plans::default();
         self.notify = None;
         let p = self.progress.get_mut().unwrap_or_else(|e| e.into_inner());
-        p.errors.clear();
+        p.errors = Vec::new();
         p.first_error = None;
+        if p.state.spilled() {
+            p.state = Default::default();
+        }
+        if p.pending_chunks.spilled() {
+            p.pending_chunks = Default::default();
+        }
     }
 
     /// Becomes the state of `n` (a spare of `n`'s peer, held by nothing else).
