@@ -7,7 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::floors::NearFloor;
+use gdx_sys::cuda::probe::fill_pattern;
+
+use crate::floors::{p50, NearFloor};
 use crate::report::Row;
 
 /// Least bytes per transfer a batch row carries a copy reference for: below this a transfer is
@@ -32,9 +34,8 @@ impl CopyRef {
     /// Buffers of `bytes` each, the source filled (written pages, not the kernel's zero page,
     /// which would flatter every read).
     pub fn new(bytes: usize) -> CopyRef {
-        let src = (0..bytes)
-            .map(|i| (i as u8).wrapping_mul(31) | 1)
-            .collect::<Vec<u8>>();
+        let mut src = vec![0u8; bytes];
+        fill_pattern(&mut src, bytes as u64);
         CopyRef {
             dst: vec![0u8; bytes],
             src,
@@ -51,8 +52,7 @@ impl CopyRef {
             std::hint::black_box(&self.dst);
             t.push(s.elapsed().as_secs_f64() * 1e6);
         }
-        t.sort_by(f64::total_cmp);
-        t.get(t.len() / 2).copied().filter(|us| *us > 0.0)
+        Some(p50(t)).filter(|us| *us > 0.0)
     }
 }
 

@@ -125,7 +125,7 @@ impl LatencyFloors {
     }
 }
 
-fn p50(mut v: Vec<f64>) -> f64 {
+pub(crate) fn p50(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }

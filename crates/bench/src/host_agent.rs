@@ -324,10 +324,8 @@ impl BenchCase for AgentCase {
             let mut row = Row::new(&self.spec, size);
             fill_wall_row(&mut row, (size * batch * inflight) as f64, &timed);
             row.floor_near = NearFloor::pair(&floors, &timed.samples);
-            row.copy_near = copy
-                .is_some()
-                .then(|| copyref::pair(per, &copies, &timed.samples))
-                .flatten();
+            // No copy was measured (not a batch row): `copies` is empty, and so is the pairing.
+            row.copy_near = copyref::pair(per, &copies, &timed.samples);
             if timed.warmed > u64::from(params.warmup.max(1)) {
                 row.add_note(format!(
                     "timed after {} warm-up transfer(s) (small rows warm up as the floors do)",

@@ -440,10 +440,11 @@ impl Peer {
             .stats
             .peers_outbound
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let xfer_shared = Arc::new(crate::transfer::xfer_shared(
-            Arc::clone(&agent.stats),
-            transport.driver(),
-        ));
+        let xfer_shared = Arc::new(XferShared {
+            stats: Arc::clone(&agent.stats),
+            driver: transport.driver(),
+            spares: Default::default(),
+        });
         Ok(Peer {
             inner: Arc::new(PeerInner {
                 agent,

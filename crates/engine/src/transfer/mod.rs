@@ -31,7 +31,6 @@ pub(crate) use ops::{Op, OpRef, Regions};
 pub use prepared::PreparedTransfer;
 pub(crate) use runs::Plans;
 pub use runs::{OpResult, OpResults, OpResultsIter};
-pub(crate) use spare::shared as xfer_shared;
 
 /// Direction of an op, seen from the initiator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -41,7 +41,10 @@ impl PreparedTransfer {
     pub fn post(&mut self) -> Result<TransferHandle> {
         let (id, started) = (next_id(), Clock::now());
         match Arc::get_mut(&mut self.state) {
-            Some(s) => s.rearm(id, started, self.timeout),
+            Some(s) => {
+                let n = s.ops.len();
+                s.reset(id, started, self.timeout, n);
+            }
             // The last post is still running or its handle is held: this one gets a state of
             // its own (an allocation, not a different path).
             None => self.state = Arc::new(self.state.repost(id, started, self.timeout)),
@@ -82,12 +85,6 @@ impl PreparedTransfer {
 }
 
 impl XferState {
-    /// Readies an ended (or never posted) transfer that nothing else holds for one more post.
-    fn rearm(&mut self, id: u64, started: Clock, timeout: Duration) {
-        let n = self.ops.len();
-        self.reset(id, started, timeout, n);
-    }
-
     /// A fresh state for the same ops (when this one is still in use).
     fn repost(&self, id: u64, started: Clock, timeout: Duration) -> XferState {
         let n = self.ops.len();

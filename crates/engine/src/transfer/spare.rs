@@ -13,7 +13,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::{Clock, NewTransfer, OpState, Plans, Regions, XferShared, XferState};
+use super::{Clock, NewTransfer, OpState, Plans, Regions, XferState};
 
 /// Most spares per peer: a window of transfers in flight up to the shm ring's slots.
 const MOST: usize = 128;
@@ -53,17 +53,14 @@ impl Spares {
 impl NewTransfer<'_> {
     /// The state, built into one of the peer's spares when it has one, else allocated.
     pub(crate) fn into_state(self) -> Arc<XferState> {
-        match self.shared.spares.take() {
-            Some(mut s) => match Arc::get_mut(&mut s) {
-                Some(st) => {
-                    st.refill(self);
-                    s
-                }
-                // Not reachable (a spare is held by nothing else); built anew all the same.
-                None => Arc::new(self.build()),
-            },
-            None => Arc::new(self.build()),
+        if let Some(mut s) = self.shared.spares.take() {
+            // A spare is held by nothing else; were it not, the state is built anew.
+            if let Some(st) = Arc::get_mut(&mut s) {
+                st.refill(self);
+                return s;
+            }
         }
+        Arc::new(self.build())
     }
 }
 
@@ -141,17 +138,5 @@ impl XferState {
         p.first_error = None;
         p.done = None;
         p.waiters = 0;
-    }
-}
-
-/// A peer's share of its transfers, with no spares yet.
-pub(crate) fn shared(
-    stats: Arc<crate::stats::Stats>,
-    driver: Option<Arc<dyn super::Drive>>,
-) -> XferShared {
-    XferShared {
-        stats,
-        driver,
-        spares: Spares::default(),
     }
 }
