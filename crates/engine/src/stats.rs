@@ -107,6 +107,30 @@ fn bump(c: &AtomicU64, v: u64) {
     c.store(c.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
 }
 
+/// How a counter of `Counts` is added to: shared counts (the retired sums) take atomic adds; a
+/// thread's own shard a load and a store (`bump`).
+fn adder(shared: bool) -> impl Fn(&AtomicU64, u64) {
+    move |c: &AtomicU64, v: u64| {
+        if shared {
+            c.fetch_add(v, Ordering::Relaxed);
+        } else {
+            bump(c, v);
+        }
+    }
+}
+
+/// Counts one transfer of `elapsed` in the latency histogram and its sum.
+fn add_latency(shard: &Counts, add: impl Fn(&AtomicU64, u64), elapsed: Duration) {
+    let s = elapsed.as_secs_f64();
+    let i = LATENCY_BOUNDS_S
+        .iter()
+        .position(|b| s <= *b)
+        .unwrap_or(LATENCY_BOUNDS_S.len());
+    add(&shard.latency[i], 1);
+    let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+    add(&shard.sum_ns, ns);
+}
+
 /// The agent's counters. Completed transfers are counted in per-thread shards (each written by
 /// its own thread only, with plain loads and stores) that a snapshot sums; a thread's shard is
 /// folded into `retired` when the thread exits. Failures, which carry a reason, take the lock.
@@ -219,6 +243,28 @@ impl Stats {
         self.with_shard(|shard, shared| self.record_into(shard, shared, ops, failed, elapsed));
     }
 
+    /// Records one ended transfer of a single op that completed: `record` without the walk over
+    /// ops and outcomes (the end of every small transfer at the latency floor).
+    pub(crate) fn record_one(
+        self: &Arc<Self>,
+        kind: OpKind,
+        len: u64,
+        path: Path,
+        elapsed: Duration,
+    ) {
+        self.with_shard(|shard, shared| {
+            let add = adder(shared);
+            let c = &shard.paths[path.index()];
+            let dir = match kind {
+                OpKind::Write => 0,
+                OpKind::Read => 1,
+            };
+            add(&c.bytes[dir], len);
+            add(&c.ops[dir], 1);
+            add_latency(shard, add, elapsed);
+        });
+    }
+
     fn record_into<'a>(
         &self,
         shard: &Counts,
@@ -227,15 +273,7 @@ impl Stats {
         failed: bool,
         elapsed: Duration,
     ) {
-        // Shared counts (the retired sums) take atomic adds; a thread's own shard a load and a
-        // store.
-        let add = |c: &AtomicU64, v: u64| {
-            if shared {
-                c.fetch_add(v, Ordering::Relaxed);
-            } else {
-                bump(c, v);
-            }
-        };
+        let add = adder(shared);
         // Completed ops are summed per run of one path and direction first: a batch of a
         // thousand ops costs one add per counter, not a thousand.
         let mut run: Option<(Path, usize, u64, u64)> = None;
@@ -273,14 +311,7 @@ impl Stats {
         if failed {
             self.failed.fetch_add(1, Ordering::Relaxed);
         }
-        let s = elapsed.as_secs_f64();
-        let i = LATENCY_BOUNDS_S
-            .iter()
-            .position(|b| s <= *b)
-            .unwrap_or(LATENCY_BOUNDS_S.len());
-        add(&shard.latency[i], 1);
-        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        add(&shard.sum_ns, ns);
+        add_latency(shard, add, elapsed);
     }
 
     /// The sum of every shard and the retired counts, taken under the shard list's lock.
@@ -361,6 +392,27 @@ mod tests {
             };
             (*k, *l, *p, o)
         })
+    }
+
+    #[test]
+    fn one_completed_op_counts_as_the_general_walk_does() {
+        let one = Arc::new(Stats::default());
+        let walk = Arc::new(Stats::default());
+        for (kind, len, ms) in [(OpKind::Write, 8, 1), (OpKind::Read, 4096, 300)] {
+            let d = Duration::from_millis(ms);
+            one.record_one(kind, len, Path::Shm, d);
+            walk.record(
+                ops(&[(kind, len, Path::Shm, OpStatus::Completed)]),
+                false,
+                d,
+            );
+        }
+        let (a, b) = (one.snapshot(0), walk.snapshot(0));
+        assert_eq!(a.paths, b.paths);
+        assert_eq!(a.latency.buckets, b.latency.buckets);
+        assert_eq!(a.latency.count, 2);
+        assert!((a.latency.sum_s - b.latency.sum_s).abs() < 1e-12);
+        assert_eq!(a.transfers_failed, b.transfers_failed);
     }
 
     #[test]

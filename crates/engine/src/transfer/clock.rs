@@ -32,6 +32,10 @@ fn source() -> &'static Source {
     })
 }
 
+/// A duration in ticks of the transfer clock ([`Tick::span`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Span(u64);
+
 /// A reading of the transfer clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Tick(u64);
@@ -50,9 +54,24 @@ impl Tick {
     /// This reading plus `d`, saturating: a `d` too long for the clock (`Duration::MAX` for
     /// "never") gives the last tick, which no reading reaches.
     pub(crate) fn plus(self, d: Duration) -> Tick {
-        // f64 to u64 saturates (and NaN gives 0, which `max(1)` above rules out).
-        let ticks = (d.as_nanos() as f64 * source().ticks_per_ns) as u64;
+        // f64 to u64 saturates (and NaN gives 0, which `max(1)` above rules out). The
+        // nanoseconds go through u64 (saturating: "never" stays never), not u128, whose
+        // conversion to f64 is a library call on every transfer's deadline.
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let ticks = (ns as f64 * source().ticks_per_ns) as u64;
         Tick(self.0.saturating_add(ticks))
+    }
+
+    /// Whether this reading is less than `span` after `earlier` (`span` from [`Tick::span`]):
+    /// a comparison of raw ticks, with no scaling, for checks made once per post.
+    pub(crate) fn within(self, earlier: Tick, span: Span) -> bool {
+        self.0 >= earlier.0 && self.0 - earlier.0 < span.0
+    }
+
+    /// `d` in ticks of this clock, for [`Tick::within`] (taken once, not per check).
+    pub(crate) fn span(d: Duration) -> Span {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        Span((ns as f64 * source().ticks_per_ns) as u64)
     }
 
     /// Time from now until this reading (zero once it passed).
@@ -92,5 +111,18 @@ mod tests {
         assert_eq!(never, Tick(u64::MAX));
         assert!(never.left() > Duration::from_secs(1 << 30));
         assert_eq!(a.left(), Duration::ZERO);
+    }
+
+    #[test]
+    fn within_compares_raw_ticks_against_a_span() {
+        let a = Tick::now();
+        let half = Tick::span(Duration::from_millis(500));
+        assert!(a.plus(Duration::from_millis(100)).within(a, half));
+        assert!(!a.plus(Duration::from_millis(600)).within(a, half));
+        assert!(a.within(a, half), "no time at all is within");
+        assert!(
+            !a.within(a.plus(Duration::from_millis(1)), half),
+            "earlier is not within"
+        );
     }
 }

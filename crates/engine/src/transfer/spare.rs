@@ -130,13 +130,36 @@ impl XferState {
         *self.elapsed_ns.get_mut() = 0;
         *self.driven.get_mut() = false;
         let p = self.progress.get_mut().unwrap_or_else(|e| e.into_inner());
-        p.state.clear();
-        p.state.resize(ops, OpState::PENDING);
+        refill_with(&mut p.state, ops, OpState::PENDING);
         p.errors.clear();
-        p.pending_chunks.clear();
-        p.pending_chunks.resize(ops, 1);
+        refill_with(&mut p.pending_chunks, ops, 1);
         p.first_error = None;
         p.done = None;
         p.waiters = 0;
+    }
+}
+
+/// Makes `v` `n` copies of `x`. A spare mostly serves a transfer of as many ops as its last
+/// (one, at the latency floor): the entries are then overwritten in place, with none of a
+/// resize's capacity checks and per-element pushes.
+fn refill_with<T: Copy, const N: usize>(v: &mut smallvec::SmallVec<[T; N]>, n: usize, x: T)
+where
+    [T; N]: smallvec::Array<Item = T>,
+{
+    if v.len() == n {
+        v.fill(x);
+    } else {
+        v.clear();
+        v.extend(std::iter::repeat_n(x, n));
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn refill_with_makes_n_copies_whatever_the_length_was() {
+    let mut v: smallvec::SmallVec<[u32; 4]> = smallvec::smallvec![7, 7, 7];
+    for n in [3, 1, 0, 6, 2, 2] {
+        refill_with(&mut v, n, n as u32);
+        assert_eq!(&v[..], &vec![n as u32; n][..]);
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::Worker;
 use crate::error::{Error, Result};
 use crate::ring::{self, Ring, DONE, FREE, NAP, POSTED};
-use crate::transfer::clock::Tick;
+use crate::transfer::clock::{Span, Tick};
 use crate::transfer::{Drive, XferState};
 use crate::transport::SerialQueue;
 use crate::wire::ShmOp;
@@ -53,6 +53,8 @@ pub(super) struct RingClient {
     wait: Duration,
     /// When this side last published a slot (`publish`).
     last_post: Option<Tick>,
+    /// `QUIET` in clock ticks (`publish` compares raw readings).
+    quiet: Span,
 }
 
 /// A post this soon after the previous one skips the doorbell check (`RingClient::publish`):
@@ -69,6 +71,7 @@ impl RingClient {
             sock_fd,
             wait,
             last_post: None,
+            quiet: Tick::span(QUIET),
         }
     }
 
@@ -176,7 +179,7 @@ impl RingClient {
         // needs (the SeqCst store) would hold this core until the slot's line came back from
         // the target's core, once per post.
         let now = Tick::now();
-        let recent = self.last_post.is_some_and(|t| now.since(t) < QUIET);
+        let recent = self.last_post.is_some_and(|t| now.within(t, self.quiet));
         self.last_post = Some(now);
         if recent {
             self.ring.state(slot).store(state, Ordering::Release);
@@ -230,12 +233,29 @@ impl Done {
     /// Ends them all, in order. By reference: the list lives on its caller's stack, and
     /// moving it into the call would copy it (144 bytes) once per completion pass.
     pub(super) fn finish(&mut self) {
-        for (x, skip) in self.0.drain(..) {
-            match skip {
-                None => x.finish(),
-                Some(s) => x.finish_with(|i| !s.get(i)),
+        match self.0.len() {
+            // Most passes end nothing (a submit that completed no earlier transfer), or one
+            // transfer (a waiter's own): no drain of the list.
+            0 => {}
+            1 => {
+                if let Some((x, skip)) = self.0.pop() {
+                    end(&x, skip);
+                }
+            }
+            _ => {
+                for (x, skip) in self.0.drain(..) {
+                    end(&x, skip);
+                }
             }
         }
+    }
+}
+
+/// Ends `x`: as it stands (`skip` none), or with every op not in `skip` completed.
+fn end(x: &XferState, skip: Option<Skip>) {
+    match skip {
+        None => x.finish(),
+        Some(s) => x.finish_with(|i| !s.get(i)),
     }
 }
 
