@@ -600,6 +600,17 @@ impl Peer {
             .agent
             .strict
             .load(std::sync::atomic::Ordering::Relaxed);
+        // A one-op transfer on this thread's last pair of regions (a latency loop): its plan is
+        // the last one, with no list to build.
+        if t.ops.len() == 1 {
+            let last = t
+                .op_refs()
+                .next()
+                .and_then(|op| last_plan(&self.inner, op, strict));
+            if let Some(p) = last {
+                return Ok(crate::transfer::Plans::one(p));
+            }
+        }
         // A batch's ops mostly join the same two regions: the plan (and its reason, a formatted
         // string) is made once per run of such ops, not once per op.
         let mut plans = crate::transfer::Plans::default();

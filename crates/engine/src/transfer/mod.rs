@@ -489,6 +489,14 @@ impl XferState {
 
     /// Each op's result, op `i`'s outcome being `outcome(i)`.
     fn results_by<'a>(&self, outcome: impl Fn(usize) -> Outcome<'a>) -> OpResults {
+        if let [op] = &self.ops[..] {
+            return OpResults::one(OpResult {
+                kind: op.kind,
+                len: op.len,
+                plan: self.plans.at(0).clone(),
+                status: outcome(0).status(),
+            });
+        }
         let mut r = OpResults::default();
         for (i, (op, plan)) in self.ops.iter().zip(self.plans.iter()).enumerate() {
             r.push_with(

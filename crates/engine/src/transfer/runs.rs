@@ -32,6 +32,14 @@ impl<T> Default for Runs<T> {
 }
 
 impl<T> Runs<T> {
+    /// One op's value: built in place, with none of a push's capacity checks (a one-op
+    /// transfer's plan, or its report's result).
+    fn one(v: T) -> Self {
+        Runs {
+            runs: SmallVec::from_buf([(1, v)]),
+        }
+    }
+
     fn len(&self) -> usize {
         self.runs.last().map_or(0, |r| r.0 as usize)
     }
@@ -137,6 +145,11 @@ fn same_plan(a: &Plan, b: &Plan) -> bool {
 pub(crate) struct Plans(Runs<Plan>);
 
 impl Plans {
+    /// The plans of a one-op transfer.
+    pub(crate) fn one(plan: Plan) -> Plans {
+        Plans(Runs::one(plan))
+    }
+
     /// Appends the plan of the next op (taken, not cloned: its reason's reference moves in).
     pub(crate) fn push(&mut self, plan: Plan) {
         if self.last().is_some_and(|last| same_plan(last, &plan)) {
@@ -212,6 +225,11 @@ pub struct OpResult {
 pub struct OpResults(Runs<OpResult>);
 
 impl OpResults {
+    /// The result of a one-op transfer.
+    pub(crate) fn one(r: OpResult) -> OpResults {
+        OpResults(Runs::one(r))
+    }
+
     /// Appends op results one by one (each stored once per run of equal results).
     pub(crate) fn push_with(
         &mut self,
@@ -365,6 +383,41 @@ mod tests {
         assert_eq!(paths.len(), 1002);
         assert_eq!(paths[1000], Path::Tcp);
         assert!(p.only().is_none());
+    }
+
+    #[test]
+    fn one_op_built_in_place_reads_as_one_pushed() {
+        let a = plan(Path::Shm, "a");
+        let mut pushed = Plans::default();
+        pushed.push(a.clone());
+        let one = Plans::one(a.clone());
+        assert_eq!(one.len(), 1);
+        assert!(one.only().is_some_and(|p| same_plan(p, &a)));
+        assert_eq!(
+            one.paths().collect::<Vec<_>>(),
+            pushed.paths().collect::<Vec<_>>()
+        );
+        let r = OpResult {
+            kind: OpKind::Write,
+            len: 8,
+            plan: a.clone(),
+            status: OpStatus::Completed,
+        };
+        let mut pushed = OpResults::default();
+        pushed.push_with(
+            r.kind,
+            r.len,
+            &a,
+            || OpStatus::Completed,
+            |s| *s == OpStatus::Completed,
+        );
+        let one = OpResults::one(r);
+        assert_eq!(one.len(), 1);
+        assert_eq!(
+            one.iter().collect::<Vec<_>>(),
+            pushed.iter().collect::<Vec<_>>()
+        );
+        assert!(one.get(1).is_none());
     }
 
     #[test]
