@@ -543,13 +543,13 @@ impl Peer {
     /// Before anything is sent: [`Error::InvalidArgument`] (empty batch, zero-length op),
     /// [`Error::OutOfBounds`] (local or remote span), [`Error::ReadOnly`] / [`Error::NotReadable`]
     /// (per the remote descriptor), [`Error::PeerLost`] if this connection already broke.
-    pub fn submit(&self, t: Transfer) -> Result<TransferHandle> {
-        let plans = self.plan(&t)?;
+    pub fn submit(&self, mut t: Transfer) -> Result<TransferHandle> {
+        let mut plans = self.plan(&t)?;
         let id = crate::transfer::next_id();
         let state = self.inner.transport.submit_new(NewTransfer::now(
             id,
-            t,
-            plans,
+            &mut t,
+            &mut plans,
             self.inner.agent.cfg.transfer_timeout,
             &self.inner.xfer_shared,
         ));
@@ -567,10 +567,11 @@ impl Peer {
     ///
     /// # Errors
     /// As [`Peer::submit`]'s, before anything is sent.
-    pub fn prepare(&self, t: Transfer) -> Result<PreparedTransfer> {
-        let plans = self.plan(&t)?;
+    pub fn prepare(&self, mut t: Transfer) -> Result<PreparedTransfer> {
+        let mut plans = self.plan(&t)?;
         let timeout = t.timeout.unwrap_or(self.inner.agent.cfg.transfer_timeout);
-        let state = NewTransfer::now(0, t, plans, timeout, &self.inner.xfer_shared).build();
+        let state =
+            NewTransfer::now(0, &mut t, &mut plans, timeout, &self.inner.xfer_shared).build();
         Ok(PreparedTransfer::new(self.clone(), state, timeout))
     }
 

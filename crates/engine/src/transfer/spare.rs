@@ -114,10 +114,12 @@ impl XferState {
             self.shared = Arc::clone(n.shared);
         }
         let timeout = n.t.timeout.unwrap_or(n.timeout);
-        self.ops = n.t.ops;
-        self.regions = n.t.regions;
-        self.notify = n.t.notify;
-        self.plans = n.plans;
+        // Swapped, not assigned: the spare's emptied lists go back into the caller's
+        // transfer, which drops them, and nothing is dropped here.
+        std::mem::swap(&mut self.ops, &mut n.t.ops);
+        std::mem::swap(&mut self.regions, &mut n.t.regions);
+        std::mem::swap(&mut self.notify, &mut n.t.notify);
+        std::mem::swap(&mut self.plans, n.plans);
         self.reset(n.id, n.started, timeout, ops);
     }
 
