@@ -22,6 +22,27 @@ pub const LATENCY_BOUNDS_S: [f64; 16] = [
     10.0, 60.0,
 ];
 
+/// [`LATENCY_BOUNDS_S`] in nanoseconds: a transfer's end picks its bucket with integer
+/// compares (a test checks the two agree).
+const LATENCY_BOUNDS_NS: [u64; 16] = [
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    10_000_000_000,
+    60_000_000_000,
+];
+
 /// Bytes and ops that completed on one path in one direction.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PathStat {
@@ -119,15 +140,13 @@ fn adder(shared: bool) -> impl Fn(&AtomicU64, u64) {
     }
 }
 
-/// Counts one transfer of `elapsed` in the latency histogram and its sum.
-fn add_latency(shard: &Counts, add: impl Fn(&AtomicU64, u64), elapsed: Duration) {
-    let s = elapsed.as_secs_f64();
-    let i = LATENCY_BOUNDS_S
+/// Counts one transfer of `ns` nanoseconds in the latency histogram and its sum.
+fn add_latency(shard: &Counts, add: impl Fn(&AtomicU64, u64), ns: u64) {
+    let i = LATENCY_BOUNDS_NS
         .iter()
-        .position(|b| s <= *b)
-        .unwrap_or(LATENCY_BOUNDS_S.len());
+        .position(|b| ns <= *b)
+        .unwrap_or(LATENCY_BOUNDS_NS.len());
     add(&shard.latency[i], 1);
-    let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
     add(&shard.sum_ns, ns);
 }
 
@@ -250,7 +269,7 @@ impl Stats {
         kind: OpKind,
         len: u64,
         path: Path,
-        elapsed: Duration,
+        elapsed_ns: u64,
     ) {
         self.with_shard(|shard, shared| {
             let add = adder(shared);
@@ -261,7 +280,7 @@ impl Stats {
             };
             add(&c.bytes[dir], len);
             add(&c.ops[dir], 1);
-            add_latency(shard, add, elapsed);
+            add_latency(shard, add, elapsed_ns);
         });
     }
 
@@ -311,7 +330,11 @@ impl Stats {
         if failed {
             self.failed.fetch_add(1, Ordering::Relaxed);
         }
-        add_latency(shard, add, elapsed);
+        add_latency(
+            shard,
+            add,
+            u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
+        );
     }
 
     /// The sum of every shard and the retired counts, taken under the shard list's lock.
@@ -395,12 +418,19 @@ mod tests {
     }
 
     #[test]
+    fn bounds_in_nanoseconds_are_the_bounds_in_seconds() {
+        for (s, ns) in LATENCY_BOUNDS_S.iter().zip(LATENCY_BOUNDS_NS) {
+            assert_eq!((s * 1e9).round() as u64, ns, "{s} s");
+        }
+    }
+
+    #[test]
     fn one_completed_op_counts_as_the_general_walk_does() {
         let one = Arc::new(Stats::default());
         let walk = Arc::new(Stats::default());
         for (kind, len, ms) in [(OpKind::Write, 8, 1), (OpKind::Read, 4096, 300)] {
             let d = Duration::from_millis(ms);
-            one.record_one(kind, len, Path::Shm, d);
+            one.record_one(kind, len, Path::Shm, d.as_nanos() as u64);
             walk.record(
                 ops(&[(kind, len, Path::Shm, OpStatus::Completed)]),
                 false,

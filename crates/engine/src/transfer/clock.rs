@@ -51,6 +51,15 @@ impl Tick {
         source().clock.delta(earlier.0, self.0)
     }
 
+    /// Nanoseconds from `earlier` to this reading (zero if `earlier` is not earlier), as a
+    /// plain integer: what a transfer's end stores and counts, with no `Duration` made.
+    pub(crate) fn nanos_since(self, earlier: Tick) -> u64 {
+        if self.0 <= earlier.0 {
+            return 0;
+        }
+        source().clock.delta_as_nanos(earlier.0, self.0)
+    }
+
     /// This reading plus `d`, saturating: a `d` too long for the clock (`Duration::MAX` for
     /// "never") gives the last tick, which no reading reaches.
     pub(crate) fn plus(self, d: Duration) -> Tick {

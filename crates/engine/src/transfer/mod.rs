@@ -541,24 +541,23 @@ impl XferState {
             p.first_error.get_or_insert(unconfirmed);
         }
         let now = Clock::now();
-        let elapsed = now.since(self.started);
+        let ns = now.nanos_since(self.started);
         if let (None, [op], [OpState::COMPLETED]) = (p.done, &self.ops[..], &p.state[..]) {
             // One op, completed (a small transfer): counted without the walk below.
             let path = self.plans.at(0).path;
-            self.shared.stats.record_one(op.kind, op.len, path, elapsed);
+            self.shared.stats.record_one(op.kind, op.len, path, ns);
         } else if p.done.is_none() {
             let ops = self.ops.iter().zip(self.plans.paths()).enumerate();
             self.shared.stats.record(
                 ops.map(|(i, (op, path))| (op.kind, op.len, path, p.outcome(i))),
                 p.first_error.is_some(),
-                elapsed,
+                Duration::from_nanos(ns),
             );
         }
         p.done = Some(now);
         // What a waiter of a completed transfer reads without the lock (`report_if_ok`):
         // stored before `ended`, which publishes them.
         self.ok.store(p.first_error.is_none(), Ordering::Relaxed);
-        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         self.elapsed_ns.store(ns, Ordering::Relaxed);
         self.ended.store(true, Ordering::Release);
         let wake = p.waiters > 0;
