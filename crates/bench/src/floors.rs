@@ -4,7 +4,11 @@
 //! under the same load.
 //!
 //! - shm flag: two threads bounce a value through one shared atomic word (spin, yielding every
-//!   64 polls, as a shared-memory doorbell does), the physical floor of any shm protocol;
+//!   64 polls, as a shared-memory doorbell does), the physical floor of any shm protocol; the
+//!   echo thread leaves the initiator's CPU when it starts there (`gdx_engine::leave_cpu`), as
+//!   the engine's ring thread does: two spinners on one CPU measure context switches, and a
+//!   floor of several µs beside a 0.4 µs transfer flattered it (one `gdx bench` run in about
+//!   twelve on a 2-vCPU VM);
 //! - unix socket: 8 bytes echoed over a `socketpair`-style unix stream;
 //! - tcp: 8 bytes echoed over a loopback TCP connection with `TCP_NODELAY`.
 //!
@@ -48,8 +52,8 @@ impl LatencyFloors {
             tcp_us: tcp().ok(),
             method: format!(
                 "p50 of {ROUND_TRIPS} round trips between two threads after {WARMUP} warm-up: \
-                 shm flag (one atomic word, spin + yield), unix socket and tcp loopback \
-                 (TCP_NODELAY) echoing 8 B"
+                 shm flag (one atomic word, spin + yield; the two threads on two CPUs when \
+                 two are allowed), unix socket and tcp loopback (TCP_NODELAY) echoing 8 B"
             ),
         }
     }
@@ -160,7 +164,11 @@ fn shm_flag_n(warmup: usize, trips: usize) -> f64 {
     let w = Arc::new(AtomicU32::new(0));
     let n = (warmup + trips) as u32;
     let w2 = Arc::clone(&w);
+    let initiator = gdx_engine::current_cpu();
     let echo = std::thread::spawn(move || {
+        // A new thread may start on its parent's CPU, where each round trip would wait for
+        // the other to yield.
+        let _ = gdx_engine::leave_cpu(initiator);
         for i in 0..n {
             spin_until(&w2, 2 * i + 1);
             w2.store(2 * i + 2, Ordering::Release);

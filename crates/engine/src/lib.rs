@@ -94,6 +94,7 @@ pub use planner::Policy;
 pub use region::{
     Access, Location, Region, RegionDesc, RegionKey, RegionMut, RegionRef, RegionScope,
 };
+pub use spin::{current_cpu, leave_cpu};
 pub use stats::{reason_label, LatencyStat, PathStat, StatsSnapshot, LATENCY_BOUNDS_S};
 pub use transfer::{
     OpKind, OpResult, OpResults, OpResultsIter, OpStatus, PreparedTransfer, Status, Transfer,

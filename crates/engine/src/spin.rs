@@ -115,21 +115,40 @@ impl CoreWatch {
 /// so an idle core stays idle and every round trip costs two context switches (8 B shm at
 /// 13–17 µs instead of 0.5 on a 2-vCPU VM, in about one `gdx bench` run in 25 there; a
 /// sleep does not undo it: the wake-up lands on the same core). This moves the calling thread
-/// off its CPU: its affinity without that CPU (the kernel moves it at once), then its affinity
-/// as it was (a user's pinning kept; the thread stays where it went). Nothing happens when
-/// the thread may run on one CPU only; a failed call changes nothing. Returns the CPU it went
-/// from and the one it went to, if it moved.
+/// off its CPU ([`leave_cpu`]). Returns the CPU it went from and the one it went to, if it
+/// moved.
 fn leave_core() -> Option<(usize, usize)> {
-    use rustix::thread::{sched_getaffinity, sched_getcpu, sched_setaffinity};
+    leave_cpu(current_cpu())
+}
+
+/// The CPU the calling thread runs on now.
+pub fn current_cpu() -> usize {
+    rustix::thread::sched_getcpu()
+}
+
+/// Moves the calling thread off CPU `cpu` when it runs there and its affinity allows another:
+/// its affinity without `cpu` (the kernel moves it at once), then its affinity as it was (a
+/// user's pinning kept; the thread stays where it went). For two threads that spin for each
+/// other, which must not share a CPU: the engine's ring thread ([`CoreWatch`]), and the
+/// latency floor's echo thread in `gdx bench`, which is otherwise sometimes started on its
+/// partner's CPU and then measures two context switches, not a floor. Nothing happens when the
+/// thread is elsewhere already or may run on one CPU only; a failed call changes nothing.
+/// Returns the CPU it went from and the one it went to, if it moved.
+pub fn leave_cpu(cpu: usize) -> Option<(usize, usize)> {
+    use rustix::thread::{sched_getaffinity, sched_setaffinity};
     let allowed = sched_getaffinity(None).ok()?;
-    let here = sched_getcpu();
-    if allowed.count() < 2 || here >= rustix::thread::CpuSet::MAX_CPU || !allowed.is_set(here) {
+    let here = current_cpu();
+    if here != cpu
+        || allowed.count() < 2
+        || here >= rustix::thread::CpuSet::MAX_CPU
+        || !allowed.is_set(here)
+    {
         return None;
     }
     let mut elsewhere = allowed;
     elsewhere.unset(here);
     sched_setaffinity(None, &elsewhere).ok()?;
-    let there = sched_getcpu();
+    let there = current_cpu();
     let _ = sched_setaffinity(None, &allowed);
     Some((here, there))
 }
@@ -153,6 +172,33 @@ mod tests {
                 let (from, to) = moved.expect("two CPUs allowed, yet the thread did not move");
                 assert_ne!(from, to, "still on CPU {from}");
                 assert!(before.is_set(to), "moved to CPU {to}, outside its affinity");
+            } else {
+                assert_eq!(moved, None, "one CPU allowed: nowhere to go");
+            }
+        })
+        .join()
+        .expect("thread");
+    }
+
+    #[test]
+    fn leave_cpu_moves_only_a_thread_on_that_cpu() {
+        use rustix::thread::sched_getaffinity;
+        std::thread::spawn(|| {
+            let allowed = sched_getaffinity(None).expect("affinity");
+            let here = current_cpu();
+            // Some CPU other than this one: asked to leave it, the thread stays.
+            let other = (0..rustix::thread::CpuSet::MAX_CPU).find(|&c| c != here);
+            if let Some(other) = other {
+                assert_eq!(leave_cpu(other), None, "moved though not on CPU {other}");
+            }
+            let moved = leave_cpu(current_cpu());
+            assert!(
+                sched_getaffinity(None).expect("affinity") == allowed,
+                "leave_cpu left the thread's affinity changed"
+            );
+            if allowed.count() >= 2 {
+                let (from, to) = moved.expect("two CPUs allowed, yet the thread did not move");
+                assert_ne!(from, to, "still on CPU {from}");
             } else {
                 assert_eq!(moved, None, "one CPU allowed: nowhere to go");
             }
