@@ -5,20 +5,21 @@
 //! per inbound connection. Dropping the agent stops the listeners and shuts every inbound connection
 //! down; outbound [`Peer`]s keep working until dropped.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crate::auth::{Mac, Secret};
 use crate::config::{boot_host_id, AgentConfig, Transports};
 use crate::conn::Sock;
 use crate::error::{Error, Result};
 use crate::gpu::{AgentGpu, DeviceOrigin, DeviceRegion, LocalPeer};
+use crate::inbound::Queue;
 use crate::limits::{Gate, LimitHits};
 use crate::notes::NoteQueue;
 use crate::peer::Peer;
@@ -52,55 +53,6 @@ pub struct PeerInfo {
     pub transports: Transports,
     /// Where the peer accepts connections, if it listens.
     pub listen: Option<String>,
-}
-
-/// A FIFO with a blocking, timed pop.
-#[derive(Debug)]
-pub(crate) struct Queue<T> {
-    q: Mutex<VecDeque<T>>,
-    cv: Condvar,
-}
-
-impl<T> Default for Queue<T> {
-    fn default() -> Self {
-        Queue {
-            q: Mutex::new(VecDeque::new()),
-            cv: Condvar::new(),
-        }
-    }
-}
-
-impl<T> Queue<T> {
-    pub(crate) fn push(&self, v: T) {
-        let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
-        if q.len() >= 1024 {
-            // Bounded: only authenticated peers are announced, and this list is informational
-            // (Agent::accept), so the oldest entry gives way.
-            q.pop_front();
-        }
-        q.push_back(v);
-        drop(q);
-        self.cv.notify_all();
-    }
-
-    fn pop(&self, timeout: Duration) -> Result<T> {
-        let deadline = Instant::now() + timeout;
-        let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(v) = q.pop_front() {
-                return Ok(v);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Timeout(timeout));
-            }
-            q = self
-                .cv
-                .wait_timeout(q, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-    }
 }
 
 /// An authenticated control session, as joining connections must match it.

@@ -61,6 +61,7 @@ mod desc;
 mod error;
 pub mod file;
 mod gpu;
+mod inbound;
 mod limits;
 mod mem;
 mod notes;

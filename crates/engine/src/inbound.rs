@@ -1,0 +1,57 @@
+//! The agent's list of peers that connected to it ([`crate::Agent::accept`]): a bounded FIFO
+//! with a blocking, timed pop.
+
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+/// A FIFO with a blocking, timed pop.
+#[derive(Debug)]
+pub(crate) struct Queue<T> {
+    q: Mutex<VecDeque<T>>,
+    cv: Condvar,
+}
+
+impl<T> Default for Queue<T> {
+    fn default() -> Self {
+        Queue {
+            q: Mutex::new(VecDeque::new()),
+            cv: Condvar::new(),
+        }
+    }
+}
+
+impl<T> Queue<T> {
+    pub(crate) fn push(&self, v: T) {
+        let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() >= 1024 {
+            // Bounded: only authenticated peers are announced, and this list is informational
+            // (Agent::accept), so the oldest entry gives way.
+            q.pop_front();
+        }
+        q.push_back(v);
+        drop(q);
+        self.cv.notify_all();
+    }
+
+    pub(crate) fn pop(&self, timeout: Duration) -> Result<T> {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(v) = q.pop_front() {
+                return Ok(v);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout(timeout));
+            }
+            q = self
+                .cv
+                .wait_timeout(q, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
