@@ -25,6 +25,10 @@ use serde::{Deserialize, Serialize};
 use crate::case::PathKind;
 use crate::report::Row;
 
+/// How far apart the floor measured beside a row and the run's floor may be before the row's
+/// line says the floor moved.
+const FLOOR_MOVED: f64 = 1.5;
+
 /// Timed round trips per floor.
 pub const ROUND_TRIPS: usize = 20_000;
 /// Untimed round trips before the run-wide floors (and warm-up transfers of small host rows).
@@ -96,6 +100,18 @@ impl LatencyFloors {
                 ));
                 if let Some(f) = run {
                     s.push_str(&format!("; {:.2}× the run's floor", p50 / f.max(1e-9)));
+                    // The two floors disagree when the machine changed under the run: on a
+                    // small VM the host places its vCPUs on one core's hyperthreads (a
+                    // 0.07 µs shm floor), on nearby cores (0.12 µs) or far apart (0.4 µs),
+                    // and the ratio moves with it; said, so a reader does not take one
+                    // placement's figure for another's.
+                    if n.floor_us > FLOOR_MOVED * f || f > FLOOR_MOVED * n.floor_us {
+                        s.push_str(&format!(
+                            " (the floor moved: {:.2} µs beside the row, {:.2} µs at the run's \
+                             start; the CPUs' placement changed between them)",
+                            n.floor_us, f
+                        ));
+                    }
                 }
                 if let (PathKind::Shm, Some(u)) = (r.path, self.unix_us) {
                     s.push_str(&format!(", {:.2}× the unix-socket floor", p50 / u));
@@ -405,7 +421,19 @@ mod tests {
         assert_eq!(
             fixed.beside(&[&row]),
             "8 B shm p50 1.00 µs = 4.00× the shm floor measured beside it (0.50 µs; 3 block(s) \
-             interleaved, 4.00–10.00×); 10.00× the run's floor, 0.10× the unix-socket floor\n"
+             interleaved, 4.00–10.00×); 10.00× the run's floor (the floor moved: 0.50 µs beside \
+             the row, 0.10 µs at the run's start; the CPUs' placement changed between them), \
+             0.10× the unix-socket floor\n"
+        );
+        // Floors within 1.5× of each other: nothing said.
+        let steady = LatencyFloors {
+            shm_flag_us: 0.4,
+            ..fixed.clone()
+        };
+        assert_eq!(
+            steady.beside(&[&row]),
+            "8 B shm p50 1.00 µs = 4.00× the shm floor measured beside it (0.50 µs; 3 block(s) \
+             interleaved, 4.00–10.00×); 2.50× the run's floor, 0.10× the unix-socket floor\n"
         );
         // A block of the real floor measures something.
         assert!(FloorKind::ShmFlag.block().is_some_and(|f| f > 0.0));
