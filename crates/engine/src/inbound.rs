@@ -37,21 +37,31 @@ impl<T> Queue<T> {
     }
 
     pub(crate) fn pop(&self, timeout: Duration) -> Result<T> {
-        let deadline = Instant::now() + timeout;
-        let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(v) = q.pop_front() {
-                return Ok(v);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Timeout(timeout));
-            }
-            q = self
-                .cv
-                .wait_timeout(q, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+        pop_timed(&self.q, &self.cv, timeout, VecDeque::pop_front)
+    }
+}
+
+/// Waits up to `timeout` on `cv` for `take` to find something in `m`'s state (each wake-up
+/// tries again): the timed pop of this queue and of the notification queue (`NoteQueue`).
+pub(crate) fn pop_timed<S, T>(
+    m: &Mutex<S>,
+    cv: &Condvar,
+    timeout: Duration,
+    mut take: impl FnMut(&mut S) -> Option<T>,
+) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    let mut st = m.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        if let Some(v) = take(&mut st) {
+            return Ok(v);
         }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(Error::Timeout(timeout));
+        }
+        st = cv
+            .wait_timeout(st, deadline - now)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
     }
 }

@@ -93,22 +93,7 @@ impl NoteQueue {
     }
 
     pub(crate) fn pop(&self, timeout: Duration) -> Result<Notification> {
-        let deadline = Instant::now() + timeout;
-        let mut st = self.st.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(n) = self.take(&mut st) {
-                return Ok(n);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Timeout(timeout));
-            }
-            st = self
-                .ready
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        crate::inbound::pop_timed(&self.st, &self.ready, timeout, |st| self.take(st))
     }
 
     pub(crate) fn try_pop(&self) -> Option<Notification> {
