@@ -35,6 +35,7 @@ pub struct Context {
     live: Result<Gathered, DoctorError>,
     probes: ProbeState,
     fabric_probe: crate::probe_fabric::FabricProbeState,
+    rdma_probe: crate::probe_rdma::RdmaProbeState,
     pci: Result<Vec<PciFn>, DoctorError>,
     gpus: Vec<GpuRef>,
     rdma: Vec<RdmaDev>,
@@ -73,6 +74,7 @@ impl Context {
             fabric_probe: crate::probe_fabric::FabricProbeState::NotRun(
                 "probes not requested".into(),
             ),
+            rdma_probe: crate::probe_rdma::RdmaProbeState::NotRun("probes not requested".into()),
             pci,
             gpus: Vec::new(),
             rdma,
@@ -140,6 +142,16 @@ impl Context {
     /// The fabric probe's state.
     pub fn fabric_probe(&self) -> &crate::probe_fabric::FabricProbeState {
         &self.fabric_probe
+    }
+
+    /// Record the verbs probe's result.
+    pub fn set_rdma_probe(&mut self, p: crate::probe_rdma::RdmaProbeState) {
+        self.rdma_probe = p;
+    }
+
+    /// The verbs probe's result.
+    pub fn rdma_probe(&self) -> &crate::probe_rdma::RdmaProbeState {
+        &self.rdma_probe
     }
 
     /// Replace the probe state (the runner sets it after probing).

@@ -32,6 +32,7 @@ pub mod finding;
 pub mod live;
 pub mod probe;
 pub mod probe_fabric;
+pub mod probe_rdma;
 pub mod render;
 pub mod report;
 #[cfg(test)]
@@ -264,6 +265,15 @@ pub fn run(opts: &Options<'_>) -> Result<Report, DoctorError> {
                 .filter(|v| !v.is_empty() && *v != "auto")
                 .map(str::to_string),
         ),
+    });
+
+    // So does the verbs probe (host memory through each RDMA device).
+    ctx.set_rdma_probe(match (opts.probe, is_live) {
+        (None, _) => probe_rdma::RdmaProbeState::NotRun("probes off (--no-probe)".into()),
+        (Some(_), false) => probe_rdma::RdmaProbeState::NotRun(
+            "probes run only on this machine, not on a captured root".into(),
+        ),
+        (Some(_), true) => probe_rdma::run(8),
     });
 
     let findings = checks::run_checks(&ctx, &checks::all_checks());

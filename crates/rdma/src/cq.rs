@@ -331,6 +331,7 @@ impl CompletionQueue {
                 return Err(RdmaError::Timeout {
                     waited,
                     outstanding,
+                    detail: String::new(),
                 });
             }
             // Spin briefly (completions arrive in microseconds), then back off.

@@ -152,7 +152,7 @@ pub fn roce_gids_with(
 
 /// Why `topo` (read from sysfs under `root`) has no RDMA port to check, in words; `None`
 /// when it has one. "no RDMA device: the kernel has none (...); this kernel has no RDMA stack
-/// loaded", or kernel devices without a PCI function (software RDMA: rxe, siw).
+/// loaded", or devices the kernel lists that the sysfs tree does not show.
 pub fn no_rdma_port_reason(topo: &Topology, root: &Path) -> Option<String> {
     let nics: Vec<(&String, usize)> = topo
         .nics()
@@ -179,7 +179,7 @@ pub fn no_rdma_port_reason(topo: &Topology, root: &Path) -> Option<String> {
         ));
     }
     Some(format!(
-        "no RDMA device on a PCI function: {} (software RDMA such as rxe or siw is not checked)",
+        "libibverbs lists {} but sys/class/infiniband under this root shows none",
         kernel.join(", ")
     ))
 }

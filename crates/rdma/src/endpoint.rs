@@ -45,6 +45,10 @@ pub struct EndpointConfig {
     pub max_send_wr: u32,
     /// Largest work request; larger items are split and spread over the queue pairs.
     pub chunk_bytes: u64,
+    /// Bytes one [`crate::Qp::run`] keeps in flight at most (at least one request always
+    /// goes). Far above any NIC's bandwidth-delay product, and small enough that a slow
+    /// device (Soft-RoCE) retires what is posted well inside a wait.
+    pub max_inflight_bytes: u64,
     /// Local ACK timeout code (4.096 µs × 2^n): 17 ≈ 0.5 s per try.
     pub ack_timeout: u8,
     /// Transport retries (0..=7).
@@ -72,6 +76,7 @@ impl Default for EndpointConfig {
             qps_per_peer: 2,
             max_send_wr: 256,
             chunk_bytes: 4 << 20,
+            max_inflight_bytes: 64 << 20,
             ack_timeout: 17,
             retry_cnt: 7,
             rnr_retry: 7,
@@ -235,6 +240,20 @@ impl RdmaEndpoint {
     /// The port in use, as queried when the endpoint was opened.
     pub fn port(&self) -> &Port {
         &self.inner.port
+    }
+
+    /// The port's state now, as sysfs reports it (`ACTIVE`, `DOWN`, ...; `unknown` when it
+    /// cannot be read).
+    pub fn port_state(&self) -> String {
+        let path = format!(
+            "/sys/class/infiniband/{}/ports/{}/state",
+            self.device(),
+            self.inner.port.number
+        );
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.split(':').nth(1).map(|v| v.trim().to_string()))
+            .unwrap_or_else(|| "unknown".into())
     }
 
     /// Link layer.

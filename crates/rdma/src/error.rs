@@ -94,12 +94,17 @@ pub enum RdmaError {
     #[error(transparent)]
     Completion(#[from] WcError),
     /// A wait ran out.
-    #[error("no RDMA completion within {waited:?}; {outstanding} work request(s) outstanding")]
+    #[error(
+        "no RDMA completion within {waited:?}; {outstanding} work request(s) outstanding{detail}"
+    )]
     Timeout {
         /// How long was waited.
         waited: Duration,
         /// Work requests still outstanding.
         outstanding: usize,
+        /// What the queue pairs and the port said when the wait ran out, and what it means
+        /// (`"; QP 0x11 RTS, ... : cause"`), or empty.
+        detail: String,
     },
     /// The two sides cannot be connected as described.
     #[error("cannot connect to the peer: {0}")]

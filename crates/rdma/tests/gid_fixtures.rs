@@ -317,9 +317,24 @@ fn no_rdma_port_is_explained_from_the_root() {
         why.starts_with("no RDMA device: the kernel has none") && why.contains("ib_core"),
         "{why}"
     );
-    // A software device (no PCI function) is named, not silently ignored.
+    // A software device (no PCI function) is a NIC like any other: one without ports is
+    // named, and once it has an active port there is something to check.
     std::fs::create_dir_all(dir.path().join("sys/class/infiniband/rxe0")).unwrap();
     let topo = gdx_topo::from_root(dir.path()).unwrap();
     let why = no_rdma_port_reason(&topo, dir.path()).unwrap();
-    assert!(why.contains("rxe0") && why.contains("software"), "{why}");
+    assert!(why.contains("rxe0") && why.contains("no ports"), "{why}");
+    let dir = tempfile::tempdir().unwrap();
+    let mut f = SysfsFixture::new(dir.path());
+    f.virtual_netdev("dummy0");
+    f.software_rdma(
+        "rxe0",
+        "dummy0",
+        &[gdx_topo::fixture::RdmaPort::roce(
+            1,
+            "dummy0",
+            [192, 0, 2, 1],
+        )],
+    );
+    let topo = gdx_topo::from_root(dir.path()).unwrap();
+    assert_eq!(no_rdma_port_reason(&topo, dir.path()), None);
 }

@@ -417,6 +417,24 @@ impl SysfsFixture {
         self.link_to(&real.join("device"), &nic.dir);
         self.file(real.join("node_type"), "1: CA\n");
         self.file(real.join("fw_ver"), "28.39.1002\n");
+        self.rdma_ports(&real, ports);
+        self.link_to(&PathBuf::from("sys/class/infiniband").join(name), &real);
+        self
+    }
+
+    /// A software RDMA device (Soft-RoCE): `sys/devices/virtual/infiniband/<name>` with no
+    /// `device` link, its netdev in `parent`, as the kernel's rxe lays it out.
+    pub fn software_rdma(&mut self, name: &str, netdev: &str, ports: &[RdmaPort]) -> &mut Self {
+        let real = PathBuf::from("sys/devices/virtual/infiniband").join(name);
+        self.mkdir(&real);
+        self.file(real.join("node_type"), "1: CA\n");
+        self.file(real.join("parent"), format!("{netdev}\n"));
+        self.rdma_ports(&real, ports);
+        self.link_to(&PathBuf::from("sys/class/infiniband").join(name), &real);
+        self
+    }
+
+    fn rdma_ports(&mut self, real: &Path, ports: &[RdmaPort]) {
         for p in ports {
             let pd = real.join("ports").join(p.port.to_string());
             self.file(pd.join("state"), format!("{}\n", p.state));
@@ -442,8 +460,6 @@ impl SysfsFixture {
                 }
             }
         }
-        self.link_to(&PathBuf::from("sys/class/infiniband").join(name), &real);
-        self
     }
 
     /// A network interface on `nic` (`sys/class/net/<ifname>`, `device` link, `speed` in Mb/s

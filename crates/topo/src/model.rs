@@ -272,6 +272,10 @@ pub struct NicInfo {
     /// efa provider, not raw verbs.
     #[serde(default)]
     pub efa: bool,
+    /// A software RDMA device (Soft-RoCE `rxe`, `siw`): no PCI function of its own; it
+    /// sends through its netdev (`netdevs`), and the CPU copies every byte.
+    #[serde(default)]
+    pub software: bool,
 }
 
 /// A device of interest: a GPU, NIC or NVMe controller.

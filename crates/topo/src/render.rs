@@ -456,6 +456,9 @@ fn details(d: &Device) -> String {
                 if let Some(s) = n.speed_mbps {
                     parts.push(format!("{} Gb/s", s as f64 / 1000.0));
                 }
+                if n.software {
+                    parts.push("software RDMA (no PCI device; the CPU moves the bytes)".into());
+                }
                 if n.efa {
                     parts.push("EFA (libfabric efa provider)".into());
                 } else if n.rdma_name.is_none() {

@@ -169,7 +169,7 @@ fn ids_name(vendor: Option<u16>, device: Option<u16>) -> Option<String> {
 fn build(fs: &RootFs, source: String) -> Topology {
     let mut r = Reader::new(fs);
     let mut tree = pci::scan(&mut r);
-    let nics = net::scan(&mut r, &mut tree);
+    let (nics, software_nics) = net::scan(&mut r, &mut tree);
     let models = nvidia_models(&mut r);
 
     let bdfs: BTreeSet<PciAddr> = tree.fns.keys().chain(nics.keys()).copied().collect();
@@ -214,6 +214,13 @@ fn build(fs: &RootFs, source: String) -> Topology {
             d.nic = nics.get(&bdf).cloned();
         }
         d.attach = tree.attach(bdf);
+        devices.push(d);
+    }
+    // Software RDMA devices: no PCI place, so their class to every other device is SYS.
+    for nic in software_nics {
+        let mut d = Device::new(DeviceKind::Nic, None);
+        d.name = nic.rdma_name.clone();
+        d.nic = Some(nic);
         devices.push(d);
     }
 

@@ -252,3 +252,39 @@ fn plain_ethernet_nic_and_interfaces_that_are_not_nics() {
     assert_eq!(topo.device("NIC1").unwrap().name.as_deref(), Some("eth0"));
     assert!(topo.notes.is_empty(), "{:?}", topo.notes);
 }
+
+#[test]
+fn a_software_rdma_device_is_a_nic_marked_software_with_its_netdev() {
+    let (dir, mut f, rp) = machine();
+    f.gpu(&rp, "0000:01:00.0");
+    f.virtual_netdev("dummy0");
+    f.software_rdma(
+        "rxe0",
+        "dummy0",
+        &[RdmaPort::roce(1, "dummy0", [192, 0, 2, 1])],
+    );
+    let t = from_root(dir.path()).unwrap();
+    let nics: Vec<_> = t.nics().collect();
+    assert_eq!(nics.len(), 1, "{:?}", t.devices);
+    let n = nics[0];
+    assert_eq!(n.name.as_deref(), Some("rxe0"));
+    assert_eq!(n.bdf, None);
+    let info = n.nic.as_ref().unwrap();
+    assert!(info.software);
+    assert_eq!(info.rdma_name.as_deref(), Some("rxe0"));
+    assert_eq!(info.netdevs, vec!["dummy0".to_string()]);
+    assert_eq!(info.ports.len(), 1);
+    assert_eq!(info.ports[0].gids.len(), 4);
+    // The CPU moves a software NIC's bytes: the worst class to any GPU.
+    assert_eq!(
+        t.class_between("GPU0", &n.label).unwrap().to_string(),
+        "SYS"
+    );
+    assert!(
+        !t.notes.iter().any(|x| x.contains("rxe0")),
+        "no note calls it ignored: {:?}",
+        t.notes
+    );
+    let text = gdx_topo::render::render_text(&t, &Default::default());
+    assert!(text.contains("software RDMA"), "{text}");
+}

@@ -88,6 +88,7 @@ fn machine() -> Topology {
         }],
         speed_mbps: None,
         efa: false,
+        software: false,
     });
     let mut eth = device(DeviceKind::Nic, "0000:41:00.0", "pci0000:40", Some(0), &[]);
     eth.class = Some(0x020000);

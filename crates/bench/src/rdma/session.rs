@@ -48,6 +48,9 @@ pub struct RdmaParams {
     /// At most this many bytes per bandwidth sample (and latency run): large sizes then run
     /// fewer than `iterations` operations (at least one). `None`: `iterations` at every size.
     pub max_bytes_per_sample: Option<u64>,
+    /// Fit each size's operations per sample to about this long at the rate its warm-up
+    /// measured (never more than the other limits allow). `None`: no fitting.
+    pub sample_time: Option<Duration>,
 }
 
 impl RdmaParams {
@@ -78,6 +81,7 @@ impl Default for RdmaParams {
             config: EndpointConfig::default(),
             timeout: Duration::from_secs(30),
             max_bytes_per_sample: None,
+            sample_time: None,
         }
     }
 }
@@ -122,8 +126,17 @@ fn time_size(
     size: u64,
 ) -> Result<SizeTimes, RdmaError> {
     let op = p.op.into();
-    link.run(op, region, size, p.warmup, p.timeout)?;
-    let iterations = p.iterations_for(size);
+    let warm = p.warmup.max(1);
+    let t = Instant::now();
+    link.run(op, region, size, warm, p.timeout)?;
+    let warm_s = t.elapsed().as_secs_f64();
+    let mut iterations = p.iterations_for(size);
+    if let Some(target) = p.sample_time.filter(|_| warm_s > 0.0) {
+        // The warm-up's rate includes its latency, so it errs towards shorter samples.
+        let rate = (size * u64::from(warm)) as f64 / warm_s;
+        let fit = (target.as_secs_f64() * rate / size.max(1) as f64) as u64;
+        iterations = iterations.min(u32::try_from(fit).unwrap_or(u32::MAX).max(1));
+    }
     let mut samples = Vec::new();
     for _ in 0..p.samples.max(1) {
         let t = Instant::now();

@@ -70,6 +70,7 @@ pub fn all_checks() -> Vec<&'static dyn Check> {
         &probes::ProbeCopy,
         &probes::ProbeRegister,
         &probes::ProbeFabric,
+        &probes::ProbeRdma,
         &gpu_async::GpuAsync,
     ]
 }

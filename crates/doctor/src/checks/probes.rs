@@ -9,6 +9,7 @@ use crate::context::{pair, Context};
 use crate::finding::Finding;
 use crate::probe::ProbeState;
 use crate::probe_fabric::FabricProbeState;
+use crate::probe_rdma::RdmaProbeState;
 
 /// The `probe-copy` check.
 pub struct ProbeCopy;
@@ -18,6 +19,51 @@ pub struct ProbeRegister;
 
 /// The `probe-fabric` check.
 pub struct ProbeFabric;
+
+/// The `probe-rdma` check.
+pub struct ProbeRdma;
+
+impl Check for ProbeRdma {
+    fn id(&self) -> &'static str {
+        "probe-rdma"
+    }
+    fn title(&self) -> &'static str {
+        "active probe: 1 MiB written and read back through verbs on each RDMA device, verified"
+    }
+    fn run(&self, ctx: &Context) -> Vec<Finding> {
+        let id = self.id();
+        match ctx.rdma_probe() {
+            RdmaProbeState::NotRun(why) => vec![Finding::skip(id, "host", why.clone())],
+            RdmaProbeState::Ran(probes) => probes
+                .iter()
+                .map(|p| {
+                    let ev = format!(
+                        "{} bytes: RDMA WRITE {}, RDMA READ {}",
+                        p.bytes,
+                        if p.write_verified { "verified" } else { "not verified" },
+                        if p.read_verified { "verified" } else { "not verified" }
+                    );
+                    match &p.error {
+                        None => Finding::pass(
+                            id,
+                            p.device.as_str(),
+                            format!(
+                                "{} bytes written and read back through {} (RC, loopback on its port), bytes verified",
+                                p.bytes, p.device
+                            ),
+                        ),
+                        Some(e) => Finding::fail(id, p.device.as_str(), e.clone()).fix(
+                            "see `rdma-devices`, `roce-gid` and `mtu`; `ulimit -l` must allow \
+                             registering 2 MiB (see `memlock`); ibv_rc_pingpong -d DEV -g GID \
+                             on the same port tells whether verbs work at all",
+                        ),
+                    }
+                    .evidence(ev)
+                })
+                .collect(),
+        }
+    }
+}
 
 impl Check for ProbeFabric {
     fn id(&self) -> &'static str {

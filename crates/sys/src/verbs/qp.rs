@@ -337,6 +337,36 @@ impl QueuePair {
         self.modify(&mut a, m, "RTS")
     }
 
+    /// The state the device reports for this queue pair (`ibv_query_qp`): `RESET`, `INIT`,
+    /// `RTR`, `RTS`, `SQD`, `SQE`, `ERR`. What a stalled transfer's error names, so a user
+    /// can tell a slow link (RTS) from a dead one (ERR).
+    pub fn state(&self) -> Result<&'static str, VerbsError> {
+        let mut a = Self::zeroed_attr();
+        // SAFETY: plain C data; all-zero is a valid value and the call only writes it.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        let mask = c_int::try_from(ibv_qp_attr_mask::IBV_QP_STATE.0).unwrap_or(c_int::MAX);
+        // SAFETY: the QP is live; `a` and `init` are valid, writable attribute blocks.
+        let rc = unsafe { rdma_mummy_sys::ibv_query_qp(self.qp.as_ptr(), &mut a, mask, &mut init) };
+        if rc != 0 {
+            return Err(VerbsError::from_errno(
+                "ibv_query_qp",
+                self.ctx.name(),
+                format!("QP {:#x}", self.qp_num),
+                Errno(rc),
+            ));
+        }
+        Ok(match a.qp_state {
+            ibv_qp_state::IBV_QPS_RESET => "RESET",
+            ibv_qp_state::IBV_QPS_INIT => "INIT",
+            ibv_qp_state::IBV_QPS_RTR => "RTR",
+            ibv_qp_state::IBV_QPS_RTS => "RTS",
+            ibv_qp_state::IBV_QPS_SQD => "SQD",
+            ibv_qp_state::IBV_QPS_SQE => "SQE",
+            ibv_qp_state::IBV_QPS_ERR => "ERR",
+            _ => "UNKNOWN",
+        })
+    }
+
     /// Any state → ERR: outstanding work requests complete with `IBV_WC_WR_FLUSH_ERR`, and
     /// the device stops touching their memory.
     pub fn modify_to_error(&self) -> Result<(), VerbsError> {

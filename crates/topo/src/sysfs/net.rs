@@ -13,17 +13,20 @@ use crate::model::{natural_cmp, Gid, NicInfo, NicPort, PciAddr};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// NIC facts per PCI function.
-pub(crate) fn scan(r: &mut Reader<'_>, tree: &mut PciTree) -> BTreeMap<PciAddr, NicInfo> {
+/// NIC facts per PCI function, and the software RDMA devices (no PCI function) by name.
+pub(crate) fn scan(
+    r: &mut Reader<'_>,
+    tree: &mut PciTree,
+) -> (BTreeMap<PciAddr, NicInfo>, Vec<NicInfo>) {
     let mut nics: BTreeMap<PciAddr, NicInfo> = BTreeMap::new();
-    scan_rdma(r, tree, &mut nics);
+    let software = scan_rdma(r, tree, &mut nics);
     scan_net(r, tree, &mut nics);
     mark_efa(r, tree, &mut nics);
     for n in nics.values_mut() {
         n.netdevs.sort_by(|a, b| natural_cmp(a, b));
         n.netdevs.dedup();
     }
-    nics
+    (nics, software)
 }
 
 /// Names in a class folder; a missing folder (no RDMA stack) is simply empty.
@@ -55,8 +58,15 @@ fn pci_of(r: &mut Reader<'_>, tree: &mut PciTree, real: &Path) -> Option<PciAddr
     Some(bdf)
 }
 
-fn scan_rdma(r: &mut Reader<'_>, tree: &mut PciTree, nics: &mut BTreeMap<PciAddr, NicInfo>) {
+/// RDMA devices onto their PCI functions; returns the software ones (rxe, siw), which have
+/// none and are NICs all the same: a machine with only Soft-RoCE still has an RDMA path.
+fn scan_rdma(
+    r: &mut Reader<'_>,
+    tree: &mut PciTree,
+    nics: &mut BTreeMap<PciAddr, NicInfo>,
+) -> Vec<NicInfo> {
     let dir = Path::new("sys/class/infiniband");
+    let mut software = Vec::new();
     for name in class_members(r, dir) {
         let link = dir.join(&name);
         let Some(real) = r.fs.resolve(&link) else {
@@ -64,10 +74,28 @@ fn scan_rdma(r: &mut Reader<'_>, tree: &mut PciTree, nics: &mut BTreeMap<PciAddr
             continue;
         };
         let Some(bdf) = pci_of(r, tree, &real) else {
-            r.note(format!(
-                "{}: no PCI device behind it (a software RDMA device?), ignored",
-                link.display()
-            ));
+            let ports = read_ports(r, &real);
+            // rxe names its netdev in `parent`; otherwise the GIDs say which netdev they are on.
+            let mut netdevs: Vec<String> = r
+                .text(&real.join("parent"))
+                .filter(|s| !s.is_empty())
+                .into_iter()
+                .collect();
+            if netdevs.is_empty() {
+                netdevs = ports
+                    .iter()
+                    .flat_map(|p| p.gids.iter().filter_map(|g| g.ndev.clone()))
+                    .collect();
+                netdevs.sort_by(|a, b| natural_cmp(a, b));
+                netdevs.dedup();
+            }
+            software.push(NicInfo {
+                rdma_name: Some(name),
+                netdevs,
+                ports,
+                software: true,
+                ..NicInfo::default()
+            });
             continue;
         };
         let ports = read_ports(r, &real);
@@ -82,6 +110,7 @@ fn scan_rdma(r: &mut Reader<'_>, tree: &mut PciTree, nics: &mut BTreeMap<PciAddr
         entry.rdma_name = Some(name);
         entry.ports = ports;
     }
+    software
 }
 
 fn read_ports(r: &mut Reader<'_>, real: &Path) -> Vec<NicPort> {

@@ -18,11 +18,13 @@ use crate::cq::{CompletionQueue, MrHandle, Pending, Ticket};
 use crate::endpoint::RdmaEndpoint;
 use crate::error::RdmaError;
 use crate::gid::LinkKind;
+
+mod run;
 use gdx_sys::verbs::{self, Access, QpCaps, RdmaOp, RtrAttr, RtsAttr, SendWr};
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Largest single work request (the verbs length is 32-bit; stay well inside it).
 const MAX_WR_BYTES: u64 = 1 << 30;
@@ -439,80 +441,6 @@ impl Qp {
             }
         }
         Ok(Ticket(ticket))
-    }
-
-    /// Post `items` in batches that fit the send queues and wait for all of them; returns the
-    /// bytes moved, or the first error (the cause rather than the flushes it triggers).
-    /// Items of any size are cut into chunks first, so the queues stay full and never
-    /// overflow.
-    pub fn run(
-        &mut self,
-        op: RdmaOp,
-        items: &[WorkItem<'_>],
-        timeout: Duration,
-    ) -> Result<u64, RdmaError> {
-        let start = Instant::now();
-        let mut pieces: Vec<WorkItem<'_>> = Vec::new();
-        for it in items {
-            let mut off = 0;
-            while off < it.len {
-                let len = (it.len - off).min(self.chunk);
-                pieces.push(WorkItem {
-                    local: it.local,
-                    local_addr: it.local_addr + off,
-                    remote_addr: it.remote_addr.wrapping_add(off),
-                    rkey: it.rkey,
-                    len,
-                });
-                off += len;
-            }
-            if it.len == 0 {
-                pieces.push(it.clone()); // refused by `post` with a clear error
-            }
-        }
-        let mut bytes = 0;
-        let mut next = 0;
-        let mut open: Vec<Ticket> = Vec::new();
-        // Batches of other connections sharing the completion queue, handed back at the end.
-        let mut foreign = Vec::new();
-        let result = loop {
-            if next >= pieces.len() && open.is_empty() {
-                break Ok(bytes);
-            }
-            let room = self.free_slots().min(pieces.len() - next);
-            if room > 0 {
-                match self.post(op, &pieces[next..next + room]) {
-                    Ok(t) => open.push(t),
-                    Err(e) => break Err(e),
-                }
-                next += room;
-            }
-            let left = timeout.saturating_sub(start.elapsed());
-            let done = match self.cq.poll(left) {
-                Ok(d) => d,
-                Err(e) => break Err(e),
-            };
-            let mut failed = None;
-            for d in done {
-                match open.iter().position(|t| *t == d.ticket) {
-                    Some(pos) => {
-                        open.swap_remove(pos);
-                        match d.first_error() {
-                            Some(e) => failed = failed.or_else(|| Some(e.clone())),
-                            None => bytes += d.bytes(),
-                        }
-                    }
-                    None => foreign.push(d),
-                }
-            }
-            if let Some(e) = failed {
-                break Err(RdmaError::Completion(e));
-            }
-        };
-        if !foreign.is_empty() {
-            self.cq.shared.lock().done_extend(foreign);
-        }
-        result
     }
 }
 

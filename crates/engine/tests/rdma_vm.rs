@@ -1,0 +1,277 @@
+//! The engine's rdma transport on a real verbs device. No machine of the project has an RDMA
+//! NIC, so these run inside the Soft-RoCE VM (`scripts/rdma-vm.sh`; `scripts/test-rdma.sh`
+//! runs them on every CI run) and are ignored elsewhere:
+//!
+//! ```text
+//! scripts/rdma-vm.sh run -- target/debug/deps/rdma_vm-HASH --ignored --test-threads=1
+//! ```
+//!
+//! Two agents with different host ids, so the route goes "between hosts" and rdma is the
+//! fast path; Soft-RoCE pairs a device with itself, so one VM suffices. The server is another
+//! process (this binary again, role `rdma_vm_role_server`) wherever a process boundary
+//! matters: writes and reads, kill -9.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
+mod common;
+
+use common::*;
+use gdx_engine::serve::{self, ServeConfig};
+use gdx_engine::{Access, Agent, AgentConfig, Error, Path, RegionDesc, Transfer, Transports};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn rdma_config(name: &str, host: u128) -> AgentConfig {
+    AgentConfig {
+        host_id: Some(host << 64 | 0x5d),
+        transports: Transports {
+            tcp: true,
+            shm: false,
+            rdma: true,
+            fabric: false,
+        },
+        ..config(name, false)
+    }
+}
+
+/// The server role: serve a region of `GDX_TEST_LEN` bytes holding `fill_pattern(seed)` over
+/// rdma and tcp until stdin closes. Run only as a child of the tests below.
+#[test]
+#[ignore = "a role: run as a child process by the rdma_vm tests"]
+fn rdma_vm_role_server() {
+    let len: u64 = std::env::var("GDX_TEST_LEN").unwrap().parse().unwrap();
+    let seed: u64 = std::env::var("GDX_TEST_SEED").unwrap().parse().unwrap();
+    let mut h = serve::run(ServeConfig {
+        agent: rdma_config("server", 2),
+        region_len: len,
+        ..ServeConfig::default()
+    })
+    .unwrap();
+    fill_pattern(&mut h.region().bytes_mut().unwrap(), seed);
+    println!("{}", h.summary_line());
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+}
+
+struct Server {
+    child: Child,
+    addr: String,
+    desc: RegionDesc,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_server(len: u64, seed: u64) -> Server {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "rdma_vm_role_server",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("GDX_SECRET_FILE", secret_file())
+        .env("GDX_TEST_LEN", len.to_string())
+        .env("GDX_TEST_SEED", seed.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let line = BufReader::new(out)
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.contains("GDX_SERVE "))
+        .expect("the server printed its GDX_SERVE line");
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap_or_else(|| panic!("{k} in {line}"))
+            .to_string()
+    };
+    Server {
+        addr: field("addr="),
+        desc: field("region=").parse().unwrap(),
+        child,
+    }
+}
+
+/// Write then read back each size at an odd offset; every byte compared.
+#[test]
+#[ignore = "requires an RDMA device: run inside scripts/rdma-vm.sh (scripts/test-rdma.sh)"]
+fn writes_and_reads_of_8_bytes_to_8_mib_between_two_processes_verify() {
+    let len = 16 << 20;
+    let server = spawn_server(len, 5);
+    let me = Agent::new(rdma_config("client", 1)).unwrap();
+    me.set_strict(true);
+    let peer = me.connect(server.addr.as_str()).unwrap();
+    assert_eq!(peer.route().transport, Path::Rdma, "{:?}", peer.route());
+    let remote = peer.region("serve").unwrap();
+    assert_eq!(remote, server.desc);
+    // What the server filled is read back first.
+    let back = me.alloc(len, Access::LOCAL, None).unwrap();
+    let mut t = Transfer::new();
+    t.read(&back, 0, &remote, 0, len);
+    let rep = peer.submit(t).unwrap().wait(WAIT).unwrap();
+    assert_eq!(rep.ops[0].plan.path, Path::Rdma, "{}", rep.ops[0].plan);
+    let mut expect = vec![0u8; len as usize];
+    fill_pattern(&mut expect, 5);
+    assert_eq!(first_diff(&back.bytes().unwrap(), &expect), None);
+    let mut src = me.alloc(len, Access::LOCAL, None).unwrap();
+    for (i, size) in [8u64, 4096, 65536, 1 << 20, 8 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let off = 3 + i as u64 * 7;
+        fill_pattern(
+            &mut src.bytes_mut().unwrap()[..size as usize],
+            100 + i as u64,
+        );
+        let mut t = Transfer::new();
+        t.write(&src, 0, &remote, off, size);
+        let rep = peer.submit(t).unwrap().wait(WAIT).unwrap();
+        assert_eq!(rep.ops[0].plan.path, Path::Rdma, "{}", rep.ops[0].plan);
+        assert_eq!(rep.bytes, size);
+        let mut t = Transfer::new();
+        t.read(&back, 0, &remote, off, size);
+        peer.submit(t).unwrap().wait(WAIT).unwrap();
+        assert_eq!(
+            first_diff(
+                &back.bytes().unwrap()[..size as usize],
+                &src.bytes().unwrap()[..size as usize]
+            ),
+            None,
+            "{size} bytes at offset {off}"
+        );
+    }
+}
+
+/// 1,000 writes of 4 KiB in one transfer with a notification: the notification arrives after
+/// every byte, and the bytes are the target's to check (same process here, so it looks).
+#[test]
+#[ignore = "requires an RDMA device: run inside scripts/rdma-vm.sh (scripts/test-rdma.sh)"]
+fn a_batch_of_1000_writes_with_a_notification_lands_before_it() {
+    let target = Agent::new(rdma_config("target", 2)).unwrap();
+    let me = Agent::new(rdma_config("init", 1)).unwrap();
+    let n = 1000u64;
+    let dst = target
+        .alloc(n * 4096, Access::READ_WRITE, Some("dst"))
+        .unwrap();
+    let peer = me.connect(target.listen_addr().unwrap()).unwrap();
+    assert_eq!(peer.route().transport, Path::Rdma, "{:?}", peer.route());
+    let remote = peer.region("dst").unwrap();
+    let mut src = me.alloc(n * 4096, Access::LOCAL, None).unwrap();
+    fill_pattern(&mut src.bytes_mut().unwrap(), 9);
+    let mut t = Transfer::new();
+    for i in 0..n {
+        // Reversed order: the target's placement is by offset, not by arrival.
+        t.write(&src, i * 4096, &remote, (n - 1 - i) * 4096, 4096);
+    }
+    t.notify("batch done");
+    let rep = peer.submit(t).unwrap().wait(WAIT).unwrap();
+    assert_eq!(rep.bytes, n * 4096);
+    assert!(rep.ops.iter().all(|o| o.plan.path == Path::Rdma));
+    let note = target.wait_notification(WAIT).unwrap();
+    assert_eq!(note.data, b"batch done");
+    let (d, s) = (dst.bytes().unwrap(), src.bytes().unwrap());
+    for i in 0..n as usize {
+        let j = n as usize - 1 - i;
+        assert_eq!(
+            d[j * 4096..(j + 1) * 4096],
+            s[i * 4096..(i + 1) * 4096],
+            "block {i}"
+        );
+    }
+}
+
+/// A prepared write posted again and again over rdma, each post's bytes verified; then the
+/// region is freed under it and the next post fails by name instead of reporting success.
+#[test]
+#[ignore = "requires an RDMA device: run inside scripts/rdma-vm.sh (scripts/test-rdma.sh)"]
+fn prepared_writes_repeat_and_a_freed_region_fails_the_next_post() {
+    let target = Agent::new(rdma_config("target", 2)).unwrap();
+    let me = Agent::new(rdma_config("init", 1)).unwrap();
+    let len = 256 << 10;
+    let dst = target.alloc(len, Access::READ_WRITE, Some("dst")).unwrap();
+    let peer = me.connect(target.listen_addr().unwrap()).unwrap();
+    let remote = peer.region("dst").unwrap();
+    let mut src = me.alloc(len, Access::LOCAL, None).unwrap();
+    let mut t = Transfer::new();
+    t.write(&src, 0, &remote, 0, len);
+    let mut w = peer.prepare(t).unwrap();
+    assert_eq!(w.paths(), vec![Path::Rdma]);
+    for i in 0..10 {
+        fill_pattern(&mut src.bytes_mut().unwrap(), 40 + i);
+        w.run(WAIT).unwrap();
+        assert_eq!(
+            first_diff(&dst.bytes().unwrap(), &src.bytes().unwrap()),
+            None,
+            "post {i}"
+        );
+    }
+    drop(dst);
+    let e = w.run(WAIT).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::NoSuchRegion { .. } | Error::RegionGone { .. } | Error::Rdma(_)
+        ),
+        "{e}"
+    );
+}
+
+/// kill -9 of the serving process mid-transfer: `PeerLost` (or the QP's error) within the
+/// timeout, never a hang and never success; a new server then works.
+#[test]
+#[ignore = "requires an RDMA device: run inside scripts/rdma-vm.sh (scripts/test-rdma.sh)"]
+fn kill_9_of_the_peer_mid_transfer_fails_within_the_timeout() {
+    let len = 32 << 20;
+    let mut server = spawn_server(len, 7);
+    let mut cfg = rdma_config("client", 1);
+    cfg.io_timeout = Duration::from_secs(5);
+    let me = Agent::new(cfg).unwrap();
+    let peer = me.connect(server.addr.as_str()).unwrap();
+    assert_eq!(peer.route().transport, Path::Rdma, "{:?}", peer.route());
+    let remote = peer.region("serve").unwrap();
+    let src = me.alloc(len, Access::LOCAL, None).unwrap();
+    let timeout = Duration::from_secs(60);
+    let mut t = Transfer::new();
+    for i in 0..8 {
+        t.write(&src, i * (len / 8), &remote, i * (len / 8), len / 8);
+    }
+    let h = peer.submit(t).unwrap();
+    server.child.kill().unwrap(); // SIGKILL
+    let killed = Instant::now();
+    match h.wait(timeout) {
+        // The whole write may have landed before the kill took effect; then the next one fails.
+        Ok(_) => {
+            let mut t = Transfer::new();
+            t.write(&src, 0, &remote, 0, len);
+            let e = peer
+                .submit(t)
+                .and_then(|h| h.wait(timeout))
+                .expect_err("a write to a killed peer cannot succeed");
+            assert!(matches!(e, Error::PeerLost(_) | Error::Rdma(_)), "{e:?}");
+        }
+        Err(e) => assert!(matches!(e, Error::PeerLost(_) | Error::Rdma(_)), "{e:?}"),
+    }
+    assert!(killed.elapsed() < timeout, "took {:?}", killed.elapsed());
+    drop(server);
+    let server = spawn_server(1 << 20, 8);
+    let peer = me.connect(server.addr.as_str()).unwrap();
+    let remote = peer.region("serve").unwrap();
+    let back = me.alloc(1 << 20, Access::LOCAL, None).unwrap();
+    let mut t = Transfer::new();
+    t.read(&back, 0, &remote, 0, 1 << 20);
+    let rep = peer.submit(t).unwrap().wait(WAIT).unwrap();
+    assert_eq!(rep.ops[0].plan.path, Path::Rdma);
+    let mut expect = vec![0u8; 1 << 20];
+    fill_pattern(&mut expect, 8);
+    assert_eq!(first_diff(&back.bytes().unwrap(), &expect), None);
+}

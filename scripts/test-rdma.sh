@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The RDMA suite on a real verbs device: Soft-RoCE (rxe) in a QEMU VM (scripts/rdma-vm.sh).
+# CI runs it on every run (the README's test command calls it). It builds on the host and runs
+# inside the VM:
+#
+#   one VM (rxe0 paired with itself): gdx-rdma's hardware tests (GPU ones skipped by name: no
+#   GPU in the VM), the bench's rdma test, the engine's rdma transport between two processes
+#   (tests/rdma_vm.rs), doctor's verbs probe, `gdx topo --json` listing rxe0, doctor's
+#   roce-gid/mtu/probe-rdma on rxe0, and `gdx bench --path rdma` at 8 B..8 MiB, bytes verified;
+#
+#   two VMs on one wire: `gdx serve --rdma-listen` in one, `gdx bench --path rdma --peer` in the
+#   other, bytes verified, and the faults (link down mid-transfer, peer powered off).
+#
+#   GDX_RDMA_SUITE=one|pair|all (default all) picks a part.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+part=${GDX_RDMA_SUITE:-all}
+
+bash scripts/rdma-vm.sh setup
+
+# Test executables, built here, run there.
+tests_json=$(cargo test --no-run --message-format=json \
+  -p gdx-rdma --test hardware -p gdx-bench --test rdma_hardware \
+  -p gdx-engine --test rdma_vm -p gdx-doctor --lib 2>/dev/null)
+exe() { # exe CRATE TARGET -> the test executable's path
+  python3 -c '
+import json, sys
+crate, target = sys.argv[1], sys.argv[2]
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == target and m["package_id"].find(crate) >= 0:
+        print(m["executable"]); break
+' "$1" "$2" <<<"$tests_json"
+}
+RDMA_HW=$(exe gdx-rdma hardware)
+BENCH_HW=$(exe gdx-bench rdma_hardware)
+ENGINE_VM=$(exe gdx-engine rdma_vm)
+DOCTOR_LIB=$(exe gdx-doctor gdx_doctor)
+for v in RDMA_HW BENCH_HW ENGINE_VM DOCTOR_LIB; do
+  [[ -x ${!v} ]] || { echo "test-rdma: no test executable for $v" >&2; exit 1; }
+done
+cargo build --release -p gdx 2>&1 | tail -1
+GDX=$PWD/target/release/gdx
+
+export RDMA_HW BENCH_HW ENGINE_VM DOCTOR_LIB GDX
+if [[ $part == one || $part == all ]]; then
+  bash scripts/rdma-vm.sh run --timeout 2400 -- bash scripts/rdma-vm/suite-one.sh
+fi
+if [[ $part == pair || $part == all ]]; then
+  bash scripts/rdma-vm.sh pair --timeout 1200 \
+    --a 'bash scripts/rdma-vm/suite-pair.sh a' --b 'bash scripts/rdma-vm/suite-pair.sh b'
+fi
+echo "test-rdma: passed"
