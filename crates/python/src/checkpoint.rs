@@ -112,19 +112,21 @@ pub(crate) fn _st_load_host<'py>(
     let opts = options(via, chunk_bytes, depth)?;
     let buf = PyBuffer::<u8>::get(dst)?;
     if buf.readonly() || !buf.is_c_contiguous() {
-        return Err(err("the destination must be a writable, contiguous byte buffer"));
+        return Err(err(
+            "the destination must be a writable, contiguous byte buffer",
+        ));
     }
     let (ptr, len) = (buf.buf_ptr() as usize, buf.len_bytes());
     let h = header(data_start, data_len);
     let r = py
         .allow_threads(|| {
-            // SAFETY: `buf` holds an export of the destination for the whole call (it is
-            // dropped after this closure), so its `len` bytes at `ptr` stay allocated; it is a
-            // writable C-contiguous byte buffer (checked above) that the Python side allocated
-            // for this load and does not touch until the call returns.
             let dst: &mut [u8] = if len == 0 {
                 &mut []
             } else {
+                // SAFETY: `buf` holds an export of the destination for the whole call (it is
+                // dropped after this closure), so its `len` bytes at `ptr` stay allocated; it
+                // is a writable C-contiguous byte buffer (checked above) that the Python side
+                // allocated for this load and does not touch until the call returns.
                 unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
             };
             safetensors::load_into_host(std::path::Path::new(&file), &h, dst, &opts)
@@ -182,11 +184,16 @@ pub(crate) fn _st_save<'py>(
     let mut specs = Vec::with_capacity(tensors.len());
     let mut bufs = Vec::with_capacity(tensors.len());
     for (name, dtype, shape, obj) in tensors {
-        let d = Dtype::parse(&dtype)
-            .ok_or_else(|| err(format!("tensor {name:?}: unknown safetensors dtype {dtype:?}")))?;
+        let d = Dtype::parse(&dtype).ok_or_else(|| {
+            err(format!(
+                "tensor {name:?}: unknown safetensors dtype {dtype:?}"
+            ))
+        })?;
         let b = PyBuffer::<u8>::get(&obj)?;
         if !b.is_c_contiguous() {
-            return Err(err(format!("tensor {name:?}: its bytes are not contiguous")));
+            return Err(err(format!(
+                "tensor {name:?}: its bytes are not contiguous"
+            )));
         }
         specs.push(TensorSpec {
             name,
@@ -204,10 +211,10 @@ pub(crate) fn _st_save<'py>(
         .allow_threads(|| {
             let data: Vec<&[u8]> = spans
                 .iter()
-                // SAFETY: each span is a contiguous buffer export held in `bufs` until after
-                // this closure; the save only reads it.
                 .map(|&(p, n)| match n {
                     0 => &[][..],
+                    // SAFETY: each span is a non-empty contiguous buffer export held in `bufs`
+                    // until after this closure; the save only reads it.
                     _ => unsafe { std::slice::from_raw_parts(p as *const u8, n) },
                 })
                 .collect();

@@ -117,7 +117,7 @@ fn render(
             })).collect::<Vec<_>>(),
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
-    } else if !(args.quiet && !failed) {
+    } else if !args.quiet || failed {
         let tensors: usize = files.iter().map(|(_, h)| h.tensors.len()).sum();
         let rate = gbps.map_or("no bytes to time".into(), |g| format!("{g:.2} GB/s"));
         writeln!(
