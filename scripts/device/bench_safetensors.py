@@ -8,6 +8,7 @@ posix_fadvise(DONTNEED) on the file; which one ran is printed):
   safetensors    safetensors.torch.load_file(path, device="cuda:0")          (the reference)
   gdx            gdx.load_safetensors(path, device="cuda:0")                  (auto)
   gdx/<via>      the same with via="buffered" / "file-staged"
+  gdx depth=N    auto with N reads in flight (the default is 4)
   cp/<path>      `gdx cp FILE gpu:0 --path <path> --json` (auto, buffered, file-staged, gds),
                  its copy time; and `gdx cp --safetensors FILE gpu:0 --json`
 
@@ -108,9 +109,9 @@ def st_load():
     return {"tensors": n}
 
 
-def gdx_load(via):
+def gdx_load(via, depth=4):
     def run():
-        d, reps = gdx.load_safetensors(path, device=DEV, via=via, return_report=True)
+        d, reps = gdx.load_safetensors(path, device=DEV, via=via, depth=depth, return_report=True)
         del d
         r = reps[0]
         return {k: r[k] for k in ("path", "reason", "page_cache_bytes", "direct_bytes")}
@@ -132,6 +133,8 @@ def cp(args):
 
 ROWS = [("safetensors", st_load), ("gdx", gdx_load("auto")), ("gdx/buffered", gdx_load("buffered")),
         ("gdx/file-staged", gdx_load("file-staged")),
+        # Deeper queues: whether this disk wants more reads in flight than the default 4.
+        ("gdx depth=8", gdx_load("auto", 8)), ("gdx depth=16", gdx_load("auto", 16)),
         ("cp --safetensors", cp(["--safetensors", path, "gpu:0"]))]
 ROWS += [(f"cp/{x}", cp([f"file:{path}", "gpu:0", "--skip", str(8 + hlen), "--path", x]))
          for x in ("auto", "buffered", "file-staged", "gds")]
