@@ -11,7 +11,7 @@ returned are views of the pools.
 
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import numpy as np
 
@@ -94,7 +94,7 @@ def _run(files, load, parallel, progress):
     report_progress = _progress_fn(progress)
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(files)))) as ex:
         futures = {ex.submit(load, i): i for i in range(len(files))}
-        for fut in futures:
+        for fut in as_completed(futures):
             i = futures[fut]
             reports[i] = fut.result()
             done += files[i][2]
@@ -129,7 +129,7 @@ def _torch_view(pool, begin, end, dtype, shape):
 
     item = torch.empty((), dtype=dtype).element_size()
     raw = pool[begin:end]
-    if begin % item == 0:
+    if (pool.storage_offset() + begin) % item == 0:
         return raw.view(dtype).view(shape)
     # A tensor its file left unaligned for its dtype: one copy on the device into its own.
     t = torch.empty(shape, dtype=dtype, device=pool.device)
