@@ -23,6 +23,15 @@ if [ -z "$wheel" ] || [ ! -x "$BIN/gdx" ]; then
 fi
 python3 -m zipfile -e "$wheel" "$PYLIB"
 log "bench-safetensors: $(nvidia-smi -L | head -1); wheel $(basename "$wheel"); scratch $DIR"
+# First the loader's correctness on this GPU: the Python checkpoint tests, GPU case included
+# (gdx's tensors equal safetensors.torch's, bf16 too), where pytest is installed.
+if python3 -c 'import pytest' 2>/dev/null; then
+  (cd crates/python/tests && PYTHONPATH="$PYLIB" python3 -m pytest -q -p no:cacheprovider test_safetensors.py) \
+    >"$OUT/bench-safetensors-tests.txt" 2>&1
+  log "test_safetensors.py: rc=$? ($(tail -1 "$OUT/bench-safetensors-tests.txt"))"
+else
+  log "test_safetensors.py: not run (no pytest here)"
+fi
 PYTHONPATH="$PYLIB${PYTHONPATH:+:$PYTHONPATH}" python3 "$(dirname "$0")/bench_safetensors.py" \
   --gdx "$BIN/gdx" --dir "$DIR" --out "$OUT" "$@" 2>&1 | tee "$OUT/bench-safetensors.txt"
 rc=${PIPESTATUS[0]}
