@@ -203,6 +203,9 @@ def load_safetensors(path, device="cpu", *, out=None, pool=None, framework=None,
 
         def load(i):
             f = files[i]
+            if f[2] == 0:  # a file of empty tensors: nothing to copy (and no GPU bytes to lend)
+                return {"file": f[0], "bytes": 0, "path": None, "reason": "no tensor bytes",
+                        "elapsed_s": 0.0, "gbps": None, "page_cache_bytes": 0, "direct_bytes": 0}
             return _gdx._st_load_gpu(f[0], f[1], f[2], base + offs[i], f[2], gpu, via, chunk_bytes, depth)
 
         reports = _run(files, load, parallel, progress)
