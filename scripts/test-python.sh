@@ -35,8 +35,8 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   }
 fi
 PY="$VENV/bin/python"
-"$PY" -c 'import maturin, pytest, numpy' 2>/dev/null ||
-  "$PY" -m pip install -q --disable-pip-version-check maturin pytest numpy
+"$PY" -c 'import maturin, pytest, numpy, safetensors' 2>/dev/null ||
+  "$PY" -m pip install -q --disable-pip-version-check maturin pytest numpy safetensors
 
 # maturin finds the workspace's Cargo.lock and target/; the pyo3 build script must see the venv's
 # interpreter, not whatever python3 is first on PATH.

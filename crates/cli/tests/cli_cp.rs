@@ -384,3 +384,86 @@ fn quiet_prints_nothing_on_success_and_color_is_a_choice() {
         .success()
         .stdout(predicate::str::contains("\x1b[").not());
 }
+
+/// A safetensors file written by gdx-storage: `(path, data section bytes)`.
+fn checkpoint(dir: &std::path::Path, name: &str, tensors: &[(&str, u64)]) -> std::path::PathBuf {
+    use gdx_storage::safetensors::{save, Dtype, TensorSpec};
+    let specs: Vec<TensorSpec> = tensors
+        .iter()
+        .map(|&(n, elems)| TensorSpec {
+            name: n.into(),
+            dtype: Dtype::F32,
+            shape: vec![elems],
+            len: elems * 4,
+        })
+        .collect();
+    let data: Vec<Vec<u8>> = specs.iter().map(|s| pattern(s.len as usize, 7)).collect();
+    let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+    let p = dir.join(name);
+    save(&p, &specs, &refs, &Default::default(), &Default::default()).unwrap();
+    p
+}
+
+#[test]
+fn safetensors_checkpoints_load_with_a_per_tensor_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint(
+        dir.path(),
+        "model-00001-of-00002.safetensors",
+        &[("layer.0.w", 300_000), ("b", 3)],
+    );
+    checkpoint(
+        dir.path(),
+        "model-00002-of-00002.safetensors",
+        &[("layer.1.w", 1000)],
+    );
+    gdx()
+        .args([
+            "cp",
+            "--safetensors",
+            "--verify",
+            "--chunk",
+            "64K",
+            &dir.path().display().to_string(),
+            "host",
+        ])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("2 file(s), 3 tensor(s) -> host"))
+        .stdout(predicate::str::is_match(r"layer\.0\.w +F32 +\[300000\] +12 +1\.14 MiB").unwrap())
+        .stdout(predicate::str::contains("verify ok"))
+        .stdout(predicate::str::contains("in the page cache (mincore)"));
+    let out = gdx()
+        .args([
+            "cp",
+            "--safetensors",
+            "--json",
+            &dir.path().display().to_string(),
+            "host",
+        ])
+        .assert()
+        .success();
+    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    assert_eq!(v["bytes"], 300_003 * 4 + 4000);
+    assert_eq!(v["files"][1]["tensors"][0]["name"], "layer.1.w");
+    assert!(v["files"][0]["split"]["page_cache"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn a_hostile_safetensors_header_is_refused_before_any_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bad.safetensors");
+    let json = br#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#;
+    let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(json);
+    bytes.extend_from_slice(&[0u8; 12]);
+    std::fs::write(&p, bytes).unwrap();
+    gdx()
+        .args(["cp", "--safetensors", &p.display().to_string(), "host"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "is not a valid safetensors checkpoint",
+        ))
+        .stderr(predicate::str::contains("overlap"));
+}

@@ -280,6 +280,7 @@ mod tests {
             path: StoragePath::FileStaged,
             reason: "O_DIRECT on ext4".into(),
             elapsed: std::time::Duration::from_millis(1),
+            split: None,
         };
         let e = finish(&fp, Ok(staged.clone()), Location::Gpu(0)).unwrap_err();
         assert!(matches!(e, Error::Strict(_)), "{e:?}");

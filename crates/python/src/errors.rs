@@ -58,6 +58,28 @@ create_exception!(
     "Strict mode refused a plan that leaves the direct path; the message is the plan's reason."
 );
 
+create_exception!(
+    gdx,
+    BadCheckpoint,
+    Error,
+    "A checkpoint gdx refuses (a bad or hostile safetensors header, an index that does not \
+     match its shards), found before any tensor byte moved; the message names the reason."
+);
+
+/// The Python exception for a storage error (checkpoints, file copies).
+pub(crate) fn storage_to_py(e: gdx_storage::StorageError) -> PyErr {
+    use gdx_storage::StorageError as S;
+    let msg = e.to_string();
+    match e {
+        S::BadCheckpoint { .. } => BadCheckpoint::new_err(msg),
+        S::OutOfBounds { .. } => OutOfBounds::new_err(msg),
+        S::NoCudaDriver { .. } | S::Unavailable(_) | S::PathUnavailable { .. } => {
+            Unavailable::new_err(msg)
+        }
+        _ => Error::new_err(msg),
+    }
+}
+
 /// The Python exception for an engine error.
 pub(crate) fn to_py(e: EngineError) -> PyErr {
     let msg = e.to_string();
@@ -106,5 +128,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("NotFound", py.get_type::<NotFound>())?;
     m.add("Unavailable", py.get_type::<Unavailable>())?;
     m.add("StrictViolation", py.get_type::<StrictViolation>())?;
+    m.add("BadCheckpoint", py.get_type::<BadCheckpoint>())?;
     Ok(())
 }

@@ -8,6 +8,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod agent;
+mod checkpoint;
 mod cuda;
 mod errors;
 mod peer;
@@ -32,6 +33,10 @@ fn _gdx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(region::_forge_key, m)?)?;
     m.add_function(wrap_pyfunction!(region::_forge_len, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::_st_open, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::_st_load_host, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::_st_load_gpu, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::_st_save, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

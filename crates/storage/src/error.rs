@@ -186,6 +186,15 @@ pub enum StorageError {
     /// A vendor library is missing.
     #[error(transparent)]
     Unavailable(#[from] Unavailable),
+    /// A safetensors file (or a sharded checkpoint's index) that gdx refuses, found before any
+    /// tensor byte moved.
+    #[error("{} is not a valid safetensors checkpoint: {reason}; nothing was loaded", path.display())]
+    BadCheckpoint {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, naming the tensor and the numbers.
+        reason: String,
+    },
     /// An I/O thread stopped without reporting (a bug in gdx).
     #[error("internal error: {0}")]
     Internal(String),

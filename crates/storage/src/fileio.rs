@@ -11,11 +11,13 @@
 //! - Reads stop only at the end of the file; a short read elsewhere is continued.
 
 use crate::align;
-use crate::{StorageError, StoragePath};
+use crate::residency::Residency;
+use crate::{IoSplit, StorageError, StoragePath};
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// An open file (see the module docs).
@@ -33,6 +35,12 @@ pub(crate) struct FileIo {
     size_at_open: u64,
     /// Largest single read request (tests shorten it to force short reads).
     max_read: std::sync::atomic::AtomicUsize,
+    /// The page cache's residency of the range being read: resident pages are read through the
+    /// buffered descriptor, the others through the direct one ([`crate::residency`]).
+    residency: Option<Residency>,
+    /// Bytes read or written through the buffered descriptor, and through the direct one.
+    via_cache: AtomicU64,
+    via_direct: AtomicU64,
 }
 
 fn o_direct() -> i32 {
@@ -115,12 +123,34 @@ impl FileIo {
             fs,
             size_at_open,
             max_read: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            residency: None,
+            via_cache: AtomicU64::new(0),
+            via_direct: AtomicU64::new(0),
         })
     }
 
     /// The file's path.
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Read the pages `residency` finds in the page cache through it, the others with
+    /// `O_DIRECT` (when the direct descriptor is in use).
+    pub(crate) fn set_residency(&mut self, residency: Option<Residency>) {
+        self.residency = residency;
+    }
+
+    /// Whether a residency map splits this file's reads.
+    pub(crate) fn is_split(&self) -> bool {
+        self.residency.is_some()
+    }
+
+    /// The bytes that went through the page cache and with `O_DIRECT` so far.
+    pub(crate) fn split(&self) -> IoSplit {
+        IoSplit {
+            page_cache: self.via_cache.load(Ordering::Relaxed),
+            direct: self.via_direct.load(Ordering::Relaxed),
+        }
     }
 
     /// The file's size when it was opened.
@@ -157,10 +187,7 @@ impl FileIo {
         if !self.direct_requested {
             return (
                 StoragePath::Buffered,
-                format!(
-                    "buffered I/O through the page cache, as requested ({})",
-                    self.fs
-                ),
+                format!("buffered I/O through the page cache ({})", self.fs),
             );
         }
         match self.refused().as_ref() {
@@ -185,13 +212,23 @@ impl FileIo {
         while got < need {
             let at = pos + got as u64;
             let cap = self.max_read.load(std::sync::atomic::Ordering::Relaxed);
-            let end = buf.len().min(got.saturating_add(cap));
+            let mut end = buf.len().min(got.saturating_add(cap));
+            // A run of resident pages is read through the page cache; a run of others stops
+            // where the next resident page starts.
+            let mut cached = false;
+            if let Some((resident, run_end)) = self.residency.as_ref().and_then(|r| r.run_at(at)) {
+                cached = resident;
+                let run = usize::try_from(run_end - at).unwrap_or(usize::MAX);
+                end = end.min(got.saturating_add(run));
+            }
             let req = &mut buf[got..end];
             let aligned = align::is_aligned(at)
                 && align::is_aligned(req.len() as u64)
                 && align::ptr_aligned(req);
-            let r = match self.direct() {
-                Some(f) if aligned => match f.read_at(req, at) {
+            let direct = self.direct().filter(|_| aligned && !cached);
+            let mut through_cache = direct.is_none();
+            let r = match direct {
+                Some(f) => match f.read_at(req, at) {
                     Err(e) if is_einval(&e) => {
                         self.refuse(format!(
                             "the file system ({}) refuses O_DIRECT: a {}-byte read at offset {at} \
@@ -199,15 +236,24 @@ impl FileIo {
                             self.fs,
                             req.len()
                         ));
+                        through_cache = true;
                         self.buffered.read_at(req, at)
                     }
                     r => r,
                 },
-                _ => self.buffered.read_at(req, at),
+                None => self.buffered.read_at(req, at),
             };
             match r {
                 Ok(0) => break,
-                Ok(n) => got += n,
+                Ok(n) => {
+                    let counter = if through_cache {
+                        &self.via_cache
+                    } else {
+                        &self.via_direct
+                    };
+                    counter.fetch_add(n as u64, Ordering::Relaxed);
+                    got += n;
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(source) => {
                     return Err(StorageError::Read {
@@ -235,7 +281,10 @@ impl FileIo {
         };
         self.write_buffered(&data[..(head_end - pos) as usize], pos)?;
         match direct.write_all_at(mid, head_end) {
-            Ok(()) => {}
+            Ok(()) => {
+                self.via_direct
+                    .fetch_add(mid.len() as u64, Ordering::Relaxed);
+            }
             Err(e) if is_einval(&e) => {
                 self.refuse(format!(
                     "the file system ({}) refuses O_DIRECT: a {}-byte write at offset {head_end} \
@@ -268,7 +317,10 @@ impl FileIo {
                 offset: pos,
                 len: data.len() as u64,
                 source,
-            })
+            })?;
+        self.via_cache
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Set the file's length (`ftruncate`).
@@ -427,7 +479,10 @@ mod tests {
         let io = FileIo::open_read(&p, false).unwrap();
         let (path, reason) = io.outcome();
         assert_eq!(path, StoragePath::Buffered);
-        assert!(reason.contains("as requested"), "{reason}");
+        assert_eq!(
+            reason,
+            format!("buffered I/O through the page cache ({})", io.fs)
+        );
     }
 
     #[test]

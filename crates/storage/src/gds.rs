@@ -148,6 +148,7 @@ fn reporter<'a>(
             human_bytes(opts.chunk_bytes as u64),
         ),
         elapsed,
+        split: None,
     }
 }
 

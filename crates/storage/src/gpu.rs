@@ -13,6 +13,7 @@ use crate::fileio::FileIo;
 use crate::gds::{self, GdsError};
 use crate::host::{dest_len, report, resolve, wants_direct, Staged};
 use crate::plan::{cufile_status, plan, CufileStatus, Endpoint};
+use crate::residency::{plan_read, ReadPlan};
 use crate::{
     pipeline, CopyOptions, CopyReport, Direction, FileRange, PathChoice, StorageError, StoragePath,
 };
@@ -41,45 +42,56 @@ pub(crate) fn check_range(
     }
 }
 
-/// The plan, and the open cuFile driver when the plan is `gds`.
+/// The plan (with the page cache's residency for a read of `read_src`), and the open cuFile
+/// driver when the plan is `gds`.
 fn plan_gpu(
     opts: &CopyOptions,
-) -> Result<(StoragePath, String, Option<gdx_sys::cufile::Driver>), StorageError> {
+    read_src: Option<&FileRange>,
+) -> Result<(ReadPlan, Option<gdx_sys::cufile::Driver>), StorageError> {
     let (status, driver) = match opts.path {
         PathChoice::Auto | PathChoice::Gds => cufile_status(),
         _ => (CufileStatus::NotNeeded, None),
     };
-    let p = plan(opts.path, Endpoint::Gpu, &status)?;
-    Ok((p.path, p.reason, driver))
+    let p = match read_src {
+        Some(src) => plan_read(src, opts.path, Endpoint::Gpu, &status)?,
+        None => {
+            let p = plan(opts.path, Endpoint::Gpu, &status)?;
+            ReadPlan {
+                path: p.path,
+                reason: p.reason,
+                residency: None,
+            }
+        }
+    };
+    Ok((p, driver))
 }
 
 /// Plan a GPU copy and, when the plan is `gds`, run it through cuFile (`gds_copy`). `Ok(Ok)` is
-/// cuFile's report; `Ok(Err)` hands the staged pipeline its path and reason: the plan's, or,
-/// when cuFile could not be set up and the path was `auto`, why it falls back.
+/// cuFile's report; `Ok(Err)` hands the staged pipeline its plan: the planner's, or, when
+/// cuFile could not be set up and the path was `auto`, `file-staged` and why it falls back.
 fn planned_gds(
     opts: &CopyOptions,
+    read_src: Option<&FileRange>,
     gds_copy: impl FnOnce(&gdx_sys::cufile::Driver) -> Result<CopyReport, GdsError>,
-) -> Result<Result<CopyReport, (StoragePath, String)>, StorageError> {
-    let (path, mut reason, driver) = plan_gpu(opts)?;
-    if let (StoragePath::Gds, Some(driver)) = (path, driver) {
+) -> Result<Result<CopyReport, ReadPlan>, StorageError> {
+    let (mut p, driver) = plan_gpu(opts, read_src)?;
+    if let (StoragePath::Gds, Some(driver)) = (p.path, driver) {
         match gds_copy(&driver) {
             Ok(mut r) => {
-                r.reason = format!("{reason}; {}", r.reason);
+                r.reason = format!("{}; {}", p.reason, r.reason);
                 return Ok(Ok(r));
             }
             Err(GdsError::Setup(e)) if opts.path == PathChoice::Auto => {
-                reason = format!("cuFile could not be used ({e}); the O_DIRECT staged pipeline");
+                p.reason = format!("cuFile could not be used ({e}); the O_DIRECT staged pipeline");
             }
             Err(GdsError::Setup(e) | GdsError::Io(e)) => return Err(e),
         }
     }
     // The staged pipeline stands in for a `gds` plan that cuFile could not run.
-    let staged = if path == StoragePath::Gds {
-        StoragePath::FileStaged
-    } else {
-        path
-    };
-    Ok(Err((staged, reason)))
+    if p.path == StoragePath::Gds {
+        p.path = StoragePath::FileStaged;
+    }
+    Ok(Err(p))
 }
 
 /// Copy the range `src` (to the end of the file when its length is `None`) into `dst` at
@@ -91,9 +103,11 @@ pub fn copy_file_to_gpu(
     opts: &CopyOptions,
 ) -> Result<CopyReport, StorageError> {
     opts.validate()?;
-    match planned_gds(opts, |driver| gds::read(driver, src, dst, dst_offset, opts))? {
+    match planned_gds(opts, Some(src), |driver| {
+        gds::read(driver, src, dst, dst_offset, opts)
+    })? {
         Ok(r) => Ok(r),
-        Err((path, reason)) => staged_read(src, dst, dst_offset, opts, path, reason),
+        Err(p) => staged_read(src, dst, dst_offset, opts, p),
     }
 }
 
@@ -110,11 +124,11 @@ pub fn copy_gpu_to_file(
     opts.validate()?;
     check_range("source GPU buffer", src_offset, len, src.len())?;
     dest_len(dst, len)?;
-    match planned_gds(opts, |driver| {
+    match planned_gds(opts, None, |driver| {
         gds::write(driver, src, src_offset, len, dst, opts)
     })? {
         Ok(r) => Ok(r),
-        Err((path, reason)) => staged_write(src, src_offset, len, dst, opts, path, reason),
+        Err(p) => staged_write(src, src_offset, len, dst, opts, p.path, p.reason),
     }
 }
 
@@ -161,10 +175,15 @@ fn staged_read(
     dst: &mut DeviceBuffer,
     dst_offset: usize,
     opts: &CopyOptions,
-    path: StoragePath,
-    reason: String,
+    plan: ReadPlan,
 ) -> Result<CopyReport, StorageError> {
-    let io = FileIo::open_read(&src.path, wants_direct(path))?;
+    let ReadPlan {
+        path,
+        reason,
+        residency,
+    } = plan;
+    let mut io = FileIo::open_read(&src.path, wants_direct(path))?;
+    io.set_residency(residency);
     let (offset, len) = resolve(src, io.size_at_open())?;
     check_range("destination GPU buffer", dst_offset, len, dst.len())?;
     if len == 0 {

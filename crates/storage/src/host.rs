@@ -6,10 +6,9 @@
 
 use crate::align::{self, AlignedBuf, Geometry};
 use crate::fileio::FileIo;
-use crate::plan::{plan, Endpoint};
-use crate::{
-    pipeline, CopyOptions, CopyReport, Direction, FileRange, PathChoice, StorageError, StoragePath,
-};
+use crate::plan::{plan, CufileStatus, Endpoint};
+use crate::residency::plan_read;
+use crate::{pipeline, CopyOptions, CopyReport, Direction, FileRange, StorageError, StoragePath};
 use std::time::{Duration, Instant};
 
 /// Whether a planned path uses `O_DIRECT`.
@@ -132,6 +131,12 @@ pub(crate) fn report(
     elapsed: Duration,
 ) -> CopyReport {
     let (path, why) = io.outcome();
+    let split = io.split();
+    let why = if io.is_split() {
+        format!("{why}; {split}")
+    } else {
+        why
+    };
     let reason = match plan_reason {
         Some(plan) => format!("{plan}; {why}; {pipeline}"),
         None => format!("{why}; {pipeline}"),
@@ -142,6 +147,7 @@ pub(crate) fn report(
         path,
         reason,
         elapsed,
+        split: Some(split),
     }
 }
 
@@ -170,10 +176,6 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
-fn host_plan(choice: PathChoice) -> Result<StoragePath, StorageError> {
-    Ok(plan(choice, Endpoint::Host, &crate::CufileStatus::NotNeeded)?.path)
-}
-
 /// Read `src` through the pipeline and hand its bytes, in file order, to `sink` as (offset from
 /// the start of the range, bytes). `check` sees the resolved length before any read.
 fn read_with(
@@ -184,23 +186,30 @@ fn read_with(
     mut sink: impl FnMut(u64, &[u8]) -> Result<(), StorageError>,
 ) -> Result<CopyReport, StorageError> {
     opts.validate()?;
-    let path = host_plan(opts.path)?;
-    let io = FileIo::open_read(&src.path, wants_direct(path))?;
+    let plan = plan_read(src, opts.path, Endpoint::Host, &CufileStatus::NotNeeded)?;
+    let mut io = FileIo::open_read(&src.path, wants_direct(plan.path))?;
+    io.set_residency(plan.residency.clone());
     let (offset, len) = resolve(src, io.size_at_open())?;
     check(len)?;
     let staged = Staged::new((offset, len), opts, "aligned host", |l| {
         Ok(AlignedBuf::new(l))
     })?;
-    staged.run(direction, &io, None, opts, |geo, bufs, progress| {
-        pipeline::read(
-            &io,
-            geo,
-            bufs,
-            &|| Ok(()),
-            |piece, buf| sink(piece.rel, &buf.as_slice()[piece.skip..piece.need()]),
-            progress,
-        )
-    })
+    staged.run(
+        direction,
+        &io,
+        Some(&plan.reason),
+        opts,
+        |geo, bufs, progress| {
+            pipeline::read(
+                &io,
+                geo,
+                bufs,
+                &|| Ok(()),
+                |piece, buf| sink(piece.rel, &buf.as_slice()[piece.skip..piece.need()]),
+                progress,
+            )
+        },
+    )
 }
 
 /// Read the range `src` (to the end of the file when its length is `None`) and pass its bytes
@@ -253,10 +262,22 @@ pub fn copy_host_to_file(
     dst: &FileRange,
     opts: &CopyOptions,
 ) -> Result<CopyReport, StorageError> {
+    copy_slices_to_file(&[src], dst, opts)
+}
+
+/// [`copy_host_to_file`] of the concatenation of `parts` (e.g. a checkpoint's header and then
+/// each tensor), gathered chunk by chunk into the pipeline's buffers: one pipelined write, no
+/// copy of the whole in memory.
+pub fn copy_slices_to_file(
+    parts: &[&[u8]],
+    dst: &FileRange,
+    opts: &CopyOptions,
+) -> Result<CopyReport, StorageError> {
     opts.validate()?;
-    let len = dest_len(dst, src.len() as u64)?;
-    let path = host_plan(opts.path)?;
-    let io = FileIo::open_write(&dst.path, wants_direct(path))?;
+    let total = parts.iter().map(|p| p.len() as u64).sum();
+    let len = dest_len(dst, total)?;
+    let plan = plan(opts.path, Endpoint::Host, &CufileStatus::NotNeeded)?;
+    let io = FileIo::open_write(&dst.path, wants_direct(plan.path))?;
     if opts.truncate {
         io.set_len(dst.offset)?;
     }
@@ -266,7 +287,7 @@ pub fn copy_host_to_file(
     staged.run(
         Direction::HostToFile,
         &io,
-        None,
+        Some(&plan.reason),
         opts,
         |geo, bufs, progress| {
             pipeline::write(
@@ -274,7 +295,7 @@ pub fn copy_host_to_file(
                 geo,
                 bufs,
                 &|| Ok(()),
-                pipeline::fill_from(src),
+                pipeline::fill_from(parts),
                 progress,
             )
         },

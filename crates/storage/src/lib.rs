@@ -37,6 +37,8 @@ mod gpu;
 mod host;
 mod pipeline;
 mod plan;
+mod residency;
+pub mod safetensors;
 mod verify;
 
 pub use align::ALIGN;
@@ -44,8 +46,9 @@ pub use bench::{bench_file_row, BenchKind, BenchOptions, BenchRow, BenchStatus};
 pub use copy::{copy, source_len, CopyOutcome, CopyRequest, Location, PartialFile};
 pub use error::StorageError;
 pub use gpu::{copy_file_to_gpu, copy_gpu_to_file};
-pub use host::{copy_file_to_host, copy_host_to_file, human_bytes, read_file};
+pub use host::{copy_file_to_host, copy_host_to_file, copy_slices_to_file, human_bytes, read_file};
 pub use plan::{cufile_status, plan, CufileStatus, Endpoint, Plan};
+pub use residency::{residency, Residency};
 pub use verify::{checksum_bytes, checksum_file, checksum_gpu, Checksum};
 
 use serde::Serialize;
@@ -260,6 +263,31 @@ pub struct CopyReport {
     /// [`CopyOptions::sync`]); opening files and allocating or registering buffers excluded.
     #[serde(serialize_with = "seconds")]
     pub elapsed: Duration,
+    /// The staged pipeline's file bytes each way (`None` for cuFile): through the page cache,
+    /// and with `O_DIRECT`. Whole aligned blocks are read, so the two may add up to a block
+    /// more than [`CopyReport::bytes`] at either end of an unaligned range.
+    pub split: Option<IoSplit>,
+}
+
+/// Bytes of a staged copy that went through the page cache and with `O_DIRECT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct IoSplit {
+    /// Read or written through the page cache (buffered descriptor).
+    pub page_cache: u64,
+    /// Read or written with `O_DIRECT`.
+    pub direct: u64,
+}
+
+impl fmt::Display for IoSplit {
+    /// `1.50 GiB through the page cache, 2.50 GiB with O_DIRECT`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} through the page cache, {} with O_DIRECT",
+            human_bytes(self.page_cache),
+            human_bytes(self.direct)
+        )
+    }
 }
 
 fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -306,12 +334,21 @@ mod tests {
             path: StoragePath::FileStaged,
             reason: "O_DIRECT on ext4".into(),
             elapsed: Duration::from_secs(1),
+            split: Some(IoSplit {
+                page_cache: 4096,
+                direct: 1 << 20,
+            }),
         };
         assert_eq!(r.gbps(), Some(2.0));
         let j = serde_json::to_value(&r).unwrap();
         assert_eq!(j["path"], "file-staged");
         assert_eq!(j["direction"], "file_to_host");
         assert_eq!(j["elapsed"], 1.0);
+        assert_eq!(j["split"]["direct"], 1 << 20);
+        assert_eq!(
+            r.split.unwrap().to_string(),
+            "4 KiB through the page cache, 1 MiB with O_DIRECT"
+        );
         let empty = CopyReport { bytes: 0, ..r };
         assert_eq!(empty.gbps(), None);
     }

@@ -185,13 +185,36 @@ fn send<B>(jobs: &Sender<Job<B>>, piece: Piece, buf: B) -> Result<(), StorageErr
     jobs.send(Job { piece, buf }).map_err(|_| stopped())
 }
 
-/// A [`write`] fill that copies each chunk's range bytes from `src`, the whole range in memory.
-pub(crate) fn fill_from(
-    src: &[u8],
-) -> impl FnMut(&Piece, &mut AlignedBuf) -> Result<(), StorageError> + '_ {
+/// A [`write`] fill that copies each chunk's range bytes from `parts`, the whole range in
+/// memory as consecutive slices (one, or a file's header and then each tensor).
+pub(crate) fn fill_from<'a>(
+    parts: &'a [&'a [u8]],
+) -> impl FnMut(&Piece, &mut AlignedBuf) -> Result<(), StorageError> + 'a {
+    // Where each part starts in the range.
+    let starts: Vec<u64> = parts
+        .iter()
+        .scan(0u64, |at, p| {
+            let s = *at;
+            *at += p.len() as u64;
+            Some(s)
+        })
+        .collect();
     move |piece, buf| {
-        let at = piece.rel as usize;
-        buf.as_mut_slice()[piece.skip..piece.need()].copy_from_slice(&src[at..at + piece.len]);
+        let out = &mut buf.as_mut_slice()[piece.skip..piece.need()];
+        let (mut rel, mut done) = (piece.rel, 0usize);
+        // The part holding `rel`: the last that starts at or before it.
+        let mut i = starts.partition_point(|&s| s <= rel).saturating_sub(1);
+        while done < out.len() {
+            let part = parts.get(i).ok_or_else(|| {
+                StorageError::Internal("a write chunk runs past its source".to_string())
+            })?;
+            let from = (rel - starts[i]) as usize;
+            let n = (part.len() - from.min(part.len())).min(out.len() - done);
+            out[done..done + n].copy_from_slice(&part[from..from + n]);
+            done += n;
+            rel += n as u64;
+            i += 1;
+        }
         Ok(())
     }
 }
@@ -347,11 +370,31 @@ mod tests {
         let src = pattern(50_001);
         let geo = Geometry::new(4097, 50_001, 8192);
         let bufs: Vec<AlignedBuf> = (0..3).map(|_| AlignedBuf::new(8192)).collect();
-        write(&io, &geo, bufs, &|| Ok(()), fill_from(&src), &mut |_| {}).unwrap();
+        write(&io, &geo, bufs, &|| Ok(()), fill_from(&[&src]), &mut |_| {}).unwrap();
         let back = std::fs::read(&p).unwrap();
         assert_eq!(back.len(), 70_000);
         assert!(back[..4097].iter().all(|&b| b == 0xEE));
         assert_eq!(&back[4097..4097 + 50_001], &src[..]);
         assert!(back[4097 + 50_001..].iter().all(|&b| b == 0xEE));
+    }
+
+    #[test]
+    fn gathered_writes_cross_part_boundaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let io = FileIo::open_write(&p, true).unwrap();
+        let src = pattern(40_000);
+        // Parts of every size class, an empty one among them, cut across 8 KiB chunks.
+        let parts: Vec<&[u8]> = vec![
+            &src[..3],
+            &src[3..3],
+            &src[3..9000],
+            &src[9000..9001],
+            &src[9001..],
+        ];
+        let geo = Geometry::new(0, 40_000, 8192);
+        let bufs: Vec<AlignedBuf> = (0..2).map(|_| AlignedBuf::new(8192)).collect();
+        write(&io, &geo, bufs, &|| Ok(()), fill_from(&parts), &mut |_| {}).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), src);
     }
 }

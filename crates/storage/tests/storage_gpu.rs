@@ -275,3 +275,61 @@ fn cufile_handles_and_registrations_release_on_drop() {
     assert!(handle.read(&mut dev, 1, data.len(), 0).is_err());
     ctx.check_err().unwrap();
 }
+
+/// A checkpoint's data section lands on the GPU byte for byte over each read path, and a
+/// partly cached file splits its reads (what the split is, the host test checks against
+/// mincore; here every byte is compared).
+#[test]
+#[ignore = "requires a GPU; cargo test -- --ignored"]
+fn safetensors_data_sections_load_to_the_gpu() {
+    use gdx_storage::safetensors::{load_into_gpu, read_header, save, Dtype, TensorSpec};
+    let (ctx, stream) = setup();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let p = dir.path().join("m.safetensors");
+    let specs: Vec<TensorSpec> = (0..5)
+        .map(|i| TensorSpec {
+            name: format!("t{i}"),
+            dtype: Dtype::BF16,
+            shape: vec![3 << 20, 1 + i],
+            len: (3 << 21) * (1 + i),
+        })
+        .collect();
+    let base = seed();
+    let data: Vec<Vec<u8>> = specs
+        .iter()
+        .map(|s| pattern(s.len as usize, base ^ s.len))
+        .collect();
+    let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+    save(
+        &p,
+        &specs,
+        &refs,
+        &Default::default(),
+        &CopyOptions::default(),
+    )
+    .unwrap();
+    let h = read_header(&p).unwrap();
+    for choice in [
+        PathChoice::Auto,
+        PathChoice::Buffered,
+        PathChoice::FileStaged,
+    ] {
+        let mut dev = poisoned(&ctx, &stream, h.data_len as usize);
+        let opts = CopyOptions {
+            path: choice,
+            chunk_bytes: 1 << 20,
+            ..Default::default()
+        };
+        let r = load_into_gpu(&p, &h, &mut dev, 0, &opts).unwrap();
+        eprintln!("{choice:?}: {} ({})", r.path, r.reason);
+        let back = read_back(&ctx, &stream, &dev);
+        for (s, d) in specs.iter().zip(&data) {
+            let t = h.tensors.iter().find(|t| t.name == s.name).unwrap();
+            assert!(
+                &back[t.begin as usize..t.end as usize] == d.as_slice(),
+                "{}",
+                t.name
+            );
+        }
+    }
+}

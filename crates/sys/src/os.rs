@@ -8,6 +8,8 @@
 //!   memory a peer may also be touching (shared mappings). rustix takes `&mut [u8]` /
 //!   `IoSlice` buffers, i.e. Rust references, which must never be formed over such memory;
 //!   these take raw pointers so that only the kernel reads or writes the bytes.
+//! - [`page_residency`]: which pages of a file are in the page cache, `mincore(2)` on a
+//!   read-only mapping (rustix has `mmap` but not `mincore`, and leaves `cachestat` out).
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -162,6 +164,79 @@ pub unsafe fn send_all_raw(fd: RawFd, parts: &[(*const u8, usize)]) -> io::Resul
     Ok(())
 }
 
+/// The page size (`sysconf(_SC_PAGESIZE)`), 4096 where the call fails.
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf reads a constant of the running system; no pointers.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
+/// Bytes mapped at once by [`page_residency`]: 1 GiB windows keep the address space it takes
+/// small whatever the file's size.
+const RESIDENCY_WINDOW: u64 = 1 << 30;
+
+/// Which pages of `len` bytes of the open file `fd` at `offset` are in the page cache: one
+/// `bool` per page of [`page_size`] bytes, the first for the page that holds `offset`. Asked of
+/// the kernel with `mincore(2)` on a read-only shared mapping of the range (mapped 1 GiB at a
+/// time and unmapped before returning); no byte of the file is touched, so nothing is read in.
+///
+/// # Errors
+/// The OS error of `mmap` (e.g. a file that cannot be mapped) or `mincore`.
+pub fn page_residency(
+    fd: std::os::fd::BorrowedFd<'_>,
+    offset: u64,
+    len: u64,
+) -> io::Result<Vec<bool>> {
+    use std::os::fd::AsRawFd;
+    let page = page_size();
+    let start = offset - offset % page;
+    let end = offset
+        .checked_add(len)
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut out = Vec::new();
+    if len == 0 {
+        return Ok(out);
+    }
+    let mut at = start;
+    while at < end {
+        let wlen = RESIDENCY_WINDOW.min(end - at);
+        let map_len =
+            usize::try_from(wlen).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let file_off =
+            libc::off_t::try_from(at).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: a fresh read-only shared mapping chosen by the kernel (no fixed address, so
+        // nothing of ours is replaced); its memory is never read here, only passed to mincore,
+        // and it is unmapped below on every path.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                file_off,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let pages = map_len.div_ceil(page as usize);
+        let mut vec = vec![0u8; pages];
+        // SAFETY: addr..addr + map_len is the mapping made just above, and vec has one byte
+        // per page of it, as mincore requires.
+        let rc = unsafe { libc::mincore(addr, map_len, vec.as_mut_ptr()) };
+        let mincore_err = (rc != 0).then(io::Error::last_os_error);
+        // SAFETY: the mapping made above, of that length, unmapped once; nothing refers to it.
+        unsafe { libc::munmap(addr, map_len) };
+        if let Some(e) = mincore_err {
+            return Err(e);
+        }
+        out.extend(vec.iter().map(|b| b & 1 == 1));
+        at += wlen;
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,5 +292,23 @@ mod tests {
         let rc = unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGHUP) };
         assert_eq!(rc, 0);
         assert_eq!(set.wait().unwrap(), libc::SIGHUP);
+    }
+
+    #[test]
+    fn residency_covers_every_page_and_sees_what_was_just_written() {
+        let dir = std::env::temp_dir().join(format!("gdx-residency-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("f");
+        let page = page_size() as usize;
+        std::fs::write(&p, vec![7u8; 3 * page + 10]).unwrap();
+        let f = std::fs::File::open(&p).unwrap();
+        use std::os::fd::AsFd;
+        // Just written, so every page is in the page cache (dirty or clean).
+        let r = page_residency(f.as_fd(), 0, 3 * page as u64 + 10).unwrap();
+        assert_eq!(r, vec![true; 4]);
+        let r = page_residency(f.as_fd(), page as u64 + 1, page as u64).unwrap();
+        assert_eq!(r.len(), 2);
+        assert!(page_residency(f.as_fd(), 5, 0).unwrap().is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -37,6 +37,7 @@ Examples:
   gdx cp gpu:1 file:out.bin --length 4G       write 4 GiB from GPU 1 (a pattern) to a file
   gdx cp file:data.bin host --skip 1M --length 64M
   gdx cp file:ckpt.bin gpu:0 --path gds       cuFile, or an error saying why it cannot run
+  gdx cp --safetensors model/ gpu:0           a checkpoint's tensors (shards in parallel)
   gdx bench --path file --file-dir /nvme       every path vs read()+cudaMemcpy (was gdx cp --bench)
 Exit status: 0 copied (and verified), 1 the copy or the verification failed, 2 gdx could not run.")]
 pub struct CpArgs {
@@ -55,22 +56,22 @@ pub struct CpArgs {
 
     /// After the copy, compare CRC-32 checksums of the source and the destination.
     #[arg(long)]
-    verify: bool,
+    pub(super) verify: bool,
 
     /// Bytes to copy (plain numbers are bytes; KB/MB/GB = 10^3/10^6/10^9; KiB/MiB/GiB or K/M/G
     /// = 2^10/2^20/2^30). Default: the rest of the source file; required for gpu: and host
     /// sources.
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    length: Option<u64>,
+    pub(super) length: Option<u64>,
 
     /// Start reading the source file at this byte.
     #[arg(long, value_name = "BYTES", default_value = "0", value_parser = parse_size)]
-    skip: u64,
+    pub(super) skip: u64,
 
     /// Write into the destination file at this byte, keeping the rest of the file. Without it
     /// the destination file is replaced (truncated at the end of the copy).
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
-    seek: Option<u64>,
+    pub(super) seek: Option<u64>,
 
     /// Bytes per chunk (bounce buffer, O_DIRECT request, cuFile call); a multiple of 4 KiB.
     #[arg(long, value_name = "BYTES", default_value = "16M", value_parser = parse_size)]
@@ -84,13 +85,23 @@ pub struct CpArgs {
     #[arg(long)]
     sync: bool,
 
+    /// SRC is a safetensors checkpoint (a file, a folder of shards or a
+    /// model.safetensors.index.json): check every header, load each file's tensors as one
+    /// pipelined copy, and list every tensor and where it landed.
+    #[arg(long)]
+    pub(super) safetensors: bool,
+
+    /// --safetensors: files loaded at once (a sharded checkpoint).
+    #[arg(long, value_name = "N", default_value_t = 4, requires = "safetensors")]
+    pub(super) parallel: usize,
+
     /// Print the result as JSON on stdout.
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
 
     /// No progress bar, and on success no report (errors are still printed).
     #[arg(long, short)]
-    quiet: bool,
+    pub(super) quiet: bool,
 
     /// Colour: auto (only on a terminal, and not under NO_COLOR), always or never.
     #[arg(long, value_name = "WHEN", value_enum, default_value_t = ColorWhen::Auto)]
@@ -201,6 +212,9 @@ pub fn run(args: &CpArgs) -> Result<ExitCode> {
         progress: None,
     };
     opts.validate()?;
+    if args.safetensors {
+        return super::cp_safetensors::run(args, &src, &dst, opts);
+    }
     let bar = (!args.quiet && !args.json && std::io::stderr().is_terminal()).then(Bar::new);
     let opts = CopyOptions {
         progress: bar.as_ref().map(Bar::callback),
@@ -294,19 +308,19 @@ fn render(src: &Loc, dst: &Loc, done: &CopyOutcome, args: &CpArgs) -> Result<Exi
 }
 
 /// A one-line progress bar on stderr, redrawn at most every 100 ms.
-struct Bar {
+pub(super) struct Bar {
     state: Arc<Mutex<(Instant, Instant)>>,
 }
 
 impl Bar {
-    fn new() -> Bar {
+    pub(super) fn new() -> Bar {
         let now = Instant::now();
         Bar {
             state: Arc::new(Mutex::new((now, now - Duration::from_secs(1)))),
         }
     }
 
-    fn callback(&self) -> ProgressFn {
+    pub(super) fn callback(&self) -> ProgressFn {
         let state = Arc::clone(&self.state);
         Arc::new(move |done, total| {
             let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
@@ -334,7 +348,7 @@ impl Bar {
         })
     }
 
-    fn finish(&self) {
+    pub(super) fn finish(&self) {
         eprint!("\r\x1b[K");
     }
 }

@@ -3,6 +3,7 @@ pub mod bench;
 pub mod calibrate;
 pub mod cluster;
 pub mod cp;
+pub mod cp_safetensors;
 pub mod doctor;
 pub mod nccl;
 pub mod output;

@@ -10,12 +10,16 @@ Every transfer says which path it took and why (``OpResult.path``/``.reason``,
     kv = a.register(np.zeros(1 << 20, np.uint8), name="kv", access="rw")
     n = a.wait_notification(timeout=5.0)
 
+Checkpoints: ``gdx.load_safetensors(path, device="cuda:0")`` and ``gdx.save_safetensors``
+(``_checkpoint.py``); a refused header raises ``gdx.BadCheckpoint``.
+
 The native module is ``gdx._gdx``; this package re-exports it.
 """
 
 from ._gdx import (
     AccessDenied,
     Agent,
+    BadCheckpoint,
     Error,
     Notification,
     NotFound,
@@ -33,10 +37,12 @@ from ._gdx import (
     __version__,
     cuda_available,
 )
+from ._checkpoint import load_safetensors, save_safetensors
 
 __all__ = [
     "AccessDenied",
     "Agent",
+    "BadCheckpoint",
     "Error",
     "Notification",
     "NotFound",
@@ -53,4 +59,6 @@ __all__ = [
     "Unavailable",
     "__version__",
     "cuda_available",
+    "load_safetensors",
+    "save_safetensors",
 ]

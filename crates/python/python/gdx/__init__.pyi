@@ -38,6 +38,27 @@ class Unavailable(Error):
 class StrictViolation(Error):
     """Strict mode refused a plan that leaves the direct path."""
 
+class BadCheckpoint(Error):
+    """A safetensors header (or index) gdx refuses; nothing was loaded."""
+
+def load_safetensors(
+    path: Any,
+    device: Any = "cpu",
+    *,
+    out: Optional[dict] = None,
+    pool: Any = None,
+    framework: Optional[str] = None,
+    parallel: int = 4,
+    progress: Any = None,
+    via: str = "auto",
+    chunk_bytes: int = ...,
+    depth: int = 4,
+    return_report: bool = False,
+) -> Any: ...
+def save_safetensors(
+    tensors: dict, path: Any, metadata: Optional[dict] = None, *, via: str = "auto"
+) -> dict: ...
+
 class RemoteRegion:
     """A peer's region descriptor (never a pointer; the key is not shown)."""
 

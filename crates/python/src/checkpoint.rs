@@ -1,0 +1,226 @@
+//! Checkpoints (safetensors) for `gdx.load_safetensors` / `gdx.save_safetensors` (the Python
+//! side is `python/gdx/_checkpoint.py`). Headers, their checks, the plan of each copy and the
+//! copies are gdx-storage's; this module converts arguments, lends the copies memory that
+//! Python owns (a numpy pool, a torch CUDA pool) and releases the GIL while they run.
+
+use std::collections::BTreeMap;
+
+use gdx_storage::safetensors::{self, Dtype, Header, TensorSpec};
+use gdx_storage::{CopyOptions, CopyReport, PathChoice};
+use gdx_sys::cuda::DeviceBuffer;
+use pyo3::buffer::PyBuffer;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::{err, storage_to_py, PyResultExt};
+
+fn options(via: &str, chunk_bytes: usize, depth: usize) -> PyResult<CopyOptions> {
+    let path = match via {
+        "auto" => PathChoice::Auto,
+        "gds" => PathChoice::Gds,
+        "file-staged" | "direct" => PathChoice::FileStaged,
+        "buffered" => PathChoice::Buffered,
+        other => {
+            return Err(err(format!(
+                "via={other:?}: expected \"auto\", \"buffered\", \"file-staged\" or \"gds\""
+            )))
+        }
+    };
+    let o = CopyOptions {
+        path,
+        chunk_bytes,
+        depth,
+        ..Default::default()
+    };
+    o.validate().map_err(storage_to_py)?;
+    Ok(o)
+}
+
+fn report<'py>(py: Python<'py>, file: &str, r: &CopyReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("file", file)?;
+    d.set_item("bytes", r.bytes)?;
+    d.set_item("path", r.path.key())?;
+    d.set_item("reason", &r.reason)?;
+    d.set_item("elapsed_s", r.elapsed.as_secs_f64())?;
+    d.set_item("gbps", r.gbps())?;
+    let split = r.split.unwrap_or_default();
+    d.set_item("page_cache_bytes", r.split.map(|_| split.page_cache))?;
+    d.set_item("direct_bytes", r.split.map(|_| split.direct))?;
+    Ok(d)
+}
+
+/// One file of a checkpoint: (file, data_start, data_len, tensors, metadata), each tensor
+/// (name, dtype, shape, begin, end).
+type FileEntry = (
+    String,
+    u64,
+    u64,
+    Vec<(String, &'static str, Vec<u64>, u64, u64)>,
+    BTreeMap<String, String>,
+);
+
+/// Resolve a checkpoint (a file, a folder of shards, an index.json) and check every header.
+#[pyfunction]
+pub(crate) fn _st_open(py: Python<'_>, path: String) -> PyResult<Vec<FileEntry>> {
+    let files = py
+        .allow_threads(|| safetensors::open_checkpoint(std::path::Path::new(&path)))
+        .map_err(storage_to_py)?;
+    Ok(files
+        .into_iter()
+        .map(|(f, h): (_, Header)| {
+            let tensors = h
+                .tensors
+                .into_iter()
+                .map(|t| (t.name, t.dtype.name(), t.shape, t.begin, t.end))
+                .collect();
+            (
+                f.display().to_string(),
+                h.data_start,
+                h.data_len,
+                tensors,
+                h.metadata,
+            )
+        })
+        .collect())
+}
+
+/// The data section the Python side passes back (from `_st_open`): only it is read.
+fn header(data_start: u64, data_len: u64) -> Header {
+    Header {
+        tensors: Vec::new(),
+        metadata: BTreeMap::new(),
+        data_start,
+        data_len,
+    }
+}
+
+/// Copy the data section of `file` into the writable, contiguous byte buffer `dst`.
+#[pyfunction]
+#[pyo3(signature = (file, data_start, data_len, dst, via="auto", chunk_bytes=16 << 20, depth=4))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn _st_load_host<'py>(
+    py: Python<'py>,
+    file: String,
+    data_start: u64,
+    data_len: u64,
+    dst: &Bound<'py, PyAny>,
+    via: &str,
+    chunk_bytes: usize,
+    depth: usize,
+) -> PyResult<Bound<'py, PyDict>> {
+    let opts = options(via, chunk_bytes, depth)?;
+    let buf = PyBuffer::<u8>::get(dst)?;
+    if buf.readonly() || !buf.is_c_contiguous() {
+        return Err(err(
+            "the destination must be a writable, contiguous byte buffer",
+        ));
+    }
+    let (ptr, len) = (buf.buf_ptr() as usize, buf.len_bytes());
+    let h = header(data_start, data_len);
+    let r = py
+        .allow_threads(|| {
+            let dst: &mut [u8] = if len == 0 {
+                &mut []
+            } else {
+                // SAFETY: `buf` holds an export of the destination for the whole call (it is
+                // dropped after this closure), so its `len` bytes at `ptr` stay allocated; it
+                // is a writable C-contiguous byte buffer (checked above) that the Python side
+                // allocated for this load and does not touch until the call returns.
+                unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
+            };
+            safetensors::load_into_host(std::path::Path::new(&file), &h, dst, &opts)
+        })
+        .map_err(storage_to_py)?;
+    drop(buf);
+    report(py, &file, &r)
+}
+
+/// Copy the data section of `file` into `nbytes` of GPU `gpu`'s memory at `ptr` (a torch
+/// tensor's storage, which the caller keeps alive and leaves alone until this returns).
+#[pyfunction]
+#[pyo3(signature = (file, data_start, data_len, ptr, nbytes, gpu, via="auto", chunk_bytes=16 << 20, depth=4))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn _st_load_gpu<'py>(
+    py: Python<'py>,
+    file: String,
+    data_start: u64,
+    data_len: u64,
+    ptr: u64,
+    nbytes: usize,
+    gpu: u32,
+    via: &str,
+    chunk_bytes: usize,
+    depth: usize,
+) -> PyResult<Bound<'py, PyDict>> {
+    let opts = options(via, chunk_bytes, depth)?;
+    let ctx = crate::cuda::local_peer()?.context(gpu).py_err()?;
+    let h = header(data_start, data_len);
+    let r = py
+        .allow_threads(|| {
+            // SAFETY: the Python side passes the storage of a CUDA tensor of `nbytes` bytes on
+            // GPU `gpu`, holds a reference to it until this call returns, and has synchronised
+            // its stream before the call; every copy queued here is waited for before
+            // load_into_gpu returns, and the borrowed buffer never frees the memory.
+            let mut dev = unsafe { DeviceBuffer::from_raw_parts(&ctx, ptr, nbytes) };
+            safetensors::load_into_gpu(std::path::Path::new(&file), &h, &mut dev, 0, &opts)
+        })
+        .map_err(storage_to_py)?;
+    report(py, &file, &r)
+}
+
+/// Write a safetensors file: `tensors` is a list of (name, dtype, shape, contiguous byte
+/// buffer).
+#[pyfunction]
+#[pyo3(signature = (path, tensors, metadata, via="auto"))]
+pub(crate) fn _st_save<'py>(
+    py: Python<'py>,
+    path: String,
+    tensors: Vec<(String, String, Vec<u64>, Bound<'py, PyAny>)>,
+    metadata: BTreeMap<String, String>,
+    via: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let opts = options(via, 16 << 20, 4)?;
+    let mut specs = Vec::with_capacity(tensors.len());
+    let mut bufs = Vec::with_capacity(tensors.len());
+    for (name, dtype, shape, obj) in tensors {
+        let d = Dtype::parse(&dtype).ok_or_else(|| {
+            err(format!(
+                "tensor {name:?}: unknown safetensors dtype {dtype:?}"
+            ))
+        })?;
+        let b = PyBuffer::<u8>::get(&obj)?;
+        if !b.is_c_contiguous() {
+            return Err(err(format!(
+                "tensor {name:?}: its bytes are not contiguous"
+            )));
+        }
+        specs.push(TensorSpec {
+            name,
+            dtype: d,
+            shape,
+            len: b.len_bytes() as u64,
+        });
+        bufs.push(b);
+    }
+    let spans: Vec<(usize, usize)> = bufs
+        .iter()
+        .map(|b| (b.buf_ptr() as usize, b.len_bytes()))
+        .collect();
+    let r = py
+        .allow_threads(|| {
+            let data: Vec<&[u8]> = spans
+                .iter()
+                .map(|&(p, n)| match n {
+                    0 => &[][..],
+                    // SAFETY: each span is a non-empty contiguous buffer export held in `bufs`
+                    // until after this closure; the save only reads it.
+                    _ => unsafe { std::slice::from_raw_parts(p as *const u8, n) },
+                })
+                .collect();
+            safetensors::save(std::path::Path::new(&path), &specs, &data, &metadata, &opts)
+        })
+        .map_err(storage_to_py)?;
+    drop(bufs);
+    report(py, &path, &r)
+}

@@ -1,0 +1,267 @@
+//! Page-cache residency: which pages of a file range the kernel holds ([`Residency`], from
+//! `mincore(2)` through gdx-sys), and the read planner that uses it ([`plan_read`]).
+//!
+//! With [`PathChoice::Auto`], a read asks the kernel first:
+//!
+//! | the range in the page cache | path | why |
+//! |---|---|---|
+//! | all of it | `buffered` | a copy out of the page cache runs at memory speed; `O_DIRECT` or cuFile would read the disk again |
+//! | part of it | `file-staged`, split | the cached pages through the page cache and the rest with `O_DIRECT`, page by page, in one pipeline |
+//! | none of it | the planner's choice ([`crate::plan`]) | `gds` with true GPUDirect Storage, else `file-staged` |
+//!
+//! Every report of such a read says how many bytes went each way ([`crate::IoSplit`]) and why.
+//! Residency can change while a copy runs (pages are evicted or read in); that only moves bytes
+//! between the two ways, never changes what is read.
+
+use crate::host::resolve;
+use crate::plan::{plan, CufileStatus, Endpoint};
+use crate::{human_bytes, FileRange, PathChoice, StorageError, StoragePath};
+use std::fs::File;
+use std::io::{Seek, SeekFrom};
+use std::os::fd::AsFd;
+use std::path::Path;
+
+/// Which pages of a file range are in the page cache, as `mincore(2)` said when asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Residency {
+    page: u64,
+    /// The file position of the first page (the page holding `offset`).
+    first: u64,
+    pages: Vec<bool>,
+    offset: u64,
+    len: u64,
+}
+
+impl Residency {
+    /// Ask the kernel about `len` bytes of `file` at `offset`.
+    pub fn of_file(file: &File, offset: u64, len: u64) -> std::io::Result<Residency> {
+        let page = gdx_sys::os::page_size();
+        let pages = gdx_sys::os::page_residency(file.as_fd(), offset, len)?;
+        Ok(Residency {
+            page,
+            first: offset - offset % page,
+            pages,
+            offset,
+            len,
+        })
+    }
+
+    /// The bytes of the range.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The page size the map counts in.
+    pub fn page_size(&self) -> u64 {
+        self.page
+    }
+
+    /// The bytes of the range that lie in resident pages.
+    pub fn resident_bytes(&self) -> u64 {
+        let end = self.offset + self.len;
+        self.pages
+            .iter()
+            .enumerate()
+            .filter(|(_, &r)| r)
+            .map(|(i, _)| {
+                let a = (self.first + i as u64 * self.page).max(self.offset);
+                let b = (self.first + (i as u64 + 1) * self.page).min(end);
+                b.saturating_sub(a)
+            })
+            .sum()
+    }
+
+    /// Whether the page holding `pos` is resident, and where the run of pages like it ends
+    /// (a page boundary, or the end of the map); `None` outside the map.
+    pub(crate) fn run_at(&self, pos: u64) -> Option<(bool, u64)> {
+        let i = usize::try_from(pos.checked_sub(self.first)? / self.page).ok()?;
+        let here = *self.pages.get(i)?;
+        let same = self.pages[i..].iter().take_while(|&&r| r == here).count();
+        Some((here, self.first + (i + same) as u64 * self.page))
+    }
+}
+
+/// The residency of `len` bytes (to the end of the file when `None`) of `path` at `offset`.
+pub fn residency(path: &Path, offset: u64, len: Option<u64>) -> Result<Residency, StorageError> {
+    let (file, size) = open_sized(path)?;
+    let (offset, len) = resolve(
+        &FileRange {
+            path: path.to_path_buf(),
+            offset,
+            len,
+        },
+        size,
+    )?;
+    Residency::of_file(&file, offset, len).map_err(|source| StorageError::File {
+        call: "mmap + mincore",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn open_sized(path: &Path) -> Result<(File, u64), StorageError> {
+    let open_err = |source| StorageError::Open {
+        path: path.to_path_buf(),
+        purpose: "reading",
+        source,
+    };
+    let mut file = File::open(path).map_err(open_err)?;
+    let meta = file.metadata().map_err(open_err)?;
+    let size = if meta.is_file() {
+        meta.len()
+    } else {
+        file.seek(SeekFrom::End(0)).map_err(open_err)?
+    };
+    Ok((file, size))
+}
+
+/// A read's plan: the path, why, and the residency map that splits a `file-staged` read.
+#[derive(Debug, Clone)]
+pub(crate) struct ReadPlan {
+    pub(crate) path: StoragePath,
+    pub(crate) reason: String,
+    pub(crate) residency: Option<Residency>,
+}
+
+/// Plan a read of `src` into `endpoint` memory (see the module docs): [`plan`] for an explicit
+/// choice, the page cache's residency first for [`PathChoice::Auto`].
+pub(crate) fn plan_read(
+    src: &FileRange,
+    choice: PathChoice,
+    endpoint: Endpoint,
+    cufile: &CufileStatus,
+) -> Result<ReadPlan, StorageError> {
+    let base = plan(choice, endpoint, cufile)?;
+    let plain = |reason: String| ReadPlan {
+        path: base.path,
+        reason,
+        residency: None,
+    };
+    if choice != PathChoice::Auto {
+        return Ok(plain(base.reason));
+    }
+    let (file, size) = open_sized(&src.path)?;
+    let (offset, len) = resolve(src, size)?;
+    if len == 0 {
+        return Ok(plain(base.reason));
+    }
+    let res = match Residency::of_file(&file, offset, len) {
+        Ok(r) => r,
+        Err(e) => {
+            return Ok(plain(format!(
+                "page-cache residency unknown (mincore: {e}), so cached pages are not told \
+                 apart; {}",
+                base.reason
+            )))
+        }
+    };
+    let cached = res.resident_bytes();
+    let total = human_bytes(len);
+    if cached == 0 {
+        return Ok(plain(format!(
+            "none of the {total} range is in the page cache (mincore); {}",
+            base.reason
+        )));
+    }
+    if cached == len {
+        return Ok(ReadPlan {
+            path: StoragePath::Buffered,
+            reason: format!(
+                "all of the {total} range is in the page cache (mincore): read through it \
+                 (O_DIRECT or cuFile would read the disk again)"
+            ),
+            residency: None,
+        });
+    }
+    let passed_over = if base.path == StoragePath::Gds {
+        " (cuFile passed over: it would read the cached part from the disk again)"
+    } else {
+        ""
+    };
+    Ok(ReadPlan {
+        path: StoragePath::FileStaged,
+        reason: format!(
+            "{} of the {total} range is in the page cache (mincore): those pages through the \
+             page cache, the other {} with O_DIRECT, in one pipeline{passed_over}",
+            human_bytes(cached),
+            human_bytes(len - cached)
+        ),
+        residency: Some(res),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(first: u64, pages: &[bool], offset: u64, len: u64) -> Residency {
+        Residency {
+            page: 4096,
+            first,
+            pages: pages.to_vec(),
+            offset,
+            len,
+        }
+    }
+
+    #[test]
+    fn resident_bytes_count_only_the_range() {
+        // Range 100..(3 * 4096 + 50): pages 0 (partly), 1, 2, 3 (partly).
+        let r = map(0, &[true, false, true, true], 100, 3 * 4096 - 50);
+        assert_eq!(r.resident_bytes(), (4096 - 100) + 4096 + 50);
+        assert_eq!(map(0, &[false; 3], 0, 3 * 4096).resident_bytes(), 0);
+        assert_eq!(map(0, &[true; 3], 0, 3 * 4096).resident_bytes(), 3 * 4096);
+    }
+
+    #[test]
+    fn runs_end_at_the_next_change() {
+        let r = map(8192, &[true, true, false, true], 8192, 4 * 4096);
+        assert_eq!(r.run_at(8192), Some((true, 8192 + 2 * 4096)));
+        assert_eq!(r.run_at(8192 + 4096 + 7), Some((true, 8192 + 2 * 4096)));
+        assert_eq!(r.run_at(8192 + 2 * 4096), Some((false, 8192 + 3 * 4096)));
+        assert_eq!(r.run_at(8192 + 3 * 4096), Some((true, 8192 + 4 * 4096)));
+        assert_eq!(r.run_at(0), None);
+        assert_eq!(r.run_at(8192 + 4 * 4096), None);
+    }
+
+    #[test]
+    fn explicit_choices_do_not_look_at_the_cache() {
+        let p = plan_read(
+            &FileRange::whole("/nonexistent/gdx"),
+            PathChoice::FileStaged,
+            Endpoint::Host,
+            &CufileStatus::NotNeeded,
+        )
+        .unwrap();
+        assert_eq!(p.path, StoragePath::FileStaged);
+        assert!(p.residency.is_none());
+    }
+
+    #[test]
+    fn a_file_just_written_is_read_through_the_page_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, vec![1u8; 5 * 4096]).unwrap();
+        let r = residency(&p, 0, None).unwrap();
+        // What mincore says decides; a just-written file is in the page cache on every fs.
+        assert_eq!(r.resident_bytes(), 5 * 4096, "{r:?}");
+        let plan = plan_read(
+            &FileRange::whole(&p),
+            PathChoice::Auto,
+            Endpoint::Host,
+            &CufileStatus::NotNeeded,
+        )
+        .unwrap();
+        assert_eq!(plan.path, StoragePath::Buffered);
+        assert!(
+            plan.reason.contains("all of the 20 KiB range"),
+            "{}",
+            plan.reason
+        );
+    }
+}
