@@ -19,6 +19,7 @@
 #         --smp N (2), --wires N (pair; 1), --keep (keep the run folder)
 #
 # Inside, the command sees: GDX_VM (one|a|b), GDX_VM_NICS, GDX_VM_SELF_IP(S), GDX_VM_PEER_IP(S),
+# GDX_VM_RUN (a folder both VMs and the host share, e.g. for one VM to signal the other),
 # GDX_TEST_NIC (the first rxe device), GDX_VM_ACCEL (kvm|tcg), `ulimit -l unlimited`, and the
 # caller's environment and working directory. Under TCG code runs 10-50x slower than on the
 # host: compare figures only with a reference measured in the same boot.

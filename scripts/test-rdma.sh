@@ -41,8 +41,12 @@ for v in RDMA_HW BENCH_HW ENGINE_VM DOCTOR_LIB; do
 done
 cargo build --release -p gdx 2>&1 | tail -1
 GDX=$PWD/target/release/gdx
+# The Python package as it is now, installed in the venv the VM runs (on this host its rdma
+# test is skipped: no device).
+bash scripts/test-python.sh -q test_rdma.py
+PYENV=$PWD/${GDX_PYENV:-target/pyenv}
 
-export RDMA_HW BENCH_HW ENGINE_VM DOCTOR_LIB GDX
+export RDMA_HW BENCH_HW ENGINE_VM DOCTOR_LIB GDX PYENV
 if [[ $part == one || $part == all ]]; then
   bash scripts/rdma-vm.sh run --timeout 2400 -- bash scripts/rdma-vm/suite-one.sh
 fi

@@ -70,7 +70,8 @@ rdma link show
 
 ulimit -l unlimited
 ulimit -n 65536
-export GDX_VM="$VM" GDX_VM_ACCEL="$ACCEL" GDX_VM_NICS="${nics[*]}"
+# GDX_VM_RUN: the run folder, shared by both VMs and the host (a place to signal each other).
+export GDX_VM="$VM" GDX_VM_ACCEL="$ACCEL" GDX_VM_NICS="${nics[*]}" GDX_VM_RUN="$RUN"
 export GDX_VM_SELF_IPS="${self_ips[*]}" GDX_VM_PEER_IPS="${peer_ips[*]}"
 export GDX_VM_SELF_IP="${self_ips[0]}" GDX_VM_PEER_IP="${peer_ips[0]}" GDX_TEST_NIC="${nics[0]}"
 echo "rdma-vm: nics ${nics[*]}, self ${self_ips[*]}, peer ${peer_ips[*]}"

@@ -14,6 +14,10 @@ step "bench's rdma test"
 step "the engine's rdma transport (tests/rdma_vm.rs)"
 "$ENGINE_VM" --ignored --test-threads=1 --skip rdma_vm_role_server || fail "engine rdma_vm"
 
+step "the Python binding over rdma (crates/python/tests/test_rdma.py)"
+(cd crates/python/tests && GDX_REQUIRE_RDMA=1 "$PYENV/bin/python" -m pytest -q -p no:cacheprovider test_rdma.py) \
+  || fail "python test_rdma.py"
+
 step "doctor's verbs probe (unit test, with a device)"
 "$DOCTOR_LIB" --test-threads=1 probe_rdma || fail "doctor probe_rdma"
 

@@ -8,7 +8,9 @@ step() { echo; echo "=== $* ==="; }
 PORT=7448
 
 if [[ $role == b ]]; then
-  # Serve until vm a is done (the harness powers this VM off then).
+  # Power off when vm a asks (the "peer VM powered off" fault); otherwise serve until vm a is
+  # done (the harness powers this VM off then).
+  (while [[ ! -e $GDX_VM_RUN/poweroff-b ]]; do sleep 0.2; done; echo o >/proc/sysrq-trigger) &
   exec "$GDX" serve --listen "$GDX_VM_SELF_IP:7447" --rdma-listen "$GDX_VM_SELF_IP:$PORT" \
     --size 64MiB --insecure
 fi
@@ -40,4 +42,53 @@ for x in rows:
     assert x.get("verified") is True, x
     print(f'{x["key"]:<34} {x["size_bytes"]:>9} B  {x["bw_gbps"]:.4f} GB/s  p50 {x["lat_p50_us"]:.1f} us  verified')
 PY
+# A fault run: completes with every byte verified, or fails naming a cause; never hangs (the
+# rdma wait is on progress, 30 s) and never reports success for bytes that did not land.
+fault_run() { # fault_run NAME EXPECT(pass|either|fail) -- bench args
+  local name=$1 expect=$2; shift 3
+  local t0=$SECONDS
+  timeout 300 "$GDX" bench --path rdma --peer "$GDX_VM_PEER_IP:$PORT" --json "$@" \
+    >/tmp/fault.json 2>/tmp/fault.err
+  local rc=$? took=$((SECONDS - t0))
+  ((rc == 124)) && fail "$name: gdx bench hung (killed after 300 s)"
+  python3 - "$name" "$expect" "$rc" "$took" <<'PY' || fail "$name"
+import json, sys
+name, expect, rc, took = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+r = json.load(open("/tmp/fault.json"))
+cases = [c for c in r["cases"] if "gpu" not in c["key"]]
+rows = [x for x in r["results"] if "gpu" not in x["key"]]
+failed = [c for c in cases if c["status"] not in ("passed", "waived")]
+for x in rows:
+    # A row is only written for a size that completed: its bytes must have verified.
+    assert x.get("verified") is True, (name, x)
+for c in failed:
+    why = c.get("reason") or ""
+    assert why.strip(), (name, "a failure must name its cause", c)
+    print(f"{name}: {c['key']} failed after {took} s: {why[:300]}")
+if expect == "pass":
+    assert not failed and rc == 0, (name, rc, failed)
+if expect == "fail":
+    assert failed and rc != 0, (name, "success reported for a peer that is gone", rc)
+print(f"{name}: exit {rc} after {took} s, {len(rows)} verified row(s), {len(failed)} failed case(s)")
+PY
+}
+
+step "fault: 2 % packet loss on the wire (RC retransmits: every byte lands)"
+tc qdisc add dev eth0 root netem loss 2%
+fault_run loss-2pct pass -- --size 64KiB,1MiB
+tc qdisc del dev eth0 root
+
+step "fault: the link goes down mid-transfer, then up again"
+(sleep 4; ip link set eth0 down; sleep 3; ip link set eth0 up) &
+fault_run link-down either -- --size 1MiB,8MiB --duration 3s
+wait
+for ((i = 0; i < 50; i++)); do rdma link show rxe0/1 | grep -q ACTIVE && break; sleep 0.2; done
+step "after the link came back: a fresh run passes"
+fault_run link-back pass -- --size 64KiB
+
+step "fault: the peer VM is powered off"
+(sleep 3; touch "$GDX_VM_RUN/poweroff-b") &
+fault_run peer-off fail -- --size 8MiB --duration 30s
+wait
+
 echo; echo "suite-pair: all passed"

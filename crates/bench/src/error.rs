@@ -14,6 +14,10 @@ use gdx_sys::cuda::CudaError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BenchError {
+    /// The case cannot run against this peer (it lacks what the case needs): reported as
+    /// waived with this reason, not as a failure.
+    #[error("{0}")]
+    Waived(String),
     /// A CUDA driver call failed (the error names the call and the GPU).
     #[error(transparent)]
     Cuda(#[from] CudaError),

@@ -253,6 +253,9 @@ pub fn run(
                 let secs = start.elapsed().as_secs_f64();
                 match result {
                     Ok(()) => CaseOutcome::new(spec, Status::Passed, None, secs),
+                    Err(BenchError::Waived(why)) => {
+                        CaseOutcome::new(spec, Status::Waived, Some(why), secs)
+                    }
                     Err(e) => CaseOutcome::new(spec, Status::Error, Some(e.chain()), secs),
                 }
             }

@@ -44,7 +44,7 @@ impl Buffer {
         match mem {
             LinkMem::Host => Ok(Buffer::Host((0..len).map(|i| pattern(i, seed)).collect())),
             LinkMem::Gpu(n) => {
-                let cuda = Cuda::load().map_err(|u| RdmaError::InvalidArgument(u.to_string()))?;
+                let cuda = Cuda::load()?;
                 let ctx = Context::new(&cuda.device(n)?)?;
                 Ok(Buffer::Gpu(Arc::new(DeviceBuffer::new(&ctx, len)?)))
             }
@@ -95,7 +95,7 @@ fn place(mem: LinkMem) -> Result<MemPlace, RdmaError> {
     Ok(match mem {
         LinkMem::Host => MemPlace::Host { numa: None },
         LinkMem::Gpu(n) => {
-            let cuda = Cuda::load().map_err(|u| RdmaError::InvalidArgument(u.to_string()))?;
+            let cuda = Cuda::load()?;
             let bdf = cuda.device(n)?.pci_bus_id()?;
             let bdf = bdf
                 .parse()

@@ -29,6 +29,7 @@ pub use session::{run_client, run_loopback, serve, serve_on, RdmaParams, RdmaRun
 
 use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived};
 use crate::error::BenchError;
+use gdx_rdma::RdmaError;
 use crate::report::Row;
 use crate::stats::fill_row;
 use crate::Ctx;
@@ -178,13 +179,19 @@ impl BenchCase for RdmaCase {
             None => run_loopback(&p),
         }
         // gdx-rdma's error is kept as the source; its control messages already say which
-        // side failed ("peer: ..."), so nothing is read back out of the text.
-        .map_err(|source| BenchError::Rdma {
+        // side failed ("peer: ..."), so nothing is read back out of the text. A library the
+        // peer lacks (no CUDA there for a GPU case) waives the case.
+        .map_err(|source| match source {
+            RdmaError::Library(u) if self.peer.is_some() => {
+                BenchError::Waived(format!("the peer cannot serve this memory: {u}"))
+            }
+            source => BenchError::Rdma {
             context: format!(
                 "rdma bench against {}",
                 self.peer.as_deref().unwrap_or("the loopback server")
             ),
             source,
+            },
         })?;
         for row in rows(&self.spec, &run, params.verify) {
             sink(row);

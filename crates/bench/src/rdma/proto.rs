@@ -173,6 +173,13 @@ pub(crate) enum Msg {
     Error {
         reason: String,
     },
+    /// The server cannot serve the memory asked for because a library is missing there (no
+    /// CUDA driver for GPU memory): the case cannot run against this peer, which is not a
+    /// failure of the path.
+    Unavailable {
+        library: String,
+        reason: String,
+    },
 }
 
 pub(crate) fn send(c: &mut dyn Control, m: &Msg) -> Result<(), RdmaError> {
@@ -184,6 +191,10 @@ pub(crate) fn recv(c: &mut dyn Control, timeout: Duration) -> Result<Msg, RdmaEr
     let b = c.recv(timeout)?;
     match serde_json::from_slice(&b).map_err(|e| RdmaError::Control(format!("bad message: {e}")))? {
         Msg::Error { reason } => Err(RdmaError::Control(format!("peer: {reason}"))),
+        Msg::Unavailable { library, reason } => Err(RdmaError::Library(gdx_sys::Unavailable {
+            library: format!("the peer's {library}"),
+            reason,
+        })),
         m => Ok(m),
     }
 }

@@ -283,7 +283,21 @@ pub fn serve(
         let link = side.connect(&conn)?;
         Ok::<_, RdmaError>((link, local, region, mechanism))
     })();
-    let (link, local, region, mechanism) = setup.map_err(|e| fail(ctrl, e))?;
+    let (link, local, region, mechanism) = setup.map_err(|e| match e {
+        RdmaError::Library(u) => {
+            if let Err(s) = send(
+                ctrl,
+                &Msg::Unavailable {
+                    library: u.library.clone(),
+                    reason: u.reason.clone(),
+                },
+            ) {
+                log::debug!("could not tell the bench client why: {s}");
+            }
+            RdmaError::Library(u)
+        }
+        e => fail(ctrl, e),
+    })?;
     send(
         ctrl,
         &Msg::Ready {
