@@ -14,16 +14,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::auth::{Mac, Secret};
+use crate::admission::Gate;
+use crate::auth::Secret;
 use crate::config::{boot_host_id, AgentConfig, Transports};
 use crate::conn::Sock;
 use crate::error::{Error, Result};
 use crate::gpu::{AgentGpu, DeviceOrigin, DeviceRegion, LocalPeer};
 use crate::inbound::Queue;
-use crate::limits::{Gate, LimitHits};
+use crate::limits::LimitHits;
 use crate::notes::NoteQueue;
 use crate::peer::Peer;
 use crate::region::{Access, Region, RegionScope, Registry};
+pub(crate) use crate::session::Session;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::transport::fabric::FabricNode;
 use crate::transport::rdma::RdmaNode;
@@ -53,17 +55,6 @@ pub struct PeerInfo {
     pub transports: Transports,
     /// Where the peer accepts connections, if it listens.
     pub listen: Option<String>,
-}
-
-/// An authenticated control session, as joining connections must match it.
-#[derive(Debug, Clone)]
-pub(crate) struct Session {
-    /// Insecure mode: the token joining connections present.
-    pub(crate) token: u128,
-    /// The session key joining connections prove they hold (`None` in insecure mode).
-    pub(crate) key: Option<Mac>,
-    /// The peer agent's name.
-    pub(crate) peer: String,
 }
 
 /// The secret shared by every agent of this process that was given none.
@@ -520,6 +511,28 @@ impl Agent {
     /// [`Error::Unreachable`] if nothing answers at `addr` (refused, no route, timed out);
     /// [`Error::PeerLost`] if the connection breaks during the handshake.
     pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Peer> {
+        self.connect_to(addr, None)
+    }
+
+    /// [`Agent::connect`] to a peer that must be the agent `expect` names (and, when given,
+    /// that instance): the name and instance id come from the authenticated handshake, bound to
+    /// the session key, so an address that points elsewhere (a rewritten etcd record) fails.
+    ///
+    /// # Errors
+    /// As [`Agent::connect`]; [`Error::AuthFailed`] naming the agent reached when it is another.
+    pub fn connect_expecting(
+        &self,
+        addr: impl ToSocketAddrs,
+        expect: &crate::peer::Expected,
+    ) -> Result<Peer> {
+        self.connect_to(addr, Some(expect.clone()))
+    }
+
+    fn connect_to(
+        &self,
+        addr: impl ToSocketAddrs,
+        expect: Option<crate::peer::Expected>,
+    ) -> Result<Peer> {
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
             .map_err(|e| Error::InvalidArgument(format!("address: {e}")))?
@@ -527,7 +540,7 @@ impl Agent {
         let mut last = Error::InvalidArgument("address resolves to nothing".into());
         for a in addrs {
             match TcpStream::connect_timeout(&a, self.inner.cfg.io_timeout) {
-                Ok(s) => return Peer::handshake(Arc::clone(&self.inner), s, a),
+                Ok(s) => return Peer::handshake(Arc::clone(&self.inner), s, a, expect),
                 Err(e) => last = Error::Unreachable(format!("{a}: {e}")),
             }
         }

@@ -52,6 +52,7 @@
 #![deny(missing_docs)]
 // Lints: [workspace.lints] in the root Cargo.toml (unsafe contracts, no unwrap/expect/panic).
 
+mod admission;
 mod agent;
 mod auth;
 mod calibration;
@@ -73,6 +74,7 @@ mod region;
 mod ring;
 pub mod serve;
 mod server;
+mod session;
 mod spin;
 mod stats;
 mod transfer;
@@ -89,7 +91,7 @@ pub use gpu::{
     StagedTuning,
 };
 pub use limits::{LimitHits, Limits};
-pub use peer::Peer;
+pub use peer::{Expected, Peer};
 pub use plan::{Path, PeerRoute, Plan};
 pub use planner::Policy;
 pub use region::{

@@ -21,14 +21,15 @@ use std::os::unix::net::UnixListener;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::admission::Slot;
 use crate::agent::{AgentInner, Notification, PeerInfo, Session};
 use crate::auth;
 use crate::config::Transports;
 use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
 use crate::gpu::{Stager, Ticket, DEPTH};
-use crate::limits::Slot;
 use crate::region::{Lease, RegionKey, Registry};
+use crate::session::{identity_tag, Member};
 use crate::wire::{Hello, Msg};
 
 /// Largest frame body accepted before a connection authenticated (a `Hello` with the longest
@@ -42,8 +43,13 @@ pub(crate) fn accept_tcp(agent: Arc<AgentInner>, l: TcpListener) {
         }
         let Ok(s) = s else { continue };
         let ip = s.peer_addr().ok().map(|a| a.ip());
+        // The gate keeps a handle to evict the connection while it is pending.
+        let Ok(handle) = s.try_clone() else { continue };
         // Refused connections are closed at once: no thread, no buffer.
-        let Some(slot) = agent.gate.admit(ip, &agent.cfg.limits, &agent.hits) else {
+        let Some(slot) = agent
+            .gate
+            .admit(ip, Sock::Tcp(handle), &agent.cfg.limits, &agent.hits)
+        else {
             continue;
         };
         let a = Arc::clone(&agent);
@@ -77,7 +83,11 @@ pub(crate) fn accept_unix(agent: Arc<AgentInner>, l: UnixListener) {
                 continue;
             }
         }
-        let Some(slot) = agent.gate.admit(None, &agent.cfg.limits, &agent.hits) else {
+        let Ok(handle) = s.try_clone() else { continue };
+        let Some(slot) = agent
+            .gate
+            .admit(None, Sock::Unix(handle), &agent.cfg.limits, &agent.hits)
+        else {
             continue;
         };
         let a = Arc::clone(&agent);
@@ -85,6 +95,14 @@ pub(crate) fn accept_unix(agent: Arc<AgentInner>, l: UnixListener) {
             .name("gdx-serve-shm".into())
             .spawn(move || serve_shm(a, s, slot));
     }
+}
+
+/// The first frame arrived: the whole-handshake deadline (from accept) replaces the
+/// first-frame one, and the gate evicts this connection after silent ones.
+fn first_frame(agent: &AgentInner, c: &mut Conn, slot: &Slot, accepted: std::time::Instant) {
+    let limit = agent.cfg.limits.handshake_timeout;
+    c.start_handshake(accepted + limit, limit, HANDSHAKE_BODY);
+    slot.spoke();
 }
 
 /// Runs `f` on a tracked connection within the handshake deadline; answers a fatal error with
@@ -102,10 +120,14 @@ fn with_conn(
     if conn.set_timeout(Some(agent.cfg.io_timeout)).is_ok() {
         let limit = agent.cfg.limits.handshake_timeout;
         conn.start_handshake(std::time::Instant::now() + limit, limit, HANDSHAKE_BODY);
+        conn.first_frame_within(agent.cfg.limits.first_frame_timeout);
         if let Err(e) = f(&mut conn, &mut slot) {
             let hits = &agent.hits;
             match &e {
                 Error::AuthFailed(why) => hits.hit(&hits.auth_failures, why),
+                Error::LimitReached { what, .. } if what.contains("first_frame_timeout") => {
+                    hits.hit(&hits.first_frame_timeouts, what)
+                }
                 Error::LimitReached { what, .. } if what.contains("handshake_timeout") => {
                     hits.hit(&hits.handshake_timeouts, what)
                 }
@@ -140,8 +162,11 @@ fn authenticated(agent: &AgentInner, c: &mut Conn, slot: &mut Slot) -> Result<()
 
 fn serve_tcp(agent: Arc<AgentInner>, s: TcpStream, slot: Slot) {
     let conn = Conn::new(Sock::Tcp(s), "tcp connection");
+    let accepted = std::time::Instant::now();
     with_conn(&agent.clone(), conn, slot, |c, slot| {
-        match c.recv_frame(false)? {
+        let first = c.recv_frame(false)?;
+        first_frame(&agent, c, slot, accepted);
+        match first {
             (Msg::Hello(h), 0) => {
                 let session = control_handshake(&agent, c, &h)?;
                 authenticated(&agent, c, slot)?;
@@ -158,7 +183,8 @@ fn serve_tcp(agent: Arc<AgentInner>, s: TcpStream, slot: Slot) {
             ) => {
                 let mut ctx = session.to_le_bytes().to_vec();
                 ctx.extend_from_slice(&stream.to_le_bytes());
-                join_handshake(&agent, c, session, token, &ctx, nonce, "join")?;
+                // Held while the stream is served: the session's end shuts the stream down.
+                let (_, _member) = join_handshake(&agent, c, session, token, &ctx, nonce, "join")?;
                 authenticated(&agent, c, slot)?;
                 c.send(&Msg::Ok)?;
                 serve_stream(&agent, c)
@@ -194,10 +220,11 @@ fn control_handshake(agent: &AgentInner, c: &mut Conn, h: &Hello) -> Result<(u12
         Some(secret) => {
             let ctx = h.agent_id.to_le_bytes();
             let sn = auth::accept(c, secret.bytes(), "control", &ctx, h.nonce)?;
-            (
-                0,
-                Some(auth::session_key(secret.bytes(), &ctx, h.nonce, sn)),
-            )
+            let key = auth::session_key(secret.bytes(), &ctx, h.nonce, sn);
+            // Authenticated mode: the token carries this agent's identity tag (joins prove the
+            // session key instead of presenting a token).
+            let tag = identity_tag(&key, &agent.cfg.name, agent.id, session);
+            (tag, Some(key))
         }
         None => (crate::mem::random_u128()?, None),
     };
@@ -211,6 +238,7 @@ fn control_handshake(agent: &AgentInner, c: &mut Conn, h: &Hello) -> Result<(u12
                 token,
                 key,
                 peer: h.agent_name.clone(),
+                members: Arc::default(),
             },
         );
     Ok((session, token))
@@ -226,7 +254,7 @@ fn join_handshake(
     ctx: &[u8],
     nonce: u128,
     what: &str,
-) -> Result<Session> {
+) -> Result<(Session, Member)> {
     let s = agent
         .session(session)
         .ok_or_else(|| Error::AuthFailed(format!("{what}: unknown session")))?;
@@ -240,7 +268,9 @@ fn join_handshake(
             }
         }
     }
-    Ok(s)
+    // Fails when the session ended during the join's handshake.
+    let member = s.members.join(c.shutdown_handle()?)?;
+    Ok((s, member))
 }
 
 fn serve_control(
@@ -362,11 +392,19 @@ fn serve_control(
             }
         }
     })();
-    agent
+    // The session ends with its control connection, however that ended: its data streams and
+    // shm connections (and with them the ring thread and its leases) are shut down now.
+    let ended = agent
         .sessions
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&session);
+    if let Some(s) = ended {
+        let n = s.members.end();
+        if n > 0 {
+            log::debug!("gdx: session of {from:?} ended: {n} joined connection(s) shut down");
+        }
+    }
     agent
         .rdma_qps
         .lock()

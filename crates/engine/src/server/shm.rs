@@ -7,12 +7,12 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
 use super::shm_ring::RingServer;
-use super::{authenticated, join_handshake, note_wait, with_conn};
+use super::{authenticated, first_frame, join_handshake, note_wait, with_conn};
+use crate::admission::Slot;
 use crate::agent::{AgentInner, Notification};
 use crate::conn::{trim_fds, Conn, Sock};
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
-use crate::limits::Slot;
 use crate::mem::Mapping;
 use crate::region::{Lease, Registry};
 use crate::wire::Msg;
@@ -22,8 +22,11 @@ const MAX_BOUNCE: usize = 256 << 20;
 
 pub(super) fn serve_shm(agent: Arc<AgentInner>, s: UnixStream, slot: Slot) {
     let conn = Conn::new(Sock::Unix(s), "shm connection");
+    let accepted = std::time::Instant::now();
     with_conn(&agent.clone(), conn, slot, |c, slot| {
-        let (session, token, nonce) = match c.recv_frame(false)? {
+        let first = c.recv_frame(false)?;
+        first_frame(&agent, c, slot, accepted);
+        let (session, token, nonce) = match first {
             (
                 Msg::ShmJoin {
                     session,
@@ -43,7 +46,8 @@ pub(super) fn serve_shm(agent: Arc<AgentInner>, s: UnixStream, slot: Slot) {
             .take_fd()
             .ok_or_else(|| Error::Protocol("ShmJoin without a bounce-buffer fd".into()))?;
         // The fd is neither inspected nor mapped before the peer proved its session.
-        let s = join_handshake(
+        // Held while the connection is served: the session's end shuts it (and its ring) down.
+        let (s, _member) = join_handshake(
             &agent,
             c,
             session,

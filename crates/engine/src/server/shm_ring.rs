@@ -106,8 +106,13 @@ fn serve(
     let mut regions = RegionCache::default();
     while !stop.load(Ordering::Relaxed) {
         let mut worked = false;
-        // Every request posted by now, in sequence order, in one pass.
+        // Every request posted by now, in sequence order, in one pass; the stop flag is read
+        // before each one, so a peer that keeps posting cannot keep the thread serving after
+        // its connection (or its session) ended.
         loop {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
             let s = next as usize % SLOTS;
             if ring.state(s).load(Ordering::Acquire) != POSTED {
                 break;
