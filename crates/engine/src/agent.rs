@@ -95,6 +95,8 @@ pub(crate) struct AgentInner {
     pub(crate) rdma_qps: Mutex<HashMap<u128, gdx_rdma::Qp>>,
     /// What this agent moved ([`Agent::stats`]).
     pub(crate) stats: Arc<Stats>,
+    /// What peers moved through this agent ([`Agent::served`]).
+    pub(crate) served: crate::served::Served,
     /// The libfabric endpoint, or why this agent does not offer fabric.
     pub(crate) fabric: Result<Arc<FabricNode>>,
 }
@@ -238,6 +240,7 @@ impl Agent {
             rdma,
             rdma_qps: Mutex::new(HashMap::new()),
             stats: Arc::default(),
+            served: crate::served::Served::default(),
             fabric,
         });
         if let Ok(node) = &inner.fabric {
@@ -312,6 +315,12 @@ impl Agent {
             .unwrap_or_else(|p| p.into_inner())
             .len() as u64;
         self.inner.stats.snapshot(inbound)
+    }
+
+    /// What peers moved into and out of this agent's regions, by peer, path and direction
+    /// (tcp chunks and shm ops this agent served; one-sided rdma and fabric ops are not seen).
+    pub fn served(&self) -> Vec<crate::ServedStat> {
+        self.inner.served.snapshot()
     }
 
     /// How often each bound of [`crate::Limits`] was hit.

@@ -73,6 +73,7 @@ pub mod planner;
 mod region;
 mod ring;
 pub mod serve;
+mod served;
 mod server;
 mod session;
 mod spin;
@@ -97,6 +98,7 @@ pub use planner::Policy;
 pub use region::{
     Access, Location, Region, RegionDesc, RegionKey, RegionMut, RegionRef, RegionScope,
 };
+pub use served::ServedStat;
 pub use spin::{current_cpu, leave_cpu};
 pub use stats::{reason_label, LatencyStat, PathStat, StatsSnapshot, LATENCY_BOUNDS_S};
 pub use transfer::{

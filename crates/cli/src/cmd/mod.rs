@@ -4,6 +4,7 @@ pub mod calibrate;
 pub mod cluster;
 pub mod cp;
 pub mod doctor;
+pub mod logger;
 pub mod nccl;
 pub mod output;
 pub mod peers;

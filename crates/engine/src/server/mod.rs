@@ -29,6 +29,7 @@ use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
 use crate::gpu::{Stager, Ticket, DEPTH};
 use crate::region::{Lease, RegionKey, Registry};
+use crate::served::Counters;
 use crate::session::{identity_tag, Member};
 use crate::wire::{Hello, Msg};
 
@@ -184,10 +185,10 @@ fn serve_tcp(agent: Arc<AgentInner>, s: TcpStream, slot: Slot) {
                 let mut ctx = session.to_le_bytes().to_vec();
                 ctx.extend_from_slice(&stream.to_le_bytes());
                 // Held while the stream is served: the session's end shuts the stream down.
-                let (_, _member) = join_handshake(&agent, c, session, token, &ctx, nonce, "join")?;
+                let (s, _member) = join_handshake(&agent, c, session, token, &ctx, nonce, "join")?;
                 authenticated(&agent, c, slot)?;
                 c.send(&Msg::Ok)?;
-                serve_stream(&agent, c)
+                serve_stream(&agent, c, &agent.served.counters(&s.peer, "tcp"))
             }
             (m, _) => Err(Error::Protocol(format!(
                 "expected Hello or Join, got frame type {}",
@@ -418,6 +419,9 @@ struct Landing {
     ticket: Ticket,
     ack: (u64, u32, u32),
     _lease: Lease,
+    /// Counted once the copy is done.
+    served: Arc<Counters>,
+    bytes: u64,
 }
 
 /// Rejects one op chunk; the stream stays usable.
@@ -436,7 +440,10 @@ fn land(c: &mut Conn, stager: &Stager, q: &mut VecDeque<Landing>, keep: usize) -
         let Some(l) = q.pop_front() else { break };
         let (xfer, op, chunk) = l.ack;
         match stager.wait(l.ticket) {
-            Ok(()) => c.send(&Msg::WriteAck { xfer, op, chunk })?,
+            Ok(()) => {
+                l.served.add(true, l.bytes);
+                c.send(&Msg::WriteAck { xfer, op, chunk })?
+            }
             Err(err) => op_err(c, (xfer, op, chunk), err)?,
         }
     }
@@ -446,7 +453,7 @@ fn land(c: &mut Conn, stager: &Stager, q: &mut VecDeque<Landing>, keep: usize) -
 /// How long a data stream's reader polls for the next request before it blocks in the read.
 const STREAM_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
-fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
+fn serve_stream(agent: &AgentInner, c: &mut Conn, served: &Arc<Counters>) -> Result<()> {
     let reg: &Registry = &agent.registry;
     let lease_wait = agent.cfg.io_timeout;
     let mut stager = Stager::default();
@@ -495,6 +502,7 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
                     // check_remote bounds-checked; the region stays mapped while it is held.
                     unsafe { c.recv_payload(lease.ptr_at(offset)?, payload as usize)? };
                     drop(lease);
+                    served.add(true, u64::from(payload));
                     land(c, &stager, &mut landing, 0)?;
                     c.send(&Msg::WriteAck { xfer, op, chunk })?;
                     continue;
@@ -514,6 +522,8 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
                         ticket,
                         ack: (xfer, op, chunk),
                         _lease: lease,
+                        served: Arc::clone(served),
+                        bytes: u64::from(payload),
                     }),
                     Err(err) => {
                         land(c, &stager, &mut landing, 0)?;
@@ -554,14 +564,18 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
                     .and_then(|lease| Ok((staged(&lease, &mut stager)?, lease)));
                 match r {
                     Ok((Some(t), _lease)) => match stager.bytes(t) {
-                        // SAFETY: `bytes` is the staged copy, `len` bytes of a live pinned slot.
-                        Ok(bytes) => unsafe {
-                            c.send_with_payload(
-                                &Msg::ReadData { xfer, op, chunk },
-                                bytes.as_ptr(),
-                                len,
-                            )?
-                        },
+                        Ok(bytes) => {
+                            // SAFETY: `bytes` is the staged copy, `len` bytes of a live pinned
+                            // slot.
+                            unsafe {
+                                c.send_with_payload(
+                                    &Msg::ReadData { xfer, op, chunk },
+                                    bytes.as_ptr(),
+                                    len,
+                                )?
+                            };
+                            served.add(false, u64::from(len));
+                        }
                         Err(err) => op_err(c, (xfer, op, chunk), err)?,
                     },
                     Ok((None, lease)) => {
@@ -573,6 +587,7 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
                                 len,
                             )?
                         };
+                        served.add(false, u64::from(len));
                     }
                     Err(err) => op_err(c, (xfer, op, chunk), err)?,
                 }

@@ -79,6 +79,7 @@ fn serve_shm_loop(
     let reg: &Registry = &agent.registry;
     let wait = agent.cfg.io_timeout;
     let mut held: Vec<Lease> = Vec::new();
+    let served = agent.served.counters(from, "shm");
     // Declared after `held` so it is dropped first: its thread stops and releases its leases.
     let mut ring: Option<RingServer> = None;
     loop {
@@ -125,7 +126,11 @@ fn serve_shm_loop(
                         continue;
                     }
                     match reg.check_remote(op.region, op.key, op.offset, op.len, op.write, wait) {
-                        Ok(l) => held.push(l),
+                        Ok(l) => {
+                            // Granted: the initiator copies through its mapping now.
+                            served.add(op.write, op.len);
+                            held.push(l)
+                        }
                         Err(e) => errors.push((i as u32, e)),
                     }
                 }
@@ -167,7 +172,10 @@ fn serve_shm_loop(
                         unsafe { copy_span(&lease, offset, bounce.ptr(), len as usize, dir) }
                     });
                 match r {
-                    Ok(()) => c.send(&Msg::Ok)?,
+                    Ok(()) => {
+                        served.add(write, len);
+                        c.send(&Msg::Ok)?
+                    }
                     Err(e) => c.send(&Msg::Err(e))?,
                 }
             }
@@ -211,6 +219,7 @@ fn serve_shm_loop(
                     Arc::clone(agent),
                     r,
                     c.shutdown_handle()?,
+                    Arc::clone(&served),
                 )?);
                 c.send(&Msg::Ok)?;
             }
