@@ -43,6 +43,9 @@ fn readable(s: &Sock) -> bool {
     rustix::event::poll(&mut p, Some(&rustix::event::Timespec::default())).unwrap_or(0) > 0
 }
 
+/// Whether a pending connection is inside the scope whose cap was reached.
+type InScope<'a> = dyn Fn(&Pending) -> bool + 'a;
+
 /// One pending connection.
 #[derive(Debug)]
 struct Pending {
@@ -112,7 +115,7 @@ impl Gate {
         let same_addr = |p: &Pending| p.addr == addr;
         let same_net = |p: &Pending| p.addr.map(network) == addr.map(network);
         // The narrowest scope that is full decides whom to evict.
-        let scope: Option<(&str, usize, &dyn Fn(&Pending) -> bool)> =
+        let scope: Option<(&str, usize, &InScope)> =
             if q.iter().filter(|p| same_addr(p)).count() >= l.max_pending_per_addr {
                 Some(("max_pending_per_addr", l.max_pending_per_addr, &same_addr))
             } else if q.iter().filter(|p| same_net(p)).count() >= l.max_pending_per_net {

@@ -57,16 +57,6 @@ pub struct PeerInfo {
     pub listen: Option<String>,
 }
 
-/// The secret shared by every agent of this process that was given none.
-fn process_secret() -> Result<Secret> {
-    static S: std::sync::OnceLock<Secret> = std::sync::OnceLock::new();
-    if let Some(s) = S.get() {
-        return Ok(s.clone());
-    }
-    let fresh = Secret::generate()?;
-    Ok(S.get_or_init(|| fresh).clone())
-}
-
 /// State shared by the agent handle, its server threads and its peers.
 #[derive(Debug)]
 pub(crate) struct AgentInner {
@@ -176,7 +166,7 @@ impl Agent {
                 None
             }
             (Some(s), false) => Some(s.clone()),
-            (None, false) => Some(process_secret()?),
+            (None, false) => Some(crate::auth::process_secret()?),
         };
         let id = crate::mem::random_u128()?;
         let host_id = cfg.host_id.unwrap_or_else(boot_host_id);

@@ -22,15 +22,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::admission::Slot;
-use crate::agent::{AgentInner, Notification, PeerInfo, Session};
-use crate::auth;
+use crate::agent::{AgentInner, Notification, PeerInfo};
 use crate::config::Transports;
 use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
 use crate::gpu::{Stager, Ticket, DEPTH};
-use crate::region::{Lease, RegionKey, Registry};
+use crate::region::{Lease, Registry};
 use crate::served::Counters;
-use crate::session::{identity_tag, Member};
 use crate::wire::{Hello, Msg};
 
 /// Largest frame body accepted before a connection authenticated (a `Hello` with the longest
@@ -44,13 +42,8 @@ pub(crate) fn accept_tcp(agent: Arc<AgentInner>, l: TcpListener) {
         }
         let Ok(s) = s else { continue };
         let ip = s.peer_addr().ok().map(|a| a.ip());
-        // The gate keeps a handle to evict the connection while it is pending.
-        let Ok(handle) = s.try_clone() else { continue };
         // Refused connections are closed at once: no thread, no buffer.
-        let Some(slot) = agent
-            .gate
-            .admit(ip, Sock::Tcp(handle), &agent.cfg.limits, &agent.hits)
-        else {
+        let Some(slot) = admit(&agent, ip, s.try_clone().map(Sock::Tcp)) else {
             continue;
         };
         let a = Arc::clone(&agent);
@@ -58,6 +51,17 @@ pub(crate) fn accept_tcp(agent: Arc<AgentInner>, l: TcpListener) {
             .name("gdx-serve".into())
             .spawn(move || serve_tcp(a, s, slot));
     }
+}
+
+/// Asks the gate to admit a connection from `ip` (None: the shm socket); `handle` is a second
+/// handle on it, which the gate keeps to evict the connection while it is pending.
+fn admit(
+    agent: &AgentInner,
+    ip: Option<std::net::IpAddr>,
+    handle: std::io::Result<Sock>,
+) -> Option<Slot> {
+    let handle = handle.ok()?;
+    agent.gate.admit(ip, handle, &agent.cfg.limits, &agent.hits)
 }
 
 pub(crate) fn accept_unix(agent: Arc<AgentInner>, l: UnixListener) {
@@ -84,11 +88,7 @@ pub(crate) fn accept_unix(agent: Arc<AgentInner>, l: UnixListener) {
                 continue;
             }
         }
-        let Ok(handle) = s.try_clone() else { continue };
-        let Some(slot) = agent
-            .gate
-            .admit(None, Sock::Unix(handle), &agent.cfg.limits, &agent.hits)
-        else {
+        let Some(slot) = admit(&agent, None, s.try_clone().map(Sock::Unix)) else {
             continue;
         };
         let a = Arc::clone(&agent);
@@ -196,82 +196,6 @@ fn serve_tcp(agent: Arc<AgentInner>, s: TcpStream, slot: Slot) {
             ))),
         }
     });
-}
-
-fn check_name(agent: &AgentInner, what: &str, name: &str) -> Result<()> {
-    let max = agent.cfg.limits.max_name_bytes;
-    if name.len() > max {
-        let what = format!("{what} of {} bytes > max_name_bytes", name.len());
-        agent.hits.hit(&agent.hits.names, &what);
-        return Err(Error::LimitReached {
-            what,
-            limit: max as u64,
-        });
-    }
-    Ok(())
-}
-
-/// The acceptor's side of the control handshake: the challenge–response under the agent
-/// secret (none in insecure mode), then a session that joining connections must match.
-/// Returns the session id and (insecure mode only) its token.
-fn control_handshake(agent: &AgentInner, c: &mut Conn, h: &Hello) -> Result<(u128, u128)> {
-    check_name(agent, "agent name", &h.agent_name)?;
-    let session = crate::mem::random_u128()?;
-    let (token, key) = match &agent.secret {
-        Some(secret) => {
-            let ctx = h.agent_id.to_le_bytes();
-            let sn = auth::accept(c, secret.bytes(), "control", &ctx, h.nonce)?;
-            let key = auth::session_key(secret.bytes(), &ctx, h.nonce, sn);
-            // Authenticated mode: the token carries this agent's identity tag (joins prove the
-            // session key instead of presenting a token).
-            let tag = identity_tag(&key, &agent.cfg.name, agent.id, session);
-            (tag, Some(key))
-        }
-        None => (crate::mem::random_u128()?, None),
-    };
-    agent
-        .sessions
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(
-            session,
-            Session {
-                token,
-                key,
-                peer: h.agent_name.clone(),
-                members: Arc::default(),
-            },
-        );
-    Ok((session, token))
-}
-
-/// The acceptor's side of a joining connection (data stream, shm socket): it must prove it
-/// holds the session's key (or, insecure, present its token).
-fn join_handshake(
-    agent: &AgentInner,
-    c: &mut Conn,
-    session: u128,
-    token: u128,
-    ctx: &[u8],
-    nonce: u128,
-    what: &str,
-) -> Result<(Session, Member)> {
-    let s = agent
-        .session(session)
-        .ok_or_else(|| Error::AuthFailed(format!("{what}: unknown session")))?;
-    match &s.key {
-        Some(k) => {
-            auth::accept(c, k, what, ctx, nonce)?;
-        }
-        None => {
-            if !RegionKey(s.token).ct_eq(&RegionKey(token)) {
-                return Err(Error::AuthFailed(format!("{what}: bad session token")));
-            }
-        }
-    }
-    // Fails when the session ended during the join's handshake.
-    let member = s.members.join(c.shutdown_handle()?)?;
-    Ok((s, member))
 }
 
 fn serve_control(
@@ -603,7 +527,10 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn, served: &Arc<Counters>) -> Res
     }
 }
 
+mod handshake;
 mod shm;
 mod shm_ring;
+
+use handshake::{check_name, control_handshake, join_handshake};
 
 use shm::serve_shm;
