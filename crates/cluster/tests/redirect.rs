@@ -6,52 +6,8 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
-
 use common::*;
 use gdx_engine::Access;
-
-fn base64(b: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for c in b.chunks(3) {
-        let n = (u32::from(c[0]) << 16)
-            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*c.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            if i <= c.len() {
-                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-/// A plain put through etcd's JSON gateway, as any client with write access could do.
-fn etcd_put(url: &str, key: &str, value: &str) {
-    let hostport = url.trim_start_matches("http://").trim_end_matches('/');
-    let body = format!(
-        r#"{{"key":"{}","value":"{}"}}"#,
-        base64(key.as_bytes()),
-        base64(value.as_bytes())
-    );
-    let mut s = TcpStream::connect(hostport).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "POST /v3/kv/put HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    assert!(out.starts_with("HTTP/1.1 200"), "etcd put failed: {out}");
-}
 
 #[test]
 fn a_redirected_record_fails_naming_the_agent_reached() {
@@ -72,11 +28,8 @@ fn a_redirected_record_fails_naming_the_agent_reached() {
         gdx_cluster::ClusterView::connect(&gdx_cluster::EtcdOptions::new(&url), "r").unwrap();
     let mut forged = view.lookup("b").unwrap();
     forged.name = "a".into();
-    etcd_put(
-        &url,
-        "/gdx/r/agents/a",
-        &serde_json::to_string(&forged).unwrap(),
-    );
+    etcd.put("/gdx/r/agents/a", &serde_json::to_string(&forged).unwrap())
+        .unwrap();
     assert_eq!(view.lookup("a").unwrap().listen, forged.listen);
     let err = match c.connect_named("a") {
         Ok(_) => panic!("connected to b through a's forged record"),
