@@ -95,7 +95,11 @@ fn main() -> ExitCode {
             }) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("gdx: error: {}", cmd::output::error_chain(&err));
+            // Errors quote peers, logs and files: escaped before they reach the terminal.
+            eprintln!(
+                "gdx: error: {}",
+                gdx_topo::printable_text(&cmd::output::error_chain(&err))
+            );
             ExitCode::from(2)
         }
     }

@@ -287,7 +287,8 @@ fn impossible_ranges_and_streams_are_refused_before_any_allocation() {
         .stderr(predicate::str::contains(
             "at offset 2097152 is past its end",
         ));
-    // A host source of u64::MAX bytes: a clear allocation error, not an abort.
+    // A host source of u64::MAX bytes into a file: a range no file can hold, refused before
+    // any allocation (not an abort).
     refused(
         gdx()
             .args([
@@ -299,7 +300,7 @@ fn impossible_ranges_and_streams_are_refused_before_any_allocation() {
             ])
             .timeout(std::time::Duration::from_secs(30))
             .assert(),
-        "cannot allocate",
+        "past the largest file offset",
     );
     assert!(!dir.path().join("x").exists());
     // A FIFO has no size and would block the reader: refused without opening it.
@@ -466,4 +467,66 @@ fn a_hostile_safetensors_header_is_refused_before_any_copy() {
             "is not a valid safetensors checkpoint",
         ))
         .stderr(predicate::str::contains("overlap"));
+}
+
+/// `--seek` near 2^64 once wrapped around: exit 0, "copied 8 KiB", nothing written. Now the
+/// range is checked before the file is opened, and the file is left untouched.
+#[test]
+fn seek_overflow_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x");
+    std::fs::write(&out, b"keep").unwrap();
+    gdx()
+        .args([
+            "cp",
+            "host",
+            &format!("file:{}", out.display()),
+            "--length",
+            "8192",
+            "--seek",
+            "18446744073709547520",
+        ])
+        .timeout(std::time::Duration::from_secs(30))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("past the largest file offset"));
+    assert_eq!(std::fs::read(&out).unwrap(), b"keep");
+    // Past i64::MAX (the kernel's off_t) but not past u64::MAX: refused the same way.
+    gdx()
+        .args(["cp", "host", out.to_str().unwrap(), "--length", "8192"])
+        .args(["--seek", &(i64::MAX as u64).to_string()])
+        .timeout(std::time::Duration::from_secs(30))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("past the largest file offset"));
+}
+
+/// A FIFO (or a character device) as the destination is refused before it is opened: opening
+/// a FIFO for writing used to block until a reader came, forever.
+#[test]
+fn fifo_and_device_destinations_are_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let t0 = std::time::Instant::now();
+    gdx()
+        .args(["cp", "host", fifo.to_str().unwrap(), "--length", "4096"])
+        .timeout(std::time::Duration::from_secs(20))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("(a FIFO)"));
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(20),
+        "gdx cp into a FIFO must not wait for a reader"
+    );
+    gdx()
+        .args(["cp", "host", "/dev/null", "--length", "4096"])
+        .timeout(std::time::Duration::from_secs(20))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("(a character device)"));
 }

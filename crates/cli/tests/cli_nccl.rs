@@ -186,3 +186,93 @@ fn run_refuses_unknown_collectives_and_bad_sizes() {
         .assert()
         .code(2);
 }
+
+/// `/dev/zero` once read until memory ran out and a FIFO without a writer hung: both are refused
+/// (exit 2) before they are opened. The bound is generous for a loaded machine; either way a
+/// read of /dev/zero or a blocked open would never end within it.
+#[test]
+fn explain_refuses_devices_and_fifos_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.log");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    for (path, says) in [
+        (PathBuf::from("/dev/zero"), "a device"),
+        (fifo.clone(), "a FIFO"),
+        (dir.path().to_path_buf(), "a directory"),
+    ] {
+        let t0 = std::time::Instant::now();
+        gdx()
+            .args(["nccl", "explain"])
+            .arg(&path)
+            .timeout(std::time::Duration::from_secs(10))
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(says))
+            .stderr(predicate::str::contains("cannot read"));
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(5),
+            "{} took {:?}",
+            path.display(),
+            t0.elapsed()
+        );
+    }
+}
+
+/// A 200 MB line once cost 2 GB: lines are cut at MAX_LINE_BYTES, a warning says so, and the
+/// lines around it are still read.
+#[test]
+fn explain_cuts_a_huge_line_and_reads_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("long.log");
+    let mut text = String::from("h1:1:1 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n");
+    text.push_str(&"x".repeat(gdx_nccl::parse::MAX_LINE_BYTES * 3));
+    text.push('\n');
+    text.push_str(
+        "h1:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [RO]; OOB eth0:10.0.0.1<0>\n",
+    );
+    std::fs::write(&f, text).unwrap();
+    let out = gdx()
+        .args(["nccl", "explain", "--json"])
+        .arg(&f)
+        .timeout(std::time::Duration::from_secs(30))
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        s.contains("only their first"),
+        "no long-line warning in {s}"
+    );
+    assert!(
+        s.contains("mlx5_0"),
+        "the line after the long one was not read: {s}"
+    );
+}
+
+/// ESC bytes in a log (here in an HCA name) come out escaped, never as raw terminal escapes.
+#[test]
+fn explain_escapes_control_characters_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("esc.log");
+    std::fs::write(
+        &f,
+        "h1:1:1 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n\
+         h1:1:1 [0] NCCL INFO NET/IB : Using [0]ml\x1b[2Jx5_0:1/IB [RO]; OOB eth0:10.0.0.1<0>\n",
+    )
+    .unwrap();
+    let out = gdx()
+        .args(["nccl", "explain", "--color", "never"])
+        .arg(&f)
+        .timeout(std::time::Duration::from_secs(30))
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(!s.contains('\x1b'), "a raw ESC reached the terminal: {s:?}");
+    assert!(
+        s.contains("\\u{1b}[2J"),
+        "the escape is not shown escaped: {s}"
+    );
+}

@@ -301,3 +301,39 @@ fn sigterm_revokes_the_lease_and_bench_finds_a_peer_by_name() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Issue 42 row 5 through the CLI: b0's record rewritten to point at b1 (b1's address and
+/// instance under b0's name). `gdx bench --peer etcd:b0` used to write into b1; now it exits 2
+/// naming the agent it reached, before any case runs.
+#[test]
+fn bench_refuses_a_redirected_etcd_record() {
+    let etcd = etcd();
+    let url = etcd.url();
+    let (_b0, out0) = spawn_with_stdout(
+        serve_cmd(&url, "demo", "b0").args(["--lease-ttl", "600"]),
+        "gdx serve b0",
+    );
+    wait_line(&out0, "GDX_CLUSTER", |l| l.starts_with("GDX_CLUSTER "));
+    let (_b1, out1) = spawn_with_stdout(
+        serve_cmd(&url, "demo", "b1").args(["--lease-ttl", "600"]),
+        "gdx serve b1",
+    );
+    wait_line(&out1, "GDX_CLUSTER", |l| l.starts_with("GDX_CLUSTER "));
+    let b1 = agents(&url)
+        .into_iter()
+        .find(|a| a["agent"]["name"] == "b1")
+        .expect("b1 listed");
+    let mut forged = b1["agent"].clone();
+    forged["name"] = "b0".into();
+    etcd.put("/gdx/demo/agents/b0", &forged.to_string())
+        .unwrap();
+    let bench = gdx()
+        .args(["bench", "--path", "host_to_remote_tcp", "--peer", "etcd:b0"])
+        .args(["--etcd", &url, "--cluster", "demo", "--size", "4KiB"])
+        .env("GDX_INSECURE", "1")
+        .output()
+        .expect("gdx bench");
+    let err = String::from_utf8_lossy(&bench.stderr);
+    assert_eq!(bench.status.code(), Some(2), "{err}");
+    assert!(err.contains("reached agent \"b1\""), "{err}");
+}

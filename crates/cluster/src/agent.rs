@@ -377,7 +377,13 @@ impl ClusterAgent {
     pub fn connect_named(&self, name: &str) -> Result<NamedPeer> {
         let view = self.view_or_err()?;
         let rec = view.lookup(name)?;
-        let peer = self.agent.connect(rec.listen.as_str())?;
+        // The handshake's authenticated name (and instance) must be the record's: a record
+        // rewritten to point at another agent fails here, naming the agent reached.
+        let expect = gdx_engine::Expected {
+            name: name.to_string(),
+            agent_id: u128::from_str_radix(&rec.instance, 16).ok(),
+        };
+        let peer = self.agent.connect_expecting(rec.listen.as_str(), &expect)?;
         let found = hex(peer.info().agent_id);
         if found != rec.instance {
             peer.close();

@@ -30,6 +30,7 @@
 mod agent;
 mod error;
 mod etcd;
+mod http;
 pub mod metrics;
 mod record;
 mod registration;

@@ -14,6 +14,8 @@ use prometheus::proto::{
 use prometheus::{Encoder, TextEncoder};
 
 use crate::error::{ClusterError, Result};
+pub use crate::http::HttpLimits;
+use crate::http::{HttpHits, HttpServer, Reply};
 use crate::registration::{LeaseState, Shared};
 
 /// What the endpoints report on: an agent and, when it is in a cluster, its registration.
@@ -74,8 +76,13 @@ impl Health {
     /// # Errors
     /// [`ClusterError::Metrics`] if encoding fails.
     pub fn metrics_text(&self) -> Result<String> {
+        self.metrics_text_with(&HttpHits::default())
+    }
+
+    fn metrics_text_with(&self, http: &HttpHits) -> Result<String> {
         let registered = self.lease_state().map(|s| s.is_registered());
-        let fams = families(&self.agent.stats(), registered);
+        let mut fams = families(&self.agent.stats(), registered);
+        fams.extend(guard_families(&self.agent, http));
         let mut buf = Vec::new();
         TextEncoder::new().encode(&fams, &mut buf)?;
         String::from_utf8(buf).map_err(|e| ClusterError::InvalidArgument(e.to_string()))
@@ -210,93 +217,139 @@ pub fn families(s: &StatsSnapshot, registered: Option<bool>) -> Vec<MetricFamily
     v
 }
 
+/// The families of the agent's guards: limit hits by bound, the endpoint's own refusals, and
+/// what peers moved into and out of this agent's regions.
+fn guard_families(agent: &Agent, http: &HttpHits) -> Vec<MetricFamily> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let hits = agent
+        .limit_hits()
+        .counts()
+        .into_iter()
+        .map(|(bound, n)| counter(&[("bound", bound)], n))
+        .collect();
+    let refused = vec![
+        counter(&[("why", "evicted")], http.evicted.load(Relaxed)),
+        counter(&[("why", "refused")], http.refused.load(Relaxed)),
+    ];
+    let served = agent.served();
+    let bytes = served
+        .iter()
+        .map(|p| {
+            counter(
+                &[
+                    ("peer", &p.peer),
+                    ("path", p.path),
+                    ("direction", p.direction),
+                ],
+                p.bytes,
+            )
+        })
+        .collect();
+    let ops = served
+        .iter()
+        .map(|p| {
+            counter(
+                &[
+                    ("peer", &p.peer),
+                    ("path", p.path),
+                    ("direction", p.direction),
+                ],
+                p.ops,
+            )
+        })
+        .collect();
+    let mut v = vec![
+        family(
+            "gdx_limit_hits_total",
+            "Connections and requests refused, closed or evicted by a bound, by bound.",
+            MetricType::COUNTER,
+            hits,
+        ),
+        family(
+            "gdx_metrics_requests_refused_total",
+            "Requests to this endpoint refused (bad method, head too large or too slow) or \
+             connections evicted beyond its connection cap.",
+            MetricType::COUNTER,
+            refused,
+        ),
+        family(
+            "gdx_served_bytes_total",
+            "Bytes peers moved into (write) and out of (read) this agent's regions, by peer \
+             and path.",
+            MetricType::COUNTER,
+            bytes,
+        ),
+        family(
+            "gdx_served_ops_total",
+            "Op chunks peers ran against this agent's regions, by peer and path.",
+            MetricType::COUNTER,
+            ops,
+        ),
+    ];
+    v.retain(|f| !f.get_metric().is_empty());
+    v
+}
+
 /// The HTTP endpoint; dropping it stops the server thread.
 pub struct MetricsServer {
-    server: Arc<tiny_http::Server>,
-    addr: SocketAddr,
+    server: HttpServer,
 }
 
 impl MetricsServer {
-    /// Serves `/metrics` and `/health` for `health` on `addr` (port 0 picks one).
+    /// Serves `/metrics` and `/health` for `health` on `addr` (port 0 picks one), with the
+    /// default [`HttpLimits`].
     ///
     /// # Errors
     /// [`ClusterError::Io`] if the address cannot be bound.
     pub fn start(addr: SocketAddr, health: Health) -> Result<MetricsServer> {
-        let server = tiny_http::Server::http(addr).map_err(|e| {
-            ClusterError::io(
-                format!("binding the metrics endpoint {addr}"),
-                std::io::Error::other(e.to_string()),
-            )
-        })?;
-        let bound = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| ClusterError::InvalidArgument("metrics address is not IP".into()))?;
-        let server = Arc::new(server);
-        let s = Arc::clone(&server);
-        std::thread::Builder::new()
-            .name("gdx-metrics".into())
-            .spawn(move || {
-                // `incoming_requests` ends when `unblock` is called on drop.
-                for req in s.incoming_requests() {
-                    respond(req, &health);
-                }
-            })
-            .map_err(|e| ClusterError::io("spawning the metrics thread", e))?;
-        Ok(MetricsServer {
-            server,
-            addr: bound,
-        })
+        MetricsServer::start_with(addr, health, HttpLimits::default())
+    }
+
+    /// [`MetricsServer::start`] with chosen bounds.
+    ///
+    /// # Errors
+    /// [`ClusterError::Io`] if the address cannot be bound.
+    pub fn start_with(
+        addr: SocketAddr,
+        health: Health,
+        limits: HttpLimits,
+    ) -> Result<MetricsServer> {
+        let hits = Arc::new(HttpHits::default());
+        let h = Arc::clone(&hits);
+        let server = HttpServer::start(addr, limits, hits, move |path| respond(path, &health, &h))?;
+        Ok(MetricsServer { server })
     }
 
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 }
 
-fn header(v: &str) -> Option<tiny_http::Header> {
-    tiny_http::Header::from_bytes(&b"Content-Type"[..], v.as_bytes()).ok()
-}
-
-fn respond(req: tiny_http::Request, health: &Health) {
-    let path = req.url().split('?').next().unwrap_or_default().to_string();
-    let (code, body, ctype) = match path.as_str() {
-        "/metrics" => match health.metrics_text() {
-            Ok(t) => (200, t, "text/plain; version=0.0.4; charset=utf-8"),
-            Err(e) => (500, e.to_string(), "text/plain; charset=utf-8"),
+fn respond(path: &str, health: &Health, hits: &HttpHits) -> Reply {
+    match path {
+        "/metrics" => match health.metrics_text_with(hits) {
+            Ok(t) => (200, "text/plain; version=0.0.4; charset=utf-8", t),
+            Err(e) => (500, "text/plain; charset=utf-8", e.to_string()),
         },
         "/health" => (
             if health.healthy() { 200 } else { 503 },
-            health.body(),
             "application/json",
+            health.body(),
         ),
         _ => (
             404,
-            "not found: try /metrics or /health\n".to_string(),
             "text/plain; charset=utf-8",
+            "not found: try /metrics or /health\n".to_string(),
         ),
-    };
-    let mut resp = tiny_http::Response::from_string(body).with_status_code(code);
-    if let Some(h) = header(ctype) {
-        resp = resp.with_header(h);
-    }
-    if let Err(e) = req.respond(resp) {
-        log::debug!("gdx metrics: client went away: {e}");
     }
 }
 
 impl std::fmt::Debug for MetricsServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MetricsServer")
-            .field("addr", &self.addr)
+            .field("addr", &self.addr())
             .finish()
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.server.unblock();
     }
 }
 

@@ -281,6 +281,39 @@ impl EtcdServer {
         format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
+    /// Writes `value` under `key` with a plain put through etcd's JSON gateway (no lease), as
+    /// any client with write access could: for tests of forged records. Plain-text etcd only.
+    ///
+    /// # Errors
+    /// [`ClusterError::Io`] when etcd cannot be reached or does not answer 200.
+    pub fn put(&self, key: &str, value: &str) -> Result<()> {
+        use std::io::{Read, Write};
+        let io = |e| ClusterError::io("etcd put (test support)", e);
+        let hostport = format!("127.0.0.1:{}", self.client_port);
+        let body = format!(
+            r#"{{"key":"{}","value":"{}"}}"#,
+            base64(key.as_bytes()),
+            base64(value.as_bytes())
+        );
+        let mut s = TcpStream::connect(&hostport).map_err(io)?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))
+            .map_err(io)?;
+        write!(
+            s,
+            "POST /v3/kv/put HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .map_err(io)?;
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        if out.starts_with("HTTP/1.1 200") {
+            Ok(())
+        } else {
+            Err(io(std::io::Error::other(format!("etcd answered: {out}"))))
+        }
+    }
+
     /// Kills etcd with SIGKILL and reaps it (the data dir stays, for [`EtcdServer::restart`]).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -302,5 +335,39 @@ impl EtcdServer {
 impl Drop for EtcdServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Standard base64 with padding (etcd's JSON gateway takes keys and values so).
+fn base64(b: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in b.chunks(3) {
+        let at = |i: usize| u32::from(c.get(i).copied().unwrap_or(0));
+        let n = (at(0) << 16) | (at(1) << 8) | at(2);
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(char::from(A[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod base64_tests {
+    #[test]
+    fn rfc4648_vectors() {
+        for (i, o) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(super::base64(i.as_bytes()), o);
+        }
     }
 }

@@ -80,9 +80,11 @@ fn one(s: &Samples, name: &str) -> f64 {
 fn metrics_equal_what_moved_and_health_follows_the_lease() {
     let mut etcd = etcd();
     let url = etcd.url();
-    let (_a, kv) = join_with_kv(&url, "m", 2, 4 << 20);
+    let (a, kv) = join_with_kv(&url, "m", 2, 4 << 20);
     let b = join(&url, "m", "b", 2);
     let m = MetricsServer::start("127.0.0.1:0".parse().expect("addr"), b.health()).expect("serve");
+    // The target's endpoint: what peers moved into and out of a's regions.
+    let ma = MetricsServer::start("127.0.0.1:0".parse().expect("addr"), a.health()).expect("serve");
 
     let (code, body) = get(m.addr(), "/health");
     assert_eq!(code, 200, "{body}");
@@ -131,6 +133,26 @@ fn metrics_equal_what_moved_and_health_follows_the_lease() {
         (2u64 << 20) as f64
     );
     assert_eq!(sum(&s, "gdx_ops_total", ("direction", "write")), 3.0);
+    // The target counts exactly what b moved, under b's name.
+    let (code, ta) = get(ma.addr(), "/metrics");
+    assert_eq!(code, 200);
+    let t = parse(&ta);
+    let by_b: Samples = t
+        .iter()
+        .filter(|(_, l, _)| l.get("peer").map(String::as_str) == Some("b"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        sum(&by_b, "gdx_served_bytes_total", ("direction", "write")),
+        written as f64,
+        "{ta}"
+    );
+    assert_eq!(
+        sum(&by_b, "gdx_served_bytes_total", ("direction", "read")),
+        (2u64 << 20) as f64,
+        "{ta}"
+    );
+    assert!(sum(&by_b, "gdx_served_ops_total", ("direction", "write")) >= 3.0);
     assert_eq!(sum(&s, "gdx_ops_total", ("direction", "read")), 1.0);
     assert_eq!(
         sum(&s, "gdx_transfers_total", ("outcome", "completed")),

@@ -14,16 +14,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::auth::{Mac, Secret};
+use crate::admission::Gate;
+use crate::auth::Secret;
 use crate::config::{boot_host_id, AgentConfig, Transports};
 use crate::conn::Sock;
 use crate::error::{Error, Result};
 use crate::gpu::{AgentGpu, DeviceOrigin, DeviceRegion, LocalPeer};
 use crate::inbound::Queue;
-use crate::limits::{Gate, LimitHits};
+use crate::limits::LimitHits;
 use crate::notes::NoteQueue;
 use crate::peer::Peer;
 use crate::region::{Access, Region, RegionScope, Registry};
+pub(crate) use crate::session::Session;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::transport::fabric::FabricNode;
 use crate::transport::rdma::RdmaNode;
@@ -55,27 +57,6 @@ pub struct PeerInfo {
     pub listen: Option<String>,
 }
 
-/// An authenticated control session, as joining connections must match it.
-#[derive(Debug, Clone)]
-pub(crate) struct Session {
-    /// Insecure mode: the token joining connections present.
-    pub(crate) token: u128,
-    /// The session key joining connections prove they hold (`None` in insecure mode).
-    pub(crate) key: Option<Mac>,
-    /// The peer agent's name.
-    pub(crate) peer: String,
-}
-
-/// The secret shared by every agent of this process that was given none.
-fn process_secret() -> Result<Secret> {
-    static S: std::sync::OnceLock<Secret> = std::sync::OnceLock::new();
-    if let Some(s) = S.get() {
-        return Ok(s.clone());
-    }
-    let fresh = Secret::generate()?;
-    Ok(S.get_or_init(|| fresh).clone())
-}
-
 /// State shared by the agent handle, its server threads and its peers.
 #[derive(Debug)]
 pub(crate) struct AgentInner {
@@ -104,6 +85,8 @@ pub(crate) struct AgentInner {
     pub(crate) rdma_qps: Mutex<HashMap<u128, gdx_rdma::Qp>>,
     /// What this agent moved ([`Agent::stats`]).
     pub(crate) stats: Arc<Stats>,
+    /// What peers moved through this agent ([`Agent::served`]).
+    pub(crate) served: crate::served::Served,
     /// The libfabric endpoint, or why this agent does not offer fabric.
     pub(crate) fabric: Result<Arc<FabricNode>>,
 }
@@ -183,7 +166,7 @@ impl Agent {
                 None
             }
             (Some(s), false) => Some(s.clone()),
-            (None, false) => Some(process_secret()?),
+            (None, false) => Some(crate::auth::process_secret()?),
         };
         let id = crate::mem::random_u128()?;
         let host_id = cfg.host_id.unwrap_or_else(boot_host_id);
@@ -247,6 +230,7 @@ impl Agent {
             rdma,
             rdma_qps: Mutex::new(HashMap::new()),
             stats: Arc::default(),
+            served: crate::served::Served::default(),
             fabric,
         });
         if let Ok(node) = &inner.fabric {
@@ -321,6 +305,12 @@ impl Agent {
             .unwrap_or_else(|p| p.into_inner())
             .len() as u64;
         self.inner.stats.snapshot(inbound)
+    }
+
+    /// What peers moved into and out of this agent's regions, by peer, path and direction
+    /// (tcp chunks and shm ops this agent served; one-sided rdma and fabric ops are not seen).
+    pub fn served(&self) -> Vec<crate::ServedStat> {
+        self.inner.served.snapshot()
     }
 
     /// How often each bound of [`crate::Limits`] was hit.
@@ -520,6 +510,28 @@ impl Agent {
     /// [`Error::Unreachable`] if nothing answers at `addr` (refused, no route, timed out);
     /// [`Error::PeerLost`] if the connection breaks during the handshake.
     pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Peer> {
+        self.connect_to(addr, None)
+    }
+
+    /// [`Agent::connect`] to a peer that must be the agent `expect` names (and, when given,
+    /// that instance): the name and instance id come from the authenticated handshake, bound to
+    /// the session key, so an address that points elsewhere (a rewritten etcd record) fails.
+    ///
+    /// # Errors
+    /// As [`Agent::connect`]; [`Error::AuthFailed`] naming the agent reached when it is another.
+    pub fn connect_expecting(
+        &self,
+        addr: impl ToSocketAddrs,
+        expect: &crate::peer::Expected,
+    ) -> Result<Peer> {
+        self.connect_to(addr, Some(expect.clone()))
+    }
+
+    fn connect_to(
+        &self,
+        addr: impl ToSocketAddrs,
+        expect: Option<crate::peer::Expected>,
+    ) -> Result<Peer> {
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
             .map_err(|e| Error::InvalidArgument(format!("address: {e}")))?
@@ -527,7 +539,7 @@ impl Agent {
         let mut last = Error::InvalidArgument("address resolves to nothing".into());
         for a in addrs {
             match TcpStream::connect_timeout(&a, self.inner.cfg.io_timeout) {
-                Ok(s) => return Peer::handshake(Arc::clone(&self.inner), s, a),
+                Ok(s) => return Peer::handshake(Arc::clone(&self.inner), s, a, expect),
                 Err(e) => last = Error::Unreachable(format!("{a}: {e}")),
             }
         }

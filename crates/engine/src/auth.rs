@@ -132,6 +132,16 @@ impl Secret {
     }
 }
 
+/// The secret shared by every agent of this process that was given none.
+pub(crate) fn process_secret() -> Result<Secret> {
+    static S: std::sync::OnceLock<Secret> = std::sync::OnceLock::new();
+    if let Some(s) = S.get() {
+        return Ok(s.clone());
+    }
+    let fresh = Secret::generate()?;
+    Ok(S.get_or_init(|| fresh).clone())
+}
+
 /// HMAC-SHA256 of `label ‖ 0 ‖ parts…` under `key`.
 pub(crate) fn mac(key: &[u8], label: &str, parts: &[&[u8]]) -> Mac {
     // new_from_slice accepts keys of any length for HMAC; the error arm cannot happen.

@@ -55,6 +55,9 @@ pub(crate) struct Conn {
     what: &'static str,
     /// Whole-handshake deadline: every receive before it is bounded by what is left of it.
     deadline: Option<(Instant, Duration)>,
+    /// The bound the deadline enforces, for the error (`handshake_timeout`,
+    /// `first_frame_timeout`).
+    deadline_name: &'static str,
     /// Largest body accepted (smaller than `MAX_BODY` during a handshake).
     max_body: u32,
     /// How long a server-side connection may wait for the first byte of a frame.
@@ -74,6 +77,7 @@ impl Conn {
             fds: VecDeque::new(),
             what,
             deadline: None,
+            deadline_name: "handshake_timeout",
             max_body: wire::MAX_BODY,
             idle_limit: None,
         }
@@ -84,7 +88,19 @@ impl Conn {
     /// `limit` is the configured `handshake_timeout` (for the error), `until` when it ends.
     pub(crate) fn start_handshake(&mut self, until: Instant, limit: Duration, max_body: u32) {
         self.deadline = Some((until, limit));
+        self.deadline_name = "handshake_timeout";
         self.max_body = max_body;
+    }
+
+    /// Server side, before the first frame: receives fail once `limit` passed (or the
+    /// handshake deadline, if sooner). [`Conn::start_handshake`] afterwards restores the
+    /// whole-handshake deadline.
+    pub(crate) fn first_frame_within(&mut self, limit: Duration) {
+        let until = Instant::now() + limit;
+        if self.deadline.is_none_or(|(d, _)| until < d) {
+            self.deadline = Some((until, limit));
+            self.deadline_name = "first_frame_timeout";
+        }
     }
 
     /// Back to per-receive timeouts (`io` for a started frame) and the full body limit.
@@ -222,7 +238,10 @@ impl Conn {
                 {
                     let ms = self.deadline.map_or(0, |(_, w)| w.as_millis() as u64);
                     return Err(Error::LimitReached {
-                        what: format!("{}: handshake not done within handshake_timeout", self.what),
+                        what: format!(
+                            "{}: handshake not done within {}",
+                            self.what, self.deadline_name
+                        ),
                         limit: ms,
                     });
                 }

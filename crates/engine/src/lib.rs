@@ -52,6 +52,7 @@
 #![deny(missing_docs)]
 // Lints: [workspace.lints] in the root Cargo.toml (unsafe contracts, no unwrap/expect/panic).
 
+mod admission;
 mod agent;
 mod auth;
 mod calibration;
@@ -72,7 +73,9 @@ pub mod planner;
 mod region;
 mod ring;
 pub mod serve;
+mod served;
 mod server;
+mod session;
 mod spin;
 mod stats;
 mod transfer;
@@ -89,12 +92,13 @@ pub use gpu::{
     StagedTuning,
 };
 pub use limits::{LimitHits, Limits};
-pub use peer::Peer;
+pub use peer::{Expected, Peer};
 pub use plan::{Path, PeerRoute, Plan};
 pub use planner::Policy;
 pub use region::{
     Access, Location, Region, RegionDesc, RegionKey, RegionMut, RegionRef, RegionScope,
 };
+pub use served::ServedStat;
 pub use spin::{current_cpu, leave_cpu};
 pub use stats::{reason_label, LatencyStat, PathStat, StatsSnapshot, LATENCY_BOUNDS_S};
 pub use transfer::{

@@ -5,10 +5,9 @@
 //! ([`crate::Agent::limit_hits`]) and refuses the connection or the request — never silently.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::wire::MAX_OPS_PER_BEGIN;
@@ -27,8 +26,17 @@ pub struct Limits {
     pub max_connections: usize,
     /// Inbound tcp connections open at once from one peer IP address.
     pub max_connections_per_addr: usize,
-    /// Inbound connections still in their handshake (not yet authenticated) at once.
+    /// Inbound connections still in their handshake (not yet authenticated) at once. When
+    /// full, the oldest pending connection is evicted (silent ones first), never the newcomer.
     pub max_pending: usize,
+    /// Pending connections from one address; beyond, its oldest pending one is evicted.
+    pub max_pending_per_addr: usize,
+    /// Pending connections from one network (IPv4 /24, IPv6 /64, all of 127/8); beyond, its
+    /// oldest pending one is evicted.
+    pub max_pending_per_net: usize,
+    /// How long an inbound connection may take to send its first frame (`Hello`, `Join`,
+    /// `ShmJoin`); a legitimate peer sends it at once.
+    pub first_frame_timeout: Duration,
     /// Longest agent name a peer may send in `Hello` and region name it may look up (bytes).
     pub max_name_bytes: usize,
     /// Notifications queued at this agent and not yet taken by the application.
@@ -48,6 +56,9 @@ impl Default for Limits {
             max_connections: 256,
             max_connections_per_addr: 128,
             max_pending: 32,
+            max_pending_per_addr: 8,
+            max_pending_per_net: 16,
+            first_frame_timeout: Duration::from_secs(1),
             max_name_bytes: 256,
             max_queued_notifications: 1024,
             max_queued_notification_bytes: 64 << 20,
@@ -58,15 +69,20 @@ impl Default for Limits {
 
 impl Limits {
     pub(crate) fn validate(&self) -> Result<()> {
-        if self.handshake_timeout.is_zero() || self.idle_timeout.is_zero() {
+        if self.handshake_timeout.is_zero()
+            || self.idle_timeout.is_zero()
+            || self.first_frame_timeout.is_zero()
+        {
             return Err(Error::InvalidArgument(
-                "handshake and idle timeouts must be > 0".into(),
+                "handshake, first-frame and idle timeouts must be > 0".into(),
             ));
         }
         let counts = [
             ("max_connections", self.max_connections),
             ("max_connections_per_addr", self.max_connections_per_addr),
             ("max_pending", self.max_pending),
+            ("max_pending_per_addr", self.max_pending_per_addr),
+            ("max_pending_per_net", self.max_pending_per_net),
             ("max_name_bytes", self.max_name_bytes),
             ("max_queued_notifications", self.max_queued_notifications),
             ("max_leases_per_conn", self.max_leases_per_conn),
@@ -83,12 +99,15 @@ impl Limits {
 /// How often each bound was hit since the agent started.
 #[derive(Debug, Default)]
 pub struct LimitHits {
+    /// Pending connections evicted for newer ones: `max_pending`, `max_pending_per_addr`,
+    /// `max_pending_per_net`.
+    pub evictions: AtomicU64,
+    /// Connections closed: no first frame within `first_frame_timeout`.
+    pub first_frame_timeouts: AtomicU64,
     /// Connections refused: `max_connections`.
     pub connections: AtomicU64,
     /// Connections refused: `max_connections_per_addr`.
     pub connections_per_addr: AtomicU64,
-    /// Connections refused: `max_pending`.
-    pub pending: AtomicU64,
     /// Connections closed: `handshake_timeout` passed.
     pub handshake_timeouts: AtomicU64,
     /// Connections closed: `idle_timeout` passed.
@@ -103,104 +122,52 @@ pub struct LimitHits {
     pub notifications: AtomicU64,
     /// `ShmBegin` ops refused: `max_leases_per_conn`.
     pub leases: AtomicU64,
+    /// When each counter last logged, and hits not logged since (see [`LimitHits::hit`]).
+    logged: Mutex<HashMap<usize, (Option<Instant>, u64)>>,
 }
+
+/// Shortest time between two log lines of one counter: a flood of refused logins or limit
+/// hits is counted in full but logged once per interval, with how many were not logged.
+const LOG_EVERY: Duration = Duration::from_secs(1);
 
 impl LimitHits {
-    /// Counts a hit and logs it.
+    /// Counts a hit and logs it (at most once per second per counter, saying how many hits
+    /// were not logged in between).
     pub(crate) fn hit(&self, c: &AtomicU64, what: &str) {
         c.fetch_add(1, Ordering::Relaxed);
-        log::warn!("gdx: limit hit: {what}");
-    }
-}
-
-/// Admission of inbound connections: counts open and pending ones per agent and per address.
-#[derive(Debug, Default)]
-pub(crate) struct Gate {
-    total: AtomicUsize,
-    pending: AtomicUsize,
-    per_addr: Mutex<HashMap<IpAddr, usize>>,
-}
-
-/// One admitted connection; releases its counts on drop.
-#[derive(Debug)]
-pub(crate) struct Slot {
-    gate: Arc<Gate>,
-    addr: Option<IpAddr>,
-    pending: bool,
-}
-
-impl Gate {
-    /// Admits a connection from `addr` (None: the unix socket) or says which bound refused it.
-    pub(crate) fn admit(
-        self: &Arc<Self>,
-        addr: Option<IpAddr>,
-        l: &Limits,
-        hits: &LimitHits,
-    ) -> Option<Slot> {
-        if self.total.fetch_add(1, Ordering::SeqCst) >= l.max_connections {
-            self.total.fetch_sub(1, Ordering::SeqCst);
-            hits.hit(
-                &hits.connections,
-                &format!("max_connections ({}) open", l.max_connections),
-            );
-            return None;
+        let key = std::ptr::from_ref(c) as usize;
+        let now = Instant::now();
+        let mut m = self.logged.lock().unwrap_or_else(|p| p.into_inner());
+        let e = m.entry(key).or_insert((None, 0));
+        if e.0.is_some_and(|t| now.duration_since(t) < LOG_EVERY) {
+            e.1 += 1;
+            return;
         }
-        if self.pending.fetch_add(1, Ordering::SeqCst) >= l.max_pending {
-            self.pending.fetch_sub(1, Ordering::SeqCst);
-            self.total.fetch_sub(1, Ordering::SeqCst);
-            hits.hit(
-                &hits.pending,
-                &format!("max_pending ({}) handshakes in progress", l.max_pending),
-            );
-            return None;
-        }
-        if let Some(a) = addr {
-            let mut m = self.per_addr.lock().unwrap_or_else(|p| p.into_inner());
-            let n = m.entry(a).or_insert(0);
-            if *n >= l.max_connections_per_addr {
-                drop(m);
-                self.pending.fetch_sub(1, Ordering::SeqCst);
-                self.total.fetch_sub(1, Ordering::SeqCst);
-                hits.hit(
-                    &hits.connections_per_addr,
-                    &format!(
-                        "max_connections_per_addr ({}) from {a}",
-                        l.max_connections_per_addr
-                    ),
-                );
-                return None;
-            }
-            *n += 1;
-        }
-        Some(Slot {
-            gate: Arc::clone(self),
-            addr,
-            pending: true,
-        })
-    }
-}
-
-impl Slot {
-    /// The connection authenticated: it no longer counts as pending.
-    pub(crate) fn authenticated(&mut self) {
-        if std::mem::replace(&mut self.pending, false) {
-            self.gate.pending.fetch_sub(1, Ordering::SeqCst);
+        let skipped = std::mem::replace(e, (Some(now), 0)).1;
+        drop(m);
+        let what = gdx_topo::printable(what);
+        if skipped > 0 {
+            log::warn!("gdx: limit hit: {what} ({skipped} more in the last second, not logged)");
+        } else {
+            log::warn!("gdx: limit hit: {what}");
         }
     }
-}
 
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.authenticated();
-        self.gate.total.fetch_sub(1, Ordering::SeqCst);
-        if let Some(a) = self.addr {
-            let mut m = self.gate.per_addr.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(n) = m.get_mut(&a) {
-                *n -= 1;
-                if *n == 0 {
-                    m.remove(&a);
-                }
-            }
-        }
+    /// Every counter by its `/metrics` label.
+    pub fn counts(&self) -> Vec<(&'static str, u64)> {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![
+            ("max_connections", g(&self.connections)),
+            ("max_connections_per_addr", g(&self.connections_per_addr)),
+            ("pending_evicted", g(&self.evictions)),
+            ("first_frame_timeout", g(&self.first_frame_timeouts)),
+            ("handshake_timeout", g(&self.handshake_timeouts)),
+            ("idle_timeout", g(&self.idle_timeouts)),
+            ("auth_failed", g(&self.auth_failures)),
+            ("peer_uid", g(&self.peer_uid)),
+            ("max_name_bytes", g(&self.names)),
+            ("max_queued_notifications", g(&self.notifications)),
+            ("max_leases_per_conn", g(&self.leases)),
+        ]
     }
 }

@@ -145,10 +145,12 @@ impl ServeHandle {
                 return Ok(());
             }
             match self.agent.wait_notification(Duration::from_millis(200)) {
+                // The name and the data are the peer's: escaped, so they cannot drive the
+                // operator's terminal.
                 Ok(n) => eprintln!(
                     "notification from {}: {}",
-                    n.from,
-                    String::from_utf8_lossy(&n.data)
+                    gdx_topo::printable(&n.from),
+                    gdx_topo::printable(&String::from_utf8_lossy(&n.data))
                 ),
                 Err(Error::Timeout(_)) => {}
                 Err(e) => return Err(e),

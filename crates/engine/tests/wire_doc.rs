@@ -113,6 +113,28 @@ fn doc_examples_decode_and_match_the_encoder() {
     }
 }
 
+/// The prose agrees with the encoder too: the title and the header table name the version byte
+/// the encoder writes (the doc once said 4 where the code sent 5).
+#[test]
+fn doc_version_matches_the_encoder() {
+    let v = gdx_engine::wire::VERSION;
+    let enc = encode(&Msg::Ok, 0);
+    assert_eq!(enc[2], v, "the encoder writes VERSION at byte 2");
+    let title = DOC.lines().next().unwrap_or_default();
+    assert!(
+        title.ends_with(&format!("version {v}")),
+        "the doc's title says {title:?}, the encoder sends version {v}"
+    );
+    let row = DOC
+        .lines()
+        .find(|l| l.starts_with("| 2 | 1 | version |"))
+        .expect("the header table's version row");
+    assert!(
+        row.contains(&format!("`{v}`")),
+        "the header table says {row:?}, the encoder sends version {v}"
+    );
+}
+
 /// The checked-in seed corpus of the `frame_decoder` fuzz target: one whole frame per file.
 const SEEDS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/frame_decoder");
 

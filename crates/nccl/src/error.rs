@@ -16,6 +16,14 @@ pub enum NcclError {
         #[source]
         source: std::io::Error,
     },
+    /// A path given as a log is not something gdx reads as one (a FIFO, a device, too big).
+    #[error("cannot read {path} as an NCCL log: {why}")]
+    NotALog {
+        /// The path.
+        path: PathBuf,
+        /// Why it is refused.
+        why: String,
+    },
     /// The scratch folder for NCCL's debug files could not be made or listed.
     #[error("NCCL debug-file folder {path}: {source}")]
     LogDir {

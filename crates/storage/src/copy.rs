@@ -116,10 +116,14 @@ pub fn copy(req: &CopyRequest, opts: &CopyOptions) -> Result<CopyOutcome, Storag
             file_to_gpu(req, p, *ordinal, *offset, opts)
         }
         (Location::Gpu { ordinal, offset }, Location::File(p)) => {
+            dest_check(p, req.seek, need_length(req, "gpu:")?)?;
             into_file(p, || gpu_to_file(req, *ordinal, *offset, p, opts))
         }
         (Location::File(p), Location::Host) => file_to_host(req, p, opts),
-        (Location::Host, Location::File(p)) => into_file(p, || host_to_file(req, p, opts)),
+        (Location::Host, Location::File(p)) => {
+            dest_check(p, req.seek, need_length(req, "host")?)?;
+            into_file(p, || host_to_file(req, p, opts))
+        }
         (Location::File(_), Location::File(_)) => Err(StorageError::InvalidOption(
             "file -> file is not what gdx cp is for (use cp(1)); it moves files into and out of GPU or host memory".into(),
         )),
@@ -163,6 +167,40 @@ pub fn source_len(path: &Path, skip: u64, length: Option<u64>) -> Result<u64, St
             offset: skip,
             len,
             size,
+        }),
+    }
+}
+
+/// A file destination, checked before anything is opened or allocated: the range
+/// `seek..seek + len` must be a valid file offset range (a `--seek` near 2^64 once wrapped
+/// around, wrote nothing and reported success), and an existing path must be a regular file or a
+/// block device (opening a FIFO for writing blocks until a reader appears; a character device
+/// has no range to write).
+pub fn dest_check(path: &Path, seek: Option<u64>, len: u64) -> Result<(), StorageError> {
+    use std::os::unix::fs::FileTypeExt;
+    let seek = seek.unwrap_or(0);
+    // File offsets are signed 64-bit (off_t): the end must fit in i64, not only in u64.
+    let fits = seek
+        .checked_add(len)
+        .is_some_and(|end| i64::try_from(end).is_ok());
+    if !fits {
+        return Err(StorageError::InvalidOption(format!(
+            "--length {len} at --seek {seek} ends past the largest file offset ({}): pick a smaller --seek or --length",
+            i64::MAX
+        )));
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if m.file_type().is_file() || m.file_type().is_block_device() => Ok(()),
+        Ok(m) => Err(StorageError::NotAFile {
+            path: path.to_path_buf(),
+            kind: crate::fileio::not_a_file_kind(m.file_type()),
+        }),
+        // Not there yet: the copy creates it.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(StorageError::Open {
+            path: path.to_path_buf(),
+            purpose: "writing",
+            source,
         }),
     }
 }

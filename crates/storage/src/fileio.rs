@@ -78,7 +78,12 @@ impl FileIo {
             purpose,
             source,
         };
-        let buffered = opts.open(path).map_err(open_err)?;
+        // O_NONBLOCK: a FIFO swapped in after the caller's checks fails to open (no reader) or
+        // opens at once, and is then refused below, instead of blocking the open; regular
+        // files and block devices ignore the flag.
+        let mut nb = opts.clone();
+        nb.custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
+        let buffered = nb.open(path).map_err(open_err)?;
         let meta = buffered.metadata().map_err(open_err)?;
         let ft = meta.file_type();
         let size_at_open = if ft.is_file() {

@@ -26,7 +26,7 @@ pub use capture::{capture, read_captured_env, CapturedEnv};
 pub use error::TopoError;
 pub use model::*;
 pub use path::{legend, PathClass};
-pub use sysfs::archive::{printable, OpenRoot};
+pub use sysfs::archive::{printable, printable_text, OpenRoot};
 pub use sysfs::{from_open_root, from_root};
 pub use xml::{from_nccl_xml, parse_nccl_xml, to_nccl_xml};
 

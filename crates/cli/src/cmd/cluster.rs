@@ -139,9 +139,26 @@ impl PeerLookupArgs {
             .context("--peer etcd:AGENT needs --cluster NAME")?;
         let rec = gdx_cluster::ClusterView::connect(&opts, cluster)?.lookup(name)?;
         eprintln!(
-            "gdx: peer {name} (instance {}) is at {} (from etcd)",
-            rec.instance, rec.listen
+            "gdx: peer {} (instance {}) is at {} (from etcd)",
+            gdx_topo::printable(name),
+            gdx_topo::printable(&rec.instance),
+            gdx_topo::printable(&rec.listen)
         );
+        // Whoever can write etcd could point the name at another agent: check, through an
+        // authenticated handshake, that the agent at that address is the one asked for.
+        let probe = gdx_engine::Agent::new(gdx_engine::AgentConfig {
+            listen: None,
+            ..gdx_engine::AgentConfig::from_env().context("reading GDX_* settings")?
+        })
+        .context("starting an agent to check the peer")?;
+        let expect = gdx_engine::Expected {
+            name: name.to_string(),
+            agent_id: u128::from_str_radix(&rec.instance, 16).ok(),
+        };
+        let peer = probe
+            .connect_expecting(rec.listen.as_str(), &expect)
+            .with_context(|| format!("--peer etcd:{}", gdx_topo::printable(name)))?;
+        peer.close();
         Ok(rec.listen)
     }
 }

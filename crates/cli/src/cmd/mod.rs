@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod cp;
 pub mod cp_safetensors;
 pub mod doctor;
+pub mod logger;
 pub mod nccl;
 pub mod output;
 pub mod peers;

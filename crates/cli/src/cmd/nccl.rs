@@ -169,7 +169,13 @@ fn explain(args: &ExplainArgs) -> Result<ExitCode> {
             gdx_nccl::render::explain_json(&log, &judged, &machine.description)
         )?;
     } else {
-        let text = gdx_nccl::render::explain_text(&log, &judged, &machine.description);
+        // Every name in it (hosts, HCAs, interfaces) comes from the log: escaped before it
+        // reaches the terminal, and before the verdicts are painted.
+        let text = gdx_topo::printable_text(&gdx_nccl::render::explain_text(
+            &log,
+            &judged,
+            &machine.description,
+        ));
         // Quiet: only the judgement (what NCCL left on the table); the exit code says the rest.
         let text = match (args.out.quiet, text.find("\nJudgement")) {
             (true, Some(i)) => text[i + 1..].to_string(),
@@ -330,7 +336,11 @@ fn run_collectives(args: &RunArgs) -> Result<ExitCode> {
         // Quiet: the table alone (the log's explanation is what `gdx nccl explain` prints).
         if !args.out.quiet {
             writeln!(out, "\n--- NCCL's log, explained ---")?;
-            let text = gdx_nccl::render::explain_text(&report.log, &judged, &machine.description);
+            let text = gdx_topo::printable_text(&gdx_nccl::render::explain_text(
+                &report.log,
+                &judged,
+                &machine.description,
+            ));
             out.write_all(paint_verdicts(args.out.color.enabled(), &text).as_bytes())?;
         }
     }

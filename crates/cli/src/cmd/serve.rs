@@ -162,6 +162,7 @@ fn color_on(when: ColorWhen) -> bool {
 
 /// Run `gdx serve`.
 pub fn run(args: &ServeArgs) -> Result<ExitCode> {
+    super::logger::init()?;
     let mut agent = AgentConfig::from_env().context("reading GDX_* settings")?;
     agent.listen = Some(args.listen);
     if let Some(n) = &args.cluster.agent {

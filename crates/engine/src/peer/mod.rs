@@ -20,13 +20,17 @@ use crate::transfer::{
 use crate::transport::{fabric, rdma, shm::ShmTransport, tcp::TcpTransport, Transport};
 use crate::wire::{Hello, Msg};
 
+mod identity;
 mod plans;
+pub use identity::Expected;
 use plans::PlanCache;
 
 #[derive(Debug)]
 struct PeerInner {
     agent: Arc<AgentInner>,
     addr: SocketAddr,
+    /// The agent this peer must be (kept for reconnects).
+    expect: Option<Expected>,
     info: PeerInfo,
     route: PeerRoute,
     tcp_detail: String,
@@ -218,6 +222,7 @@ impl Peer {
         agent: Arc<AgentInner>,
         s: TcpStream,
         addr: SocketAddr,
+        expect: Option<Expected>,
     ) -> Result<Peer> {
         let cfg = &agent.cfg;
         let mut control = Conn::new(Sock::Tcp(s), "control connection");
@@ -241,6 +246,7 @@ impl Peer {
             nonce,
         };
         let (h, key) = authenticate(&agent, &mut control, &Msg::Hello(hello), nonce, addr)?;
+        identity::check(&h, key.as_ref(), expect.as_ref(), addr)?;
         control.end_handshake(cfg.io_timeout)?;
         let info = PeerInfo {
             name: h.agent_name.clone(),
@@ -353,6 +359,7 @@ impl Peer {
             inner: Arc::new(PeerInner {
                 agent,
                 addr,
+                expect,
                 info,
                 route,
                 tcp_detail,
@@ -503,7 +510,12 @@ impl Peer {
     pub fn reconnect(&self) -> Result<Peer> {
         let s = TcpStream::connect_timeout(&self.inner.addr, self.inner.agent.cfg.io_timeout)
             .map_err(|e| Error::Unreachable(format!("{}: {e}", self.inner.addr)))?;
-        Peer::handshake(Arc::clone(&self.inner.agent), s, self.inner.addr)
+        Peer::handshake(
+            Arc::clone(&self.inner.agent),
+            s,
+            self.inner.addr,
+            self.inner.expect.clone(),
+        )
     }
 
     /// Closes the connection now; transfers still running fail with [`Error::PeerLost`].

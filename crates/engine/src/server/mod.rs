@@ -21,14 +21,14 @@ use std::os::unix::net::UnixListener;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::agent::{AgentInner, Notification, PeerInfo, Session};
-use crate::auth;
+use crate::admission::Slot;
+use crate::agent::{AgentInner, Notification, PeerInfo};
 use crate::config::Transports;
 use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
 use crate::gpu::{Stager, Ticket, DEPTH};
-use crate::limits::Slot;
-use crate::region::{Lease, RegionKey, Registry};
+use crate::region::{Lease, Registry};
+use crate::served::Counters;
 use crate::wire::{Hello, Msg};
 
 /// Largest frame body accepted before a connection authenticated (a `Hello` with the longest
@@ -43,7 +43,7 @@ pub(crate) fn accept_tcp(agent: Arc<AgentInner>, l: TcpListener) {
         let Ok(s) = s else { continue };
         let ip = s.peer_addr().ok().map(|a| a.ip());
         // Refused connections are closed at once: no thread, no buffer.
-        let Some(slot) = agent.gate.admit(ip, &agent.cfg.limits, &agent.hits) else {
+        let Some(slot) = admit(&agent, ip, s.try_clone().map(Sock::Tcp)) else {
             continue;
         };
         let a = Arc::clone(&agent);
@@ -51,6 +51,17 @@ pub(crate) fn accept_tcp(agent: Arc<AgentInner>, l: TcpListener) {
             .name("gdx-serve".into())
             .spawn(move || serve_tcp(a, s, slot));
     }
+}
+
+/// Asks the gate to admit a connection from `ip` (None: the shm socket); `handle` is a second
+/// handle on it, which the gate keeps to evict the connection while it is pending.
+fn admit(
+    agent: &AgentInner,
+    ip: Option<std::net::IpAddr>,
+    handle: std::io::Result<Sock>,
+) -> Option<Slot> {
+    let handle = handle.ok()?;
+    agent.gate.admit(ip, handle, &agent.cfg.limits, &agent.hits)
 }
 
 pub(crate) fn accept_unix(agent: Arc<AgentInner>, l: UnixListener) {
@@ -77,7 +88,7 @@ pub(crate) fn accept_unix(agent: Arc<AgentInner>, l: UnixListener) {
                 continue;
             }
         }
-        let Some(slot) = agent.gate.admit(None, &agent.cfg.limits, &agent.hits) else {
+        let Some(slot) = admit(&agent, None, s.try_clone().map(Sock::Unix)) else {
             continue;
         };
         let a = Arc::clone(&agent);
@@ -85,6 +96,14 @@ pub(crate) fn accept_unix(agent: Arc<AgentInner>, l: UnixListener) {
             .name("gdx-serve-shm".into())
             .spawn(move || serve_shm(a, s, slot));
     }
+}
+
+/// The first frame arrived: the whole-handshake deadline (from accept) replaces the
+/// first-frame one, and the gate evicts this connection after silent ones.
+fn first_frame(agent: &AgentInner, c: &mut Conn, slot: &Slot, accepted: std::time::Instant) {
+    let limit = agent.cfg.limits.handshake_timeout;
+    c.start_handshake(accepted + limit, limit, HANDSHAKE_BODY);
+    slot.spoke();
 }
 
 /// Runs `f` on a tracked connection within the handshake deadline; answers a fatal error with
@@ -102,10 +121,14 @@ fn with_conn(
     if conn.set_timeout(Some(agent.cfg.io_timeout)).is_ok() {
         let limit = agent.cfg.limits.handshake_timeout;
         conn.start_handshake(std::time::Instant::now() + limit, limit, HANDSHAKE_BODY);
+        conn.first_frame_within(agent.cfg.limits.first_frame_timeout);
         if let Err(e) = f(&mut conn, &mut slot) {
             let hits = &agent.hits;
             match &e {
                 Error::AuthFailed(why) => hits.hit(&hits.auth_failures, why),
+                Error::LimitReached { what, .. } if what.contains("first_frame_timeout") => {
+                    hits.hit(&hits.first_frame_timeouts, what)
+                }
                 Error::LimitReached { what, .. } if what.contains("handshake_timeout") => {
                     hits.hit(&hits.handshake_timeouts, what)
                 }
@@ -140,8 +163,11 @@ fn authenticated(agent: &AgentInner, c: &mut Conn, slot: &mut Slot) -> Result<()
 
 fn serve_tcp(agent: Arc<AgentInner>, s: TcpStream, slot: Slot) {
     let conn = Conn::new(Sock::Tcp(s), "tcp connection");
+    let accepted = std::time::Instant::now();
     with_conn(&agent.clone(), conn, slot, |c, slot| {
-        match c.recv_frame(false)? {
+        let first = c.recv_frame(false)?;
+        first_frame(&agent, c, slot, accepted);
+        match first {
             (Msg::Hello(h), 0) => {
                 let session = control_handshake(&agent, c, &h)?;
                 authenticated(&agent, c, slot)?;
@@ -158,10 +184,11 @@ fn serve_tcp(agent: Arc<AgentInner>, s: TcpStream, slot: Slot) {
             ) => {
                 let mut ctx = session.to_le_bytes().to_vec();
                 ctx.extend_from_slice(&stream.to_le_bytes());
-                join_handshake(&agent, c, session, token, &ctx, nonce, "join")?;
+                // Held while the stream is served: the session's end shuts the stream down.
+                let (s, _member) = join_handshake(&agent, c, session, token, &ctx, nonce, "join")?;
                 authenticated(&agent, c, slot)?;
                 c.send(&Msg::Ok)?;
-                serve_stream(&agent, c)
+                serve_stream(&agent, c, &agent.served.counters(&s.peer, "tcp"))
             }
             (m, _) => Err(Error::Protocol(format!(
                 "expected Hello or Join, got frame type {}",
@@ -169,78 +196,6 @@ fn serve_tcp(agent: Arc<AgentInner>, s: TcpStream, slot: Slot) {
             ))),
         }
     });
-}
-
-fn check_name(agent: &AgentInner, what: &str, name: &str) -> Result<()> {
-    let max = agent.cfg.limits.max_name_bytes;
-    if name.len() > max {
-        let what = format!("{what} of {} bytes > max_name_bytes", name.len());
-        agent.hits.hit(&agent.hits.names, &what);
-        return Err(Error::LimitReached {
-            what,
-            limit: max as u64,
-        });
-    }
-    Ok(())
-}
-
-/// The acceptor's side of the control handshake: the challenge–response under the agent
-/// secret (none in insecure mode), then a session that joining connections must match.
-/// Returns the session id and (insecure mode only) its token.
-fn control_handshake(agent: &AgentInner, c: &mut Conn, h: &Hello) -> Result<(u128, u128)> {
-    check_name(agent, "agent name", &h.agent_name)?;
-    let session = crate::mem::random_u128()?;
-    let (token, key) = match &agent.secret {
-        Some(secret) => {
-            let ctx = h.agent_id.to_le_bytes();
-            let sn = auth::accept(c, secret.bytes(), "control", &ctx, h.nonce)?;
-            (
-                0,
-                Some(auth::session_key(secret.bytes(), &ctx, h.nonce, sn)),
-            )
-        }
-        None => (crate::mem::random_u128()?, None),
-    };
-    agent
-        .sessions
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(
-            session,
-            Session {
-                token,
-                key,
-                peer: h.agent_name.clone(),
-            },
-        );
-    Ok((session, token))
-}
-
-/// The acceptor's side of a joining connection (data stream, shm socket): it must prove it
-/// holds the session's key (or, insecure, present its token).
-fn join_handshake(
-    agent: &AgentInner,
-    c: &mut Conn,
-    session: u128,
-    token: u128,
-    ctx: &[u8],
-    nonce: u128,
-    what: &str,
-) -> Result<Session> {
-    let s = agent
-        .session(session)
-        .ok_or_else(|| Error::AuthFailed(format!("{what}: unknown session")))?;
-    match &s.key {
-        Some(k) => {
-            auth::accept(c, k, what, ctx, nonce)?;
-        }
-        None => {
-            if !RegionKey(s.token).ct_eq(&RegionKey(token)) {
-                return Err(Error::AuthFailed(format!("{what}: bad session token")));
-            }
-        }
-    }
-    Ok(s)
 }
 
 fn serve_control(
@@ -362,11 +317,19 @@ fn serve_control(
             }
         }
     })();
-    agent
+    // The session ends with its control connection, however that ended: its data streams and
+    // shm connections (and with them the ring thread and its leases) are shut down now.
+    let ended = agent
         .sessions
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&session);
+    if let Some(s) = ended {
+        let n = s.members.end();
+        if n > 0 {
+            log::debug!("gdx: session of {from:?} ended: {n} joined connection(s) shut down");
+        }
+    }
     agent
         .rdma_qps
         .lock()
@@ -380,6 +343,9 @@ struct Landing {
     ticket: Ticket,
     ack: (u64, u32, u32),
     _lease: Lease,
+    /// Counted once the copy is done.
+    served: Arc<Counters>,
+    bytes: u64,
 }
 
 /// Rejects one op chunk; the stream stays usable.
@@ -398,7 +364,10 @@ fn land(c: &mut Conn, stager: &Stager, q: &mut VecDeque<Landing>, keep: usize) -
         let Some(l) = q.pop_front() else { break };
         let (xfer, op, chunk) = l.ack;
         match stager.wait(l.ticket) {
-            Ok(()) => c.send(&Msg::WriteAck { xfer, op, chunk })?,
+            Ok(()) => {
+                l.served.add(true, l.bytes);
+                c.send(&Msg::WriteAck { xfer, op, chunk })?
+            }
             Err(err) => op_err(c, (xfer, op, chunk), err)?,
         }
     }
@@ -408,7 +377,7 @@ fn land(c: &mut Conn, stager: &Stager, q: &mut VecDeque<Landing>, keep: usize) -
 /// How long a data stream's reader polls for the next request before it blocks in the read.
 const STREAM_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
-fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
+fn serve_stream(agent: &AgentInner, c: &mut Conn, served: &Arc<Counters>) -> Result<()> {
     let reg: &Registry = &agent.registry;
     let lease_wait = agent.cfg.io_timeout;
     let mut stager = Stager::default();
@@ -457,6 +426,7 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
                     // check_remote bounds-checked; the region stays mapped while it is held.
                     unsafe { c.recv_payload(lease.ptr_at(offset)?, payload as usize)? };
                     drop(lease);
+                    served.add(true, u64::from(payload));
                     land(c, &stager, &mut landing, 0)?;
                     c.send(&Msg::WriteAck { xfer, op, chunk })?;
                     continue;
@@ -476,6 +446,8 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
                         ticket,
                         ack: (xfer, op, chunk),
                         _lease: lease,
+                        served: Arc::clone(served),
+                        bytes: u64::from(payload),
                     }),
                     Err(err) => {
                         land(c, &stager, &mut landing, 0)?;
@@ -516,14 +488,18 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
                     .and_then(|lease| Ok((staged(&lease, &mut stager)?, lease)));
                 match r {
                     Ok((Some(t), _lease)) => match stager.bytes(t) {
-                        // SAFETY: `bytes` is the staged copy, `len` bytes of a live pinned slot.
-                        Ok(bytes) => unsafe {
-                            c.send_with_payload(
-                                &Msg::ReadData { xfer, op, chunk },
-                                bytes.as_ptr(),
-                                len,
-                            )?
-                        },
+                        Ok(bytes) => {
+                            // SAFETY: `bytes` is the staged copy, `len` bytes of a live pinned
+                            // slot.
+                            unsafe {
+                                c.send_with_payload(
+                                    &Msg::ReadData { xfer, op, chunk },
+                                    bytes.as_ptr(),
+                                    len,
+                                )?
+                            };
+                            served.add(false, u64::from(len));
+                        }
                         Err(err) => op_err(c, (xfer, op, chunk), err)?,
                     },
                     Ok((None, lease)) => {
@@ -535,6 +511,7 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
                                 len,
                             )?
                         };
+                        served.add(false, u64::from(len));
                     }
                     Err(err) => op_err(c, (xfer, op, chunk), err)?,
                 }
@@ -550,7 +527,10 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn) -> Result<()> {
     }
 }
 
+mod handshake;
 mod shm;
 mod shm_ring;
+
+use handshake::{check_name, control_handshake, join_handshake};
 
 use shm::serve_shm;

@@ -7,12 +7,12 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
 use super::shm_ring::RingServer;
-use super::{authenticated, join_handshake, note_wait, with_conn};
+use super::{authenticated, first_frame, join_handshake, note_wait, with_conn};
+use crate::admission::Slot;
 use crate::agent::{AgentInner, Notification};
 use crate::conn::{trim_fds, Conn, Sock};
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
-use crate::limits::Slot;
 use crate::mem::Mapping;
 use crate::region::{Lease, Registry};
 use crate::wire::Msg;
@@ -22,8 +22,11 @@ const MAX_BOUNCE: usize = 256 << 20;
 
 pub(super) fn serve_shm(agent: Arc<AgentInner>, s: UnixStream, slot: Slot) {
     let conn = Conn::new(Sock::Unix(s), "shm connection");
+    let accepted = std::time::Instant::now();
     with_conn(&agent.clone(), conn, slot, |c, slot| {
-        let (session, token, nonce) = match c.recv_frame(false)? {
+        let first = c.recv_frame(false)?;
+        first_frame(&agent, c, slot, accepted);
+        let (session, token, nonce) = match first {
             (
                 Msg::ShmJoin {
                     session,
@@ -43,7 +46,8 @@ pub(super) fn serve_shm(agent: Arc<AgentInner>, s: UnixStream, slot: Slot) {
             .take_fd()
             .ok_or_else(|| Error::Protocol("ShmJoin without a bounce-buffer fd".into()))?;
         // The fd is neither inspected nor mapped before the peer proved its session.
-        let s = join_handshake(
+        // Held while the connection is served: the session's end shuts it (and its ring) down.
+        let (s, _member) = join_handshake(
             &agent,
             c,
             session,
@@ -75,6 +79,7 @@ fn serve_shm_loop(
     let reg: &Registry = &agent.registry;
     let wait = agent.cfg.io_timeout;
     let mut held: Vec<Lease> = Vec::new();
+    let served = agent.served.counters(from, "shm");
     // Declared after `held` so it is dropped first: its thread stops and releases its leases.
     let mut ring: Option<RingServer> = None;
     loop {
@@ -121,7 +126,11 @@ fn serve_shm_loop(
                         continue;
                     }
                     match reg.check_remote(op.region, op.key, op.offset, op.len, op.write, wait) {
-                        Ok(l) => held.push(l),
+                        Ok(l) => {
+                            // Granted: the initiator copies through its mapping now.
+                            served.add(op.write, op.len);
+                            held.push(l)
+                        }
                         Err(e) => errors.push((i as u32, e)),
                     }
                 }
@@ -163,7 +172,10 @@ fn serve_shm_loop(
                         unsafe { copy_span(&lease, offset, bounce.ptr(), len as usize, dir) }
                     });
                 match r {
-                    Ok(()) => c.send(&Msg::Ok)?,
+                    Ok(()) => {
+                        served.add(write, len);
+                        c.send(&Msg::Ok)?
+                    }
                     Err(e) => c.send(&Msg::Err(e))?,
                 }
             }
@@ -207,6 +219,7 @@ fn serve_shm_loop(
                     Arc::clone(agent),
                     r,
                     c.shutdown_handle()?,
+                    Arc::clone(&served),
                 )?);
                 c.send(&Msg::Ok)?;
             }

@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
 use crate::region::{Lease, RegionCache};
 use crate::ring::{self, Ring, DONE, END, FREE, KIND_BEGIN, POSTED, SLOTS};
+use crate::served::Counters;
 
 /// How long the ring thread spins after its last request before it sleeps on the doorbell.
 const SPIN: Duration = ring::TARGET_SPIN;
@@ -40,7 +41,12 @@ pub(super) struct RingServer {
 }
 
 impl RingServer {
-    pub(super) fn start(agent: Arc<AgentInner>, ring: Ring, sock: Sock) -> Result<RingServer> {
+    pub(super) fn start(
+        agent: Arc<AgentInner>,
+        ring: Ring,
+        sock: Sock,
+        served: Arc<Counters>,
+    ) -> Result<RingServer> {
         let ring = Arc::new(ring);
         let stop = Arc::new(AtomicBool::new(false));
         let base = Instant::now();
@@ -49,7 +55,7 @@ impl RingServer {
         let thread = std::thread::Builder::new()
             .name("gdx-shm-ring".into())
             .spawn(move || {
-                if let Err(e) = serve(&agent, &r, &s, base, &l) {
+                if let Err(e) = serve(&agent, &r, &s, base, &l, &served) {
                     log::warn!("shm ring closed: {e}");
                     sock.shutdown();
                 }
@@ -88,6 +94,7 @@ fn serve(
     stop: &AtomicBool,
     base: Instant,
     last: &AtomicU64,
+    served: &Counters,
 ) -> Result<()> {
     let max = agent.cfg.limits.max_leases_per_conn;
     let mut next: u32 = 0;
@@ -106,8 +113,13 @@ fn serve(
     let mut regions = RegionCache::default();
     while !stop.load(Ordering::Relaxed) {
         let mut worked = false;
-        // Every request posted by now, in sequence order, in one pass.
+        // Every request posted by now, in sequence order, in one pass; the stop flag is read
+        // before each one, so a peer that keeps posting cannot keep the thread serving after
+        // its connection (or its session) ended.
         loop {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
             let s = next as usize % SLOTS;
             if ring.state(s).load(Ordering::Acquire) != POSTED {
                 break;
@@ -129,6 +141,7 @@ fn serve(
                 )));
             }
             let (errors, leases) = run_request(agent, ring, s, &req, &mut regions, max, held_count);
+            count_served(served, &req, &errors);
             ring.write_result(s, errors);
             if req.kind == KIND_BEGIN {
                 held_count += leases.len();
@@ -194,6 +207,17 @@ fn serve(
         idle_since = Some(Instant::now());
     }
     Ok(())
+}
+
+/// Counts the request's ops that were served (not skipped, not refused): inline ones were
+/// copied, `BEGIN` ones were granted for the initiator's own copy.
+fn count_served(served: &Counters, req: &ring::Request, errors: &[(u32, Error)]) {
+    for (i, op) in req.ops.iter().enumerate() {
+        let refused = errors.iter().any(|(j, _)| *j as usize == i);
+        if !refused && !req.skip.get(i).copied().unwrap_or(false) {
+            served.add(op.write, op.len);
+        }
+    }
 }
 
 /// Publishes a slot state and wakes the initiator if it sleeps on it.

@@ -99,6 +99,8 @@ pub fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
 
 /// A raw, hand-made client of the wire protocol (version 3), written from
 /// docs/wire-protocol.md: it lets hostile tests send exactly the frames they want.
+pub mod shm_raw;
+
 pub mod raw {
     use gdx_engine::wire::{decode_frame, encode, Hello, Msg};
     use hmac::{Hmac, Mac};

@@ -9,29 +9,13 @@
 //!
 //! Invariant: [`parse_text`] never panics, whatever the bytes (a proptest checks it).
 
-use crate::error::NcclError;
 use crate::line::{self, Kind, Level, Line};
 use crate::model::*;
-use std::path::Path;
 
 mod net;
+mod read;
 
-/// Read and parse the files in order.
-pub fn parse_files<P: AsRef<Path>>(paths: &[P]) -> Result<NcclLog, NcclError> {
-    let mut log = NcclLog::default();
-    for p in paths {
-        let p = p.as_ref();
-        let bytes = std::fs::read(p).map_err(|source| NcclError::ReadLog {
-            path: p.to_path_buf(),
-            source,
-        })?;
-        // Logs written by a crashing process can hold invalid UTF-8: keep what reads.
-        let text = String::from_utf8_lossy(&bytes);
-        parse_into(&mut log, &p.display().to_string(), &text);
-    }
-    finish(&mut log);
-    Ok(log)
-}
+pub use read::{parse_files, MAX_LINE_BYTES, MAX_LOG_BYTES};
 
 /// Parse one text (named `source` in warnings).
 pub fn parse_text(source: &str, text: &str) -> NcclLog {
@@ -44,24 +28,28 @@ pub fn parse_text(source: &str, text: &str) -> NcclLog {
 fn parse_into(log: &mut NcclLog, source: &str, text: &str) {
     log.sources.push(source.to_string());
     for (i, raw) in text.lines().enumerate() {
-        log.lines += 1;
-        let Kind::Nccl(l) = line::split(raw) else {
-            continue;
-        };
-        let mut cx = Cx {
-            log,
-            source,
-            lineno: i + 1,
-            host: l.origin.host.clone(),
-        };
-        if cx.message(&l) {
-            cx.log.nccl_lines += 1;
-        }
+        parse_line(log, source, i + 1, raw);
+    }
+}
+
+pub(super) fn parse_line(log: &mut NcclLog, source: &str, lineno: usize, raw: &str) {
+    log.lines += 1;
+    let Kind::Nccl(l) = line::split(raw) else {
+        return;
+    };
+    let mut cx = Cx {
+        log,
+        source,
+        lineno,
+        host: l.origin.host.clone(),
+    };
+    if cx.message(&l) {
+        cx.log.nccl_lines += 1;
     }
 }
 
 /// Whole-log warnings, once every file is read.
-fn finish(log: &mut NcclLog) {
+pub(super) fn finish(log: &mut NcclLog) {
     if log.nccl_lines == 0 {
         log.parse_warnings.push(ParseWarning {
             source: log.sources.join(", "),

@@ -181,6 +181,20 @@ pub fn printable(s: &str) -> String {
     out
 }
 
+/// [`printable`] for multi-line text (a rendered report): line breaks and tabs stay, every other
+/// control character (ESC above all) is escaped.
+pub fn printable_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Temporary folders of live [`TempFolder`] values, for the signal thread to remove.
 static LIVE_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 

@@ -1,0 +1,93 @@
+//! The acceptor's handshakes: the control connection's challenge–response under the agent
+//! secret (creating the session and its identity tag), and a joining connection's proof of the
+//! session key (making it a member the session's end shuts down).
+
+use std::sync::Arc;
+
+use crate::agent::{AgentInner, Session};
+use crate::auth;
+use crate::conn::Conn;
+use crate::error::{Error, Result};
+use crate::region::RegionKey;
+use crate::session::{identity_tag, Member};
+use crate::wire::Hello;
+
+pub(super) fn check_name(agent: &AgentInner, what: &str, name: &str) -> Result<()> {
+    let max = agent.cfg.limits.max_name_bytes;
+    if name.len() > max {
+        let what = format!("{what} of {} bytes > max_name_bytes", name.len());
+        agent.hits.hit(&agent.hits.names, &what);
+        return Err(Error::LimitReached {
+            what,
+            limit: max as u64,
+        });
+    }
+    Ok(())
+}
+
+/// The acceptor's side of the control handshake: the challenge–response under the agent
+/// secret (none in insecure mode), then a session that joining connections must match.
+/// Returns the session id and (insecure mode only) its token.
+pub(super) fn control_handshake(
+    agent: &AgentInner,
+    c: &mut Conn,
+    h: &Hello,
+) -> Result<(u128, u128)> {
+    check_name(agent, "agent name", &h.agent_name)?;
+    let session = crate::mem::random_u128()?;
+    let (token, key) = match &agent.secret {
+        Some(secret) => {
+            let ctx = h.agent_id.to_le_bytes();
+            let sn = auth::accept(c, secret.bytes(), "control", &ctx, h.nonce)?;
+            let key = auth::session_key(secret.bytes(), &ctx, h.nonce, sn);
+            // Authenticated mode: the token carries this agent's identity tag (joins prove the
+            // session key instead of presenting a token).
+            let tag = identity_tag(&key, &agent.cfg.name, agent.id, session);
+            (tag, Some(key))
+        }
+        None => (crate::mem::random_u128()?, None),
+    };
+    agent
+        .sessions
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(
+            session,
+            Session {
+                token,
+                key,
+                peer: h.agent_name.clone(),
+                members: Arc::default(),
+            },
+        );
+    Ok((session, token))
+}
+
+/// The acceptor's side of a joining connection (data stream, shm socket): it must prove it
+/// holds the session's key (or, insecure, present its token).
+pub(super) fn join_handshake(
+    agent: &AgentInner,
+    c: &mut Conn,
+    session: u128,
+    token: u128,
+    ctx: &[u8],
+    nonce: u128,
+    what: &str,
+) -> Result<(Session, Member)> {
+    let s = agent
+        .session(session)
+        .ok_or_else(|| Error::AuthFailed(format!("{what}: unknown session")))?;
+    match &s.key {
+        Some(k) => {
+            auth::accept(c, k, what, ctx, nonce)?;
+        }
+        None => {
+            if !RegionKey(s.token).ct_eq(&RegionKey(token)) {
+                return Err(Error::AuthFailed(format!("{what}: bad session token")));
+            }
+        }
+    }
+    // Fails when the session ended during the join's handshake.
+    let member = s.members.join(c.shutdown_handle()?)?;
+    Ok((s, member))
+}
