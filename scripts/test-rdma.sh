@@ -21,7 +21,7 @@ bash scripts/rdma-vm.sh setup
 # Test executables, built here, run there.
 tests_json=$(cargo test --no-run --message-format=json \
   -p gdx-rdma --test hardware -p gdx-bench --test rdma_hardware \
-  -p gdx-engine --test rdma_vm -p gdx-doctor --lib 2>/dev/null)
+  -p gdx-engine --test rdma_vm --test fabric_route -p gdx-doctor --lib 2>/dev/null)
 exe() { # exe CRATE TARGET -> the test executable's path
   python3 -c '
 import json, sys
@@ -36,7 +36,8 @@ RDMA_HW=$(exe gdx-rdma hardware)
 BENCH_HW=$(exe gdx-bench rdma_hardware)
 ENGINE_VM=$(exe gdx-engine rdma_vm)
 DOCTOR_LIB=$(exe gdx-doctor gdx_doctor)
-for v in RDMA_HW BENCH_HW ENGINE_VM DOCTOR_LIB; do
+ENGINE_FABRIC=$(exe gdx-engine fabric_route)
+for v in RDMA_HW BENCH_HW ENGINE_VM DOCTOR_LIB ENGINE_FABRIC; do
   [[ -x ${!v} ]] || { echo "test-rdma: no test executable for $v" >&2; exit 1; }
 done
 cargo build --release -p gdx 2>&1 | tail -1
@@ -46,7 +47,7 @@ GDX=$PWD/target/release/gdx
 bash scripts/test-python.sh -q test_rdma.py
 PYENV=$PWD/${GDX_PYENV:-target/pyenv}
 
-export RDMA_HW BENCH_HW ENGINE_VM DOCTOR_LIB GDX PYENV
+export RDMA_HW BENCH_HW ENGINE_VM DOCTOR_LIB ENGINE_FABRIC GDX PYENV
 if [[ $part == one || $part == all ]]; then
   bash scripts/rdma-vm.sh run --timeout 2400 -- bash scripts/rdma-vm/suite-one.sh
 fi

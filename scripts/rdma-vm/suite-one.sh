@@ -18,6 +18,16 @@ step "the Python binding over rdma (crates/python/tests/test_rdma.py)"
 (cd crates/python/tests && GDX_REQUIRE_RDMA=1 "$PYENV/bin/python" -m pytest -q -p no:cacheprovider test_rdma.py) \
   || fail "python test_rdma.py"
 
+step "the fabric transport over libfabric's verbs provider (tests/fabric_route.rs)"
+# verbs;ofi_rxm asks for more CQ entries than rxe allows unless FI_UNIVERSE_SIZE is lowered
+# (gdx's error says so; checked below).
+FI_UNIVERSE_SIZE=64 GDX_TEST_FABRIC_PROVIDER=verbs "$ENGINE_FABRIC" --test-threads=1 \
+  || fail "engine fabric_route over verbs"
+GDX_FABRIC_PROVIDER=verbs "$GDX" doctor --color never 2>&1 | grep -E "probe-fabric" \
+  | tee /tmp/pf.txt | grep -q "FI_UNIVERSE_SIZE=64" || fail "probe-fabric does not name the CQ-size cause"
+FI_UNIVERSE_SIZE=64 GDX_FABRIC_PROVIDER=verbs "$GDX" doctor --color never 2>&1 \
+  | grep -Eq "^PASS +probe-fabric .*verbs" || fail "probe-fabric over verbs did not pass"
+
 step "doctor's verbs probe (unit test, with a device)"
 "$DOCTOR_LIB" --test-threads=1 probe_rdma || fail "doctor probe_rdma"
 

@@ -156,6 +156,30 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
+/// `verbs;ofi_rxm` sizes each connection's verbs CQ as (tx + rx size) x `FI_UNIVERSE_SIZE`
+/// (256 unless set), past what some devices take (Soft-RoCE: max_cqe 32767), and then fails
+/// `fi_enable` with a bare EINVAL; say so, and what makes it work.
+fn enable_hint(provider: &str, e: FabricError) -> FabricError {
+    let rxm_verbs = provider.starts_with("verbs") && provider.contains("rxm");
+    if !rxm_verbs || !matches!(e, FabricError::Call { code: 22, .. }) {
+        return e;
+    }
+    let why = match std::env::var("FI_UNIVERSE_SIZE") {
+        Err(_) => "verbs;ofi_rxm sizes its verbs CQ as (tx + rx size) x FI_UNIVERSE_SIZE (256 by \
+                   default), more completion entries than this device allows (see max_cqe in \
+                   `ibv_devinfo -v`; Soft-RoCE takes 32767): set FI_UNIVERSE_SIZE=64"
+            .to_string(),
+        Ok(v) => format!(
+            "verbs;ofi_rxm sizes its verbs CQ as (tx + rx size) x FI_UNIVERSE_SIZE ({v}): if \
+             that is above the device's max_cqe (`ibv_devinfo -v`), lower FI_UNIVERSE_SIZE"
+        ),
+    };
+    FabricError::Enable {
+        source: Box::new(e),
+        why,
+    }
+}
+
 impl Endpoint {
     /// Chooses a provider ([`FabricConfig`]) and opens an endpoint on it.
     pub fn open(cfg: &FabricConfig) -> Result<Endpoint> {
@@ -174,7 +198,9 @@ impl Endpoint {
             Err(_) => (domain.cq(depth * 2, false)?, false),
         };
         let av = domain.av()?;
-        let ep = domain.endpoint(&cq, &av)?;
+        let ep = domain
+            .endpoint(&cq, &av)
+            .map_err(|e| enable_hint(&pinfo.provider, e))?;
         let seed = std::collections::hash_map::RandomState::new()
             .build_hasher()
             .finish();

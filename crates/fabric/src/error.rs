@@ -20,6 +20,15 @@ pub enum FabricError {
         /// `fi_strerror` of `code`.
         message: String,
     },
+    /// The provider's endpoint could not be enabled, with what is known to cause it here.
+    #[error("{source}: {why}")]
+    Enable {
+        /// The failed call.
+        #[source]
+        source: Box<FabricError>,
+        /// The likely cause and what to do.
+        why: String,
+    },
     /// No provider offers what was asked (FI_RMA on an RDM endpoint, or the named provider).
     #[error("no libfabric provider: {0}")]
     NoProvider(String),

@@ -252,7 +252,15 @@ pub fn fabric_agent(name: &str, host: u128) -> Agent {
             rdma: false,
             fabric: true,
         },
+        // The RDMA VM suite runs the fabric tests over the verbs provider on Soft-RoCE.
+        fabric_provider: fabric_test_provider(),
         ..config(name, true)
     })
     .expect("agent")
+}
+
+/// `GDX_TEST_FABRIC_PROVIDER` (the RDMA VM suite sets `verbs`), else automatic, which is tcp
+/// on 127.0.0.1 on a machine without an RDMA device.
+pub fn fabric_test_provider() -> Option<String> {
+    std::env::var("GDX_TEST_FABRIC_PROVIDER").ok()
 }
