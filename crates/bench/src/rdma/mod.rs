@@ -29,10 +29,10 @@ pub use session::{run_client, run_loopback, serve, serve_on, RdmaParams, RdmaRun
 
 use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived};
 use crate::error::BenchError;
-use gdx_rdma::RdmaError;
 use crate::report::Row;
 use crate::stats::fill_row;
 use crate::Ctx;
+use gdx_rdma::RdmaError;
 
 /// The rate a bandwidth sample is sized for (NIC ports run up to 400 Gb/s = 50 GB/s), so a
 /// sample of a large size stays near `--duration`.
@@ -186,11 +186,11 @@ impl BenchCase for RdmaCase {
                 BenchError::Waived(format!("the peer cannot serve this memory: {u}"))
             }
             source => BenchError::Rdma {
-            context: format!(
-                "rdma bench against {}",
-                self.peer.as_deref().unwrap_or("the loopback server")
-            ),
-            source,
+                context: format!(
+                    "rdma bench against {}",
+                    self.peer.as_deref().unwrap_or("the loopback server")
+                ),
+                source,
             },
         })?;
         for row in rows(&self.spec, &run, params.verify) {
