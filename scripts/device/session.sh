@@ -28,8 +28,8 @@ timed() { local t=$SECONDS; "$@"; log "   ($1 … took $((SECONDS - t)) s)"; }
 
 case "${1:-}" in
 tests)
-  skip=()
-  if ((gpus < 2)); then skip=(--skip two_gpus_); log "one GPU: two_gpus_* tests skipped by name"; fi
+  skip=(--skip role_)  # roles run only as children of their tests
+  if ((gpus < 2)); then skip+=(--skip two_gpus_); log "one GPU: two_gpus_* tests skipped by name"; fi
   log "test binaries, ignored (GPU) tests included"
   for t in "$BIN"/tests/*; do
     [ -x "$t" ] || continue

@@ -19,9 +19,9 @@ if [ -n "$MAJMIN" ] && ! grep -qs ID_FS_USAGE /run/udev/data/b$MAJMIN; then
   mkdir -p /run/udev/data && printf 'E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=%s\n' "$(findmnt -no FSTYPE -T /tmp)" >>/run/udev/data/b$MAJMIN
   log "udev: wrote ID_FS_USAGE for $MAJMIN (cuFile refuses every file without it)"
 fi
-skip=()
+skip=(--skip role_)  # roles run only as children of their tests
 if ((gpus < 2)); then
-  skip=(--skip two_gpus_)
+  skip+=(--skip two_gpus_)
   log "one GPU: two_gpus_* tests skipped by name"
 fi
 log "test binaries, ignored (GPU) tests included"

@@ -11,6 +11,7 @@ use gdx_cluster::{ClusterError, ClusterView, EtcdOptions, LEASE_EXPIRED};
 use gdx_engine::{Access, Error, Transfer};
 
 #[test]
+#[ignore = "a role: run as a child process by the tests of this file"]
 fn role_agent() {
     child_role();
 }

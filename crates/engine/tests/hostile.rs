@@ -649,15 +649,22 @@ fn peercred_client(name: &str) {
     }
 }
 
+/// The other user's side of `another_user_is_refused_on_the_shm_socket`.
 #[test]
+#[ignore = "a role: run as a child process by another_user_is_refused_on_the_shm_socket"]
+fn role_peercred_client() {
+    let name = std::env::var("GDX_HOSTILE_SHM")
+        .expect("a role: run only as a child of another_user_is_refused_on_the_shm_socket");
+    peercred_client(&name);
+}
+
+#[test]
+#[ignore = "requires root, to start a process as another user (CI runs it with --ignored --exact)"]
 fn another_user_is_refused_on_the_shm_socket() {
-    if let Ok(name) = std::env::var("GDX_HOSTILE_SHM") {
-        return peercred_client(&name);
-    }
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: needs root to start a process as another user");
-        return;
-    }
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "another_user_is_refused_on_the_shm_socket needs root to start a process as another user"
+    );
     let target = agent("target", true);
     let s = raw::login(addr(&target), &secret(&target));
     let name = s.hello.shm_socket.clone().expect("shm offered");
@@ -665,7 +672,8 @@ fn another_user_is_refused_on_the_shm_socket() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "another_user_is_refused_on_the_shm_socket",
+            "role_peercred_client",
+            "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])

@@ -25,10 +25,13 @@ const GIB: u64 = 1 << 30;
 
 /// The server role: serve a region filled with `fill_pattern(seed)` until stdin closes.
 #[test]
+#[ignore = "a role: run as a child process by the tests of this file"]
 fn role_server() {
-    if std::env::var("GDX_TEST_ROLE").as_deref() != Ok("server") {
-        return;
-    }
+    assert_eq!(
+        std::env::var("GDX_TEST_ROLE").as_deref(),
+        Ok("server"),
+        "a role: run only as a child of the tests of this file"
+    );
     let len: u64 = std::env::var("GDX_TEST_LEN")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -54,10 +57,13 @@ fn role_server() {
 
 /// The client role (used inside a network namespace): write, read back, verify.
 #[test]
+#[ignore = "a role: run as a child process by veth_between_network_namespaces"]
 fn role_client() {
-    if std::env::var("GDX_TEST_ROLE").as_deref() != Ok("client") {
-        return;
-    }
+    assert_eq!(
+        std::env::var("GDX_TEST_ROLE").as_deref(),
+        Ok("client"),
+        "a role: run only as a child of veth_between_network_namespaces"
+    );
     let addr = std::env::var("GDX_TEST_ADDR").unwrap();
     let len: u64 = std::env::var("GDX_TEST_LEN").unwrap().parse().unwrap();
     let seed: u64 = std::env::var("GDX_TEST_SEED").unwrap().parse().unwrap();
@@ -87,9 +93,15 @@ impl Drop for Server {
 fn role_command(role: &str, test: &str) -> Command {
     let exe = std::env::current_exe().expect("current_exe");
     let mut c = Command::new(exe);
-    c.args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env("GDX_TEST_ROLE", role)
-        .env("GDX_SECRET_FILE", secret_file());
+    c.args([
+        "--exact",
+        test,
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("GDX_TEST_ROLE", role)
+    .env("GDX_SECRET_FILE", secret_file());
     c
 }
 
@@ -122,7 +134,13 @@ fn spawn_server(len: u64, seed: u64, wrap: Option<&[&str]>) -> Server {
             let mut c = Command::new(prefix[0]);
             c.args(&prefix[1..])
                 .arg(std::env::current_exe().unwrap())
-                .args(["--exact", "role_server", "--nocapture", "--test-threads=1"])
+                .args([
+                    "--exact",
+                    "role_server",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
                 .env("GDX_TEST_ROLE", "server")
                 .env("GDX_SECRET_FILE", secret_file());
             c
@@ -219,7 +237,9 @@ fn kill_mid_transfer(shm: bool) {
     let src = agent.alloc(len, Access::LOCAL, None).unwrap();
     let timeout = Duration::from_secs(10);
 
-    // Transfers back to back; kill -9 the server while one is running.
+    // Transfers back to back; kill -9 the server while one is running. The server is stopped
+    // (SIGSTOP, every thread seen stopped) before the third is submitted, so that transfer
+    // cannot finish before the kill, however fast the machine.
     let mut killed_at = None;
     let mut completed = 0;
     let (err, failed_handle) = loop {
@@ -227,13 +247,16 @@ fn kill_mid_transfer(shm: bool) {
         for i in 0..4 {
             t.write(&src, i * (len / 4), &remote, i * (len / 4), len / 4);
         }
+        if completed == 2 && killed_at.is_none() {
+            stop(server.child.id());
+        }
         let h = match peer.submit(t) {
             Ok(h) => h,
             Err(e) => break (e, None),
         };
         if completed == 2 && killed_at.is_none() {
-            std::thread::sleep(Duration::from_millis(20));
-            server.child.kill().unwrap(); // SIGKILL
+            assert_eq!(h.status(), Status::Pending, "the server is stopped");
+            server.child.kill().unwrap(); // SIGKILL ends a stopped process too
             killed_at = Some(Instant::now());
         }
         match h.wait(timeout) {
@@ -289,6 +312,16 @@ fn kill_server_mid_transfer_shm() {
     kill_mid_transfer(true);
 }
 
+/// Stops process `pid` (SIGSTOP) and waits until every thread of it is stopped.
+fn stop(pid: u32) {
+    let st = Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill -STOP {pid}");
+    wait_stopped(pid);
+}
+
 /// Waits until every thread of process `pid` is stopped (`T` in `/proc/PID/task/*/stat`): a
 /// signal is delivered asynchronously, and the test must not race a still-running peer.
 fn wait_stopped(pid: u32) {
@@ -333,13 +366,7 @@ fn stopped_shm_peer_does_not_block_submit() {
     peer.submit(t).unwrap().wait(WAIT).unwrap();
     assert_eq!(back.bytes().unwrap()[..8], src.bytes().unwrap()[..8]);
 
-    let pid = server.child.id();
-    let st = Command::new("kill")
-        .args(["-STOP", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success(), "kill -STOP {pid}");
-    wait_stopped(pid);
+    stop(server.child.id());
 
     let mut t = Transfer::new();
     t.write(&src, 8, &remote, 8, 8);
@@ -375,24 +402,17 @@ fn stopped_shm_peer_does_not_block_submit() {
 
 /// Two network namespaces joined by a veth pair; server in one, client in the other, tcp between.
 #[test]
+#[ignore = "requires root and `ip netns` (CI runs it with --ignored --exact)"]
 fn veth_between_network_namespaces() {
-    if std::env::var("GDX_TEST_ROLE").is_ok() {
-        return;
-    }
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc_geteuid() } != 0 {
-        eprintln!("SKIPPED veth_between_network_namespaces: not running as root");
-        return;
-    }
+    let euid = unsafe { libc_geteuid() };
+    assert_eq!(euid, 0, "veth_between_network_namespaces needs root");
     let ok = Command::new("ip")
         .args(["netns", "list"])
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
-    if !ok {
-        eprintln!("SKIPPED veth_between_network_namespaces: `ip netns` is not available");
-        return;
-    }
+    assert!(ok, "veth_between_network_namespaces needs `ip netns`");
     let _big = BIG.lock().unwrap_or_else(|p| p.into_inner());
     let pid = std::process::id();
     let (a, b) = (format!("gdxa{pid}"), format!("gdxb{pid}"));
@@ -424,17 +444,23 @@ fn veth_between_network_namespaces() {
         && sh(&["-n", &b, "link", "set", &vb, "up"])
         && sh(&["-n", &a, "link", "set", "lo", "up"])
         && sh(&["-n", &b, "link", "set", "lo", "up"]);
-    if !setup {
-        eprintln!("SKIPPED veth_between_network_namespaces: could not create namespaces/veth (no permission?)");
-        return;
-    }
+    assert!(
+        setup,
+        "veth_between_network_namespaces could not create namespaces and a veth pair"
+    );
     let len = 64 << 20;
     let exe = std::env::current_exe().unwrap();
     let mut server = Command::new("ip");
     server
         .args(["netns", "exec", &a])
         .arg(&exe)
-        .args(["--exact", "role_server", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "role_server",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("GDX_TEST_ROLE", "server")
         .env("GDX_SECRET_FILE", secret_file())
         .env("GDX_LISTEN", "10.213.7.1:0")
@@ -452,7 +478,13 @@ fn veth_between_network_namespaces() {
     let out = Command::new("ip")
         .args(["netns", "exec", &b])
         .arg(&exe)
-        .args(["--exact", "role_client", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "role_client",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("GDX_TEST_ROLE", "client")
         .env("GDX_SECRET_FILE", secret_file())
         .env("GDX_TEST_ADDR", &addr)

@@ -23,10 +23,13 @@ const SEED: u64 = 1717;
 
 /// Child: serve an 8 MiB region filled with `fill_pattern(SEED)` until killed or stdin closes.
 #[test]
-fn ring_server() {
-    if std::env::var("GDX_TEST_ROLE").as_deref() != Ok("ring-server") {
-        return;
-    }
+#[ignore = "a role: run as a child process by the tests of this file"]
+fn role_ring_server() {
+    assert_eq!(
+        std::env::var("GDX_TEST_ROLE").as_deref(),
+        Ok("ring-server"),
+        "a role: run only as a child of the tests of this file"
+    );
     let mut h = serve::run(ServeConfig {
         agent: AgentConfig::from_env().unwrap(),
         region_len: LEN,
@@ -48,7 +51,13 @@ impl Drop for Server {
 
 fn spawn_server() -> (Server, String, RegionDesc) {
     let mut c = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "ring_server", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "role_ring_server",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("GDX_TEST_ROLE", "ring-server")
         .env("GDX_SECRET_FILE", secret_file())
         .env("GDX_TRANSPORTS", "tcp,shm")

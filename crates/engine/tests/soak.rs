@@ -113,6 +113,22 @@ fn count(dir: &str) -> usize {
     std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
 }
 
+/// This process's fds and threads once they hold still: the same pair read five times in a
+/// row 50 ms apart (a thread that an agent starts may still be starting), within a generous
+/// 30 s deadline, after which the last reading is the baseline.
+fn steady_counts() -> (usize, usize) {
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut last = (count("/proc/self/fd"), count("/proc/self/task"));
+    let mut same = 0;
+    while same < 5 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = (count("/proc/self/fd"), count("/proc/self/task"));
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
+    }
+    last
+}
+
 /// Waits (bounded) until the process's fds and threads are back to at most the baseline.
 fn settles_to(fds: usize, threads: usize) -> (usize, usize) {
     let until = Instant::now() + Duration::from_secs(30);
@@ -236,9 +252,9 @@ fn initiator_survives_random_server_kills() {
 fn target_survives_random_client_kills() {
     let target = Agent::new(config("soak-target", true)).unwrap();
     let mut region = target.alloc(LEN, Access::READ_WRITE, Some("soak")).unwrap();
-    // Baseline with the agent up (its listener threads belong to it).
-    std::thread::sleep(Duration::from_millis(100));
-    let (fds0, threads0) = (count("/proc/self/fd"), count("/proc/self/task"));
+    // Baseline with the agent up (its listener threads belong to it), once its threads and fds
+    // have stopped changing.
+    let (fds0, threads0) = steady_counts();
     let addr = target.listen_addr().unwrap().to_string();
     let mut rng = 12345u64;
     for i in 0..24 {

@@ -283,11 +283,13 @@ proptest! {
     }
 
     #[test]
-    fn corrupted_byte_is_rejected_or_decoded_cleanly(msg in arb_msg(), pos in any::<prop::sample::Index>(), val in any::<u8>()) {
+    fn corrupted_byte_never_panics_the_decoder(msg in arb_msg(), pos in any::<prop::sample::Index>(), val in any::<u8>()) {
         let mut f = encode(&msg, 0);
         let i = pos.index(f.len());
         f[i] = val;
-        let _ = decode_frame(&f); // must not panic
+        // The claim is only that no byte value panics the decoder: a corrupted frame may be
+        // refused or may decode to another valid message (a changed payload byte, say).
+        let _ = decode_frame(&f);
     }
 
     #[test]

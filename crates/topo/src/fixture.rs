@@ -525,34 +525,22 @@ impl SysfsFixture {
     }
 }
 
-/// The real NCCL topology files (`shared/reference/topologies`), found at run time from the
-/// test crate's folder (`CARGO_MANIFEST_DIR`, which cargo sets for the test process) or the
-/// working directory upwards, never from a build-time path. `None` after printing a skip
-/// line when absent; when `CI` is set a missing folder is a failure (panic).
-pub fn reference_topologies() -> Option<std::path::PathBuf> {
+/// The real NCCL topology files (`crates/topo/tests/data/topologies`, copied from public
+/// repositories; `SOURCES.md` there names each one's origin), found at run time from the test
+/// crate's folder (`CARGO_MANIFEST_DIR`, which cargo sets for the test process) or the working
+/// directory upwards, never from a build-time path. Panics when they are not there (they are
+/// committed with this crate).
+pub fn reference_topologies() -> std::path::PathBuf {
+    const REL: &str = "crates/topo/tests/data/topologies";
     let starts = [
         std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from),
         std::env::current_dir().ok(),
     ];
-    let found = starts.iter().flatten().find_map(|start| {
-        start
-            .ancestors()
-            .flat_map(|a| {
-                [
-                    a.join("shared/reference/topologies"),
-                    a.join("../shared/reference/topologies"),
-                ]
-            })
-            .find(|p| p.is_dir())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set but shared/reference/topologies was not found above {starts:?}"
-        );
-        eprintln!("skipping: shared/reference/topologies not found");
-    }
-    found
+    starts
+        .iter()
+        .flatten()
+        .find_map(|start| start.ancestors().map(|a| a.join(REL)).find(|p| p.is_dir()))
+        .unwrap_or_else(|| panic!("fixture {REL} not found above {starts:?}"))
 }
 
 /// The real 2× H200 capture (`crates/topo/tests/data/h200x2-capture.tar.gz`, a Firecracker VM

@@ -1,6 +1,6 @@
 //! A real machine: `gdx topo --capture` taken on the 2× H200 test machine (Firecracker VM,
 //! flat PCI bus, numa_node -1, 18 NVLinks per GPU to NVSwitches). `nvidia-smi topo -m` there
-//! shows GPU0–GPU1 as NV18 (docs/device/nvidia-smi-topo.txt); the capture must say the same
+//! shows GPU0–GPU1 as NV18 (docs/topo-h200x2.md); the capture must say the same
 //! anywhere, without NVML.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test

@@ -1,4 +1,4 @@
-//! The real NCCL topology files under `shared/reference/topologies`: every one loads (or is
+//! The real NCCL topology files under `crates/topo/tests/data/topologies`: every one loads (or is
 //! refused for the right reason), path classes match what the hardware is known to be, and
 //! parse → export → parse keeps the matrix and the devices.
 
@@ -11,16 +11,12 @@ use gdx_topo::{
 };
 use std::path::{Path, PathBuf};
 
-fn reference_dir() -> Option<PathBuf> {
+fn reference_dir() -> PathBuf {
     gdx_topo::fixture::reference_topologies()
 }
 
-fn load(name: &str) -> Option<Topology> {
-    let dir = reference_dir()?;
-    match from_nccl_xml(&dir.join(name)) {
-        Ok(t) => Some(t),
-        Err(e) => panic!("{name}: {e}"),
-    }
+fn load(name: &str) -> Topology {
+    from_nccl_xml(&reference_dir().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 fn class(t: &Topology, a: &str, b: &str) -> PathClass {
@@ -34,7 +30,7 @@ fn count(t: &Topology, kind: DeviceKind) -> usize {
 
 #[test]
 fn every_reference_file_loads() {
-    let Some(dir) = reference_dir() else { return };
+    let dir = reference_dir();
     let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -67,7 +63,7 @@ fn every_reference_file_loads() {
 
 #[test]
 fn graph_file_is_not_a_topology() {
-    let Some(dir) = reference_dir() else { return };
+    let dir = reference_dir();
     let err = from_nccl_xml(&dir.join("nccl_topo_azure_ncv4-graph.xml")).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, TopoError::NotATopology { .. }), "{msg}");
@@ -81,9 +77,7 @@ fn graph_file_is_not_a_topology() {
 
 #[test]
 fn azure_ndv5_one_nic_per_gpu_switch() {
-    let Some(t) = load("nccl_topo_azure_ndv5-topo.xml") else {
-        return;
-    };
+    let t = load("nccl_topo_azure_ndv5-topo.xml");
     assert_eq!(count(&t, DeviceKind::Gpu), 8);
     assert_eq!(count(&t, DeviceKind::Nic), 8);
     assert_eq!(t.switches.len(), 8);
@@ -128,7 +122,7 @@ fn aws_p4d_two_gpus_and_a_nic_per_switch() {
         "nccl_topo_aws_p4d-24xl-topo.xml",
         "nccl_topo_aws_p4de-24xl-topo.xml",
     ] {
-        let Some(t) = load(file) else { return };
+        let t = load(file);
         assert_eq!(count(&t, DeviceKind::Gpu), 8, "{file}");
         assert_eq!(count(&t, DeviceKind::Nic), 4, "{file}");
         assert_eq!(t.switches.len(), 4);
@@ -155,9 +149,7 @@ fn aws_p4d_two_gpus_and_a_nic_per_switch() {
 
 #[test]
 fn azure_ndv4_two_gpus_two_nics_per_numa_node() {
-    let Some(t) = load("nccl_topo_azure_ndv4-topo.xml") else {
-        return;
-    };
+    let t = load("nccl_topo_azure_ndv4-topo.xml");
     assert_eq!(count(&t, DeviceKind::Gpu), 8);
     assert_eq!(count(&t, DeviceKind::Nic), 8);
     assert_eq!(t.numa_nodes.len(), 4);
@@ -180,9 +172,7 @@ fn azure_ndv4_two_gpus_two_nics_per_numa_node() {
 
 #[test]
 fn azure_ndv2_gpus_directly_under_the_cpus() {
-    let Some(t) = load("nccl_topo_azure_ndv2-topo.xml") else {
-        return;
-    };
+    let t = load("nccl_topo_azure_ndv2-topo.xml");
     assert_eq!(count(&t, DeviceKind::Gpu), 8);
     assert_eq!(count(&t, DeviceKind::Nic), 1);
     assert!(t.switches.is_empty());
@@ -200,9 +190,7 @@ fn azure_ndv2_gpus_directly_under_the_cpus() {
 
 #[test]
 fn azure_ncv4_self_target_quirk_gives_no_nvlink() {
-    let Some(t) = load("nccl_topo_azure_ncv4-topo.xml") else {
-        return;
-    };
+    let t = load("nccl_topo_azure_ncv4-topo.xml");
     assert_eq!(count(&t, DeviceKind::Gpu), 4);
     for g in t.gpus() {
         let info = g.gpu.as_ref().unwrap();
@@ -225,9 +213,7 @@ fn azure_ncv4_self_target_quirk_gives_no_nvlink() {
 
 #[test]
 fn azure_ncv4_peer_targets_give_nv12_pairs() {
-    let Some(t) = load("nccl_topo_azure_ncv4-topo_v2023-06_peer-targets.xml") else {
-        return;
-    };
+    let t = load("nccl_topo_azure_ncv4-topo_v2023-06_peer-targets.xml");
     assert!(
         !t.notes.iter().any(|n| n.contains("own bus id")),
         "{:?}",
@@ -273,9 +259,7 @@ fn ncv4_common(t: &Topology) {
 
 #[test]
 fn aws_p5_lists_bus_ids_only() {
-    let Some(t) = load("nccl_topo_aws_p5-48xl-topo.xml") else {
-        return;
-    };
+    let t = load("nccl_topo_aws_p5-48xl-topo.xml");
     // Eight real switches (4 per socket), each with four leaves of unknown kind: the file
     // names neither class nor <gpu>/<nic>, so nothing is guessed.
     assert!(t.devices.is_empty(), "{:?}", t.devices);
@@ -299,9 +283,7 @@ fn aws_p5_lists_bus_ids_only() {
 
 #[test]
 fn aws_g5_lists_bus_ids_only() {
-    let Some(t) = load("nccl_topo_aws_g5.48xl-topo.xml") else {
-        return;
-    };
+    let t = load("nccl_topo_aws_g5.48xl-topo.xml");
     assert!(t.devices.is_empty());
     assert!(t.switches.is_empty());
     assert_eq!(t.host_bridges.len(), 2);
@@ -320,7 +302,7 @@ fn aws_g5_lists_bus_ids_only() {
 
 #[test]
 fn every_reference_file_round_trips() {
-    let Some(dir) = reference_dir() else { return };
+    let dir = reference_dir();
     let mut checked = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
@@ -363,21 +345,15 @@ fn every_reference_file_round_trips() {
 
 #[test]
 fn export_of_ndv5_is_what_nccl_reads() {
-    let Some(t) = load("nccl_topo_azure_ndv5-topo.xml") else {
-        return;
-    };
+    let t = load("nccl_topo_azure_ndv5-topo.xml");
     let xml = to_nccl_xml_with(&t, None);
     // NCCL's parser takes no XML declaration and no tabs.
     assert!(!xml.contains("<?xml"));
     assert!(!xml.contains('\t'));
     assert!(xml.contains("<system version=\"1\">"));
     // Every affinity attribute comes back exactly as the file had it.
-    let original = std::fs::read_to_string(
-        reference_dir()
-            .unwrap()
-            .join("nccl_topo_azure_ndv5-topo.xml"),
-    )
-    .unwrap();
+    let original =
+        std::fs::read_to_string(reference_dir().join("nccl_topo_azure_ndv5-topo.xml")).unwrap();
     for line in xml.lines().filter(|l| l.contains("affinity=")) {
         let attr = line
             .split_whitespace()
@@ -397,9 +373,7 @@ fn export_of_ndv5_is_what_nccl_reads() {
 
 #[test]
 fn export_of_ncv4_keeps_nvlinks_and_nets() {
-    let Some(t) = load("nccl_topo_azure_ncv4-topo_v2023-06_peer-targets.xml") else {
-        return;
-    };
+    let t = load("nccl_topo_azure_ncv4-topo_v2023-06_peer-targets.xml");
     let xml = to_nccl_xml_with(&t, None);
     assert!(xml.contains("<gpu dev=\"0\" sm=\"80\">"), "{xml}");
     assert!(

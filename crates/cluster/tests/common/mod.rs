@@ -114,7 +114,13 @@ impl Drop for ChildAgent {
 pub fn spawn_child(test: &str, url: &str, cluster: &str, name: &str, ttl_s: i64) -> ChildAgent {
     let exe = std::env::current_exe().expect("current_exe");
     let mut child = Command::new(exe)
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            test,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("GDX_CLUSTER_ROLE", "agent")
         .env("GDX_CLUSTER_URL", url)
         .env("GDX_CLUSTER_NAME", cluster)
@@ -142,9 +148,11 @@ pub fn spawn_child(test: &str, url: &str, cluster: &str, name: &str, ttl_s: i64)
 /// The child role's body: join, publish a 64 MiB read/write region `kv`, serve until stdin
 /// closes or a signal ends the process.
 pub fn child_role() {
-    if std::env::var("GDX_CLUSTER_ROLE").as_deref() != Ok("agent") {
-        return;
-    }
+    assert_eq!(
+        std::env::var("GDX_CLUSTER_ROLE").as_deref(),
+        Ok("agent"),
+        "a role: run only as a child of the discovery tests"
+    );
     let env = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k}"));
     let agent = Agent::new(agent_config(&env("GDX_CLUSTER_AGENT"))).expect("agent");
     let _kv = agent
