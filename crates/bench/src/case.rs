@@ -310,7 +310,7 @@ pub trait BenchCase: Send + Sync {
 
     /// Whether the case runs only when asked for by name (see [`crate::select`]): `false` by
     /// default; the file cases, which write large scratch files, and the rdma cases, which
-    /// have never run on hardware, say `true`.
+    /// need a device and run long on a software one, say `true`.
     fn opt_in(&self) -> bool {
         false
     }

@@ -1,7 +1,7 @@
 //! The rdma transport where there is no RDMA device (CI and the GPU machine): agents do not offer
 //! it, routes say why in words, and a peer that asks anyway gets a named refusal on a connection
-//! that stays usable. (With a device, the same code connects RC queue pairs: not run anywhere yet,
-//! see docs/rdma.md.)
+//! that stays usable. (With a device the same code connects RC queue pairs: tests/rdma_vm.rs, run
+//! on Soft-RoCE by scripts/test-rdma.sh.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 

@@ -56,7 +56,7 @@ pub struct BenchArgs {
     /// Cases to run: a key, an index from --list, a key prefix, or a path name (p2p, staged,
     /// pinned-ce, pageable-ce, shm, tcp, memcpy, file, rdma). Repeat or separate with commas.
     /// The `file` cases (file ↔ GPU/host through gdx-storage) and the `rdma` cases (RDMA
-    /// WRITE/READ through gdx-rdma, never run on hardware) run only when named.
+    /// WRITE/READ through gdx-rdma; run on Soft-RoCE in CI, not yet on a hardware NIC) run only when named.
     #[arg(short = 'p', long = "path", value_name = "SEL", value_delimiter = ',')]
     paths: Vec<String>,
 

@@ -19,7 +19,9 @@
 //!   deadline; a completion error fails the op by name. The notification goes on the control
 //!   connection after every completion.
 //!
-//! None of this has run on hardware: no machine available to the project has an RDMA NIC.
+//! Host memory over this transport runs on every CI run on Soft-RoCE (`tests/rdma_vm.rs` in
+//! `scripts/test-rdma.sh`); GPU memory over verbs (`gdr`) has not run: no machine here has a GPU
+//! and an RDMA NIC together.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
