@@ -30,6 +30,8 @@ pub fn run(args: &CpArgs, src: &Loc, dst: &Loc, opts: CopyOptions) -> Result<Exi
         bail!("--safetensors copies whole data sections: --length, --skip and --seek do not apply");
     }
     let files = open_checkpoint(path)?;
+    // Shards copied one after another share one cuFile driver open (when a plan needs it).
+    gdx_storage::keep_cufile_open();
     let total: u64 = files.iter().map(|(_, h)| h.data_len).sum();
     let bar = (!args.quiet && !args.json && std::io::stderr().is_terminal()).then(Bar::new);
     let done = Arc::new(AtomicU64::new(0));
