@@ -58,6 +58,15 @@ pub fn run(args: &CpArgs, src: &Loc, dst: &Loc, opts: CopyOptions) -> Result<Exi
         };
         gdx_storage::copy(&req, &opts)
     };
+    // CUDA starts before the clock (the driver and the GPU's primary context, about 0.4 s on an
+    // H100 machine), as a plain `gdx cp` times only its copy: the context held here is the one
+    // every file's copy retains. A GPU that cannot start is left for the copy to report.
+    let _gpu = match dst {
+        Loc::Gpu { ordinal, .. } => gdx_sys::cuda::Cuda::load()
+            .ok()
+            .and_then(|c| c.context(*ordinal).ok()),
+        _ => None,
+    };
     let start = std::time::Instant::now();
     let results = in_parallel(&files, args.parallel, run_one);
     let elapsed = start.elapsed();
