@@ -154,6 +154,9 @@ pub(crate) fn _st_load_gpu<'py>(
     depth: usize,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = options(via, chunk_bytes, depth)?;
+    // A Python process loads many checkpoints: once a load has opened cuFile's driver (a cold
+    // file, auto or gds), it stays open for the next instead of being closed and reopened.
+    gdx_storage::keep_cufile_open();
     let ctx = crate::cuda::local_peer()?.context(gpu).py_err()?;
     let h = header(data_start, data_len);
     let r = py

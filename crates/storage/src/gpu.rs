@@ -43,19 +43,25 @@ pub(crate) fn check_range(
 }
 
 /// The plan (with the page cache's residency for a read of `read_src`), and the open cuFile
-/// driver when the plan is `gds`.
+/// driver when the plan is `gds`. cuFile is loaded and its driver opened only when the plan
+/// depends on it (see [`plan_read`]): a read of a cached range never touches it.
 fn plan_gpu(
     opts: &CopyOptions,
     read_src: Option<&FileRange>,
 ) -> Result<(ReadPlan, Option<gdx_sys::cufile::Driver>), StorageError> {
-    let (status, driver) = match opts.path {
-        PathChoice::Auto | PathChoice::Gds => cufile_status(),
-        _ => (CufileStatus::NotNeeded, None),
+    let mut driver = None;
+    let mut status = || match opts.path {
+        PathChoice::Auto | PathChoice::Gds => {
+            let (status, d) = cufile_status();
+            driver = d;
+            status
+        }
+        _ => CufileStatus::NotNeeded,
     };
     let p = match read_src {
-        Some(src) => plan_read(src, opts.path, Endpoint::Gpu, &status)?,
+        Some(src) => plan_read(src, opts.path, Endpoint::Gpu, status)?,
         None => {
-            let p = plan(opts.path, Endpoint::Gpu, &status)?;
+            let p = plan(opts.path, Endpoint::Gpu, &status())?;
             ReadPlan {
                 path: p.path,
                 reason: p.reason,

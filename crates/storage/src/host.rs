@@ -186,7 +186,7 @@ fn read_with(
     mut sink: impl FnMut(u64, &[u8]) -> Result<(), StorageError>,
 ) -> Result<CopyReport, StorageError> {
     opts.validate()?;
-    let plan = plan_read(src, opts.path, Endpoint::Host, &CufileStatus::NotNeeded)?;
+    let plan = plan_read(src, opts.path, Endpoint::Host, || CufileStatus::NotNeeded)?;
     let mut io = FileIo::open_read(&src.path, wants_direct(plan.path))?;
     io.set_residency(plan.residency.clone());
     let (offset, len) = resolve(src, io.size_at_open())?;

@@ -13,6 +13,8 @@
 
 use crate::{PathChoice, StorageError, StoragePath};
 use gdx_sys::cufile::{Cufile, CufileMode, Driver};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 /// The memory side of a copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +45,19 @@ pub struct Plan {
     pub reason: String,
 }
 
+/// Whether [`cufile_status`] keeps the driver it opens open for the rest of the process.
+static KEEP_OPEN: AtomicBool = AtomicBool::new(false);
+/// The driver kept open (a clone; [`Driver::open`] shares the live one).
+static KEPT: Mutex<Option<Driver>> = Mutex::new(None);
+
+/// From now on, keep the cuFile driver that [`cufile_status`] opens open until the process
+/// exits, instead of closing it when the last copy using it ends. For a process that makes many
+/// copies (the Python binding, a checkpoint of many shards): `cuFileDriverOpen` and its close
+/// cost a few hundred milliseconds each time, which a long-lived process pays once.
+pub fn keep_cufile_open() {
+    KEEP_OPEN.store(true, Ordering::Relaxed);
+}
+
 /// Load cuFile and open its driver: the status for [`plan`], and the open driver.
 pub fn cufile_status() -> (CufileStatus, Option<Driver>) {
     let cufile = match Cufile::load() {
@@ -50,7 +65,14 @@ pub fn cufile_status() -> (CufileStatus, Option<Driver>) {
         Err(e) => return (CufileStatus::Unavailable(e.to_string()), None),
     };
     match Driver::open(&cufile) {
-        Ok(d) => (CufileStatus::Available(d.mode().clone()), Some(d)),
+        Ok(d) => {
+            if KEEP_OPEN.load(Ordering::Relaxed) {
+                KEPT.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert_with(|| d.clone());
+            }
+            (CufileStatus::Available(d.mode().clone()), Some(d))
+        }
         Err(e) => (
             CufileStatus::Unavailable(format!("{} loaded, but {e}", cufile.path())),
             None,

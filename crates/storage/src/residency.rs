@@ -9,6 +9,10 @@
 //! | part of it | `file-staged`, split | the cached pages through the page cache and the rest with `O_DIRECT`, page by page, in one pipeline |
 //! | none of it | the planner's choice ([`crate::plan`]) | `gds` with true GPUDirect Storage, else `file-staged` |
 //!
+//! The residency is asked before cuFile: only a range with nothing cached can take `gds`, so a
+//! cached or partly cached range never loads cuFile or opens its driver (`cuFileDriverOpen`
+//! and its close cost a few hundred milliseconds, more than a warm 4 GiB read).
+//!
 //! Every report of such a read says how many bytes went each way ([`crate::IoSplit`]) and why.
 //! Residency can change while a copy runs (pages are evicted or read in); that only moves bytes
 //! between the two ways, never changes what is read.
@@ -129,44 +133,47 @@ pub(crate) struct ReadPlan {
 }
 
 /// Plan a read of `src` into `endpoint` memory (see the module docs): [`plan`] for an explicit
-/// choice, the page cache's residency first for [`PathChoice::Auto`].
+/// choice, the page cache's residency first for [`PathChoice::Auto`]. `cufile` is called (at
+/// most once) only when the plan depends on it: an explicit choice, or an `auto` read of a
+/// range with nothing in the page cache (or whose residency is unknown).
 pub(crate) fn plan_read(
     src: &FileRange,
     choice: PathChoice,
     endpoint: Endpoint,
-    cufile: &CufileStatus,
+    cufile: impl FnOnce() -> CufileStatus,
 ) -> Result<ReadPlan, StorageError> {
-    let base = plan(choice, endpoint, cufile)?;
-    let plain = |reason: String| ReadPlan {
-        path: base.path,
-        reason,
-        residency: None,
+    let plain = |cufile: &CufileStatus, reason: &dyn Fn(String) -> String| {
+        plan(choice, endpoint, cufile).map(|base| ReadPlan {
+            path: base.path,
+            reason: reason(base.reason),
+            residency: None,
+        })
     };
     if choice != PathChoice::Auto {
-        return Ok(plain(base.reason));
+        return plain(&cufile(), &|r| r);
     }
     let (file, size) = open_sized(&src.path)?;
     let (offset, len) = resolve(src, size)?;
     if len == 0 {
-        return Ok(plain(base.reason));
+        return plain(&cufile(), &|r| r);
     }
     let res = match Residency::of_file(&file, offset, len) {
         Ok(r) => r,
         Err(e) => {
-            return Ok(plain(format!(
-                "page-cache residency unknown (mincore: {e}), so cached pages are not told \
-                 apart; {}",
-                base.reason
-            )))
+            return plain(&cufile(), &|r| {
+                format!(
+                    "page-cache residency unknown (mincore: {e}), so cached pages are not \
+                     told apart; {r}"
+                )
+            })
         }
     };
     let cached = res.resident_bytes();
     let total = human_bytes(len);
     if cached == 0 {
-        return Ok(plain(format!(
-            "none of the {total} range is in the page cache (mincore); {}",
-            base.reason
-        )));
+        return plain(&cufile(), &|r| {
+            format!("none of the {total} range is in the page cache (mincore); {r}")
+        });
     }
     if cached == len {
         return Ok(ReadPlan {
@@ -178,8 +185,8 @@ pub(crate) fn plan_read(
             residency: None,
         });
     }
-    let passed_over = if base.path == StoragePath::Gds {
-        " (cuFile passed over: it would read the cached part from the disk again)"
+    let passed_over = if endpoint == Endpoint::Gpu {
+        " (cuFile not consulted: it would read the cached part from the disk again)"
     } else {
         ""
     };
@@ -235,7 +242,7 @@ mod tests {
             &FileRange::whole("/nonexistent/gdx"),
             PathChoice::FileStaged,
             Endpoint::Host,
-            &CufileStatus::NotNeeded,
+            || CufileStatus::NotNeeded,
         )
         .unwrap();
         assert_eq!(p.path, StoragePath::FileStaged);
@@ -254,7 +261,7 @@ mod tests {
             &FileRange::whole(&p),
             PathChoice::Auto,
             Endpoint::Host,
-            &CufileStatus::NotNeeded,
+            || CufileStatus::NotNeeded,
         )
         .unwrap();
         assert_eq!(plan.path, StoragePath::Buffered);
@@ -263,5 +270,51 @@ mod tests {
             "{}",
             plan.reason
         );
+    }
+
+    /// cuFile's status (loading the library, opening its driver) is asked for only when the
+    /// plan depends on it: never for a cached range, once for an explicit choice.
+    #[test]
+    fn cufile_is_consulted_only_when_the_plan_depends_on_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, vec![7u8; 9 * 4096]).unwrap();
+        let calls = std::cell::Cell::new(0);
+        let status = || {
+            calls.set(calls.get() + 1);
+            CufileStatus::Available(gdx_sys::cufile::CufileMode::Gds {
+                detail: "nvidia-fs 2.17".into(),
+            })
+        };
+        // Cached (just written): buffered, and cuFile never asked, although it would run GDS.
+        let plan = plan_read(
+            &FileRange::new(&p, 100, 5 * 4096),
+            PathChoice::Auto,
+            Endpoint::Gpu,
+            status,
+        )
+        .unwrap();
+        assert_eq!(plan.path, StoragePath::Buffered, "{}", plan.reason);
+        assert_eq!(calls.get(), 0);
+        // An explicit gds choice asks once and takes it.
+        let plan = plan_read(
+            &FileRange::whole(&p),
+            PathChoice::Gds,
+            Endpoint::Gpu,
+            status,
+        )
+        .unwrap();
+        assert_eq!(plan.path, StoragePath::Gds);
+        assert_eq!(calls.get(), 1);
+        // An empty range has no residency to decide by: the planner's choice, cuFile asked.
+        let plan = plan_read(
+            &FileRange::new(&p, 9 * 4096, 0),
+            PathChoice::Auto,
+            Endpoint::Gpu,
+            status,
+        )
+        .unwrap();
+        assert_eq!(plan.path, StoragePath::Gds);
+        assert_eq!(calls.get(), 2);
     }
 }
