@@ -16,6 +16,11 @@
 //! | `GDX_HANDSHAKE_TIMEOUT_MS` | [`Limits::handshake_timeout`] | `5000` |
 //! | `GDX_IDLE_TIMEOUT_MS` | [`Limits::idle_timeout`] | `600000` |
 //! | `GDX_MAX_CONNECTIONS` | [`Limits::max_connections`] | `256` |
+//! | `GDX_MAX_CONNECTIONS_PER_ADDR` | [`Limits::max_connections_per_addr`] | `128` |
+//! | `GDX_FIRST_FRAME_TIMEOUT_MS` | [`Limits::first_frame_timeout`] | `1000` |
+//! | `GDX_MAX_PENDING` | [`Limits::max_pending`] | `32` |
+//! | `GDX_MAX_PENDING_PER_ADDR` | [`Limits::max_pending_per_addr`] | `8` |
+//! | `GDX_MAX_PENDING_PER_NET` | [`Limits::max_pending_per_net`] | `16` |
 //! | `GDX_SHM_ALLOW_UIDS` | [`AgentConfig::shm_allowed_uids`] | `1000,1001` |
 //!
 //! `GDX_LISTEN` takes the forms of [`parse_listen`].
@@ -250,6 +255,22 @@ impl AgentConfig {
         }
         if let Some(v) = var("GDX_MAX_CONNECTIONS") {
             self.limits.max_connections = parse("GDX_MAX_CONNECTIONS", &v)?;
+        }
+        if let Some(v) = var("GDX_MAX_CONNECTIONS_PER_ADDR") {
+            self.limits.max_connections_per_addr = parse("GDX_MAX_CONNECTIONS_PER_ADDR", &v)?;
+        }
+        if let Some(v) = var("GDX_FIRST_FRAME_TIMEOUT_MS") {
+            self.limits.first_frame_timeout =
+                Duration::from_millis(parse("GDX_FIRST_FRAME_TIMEOUT_MS", &v)?);
+        }
+        if let Some(v) = var("GDX_MAX_PENDING") {
+            self.limits.max_pending = parse("GDX_MAX_PENDING", &v)?;
+        }
+        if let Some(v) = var("GDX_MAX_PENDING_PER_ADDR") {
+            self.limits.max_pending_per_addr = parse("GDX_MAX_PENDING_PER_ADDR", &v)?;
+        }
+        if let Some(v) = var("GDX_MAX_PENDING_PER_NET") {
+            self.limits.max_pending_per_net = parse("GDX_MAX_PENDING_PER_NET", &v)?;
         }
         if let Some(v) = var("GDX_SHM_ALLOW_UIDS") {
             self.shm_allowed_uids = v
