@@ -2,9 +2,17 @@
 # RDMA figures beside perftest, one boot of the Soft-RoCE VM (a benchmark, not a test):
 #   bash scripts/bench-rdma.sh
 # prints a table of gdx bench --path rdma against ib_write_bw / ib_read_bw / ib_write_lat at 8 B,
-# 64 KiB, 1 MiB and 8 MiB, each as a ratio to perftest measured in the same boot.
+# 64 KiB, 1 MiB and 8 MiB, each as a ratio to perftest measured in the same boot, and Mooncake
+# Transfer Engine (PyPI) on the same device and sizes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/rdma-vm.sh setup
 cargo build --release -p gdx 2>&1 | tail -1
+# The peer on the same device: Mooncake Transfer Engine from PyPI, in its own venv.
+MCENV=$PWD/target/mcenv
+if [[ ! -x $MCENV/bin/python ]] || ! "$MCENV/bin/python" -c 'import mooncake.engine' 2>/dev/null; then
+  python3 -m venv "$MCENV"
+  "$MCENV/bin/pip" install -q --disable-pip-version-check mooncake-transfer-engine-non-cuda numpy
+fi
+export MCENV
 GDX=$PWD/target/release/gdx bash scripts/rdma-vm.sh run --timeout 1800 -- bash scripts/rdma-vm/bench-one.sh

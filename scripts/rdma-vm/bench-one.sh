@@ -48,3 +48,25 @@ for key, ref, name in [("host_to_remote_host_rdma_write", wbw, "write"), ("remot
         v = "verified" if x.get("verified") else "NOT verified"
         print(f"| {size >> 10} KiB {name} | {g:.1f} MB/s ({v}) | ib_{name}_bw {mbs:.1f} MB/s | {g/mbs:.2f}x |")
 PY
+
+echo
+echo "Mooncake Transfer Engine ($("$MCENV/bin/pip" show mooncake-transfer-engine-non-cuda 2>/dev/null | awk '/^Version/ {print $2}'), rdma on rxe0, two processes), same boot:"
+MC_GID_INDEX=1 MC_WORKERS_PER_CTX=1 timeout 600 "$MCENV/bin/python" scripts/rdma-vm/peer_mooncake.py 2>/dev/null \
+  | grep '^{' >"$out/mooncake.jsonl" || echo "  mooncake: did not finish (exit $?)"
+python3 - "$out/gdx-rdma.json" "$out/mooncake.jsonl" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+rows = {(x["key"], x["size_bytes"]): x for x in r["results"] if x["path"] == "rdma"}
+print("| row | gdx | Mooncake TE | gdx / Mooncake |")
+print("|---|---|---|---|")
+for line in open(sys.argv[2]):
+    m = json.loads(line)
+    if "us" in m:
+        g = rows[("host_to_remote_host_rdma_write", 8)]["lat_p50_us"]
+        print(f"| 8 B write round trip p50 | {g:.1f} us | {m['us']:.1f} us | {m['us']/g:.2f}x faster |")
+    else:
+        size = int(m["row"].split()[0])
+        g = rows[("host_to_remote_host_rdma_write", size)]["bw_gbps"] * 1000
+        v = "verified" if m["verified"] else "NOT verified"
+        print(f"| {size >> 10} KiB write | {g:.1f} MB/s | {m['MBps']:.1f} MB/s ({v}) | {g/m['MBps']:.2f}x |")
+PY
