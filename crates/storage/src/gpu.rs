@@ -12,7 +12,7 @@ use crate::align::Piece;
 use crate::fileio::FileIo;
 use crate::gds::{self, GdsError};
 use crate::host::{dest_len, report, resolve, wants_direct, Staged};
-use crate::plan::{cufile_status, plan, CufileStatus, Endpoint};
+use crate::plan::{cufile_status, cufile_status_for_auto, plan, CufileStatus, Endpoint};
 use crate::residency::{plan_read, ReadPlan};
 use crate::{
     pipeline, CopyOptions, CopyReport, Direction, FileRange, PathChoice, StorageError, StoragePath,
@@ -51,7 +51,12 @@ fn plan_gpu(
 ) -> Result<(ReadPlan, Option<gdx_sys::cufile::Driver>), StorageError> {
     let mut driver = None;
     let mut status = || match opts.path {
-        PathChoice::Auto | PathChoice::Gds => {
+        PathChoice::Auto => {
+            let (status, d) = cufile_status_for_auto();
+            driver = d;
+            status
+        }
+        PathChoice::Gds => {
             let (status, d) = cufile_status();
             driver = d;
             status

@@ -47,7 +47,9 @@ pub use copy::{copy, source_len, CopyOutcome, CopyRequest, Location, PartialFile
 pub use error::StorageError;
 pub use gpu::{copy_file_to_gpu, copy_gpu_to_file};
 pub use host::{copy_file_to_host, copy_host_to_file, copy_slices_to_file, human_bytes, read_file};
-pub use plan::{cufile_status, keep_cufile_open, plan, CufileStatus, Endpoint, Plan};
+pub use plan::{
+    cufile_status, cufile_status_for_auto, keep_cufile_open, plan, CufileStatus, Endpoint, Plan,
+};
 pub use residency::{residency, Residency};
 pub use verify::{checksum_bytes, checksum_file, checksum_gpu, Checksum};
 

@@ -80,6 +80,27 @@ pub fn cufile_status() -> (CufileStatus, Option<Driver>) {
     }
 }
 
+/// [`cufile_status`] for an automatic choice: without the `nvidia-fs` kernel module cuFile can
+/// only run in compatibility mode, which stages through host buffers as gdx's O_DIRECT pipeline
+/// does, so the plan cannot be `gds` and the driver is not opened at all (`cuFileDriverOpen`
+/// costs 0.4-0.5 s on an H100 machine, a third of a cold 4 GiB load). `GDX_CUFILE_PROBE=1` opens
+/// it anyway (cuFile builds that reach GPUDirect without nvidia-fs, through P2PDMA).
+pub fn cufile_status_for_auto() -> (CufileStatus, Option<Driver>) {
+    let forced = std::env::var("GDX_CUFILE_PROBE").is_ok_and(|v| v == "1");
+    if !forced && !std::path::Path::new("/sys/module/nvidia_fs").exists() {
+        return (
+            CufileStatus::Unavailable(
+                "the nvidia-fs kernel module is not loaded (no /sys/module/nvidia_fs), so cuFile \
+                 could only run in compatibility mode, staging through host buffers as gdx's \
+                 pipeline does; its driver was not opened (GDX_CUFILE_PROBE=1 opens it)"
+                    .into(),
+            ),
+            None,
+        );
+    }
+    cufile_status()
+}
+
 /// Choose the path for a copy between a file and `endpoint` memory (see the module docs).
 pub fn plan(
     choice: PathChoice,
