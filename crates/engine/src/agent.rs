@@ -382,9 +382,12 @@ impl Agent {
     }
 
     /// Registers GPU memory of `gpu` so that peers can write into it and read from it, published
-    /// under `name` if given. Its descriptor says `Location::Gpu(n)` and, for memory gdx
-    /// allocated ([`LocalPeer::alloc_device`]), carries the CUDA IPC handle: a same-host peer
-    /// whose own region is GPU memory then copies GPU to GPU (`ipc`), with no host copy. Other
+    /// under `name` if given. Its descriptor says `Location::Gpu(n)` and carries the CUDA IPC
+    /// handle of the allocation holding it (memory gdx allocated, and a caller's `cudaMalloc`
+    /// memory such as a torch, CuPy or JAX tensor or a view into one, with its offset): a
+    /// same-host peer whose own region is GPU memory then copies GPU to GPU (`ipc`), with no
+    /// host copy, mapping each allocation once. Memory no handle can name (stream-ordered pool
+    /// memory, VMM mappings) carries the reason instead, which the peer's plan shows. Other
     /// peers reach it through pinned bounce buffers on both ends (`tcp-staged`, or
     /// `shm-staged` on one host). The region keeps the memory alive; it has no host view
     /// ([`Region::bytes`] refuses), copy with `gpu` instead.
@@ -399,20 +402,35 @@ impl Agent {
         access: Access,
         name: Option<&str>,
     ) -> Result<Region<'static>> {
-        let ipc = match region.origin() {
-            DeviceOrigin::Allocated | DeviceOrigin::Shareable => Some(gpu.export_ipc(region)?),
-            other => {
-                log::info!(
-                    "GPU region {} ({other:?}) has no legacy IPC handle: same-host peers stage it",
-                    region.id()
-                );
-                None
+        // Memory gdx allocated always exports; a caller's memory (a torch, CuPy or JAX
+        // tensor) exports the handle of the allocation holding it where the driver allows one,
+        // and otherwise the region says why, for the peer's plan.
+        let (ipc, no_ipc) = match region.origin() {
+            DeviceOrigin::Allocated | DeviceOrigin::Shareable => {
+                (Some(gpu.export_ipc(region)?), None)
             }
+            DeviceOrigin::Foreign | DeviceOrigin::Pool => match gpu.export_ipc(region) {
+                Ok(d) => (Some(d), None),
+                Err(e) => {
+                    log::info!(
+                        "GPU region {} has no IPC handle, same-host peers stage it: {e}",
+                        region.id()
+                    );
+                    (None, Some(e.to_string()))
+                }
+            },
+            other => (
+                None,
+                Some(format!(
+                    "it is {other:?} memory, mapped from another process"
+                )),
+            ),
         };
         let dev = AgentGpu {
             region: region.clone(),
             peer: gpu.clone(),
             ipc,
+            no_ipc,
         };
         let inner = self
             .inner

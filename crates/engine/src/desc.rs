@@ -160,6 +160,10 @@ pub struct RegionDesc {
     /// GPU with no host copy (the `ipc` path). `None` for host memory and for GPU memory that
     /// legacy IPC cannot export (a caller's pointer, pool memory).
     pub ipc: Option<crate::gpu::IpcDesc>,
+    /// For GPU memory without an IPC handle: why none could be made (pool memory, a VMM
+    /// mapping without a shareable handle type), for the peer's plan to say.
+    #[serde(default)]
+    pub no_ipc: Option<String>,
 }
 
 impl fmt::Display for RegionDesc {

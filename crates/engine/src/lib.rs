@@ -88,8 +88,8 @@ pub use calibration::{Calibration, Crossover, CALIBRATION_ENV, DEFAULT_MAILBOX_C
 pub use config::{parse_listen, AgentConfig, Transports};
 pub use error::{Error, Result};
 pub use gpu::{
-    DeviceOrigin, DeviceRegion, IpcDesc, LocalPeer, LocalTransfer, Mem, Ordering, PinnedRegion,
-    StagedTuning,
+    DeviceOrigin, DeviceRegion, IpcDesc, IpcStats, LocalPeer, LocalTransfer, Mem, Ordering,
+    PinnedRegion, StagedTuning,
 };
 pub use limits::{LimitHits, Limits};
 pub use peer::{Expected, Peer};

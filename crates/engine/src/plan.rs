@@ -350,18 +350,32 @@ fn plan_shm(
                  process's own allocation, so {ends} are staged through the bounce buffer"
             ).into(),
         },
-        (Some(a), Some(b)) if remote.ipc.is_some() => Plan {
-            path: Path::Ipc,
-            reason: format!(
-                "ipc: peer on the same host; its GPU{b} region mapped once through its CUDA IPC \
-                 handle, copied GPU{a}<->GPU{b} on the copy engines, no host copy"
-            ).into(),
-        },
+        (Some(a), Some(b)) if let Some(ipc) = remote.ipc.as_ref() => {
+            let whose = if ipc.offset == 0 && ipc.mapped_len() == ipc.len {
+                "its allocation".to_string()
+            } else {
+                format!(
+                    "the allocation of {} bytes holding it (region at offset {})",
+                    ipc.mapped_len(),
+                    ipc.offset
+                )
+            };
+            Plan {
+                path: Path::Ipc,
+                reason: format!(
+                    "ipc: peer on the same host; its GPU{b} region reached through the {} of \
+                     {whose}, mapped once per allocation; copied GPU{a}<->GPU{b} on the copy \
+                     engines, no host copy",
+                    ipc.handle_kind()
+                ).into(),
+            }
+        }
         (Some(_), Some(_)) => Plan {
             path: Path::ShmStaged,
             reason: format!(
-                "{r}; the peer's GPU region has no CUDA IPC handle (not gdx-allocated memory), \
-                 so {ends} are staged through the bounce buffer"
+                "{r}; the peer's GPU region has no CUDA IPC handle ({}), so {ends} are staged \
+                 through the bounce buffer",
+                remote.no_ipc.as_deref().unwrap_or("the peer sent none")
             ).into(),
         },
         (None, Some(_)) => Plan {

@@ -514,6 +514,7 @@ fn dummy_desc() -> RegionDesc {
         shareable: false,
         name: None,
         ipc: None,
+        no_ipc: None,
     }
 }
 

@@ -46,7 +46,10 @@ fn arb_desc() -> impl Strategy<Value = RegionDesc> {
                     len,
                     posix_fd_alloc_len: handle.is_empty().then_some(len | 0xfff),
                     handle,
+                    offset: len / 2,
+                    alloc_len: len.saturating_mul(2),
                 }),
+                no_ipc: None,
             },
         )
 }

@@ -268,6 +268,8 @@ mod tests {
             pci_bus_id: "0000:1b:00.0".into(),
             len: 1 << 20,
             handle: "ab".repeat(64),
+            offset: 0,
+            alloc_len: 1 << 20,
             posix_fd_alloc_len: None,
         }
     }

@@ -10,11 +10,22 @@ use std::collections::BTreeMap;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::{Arc, Weak};
 
-use gdx_sys::cuda::DeviceBuffer;
+use std::sync::atomic::Ordering;
+
+use gdx_sys::cuda::{DeviceBuffer, Sharing};
 
 use super::region::{self, DeviceOrigin, DeviceRegion, IpcDesc};
 use super::{to_usize, LocalPeer};
 use crate::error::{Error, Result};
+
+/// Mappings of other processes' GPU memory ([`LocalPeer::ipc_stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct IpcStats {
+    /// Allocations opened since the peer was created (one per allocation while mapped).
+    pub opened: u64,
+    /// Mappings alive now.
+    pub live: u64,
+}
 
 impl LocalPeer {
     /// Allocate `len` bytes on GPU `gpu` as a VMM allocation that can be shared as a POSIX file
@@ -46,10 +57,11 @@ impl LocalPeer {
                 let alloc = region.inner.lock().alloc_len() as u64;
                 (String::new(), Some(alloc))
             }
+            DeviceOrigin::Foreign | DeviceOrigin::Pool => return self.export_foreign(region),
             ref other => {
                 return Err(Error::InvalidArgument(format!(
-                    "region {} ({other:?}) cannot be exported: legacy IPC needs a whole \
-                     cuMemAlloc allocation and fd sharing a VMM one",
+                    "region {} ({other:?}) cannot be exported: it is itself mapped from \
+                     another process",
                     region.id()
                 )))
             }
@@ -61,8 +73,57 @@ impl LocalPeer {
             pci_bus_id: self.shared.cuda.device(region.gpu())?.pci_bus_id()?,
             len: region.len(),
             handle,
+            offset: 0,
+            alloc_len: region.len(),
             posix_fd_alloc_len,
         })
+    }
+
+    /// Describe a caller's device memory (a torch, CuPy or JAX tensor, a view into a larger
+    /// pool) for another process: the legacy IPC handle of the allocation that holds it, and
+    /// the region's offset in it, so views into one allocation share one handle.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] saying why the memory cannot be shared (pool memory, a VMM
+    /// mapping and the handle types it allows).
+    fn export_foreign(&self, region: &DeviceRegion) -> Result<IpcDesc> {
+        let ptr = region.device_ptr();
+        let ctx = self.context(region.gpu())?;
+        match self.shared.cuda.sharing(&ctx, ptr)? {
+            Sharing::Legacy {
+                handle,
+                start,
+                size,
+            } => Ok(IpcDesc {
+                host_id: format!("{:032x}", crate::config::boot_host_id()),
+                pid: std::process::id(),
+                region: region.id(),
+                pci_bus_id: self.shared.cuda.device(region.gpu())?.pci_bus_id()?,
+                len: region.len(),
+                handle: region::handle_to_hex(&handle),
+                offset: ptr - start,
+                alloc_len: size as u64,
+                posix_fd_alloc_len: None,
+            }),
+            Sharing::Unshareable(why) => Err(Error::Unavailable(why)),
+            other => Err(Error::Unavailable(format!(
+                "the driver describes the memory as {other:?}, which gdx cannot export"
+            ))),
+        }
+    }
+
+    /// How many allocations of other processes this process has opened, and how many of
+    /// those mappings are alive now.
+    pub fn ipc_stats(&self) -> IpcStats {
+        let imports = self
+            .shared
+            .imports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        IpcStats {
+            opened: self.shared.ipc_opened.load(Ordering::Relaxed),
+            live: imports.values().filter(|w| w.strong_count() > 0).count() as u64,
+        }
     }
 
     /// The POSIX file descriptor of a VMM region ([`LocalPeer::alloc_device_shareable`]), for
@@ -84,7 +145,11 @@ impl LocalPeer {
         }
         self.import_with(desc, |ctx| {
             let handle = region::handle_from_hex(&desc.handle)?;
-            Ok(DeviceBuffer::open_ipc(ctx, &handle, to_usize(desc.len)?)?)
+            Ok(DeviceBuffer::open_ipc(
+                ctx,
+                &handle,
+                to_usize(desc.mapped_len())?,
+            )?)
         })
     }
 
@@ -116,7 +181,7 @@ impl LocalPeer {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         imports
-            .get(&(desc.pid, desc.region))
+            .get(&desc.import_key())
             .and_then(Weak::upgrade)
             .map(|inner| DeviceRegion { inner })
     }
@@ -133,7 +198,22 @@ impl LocalPeer {
                 desc.host_id
             )));
         }
-        let key = (desc.pid, desc.region);
+        if desc
+            .offset
+            .checked_add(desc.len)
+            .is_none_or(|end| end > desc.mapped_len())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "region {} of process {}: {} bytes at offset {} do not fit in its allocation of \
+                 {} bytes",
+                desc.region,
+                desc.pid,
+                desc.len,
+                desc.offset,
+                desc.mapped_len()
+            )));
+        }
+        let key = desc.import_key();
         let mut imports = self
             .shared
             .imports
@@ -158,9 +238,11 @@ impl LocalPeer {
             })?;
         let g = self.gpu(gpu)?;
         let buf = open(&g.ctx)?;
+        self.shared.ipc_opened.fetch_add(1, Ordering::Relaxed);
+        // The mapping covers the whole allocation; a region's own bytes start at `desc.offset`.
         let r = self.device_region(
             gpu,
-            desc.len,
+            desc.mapped_len(),
             DeviceOrigin::Imported {
                 pid: desc.pid,
                 region: desc.region,

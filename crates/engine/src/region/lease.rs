@@ -139,6 +139,7 @@ impl RegionInner {
             shareable: self.fd().is_some(),
             name: self.name.clone(),
             ipc: self.device().and_then(|d| d.ipc.clone()),
+            no_ipc: self.device().and_then(|d| d.no_ipc.clone()),
         }
     }
 

@@ -244,21 +244,17 @@ impl Worker {
         let _lease = op.local.lease(kind, self.wait)?;
         // `transfer` (not `copy_blocking`): large copies split over several copy engines, as
         // between two GPUs of one process.
+        // The mapping is the whole allocation; the region starts `ipc.offset` bytes into it.
+        let remote_offset = ipc.offset + op.remote_offset;
         let t = match op.kind {
-            OpKind::Write => dev.peer.transfer(
-                &remote,
-                op.remote_offset,
-                &dev.region,
-                op.local_offset,
-                op.len,
-            )?,
-            OpKind::Read => dev.peer.transfer(
-                &dev.region,
-                op.local_offset,
-                &remote,
-                op.remote_offset,
-                op.len,
-            )?,
+            OpKind::Write => {
+                dev.peer
+                    .transfer(&remote, remote_offset, &dev.region, op.local_offset, op.len)?
+            }
+            OpKind::Read => {
+                dev.peer
+                    .transfer(&dev.region, op.local_offset, &remote, remote_offset, op.len)?
+            }
         };
         t.wait()?;
         Ok(())

@@ -14,7 +14,7 @@ pub use remote::RemoteError;
 /// First two bytes of every frame: `"GX"`.
 pub const MAGIC: u16 = 0x4758;
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 5;
+pub const VERSION: u8 = 6;
 /// Size of the fixed frame header.
 pub const HEADER_LEN: usize = 16;
 /// Largest frame body accepted (1 MiB).

@@ -1,7 +1,7 @@
 """Type stubs for gdx (the native module gdx._gdx)."""
 
 from types import TracebackType
-from typing import Any, Iterable, Literal, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Literal, Optional, Protocol, Sequence, Tuple, Union
 
 __version__: str
 
@@ -234,3 +234,4 @@ class Agent:
     def __exit__(self, *args: object) -> bool: ...
 
 def cuda_available() -> Tuple[bool, str]: ...
+def ipc_stats() -> Dict[str, int]: ...

@@ -85,6 +85,14 @@ pub(crate) const POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int =
 pub(crate) const POINTER_ATTRIBUTE_RANGE_SIZE: c_int =
     cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE as c_int;
 
+/// `CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`.
+pub(crate) const POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: c_int =
+    cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
+        as c_int;
+/// `CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES`.
+pub(crate) const POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: c_int =
+    cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES as c_int;
+
 /// `CUmemGenericAllocationHandle`: a VMM allocation handle (`unsigned long long`).
 pub(crate) type CuMemGenericAllocationHandle = c_ulonglong;
 

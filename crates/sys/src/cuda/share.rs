@@ -147,7 +147,84 @@ impl Device {
     }
 }
 
+/// How another process could map the allocation that holds a device address
+/// ([`Cuda::sharing`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Sharing {
+    /// A `cuMemAlloc` allocation (`cudaMalloc`: torch's default allocator, CuPy's pool, JAX's
+    /// BFC allocator): its legacy IPC handle, taken at the allocation's start, maps all
+    /// `size` bytes from `start` in the importer.
+    Legacy {
+        /// The handle ([`DeviceBuffer::open_ipc`] maps it).
+        handle: IpcHandle,
+        /// The allocation's first address in this process.
+        start: u64,
+        /// The allocation's size in bytes.
+        size: usize,
+    },
+    /// No handle: why, in words a user can act on.
+    Unshareable(String),
+}
+
 impl Cuda {
+    /// How another process could map the allocation holding `addr`: its legacy IPC handle
+    /// where the driver says the memory is capable of one
+    /// (`CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`), else why not: stream-ordered
+    /// pool memory, or a VMM mapping (`cuMemCreate`, e.g. torch's `expandable_segments`) and
+    /// the handle types it allows. `ctx` is the context of the GPU that holds the memory.
+    /// Never dereferences the address.
+    pub fn sharing(&self, ctx: &Context, addr: u64) -> Result<Sharing, CudaError> {
+        let mut capable: u64 = 0;
+        // SAFETY: the attribute is a bool-sized value, which fits in the zeroed u64
+        // out-pointer; the driver writes at most its size.
+        let status = unsafe {
+            (self.api().cuPointerGetAttribute)(
+                (&mut capable as *mut u64).cast(),
+                api::POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                addr,
+            )
+        };
+        self.check(
+            status,
+            "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)",
+            None,
+        )?;
+        if capable != 0 {
+            let (start, size) = self.pointer_range(addr)?;
+            ctx.make_current()?;
+            let mut h = CuIpcMemHandle { reserved: [0; 64] };
+            // SAFETY: `h` is a valid out-pointer; `start` is the start of a live allocation
+            // the driver just described.
+            let status = unsafe { (self.api().cuIpcGetMemHandle)(&mut h, start) };
+            ctx.check(status, "cuIpcGetMemHandle")?;
+            return Ok(Sharing::Legacy {
+                handle: IpcHandle(h.reserved),
+                start,
+                size,
+            });
+        }
+        if self.pointer_mem_pool(addr)?.is_some() {
+            return Ok(Sharing::Unshareable(
+                "it is stream-ordered pool memory (cuMemAllocAsync), which legacy CUDA IPC \
+                 cannot name and whose pool gdx does not export"
+                    .into(),
+            ));
+        }
+        let mut types: u64 = 0;
+        // SAFETY: the attribute is a 64-bit mask of CUmemAllocationHandleType, and `types` a
+        // valid out-pointer for one.
+        let status = unsafe {
+            (self.api().cuPointerGetAttribute)(
+                (&mut types as *mut u64).cast(),
+                api::POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+                addr,
+            )
+        };
+        self.check(status, "cuPointerGetAttribute(ALLOWED_HANDLE_TYPES)", None)?;
+        Ok(Sharing::Unshareable(vmm_reason(types)))
+    }
+
     /// The allocation `addr` lies in: its start address and size
     /// (`CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`, `CU_POINTER_ATTRIBUTE_RANGE_SIZE`). An error
     /// for an address the driver does not know. Never dereferences the address.
@@ -310,9 +387,34 @@ impl DeviceBuffer {
     }
 }
 
+/// Why a VMM mapping with the allowed handle types `types` (a `CUmemAllocationHandleType`
+/// mask) is not shared.
+fn vmm_reason(types: u64) -> String {
+    if types & api::MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR as u64 != 0 {
+        "it is a VMM mapping (cuMemCreate, as torch's expandable_segments makes) that allows a \
+         POSIX fd per mapped piece, which gdx does not export yet; allocate it with cudaMalloc \
+         (torch: PYTORCH_CUDA_ALLOC_CONF without expandable_segments) or with Agent.alloc"
+            .into()
+    } else {
+        format!(
+            "it is a VMM mapping (cuMemCreate) created without a shareable handle type \
+             (allowed handle types {types:#x}), so no other process can map it; allocate it \
+             with cudaMalloc or with Agent.alloc"
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vmm_reasons_name_the_handle_types() {
+        assert!(vmm_reason(1).contains("POSIX fd"));
+        let r = vmm_reason(0);
+        assert!(r.contains("without a shareable handle type"), "{r}");
+        assert!(r.contains("0x0"), "{r}");
+    }
 
     #[test]
     fn pool_access_flags_match_cuda_h() {
