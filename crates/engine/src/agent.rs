@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::admission::Gate;
@@ -89,6 +89,10 @@ pub(crate) struct AgentInner {
     pub(crate) served: crate::served::Served,
     /// The libfabric endpoint, or why this agent does not offer fabric.
     pub(crate) fabric: Result<Arc<FabricNode>>,
+    /// This process's CUDA, once known ([`Agent::use_cuda`], or the first
+    /// [`Agent::register_gpu`]): with it a host region reaches a same-host peer's GPU memory
+    /// through that memory's IPC handle, page-locked and copied once, instead of staged.
+    pub(crate) cuda: Arc<OnceLock<LocalPeer>>,
 }
 
 impl AgentInner {
@@ -232,6 +236,7 @@ impl Agent {
             stats: Arc::default(),
             served: crate::served::Served::default(),
             fabric,
+            cuda: Arc::new(OnceLock::new()),
         });
         if let Ok(node) = &inner.fabric {
             let _ = inner.registry.fabric.set(Arc::clone(node));
@@ -381,6 +386,16 @@ impl Agent {
         self.inner.strict.load(Ordering::Relaxed)
     }
 
+    /// Lets this agent use `gpu` (this process's CUDA) for host regions too: a host region then
+    /// moves to and from a same-host peer's GPU memory that carries an IPC handle by mapping
+    /// that memory once and copying on the copy engine from the region page-locked in place
+    /// (`cuMemHostRegister`, once per region, undone when the region closes), the `ipc` path,
+    /// instead of through the bounce buffer. The first [`Agent::register_gpu`] does the same;
+    /// later calls keep the first peer. Connections made before the call see it too.
+    pub fn use_cuda(&self, gpu: &LocalPeer) {
+        self.inner.cuda.get_or_init(|| gpu.clone());
+    }
+
     /// Registers GPU memory of `gpu` so that peers can write into it and read from it, published
     /// under `name` if given. Its descriptor says `Location::Gpu(n)` and carries the CUDA IPC
     /// handle of the allocation holding it (memory gdx allocated, and a caller's `cudaMalloc`
@@ -426,6 +441,7 @@ impl Agent {
                 )),
             ),
         };
+        self.inner.cuda.get_or_init(|| gpu.clone());
         let dev = AgentGpu {
             region: region.clone(),
             peer: gpu.clone(),

@@ -206,30 +206,36 @@ impl Worker {
         unsafe { copy_span(&lease, op.local_offset, remote, op.len as usize, dir) }
     }
 
-    /// The `ipc` path: the remote GPU region mapped through its CUDA IPC handle (once per region,
-    /// cached by the local peer), copied GPU to GPU and waited for, while the target holds the
-    /// leases taken by `ShmBegin`.
+    /// The `ipc` path: the remote GPU region mapped through its CUDA IPC handle (once per
+    /// allocation, cached by the local peer), copied while the target holds the leases taken
+    /// by `ShmBegin`: GPU to GPU, or, for a host region here, between that memory page-locked
+    /// in place (once per region) and the mapped GPU memory, one copy on the copy engine.
     fn copy_ipc(&mut self, xfer: &XferState, i: usize) -> Result<()> {
         let op = xfer.op(i);
-        let dev = op.local.device().ok_or_else(|| {
-            Error::InvalidArgument("an ipc op needs a GPU region on this side".into())
-        })?;
+        let peer = match op.local.device() {
+            Some(dev) => dev.peer.clone(),
+            None => self.cuda.get().cloned().ok_or_else(|| {
+                Error::Unavailable(
+                    "an ipc op from host memory needs this process's CUDA (Agent::use_cuda)".into(),
+                )
+            })?,
+        };
         let ipc = op.remote.ipc.as_ref().ok_or_else(|| {
             Error::Unavailable(format!("remote region {} has no IPC handle", op.remote.id))
         })?;
         // Keep the mapping for the life of this connection: mapping a CUDA IPC handle costs
-        // far more than a copy's set-up, so it is done once per remote region.
+        // far more than a copy's set-up, so it is done once per remote allocation.
         let remote = match self.imports.get(&op.remote.id) {
             Some(r) => r.clone(),
             None => {
                 let r = match ipc.posix_fd_alloc_len {
-                    None => dev.peer.import_ipc(ipc)?,
-                    Some(_) => match dev.peer.imported(ipc) {
+                    None => peer.import_ipc(ipc)?,
+                    Some(_) => match peer.imported(ipc) {
                         Some(r) => r,
                         None => {
                             // A VMM region: ask the target for its fd.
                             let (fd, _, _) = self.request_fd(op.remote.id, op.remote.key, false)?;
-                            dev.peer.import_fd(ipc, fd.as_fd())?
+                            peer.import_fd(ipc, fd.as_fd())?
                         }
                     },
                 };
@@ -241,19 +247,36 @@ impl Worker {
             OpKind::Write => LeaseKind::Source,
             OpKind::Read => LeaseKind::Sink,
         };
-        let _lease = op.local.lease(kind, self.wait)?;
-        // `transfer` (not `copy_blocking`): large copies split over several copy engines, as
-        // between two GPUs of one process.
+        let lease = op.local.lease(kind, self.wait)?;
         // The mapping is the whole allocation; the region starts `ipc.offset` bytes into it.
         let remote_offset = ipc.offset + op.remote_offset;
+        let Some(dev) = op.local.device() else {
+            op.local.pin_for_dma(&peer, remote.gpu())?;
+            let len = op.len as usize;
+            let p = lease.ptr_at(op.local_offset)?;
+            return match op.kind {
+                OpKind::Write => {
+                    // SAFETY: the lease holds the local span (bounds-checked at submit) as a
+                    // source; nothing writes it while the lease is held.
+                    let bytes = unsafe { std::slice::from_raw_parts(p.cast_const(), len) };
+                    peer.upload(&remote, remote_offset, bytes)
+                }
+                OpKind::Read => {
+                    // SAFETY: the lease holds the local span (bounds-checked at submit) as a
+                    // sink, so nothing else reads or writes it meanwhile.
+                    let out = unsafe { std::slice::from_raw_parts_mut(p, len) };
+                    peer.download(&remote, remote_offset, out)
+                }
+            };
+        };
+        // `transfer` (not `copy_blocking`): large copies split over several copy engines, as
+        // between two GPUs of one process.
         let t = match op.kind {
             OpKind::Write => {
-                dev.peer
-                    .transfer(&remote, remote_offset, &dev.region, op.local_offset, op.len)?
+                peer.transfer(&remote, remote_offset, &dev.region, op.local_offset, op.len)?
             }
             OpKind::Read => {
-                dev.peer
-                    .transfer(&dev.region, op.local_offset, &remote, remote_offset, op.len)?
+                peer.transfer(&dev.region, op.local_offset, &remote, remote_offset, op.len)?
             }
         };
         t.wait()?;
