@@ -58,6 +58,7 @@ pub mod cufile;
 pub mod nccl;
 pub mod nvml;
 pub mod os;
+pub mod pattern;
 pub mod stats;
 pub mod verbs;
 
