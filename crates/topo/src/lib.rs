@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod bandwidth;
 pub mod capture;
 pub mod enrich;
 mod error;
