@@ -106,10 +106,10 @@ pub fn beside(rows: &[&Row]) -> String {
         s.push_str(&format!(
             "{} {} batch {bw:.2} GB/s = {:.2}× single-thread memcpy of the same {} measured \
              beside it ({:.2} GB/s; {} block(s) interleaved, {:.2}–{:.2}×)\n",
-            crate::render::human_size(r.size_bytes),
+            gdx_sys::bytesize::human_bytes(r.size_bytes),
             r.path.name(),
             n.ratio,
-            crate::render::human_size(n.bytes),
+            gdx_sys::bytesize::human_bytes(n.bytes),
             n.copy_gbps,
             n.blocks,
             n.ratio_min,
