@@ -1,10 +1,11 @@
 //! Which NICs each region of memory (a GPU, a host NUMA node) should send through, and the
 //! settings that tell NCCL, UCX, NIXL and Mooncake the same thing (`gdx topo --nic-map`).
 //!
-//! The ranking ([`rank_nics`]) is the one rule: path class first (PIX < PXB < PHB < NODE <
-//! SYS, [`Topology::pcie_class`]), then link speed (fastest first, unknown last), software
-//! RDMA devices (rxe, siw: the CPU copies every byte) after hardware ones of the same class,
-//! then label order. The engine's rails and the printed map both come from it, so what gdx
+//! The ranking ([`rank_nics`]) is the one rule: NICs with a port up first (a NIC whose every
+//! port reports down goes last, never into the NICs to use), then path class (PIX < PXB < PHB
+//! < NODE < SYS, [`Topology::pcie_class`]), software RDMA devices (rxe, siw: the CPU copies
+//! every byte) after hardware ones of the same class, then link speed (fastest first, unknown
+//! last), then label order. The engine's rails and the printed map both come from it, so what gdx
 //! uses and what it tells other libraries to use cannot drift apart.
 //!
 //! Only NICs that can carry RDMA are ranked (the rule of the `gdx topo` matrix,
@@ -41,13 +42,25 @@ pub struct RankedNic<'a> {
     pub gbps: Option<f64>,
     /// A software RDMA device (rxe, siw).
     pub software: bool,
+    /// A port is up, or no port says it is down (an NCCL file gives no port states).
+    pub up: bool,
 }
 
 impl RankedNic<'_> {
-    /// True when `other` is as good a choice: same class, kind and speed.
+    /// True when `other` is as good a choice: both up, same class, kind and speed.
     fn ties(&self, other: &RankedNic<'_>) -> bool {
-        self.class == other.class && self.software == other.software && self.gbps == other.gbps
+        self.up
+            && other.up
+            && self.class == other.class
+            && self.software == other.software
+            && self.gbps == other.gbps
     }
+}
+
+/// False only when the NIC lists ports and every one reports a state other than ACTIVE.
+fn nic_up(nic: &Device) -> bool {
+    let ports = nic.nic.as_ref().map(|i| i.ports.as_slice()).unwrap_or(&[]);
+    ports.is_empty() || ports.iter().any(|p| p.state.is_none() || port_is_active(p))
 }
 
 /// A NIC's link speed in Gb/s: its fastest active RDMA port, else its fastest port, else the
@@ -95,13 +108,13 @@ pub fn rank_nics<'a>(topo: &'a Topology, from: Memory<'_>) -> Vec<RankedNic<'a>>
             },
             gbps: nic_gbps(nic),
             software: nic.nic.as_ref().is_some_and(|i| i.software),
+            up: nic_up(nic),
         })
         .collect();
     // A stable sort: equal NICs keep label order (labels follow RDMA names, then bus order).
     ranked.sort_by(|a, b| {
-        a.class
-            .rank()
-            .cmp(&b.class.rank())
+        b.up.cmp(&a.up)
+            .then(a.class.rank().cmp(&b.class.rank()))
             .then(a.software.cmp(&b.software))
             .then_with(|| {
                 let speed = |r: &RankedNic<'_>| r.gbps.unwrap_or(-1.0);
@@ -134,7 +147,7 @@ pub struct NicMap<'a> {
 }
 
 fn best_tied<'a>(ranked: &[RankedNic<'a>]) -> Vec<RankedNic<'a>> {
-    match ranked.first() {
+    match ranked.first().filter(|f| f.up) {
         Some(first) => ranked
             .iter()
             .take_while(|r| r.ties(first))
@@ -227,6 +240,8 @@ pub struct NicEntry {
     pub software: bool,
     /// AWS EFA (driven through libfabric).
     pub efa: bool,
+    /// A port is up (see [`RankedNic::up`]).
+    pub up: bool,
 }
 
 impl NicEntry {
@@ -244,6 +259,7 @@ impl NicEntry {
             gbps: r.gbps,
             software: r.software,
             efa: is_efa(r.nic),
+            up: r.up,
         }
     }
 }
@@ -303,8 +319,8 @@ pub struct NicMapView {
 }
 
 /// The ranking rule in words, for both outputs.
-pub const ORDER: &str = "path class (PIX < PXB < PHB < NODE < SYS), then link speed, \
-software RDMA (rxe/siw) last within a class";
+pub const ORDER: &str = "ports up first, then path class (PIX < PXB < PHB < NODE < SYS), \
+software RDMA (rxe/siw) last within a class, then link speed";
 
 /// What NIXL reads, for both outputs.
 pub const NIXL_NOTE: &str = "NIXL's UCX backend reads UCX_NET_DEVICES; its libfabric \
@@ -351,6 +367,8 @@ fn memory_view(topo: &Topology, m: &MemoryNics<'_>) -> MemoryView {
     let mut notes = Vec::new();
     if m.ranked.is_empty() {
         notes.push("no RDMA-capable NIC".to_string());
+    } else if m.preferred.is_empty() {
+        notes.push("every RDMA NIC has its ports down".to_string());
     }
     let env = settings(&m.preferred, &mut notes);
     MemoryView {
@@ -418,6 +436,9 @@ fn describe(n: &NicEntry) -> String {
     if n.efa {
         facts.push("EFA".into());
     }
+    if !n.up {
+        facts.push("ports down".into());
+    }
     let name = n
         .rdma_name
         .as_deref()
@@ -462,7 +483,11 @@ pub fn render_nic_map_shell(topo: &Topology, view: &NicMapView) -> String {
             .map(|b| format!(" {b}"))
             .unwrap_or_default();
         if used.is_empty() {
-            let _ = writeln!(s, "# {}{at}: no RDMA-capable NIC", m.memory);
+            let why = m
+                .notes
+                .first()
+                .map_or("no RDMA-capable NIC", String::as_str);
+            let _ = writeln!(s, "# {}{at}: no NIC to use: {why}", m.memory);
             continue;
         }
         let _ = write!(s, "# {}{at}: use {}", m.memory, used.join(", "));

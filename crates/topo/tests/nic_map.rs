@@ -254,6 +254,32 @@ fn settings_name_the_preferred_nics_in_each_library_format() {
 }
 
 #[test]
+fn a_nic_with_every_port_down_is_ranked_last_and_never_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut f = SysfsFixture::new(dir.path());
+    f.numa_node(0, "0-31");
+    let rp = f.root_port("0000:00", "0000:00:01.0", Some(0));
+    let sw = f.switch_below(&rp, "0000:01:00.0", &["0000:02:00.0", "0000:02:01.0"]);
+    f.gpu(&sw.downstream[0], "0000:03:00.0");
+    let near = f.nic(&sw.downstream[1], "0000:04:00.0");
+    f.rdma(&near, "mlx5_0", &[RdmaPort::infiniband(1).down()]);
+    let rp2 = f.root_port("0000:00", "0000:00:02.0", Some(0));
+    let far = f.nic(&rp2, "0000:05:00.0");
+    f.rdma(&far, "mlx5_1", &[RdmaPort::infiniband(1)]);
+    let t = from_root(dir.path()).unwrap();
+    let gpu = t.device("GPU0").unwrap();
+    let ranked = rank_nics(&t, Memory::Gpu(gpu));
+    assert_eq!(names(&ranked), ["mlx5_1 PHB", "mlx5_0 PIX"]);
+    assert!(ranked[0].up && !ranked[1].up);
+    assert_eq!(names(&nic_map(&t).gpus[0].preferred), ["mlx5_1 PHB"]);
+    let text = render_nic_map_shell(&t, &nic_map_view(&t));
+    assert!(
+        text.contains("then NIC0 mlx5_0 (PIX, 400 Gb/s, ports down)"),
+        "{text}"
+    );
+}
+
+#[test]
 fn a_machine_without_rdma_nics_maps_nothing_and_says_so() {
     let t = from_root(&gdx_topo::fixture::h200x2_capture()).unwrap();
     let view = nic_map_view(&t);
