@@ -108,9 +108,7 @@ fn main() -> Result<(), Error> {
         assert_eq!(peer.route().transport, want, "{}", peer.route().reason);
         let remote = peer.region("b")?;
         let mut src = agent.alloc(size, Access::LOCAL, None)?;
-        for (i, b) in src.bytes_mut().expect("host").iter_mut().enumerate() {
-            *b = (i as u8).wrapping_mul(31) ^ (i >> 12) as u8;
-        }
+        gdx_sys::pattern::fill_pattern(&mut src.bytes_mut().expect("host"), 31);
         let mut times = Vec::new();
         for k in 0..=iters {
             let mut t = Transfer::new();

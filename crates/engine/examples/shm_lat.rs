@@ -52,9 +52,7 @@ fn main() {
     let mut local = client.alloc(len, Access::LOCAL, None).unwrap();
     // Real bytes: an untouched region reads the kernel's one zero page, which is always in
     // cache and would flatter every copy.
-    for (i, b) in local.bytes_mut().unwrap().iter_mut().enumerate() {
-        *b = (i as u8).wrapping_mul(31) | 1;
-    }
+    gdx_sys::pattern::fill_pattern(&mut local.bytes_mut().unwrap(), 31);
     let mut lat = Vec::with_capacity(iters as usize);
     // The submit (or post) phase of each window alone, to split a round trip's cost.
     let mut sub = Vec::with_capacity(iters as usize);
