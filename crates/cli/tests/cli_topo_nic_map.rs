@@ -28,6 +28,27 @@ fn two_rails(dir: &std::path::Path) {
     }
 }
 
+/// Stdout of `sh -c "TEXT; then"` for GPU `gpu`, with no NCCL/UCX/Mooncake settings inherited;
+/// fails the test when sh does.
+fn sh(text: &str, then: &str, gpu: &str) -> String {
+    let run = std::process::Command::new("sh")
+        .args(["-c", &format!("{text}\n{then}")])
+        .env("GDX_NIC_MAP_GPU", gpu)
+        .env_remove("LOCAL_RANK")
+        .env_remove("NCCL_IB_HCA")
+        .env_remove("UCX_NET_DEVICES")
+        .env_remove("MC_MS_FILTERS")
+        .env_remove("MC_MS_AUTO_DISC")
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    String::from_utf8(run.stdout).unwrap()
+}
+
 #[test]
 fn json_gives_every_ndv4_gpu_a_pix_nic() {
     let xml = gdx_topo::fixture::reference_topologies().join("nccl_topo_azure_ndv4-topo.xml");
@@ -62,25 +83,12 @@ fn shell_text_sets_the_chosen_gpus_nics_in_sh() {
         ("0", "=mlx5_0:1|mlx5_0:1|mlx5_0|1"),
         ("1", "=mlx5_1:1|mlx5_1:1|mlx5_1|1"),
     ] {
-        let script = format!(
-            "{text}\nprintf '%s|%s|%s|%s' \"$NCCL_IB_HCA\" \"$UCX_NET_DEVICES\" \"$MC_MS_FILTERS\" \"$MC_MS_AUTO_DISC\""
+        let got = sh(
+            &text,
+            r#"printf '%s|%s|%s|%s' "$NCCL_IB_HCA" "$UCX_NET_DEVICES" "$MC_MS_FILTERS" "$MC_MS_AUTO_DISC""#,
+            gpu,
         );
-        let run = std::process::Command::new("sh")
-            .args(["-c", &script])
-            .env("GDX_NIC_MAP_GPU", gpu)
-            .env_remove("LOCAL_RANK")
-            .output()
-            .unwrap();
-        assert!(
-            run.status.success(),
-            "{}",
-            String::from_utf8_lossy(&run.stderr)
-        );
-        assert_eq!(
-            String::from_utf8_lossy(&run.stdout),
-            want,
-            "GPU{gpu}:\n{text}"
-        );
+        assert_eq!(got, want, "GPU{gpu}:\n{text}");
     }
 }
 
@@ -94,21 +102,10 @@ fn shell_text_of_an_unnamed_capture_is_valid_sh_that_sets_nothing() {
         .unwrap();
     let text = success_text(&out);
     assert!(text.contains("# GPU0 "), "{text}");
-    let run = std::process::Command::new("sh")
-        .args([
-            "-c",
-            &format!("{text}\nprintf '%s' \"${{NCCL_IB_HCA-unset}}\""),
-        ])
-        .env_remove("NCCL_IB_HCA")
-        .env("GDX_NIC_MAP_GPU", "3")
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
+    assert_eq!(
+        sh(&text, r#"printf '%s' "${NCCL_IB_HCA-unset}""#, "3"),
+        "unset"
     );
-    assert_eq!(String::from_utf8_lossy(&run.stdout), "unset");
 }
 
 #[test]
