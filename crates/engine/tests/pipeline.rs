@@ -327,7 +327,7 @@ fn a_file_source_and_file_sink_carry_every_frame() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.bin");
     let frame = 8192;
-    let data = common::random_vec(frame * 10 + 1234, 7);
+    let data = common::pattern(frame * 10 + 1234, 7);
     std::fs::write(&input, &data).unwrap();
     let out = dir.path().join("results.tsv");
     let rep = Pipeline::new(PipelineConfig {
@@ -375,7 +375,7 @@ fn frames_from_a_remote_agent_and_results_to_another() {
             let mut w = PeerFrameWriter::connect(&agent, &addr, frame).unwrap();
             for seq in 0..frames {
                 let got = w
-                    .write(&common::random_vec(frame - (seq as usize % 7), seq))
+                    .write(&common::pattern(frame - (seq as usize % 7), seq))
                     .unwrap();
                 assert_eq!(got, seq);
             }
@@ -397,7 +397,7 @@ fn frames_from_a_remote_agent_and_results_to_another() {
         for seq in 0..frames {
             let n = results.wait_notification(Duration::from_secs(10)).unwrap();
             let (s, len, words) = PeerSink::decode(&n.data).unwrap();
-            let want = common::random_vec(frame - (seq as usize % 7), seq);
+            let want = common::pattern(frame - (seq as usize % 7), seq);
             assert_eq!((s, len), (seq, want.len() as u64), "shm={shm}");
             assert_eq!(Output(words), checksum(&want), "frame {seq}, shm={shm}");
         }

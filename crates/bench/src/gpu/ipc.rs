@@ -341,9 +341,7 @@ mod tests {
     #[test]
     fn a_child_that_exits_early_or_prints_garbage_is_an_error_not_a_hang() {
         let sh = Path::new("/bin/sh");
-        if !sh.exists() {
-            return;
-        }
+        assert!(sh.exists(), "every Linux machine has /bin/sh");
         let run = |script: &str, timeout: Duration| {
             IpcChild::start(sh, &["-c".into(), script.into()], timeout)
                 .map(|(_, d)| d)

@@ -336,9 +336,7 @@ mod tests {
         ];
         let one = |stage: &mut GpuStage, slot: &mut SlotMem, len: usize, tag: u8| {
             let bytes = slot.bytes_mut().unwrap();
-            for (k, b) in bytes[..len].iter_mut().enumerate() {
-                *b = (k as u8).wrapping_mul(31).wrapping_add(tag);
-            }
+            gdx_sys::pattern::fill_pattern(&mut bytes[..len], u64::from(tag));
             let want = super::super::checksum(&bytes[..len]);
             stage.submit(slot, len).unwrap();
             let start = Instant::now();
