@@ -62,8 +62,8 @@ sys.stdin.readline()
 """
 
 
-def target(kind):
-    env = dict(os.environ, SECRET=SECRET.decode())
+def target(kind, extra=None):
+    env = dict(os.environ, SECRET=SECRET.decode(), **(extra or {}))
     p = subprocess.Popen([sys.executable, "-c", TARGET, str(N), kind], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, env=env, text=True)
     hello = json.loads(p.stdout.readline())
@@ -134,6 +134,26 @@ def gdx_write(r):
 
 
 row("gdx torch->torch", best(gdx_write(rs), same), "torch IPC copy_", reason[rs])
+
+
+def latency_us(fn, n=300):
+    fn()
+    ts = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[n // 2] * 1e6
+
+
+# The fixed cost of one transfer (4 KiB, median): what gdx adds to each copy.
+small = src[:4096]
+lat_t = latency_us(lambda: remote_t[:4096].copy_(small))
+lat_g = latency_us(lambda: peer.write([(rs, 0, rd, 0, 4096)]).wait(timeout=30))
+print(f"  4 KiB, median: torch IPC copy_ {lat_t:.1f} us, gdx write {lat_g:.1f} us", flush=True)
+out.write(json.dumps({"row": "4 KiB latency", "torch_us": lat_t, "gdx_us": lat_g}) + "\n")
 zero()
 ga = agent.alloc(N, access="none", device="gpu:0")
 torch.as_tensor(ga, device="cuda").copy_(src)
@@ -186,6 +206,19 @@ peer.close()
 proc.stdin.write("\n")
 proc.stdin.flush()
 proc.wait(timeout=30)
+
+# torch with expandable segments: VMM memory, shared piece by piece as POSIX fds.
+proc, addr, remote_t = target("torch", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+row("torch IPC copy_ (expandable)", best(lambda: remote_t.copy_(src), same))
+zero()
+peer = agent.connect(addr, timeout=30)
+rd = peer.region("buf")
+row("gdx torch->torch (expandable)", best(gdx_write(rs), same), "torch IPC copy_ (expandable)", reason[rs])
+peer.close()
+proc.stdin.write("\n")
+proc.stdin.flush()
+proc.wait(timeout=30)
+del remote_t
 print("  mappings:", gdx.ipc_stats())
 print("  paths:")
 for r, (path, why) in reason.items():

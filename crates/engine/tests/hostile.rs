@@ -182,6 +182,7 @@ fn shm_map(target: &Agent, d: &RegionDesc, write: bool) -> Mapped {
             region: d.id,
             key: d.key,
             write,
+            piece: 0,
         },
         0,
     ))

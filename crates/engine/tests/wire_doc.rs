@@ -64,6 +64,7 @@ fn examples() -> Vec<(&'static str, Msg)> {
                     posix_fd_alloc_len: Some(2 << 20),
                     offset: 0,
                     alloc_len: 4096,
+                    pieces: Vec::new(),
                 }),
                 no_ipc: None,
             }),

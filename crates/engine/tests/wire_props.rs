@@ -48,6 +48,7 @@ fn arb_desc() -> impl Strategy<Value = RegionDesc> {
                     handle,
                     offset: len / 2,
                     alloc_len: len.saturating_mul(2),
+                    pieces: vec![len, len],
                 }),
                 no_ipc: None,
             },
@@ -222,11 +223,14 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
             proptest::option::of(proptest::collection::vec(any::<u8>(), 0..50))
         )
             .prop_map(|(xfer, notify)| Msg::ShmEnd { xfer, notify }),
-        (any::<u64>(), key.clone(), any::<bool>()).prop_map(|(region, key, write)| Msg::ShmMap {
-            region,
-            key,
-            write
-        }),
+        (any::<u64>(), key.clone(), any::<bool>(), any::<u32>()).prop_map(
+            |(region, key, write, piece)| Msg::ShmMap {
+                region,
+                key,
+                write,
+                piece
+            }
+        ),
         proptest::collection::vec(any::<u8>(), 0..300).prop_map(|data| Msg::RdmaConnect { data }),
         (any::<u64>(), key, any::<bool>()).prop_map(|(region, key, write)| Msg::RdmaRegion {
             region,

@@ -1,7 +1,7 @@
 """The GPU side of the foreign-memory tests (test_foreign_gpu.py): an agent that registers GPU
 memory from one framework's allocator and obeys JSON-line commands on stdin.
 
-argv[1], the allocator: ``torch`` (cudaMalloc caching allocator), ``torch-expandable``
+argv[1], the allocator: ``torch`` (cudaMalloc caching allocator; the test may set ``PYTORCH_CUDA_ALLOC_CONF``), ``torch-expandable``
 (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, VMM; set by the test in the
 environment), ``cupy`` (CuPy's pool over cudaMalloc), ``jax`` (XLA's allocator, registered
 through DLPack), ``gdx`` (Agent.alloc). Regions:

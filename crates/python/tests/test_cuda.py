@@ -159,16 +159,16 @@ def test_stream_orders_the_write_after_queued_kernels(agent, gpu_peer, tmp_path)
 def test_strict_refuses_staging_between_gpus(secret, tmp_path):
     import torch
 
-    # With expandable segments torch's memory is a VMM mapping that gdx does not export, so
-    # only staging reaches it.
-    vmm_peer = GpuPeer(secret, tmp_path, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    # With the cudaMallocAsync backend torch's memory is stream-ordered pool memory, which no
+    # handle gdx exports can name, so only staging reaches it.
+    vmm_peer = GpuPeer(secret, tmp_path, env={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
     try:
         with gdx.Agent("strict", secret=secret, strict=True) as a:
             t = torch.ones(4096, dtype=torch.uint8, device="cuda")
             r = a.register(t, access="none")
             p = a.connect(vmm_peer.address, timeout=10)
             rd = p.region("tpool")
-            with pytest.raises(gdx.StrictViolation, match="VMM"):
+            with pytest.raises(gdx.StrictViolation, match="pool memory"):
                 p.write([(r, 0, rd, 0, 4096)]).wait(timeout=30)
     finally:
         vmm_peer.close()

@@ -112,7 +112,8 @@ def test_jax_buffer_is_read_over_ipc(secret):
             assert np.array_equal(dst.cpu().numpy(), want)
             with pytest.raises(gdx.Error):
                 p.write([(r, 0, rd, 0, 4096)]).wait(timeout=30)
-            assert gdx.ipc_stats()["opened"] - before["opened"] == 1
+            # XLA maps its memory piece by piece (VMM): one open per piece the region spans.
+            assert gdx.ipc_stats()["opened"] - before["opened"] >= 1
             p.close()
             assert gdx.ipc_stats()["live"] == before["live"]
     finally:
@@ -162,20 +163,49 @@ def test_host_array_to_foreign_gpu_memory_is_one_copy(secret, tmp_path):
         peer.close()
 
 
-def test_expandable_segments_say_why_they_are_staged(secret, tmp_path):
+def test_expandable_segments_go_ipc_piece_by_piece(secret, tmp_path):
+    import torch
+
     peer = GpuPeer(secret, "torch-expandable", env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
     try:
+        before = gdx.ipc_stats()
         with gdx.Agent("initiator", secret=secret) as a:
             p = a.connect(peer.address, timeout=30)
             src = torch_src(8 * MiB, 7)
             r = a.register(src, access="none")
             res = p.write([(r, 0, p.region("buf"), 0, 8 * MiB)]).wait(timeout=60)
-            path = {x.path for x in res}
-            if path == {"ipc"}:
-                assert "POSIX fd" in res[0].reason, res[0].reason
-            else:
-                assert path == {"shm-staged"}, res[0].reason
-                assert "VMM" in res[0].reason, res[0].reason
+            assert {x.path for x in res} == {"ipc"}, res[0].reason
+            assert "POSIX fds of the VMM allocations" in res[0].reason, res[0].reason
+            assert np.array_equal(peer.bytes("buf", tmp_path), src.cpu().numpy())
+            v = torch_src(2 * MiB, 8)
+            rv = a.register(v, access="none")
+            res = p.write([(rv, 0, p.region("view"), 0, 2 * MiB)]).wait(timeout=60)
+            assert {x.path for x in res} == {"ipc"}, res[0].reason
+            got = peer.bytes("buf", tmp_path)
+            assert np.array_equal(got[MiB:3 * MiB], v.cpu().numpy())
+            back = torch.zeros(8 * MiB, dtype=torch.uint8, device="cuda")
+            rb = a.register(back, access="none")
+            p.read([(rb, 0, p.region("buf"), 0, 8 * MiB)]).wait(timeout=60)
+            assert np.array_equal(back.cpu().numpy(), got)
+            assert gdx.ipc_stats()["live"] > before["live"]
+            p.close()
+            assert gdx.ipc_stats()["live"] == before["live"]
+    finally:
+        peer.close()
+
+
+def test_pool_memory_says_why_it_is_staged(secret, tmp_path):
+    # torch's cudaMallocAsync backend: stream-ordered pool memory, which no handle gdx
+    # exports can name.
+    peer = GpuPeer(secret, "torch", env={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
+    try:
+        with gdx.Agent("initiator", secret=secret) as a:
+            p = a.connect(peer.address, timeout=30)
+            src = torch_src(8 * MiB, 9)
+            r = a.register(src, access="none")
+            res = p.write([(r, 0, p.region("buf"), 0, 8 * MiB)]).wait(timeout=60)
+            assert {x.path for x in res} == {"shm-staged"}, res[0].reason
+            assert "pool memory" in res[0].reason, res[0].reason
             assert np.array_equal(peer.bytes("buf", tmp_path), src.cpu().numpy())
     finally:
         peer.close()

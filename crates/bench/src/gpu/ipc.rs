@@ -270,6 +270,7 @@ mod tests {
             handle: "ab".repeat(64),
             offset: 0,
             alloc_len: 1 << 20,
+            pieces: Vec::new(),
             posix_fd_alloc_len: None,
         }
     }

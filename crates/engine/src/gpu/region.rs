@@ -265,6 +265,11 @@ pub struct IpcDesc {
     /// Bytes of the allocation the handle maps (0: the region's own `len`).
     #[serde(default)]
     pub alloc_len: u64,
+    /// For a VMM range mapped piece by piece (torch's `expandable_segments`, XLA): each
+    /// piece's size, in address order, adding up to `alloc_len`; the importer asks for each
+    /// piece's fd and maps them one by one. Empty for one allocation.
+    #[serde(default)]
+    pub pieces: Vec<u64>,
     /// For a VMM region shared as a POSIX fd ([`LocalPeer::export_fd`](super::LocalPeer::export_fd)):
     /// the size of the allocation to map (a multiple of the granularity). The fd itself travels
     /// over a unix socket, never inside the descriptor.
@@ -294,7 +299,10 @@ impl IpcDesc {
 
     /// The handle type, for plans: `legacy CUDA IPC handle` or `POSIX fd (VMM)`.
     pub(crate) fn handle_kind(&self) -> &'static str {
-        if self.posix_fd_alloc_len.is_some() {
+        if !self.pieces.is_empty() {
+            "POSIX fds of the VMM allocations mapped there (cuMemRetainAllocationHandle, \
+             cuMemExportToShareableHandle)"
+        } else if self.posix_fd_alloc_len.is_some() {
             "POSIX fd of a VMM allocation (cuMemExportToShareableHandle)"
         } else {
             "legacy CUDA IPC handle (cuIpcGetMemHandle)"

@@ -72,7 +72,7 @@ struct Worker {
     maps: HashMap<u64, (Mapping, bool)>,
     /// Remote GPU regions mapped through their IPC handle or fd, by remote region id (dropped
     /// when the target says the region is gone, or with the connection).
-    imports: HashMap<u64, crate::gpu::DeviceRegion>,
+    imports: HashMap<u64, Vec<(u64, crate::gpu::DeviceRegion)>>,
     /// This process's CUDA, for host regions that reach a peer's GPU memory (`ipc`).
     cuda: Arc<std::sync::OnceLock<crate::gpu::LocalPeer>>,
     wait: Duration,

@@ -155,8 +155,14 @@ impl Worker {
         region: u64,
         key: crate::region::RegionKey,
         write: bool,
+        piece: u32,
     ) -> Result<(std::os::fd::OwnedFd, u64, bool)> {
-        match self.conn.request(&Msg::ShmMap { region, key, write })? {
+        match self.conn.request(&Msg::ShmMap {
+            region,
+            key,
+            write,
+            piece,
+        })? {
             Msg::ShmMapped { len, writable } => {
                 let fd = self
                     .conn
@@ -172,7 +178,7 @@ impl Worker {
     }
 
     fn map(&mut self, region: u64, key: crate::region::RegionKey, write: bool) -> Result<()> {
-        let (fd, len, writable) = self.request_fd(region, key, write)?;
+        let (fd, len, writable) = self.request_fd(region, key, write, 0)?;
         let len = usize::try_from(len).map_err(|_| Error::Protocol("mapping too large".into()))?;
         // Sealed against shrink (no SIGBUS if the target truncates it) and at least `len`
         // bytes, checked before the mapping exists.
@@ -225,19 +231,26 @@ impl Worker {
         })?;
         // Keep the mapping for the life of this connection: mapping a CUDA IPC handle costs
         // far more than a copy's set-up, so it is done once per remote allocation.
-        let remote = match self.imports.get(&op.remote.id) {
+        let pieces = match self.imports.get(&op.remote.id) {
             Some(r) => r.clone(),
             None => {
-                let r = match ipc.posix_fd_alloc_len {
-                    None => peer.import_ipc(ipc)?,
-                    Some(_) => match peer.imported(ipc) {
-                        Some(r) => r,
-                        None => {
-                            // A VMM region: ask the target for its fd.
-                            let (fd, _, _) = self.request_fd(op.remote.id, op.remote.key, false)?;
-                            peer.import_fd(ipc, fd.as_fd())?
-                        }
-                    },
+                let (id, key) = (op.remote.id, op.remote.key);
+                let r = if !ipc.pieces.is_empty() {
+                    // A caller's VMM range: one fd per mapped piece, asked for in turn.
+                    peer.import_fd_pieces(ipc, |i| Ok(self.request_fd(id, key, false, i)?.0))?
+                } else {
+                    let one = match ipc.posix_fd_alloc_len {
+                        None => peer.import_ipc(ipc)?,
+                        Some(_) => match peer.imported(ipc) {
+                            Some(r) => r,
+                            None => {
+                                // A VMM region gdx allocated: ask the target for its fd.
+                                let (fd, _, _) = self.request_fd(id, key, false, 0)?;
+                                peer.import_fd(ipc, fd.as_fd())?
+                            }
+                        },
+                    };
+                    vec![(0, one)]
                 };
                 self.imports.insert(op.remote.id, r.clone());
                 r
@@ -248,39 +261,67 @@ impl Worker {
             OpKind::Read => LeaseKind::Sink,
         };
         let lease = op.local.lease(kind, self.wait)?;
-        // The mapping is the whole allocation; the region starts `ipc.offset` bytes into it.
-        let remote_offset = ipc.offset + op.remote_offset;
-        let Some(dev) = op.local.device() else {
-            op.local.pin_for_dma(&peer, remote.gpu())?;
-            let len = op.len as usize;
-            let p = lease.ptr_at(op.local_offset)?;
-            return match op.kind {
+        // The mapping is the whole allocation (or its pieces, back to back); the region starts
+        // `ipc.offset` bytes into it. An op that crosses pieces is one copy per piece.
+        let start = ipc.offset + op.remote_offset;
+        let end = start + op.len;
+        // Every piece's copy is queued before any is waited for, so pieces overlap.
+        let mut queued = Vec::new();
+        for (at, remote) in &pieces {
+            let (lo, hi) = (start.max(*at), end.min(at + remote.len()));
+            if lo >= hi {
+                continue;
+            }
+            let (local_offset, remote_offset, len) =
+                (op.local_offset + (lo - start), lo - at, hi - lo);
+            let Some(dev) = op.local.device() else {
+                op.local.pin_for_dma(&peer, remote.gpu())?;
+                let p = lease.ptr_at(local_offset)?;
+                match op.kind {
+                    OpKind::Write => {
+                        // SAFETY: the lease holds the local span (bounds-checked at submit) as
+                        // a source; nothing writes it while the lease is held.
+                        let bytes =
+                            unsafe { std::slice::from_raw_parts(p.cast_const(), len as usize) };
+                        peer.upload(remote, remote_offset, bytes)?;
+                    }
+                    OpKind::Read => {
+                        // SAFETY: the lease holds the local span (bounds-checked at submit) as
+                        // a sink, so nothing else reads or writes it meanwhile.
+                        let out = unsafe { std::slice::from_raw_parts_mut(p, len as usize) };
+                        peer.download(remote, remote_offset, out)?;
+                    }
+                }
+                continue;
+            };
+            // `transfer` (not `copy_blocking`): large copies split over several copy engines,
+            // as between two GPUs of one process.
+            let t = match op.kind {
                 OpKind::Write => {
-                    // SAFETY: the lease holds the local span (bounds-checked at submit) as a
-                    // source; nothing writes it while the lease is held.
-                    let bytes = unsafe { std::slice::from_raw_parts(p.cast_const(), len) };
-                    peer.upload(&remote, remote_offset, bytes)
+                    peer.transfer(remote, remote_offset, &dev.region, local_offset, len)
                 }
                 OpKind::Read => {
-                    // SAFETY: the lease holds the local span (bounds-checked at submit) as a
-                    // sink, so nothing else reads or writes it meanwhile.
-                    let out = unsafe { std::slice::from_raw_parts_mut(p, len) };
-                    peer.download(&remote, remote_offset, out)
+                    peer.transfer(&dev.region, local_offset, remote, remote_offset, len)
                 }
             };
-        };
-        // `transfer` (not `copy_blocking`): large copies split over several copy engines, as
-        // between two GPUs of one process.
-        let t = match op.kind {
-            OpKind::Write => {
-                peer.transfer(&remote, remote_offset, &dev.region, op.local_offset, op.len)?
+            match t {
+                Ok(t) => queued.push(t),
+                Err(e) => {
+                    // The pieces already queued finish before the target's leases end.
+                    for t in queued {
+                        let _ = t.wait();
+                    }
+                    return Err(e);
+                }
             }
-            OpKind::Read => {
-                peer.transfer(&dev.region, op.local_offset, &remote, remote_offset, op.len)?
+        }
+        let mut first = Ok(());
+        for t in queued {
+            if let Err(e) = t.wait() {
+                first = first.and(Err(e));
             }
-        };
-        t.wait()?;
-        Ok(())
+        }
+        first
     }
 
     fn copy_staged(&mut self, xfer: &XferState, i: usize) -> Result<()> {

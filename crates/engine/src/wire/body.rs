@@ -172,6 +172,10 @@ pub(crate) fn put_desc(o: &mut Vec<u8>, d: &RegionDesc) {
             }
             put_u64(o, i.offset);
             put_u64(o, i.alloc_len);
+            put_u32(o, i.pieces.len() as u32);
+            for p in &i.pieces {
+                put_u64(o, *p);
+            }
         }
     }
 }
@@ -204,10 +208,13 @@ pub(crate) fn get_desc(r: &mut Reader<'_>) -> Result<RegionDesc> {
                 posix_fd_alloc_len: if r.bool()? { Some(r.u64()?) } else { None },
                 offset: 0,
                 alloc_len: 0,
+                pieces: Vec::new(),
             };
             if tag == 2 {
                 i.offset = r.u64()?;
                 i.alloc_len = r.u64()?;
+                let n = r.count(8)?;
+                i.pieces = (0..n).map(|_| r.u64()).collect::<Result<_>>()?;
             }
             (Some(i), None)
         }
@@ -341,10 +348,16 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
             put_u128(o, *token);
             put_u128(o, *nonce);
         }
-        Msg::ShmMap { region, key, write } => {
+        Msg::ShmMap {
+            region,
+            key,
+            write,
+            piece,
+        } => {
             put_u64(o, *region);
             put_u128(o, key.0);
             o.push(u8::from(*write));
+            put_u32(o, *piece);
         }
         Msg::ShmMapped { len, writable } => {
             put_u64(o, *len);
@@ -515,6 +528,7 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             region: r.u64()?,
             key: RegionKey(r.u128()?),
             write: r.bool()?,
+            piece: r.u32()?,
         },
         17 => Msg::ShmMapped {
             len: r.u64()?,

@@ -145,6 +145,8 @@ pub enum Msg {
         region: u64,
         key: RegionKey,
         write: bool,
+        /// For a GPU region shared as VMM pieces: which piece's fd (0 otherwise).
+        piece: u32,
     },
     ShmMapped {
         len: u64,
