@@ -73,6 +73,8 @@ struct Worker {
     /// Remote GPU regions mapped through their IPC handle or fd, by remote region id (dropped
     /// when the target says the region is gone, or with the connection).
     imports: HashMap<u64, Vec<(u64, crate::gpu::DeviceRegion)>>,
+    /// A `ShmEnd` was sent whose reply is still unread (read before the next request).
+    end_unread: bool,
     /// This process's CUDA, for host regions that reach a peer's GPU memory (`ipc`).
     cuda: Arc<std::sync::OnceLock<crate::gpu::LocalPeer>>,
     wait: Duration,
@@ -177,6 +179,7 @@ impl ShmTransport {
             bounce,
             maps: HashMap::new(),
             imports: HashMap::new(),
+            end_unread: false,
             cuda,
             wait: io_timeout,
             ring: Some(ring),
