@@ -66,7 +66,7 @@ fn a_file_sink_gets_one_checked_line_per_frame() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 4, "{text}");
     for (i, chunk) in data.chunks(4000).enumerate() {
-        let [a, b] = gdx_engine::pipeline::checksum(chunk).0;
+        let [a, b] = gdx_stream::checksum(chunk).0;
         assert_eq!(
             lines[i + 1],
             format!("{i}\t{}\t{a:#018x}\t{b:#018x}", chunk.len())

@@ -67,7 +67,7 @@ mod limits;
 mod mem;
 mod notes;
 mod peer;
-pub mod pipeline;
+
 mod plan;
 pub mod planner;
 mod region;

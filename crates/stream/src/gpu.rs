@@ -20,10 +20,10 @@ use gdx_sys::cuda::{
 
 use super::kernel::Output;
 use super::stage::{SlotMem, Stage};
-use crate::error::{Error, Result};
+use gdx_engine::{Error, Result};
 
 /// The checksum kernel's PTX (regenerate with `scripts/gen-ptx.sh`).
-pub const STREAM_CHECKSUM_PTX: &str = include_str!("../../kernels/stream_checksum.ptx");
+pub const STREAM_CHECKSUM_PTX: &str = include_str!("../kernels/stream_checksum.ptx");
 
 /// Threads per block (the `THREADS` of the .cu).
 const THREADS: u32 = 256;

@@ -3,18 +3,45 @@
 //! reordering under `block`, drops equal to the gaps under `drop`, bounded memory under
 //! back-pressure, a dying sink or kernel named in the error, file and peer ends.
 
-mod common;
+mod common {
+    use gdx_engine::{Agent, AgentConfig, Secret, Transports};
+    use std::time::Duration;
+
+    pub use gdx_sys::pattern::pattern;
+
+    /// An agent of this test process (one secret for all of them: they only talk to each
+    /// other), shm on or off.
+    pub fn agent(name: &str, shm: bool) -> Agent {
+        static SECRET: std::sync::OnceLock<Secret> = std::sync::OnceLock::new();
+        let secret = SECRET
+            .get_or_init(|| Secret::generate().expect("secret"))
+            .clone();
+        Agent::new(AgentConfig {
+            name: name.into(),
+            transports: Transports {
+                tcp: true,
+                shm,
+                rdma: false,
+                fabric: false,
+            },
+            io_timeout: Duration::from_secs(20),
+            secret: Some(secret),
+            ..AgentConfig::default()
+        })
+        .expect("agent")
+    }
+}
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gdx_engine::pipeline::{
+use gdx_engine::{Error, Result};
+use gdx_stream::{
     checksum, Arrival, BackPressure, Checksum, FileSink, FileSource, FrameInfo, FrameResult,
     Kernel, NullSink, Output, PeerFrameWriter, PeerSink, PeerSource, Pipeline, PipelineConfig,
     Sink, SlotBuf, Source, StopReason, Synthetic,
 };
-use gdx_engine::{Error, Result};
 
 /// Keeps every result.
 #[derive(Clone, Default)]
