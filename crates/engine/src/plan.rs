@@ -341,7 +341,7 @@ fn plan_shm(
     cuda_here: bool,
 ) -> Plan {
     let r = &route.reason;
-    let same_host_handle = |ipc: &crate::gpu::IpcDesc| {
+    let same_host_handle = |ipc: &crate::desc::IpcDesc| {
         if ipc.offset == 0 && ipc.mapped_len() == ipc.len {
             format!("the {} of its allocation", ipc.handle_kind())
         } else {

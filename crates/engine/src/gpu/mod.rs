@@ -57,7 +57,7 @@ pub(crate) struct Shared {
     links: Mutex<HashMap<(u32, u32), GpuLink>>,
     next_id: AtomicU64,
     /// Mappings of other processes' allocations, one per allocation
-    /// ([`IpcDesc::import_key`](region::IpcDesc)), alive while any region or connection holds
+    /// ([`IpcDesc`]'s import key), alive while any region or connection holds
     /// one.
     imports: Mutex<HashMap<(u32, String), Weak<DeviceInner>>>,
     /// How many times an allocation of another process was opened (`cuIpcOpenMemHandle` or an

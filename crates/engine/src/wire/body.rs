@@ -198,7 +198,7 @@ pub(crate) fn get_desc(r: &mut Reader<'_>) -> Result<RegionDesc> {
         0 => (None, None),
         3 => (None, Some(r.string()?)),
         tag @ (1 | 2) => {
-            let mut i = crate::gpu::IpcDesc {
+            let mut i = crate::desc::IpcDesc {
                 host_id: r.string()?,
                 pid: r.u32()?,
                 region: r.u64()?,

@@ -8,8 +8,8 @@
 use crate::error::{Error, Result};
 use crate::region::{RegionDesc, RegionKey};
 
-mod remote;
-pub use remote::RemoteError;
+// The wire form of an error lives with the errors (the codec depends on them, not back).
+pub use crate::error::RemoteError;
 
 /// First two bytes of every frame: `"GX"`.
 pub const MAGIC: u16 = 0x4758;
@@ -342,3 +342,38 @@ mod body;
 pub use body::decode_body;
 use body::put_body;
 pub(crate) use body::{get_desc, put_desc, Reader};
+
+// The text form of a region descriptor (`gdx1:<hex>`) is its wire encoding.
+impl std::fmt::Display for RegionDesc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut buf = Vec::new();
+        put_desc(&mut buf, self);
+        f.write_str("gdx1:")?;
+        for b in buf {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for RegionDesc {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let hex = s
+            .trim()
+            .strip_prefix("gdx1:")
+            .ok_or_else(|| Error::InvalidArgument("region token must start with gdx1:".into()))?;
+        if hex.len() % 2 != 0 || hex.len() > 2 * 4096 {
+            return Err(Error::InvalidArgument("bad region token length".into()));
+        }
+        let bytes = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
+            .collect::<std::result::Result<Vec<u8>, _>>()
+            .map_err(|e| Error::InvalidArgument(format!("bad region token: {e}")))?;
+        let mut r = Reader::new(&bytes);
+        let d = get_desc(&mut r)?;
+        r.finish()?;
+        Ok(d)
+    }
+}
