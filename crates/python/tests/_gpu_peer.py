@@ -10,7 +10,7 @@ through DLPack), ``gdx`` (Agent.alloc). Regions:
 - ``view`` bytes 1 MiB .. 3 MiB of the same allocation as ``buf`` (a block of a KV pool)
 
 Commands: ``dump`` (name, path: the region's bytes to a file), ``stats`` (gdx.ipc_stats()),
-``exit``.
+``close`` (name: deregister that region), ``exit``.
 """
 
 import json
@@ -82,6 +82,8 @@ def main():
             host(arrays[cmd["name"]]).tofile(cmd["path"])
         elif cmd["cmd"] == "stats":
             out.update(gdx.ipc_stats())
+        elif cmd["cmd"] == "close":
+            regions[cmd["name"]].close()
         elif cmd["cmd"] == "exit":
             print(json.dumps(out), flush=True)
             return

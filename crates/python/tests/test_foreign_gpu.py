@@ -120,6 +120,29 @@ def test_jax_buffer_is_read_over_ipc(secret):
         peer.close()
 
 
+def test_a_closed_region_leaves_no_mapping(secret):
+    peer = GpuPeer(secret, "torch")
+    try:
+        before = gdx.ipc_stats()
+        with gdx.Agent("initiator", secret=secret) as a:
+            p = a.connect(peer.address, timeout=30)
+            src = torch_src(MiB, 10)
+            r = a.register(src, access="none")
+            rd = p.region("buf")
+            for _ in range(3):  # the first maps it over the socket, the next ones ride the ring
+                res = p.write([(r, 0, rd, 0, MiB)]).wait(timeout=60)
+                assert {x.path for x in res} == {"ipc"}, res[0].reason
+            assert gdx.ipc_stats()["live"] == before["live"] + 1
+            peer.ask("close", name="buf")
+            with pytest.raises(gdx.Error):
+                p.write([(r, 0, rd, 0, MiB)]).wait(timeout=60)
+            # The target said the region is gone: its mapping went with it, the peer is still up.
+            assert gdx.ipc_stats()["live"] == before["live"]
+            assert p.alive
+    finally:
+        peer.close()
+
+
 def test_read_from_foreign_gpu_memory(secret, tmp_path):
     import torch
 

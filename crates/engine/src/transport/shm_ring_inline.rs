@@ -36,6 +36,7 @@ impl Worker {
                 if matches!(e, Error::NoSuchRegion { .. } | Error::RegionGone { .. }) {
                     let gone = xfer.op(batch[j]).remote.id;
                     self.maps.remove(&gone);
+                    self.imports.remove(&gone);
                 }
                 xfer.chunk_done(batch[j], 0, Err(e));
             }
