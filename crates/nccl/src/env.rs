@@ -101,26 +101,38 @@ fn candidate_nics(topo: &Topology) -> Vec<&Device> {
     }
 }
 
+/// Each GPU's NICs to use, from the one NIC ranking (`gdx_topo::nicmap`: ports up first, then
+/// path class, software RDMA last, then speed), kept to the NICs NCCL's network counts.
 fn nearest(topo: &Topology) -> Vec<GpuNics> {
     let nics = candidate_nics(topo);
+    let map = gdx_topo::nicmap::nic_map(topo);
     topo.gpus()
         .map(|g| {
-            let classed: Vec<(&Device, PathClass)> =
-                nics.iter().map(|n| (*n, topo.pcie_class(g, n))).collect();
-            let best = classed.iter().map(|(_, c)| c.rank()).min();
+            let preferred = map
+                .gpus
+                .iter()
+                .find(|m| m.memory == g.label)
+                .map(|m| m.preferred.as_slice())
+                .unwrap_or_default();
+            let at =
+                |r: &&gdx_topo::RankedNic<'_>| nics.iter().position(|n| std::ptr::eq(*n, r.nic));
+            let mut kept: Vec<_> = preferred.iter().filter(|r| at(r).is_some()).collect();
+            // The map starts each GPU's tied NICs at a different one (one process per GPU
+            // spreads over the rails); here the set matters, in the topology's NIC order.
+            kept.sort_by_key(|r| at(r));
+            let nearest: Vec<NearNic> = kept
+                .into_iter()
+                .map(|r| NearNic {
+                    label: r.nic.label.clone(),
+                    name: rdma_name(r.nic).map(str::to_string),
+                    bdf: r.nic.bdf.map(|b| b.to_string()),
+                    class: r.class,
+                })
+                .collect();
             GpuNics {
                 gpu: g.label.clone(),
                 bdf: g.bdf.map(|b| b.to_string()),
-                nearest: classed
-                    .into_iter()
-                    .filter(|(_, c)| Some(c.rank()) == best)
-                    .map(|(n, class)| NearNic {
-                        label: n.label.clone(),
-                        name: rdma_name(n).map(str::to_string),
-                        bdf: n.bdf.map(|b| b.to_string()),
-                        class,
-                    })
-                    .collect(),
+                nearest,
             }
         })
         .collect()
