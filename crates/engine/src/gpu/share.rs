@@ -67,16 +67,26 @@ impl LocalPeer {
             }
         };
         Ok(IpcDesc {
+            handle,
+            alloc_len: region.len(),
+            posix_fd_alloc_len,
+            ..self.ipc_desc(region)?
+        })
+    }
+
+    /// The descriptor of `region` of this process, with no handle yet (offset 0, one piece).
+    fn ipc_desc(&self, region: &DeviceRegion) -> Result<IpcDesc> {
+        Ok(IpcDesc {
             host_id: format!("{:032x}", crate::config::boot_host_id()),
             pid: std::process::id(),
             region: region.id(),
             pci_bus_id: self.shared.cuda.device(region.gpu())?.pci_bus_id()?,
             len: region.len(),
-            handle,
+            handle: String::new(),
             offset: 0,
-            alloc_len: region.len(),
+            alloc_len: 0,
             pieces: Vec::new(),
-            posix_fd_alloc_len,
+            posix_fd_alloc_len: None,
         })
     }
 
@@ -100,30 +110,19 @@ impl LocalPeer {
                 start,
                 size,
             } => Ok(IpcDesc {
-                host_id: format!("{:032x}", crate::config::boot_host_id()),
-                pid: std::process::id(),
-                region: region.id(),
-                pci_bus_id: self.shared.cuda.device(region.gpu())?.pci_bus_id()?,
-                len: region.len(),
                 handle: region::handle_to_hex(&handle),
                 offset: ptr - start,
                 alloc_len: size as u64,
-                pieces: Vec::new(),
-                posix_fd_alloc_len: None,
+                ..self.ipc_desc(region)?
             }),
             Sharing::Vmm { start, pieces } => {
                 let total: u64 = pieces.iter().map(|&p| p as u64).sum();
                 Ok(IpcDesc {
-                    host_id: format!("{:032x}", crate::config::boot_host_id()),
-                    pid: std::process::id(),
-                    region: region.id(),
-                    pci_bus_id: self.shared.cuda.device(region.gpu())?.pci_bus_id()?,
-                    len: region.len(),
-                    handle: String::new(),
                     offset: ptr - start,
                     alloc_len: total,
                     pieces: pieces.iter().map(|&p| p as u64).collect(),
                     posix_fd_alloc_len: Some(total),
+                    ..self.ipc_desc(region)?
                 })
             }
             Sharing::Unshareable(why) => Err(Error::Unavailable(why)),
