@@ -6,9 +6,10 @@
 //! driver, which cannot apply on a machine that has one; a driver feature a GPU test needs)
 //! calls [`precondition`] first: where the precondition holds the test runs; where it does not,
 //! the test says so on stderr and passes without running — unless `GDX_REQUIRE_HW=1`, where it
-//! fails. CI sets `GDX_REQUIRE_HW=1` on machines whose hardware it knows (the host runners have
-//! no GPU and no RDMA device; the GPU runner's `-- --ignored` runs must find their GPU), so a
-//! test that silently stopped applying shows as a failure, never as a pass.
+//! fails. CI runs the Rust suite a second time with `GDX_REQUIRE_HW=1` (its runner has no GPU
+//! and no RDMA device, so every "without" test must run there), and GPU-machine runs of
+//! `-- --ignored` should set it too, so a test that silently stopped applying shows as a
+//! failure, never as a pass.
 
 /// The variable that turns an unmet precondition into a failure.
 pub const REQUIRE_HW: &str = "GDX_REQUIRE_HW";
