@@ -89,6 +89,9 @@ pub(crate) struct AgentInner {
     pub(crate) served: crate::served::Served,
     /// The libfabric endpoint, or why this agent does not offer fabric.
     pub(crate) fabric: Result<Arc<FabricNode>>,
+    /// The rails of outbound peer connections ([`Agent::rails`]): peer name, address, rails
+    /// (gone once the peer is dropped).
+    pub(crate) rails: Mutex<Vec<(String, String, std::sync::Weak<crate::rails::Rails>)>>,
 }
 
 impl AgentInner {
@@ -232,6 +235,7 @@ impl Agent {
             stats: Arc::default(),
             served: crate::served::Served::default(),
             fabric,
+            rails: Mutex::default(),
         });
         if let Ok(node) = &inner.fabric {
             let _ = inner.registry.fabric.set(Arc::clone(node));
@@ -311,6 +315,22 @@ impl Agent {
     /// (tcp chunks and shm ops this agent served; one-sided rdma and fabric ops are not seen).
     pub fn served(&self) -> Vec<crate::ServedStat> {
         self.inner.served.snapshot()
+    }
+
+    /// The rails of each outbound peer connection alive now, by peer: ends, bytes, errors,
+    /// state and cause (`/metrics`).
+    pub fn rails(&self) -> Vec<crate::PeerRails> {
+        let mut g = self.inner.rails.lock().unwrap_or_else(|p| p.into_inner());
+        g.retain(|(_, _, r)| r.strong_count() > 0);
+        g.iter()
+            .filter_map(|(peer, addr, r)| {
+                Some(crate::PeerRails {
+                    peer: peer.clone(),
+                    addr: addr.clone(),
+                    rails: r.upgrade()?.snapshot(None),
+                })
+            })
+            .collect()
     }
 
     /// How often each bound of [`crate::Limits`] was hit.

@@ -96,7 +96,7 @@ pub use limits::{LimitHits, Limits};
 pub use peer::{Expected, Peer};
 pub use plan::{Path, PeerRoute, Plan};
 pub use planner::Policy;
-pub use rails::{RailInfo, RailState, MAX_RAILS};
+pub use rails::{PeerRails, RailInfo, RailState, MAX_RAILS};
 pub use region::{
     Access, Location, Region, RegionDesc, RegionKey, RegionMut, RegionRef, RegionScope,
 };

@@ -68,18 +68,15 @@ pub struct RailInfo {
     pub cause: Option<String>,
 }
 
-impl RailInfo {
-    /// The JSON object `gdx bench --json` and Python's `Transfer.rails()` give.
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "local": self.local,
-            "remote": self.remote,
-            "bytes": self.bytes,
-            "errors": self.errors,
-            "state": self.state.as_str(),
-            "cause": self.cause,
-        })
-    }
+/// The rails of one outbound peer connection ([`crate::Agent::rails`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerRails {
+    /// The peer's agent name.
+    pub peer: String,
+    /// The address connected to.
+    pub addr: String,
+    /// Its rails now, bytes counted since the connection was made.
+    pub rails: Vec<RailInfo>,
 }
 
 #[derive(Debug)]
@@ -231,18 +228,17 @@ impl Rails {
     }
 
     /// The weight of each stream among `usable` for spreading a transfer: its throughput
-    /// average, or the mean of the measured ones for a stream not measured yet (all equal when
-    /// none is).
+    /// average, or, for a stream not measured yet, the highest measured one (so that it gets
+    /// work and is measured; all equal when none is).
     pub(crate) fn weights(&self, usable: &[usize]) -> Vec<f64> {
-        let measured: Vec<f64> = usable.iter().filter_map(|&s| self.rate(s)).collect();
-        let mean = if measured.is_empty() {
-            1.0
-        } else {
-            measured.iter().sum::<f64>() / measured.len() as f64
-        };
+        let top = usable
+            .iter()
+            .filter_map(|&s| self.rate(s))
+            .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))))
+            .unwrap_or(1.0);
         usable
             .iter()
-            .map(|&s| self.rate(s).unwrap_or(mean))
+            .map(|&s| self.rate(s).unwrap_or(top))
             .collect()
     }
 
@@ -350,7 +346,7 @@ mod tests {
         assert_eq!(r.weights(&[0, 1, 2]), vec![1.0, 1.0, 1.0]);
         r.measured(0, 200, Duration::from_secs(1));
         r.measured(1, 100, Duration::from_secs(1));
-        assert_eq!(r.weights(&[0, 1, 2]), vec![200.0, 100.0, 150.0]);
+        assert_eq!(r.weights(&[0, 1, 2]), vec![200.0, 100.0, 200.0]);
         r.measured(0, 100, Duration::from_secs(1));
         assert_eq!(r.weights(&[0]), vec![150.0]);
         // Rail 1's two streams (100 + 150) outweigh rail 0's one (150).

@@ -408,6 +408,13 @@ impl Peer {
             .stats
             .peers_outbound
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(r) = transport.rails() {
+            agent.rails.lock().unwrap_or_else(|p| p.into_inner()).push((
+                info.name.clone(),
+                addr.to_string(),
+                Arc::downgrade(&r),
+            ));
+        }
         let xfer_shared = Arc::new(XferShared {
             stats: Arc::clone(&agent.stats),
             driver: transport.driver(),

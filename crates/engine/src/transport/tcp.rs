@@ -63,6 +63,12 @@ const SUBMIT_SPIN: Duration = Duration::from_micros(50);
 /// (a rail's round trip would cost more than its share of the bytes saves).
 pub(crate) const SPLIT_BYTES: u64 = 1 << 20;
 
+/// Slices per stream a transfer spread over several rails is cut into (at least).
+const SLICES_PER_STREAM: u64 = 8;
+
+/// Smallest slice of a transfer spread over several rails.
+const MIN_SLICE: u64 = 256 << 10;
+
 /// Smallest job whose duration is taken as a throughput sample (below, latency dominates).
 const MEASURE_BYTES: u64 = 1 << 20;
 
@@ -583,9 +589,19 @@ impl Transport for TcpTransport {
             return;
         }
         // Cut ops into chunks and give each to the stream that would finish it first at its
-        // measured throughput (equal throughputs: the least-loaded stream).
+        // measured throughput (equal throughputs: the least-loaded stream). Over several rails
+        // the chunks are cut finer (about SLICES_PER_STREAM per stream), so that every rail
+        // gets its share even of a transfer of a few chunks.
         let weights = net.rails.weights(&usable);
         let n = usable.len();
+        let chunk = if net.rails.len() > 1 && total >= SPLIT_BYTES {
+            (total / (n as u64 * SLICES_PER_STREAM))
+                .next_multiple_of(4096)
+                .clamp(MIN_SLICE, self.chunk.max(MIN_SLICE))
+                .min(self.chunk)
+        } else {
+            self.chunk
+        };
         let mut lists: Vec<Vec<Chunk>> = vec![Vec::new(); n];
         let mut load = vec![0u64; n];
         let mut counts = Vec::with_capacity(xfer.ops.len());
@@ -593,7 +609,7 @@ impl Transport for TcpTransport {
             let mut off = 0;
             let mut idx = 0u32;
             while off < op.len {
-                let len = (op.len - off).min(self.chunk);
+                let len = (op.len - off).min(chunk);
                 let finish = |k: usize| (load[k] + len + 64) as f64 / weights[k];
                 let k = (0..n)
                     .min_by(|&a, &b| finish(a).total_cmp(&finish(b)))
