@@ -82,7 +82,7 @@ pub(crate) struct AgentInner {
     /// The RDMA endpoint, or why this agent does not offer rdma.
     pub(crate) rdma: Result<Arc<RdmaNode>>,
     /// Queue pairs of inbound rdma connections, per control session.
-    pub(crate) rdma_qps: Mutex<HashMap<u128, gdx_rdma::Qp>>,
+    pub(crate) rdma_qps: Mutex<HashMap<u128, Vec<gdx_rdma::Qp>>>,
     /// What this agent moved ([`Agent::stats`]).
     pub(crate) stats: Arc<Stats>,
     /// What peers moved through this agent ([`Agent::served`]).

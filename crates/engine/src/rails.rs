@@ -22,8 +22,9 @@ pub(crate) const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// Longest backoff between re-probes of a paused rail.
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// Weight of a new sample in a stream's throughput average.
-const EWMA_NEW: f64 = 0.5;
+/// Weight of a new sample in a stream's throughput average: high, so that a rail whose speed
+/// changed (shaped, congested, back from a failure) gets its share within a few transfers.
+const EWMA_NEW: f64 = 0.75;
 
 /// Whether a rail takes work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +204,11 @@ impl Rails {
         h.backoff = Duration::ZERO;
     }
 
+    /// Counts `n` bytes landed over rail `i`.
+    pub(crate) fn add_bytes(&self, i: usize, n: u64) {
+        self.rails[i].bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// The counter of bytes landed over rail `i`.
     pub(crate) fn counter(&self, i: usize) -> &AtomicU64 {
         &self.rails[i].bytes
@@ -348,8 +354,8 @@ mod tests {
         r.measured(1, 100, Duration::from_secs(1));
         assert_eq!(r.weights(&[0, 1, 2]), vec![200.0, 100.0, 200.0]);
         r.measured(0, 100, Duration::from_secs(1));
-        assert_eq!(r.weights(&[0]), vec![150.0]);
-        // Rail 1's two streams (100 + 150) outweigh rail 0's one (150).
+        assert_eq!(r.weights(&[0]), vec![125.0]);
+        // Rail 1's two streams (100 + 125) outweigh rail 0's one (125).
         assert_eq!(r.best(), Some(1));
     }
 }

@@ -93,24 +93,52 @@ fn rdma_route(
             "the peer offers none (no RDMA device there, or disabled)".into(),
         ));
     }
-    let qp = node
-        .connect(&mut control.lock().unwrap_or_else(|p| p.into_inner()))
-        .map_err(|e| {
-            WhyNot(format!(
-                "offered by both, but the queue pairs did not connect: {e}"
-            ))
-        })?;
+    // The rails: the devices `nics` names, in order (default: the default device alone).
+    let mut eps: Vec<usize> = agent
+        .cfg
+        .nics
+        .iter()
+        .filter_map(|n| node.endpoint(n))
+        .collect();
+    eps.dedup();
+    if eps.is_empty() {
+        eps.push(0);
+    }
+    let rails = rdma::connect_rails(
+        node,
+        &eps,
+        &mut control.lock().unwrap_or_else(|p| p.into_inner()),
+    )
+    .map_err(|e| {
+        WhyNot(format!(
+            "offered by both, but the queue pairs did not connect: {e}"
+        ))
+    })?;
+    let on = if rails.len() > 1 {
+        let each: Vec<String> = rails
+            .iter()
+            .map(|(ep, _, remote)| format!("{} -> {remote}", node.device(*ep)))
+            .collect();
+        format!(
+            "{} rails ({}; ops from {} KiB striped by measured throughput, failover between \
+             them)",
+            rails.len(),
+            each.join(", "),
+            crate::transport::tcp::SPLIT_BYTES >> 10
+        )
+    } else {
+        node.describe()
+    };
     let t = rdma::spawn(
         Arc::clone(node),
-        qp,
+        rails,
         Arc::clone(control),
         agent.cfg.io_timeout,
     )
     .map_err(|e| WhyNot(e.to_string()))?;
     let reason = format!(
-        "rdma: {}; both agents offer RDMA; RC queue pairs on {}",
+        "rdma: {}; both agents offer RDMA; RC queue pairs on {on}",
         why_not_shm.trim_start_matches("tcp: "),
-        node.describe()
     );
     Ok((
         PeerRoute {

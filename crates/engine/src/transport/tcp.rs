@@ -70,7 +70,7 @@ const SLICES_PER_STREAM: u64 = 8;
 const MIN_SLICE: u64 = 256 << 10;
 
 /// Smallest job whose duration is taken as a throughput sample (below, latency dominates).
-const MEASURE_BYTES: u64 = 1 << 20;
+pub(crate) const MEASURE_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Clone, Copy)]
 struct Chunk {
