@@ -647,3 +647,25 @@ impl Worker {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::split;
+
+    #[test]
+    fn split_follows_the_weights_in_whole_pages_and_covers_every_byte() {
+        let len = (64 << 20) + 5;
+        let parts = split(len, &[0, 1], &[2.0, 1.0]);
+        assert_eq!(parts.len(), 2);
+        let (r0, o0, n0) = parts[0];
+        let (r1, o1, n1) = parts[1];
+        assert_eq!((r0, o0, r1, o1), (0, 0, 1, n0));
+        assert_eq!(n0 % 4096, 0);
+        assert_eq!(n0 + n1, len);
+        let share = n1 as f64 / len as f64;
+        assert!((share - 1.0 / 3.0).abs() < 0.001, "{share}");
+        // A range smaller than a page goes to the last rail whole.
+        assert_eq!(split(100, &[3, 5], &[1.0, 1.0]), vec![(5, 0, 100)]);
+        assert_eq!(split(8192, &[7], &[0.5]), vec![(7, 0, 8192)]);
+    }
+}
