@@ -35,7 +35,7 @@ fn agent(name: &str, transports: Transports, nics: &[&str]) -> Agent {
         insecure: true,
         secret: None,
         nics: nics.iter().map(|n| n.to_string()).collect(),
-        io_timeout: Duration::from_secs(20),
+        io_timeout: Duration::from_secs(10),
         transfer_timeout: Duration::from_secs(120),
         ..AgentConfig::default()
     })

@@ -396,6 +396,13 @@ pub(crate) fn spawn(
 /// Byte ranges of an op: (offset in the op, length).
 type Ranges = Vec<(u64, u64)>;
 
+/// A rail's run of its ranges: done, or failed with the error and the pieces not finished.
+type RailRun = std::result::Result<(), (Error, Ranges)>;
+
+/// Largest piece a rail runs at a time: its wait is for progress, and what goes again on
+/// another rail when the rail fails is what it had not finished, in pieces of this size.
+const PIECE: u64 = 8 << 20;
+
 /// How long the idle worker waits for a transfer before it looks at paused rails again.
 const IDLE: Duration = Duration::from_millis(100);
 
@@ -427,6 +434,18 @@ fn worker(mut w: Worker, rx: Receiver<Arc<XferState>>, alive: Arc<AtomicBool>) {
     }
 }
 
+/// Whether `e` is the op's own fault (its regions: a key, a bound, an access right), not the
+/// rail's: the op fails, and the rail only needs fresh queue pairs (any completion error puts
+/// them in the error state).
+fn region_fault(e: &Error) -> bool {
+    use gdx_rdma::WcStatus as S;
+    matches!(e, Error::Rdma(b) if matches!(&**b, RdmaError::Completion(wc) if matches!(
+        wc.status,
+        S::RemoteAccess | S::LocalProtection | S::LocalAccess | S::RemoteInvalidRequest
+            | S::LocalLength
+    )))
+}
+
 /// Splits `len` bytes into one contiguous range per rail of `active`, in proportion to
 /// `weights`, each a multiple of 4 KiB but the last.
 fn split(len: u64, active: &[usize], weights: &[f64]) -> Vec<(usize, u64, u64)> {
@@ -448,26 +467,30 @@ fn split(len: u64, active: &[usize], weights: &[f64]) -> Vec<(usize, u64, u64)> 
 }
 
 impl Worker {
-    /// Re-probes each paused rail whose backoff has passed: fresh queue pairs through the
-    /// control connection, refused while its port is not ACTIVE.
+    /// Re-probes each paused rail whose backoff has passed.
     fn reprobe(&mut self) {
-        for (r, rail) in self.rails.iter_mut().enumerate() {
-            if rail.qp.is_some() || !self.stats.probe_due(r) {
-                continue;
+        for r in 0..self.rails.len() {
+            if self.rails[r].qp.is_none() && self.stats.probe_due(r) {
+                self.reopen(r);
             }
-            let res = {
-                let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
-                self.node.connect(rail.ep, &mut c)
-            };
-            match res {
-                Ok(qp) => {
-                    rail.qp = Some(qp);
-                    self.stats.resume(r);
-                }
-                Err(e) => {
-                    self.stats.pause(r, &e);
-                    self.stats.probe_failed(r, &e);
-                }
+        }
+    }
+
+    /// Fresh queue pairs for rail `r` through the control connection (refused while its port
+    /// is not ACTIVE): the rail takes work again, or stays paused with a longer backoff.
+    fn reopen(&mut self, r: usize) {
+        let res = {
+            let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
+            self.node.connect(self.rails[r].ep, &mut c)
+        };
+        match res {
+            Ok(qp) => {
+                self.rails[r].qp = Some(qp);
+                self.stats.resume(r);
+            }
+            Err(e) => {
+                self.stats.pause(r, &e);
+                self.stats.probe_failed(r, &e);
             }
         }
     }
@@ -581,7 +604,7 @@ impl Worker {
                 let mr = self.node.register(self.rails[r].ep, op.local)?;
                 per_rail.push((r, ranges, mr, remote));
             }
-            let left = xfer.time_left();
+            let wait = self.wait;
             let (lo, ro) = (op.local_offset, op.remote_offset);
             let stats = &self.stats;
             let mut qps: Vec<(usize, &mut Qp)> = self
@@ -590,7 +613,11 @@ impl Worker {
                 .enumerate()
                 .filter_map(|(r, x)| x.qp.as_mut().map(|q| (r, q)))
                 .collect();
-            let results: Vec<(usize, Ranges, Result<u64>)> = std::thread::scope(|sc| {
+            // Each rail runs its ranges piece by piece: a piece's wait is for progress (the
+            // I/O timeout, within the transfer's time), so a rail whose link went silent fails
+            // after that long instead of holding the transfer to its deadline, and only the
+            // pieces it had not finished go again.
+            let results: Vec<(usize, RailRun)> = std::thread::scope(|sc| {
                 let mut hs = Vec::new();
                 for (r, ranges, mr, remote) in &per_rail {
                     let Some(k) = qps.iter().position(|(q, _)| q == r) else {
@@ -600,10 +627,25 @@ impl Worker {
                     let mut run = move || {
                         let t0 = std::time::Instant::now();
                         let mut done = 0u64;
+                        let mut pieces: Ranges = Vec::new();
                         for &(off, n) in ranges {
-                            let item = WorkItem::between(mr, lo + off, remote, ro + off, n)
-                                .map_err(rdma_err)?;
-                            qp.run(rdma, &[item], left).map_err(rdma_err)?;
+                            let mut o = 0;
+                            while o < n {
+                                let len = (n - o).min(PIECE);
+                                pieces.push((off + o, len));
+                                o += len;
+                            }
+                        }
+                        for (k, &(off, n)) in pieces.iter().enumerate() {
+                            let res = WorkItem::between(mr, lo + off, remote, ro + off, n)
+                                .map_err(rdma_err)
+                                .and_then(|item| {
+                                    let t = xfer.time_left().min(wait);
+                                    qp.run(rdma, &[item], t).map_err(rdma_err)
+                                });
+                            if let Err(e) = res {
+                                return Err((e, pieces[k..].to_vec()));
+                            }
                             done += n;
                             stats.add_bytes(*r, n);
                             if let Some(b) = xfer.rail_bytes.get(*r) {
@@ -613,35 +655,48 @@ impl Worker {
                         if done >= MEASURE_BYTES {
                             stats.measured(*r, done, t0.elapsed());
                         }
-                        Ok(done)
+                        Ok(())
                     };
                     if per_rail.len() == 1 {
                         // One rail: on this thread.
-                        return vec![(*r, ranges.clone(), run())];
+                        return vec![(*r, run())];
                     }
                     hs.push((*r, ranges.clone(), sc.spawn(run)));
                 }
                 hs.into_iter()
                     .map(|(r, ranges, h)| {
                         let res = h.join().unwrap_or_else(|_| {
-                            Err(Error::Unavailable("rdma rail thread panicked".into()))
+                            let e = Error::Unavailable("rdma rail thread panicked".into());
+                            Err((e, ranges))
                         });
-                        (r, ranges, res)
+                        (r, res)
                     })
                     .collect()
             });
             todo.clear();
-            for (r, ranges, res) in results {
-                if let Err(e) = res {
-                    // A completion error or a timeout leaves the queue pairs in error: the rail
-                    // pauses and its ranges go again on the others (a write puts the same bytes
-                    // in the same place; a read fetches them again).
+            let mut op_fault = None;
+            for (r, res) in results {
+                if let Err((e, left)) = res {
+                    if region_fault(&e) {
+                        // The op's fault, not the rail's: the same ranges would fail on every
+                        // rail. The rail gets fresh queue pairs at once; the op fails.
+                        self.rails[r].qp = None;
+                        self.reopen(r);
+                        op_fault.get_or_insert(e);
+                        continue;
+                    }
+                    // A completion error or a stall leaves the queue pairs in error: the rail
+                    // pauses and its unfinished pieces go again on the others (a write puts the
+                    // same bytes in the same place; a read fetches them again).
                     self.stats.pause(r, &e);
                     self.rails[r].qp = None;
-                    log::debug!("gdx: rdma rail {r} failed ({e}); its ranges go again");
-                    todo.extend(ranges);
+                    log::debug!("gdx: rdma rail {r} failed ({e}); its pieces go again");
+                    todo.extend(left);
                     last = Some(e);
                 }
+            }
+            if let Some(e) = op_fault {
+                return Err(e);
             }
         }
         Ok(())
