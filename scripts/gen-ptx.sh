@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate the committed PTX from its .cu: crates/sys/kernels/gdx_kernels.ptx (mailbox, stream
-# memory operations) and crates/engine/kernels/stream_checksum.ptx (`gdx stream`'s kernel).
+# memory operations) and crates/stream/kernels/stream_checksum.ptx (`gdx stream`'s kernel).
 #
 # gdx never runs nvcc at build time: the PTX is committed and loaded with cuModuleLoadData at
 # run time (the driver JIT-compiles it for the GPU it finds). This script fetches nvcc 13.0 from
@@ -14,7 +14,7 @@
 # GDX_NVCC_CACHE (default ~/.cache/gdx-nvcc13) holds the unpacked wheels between runs.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-sources=("$root/crates/sys/kernels/gdx_kernels.cu" "$root/crates/engine/kernels/stream_checksum.cu")
+sources=("$root/crates/sys/kernels/gdx_kernels.cu" "$root/crates/stream/kernels/stream_checksum.cu")
 cache="${GDX_NVCC_CACHE:-$HOME/.cache/gdx-nvcc13}"
 nvcc="$cache/nvidia/cu13/bin/nvcc"
 

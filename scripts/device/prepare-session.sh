@@ -15,10 +15,10 @@ cp target/release/examples/{mailbox_child,mailbox_latency} .devbin/
 # The test binaries whose ignored tests need the GPU (plus each crate's unit tests).
 TESTS=${TESTS:--p gdx-sys --lib --test cuda_gpu --test cuda_vmm_gpu --test cuda_mailbox_gpu \
   --test cuda_mailbox_kill}
-ENGINE=${ENGINE:--p gdx-engine --lib --test gpu --test gpu_peer --test file --test mailbox \
-  --test pipeline_gpu}
+ENGINE=${ENGINE:--p gdx-engine --lib --test gpu --test gpu_peer --test file --test mailbox}
 OTHERS=${OTHERS:--p gdx-storage --lib --test storage_gpu --test storage_file_host}
-for sel in "$TESTS" "$ENGINE" "$OTHERS" "-p gdx-nccl --test run" "-p gdx --test cli_cp"; do
+for sel in "$TESTS" "$ENGINE" "$OTHERS" "-p gdx-stream --test pipeline_gpu" "-p gdx-nccl --test run" \
+  "-p gdx --test cli_cp"; do
   # shellcheck disable=SC2086
   cargo test --release $sel --no-run --message-format=json 2>/dev/null |
     python3 scripts/device/test-bins.py --by-target

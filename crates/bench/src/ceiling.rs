@@ -15,6 +15,8 @@
 //! likely cause ("GPU0↔GPU1 is SYS; expect ≤ ..."). A figure above [`OVER_CEILING_PCT`] % is
 //! never shown as a plain percentage: the row says the ceiling is wrong for it.
 
+// NVLink per-link rates come from topo's bandwidth model, the one in the tree.
+use gdx_topo::bandwidth::nvlink_gbps_per_link;
 use gdx_topo::{Device, PathClass, Topology};
 
 use crate::case::{CaseSpec, End, PathKind};
@@ -45,18 +47,6 @@ pub struct Ceiling {
     pub caveat: Option<String>,
     /// Host paths: the measured host ceiling, which picks the figure by transfer size.
     pub host: Option<HostCeiling>,
-}
-
-/// One-direction GB/s of one NVLink for a GPU of compute capability `cc` (nvidia-smi's
-/// figures: NVLink 2/3 25 GB/s, NVLink 4 26.5625, NVLink 5 twice that), and whether it is a
-/// guess.
-pub fn nvlink_gbps_per_link(cc: Option<&str>) -> (f64, bool) {
-    match cc.and_then(|c| c.split('.').next()) {
-        Some("7") | Some("8") => (25.0, false),
-        Some("9") => (26.5625, false),
-        Some("10") | Some("12") => (53.125, false),
-        _ => (26.5625, true),
-    }
 }
 
 fn gpu<'t>(topo: &'t Topology, end: &End) -> Option<&'t Device> {
@@ -291,14 +281,6 @@ pub fn apply(spec: &CaseSpec, c: Option<&Ceiling>, row: &mut Row) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn per_link_rates_follow_the_compute_capability() {
-        assert_eq!(nvlink_gbps_per_link(Some("9.0")), (26.5625, false));
-        assert_eq!(nvlink_gbps_per_link(Some("8.0")), (25.0, false));
-        assert_eq!(nvlink_gbps_per_link(Some("10.0")), (53.125, false));
-        assert!(nvlink_gbps_per_link(None).1);
-    }
 
     #[test]
     fn far_below_figures_get_a_cause() {

@@ -11,8 +11,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::render::{figure, human_size, Style};
+use crate::render::{figure, Style};
 use crate::report::{Report, Row, Status};
+use gdx_sys::bytesize::human_bytes;
 
 /// The default threshold, percent.
 pub const DEFAULT_DROP_PCT: f64 = 10.0;
@@ -131,7 +132,7 @@ pub fn render(cmp: &[Comparison], old_name: &str, drop_pct: f64, style: Style) -
             s,
             "  {:<w$} {:>9} {:>7} {:>10} {:>10} {:>7.1}%{}",
             c.key,
-            human_size(c.size_bytes),
+            human_bytes(c.size_bytes),
             c.metric.unit(),
             figure(c.old),
             figure(c.new),

@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use gdx_sys::cuda::probe::fill_pattern;
 
-use crate::floors::{p50, NearFloor};
+use crate::floors::NearFloor;
 use crate::report::Row;
+use crate::stats::median;
 
 /// Least bytes per transfer a batch row carries a copy reference for: below this a transfer is
 /// a round trip, not a copy, and is judged by its latency.
@@ -52,7 +53,7 @@ impl CopyRef {
             std::hint::black_box(&self.dst);
             t.push(s.elapsed().as_secs_f64() * 1e6);
         }
-        Some(p50(t)).filter(|us| *us > 0.0)
+        median(&t).filter(|us| *us > 0.0)
     }
 }
 
@@ -105,10 +106,10 @@ pub fn beside(rows: &[&Row]) -> String {
         s.push_str(&format!(
             "{} {} batch {bw:.2} GB/s = {:.2}× single-thread memcpy of the same {} measured \
              beside it ({:.2} GB/s; {} block(s) interleaved, {:.2}–{:.2}×)\n",
-            crate::render::human_size(r.size_bytes),
+            gdx_sys::bytesize::human_bytes(r.size_bytes),
             r.path.name(),
             n.ratio,
-            crate::render::human_size(n.bytes),
+            gdx_sys::bytesize::human_bytes(n.bytes),
             n.copy_gbps,
             n.blocks,
             n.ratio_min,

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::case::PathKind;
 use crate::report::Row;
+use crate::stats::median;
 
 /// How far apart the floor measured beside a row and the run's floor may be before the row's
 /// line says the floor moved.
@@ -87,7 +88,7 @@ impl LatencyFloors {
             {
                 continue;
             }
-            let size = crate::render::human_size(r.size_bytes);
+            let size = gdx_sys::bytesize::human_bytes(r.size_bytes);
             if let Some(n) = &r.floor_near {
                 let (what, run) = match r.path {
                     PathKind::Tcp => ("tcp", self.tcp_us),
@@ -145,21 +146,6 @@ impl LatencyFloors {
     }
 }
 
-pub(crate) fn p50(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
-/// The median (the mean of the two middle values of an even count; 0 when empty).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 fn spin_until(w: &AtomicU32, want: u32) {
     let mut i = 0u32;
     while w.load(Ordering::Acquire) != want {
@@ -200,7 +186,7 @@ fn shm_flag_n(warmup: usize, trips: usize) -> f64 {
         }
     }
     let _ = echo.join();
-    p50(t)
+    median(&t).unwrap_or(0.0)
 }
 
 fn ping_pong<S: Read + Write + Send + 'static>(a: S, b: S) -> std::io::Result<f64> {
@@ -234,7 +220,7 @@ fn ping_pong_n<S: Read + Write + Send + 'static>(
     }
     echo.join()
         .map_err(|_| std::io::Error::other("echo thread panicked"))??;
-    Ok(p50(t))
+    Ok(median(&t).unwrap_or(0.0))
 }
 
 fn unix() -> std::io::Result<f64> {
@@ -328,7 +314,8 @@ impl NearFloor {
             let (Some(f), true) = (f, block.len() as u64 >= BLOCK_OPS / 5) else {
                 continue;
             };
-            let us = p50(block.iter().map(|d| d.as_secs_f64() * 1e6).collect());
+            let us: Vec<f64> = block.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+            let us = median(&us).unwrap_or(0.0);
             if *f > 0.0 {
                 fl.push(*f);
                 ratios.push(us / f);
@@ -341,9 +328,9 @@ impl NearFloor {
             .iter()
             .fold((f64::MAX, 0.0f64), |(l, h), &r| (l.min(r), h.max(r)));
         Some(NearFloor {
-            floor_us: median(fl),
+            floor_us: median(&fl).unwrap_or(0.0),
             blocks: ratios.len() as u32,
-            ratio: median(ratios),
+            ratio: median(&ratios).unwrap_or(0.0),
             ratio_min: lo,
             ratio_max: hi,
         })
@@ -406,7 +393,7 @@ mod tests {
         assert!((n.ratio_min - 4.0).abs() < 1e-9 && (n.ratio_max - 10.0).abs() < 1e-9);
         assert!((n.floor_us - 0.5).abs() < 1e-9);
         assert_eq!(NearFloor::pair(&[None], &samples), None);
-        assert!((median(vec![4.0, 1.0, 3.0, 2.0]) - 2.5).abs() < 1e-12);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
 
         let fixed = LatencyFloors {
             shm_flag_us: 0.1,

@@ -4,18 +4,10 @@
 
 use std::fmt::Write as _;
 
+use gdx_sys::bytesize::human_bytes;
+
 use crate::ceiling::OVER_CEILING_PCT;
 use crate::report::{CaseOutcome, Header, Report, Row, Status, WaivedGroup};
-
-/// `8 B`, `4 KiB`, `1 GiB`: the largest binary unit that divides the size exactly.
-pub fn human_size(b: u64) -> String {
-    for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-        if b >= 1 << shift && b.trailing_zeros() >= shift {
-            return format!("{} {unit}", b >> shift);
-        }
-    }
-    format!("{b} B")
-}
 
 /// Whether text carries ANSI colour (the CLI decides from `--color` and the terminal).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -179,7 +171,7 @@ pub fn case(outcome: &CaseOutcome, rows: &[&Row], style: Style) -> String {
     }
     for (i, (g, b, from)) in ceilings.iter().enumerate() {
         let from = if ceilings.len() > 1 && i > 0 {
-            format!(" from {}", human_size(*from))
+            format!(" from {}", human_bytes(*from))
         } else {
             String::new()
         };
@@ -231,7 +223,7 @@ pub fn case(outcome: &CaseOutcome, rows: &[&Row], style: Style) -> String {
     let mut last = "";
     for (n, size) in notes {
         if n != last {
-            let _ = writeln!(s, "  note ({}): {n}", human_size(size));
+            let _ = writeln!(s, "  note ({}): {n}", human_bytes(size));
             last = n;
         }
     }
@@ -329,7 +321,7 @@ pub fn summary_table(report: &Report, style: Style) -> String {
             "  {:<w$} {:>10} {:>8} {:>7} {:>10} {:>8} {:>9} {:>8}",
             "case", "peak GB/s", "at", "%ceil", "p50 µs", "at", "Mop/s", "at"
         );
-        let at = |v: Option<(f64, u64)>| v.map_or("-".into(), |(_, b)| human_size(b));
+        let at = |v: Option<(f64, u64)>| v.map_or("-".into(), |(_, b)| human_bytes(b));
         for r in &rows {
             let pct = pct_cell(r.pct_of_ceiling, style);
             let _ = writeln!(
@@ -371,15 +363,6 @@ pub fn summary(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_read_as_people_write_them() {
-        assert_eq!(human_size(8), "8 B");
-        assert_eq!(human_size(4096), "4 KiB");
-        assert_eq!(human_size(3 << 20), "3 MiB");
-        assert_eq!(human_size(1 << 30), "1 GiB");
-        assert_eq!(human_size(1000), "1000 B");
-    }
 
     #[test]
     fn small_figures_keep_three_significant_digits() {

@@ -3,8 +3,9 @@
 //! discovery reason, in the table and in JSON, with exit code 0; `gdx serve` parses its RDMA
 //! options, prints its RDMA listener and tells a bench client why it cannot serve it.
 //!
-//! On a machine with an RDMA device the waiver assertions do not apply; those tests say so and
-//! return (the hardware path is `crates/rdma/tests/hardware.rs`).
+//! On a machine with an RDMA device the waiver assertions do not apply: those tests say so and
+//! pass without running, or fail under `GDX_REQUIRE_HW=1` (`gdx_sys::testenv`); the hardware
+//! path is `crates/rdma/tests/hardware.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
@@ -16,18 +17,13 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-/// Why gdx-rdma finds no RDMA here, or `None` (with a note) on a machine that has it.
+/// Why gdx-rdma finds no RDMA here, or `None` on a machine that has it (the test's
+/// precondition: see `gdx_sys::testenv`).
 fn no_rdma_reason() -> Option<String> {
-    match gdx_rdma::discover() {
-        Ok(d) => {
-            eprintln!(
-                "this machine has RDMA devices ({}): waiver checks skipped",
-                d.len()
-            );
-            None
-        }
-        Err(u) => Some(u.to_string()),
-    }
+    let reason = gdx_rdma::discover().err().map(|u| u.to_string());
+    gdx_sys::testenv::precondition("no RDMA device (the waiver applies)", reason.is_some())
+        .then_some(reason)
+        .flatten()
 }
 
 #[test]

@@ -52,7 +52,7 @@ fn host_only_json_report_counts_every_frame_and_says_where_the_kernel_ran() {
 fn a_file_sink_gets_one_checked_line_per_frame() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.bin");
-    let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    let data = gdx_sys::pattern::pattern(10_000, 7);
     std::fs::write(&input, &data).unwrap();
     let res = dir.path().join("r.tsv");
     gdx()
@@ -66,7 +66,7 @@ fn a_file_sink_gets_one_checked_line_per_frame() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 4, "{text}");
     for (i, chunk) in data.chunks(4000).enumerate() {
-        let [a, b] = gdx_engine::pipeline::checksum(chunk).0;
+        let [a, b] = gdx_stream::checksum(chunk).0;
         assert_eq!(
             lines[i + 1],
             format!("{i}\t{}\t{a:#018x}\t{b:#018x}", chunk.len())

@@ -157,6 +157,7 @@ mod tests {
             shareable: true,
             name: Some("kv".into()),
             ipc: None,
+            no_ipc: None,
         };
         let r = RegionRecord::from_desc(&d).expect("named");
         let json = String::from_utf8(encode(&r).expect("encode")).expect("utf8");

@@ -321,13 +321,7 @@ impl Context {
             .topo_device(bdf)
             .and_then(|d| d.gpu.as_ref())
             .and_then(|g| g.compute_capability.clone());
-        // nvidia-smi's per-link figures: NVLink 2/3 25 GB/s, NVLink 4 26.5625, NVLink 5 twice.
-        match cc.as_deref().and_then(|c| c.split('.').next()) {
-            Some("7") | Some("8") => (25.0, false),
-            Some("9") => (26.5625, false),
-            Some("10") | Some("12") => (53.125, false),
-            _ => (26.5625, true),
-        }
+        gdx_topo::bandwidth::nvlink_gbps_per_link(cc.as_deref())
     }
 
     fn pcie_max(&self, bdf: PciAddr) -> Option<(f64, String)> {

@@ -8,6 +8,7 @@ use crate::DoctorError;
 use std::time::Duration;
 
 use gdx_fabric::{Endpoint, FabricConfig, Memory, RmaKind, RmaOp};
+use gdx_sys::pattern::{find_mismatch, pattern};
 use serde::Serialize;
 
 /// Bytes the probe writes (unaligned at both ends by one byte, so it is not a page copy).
@@ -49,17 +50,13 @@ pub enum FabricProbeState {
     Ran(FabricProbe),
 }
 
-/// The pattern byte at `i` (never a run of one value, so a shifted copy shows).
-fn pattern(i: usize) -> u8 {
-    (i.wrapping_mul(131) ^ (i >> 7)) as u8
-}
+/// The seed of the probe's pattern.
+const SEED: u64 = 0x6764_785f_6661_6272; // "gdx_fabr"
 
-/// The first offset where `got` differs from the pattern, as text.
+/// The first offset where `got` differs from the probe's pattern (gdx-sys's one pattern, seed
+/// [`SEED`]), as text.
 fn mismatch(got: &[u8]) -> Option<String> {
-    got.iter()
-        .enumerate()
-        .find(|(i, b)| **b != pattern(*i))
-        .map(|(i, b)| format!("byte {i} is 0x{b:02x}, expected 0x{:02x}", pattern(i)))
+    find_mismatch(got, SEED).map(|m| m.to_string())
 }
 
 /// Runs the probe over the provider `provider` names (`None`: automatic). `NotRun` when
@@ -98,7 +95,7 @@ fn step(what: impl Into<String>) -> impl FnOnce(gdx_fabric::FabricError) -> Doct
 fn exercise(a: &Endpoint, b: &Endpoint, out: &mut FabricProbe) -> Result<(), DoctorError> {
     let n = PROBE_BYTES;
     let src_mem = Memory::alloc(n + 1);
-    let data: Vec<u8> = (0..n).map(pattern).collect();
+    let data = pattern(n, SEED);
     if !src_mem.write_at(1, &data) {
         return Err(DoctorError::FabricProbe(
             "the source buffer is too small".into(),
@@ -161,10 +158,10 @@ mod tests {
 
     #[test]
     fn the_pattern_catches_a_shift() {
-        let good: Vec<u8> = (0..4096).map(pattern).collect();
+        let good = pattern(4096, SEED);
         assert_eq!(mismatch(&good), None);
-        let shifted: Vec<u8> = (1..4097).map(pattern).collect();
-        assert!(mismatch(&shifted).unwrap().starts_with("byte 0 is"));
+        let shifted = &pattern(4097, SEED)[1..];
+        assert!(mismatch(shifted).unwrap().starts_with("byte 0: expected"));
     }
 
     /// The tcp provider (127.0.0.1 only) on this machine: written, read back, verified.

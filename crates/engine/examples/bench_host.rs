@@ -15,13 +15,14 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn gbps(bytes: u64, d: Duration) -> f64 {
-    bytes as f64 / d.as_secs_f64() / 1e9
-}
-
-fn stats(bytes: u64, mut v: Vec<Duration>) -> (f64, f64) {
-    v.sort();
-    (gbps(bytes, v[v.len() / 2]), gbps(bytes, v[0]))
+/// Median and best rate of the samples (the median is gdx-sys's one median).
+fn stats(bytes: u64, v: Vec<Duration>) -> (f64, f64) {
+    let s = gdx_sys::stats::sorted_secs(&v);
+    let rate = |sec: f64| bytes as f64 / sec / 1e9;
+    (
+        gdx_sys::stats::quantile(&s, 0.5).map_or(f64::NAN, rate),
+        s.first().copied().map_or(f64::NAN, rate),
+    )
 }
 
 fn main() -> Result<(), Error> {

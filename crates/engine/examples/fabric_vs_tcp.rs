@@ -26,9 +26,9 @@ fn transports(fabric: bool) -> Transports {
     }
 }
 
-fn pct(mut v: Vec<Duration>, q: f64) -> Duration {
-    v.sort();
-    v[((v.len() - 1) as f64 * q) as usize]
+/// The `q`-quantile of the samples in seconds (gdx-sys's one quantile).
+fn pct(v: &[Duration], q: f64) -> f64 {
+    gdx_sys::stats::quantile(&gdx_sys::stats::sorted_secs(v), q).unwrap_or(f64::NAN)
 }
 
 fn serve(size: u64) -> Result<(), Error> {
@@ -108,9 +108,7 @@ fn main() -> Result<(), Error> {
         assert_eq!(peer.route().transport, want, "{}", peer.route().reason);
         let remote = peer.region("b")?;
         let mut src = agent.alloc(size, Access::LOCAL, None)?;
-        for (i, b) in src.bytes_mut().expect("host").iter_mut().enumerate() {
-            *b = (i as u8).wrapping_mul(31) ^ (i >> 12) as u8;
-        }
+        gdx_sys::pattern::fill_pattern(&mut src.bytes_mut().expect("host"), 31);
         let mut times = Vec::new();
         for k in 0..=iters {
             let mut t = Transfer::new();
@@ -140,7 +138,7 @@ fn main() -> Result<(), Error> {
             peer.submit(t)?.wait(Duration::from_secs(60))?;
             lat.push(start.elapsed());
         }
-        let gb = |d: Duration| size as f64 / d.as_secs_f64() / 1e9;
+        let gb = |secs: f64| size as f64 / secs / 1e9;
         let name = if fabric {
             "gdx fabric (tcp provider)"
         } else {
@@ -149,10 +147,10 @@ fn main() -> Result<(), Error> {
         println!(
             "{:<28} {:>14.2} {:>14.2} {:>9.1} µs {:>9.1} µs",
             name,
-            gb(pct(times.clone(), 0.5)),
-            gb(pct(times, 0.0)),
-            pct(lat.clone(), 0.5).as_secs_f64() * 1e6,
-            pct(lat, 0.99).as_secs_f64() * 1e6
+            gb(pct(&times, 0.5)),
+            gb(pct(&times, 0.0)),
+            pct(&lat, 0.5) * 1e6,
+            pct(&lat, 0.99) * 1e6
         );
         if fabric {
             println!("  route: {}", peer.route().reason);
@@ -164,8 +162,8 @@ fn main() -> Result<(), Error> {
         "raw TCP ping-pong (8 B)",
         "-",
         "-",
-        pct(raw.clone(), 0.5).as_secs_f64() * 1e6,
-        pct(raw, 0.99).as_secs_f64() * 1e6
+        pct(&raw, 0.5) * 1e6,
+        pct(&raw, 0.99) * 1e6
     );
     drop(child.stdin.take());
     let _ = child.wait();

@@ -105,9 +105,7 @@ fn client(addr: &str, secret: Option<Secret>) -> Result<(), Error> {
     let inbox = peer.region("inbox")?;
 
     let mut src = agent.alloc(LEN, Access::LOCAL, None)?;
-    for (i, b) in src.bytes_mut()?.iter_mut().enumerate() {
-        *b = (i * 31 % 251) as u8;
-    }
+    gdx_sys::pattern::fill_pattern(&mut src.bytes_mut()?, 31);
     let mut t = Transfer::new();
     t.write(&src, 0, &inbox, 0, LEN).notify("ping");
     let rep = peer.submit(t)?.wait(WAIT)?;

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
 use gdx_engine::{Access, Agent, AgentConfig, Transfer, Transports};
+use gdx_sys::stats::{median, quantile};
 use std::time::{Duration, Instant};
 
 fn main() {
@@ -51,9 +52,7 @@ fn main() {
     let mut local = client.alloc(len, Access::LOCAL, None).unwrap();
     // Real bytes: an untouched region reads the kernel's one zero page, which is always in
     // cache and would flatter every copy.
-    for (i, b) in local.bytes_mut().unwrap().iter_mut().enumerate() {
-        *b = (i as u8).wrapping_mul(31) | 1;
-    }
+    gdx_sys::pattern::fill_pattern(&mut local.bytes_mut().unwrap(), 31);
     let mut lat = Vec::with_capacity(iters as usize);
     // The submit (or post) phase of each window alone, to split a round trip's cost.
     let mut sub = Vec::with_capacity(iters as usize);
@@ -98,8 +97,7 @@ fn main() {
         if blocks {
             block.push(us);
             if block.len() == 1000 {
-                block.sort_by(f64::total_cmp);
-                eprintln!("block p50 {:.3} µs", block[500]);
+                eprintln!("block p50 {:.3} µs", median(&block).unwrap_or(f64::NAN));
                 block.clear();
             }
         }
@@ -114,9 +112,9 @@ fn main() {
     let ops = (iters * window * batch) as f64;
     println!(
         "size {size} window {window} batch {batch}: p50 {:.3} µs (submit {:.3} µs) p99 {:.3} µs, {:.3} Mop/s, {:.2} GB/s",
-        lat[lat.len() / 2],
-        sub[sub.len() / 2],
-        lat[lat.len() * 99 / 100],
+        quantile(&lat, 0.5).unwrap_or(f64::NAN),
+        quantile(&sub, 0.5).unwrap_or(f64::NAN),
+        quantile(&lat, 0.99).unwrap_or(f64::NAN),
         ops / total / 1e6,
         ops * size as f64 / total / 1e9
     );

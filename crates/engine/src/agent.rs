@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::admission::Gate;
@@ -92,6 +92,10 @@ pub(crate) struct AgentInner {
     /// The rails of outbound peer connections ([`Agent::rails`]): peer name, address, rails
     /// (gone once the peer is dropped).
     pub(crate) rails: Mutex<Vec<(String, String, std::sync::Weak<crate::rails::Rails>)>>,
+    /// This process's CUDA, once known ([`Agent::use_cuda`], or the first
+    /// [`Agent::register_gpu`]): with it a host region reaches a same-host peer's GPU memory
+    /// through that memory's IPC handle, page-locked and copied once, instead of staged.
+    pub(crate) cuda: Arc<OnceLock<LocalPeer>>,
 }
 
 impl AgentInner {
@@ -236,6 +240,7 @@ impl Agent {
             served: crate::served::Served::default(),
             fabric,
             rails: Mutex::default(),
+            cuda: Arc::new(OnceLock::new()),
         });
         if let Ok(node) = &inner.fabric {
             let _ = inner.registry.fabric.set(Arc::clone(node));
@@ -401,10 +406,23 @@ impl Agent {
         self.inner.strict.load(Ordering::Relaxed)
     }
 
+    /// Lets this agent use `gpu` (this process's CUDA) for host regions too: a host region then
+    /// moves to and from a same-host peer's GPU memory that carries an IPC handle by mapping
+    /// that memory once and copying on the copy engine from the region page-locked in place
+    /// (`cuMemHostRegister`, once per region, undone when the region closes), the `ipc` path,
+    /// instead of through the bounce buffer. The first [`Agent::register_gpu`] does the same;
+    /// later calls keep the first peer. Connections made before the call see it too.
+    pub fn use_cuda(&self, gpu: &LocalPeer) {
+        self.inner.cuda.get_or_init(|| gpu.clone());
+    }
+
     /// Registers GPU memory of `gpu` so that peers can write into it and read from it, published
-    /// under `name` if given. Its descriptor says `Location::Gpu(n)` and, for memory gdx
-    /// allocated ([`LocalPeer::alloc_device`]), carries the CUDA IPC handle: a same-host peer
-    /// whose own region is GPU memory then copies GPU to GPU (`ipc`), with no host copy. Other
+    /// under `name` if given. Its descriptor says `Location::Gpu(n)` and carries the CUDA IPC
+    /// handle of the allocation holding it (memory gdx allocated, and a caller's `cudaMalloc`
+    /// memory such as a torch, CuPy or JAX tensor or a view into one, with its offset): a
+    /// same-host peer whose own region is GPU memory then copies GPU to GPU (`ipc`), with no
+    /// host copy, mapping each allocation once. Memory no handle can name (stream-ordered pool
+    /// memory, VMM mappings) carries the reason instead, which the peer's plan shows. Other
     /// peers reach it through pinned bounce buffers on both ends (`tcp-staged`, or
     /// `shm-staged` on one host). The region keeps the memory alive; it has no host view
     /// ([`Region::bytes`] refuses), copy with `gpu` instead.
@@ -419,20 +437,36 @@ impl Agent {
         access: Access,
         name: Option<&str>,
     ) -> Result<Region<'static>> {
-        let ipc = match region.origin() {
-            DeviceOrigin::Allocated | DeviceOrigin::Shareable => Some(gpu.export_ipc(region)?),
-            other => {
-                log::info!(
-                    "GPU region {} ({other:?}) has no legacy IPC handle: same-host peers stage it",
-                    region.id()
-                );
-                None
+        // Memory gdx allocated always exports; a caller's memory (a torch, CuPy or JAX
+        // tensor) exports the handle of the allocation holding it where the driver allows one,
+        // and otherwise the region says why, for the peer's plan.
+        let (ipc, no_ipc) = match region.origin() {
+            DeviceOrigin::Allocated | DeviceOrigin::Shareable => {
+                (Some(gpu.export_ipc(region)?), None)
             }
+            DeviceOrigin::Foreign | DeviceOrigin::Pool => match gpu.export_ipc(region) {
+                Ok(d) => (Some(d), None),
+                Err(e) => {
+                    log::info!(
+                        "GPU region {} has no IPC handle, same-host peers stage it: {e}",
+                        region.id()
+                    );
+                    (None, Some(e.to_string()))
+                }
+            },
+            other => (
+                None,
+                Some(format!(
+                    "it is {other:?} memory, mapped from another process"
+                )),
+            ),
         };
+        self.inner.cuda.get_or_init(|| gpu.clone());
         let dev = AgentGpu {
             region: region.clone(),
             peer: gpu.clone(),
             ipc,
+            no_ipc,
         };
         let inner = self
             .inner

@@ -159,39 +159,80 @@ pub struct RegionDesc {
     /// For GPU memory gdx allocated: the CUDA IPC handle a same-host peer maps to copy GPU to
     /// GPU with no host copy (the `ipc` path). `None` for host memory and for GPU memory that
     /// legacy IPC cannot export (a caller's pointer, pool memory).
-    pub ipc: Option<crate::gpu::IpcDesc>,
+    pub ipc: Option<IpcDesc>,
+    /// For GPU memory without an IPC handle: why none could be made (pool memory, a VMM
+    /// mapping without a shareable handle type), for the peer's plan to say.
+    #[serde(default)]
+    pub no_ipc: Option<String>,
 }
 
-impl fmt::Display for RegionDesc {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut buf = Vec::new();
-        crate::wire::put_desc(&mut buf, self);
-        f.write_str("gdx1:")?;
-        for b in buf {
-            write!(f, "{b:02x}")?;
+/// What another process on the same host needs to map a [`DeviceRegion`](crate::DeviceRegion)
+/// ([`LocalPeer::import_ipc`](super::LocalPeer::import_ipc)): serialisable, carries the CUDA
+/// IPC handle, never a pointer the importer trusts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpcDesc {
+    /// Boot id of the exporting host: an import on another kernel is refused.
+    pub host_id: String,
+    /// Exporting process.
+    pub pid: u32,
+    /// Region id in the exporting process (the importer's cache key with `pid`).
+    pub region: u64,
+    /// PCI bus id of the GPU holding the memory (ordinals differ between processes).
+    pub pci_bus_id: String,
+    /// Length in bytes.
+    pub len: u64,
+    /// The `cuIpcGetMemHandle` handle, hex; empty for a region shared as a POSIX fd. It names
+    /// the whole allocation holding the region (`alloc_len` bytes), so views into one tensor
+    /// pool share one handle and the importer maps it once.
+    pub handle: String,
+    /// Bytes from the start of the shared allocation to the region (a view into a larger
+    /// tensor or pool); 0 for memory gdx allocated.
+    #[serde(default)]
+    pub offset: u64,
+    /// Bytes of the allocation the handle maps (0: the region's own `len`).
+    #[serde(default)]
+    pub alloc_len: u64,
+    /// For a VMM range mapped piece by piece (torch's `expandable_segments`, XLA): each
+    /// piece's size, in address order, adding up to `alloc_len`; the importer asks for each
+    /// piece's fd and maps them one by one. Empty for one allocation.
+    #[serde(default)]
+    pub pieces: Vec<u64>,
+    /// For a VMM region shared as a POSIX fd ([`LocalPeer::export_fd`](super::LocalPeer::export_fd)):
+    /// the size of the allocation to map (a multiple of the granularity). The fd itself travels
+    /// over a unix socket, never inside the descriptor.
+    #[serde(default)]
+    pub posix_fd_alloc_len: Option<u64>,
+}
+
+impl IpcDesc {
+    /// Bytes the importer maps: the whole allocation.
+    pub(crate) fn mapped_len(&self) -> u64 {
+        if self.alloc_len == 0 {
+            self.len
+        } else {
+            self.alloc_len
         }
-        Ok(())
     }
-}
 
-impl std::str::FromStr for RegionDesc {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        let hex = s
-            .trim()
-            .strip_prefix("gdx1:")
-            .ok_or_else(|| Error::InvalidArgument("region token must start with gdx1:".into()))?;
-        if hex.len() % 2 != 0 || hex.len() > 2 * 4096 {
-            return Err(Error::InvalidArgument("bad region token length".into()));
+    /// What the importer caches a mapping under: one per exported allocation of a process
+    /// (the legacy handle names the allocation; an fd export names its region).
+    pub(crate) fn import_key(&self) -> (u32, String) {
+        if self.handle.is_empty() {
+            (self.pid, format!("region:{}", self.region))
+        } else {
+            (self.pid, self.handle.clone())
         }
-        let bytes = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
-            .collect::<std::result::Result<Vec<u8>, _>>()
-            .map_err(|e| Error::InvalidArgument(format!("bad region token: {e}")))?;
-        let mut r = crate::wire::Reader::new(&bytes);
-        let d = crate::wire::get_desc(&mut r)?;
-        r.finish()?;
-        Ok(d)
+    }
+
+    /// The handle type, for plans: `legacy CUDA IPC handle` or `POSIX fd (VMM)`.
+    pub(crate) fn handle_kind(&self) -> &'static str {
+        if !self.pieces.is_empty() {
+            "POSIX fds of the VMM allocations mapped there (cuMemRetainAllocationHandle, \
+             cuMemExportToShareableHandle)"
+        } else if self.posix_fd_alloc_len.is_some() {
+            "POSIX fd of a VMM allocation (cuMemExportToShareableHandle)"
+        } else {
+            "legacy CUDA IPC handle (cuIpcGetMemHandle)"
+        }
     }
 }

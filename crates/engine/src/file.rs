@@ -31,6 +31,13 @@ pub(crate) fn path_of(p: StoragePath) -> Path {
     }
 }
 
+impl From<StorageError> for Error {
+    /// A storage error as an engine error.
+    fn from(e: StorageError) -> Error {
+        storage_err(e)
+    }
+}
+
 /// A storage error as an engine error.
 pub(crate) fn storage_err(e: StorageError) -> Error {
     match e {

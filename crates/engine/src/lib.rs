@@ -67,7 +67,7 @@ mod limits;
 mod mem;
 mod notes;
 mod peer;
-pub mod pipeline;
+
 mod plan;
 pub mod planner;
 mod rails;
@@ -89,8 +89,8 @@ pub use calibration::{Calibration, Crossover, CALIBRATION_ENV, DEFAULT_MAILBOX_C
 pub use config::{parse_listen, parse_nics, AgentConfig, Transports};
 pub use error::{Error, Result};
 pub use gpu::{
-    DeviceOrigin, DeviceRegion, IpcDesc, LocalPeer, LocalTransfer, Mem, Ordering, PinnedRegion,
-    StagedTuning,
+    DeviceOrigin, DeviceRegion, IpcDesc, IpcStats, LocalPeer, LocalTransfer, Mem, Ordering,
+    PinnedRegion, StagedTuning,
 };
 pub use limits::{LimitHits, Limits};
 pub use peer::{Expected, Peer};

@@ -269,7 +269,8 @@ fn plan_fabric(
 
 /// Plans one op on a peer reached through `route`: `local` is the initiator's region, `remote`
 /// the target's descriptor. With `strict`, a GPU-to-GPU op between two agents of one host that
-/// cannot take the IPC path is refused ([`Error::Strict`]) instead of staged.
+/// cannot take the IPC path is refused ([`Error::Strict`]) instead of staged. `cuda_here`:
+/// this process can map a peer's GPU memory for a host region ([`crate::Agent::use_cuda`]).
 pub(crate) fn plan_op(
     route: &PeerRoute,
     local: &RegionInner,
@@ -277,6 +278,7 @@ pub(crate) fn plan_op(
     tcp_detail: &str,
     fabric: &FabricMem,
     strict: bool,
+    cuda_here: bool,
 ) -> Result<Plan> {
     let local_gpu = local.device().map(|d| d.region.gpu());
     let remote_gpu = match remote.location {
@@ -318,7 +320,7 @@ pub(crate) fn plan_op(
             )
             .into(),
         },
-        _ => plan_shm(route, local_gpu, remote, remote_gpu, &ends),
+        _ => plan_shm(route, local_gpu, remote, remote_gpu, &ends, cuda_here),
     };
     if strict
         && local_gpu.is_some()
@@ -336,8 +338,21 @@ fn plan_shm(
     remote: &RegionDesc,
     remote_gpu: Option<u32>,
     ends: &str,
+    cuda_here: bool,
 ) -> Plan {
     let r = &route.reason;
+    let same_host_handle = |ipc: &crate::desc::IpcDesc| {
+        if ipc.offset == 0 && ipc.mapped_len() == ipc.len {
+            format!("the {} of its allocation", ipc.handle_kind())
+        } else {
+            format!(
+                "the {} of the allocation of {} bytes holding it (region at offset {})",
+                ipc.handle_kind(),
+                ipc.mapped_len(),
+                ipc.offset
+            )
+        }
+    };
     let same_process = remote
         .ipc
         .as_ref()
@@ -350,25 +365,43 @@ fn plan_shm(
                  process's own allocation, so {ends} are staged through the bounce buffer"
             ).into(),
         },
-        (Some(a), Some(b)) if remote.ipc.is_some() => Plan {
+        (Some(a), Some(b)) if let Some(ipc) = remote.ipc.as_ref() => Plan {
             path: Path::Ipc,
             reason: format!(
-                "ipc: peer on the same host; its GPU{b} region mapped once through its CUDA IPC \
-                 handle, copied GPU{a}<->GPU{b} on the copy engines, no host copy"
+                "ipc: peer on the same host; its GPU{b} region reached through {}, mapped once \
+                 per allocation; copied GPU{a}<->GPU{b} on the copy engines, no host copy",
+                same_host_handle(ipc)
             ).into(),
         },
         (Some(_), Some(_)) => Plan {
             path: Path::ShmStaged,
             reason: format!(
-                "{r}; the peer's GPU region has no CUDA IPC handle (not gdx-allocated memory), \
-                 so {ends} are staged through the bounce buffer"
+                "{r}; the peer's GPU region has no CUDA IPC handle ({}), so {ends} are staged \
+                 through the bounce buffer",
+                remote.no_ipc.as_deref().unwrap_or("the peer sent none")
+            ).into(),
+        },
+        (None, Some(b)) if cuda_here && let Some(ipc) = remote.ipc.as_ref() => Plan {
+            path: Path::Ipc,
+            reason: format!(
+                "ipc: peer on the same host; its GPU{b} region reached through {}, mapped once \
+                 per allocation; this host region is page-locked in place once \
+                 (cuMemHostRegister) and the copy engine moves the bytes directly, one copy, \
+                 no bounce buffer",
+                same_host_handle(ipc)
             ).into(),
         },
         (None, Some(_)) => Plan {
             path: Path::ShmStaged,
             reason: format!(
-                "{r}; {ends}: the target copies between the bounce buffer and its GPU (this \
-                 end is host memory, so no IPC mapping applies)"
+                "{r}; {ends}: the target copies between the bounce buffer and its GPU ({})",
+                match (&remote.ipc, &remote.no_ipc) {
+                    (Some(_), _) => "this process has no CUDA to map the peer's GPU memory: \
+                                     Agent::use_cuda enables the ipc path"
+                        .to_string(),
+                    (None, Some(why)) => format!("the peer's GPU region has no IPC handle: {why}"),
+                    (None, None) => "the peer's GPU region has no IPC handle".to_string(),
+                }
             ).into(),
         },
         (Some(_), None) if remote.shareable => Plan {

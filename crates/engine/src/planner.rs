@@ -24,6 +24,7 @@ use crate::calibration::Calibration;
 use crate::error::{Error, Result};
 use crate::plan::{Path, Plan};
 use crate::region::Location;
+use gdx_sys::bytesize::human_bytes;
 
 /// The variable that turns strict mode on (`1`, `true`, `yes`).
 pub const STRICT_ENV: &str = "GDX_STRICT";
@@ -161,14 +162,6 @@ pub struct MailboxFacts {
     pub stream_ordered: bool,
 }
 
-fn size_text(b: u64) -> String {
-    if b >= 1024 && b.is_multiple_of(1024) {
-        format!("{} KiB", b / 1024)
-    } else {
-        format!("{b} B")
-    }
-}
-
 /// What the mailbox rule decided for a host ↔ GPU op.
 enum MailboxChoice {
     /// The mailbox takes it.
@@ -195,16 +188,16 @@ fn plan_mailbox(
     if len > limit {
         return Ok(MailboxChoice::Pass(format!(
             "; mailbox running on GPU{gpu} but {} > {} crossover ({source})",
-            size_text(len),
-            size_text(limit)
+            human_bytes(len),
+            human_bytes(limit)
         )));
     }
     if m.stream_ordered {
         let why = format!(
             "mailbox on GPU{gpu} not used: the op is ordered with a stream or event, and the \
              mailbox kernel runs outside streams ({} ≤ {} crossover)",
-            size_text(len),
-            size_text(limit)
+            human_bytes(len),
+            human_bytes(limit)
         );
         if policy.strict {
             return Err(Error::Strict(format!(
@@ -224,8 +217,8 @@ fn plan_mailbox(
         reason: format!(
             "mailbox: {} ≤ {} crossover ({source}), {} SM reserved; {dir} through the GPU's \
              persistent kernel, no copy-engine submission",
-            size_text(len),
-            size_text(limit),
+            human_bytes(len),
+            human_bytes(limit),
             m.sms
         )
         .into(),

@@ -77,9 +77,21 @@ const LATE_STREAK: u32 = 8;
 /// spare a move finds another busy one, and moving on at every streak would only thrash.
 const LEAVE_EVERY: Duration = Duration::from_millis(20);
 
+/// Whether `CoreWatch` may move its thread off a shared core: only when asked
+/// (`GDX_LEAVE_SHARED_CORE=1`), since moving a thread is the scheduler's call and a user's
+/// pinning plan may not expect it. It helps on small VMs, where the target's ring thread and an
+/// initiator can end up sharing one core (see `leave_core`).
+pub(crate) const LEAVE_ENV: &str = "GDX_LEAVE_SHARED_CORE";
+
+fn leave_allowed() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var(LEAVE_ENV).is_ok_and(|v| v == "1"))
+}
+
 /// What a long-lived spinner (the target's ring thread) knows of its core across its idle
 /// spins: whether its last yield came back late (`yield_core`), and how many did in a row;
-/// after `LATE_STREAK` of them it leaves its core (`leave_core`, at most every `LEAVE_EVERY`).
+/// after `LATE_STREAK` of them it leaves its core (`leave_core`, at most every `LEAVE_EVERY`)
+/// where `GDX_LEAVE_SHARED_CORE=1` allows it.
 #[derive(Debug, Default)]
 pub(crate) struct CoreWatch {
     shared: bool,
@@ -98,6 +110,7 @@ impl CoreWatch {
         self.shared = yield_core(now);
         self.late = if self.shared { self.late + 1 } else { 0 };
         if self.late >= LATE_STREAK
+            && leave_allowed()
             && self
                 .left_at
                 .is_none_or(|t| now.duration_since(t) >= LEAVE_EVERY)

@@ -20,7 +20,7 @@ fn host_region_to_file_range_and_back() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("region.bin");
     let len = (3 << 20) + 17;
-    let data = random_vec(len, 7);
+    let data = pattern(len, 7);
     let mut src = a.alloc(len as u64 + 9, Access::LOCAL, None).unwrap();
     src.bytes_mut().unwrap()[9..].copy_from_slice(&data);
 
@@ -110,9 +110,9 @@ fn file_to_gpu_to_file_verified() {
         .into_iter()
         .enumerate()
     {
-        let data = random_vec(len, 100 + i as u64);
+        let data = pattern(len, 100 + i as u64);
         // The source range sits at an unaligned offset after junk.
-        let mut file = random_vec(513, 9);
+        let mut file = pattern(513, 9);
         file.extend_from_slice(&data);
         std::fs::write(&src_file, &file).unwrap();
 
@@ -157,7 +157,7 @@ fn file_to_gpu_to_file_verified() {
 
     // Through a pinned region too.
     let len = (1 << 20) + 1;
-    let data = random_vec(len, 5);
+    let data = pattern(len, 5);
     std::fs::write(&src_file, &data).unwrap();
     let pinned = peer.alloc_pinned(len as u64).unwrap();
     let (plan, _) = peer

@@ -32,7 +32,7 @@ fn gpu_memory_over_fabric_is_staged_with_the_reason_and_strict_refuses_it() {
     let remote = peer.region("h").unwrap();
 
     // GPU -> remote host: GPU-to-host copy, then fi_write, chunk by chunk.
-    let data = random_vec(size as usize, 7);
+    let data = pattern(size as usize, 7);
     lp.upload(&dev, 0, &data).unwrap();
     dst.bytes_mut().unwrap().fill(POISON);
     let mut t = Transfer::new();
@@ -57,7 +57,7 @@ fn gpu_memory_over_fabric_is_staged_with_the_reason_and_strict_refuses_it() {
     }
 
     // Remote host -> GPU: fi_read into the bounce buffer, then host-to-GPU copy.
-    let back = random_vec(size as usize, 8);
+    let back = pattern(size as usize, 8);
     dst.bytes_mut().unwrap().copy_from_slice(&back);
     lp.upload(&dev, 0, &vec![POISON; size as usize]).unwrap();
     let mut t = Transfer::new();

@@ -94,7 +94,7 @@ fn gpu_to_gpu(
     assert_eq!(desc.location, Location::Gpu(remote.gpu()));
     for (i, (len, lo, ro)) in cases().into_iter().enumerate() {
         // Write: local GPU → remote GPU.
-        let data = random_vec((lo + len) as usize, 11 + i as u64);
+        let data = pattern((lo + len) as usize, 11 + i as u64);
         lp.upload(local_dev, 0, &data).unwrap();
         lp.upload(remote, 0, &vec![POISON; remote.len() as usize])
             .unwrap();
@@ -103,7 +103,7 @@ fn gpu_to_gpu(
         assert_eq!(run(peer, t), want, "write of {len} bytes");
         assert_landed(&download(lp, remote), ro, &data[lo as usize..], "write");
         // Read: remote GPU → local GPU (fresh bytes there, poison here).
-        let data = random_vec((ro + len) as usize, 77 + i as u64);
+        let data = pattern((ro + len) as usize, 77 + i as u64);
         lp.upload(remote, 0, &data).unwrap();
         lp.upload(local_dev, 0, &vec![POISON; local_dev.len() as usize])
             .unwrap();
@@ -145,7 +145,7 @@ fn gpu_regions_over_tcp_are_staged_and_exact() {
     // Host memory on this side, GPU memory on the target, and the reverse.
     let desc = peer.region("g").unwrap();
     let mut host = me.alloc(3 << 20, Access::LOCAL, None).unwrap();
-    let data = random_vec(3 << 20, 5);
+    let data = pattern(3 << 20, 5);
     host.bytes_mut().unwrap().copy_from_slice(&data);
     lp.upload(&remote, 0, &vec![POISON; size as usize]).unwrap();
     let mut t = Transfer::new();
@@ -248,7 +248,7 @@ fn gpu_into_remote_host(
 ) -> Path {
     let served = target.alloc(len, Access::READ_WRITE, Some("h")).unwrap();
     let desc = peer.region("h").unwrap();
-    let data = random_vec(len as usize, len);
+    let data = pattern(len as usize, len);
     lp.upload(local_dev, 0, &data).unwrap();
     let mut t = Transfer::new();
     t.write(local, 0, &desc, 0, len);
@@ -298,7 +298,7 @@ fn gpu_peer_child() {
     } else {
         lp.alloc_device(gpu, len).unwrap()
     };
-    lp.upload(&r, 0, &random_vec(len as usize, 42)).unwrap();
+    lp.upload(&r, 0, &pattern(len as usize, 42)).unwrap();
     let agent = agent("child", true);
     let _served = agent
         .register_gpu(&lp, &r, Access::READ_WRITE, Some("gpu"))
@@ -396,7 +396,7 @@ fn two_processes(vmm: bool, test: &str) {
     let report = peer.submit(t).unwrap().wait(WAIT).unwrap();
     assert_eq!(report.ops[0].status, OpStatus::Completed);
     assert_eq!(report.ops[0].plan.path, Path::Ipc, "{}", report.ops[0].plan);
-    assert!(download(&lp, &local_dev) == random_vec(len as usize, 42));
+    assert!(download(&lp, &local_dev) == pattern(len as usize, 42));
     // Strict mode accepts the direct path.
     me.set_strict(true);
     let mut t = Transfer::new();
@@ -419,10 +419,10 @@ fn two_processes(vmm: bool, test: &str) {
     let mut t = Transfer::new();
     t.read(&far_local, 0, &desc, 0, len);
     assert_eq!(run(&far_peer, t), Path::TcpStaged);
-    assert!(download(&lp, &far_dev) == random_vec(len as usize, 42));
+    assert!(download(&lp, &far_dev) == pattern(len as usize, 42));
 
     // ipc write: new bytes into the child's memory, then the child sums what it sees.
-    let data = random_vec(len as usize, 99);
+    let data = pattern(len as usize, 99);
     lp.upload(&local_dev, 0, &data).unwrap();
     let mut t = Transfer::new();
     t.write(&local, 0, &desc, 0, len).notify("done");

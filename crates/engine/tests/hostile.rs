@@ -182,6 +182,7 @@ fn shm_map(target: &Agent, d: &RegionDesc, write: bool) -> Mapped {
             region: d.id,
             key: d.key,
             write,
+            piece: 0,
         },
         0,
     ))
@@ -428,7 +429,7 @@ fn a_legit_peer_gets_in_while_64_silent_connections_are_held() {
     let peer = me.connect(a).expect("the legitimate peer was locked out");
     let took = t0.elapsed();
     let mut src = me.alloc(1 << 16, Access::LOCAL, None).unwrap();
-    fill_random(&mut src.bytes_mut().unwrap(), 11);
+    fill_pattern(&mut src.bytes_mut().unwrap(), 11);
     let mut t = Transfer::new();
     t.write(&src, 0, &r.desc(), 0, 1 << 16);
     peer.submit(t).unwrap().wait(WAIT).unwrap();

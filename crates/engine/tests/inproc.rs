@@ -30,7 +30,7 @@ fn roundtrip(shm: bool, len: usize, expect: Path) {
     let remote = peer.region("dst").unwrap();
     assert_eq!(remote, dst.desc());
 
-    let data = random_vec(len, len as u64);
+    let data = pattern(len, len as u64);
     let mut src = init.alloc(len as u64 + 16, Access::LOCAL, None).unwrap();
     src.bytes_mut().unwrap()[3..3 + len].copy_from_slice(&data);
     let mut t = Transfer::new();
@@ -49,7 +49,7 @@ fn roundtrip(shm: bool, len: usize, expect: Path) {
     assert_eq!(n.data, b"written");
 
     // Change the remote bytes locally, read them back into another region.
-    let data2 = random_vec(len, 99 + len as u64);
+    let data2 = pattern(len, 99 + len as u64);
     dst.bytes_mut().unwrap()[5..5 + len].copy_from_slice(&data2);
     let back = init.alloc(len as u64 + 1, Access::LOCAL, None).unwrap();
     let mut t = Transfer::new();
@@ -88,7 +88,7 @@ fn shm_staged_for_borrowed_remote_region() {
     let init = agent("init", true);
     let peer = init.connect(target.listen_addr().unwrap()).unwrap();
     let len = (9 << 20) + 13; // more than the 8 MiB bounce buffer
-    let data = random_vec(len, 5);
+    let data = pattern(len, 5);
     let mut buf = vec![0u8; len + 10];
     target.scope(|s| {
         let r = s
@@ -119,7 +119,7 @@ fn borrowed_regions_over_tcp() {
     let target = agent("target", false);
     let init = agent("init", false);
     let peer = init.connect(target.listen_addr().unwrap()).unwrap();
-    let data = random_vec(100_003, 11);
+    let data = pattern(100_003, 11);
     let mut tbuf = vec![0u8; 100_003];
     let mut ibuf = data.clone();
     target.scope(|ts| {
@@ -143,7 +143,7 @@ fn batch_of_small_ops(shm: bool) {
         .unwrap();
     let peer = init.connect(target.listen_addr().unwrap()).unwrap();
     let remote = peer.region("dst").unwrap();
-    let data = random_vec(1000 * 97, 3);
+    let data = pattern(1000 * 97, 3);
     let mut src = init.alloc(data.len() as u64, Access::LOCAL, None).unwrap();
     src.bytes_mut().unwrap().copy_from_slice(&data);
     let mut t = Transfer::new();

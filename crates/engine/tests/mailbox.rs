@@ -8,8 +8,8 @@
 use gdx_engine::{LocalPeer, Ordering, Path, Policy};
 use gdx_sys::cuda::mailbox::KernelState;
 use gdx_sys::cuda::Stream;
+use gdx_sys::pattern::{pattern, POISON};
 
-const POISON: u8 = 0xA5;
 const CROSSOVER: u64 = gdx_engine::DEFAULT_MAILBOX_CROSSOVER;
 
 fn gpu() -> u32 {
@@ -21,12 +21,6 @@ fn gpu() -> u32 {
 
 fn open(policy: Policy) -> LocalPeer {
     LocalPeer::open(policy, Default::default()).expect("requires a GPU with the CUDA driver")
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((i as u64).wrapping_mul(0x9e37_79b9) ^ seed) as u8)
-        .collect()
 }
 
 #[test]

@@ -354,7 +354,7 @@ fn stopped_shm_peer_does_not_block_submit() {
     assert_eq!(peer.route().transport, Path::Shm, "{:?}", peer.route());
     let remote = peer.region("serve").unwrap();
     let mut src = agent.alloc(4096, Access::LOCAL, None).unwrap();
-    fill_random(&mut src.bytes_mut().unwrap(), 5);
+    fill_pattern(&mut src.bytes_mut().unwrap(), 5);
     let back = agent.alloc(4096, Access::LOCAL, None).unwrap();
 
     // While the peer runs, the small write takes the fast path and its bytes land.
@@ -514,6 +514,7 @@ fn dummy_desc() -> RegionDesc {
         shareable: false,
         name: None,
         ipc: None,
+        no_ipc: None,
     }
 }
 

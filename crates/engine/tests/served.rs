@@ -38,7 +38,7 @@ fn the_target_counts_what_peers_moved_exactly_on_tcp_and_shm() {
         let peer = me.connect(target.listen_addr().unwrap()).unwrap();
         assert_eq!(peer.route().transport, want, "{}", peer.route().reason);
         let mut src = me.alloc(4 << 20, Access::LOCAL, None).unwrap();
-        fill_random(&mut src.bytes_mut().unwrap(), 3);
+        fill_pattern(&mut src.bytes_mut().unwrap(), 3);
         // A large write, a small one (the shm ring's inline path), and a read back.
         let mut t = Transfer::new();
         t.write(&src, 0, &r.desc(), 0, 3 << 20)

@@ -108,7 +108,7 @@ fn no_ring_request_is_served_after_the_session_ends() {
 fn a_joined_stream_answers_no_read_after_bye() {
     let target = agent("target", false);
     let mut r = target.alloc(4096, Access::READ_WRITE, None).unwrap();
-    fill_random(&mut r.bytes_mut().unwrap(), 9);
+    fill_pattern(&mut r.bytes_mut().unwrap(), 9);
     let d = r.desc();
     let mut s = raw::login(addr(&target), &secret(&target));
     let mut stream = raw::join(addr(&target), &s, 0);

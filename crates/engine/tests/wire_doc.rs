@@ -62,7 +62,11 @@ fn examples() -> Vec<(&'static str, Msg)> {
                     len: 4096,
                     handle: "ff".into(),
                     posix_fd_alloc_len: Some(2 << 20),
+                    offset: 0,
+                    alloc_len: 4096,
+                    pieces: Vec::new(),
                 }),
+                no_ipc: None,
             }),
         ),
     ]

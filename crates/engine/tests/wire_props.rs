@@ -46,7 +46,11 @@ fn arb_desc() -> impl Strategy<Value = RegionDesc> {
                     len,
                     posix_fd_alloc_len: handle.is_empty().then_some(len | 0xfff),
                     handle,
+                    offset: len / 2,
+                    alloc_len: len.saturating_mul(2),
+                    pieces: vec![len, len],
                 }),
+                no_ipc: None,
             },
         )
 }
@@ -226,11 +230,14 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
             proptest::option::of(proptest::collection::vec(any::<u8>(), 0..50))
         )
             .prop_map(|(xfer, notify)| Msg::ShmEnd { xfer, notify }),
-        (any::<u64>(), key.clone(), any::<bool>()).prop_map(|(region, key, write)| Msg::ShmMap {
-            region,
-            key,
-            write
-        }),
+        (any::<u64>(), key.clone(), any::<bool>(), any::<u32>()).prop_map(
+            |(region, key, write, piece)| Msg::ShmMap {
+                region,
+                key,
+                write,
+                piece
+            }
+        ),
         proptest::collection::vec(any::<u8>(), 0..300).prop_map(|data| Msg::RdmaConnect { data }),
         (any::<u64>(), key, any::<bool>()).prop_map(|(region, key, write)| Msg::RdmaRegion {
             region,

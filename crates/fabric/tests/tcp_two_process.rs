@@ -101,7 +101,7 @@ fn write_and_read_1b_to_256mib_unaligned_bytes_verified() {
         while done < len {
             let n = (len - done).min(got.len());
             assert!(local.memory().read_at(loff + 1 + done, &mut got[..n]));
-            common::pattern(tseed, roff + done, &mut want[..n]);
+            common::fill_pattern_at(&mut want[..n], tseed, roff + done);
             assert!(got[..n] == want[..n], "read of {len} B wrong near {done}");
             done += n;
         }

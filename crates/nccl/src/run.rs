@@ -425,7 +425,7 @@ fn ceiling(
         let c = match topo.path_class(a, b) {
             gdx_topo::PathClass::Nv(links) => {
                 let cc = a.gpu.as_ref().and_then(|g| g.compute_capability.as_deref());
-                let (per, _) = gdx_bench::ceiling::nvlink_gbps_per_link(cc);
+                let (per, _) = gdx_topo::bandwidth::nvlink_gbps_per_link(cc);
                 Ceiling {
                     gbps: f64::from(links) * per,
                     basis: format!(

@@ -128,6 +128,12 @@ impl PyAgent {
         if let Some(s) = strict {
             agent.set_strict(s);
         }
+        // Where this process has CUDA, host arrays (numpy) reach a same-host peer's GPU memory
+        // by the ipc path (page-locked in place, one copy) rather than through the bounce
+        // buffer. Without a driver this fails fast and changes nothing.
+        if let Ok(lp) = py.allow_threads(crate::cuda::local_peer) {
+            agent.use_cuda(&lp);
+        }
         Ok(PyAgent {
             agent: Mutex::new(Some(Arc::new(agent))),
         })

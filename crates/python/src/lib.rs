@@ -33,12 +33,28 @@ fn _gdx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(region::_forge_key, m)?)?;
     m.add_function(wrap_pyfunction!(region::_forge_len, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(ipc_stats, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::_st_open, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::_st_load_host, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::_st_load_gpu, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::_st_save, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
+}
+
+/// Other processes' GPU allocations this process has mapped (CUDA IPC):
+/// ``{"opened": N, "live": M}`` — ``opened`` counts opens since the start (one per allocation
+/// while it stays mapped, however many regions or transfers use it), ``live`` the mappings
+/// alive now (they close with the connection to their peer). Zeros without CUDA.
+#[pyfunction]
+fn ipc_stats() -> std::collections::BTreeMap<&'static str, u64> {
+    let s = cuda::local_peer().map(|lp| lp.ipc_stats()).ok();
+    [
+        ("opened", s.map_or(0, |s| s.opened)),
+        ("live", s.map_or(0, |s| s.live)),
+    ]
+    .into_iter()
+    .collect()
 }
 
 /// Whether CUDA can be used here (a driver and a GPU): ``(True, "N GPU(s)")`` or

@@ -46,10 +46,10 @@ GPU_PEER = textwrap.dedent(
 
 
 class GpuPeer(Peer):
-    def __init__(self, secret, tmp_path):
+    def __init__(self, secret, tmp_path, env=None):
         script = tmp_path / "gpu_peer.py"
         script.write_text(GPU_PEER)
-        e = dict(os.environ, GDX_TEST_SECRET=secret.hex())
+        e = dict(os.environ, GDX_TEST_SECRET=secret.hex(), **(env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=e, text=True
         )
@@ -117,10 +117,9 @@ def test_torch_to_torch_two_processes_one_gpu(agent, gpu_peer, tmp_path):
         res = p.write(ops, stream=torch.cuda.current_stream()).wait(timeout=60)
         paths = {x.path for x in res}
         print(target, paths, res[0].reason)
-        if target == "gpool":
-            assert paths == {"ipc"}, res[0]
-        else:
-            assert paths <= {"ipc", "shm-staged"}, res[0]
+        # Both go GPU to GPU: gdx's own allocation and a torch tensor (its cudaMalloc block's
+        # IPC handle).
+        assert paths == {"ipc"}, res[0]
         remote = gpu_peer.bytes(target, tmp_path).reshape(-1, 4096)
         host = src.cpu().numpy().reshape(-1, 4096)
         assert np.array_equal(remote[blocks], host)
@@ -157,13 +156,19 @@ def test_stream_orders_the_write_after_queued_kernels(agent, gpu_peer, tmp_path)
     assert (remote == 0xAB).all()
 
 
-def test_strict_refuses_staging_between_gpus(secret, gpu_peer):
+def test_strict_refuses_staging_between_gpus(secret, tmp_path):
     import torch
 
-    with gdx.Agent("strict", secret=secret, strict=True) as a:
-        t = torch.ones(4096, dtype=torch.uint8, device="cuda")
-        r = a.register(t, access="none")
-        p = a.connect(gpu_peer.address, timeout=10)
-        rd = p.region("tpool")  # a torch tensor: no legacy IPC handle, so only staging reaches it
-        with pytest.raises(gdx.StrictViolation):
-            p.write([(r, 0, rd, 0, 4096)]).wait(timeout=30)
+    # With the cudaMallocAsync backend torch's memory is stream-ordered pool memory, which no
+    # handle gdx exports can name, so only staging reaches it.
+    vmm_peer = GpuPeer(secret, tmp_path, env={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
+    try:
+        with gdx.Agent("strict", secret=secret, strict=True) as a:
+            t = torch.ones(4096, dtype=torch.uint8, device="cuda")
+            r = a.register(t, access="none")
+            p = a.connect(vmm_peer.address, timeout=10)
+            rd = p.region("tpool")
+            with pytest.raises(gdx.StrictViolation, match="pool memory"):
+                p.write([(r, 0, rd, 0, 4096)]).wait(timeout=30)
+    finally:
+        vmm_peer.close()

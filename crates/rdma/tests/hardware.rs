@@ -51,7 +51,7 @@ fn host(ep: &RdmaEndpoint, v: &mut [u8]) -> MrHandle {
 #[test]
 #[ignore = "requires an RDMA NIC; GDX_TEST_NIC=mlx5_0 cargo test -p gdx-rdma --test hardware -- --ignored"]
 fn host_write_then_read_back_over_loopback() {
-    let mut src: Vec<u8> = (0..8 << 20).map(|i| (i * 7) as u8).collect();
+    let mut src = gdx_sys::pattern::pattern(8 << 20, 7);
     let mut dst = vec![0u8; 8 << 20];
     let mut back = vec![0u8; 8 << 20];
     let ep = RdmaEndpoint::open(
@@ -119,7 +119,7 @@ fn gpu_memory_registers_by_dmabuf_or_peermem_and_moves_data() {
     let cuda = Cuda::load().unwrap();
     let ctx = Context::new(&cuda.device(gpu).unwrap()).unwrap();
     let buf = Arc::new(DeviceBuffer::new(&ctx, 4 << 20).unwrap());
-    let mut src: Vec<u8> = (0..4 << 20).map(|i| (i % 251) as u8).collect();
+    let mut src = gdx_sys::pattern::pattern(4 << 20, 251);
     let ep = RdmaEndpoint::open(
         &nic(),
         EndpointConfig {

@@ -4,8 +4,8 @@
 //! The disk is found from the file's device number (`/sys/dev/block/MAJ:MIN`, then up the
 //! device tree to the first PCI function with `current_link_speed`). A file on tmpfs or
 //! overlayfs has no block device, and a virtio disk has no meaningful link: those are reported
-//! as unknown, with the reason, never guessed. Throughput per lane: 8b/10b encoding up to
-//! 5 GT/s (PCIe 1 and 2), 128b/130b above (PCIe 3 to 5), 242/256 FLIT for 64 GT/s (PCIe 6).
+//! as unknown, with the reason, never guessed. Throughput per lane comes from topo's one
+//! bandwidth model ([`gdx_topo::bandwidth::pcie_gbps`]).
 
 use crate::StorageError;
 use gdx_topo::sysfs::devices::{block_dev, dev_dir};
@@ -35,19 +35,12 @@ impl PciLink {
 
     /// Data rate in GB/s (1e9 bytes per second), one direction, after line encoding.
     pub fn gbps(&self) -> f64 {
-        let efficiency = if self.gts <= 5.0 {
-            0.8
-        } else if self.gts < 64.0 {
-            128.0 / 130.0
-        } else {
-            242.0 / 256.0
-        };
-        self.gts * efficiency / 8.0 * f64::from(self.width)
+        gdx_topo::bandwidth::pcie_gbps(self.gts, self.width)
     }
 
     /// PCIe generation, from the rate.
     pub fn generation(&self) -> Option<u32> {
-        gdx_topo::model::pcie_generation(self.gts)
+        gdx_topo::bandwidth::pcie_generation(self.gts)
     }
 }
 

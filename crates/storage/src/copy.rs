@@ -9,9 +9,10 @@
 use crate::ceiling::Ceiling;
 use crate::{
     checksum_bytes, checksum_file, checksum_gpu, copy_file_to_gpu, copy_file_to_host,
-    copy_gpu_to_file, copy_host_to_file, human_bytes, Checksum, CopyOptions, CopyReport, FileRange,
+    copy_gpu_to_file, copy_host_to_file, Checksum, CopyOptions, CopyReport, FileRange,
     StorageError,
 };
+use gdx_sys::bytesize::human_bytes;
 use gdx_sys::cuda::{probe, Context, Cuda, DeviceBuffer, PinnedHostBuffer, Stream};
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -432,7 +432,7 @@ mod tests {
     }
 
     fn pattern(n: usize) -> Vec<u8> {
-        (0..n).map(|i| (i * 31 % 251) as u8).collect()
+        gdx_sys::pattern::pattern(n, 31)
     }
 
     #[test]

@@ -7,9 +7,8 @@
 
 use crate::fileio::fs_name;
 use crate::host::{dest_len, resolve};
-use crate::{
-    human_bytes, CopyOptions, CopyReport, Direction, FileRange, StorageError, StoragePath,
-};
+use crate::{CopyOptions, CopyReport, Direction, FileRange, StorageError, StoragePath};
+use gdx_sys::bytesize::human_bytes;
 use gdx_sys::cuda::DeviceBuffer;
 use gdx_sys::cufile::{BufferRegistration, Driver, FileHandle, ParallelIo};
 use std::fs::{File, OpenOptions};

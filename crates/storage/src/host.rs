@@ -9,6 +9,7 @@ use crate::fileio::FileIo;
 use crate::plan::{plan, CufileStatus, Endpoint};
 use crate::residency::plan_read;
 use crate::{pipeline, CopyOptions, CopyReport, Direction, FileRange, StorageError, StoragePath};
+use gdx_sys::bytesize::human_bytes;
 use std::time::{Duration, Instant};
 
 /// Whether a planned path uses `O_DIRECT`.
@@ -158,22 +159,6 @@ pub(crate) fn describe(n: usize, len: usize, kind: &str, op: &str) -> String {
         "{n} x {} {kind} bounce buffer{s}, {n} {op}{s} in flight",
         human_bytes(len as u64)
     )
-}
-
-/// `1.50 GiB`, `16 MiB`, `4 KiB`, `7 B` (binary units).
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 || v.fract() == 0.0 {
-        format!("{v:.0} {}", UNITS[u])
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
 }
 
 /// Read `src` through the pipeline and hand its bytes, in file order, to `sink` as (offset from
@@ -327,15 +312,6 @@ mod tests {
         assert_eq!(dest_len(&FileRange::whole("/f"), 5).unwrap(), 5);
         assert_eq!(dest_len(&FileRange::new("/f", 3, 5), 5).unwrap(), 5);
         assert!(dest_len(&FileRange::new("/f", 3, 4), 5).is_err());
-    }
-
-    #[test]
-    fn sizes_print_in_binary_units() {
-        assert_eq!(human_bytes(0), "0 B");
-        assert_eq!(human_bytes(7), "7 B");
-        assert_eq!(human_bytes(4096), "4 KiB");
-        assert_eq!(human_bytes(16 << 20), "16 MiB");
-        assert_eq!(human_bytes(3 << 29), "1.50 GiB");
     }
 
     #[test]

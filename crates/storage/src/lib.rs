@@ -45,8 +45,9 @@ pub use align::ALIGN;
 pub use bench::{bench_file_row, BenchKind, BenchOptions, BenchRow, BenchStatus};
 pub use copy::{copy, source_len, CopyOutcome, CopyRequest, Location, PartialFile};
 pub use error::StorageError;
+use gdx_sys::bytesize::human_bytes;
 pub use gpu::{copy_file_to_gpu, copy_gpu_to_file};
-pub use host::{copy_file_to_host, copy_host_to_file, copy_slices_to_file, human_bytes, read_file};
+pub use host::{copy_file_to_host, copy_host_to_file, copy_slices_to_file, read_file};
 pub use plan::{
     cufile_status, cufile_status_for_auto, keep_cufile_open, plan, CufileStatus, Endpoint, Plan,
 };

@@ -281,7 +281,7 @@ mod tests {
     use super::*;
 
     fn pattern(n: usize) -> Vec<u8> {
-        (0..n).map(|i| (i * 131 % 253) as u8).collect()
+        gdx_sys::pattern::pattern(n, 131)
     }
 
     #[test]

@@ -19,7 +19,8 @@
 
 use crate::host::resolve;
 use crate::plan::{plan, CufileStatus, Endpoint};
-use crate::{human_bytes, FileRange, PathChoice, StorageError, StoragePath};
+use crate::{FileRange, PathChoice, StorageError, StoragePath};
+use gdx_sys::bytesize::human_bytes;
 use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::os::fd::AsFd;

@@ -48,16 +48,12 @@ fn poisoned(ctx: &Context, stream: &Stream, len: usize) -> DeviceBuffer {
 
 /// Whether cuFile runs here; prints the skip when not.
 fn cufile_ready(test: &str) -> bool {
-    match cufile_status() {
-        (CufileStatus::Available(mode), _) => {
-            eprintln!("{test}: cuFile runs {mode}");
-            true
-        }
-        (status, _) => {
-            eprintln!("{test}: skipped, cuFile cannot run: {status:?}");
-            false
-        }
+    let status = cufile_status().0;
+    if let CufileStatus::Available(mode) = &status {
+        eprintln!("{test}: cuFile runs {mode}");
     }
+    let ready = matches!(status, CufileStatus::Available(_));
+    gdx_sys::testenv::precondition(&format!("cuFile that runs ({status:?})"), ready)
 }
 
 /// File → GPU over `choice`: sizes from 1 byte to 64 MiB + 3, unaligned file and GPU offsets,

@@ -175,6 +175,28 @@ impl fmt::Display for ByteSize {
     }
 }
 
+/// A byte count for people, the one byte formatter of gdx's reports (bench tables, storage and
+/// planner messages): exact when a binary unit divides it, in the largest such unit (`7 B`,
+/// `4 KiB`, `4000 KiB`, `1536 MiB`), so a benchmark's size reads as what was moved; below
+/// 1 MiB otherwise in bytes (`2049 B`: beside a `2 KiB` limit, the byte matters); above, the
+/// largest unit not above it to two decimals (`117.74 MiB`, `3.00 GiB` for 3 GiB + 1 B).
+/// [`ByteSize`]'s `Display` is the other direction's form: what a user types (`64KiB`, `1GB`).
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [(&str, u32); 4] = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
+    if let Some((unit, shift)) = UNITS
+        .iter()
+        .find(|(_, shift)| n >= 1 << shift && n.trailing_zeros() >= *shift)
+    {
+        return format!("{} {unit}", n >> shift);
+    }
+    match UNITS.iter().find(|(_, shift)| n >= 1 << shift) {
+        Some((unit, shift)) if *shift >= 20 => {
+            format!("{:.2} {unit}", n as f64 / (1u64 << shift) as f64)
+        }
+        _ => format!("{n} B"),
+    }
+}
+
 /// Parse a rate in bytes per second: a size followed by `/s` (`40GB/s` = 4·10^10,
 /// `500MiB/s`, `409.6MB/s`), the same units as [`ByteSize`]; zero is refused.
 pub fn parse_rate(s: &str) -> Result<u64, SizeError> {
@@ -236,6 +258,24 @@ pub fn parse_size_list(s: &str) -> Result<Vec<u64>, SizeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn human_bytes_is_exact_in_the_largest_dividing_unit_else_two_decimals() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(7), "7 B");
+        assert_eq!(human_bytes(1000), "1000 B");
+        assert_eq!(human_bytes(4096), "4 KiB");
+        assert_eq!(human_bytes(4_096_000), "4000 KiB");
+        assert_eq!(human_bytes(1536), "1536 B");
+        assert_eq!(human_bytes(2049), "2049 B");
+        assert_eq!(human_bytes(123_456_789), "117.74 MiB");
+        assert_eq!(human_bytes(3 << 20), "3 MiB");
+        assert_eq!(human_bytes(1 << 30), "1 GiB");
+        assert_eq!(human_bytes(3 << 29), "1536 MiB");
+        assert_eq!(human_bytes((3 << 30) + 1), "3.00 GiB");
+        assert_eq!(human_bytes(1 << 40), "1 TiB");
+        assert_eq!(human_bytes(u64::MAX), "16777216.00 TiB");
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -58,7 +58,9 @@ pub mod cufile;
 pub mod nccl;
 pub mod nvml;
 pub mod os;
+pub mod pattern;
 pub mod stats;
+pub mod testenv;
 pub mod verbs;
 
 /// A vendor library that could not be used.
@@ -187,13 +189,11 @@ mod tests {
     fn binary_links_no_vendor_library() {
         // Every vendor library is opened at run time; the test binary itself must not need one.
         let exe = std::env::current_exe().unwrap();
-        let out = match std::process::Command::new("ldd").arg(&exe).output() {
-            Ok(o) => o,
-            Err(e) => {
-                eprintln!("ldd not available ({e}); link check skipped");
-                return;
-            }
-        };
+        let out = std::process::Command::new("ldd").arg(&exe).output();
+        if !crate::testenv::precondition("ldd", out.is_ok()) {
+            return;
+        }
+        let out = out.unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("libc.so"), "unexpected ldd output: {text}");
         for lib in [

@@ -179,8 +179,7 @@ fn device_copies_and_events_work_on_one_gpu() {
 #[ignore = "requires a GPU; cargo test -- --ignored"]
 fn a_hold_delays_the_stream_until_released() {
     let (_cuda, ctx, stream) = setup();
-    if !stream.can_hold() {
-        eprintln!("skipped: the driver lacks cuLaunchHostFunc");
+    if !gdx_sys::testenv::precondition("a driver with cuLaunchHostFunc", stream.can_hold()) {
         return;
     }
     let mut host = PinnedHostBuffer::new(&ctx, 4096).unwrap();

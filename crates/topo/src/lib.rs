@@ -10,12 +10,14 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod bandwidth;
 pub mod capture;
 pub mod enrich;
 mod error;
 #[cfg(any(test, feature = "fixture"))]
 pub mod fixture;
 pub mod model;
+pub mod nicmap;
 pub mod path;
 pub mod render;
 pub mod sysfs;
@@ -25,6 +27,7 @@ pub mod xml;
 pub use capture::{capture, read_captured_env, CapturedEnv};
 pub use error::TopoError;
 pub use model::*;
+pub use nicmap::{nic_map, rank_nics, Memory, NicMap, RankedNic};
 pub use path::{legend, PathClass};
 pub use sysfs::archive::{printable, printable_text, OpenRoot};
 pub use sysfs::{from_open_root, from_root};

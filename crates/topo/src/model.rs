@@ -108,20 +108,7 @@ pub struct Link {
     pub width: Option<u32>,
 }
 
-/// PCIe generation (1..=6) for a lane rate in GT/s, if the rate is a known one.
-pub fn pcie_generation(gts: f64) -> Option<u32> {
-    [
-        (2.5, 1),
-        (5.0, 2),
-        (8.0, 3),
-        (16.0, 4),
-        (32.0, 5),
-        (64.0, 6),
-    ]
-    .iter()
-    .find(|(r, _)| (gts - r).abs() < 0.05)
-    .map(|&(_, g)| g)
-}
+pub use crate::bandwidth::pcie_generation;
 
 impl Link {
     /// PCIe generation for the lane rate (1..=6), if the rate is a known one.
@@ -129,13 +116,10 @@ impl Link {
         pcie_generation(self.speed_gts?)
     }
 
-    /// Usable one-direction bandwidth in GB/s (1e9 B/s) after line encoding
-    /// (8b/10b for Gen1/2, 128b/130b for Gen3+), before protocol overhead.
+    /// Usable one-direction bandwidth in GB/s (1e9 B/s) after line encoding, before protocol
+    /// overhead ([`crate::bandwidth::pcie_gbps`], the one PCIe formula).
     pub fn raw_gbps(&self) -> Option<f64> {
-        let s = self.speed_gts?;
-        let w = f64::from(self.width?);
-        let enc = if s < 8.0 { 0.8 } else { 128.0 / 130.0 };
-        Some(s * w * enc / 8.0)
+        Some(crate::bandwidth::pcie_gbps(self.speed_gts?, self.width?))
     }
 }
 

@@ -263,7 +263,7 @@ impl Observer for Cli<'_> {
                 self.index + 1,
                 self.total,
                 self.key,
-                render::human_size(row.size_bytes)
+                gdx_sys::bytesize::human_bytes(row.size_bytes)
             );
         }
     }

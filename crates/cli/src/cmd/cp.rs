@@ -10,9 +10,8 @@
 use super::output::{error_chain, paint, ColorWhen};
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, ValueEnum};
-use gdx_storage::{
-    human_bytes, CopyOptions, CopyOutcome, CopyRequest, Location as Loc, PathChoice, ProgressFn,
-};
+use gdx_storage::{CopyOptions, CopyOutcome, CopyRequest, Location as Loc, PathChoice, ProgressFn};
+use gdx_sys::bytesize::human_bytes;
 use serde_json::json;
 use std::io::{IsTerminal, Write as _};
 use std::path::PathBuf;

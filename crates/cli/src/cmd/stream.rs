@@ -10,11 +10,11 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use gdx_bench::stats::CpuClock;
-use gdx_engine::pipeline::{
+use gdx_engine::{Agent, AgentConfig};
+use gdx_stream::{
     BackPressure, Checksum, FileSink, FileSource, NullSink, PeerSink, PeerSource, Pipeline,
     PipelineConfig, Progress, Sink, Source, StreamReport, Synthetic,
 };
-use gdx_engine::{Agent, AgentConfig};
 use gdx_sys::bytesize::{parse_rate, ByteSize};
 use serde_json::json;
 
@@ -206,7 +206,7 @@ fn progress_printer(quiet: bool) -> impl FnMut(&Progress) {
 pub fn run(args: &StreamArgs) -> Result<ExitCode> {
     if args.kernel != "checksum" {
         bail!(
-            "unknown --kernel {:?}: the built-in kernel is checksum (embedders plug their own through gdx_engine::pipeline::Kernel)",
+            "unknown --kernel {:?}: the built-in kernel is checksum (embedders plug their own through gdx_stream::Kernel)",
             args.kernel
         );
     }

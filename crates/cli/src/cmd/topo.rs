@@ -20,6 +20,8 @@ use std::process::ExitCode;
   gdx topo                              the live machine
   gdx topo --json                       machine-readable (devices + matrix)
   gdx topo --p2p                        NVML's P2P status per GPU pair (nvidia-smi topo -p2p r)
+  gdx topo --nic-map                    per GPU, the NICs to use and NCCL/UCX/NIXL/Mooncake settings
+  eval \"$(gdx topo --nic-map)\"         export them for GPU $GDX_NIC_MAP_GPU (else $LOCAL_RANK, else 0)
   gdx topo --all-nics                   every NIC in the matrix, not only RDMA ones
   gdx topo --capture box.tar.gz         save this machine's sysfs/proc files for analysis elsewhere
   gdx topo --root box.tar.gz            analyse a captured machine (folder or .tar.gz)
@@ -46,6 +48,13 @@ pub struct TopoArgs {
     /// its facts.
     #[arg(long, conflicts_with_all = ["export_xml", "capture"])]
     p2p: bool,
+
+    /// Per GPU and NUMA node, the NICs to use (path class, then speed; software RDMA last)
+    /// and the matching NCCL_IB_HCA, UCX_NET_DEVICES, Mooncake MC_MS_FILTERS and
+    /// nic_priority_matrix, as shell lines (a `case` on $GDX_NIC_MAP_GPU, else $LOCAL_RANK)
+    /// or, with --json, {"schema_version":1,"gpus":[...],"numa":[...],...}.
+    #[arg(long, conflicts_with_all = ["p2p", "export_xml", "capture", "all_nics"])]
+    nic_map: bool,
 
     /// Put every NIC in the matrix. By default it shows the RDMA-capable ones, as nvidia-smi
     /// does (every NIC of an NCCL file); the device table always lists all.
@@ -143,6 +152,16 @@ pub fn run(args: &TopoArgs) -> Result<ExitCode> {
             writeln!(stdout, "{}", serde_json::to_string_pretty(&v)?)?;
         } else {
             let text = render::render_p2p(&topo, color).map_err(why)?;
+            stdout.write_all(text.as_bytes())?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.nic_map {
+        let view = gdx_topo::nicmap::nic_map_view(&topo);
+        if args.json {
+            writeln!(stdout, "{}", serde_json::to_string_pretty(&view)?)?;
+        } else {
+            let text = gdx_topo::nicmap::render_nic_map_shell(&topo, &view);
             stdout.write_all(text.as_bytes())?;
         }
         return Ok(ExitCode::SUCCESS);

@@ -56,13 +56,13 @@ pub fn join_with_kv(
     (a, kv)
 }
 
-/// A local region of `b` holding `pattern(len, seed)`, and that pattern.
+/// A local region of `b` holding gdx-sys's test pattern of `seed`, and that pattern.
 pub fn filled_source(b: &ClusterAgent, len: usize, seed: u8) -> (Region<'static>, Vec<u8>) {
     let mut src = b
         .agent()
         .alloc(len as u64, Access::LOCAL, None)
         .expect("src");
-    let data = pattern(len, seed);
+    let data = gdx_sys::pattern::pattern(len, u64::from(seed));
     src.bytes_mut().expect("bytes").copy_from_slice(&data);
     (src, data)
 }
@@ -82,12 +82,6 @@ pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
 }
 
 /// An agent in a child process (this test binary re-executed as role `agent`), so that it

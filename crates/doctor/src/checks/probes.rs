@@ -308,7 +308,7 @@ mod tests {
             "{ev}"
         );
         ctx.set_fabric_probe(fabric(Some(
-            "after fi_write: byte 3 is 0x00, expected 0x89",
+            "after fi_write: byte 3: expected 0x89, found 0x00",
         )));
         let fs = run(&ProbeFabric, &ctx);
         assert_eq!(fs[0].status, Status::Fail);

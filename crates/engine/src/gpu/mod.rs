@@ -22,6 +22,7 @@ mod stage;
 
 pub use exec::{LocalTransfer, Ordering, StagedTuning};
 pub use region::{DeviceOrigin, DeviceRegion, IpcDesc, Mem, PinnedRegion};
+pub use share::IpcStats;
 pub(crate) use stage::{copy_span, AgentGpu, Dir, Stager, Ticket, DEPTH};
 
 use std::collections::{BTreeMap, HashMap};
@@ -55,7 +56,13 @@ pub(crate) struct Shared {
     topo: OnceLock<Option<gdx_topo::Topology>>,
     links: Mutex<HashMap<(u32, u32), GpuLink>>,
     next_id: AtomicU64,
-    imports: Mutex<HashMap<(u32, u64), Weak<DeviceInner>>>,
+    /// Mappings of other processes' allocations, one per allocation
+    /// ([`IpcDesc`]'s import key), alive while any region or connection holds
+    /// one.
+    imports: Mutex<HashMap<(u32, String), Weak<DeviceInner>>>,
+    /// How many times an allocation of another process was opened (`cuIpcOpenMemHandle` or an
+    /// fd import): a caller that sees it grow per transfer has found a leak.
+    ipc_opened: AtomicU64,
     /// Pinned bounce buffers of the staged path (taken while a transfer is queued).
     pub(crate) bounce: Mutex<Vec<PinnedHostBuffer>>,
     pub(crate) plans: Mutex<HashMap<PlanKey, Plan>>,
@@ -106,6 +113,7 @@ impl LocalPeer {
                 links: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
                 imports: Mutex::new(HashMap::new()),
+                ipc_opened: AtomicU64::new(0),
                 bounce: Mutex::new(Vec::new()),
                 plans: Mutex::new(HashMap::new()),
                 last_plan: Mutex::new(None),

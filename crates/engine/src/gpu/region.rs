@@ -15,8 +15,9 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use gdx_sys::cuda::{DeviceBuffer, IpcHandle, PinnedHostBuffer, Stream};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
+pub use crate::desc::IpcDesc;
 use crate::error::{Error, Result};
 use crate::region::Location;
 
@@ -237,30 +238,6 @@ impl Mem<'_> {
             Mem::Pinned(r) => (false, r.id()),
         }
     }
-}
-
-/// What another process on the same host needs to map a [`DeviceRegion`]
-/// ([`LocalPeer::import_ipc`](super::LocalPeer::import_ipc)): serialisable, carries the CUDA
-/// IPC handle, never a pointer the importer trusts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IpcDesc {
-    /// Boot id of the exporting host: an import on another kernel is refused.
-    pub host_id: String,
-    /// Exporting process.
-    pub pid: u32,
-    /// Region id in the exporting process (the importer's cache key with `pid`).
-    pub region: u64,
-    /// PCI bus id of the GPU holding the memory (ordinals differ between processes).
-    pub pci_bus_id: String,
-    /// Length in bytes.
-    pub len: u64,
-    /// The `cuIpcGetMemHandle` handle, hex; empty for a region shared as a POSIX fd.
-    pub handle: String,
-    /// For a VMM region shared as a POSIX fd ([`LocalPeer::export_fd`](super::LocalPeer::export_fd)):
-    /// the size of the allocation to map (a multiple of the granularity). The fd itself travels
-    /// over a unix socket, never inside the descriptor.
-    #[serde(default)]
-    pub posix_fd_alloc_len: Option<u64>,
 }
 
 pub(crate) fn handle_to_hex(h: &IpcHandle) -> String {

@@ -29,12 +29,13 @@ pub(crate) const DEPTH: usize = 4;
 const MIN_SLOT: usize = 1 << 20;
 
 /// The GPU memory of an agent region, the `LocalPeer` that registered it, and the IPC handle
-/// same-host peers map (gdx-allocated memory only).
+/// same-host peers map, or why there is none.
 #[derive(Clone)]
 pub(crate) struct AgentGpu {
     pub(crate) region: DeviceRegion,
     pub(crate) peer: LocalPeer,
     pub(crate) ipc: Option<IpcDesc>,
+    pub(crate) no_ipc: Option<String>,
 }
 
 impl std::fmt::Debug for AgentGpu {

@@ -398,8 +398,14 @@ impl Peer {
             ))
         } else {
             let name = h.shm_socket.as_deref().unwrap_or_default();
-            ShmTransport::connect(name, (h.session, h.token, key), cfg, until)
-                .map_err(|e| format!("tcp: same host but the shm socket did not connect ({e})"))
+            ShmTransport::connect(
+                name,
+                (h.session, h.token, key),
+                cfg,
+                Arc::clone(&agent.cuda),
+                until,
+            )
+            .map_err(|e| format!("tcp: same host but the shm socket did not connect ({e})"))
         };
         let (route, transport): (PeerRoute, Box<dyn Transport>) = match shm_reason {
             Ok(t) => (

@@ -155,6 +155,7 @@ impl Peer {
                                 &self.inner.tcp_detail,
                                 &self.inner.fabric,
                                 strict,
+                                self.inner.agent.cuda.get().is_some(),
                             )?;
                             cache.put(op, strict, &p);
                             p

@@ -52,6 +52,17 @@ impl LeaseState {
     }
 }
 
+/// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`.
+const HOST_MEMORY_ALREADY_REGISTERED: u32 = 712;
+
+/// A region's page-locked host bytes ([`RegionInner::pin_for_dma`]).
+pub(crate) enum HostPin {
+    /// Locked by gdx; unlocked when dropped.
+    Registered(#[allow(dead_code)] gdx_sys::cuda::RegisteredHost<'static>),
+    /// Locked by someone else before.
+    AlreadyPinned,
+}
+
 pub(super) enum Backing {
     Owned(Mapping),
     Borrowed {
@@ -70,6 +81,10 @@ pub(crate) struct RegionInner {
     pub(crate) access: Access,
     pub(crate) location: Location,
     pub(crate) name: Option<String>,
+    /// The host bytes page-locked for the copy engine (`ipc` ops to a peer's GPU memory), made
+    /// on first use and undone when the region retires. Declared before `backing` so that an
+    /// owned mapping outlives it.
+    pub(super) pin: Mutex<Option<HostPin>>,
     pub(super) backing: Backing,
     pub(super) state: Mutex<LeaseState>,
     pub(super) cv: Condvar,
@@ -139,6 +154,7 @@ impl RegionInner {
             shareable: self.fd().is_some(),
             name: self.name.clone(),
             ipc: self.device().and_then(|d| d.ipc.clone()),
+            no_ipc: self.device().and_then(|d| d.no_ipc.clone()),
         }
     }
 
@@ -210,6 +226,39 @@ impl RegionInner {
             st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
             st.waiters -= 1;
         }
+        drop(st);
+        // No lease is left or can be taken, so no copy uses the page-locked bytes: unlock
+        // them before the caller's borrow of the memory ends.
+        self.pin.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// Page-locks the region's host bytes (once; `cuMemHostRegister`, portable to every
+    /// context) so the copy engine reads or writes them in place. Call with a lease held: the
+    /// region is then not retiring, and retiring undoes the pin.
+    pub(crate) fn pin_for_dma(&self, peer: &crate::gpu::LocalPeer, gpu: u32) -> Result<()> {
+        let mut pin = self.pin.lock().unwrap_or_else(|p| p.into_inner());
+        if pin.is_some() {
+            return Ok(());
+        }
+        let ptr = self.host_ptr().ok_or_else(|| self.not_host())?;
+        let ctx = peer.context(gpu)?;
+        // SAFETY: the region's bytes stay mapped while it is registered, and `retire` (which
+        // runs before a borrowed backing's owner may free them) and the drop of an owned
+        // mapping (declared after `pin`) both drop the pin first.
+        let r =
+            unsafe { gdx_sys::cuda::RegisteredHost::from_raw_parts(&ctx, ptr, self.len as usize) };
+        *pin = Some(match r {
+            Ok(h) => HostPin::Registered(h),
+            // Someone (the caller, torch's pin_memory) page-locked it already: copies run at
+            // pinned speed, and that owner unlocks it.
+            Err(gdx_sys::cuda::CudaError::Call { code, .. })
+                if code == HOST_MEMORY_ALREADY_REGISTERED =>
+            {
+                HostPin::AlreadyPinned
+            }
+            Err(e) => return Err(e.into()),
+        });
+        Ok(())
     }
 }
 

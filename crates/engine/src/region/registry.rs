@@ -83,6 +83,7 @@ impl Registry {
             access,
             location,
             name: name.clone(),
+            pin: Mutex::new(None),
             backing,
             state: Mutex::new(LeaseState::default()),
             cv: Condvar::new(),

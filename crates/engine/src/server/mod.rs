@@ -517,6 +517,9 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn, served: &Arc<Counters>) -> Res
                 match r {
                     Ok((Some(t), _lease)) => match stager.bytes(t) {
                         Ok(bytes) => {
+                            // Counted before the bytes leave: the initiator may finish (and
+                            // read the counters) as soon as they arrive.
+                            served.add(false, u64::from(len));
                             // SAFETY: `bytes` is the staged copy, `len` bytes of a live pinned
                             // slot.
                             unsafe {
@@ -526,11 +529,11 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn, served: &Arc<Counters>) -> Res
                                     len,
                                 )?
                             };
-                            served.add(false, u64::from(len));
                         }
                         Err(err) => op_err(c, (xfer, op, chunk), err)?,
                     },
                     Ok((None, lease)) => {
+                        served.add(false, u64::from(len));
                         // SAFETY: the Source lease covers offset..offset+len (bounds-checked).
                         unsafe {
                             c.send_with_payload(
@@ -539,7 +542,6 @@ fn serve_stream(agent: &AgentInner, c: &mut Conn, served: &Arc<Counters>) -> Res
                                 len,
                             )?
                         };
-                        served.add(false, u64::from(len));
                     }
                     Err(err) => op_err(c, (xfer, op, chunk), err)?,
                 }

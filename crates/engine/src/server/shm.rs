@@ -101,7 +101,12 @@ fn serve_shm_loop(
             return Err(Error::Protocol("payload on the shm connection".into()));
         }
         match msg {
-            Msg::ShmMap { region, key, write } => match map_fd_for(reg, region, key, write) {
+            Msg::ShmMap {
+                region,
+                key,
+                write,
+                piece,
+            } => match map_fd_for(reg, region, key, write, piece) {
                 Ok((fd, len, writable)) => {
                     c.send_with_fd(&Msg::ShmMapped { len, writable }, fd.as_raw_fd())?;
                 }
@@ -241,6 +246,7 @@ fn map_fd_for(
     id: u64,
     key: crate::region::RegionKey,
     write: bool,
+    piece: u32,
 ) -> Result<(std::os::fd::OwnedFd, u64, bool)> {
     let r = reg.get(id)?;
     if !r.key.ct_eq(&key) {
@@ -256,7 +262,7 @@ fn map_fd_for(
     if let Some(dev) = r.device() {
         // A VMM GPU region: its POSIX fd, for the peer to map (the access rights are enforced
         // by the leases of ShmBegin, which every ipc op goes through).
-        let fd = dev.peer.export_fd(&dev.region)?;
+        let fd = dev.peer.export_fd_piece(&dev.region, piece)?;
         return Ok((fd, r.len, writable));
     }
     let fd = r

@@ -72,7 +72,11 @@ struct Worker {
     maps: HashMap<u64, (Mapping, bool)>,
     /// Remote GPU regions mapped through their IPC handle or fd, by remote region id (dropped
     /// when the target says the region is gone, or with the connection).
-    imports: HashMap<u64, crate::gpu::DeviceRegion>,
+    imports: HashMap<u64, Vec<(u64, crate::gpu::DeviceRegion)>>,
+    /// A `ShmEnd` was sent whose reply is still unread (read before the next request).
+    end_unread: bool,
+    /// This process's CUDA, for host regions that reach a peer's GPU memory (`ipc`).
+    cuda: Arc<std::sync::OnceLock<crate::gpu::LocalPeer>>,
     wait: Duration,
     /// The control ring (every transfer whose ops fit it runs without the socket).
     ring: Option<ring::RingClient>,
@@ -100,6 +104,7 @@ impl ShmTransport {
         socket_name: &str,
         (session, token, key): (u128, u128, Option<crate::auth::Mac>),
         cfg: &crate::config::AgentConfig,
+        cuda: Arc<std::sync::OnceLock<crate::gpu::LocalPeer>>,
         until: std::time::Instant,
     ) -> Result<Self> {
         let io_timeout = cfg.io_timeout;
@@ -174,6 +179,8 @@ impl ShmTransport {
             bounce,
             maps: HashMap::new(),
             imports: HashMap::new(),
+            end_unread: false,
+            cuda,
             wait: io_timeout,
             ring: Some(ring),
             broken: None,
@@ -286,6 +293,13 @@ impl Transport for ShmTransport {
     fn close(&self) {
         self.queue.close();
         self.sock.shutdown();
+        // The peer's memory mapped here (its regions' shared memory, its GPU allocations
+        // through their IPC handles) goes with the connection, not with the last Rust or
+        // Python reference to it: a closed peer leaves no mapping behind. The worker's
+        // transfer in flight, if any, ends quickly on the shut socket.
+        let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+        w.imports.clear();
+        w.maps.clear();
     }
 }
 

@@ -56,7 +56,7 @@ impl Worker {
         let idx: Vec<usize> = (0..xfer.ops.len()).filter(|&i| ok[i]).collect();
         for batch in idx.chunks(MAX_OPS_PER_BEGIN) {
             let ops = ring::ring_ops(xfer, batch);
-            let begin = self.conn.request(&Msg::ShmBegin { xfer: xfer.id, ops })?;
+            let begin = self.request(&Msg::ShmBegin { xfer: xfer.id, ops })?;
             let Msg::ShmBeginResult { errors } = begin else {
                 return Err(Error::Protocol("expected ShmBeginResult".into()));
             };
@@ -100,7 +100,21 @@ impl Worker {
             } else {
                 None
             };
-            match self.conn.request(&Msg::ShmEnd {
+            if notify.is_none() {
+                // The bytes are in place once the copies above were waited for; the target's
+                // reply only says its leases ended. It is read before the next request on this
+                // connection (`request`), not waited for here: one round trip less per transfer.
+                self.conn.send(&Msg::ShmEnd {
+                    xfer: xfer.id,
+                    notify,
+                })?;
+                self.end_unread = true;
+                for i in done {
+                    xfer.chunk_done(i, xfer.ops[i].len, Ok(()));
+                }
+                continue;
+            }
+            match self.request(&Msg::ShmEnd {
                 xfer: xfer.id,
                 notify,
             }) {
@@ -128,9 +142,31 @@ impl Worker {
         Ok(())
     }
 
+    /// A request on the socket, after the reply to an earlier `ShmEnd` sent without waiting
+    /// (its error, if any, is logged: that transfer's bytes were in place and it completed).
+    fn request(&mut self, msg: &Msg) -> Result<Msg> {
+        if self.end_unread {
+            self.end_unread = false;
+            match self.conn.recv_frame(false)? {
+                (Msg::Ok, 0) => {}
+                (Msg::Err(e), _) if !e.is_fatal_for_stream() => {
+                    log::warn!("the target answered a finished transfer's ShmEnd with: {e}");
+                }
+                (Msg::Err(e), _) => return Err(e),
+                (m, _) => {
+                    return Err(Error::Protocol(format!(
+                        "expected Ok to ShmEnd, got frame type {}",
+                        m.kind()
+                    )))
+                }
+            }
+        }
+        self.conn.request(msg)
+    }
+
     /// Delivers the notification of a transfer that ran on the ring (its bytes are in place).
     pub(super) fn send_notify(&mut self, xfer: &XferState, n: Vec<u8>) -> Result<()> {
-        match self.conn.request(&Msg::ShmEnd {
+        match self.request(&Msg::ShmEnd {
             xfer: xfer.id,
             notify: Some(n),
         }) {
@@ -155,8 +191,14 @@ impl Worker {
         region: u64,
         key: crate::region::RegionKey,
         write: bool,
+        piece: u32,
     ) -> Result<(std::os::fd::OwnedFd, u64, bool)> {
-        match self.conn.request(&Msg::ShmMap { region, key, write })? {
+        match self.request(&Msg::ShmMap {
+            region,
+            key,
+            write,
+            piece,
+        })? {
             Msg::ShmMapped { len, writable } => {
                 let fd = self
                     .conn
@@ -172,7 +214,7 @@ impl Worker {
     }
 
     fn map(&mut self, region: u64, key: crate::region::RegionKey, write: bool) -> Result<()> {
-        let (fd, len, writable) = self.request_fd(region, key, write)?;
+        let (fd, len, writable) = self.request_fd(region, key, write, 0)?;
         let len = usize::try_from(len).map_err(|_| Error::Protocol("mapping too large".into()))?;
         // Sealed against shrink (no SIGBUS if the target truncates it) and at least `len`
         // bytes, checked before the mapping exists.
@@ -206,32 +248,45 @@ impl Worker {
         unsafe { copy_span(&lease, op.local_offset, remote, op.len as usize, dir) }
     }
 
-    /// The `ipc` path: the remote GPU region mapped through its CUDA IPC handle (once per region,
-    /// cached by the local peer), copied GPU to GPU and waited for, while the target holds the
-    /// leases taken by `ShmBegin`.
+    /// The `ipc` path: the remote GPU region mapped through its CUDA IPC handle (once per
+    /// allocation, cached by the local peer), copied while the target holds the leases taken
+    /// by `ShmBegin`: GPU to GPU, or, for a host region here, between that memory page-locked
+    /// in place (once per region) and the mapped GPU memory, one copy on the copy engine.
     fn copy_ipc(&mut self, xfer: &XferState, i: usize) -> Result<()> {
         let op = xfer.op(i);
-        let dev = op.local.device().ok_or_else(|| {
-            Error::InvalidArgument("an ipc op needs a GPU region on this side".into())
-        })?;
+        let peer = match op.local.device() {
+            Some(dev) => dev.peer.clone(),
+            None => self.cuda.get().cloned().ok_or_else(|| {
+                Error::Unavailable(
+                    "an ipc op from host memory needs this process's CUDA (Agent::use_cuda)".into(),
+                )
+            })?,
+        };
         let ipc = op.remote.ipc.as_ref().ok_or_else(|| {
             Error::Unavailable(format!("remote region {} has no IPC handle", op.remote.id))
         })?;
         // Keep the mapping for the life of this connection: mapping a CUDA IPC handle costs
-        // far more than a copy's set-up, so it is done once per remote region.
-        let remote = match self.imports.get(&op.remote.id) {
+        // far more than a copy's set-up, so it is done once per remote allocation.
+        let pieces = match self.imports.get(&op.remote.id) {
             Some(r) => r.clone(),
             None => {
-                let r = match ipc.posix_fd_alloc_len {
-                    None => dev.peer.import_ipc(ipc)?,
-                    Some(_) => match dev.peer.imported(ipc) {
-                        Some(r) => r,
-                        None => {
-                            // A VMM region: ask the target for its fd.
-                            let (fd, _, _) = self.request_fd(op.remote.id, op.remote.key, false)?;
-                            dev.peer.import_fd(ipc, fd.as_fd())?
-                        }
-                    },
+                let (id, key) = (op.remote.id, op.remote.key);
+                let r = if !ipc.pieces.is_empty() {
+                    // A caller's VMM range: one fd per mapped piece, asked for in turn.
+                    peer.import_fd_pieces(ipc, |i| Ok(self.request_fd(id, key, false, i)?.0))?
+                } else {
+                    let one = match ipc.posix_fd_alloc_len {
+                        None => peer.import_ipc(ipc)?,
+                        Some(_) => match peer.imported(ipc) {
+                            Some(r) => r,
+                            None => {
+                                // A VMM region gdx allocated: ask the target for its fd.
+                                let (fd, _, _) = self.request_fd(id, key, false, 0)?;
+                                peer.import_fd(ipc, fd.as_fd())?
+                            }
+                        },
+                    };
+                    vec![(0, one)]
                 };
                 self.imports.insert(op.remote.id, r.clone());
                 r
@@ -241,27 +296,68 @@ impl Worker {
             OpKind::Write => LeaseKind::Source,
             OpKind::Read => LeaseKind::Sink,
         };
-        let _lease = op.local.lease(kind, self.wait)?;
-        // `transfer` (not `copy_blocking`): large copies split over several copy engines, as
-        // between two GPUs of one process.
-        let t = match op.kind {
-            OpKind::Write => dev.peer.transfer(
-                &remote,
-                op.remote_offset,
-                &dev.region,
-                op.local_offset,
-                op.len,
-            )?,
-            OpKind::Read => dev.peer.transfer(
-                &dev.region,
-                op.local_offset,
-                &remote,
-                op.remote_offset,
-                op.len,
-            )?,
-        };
-        t.wait()?;
-        Ok(())
+        let lease = op.local.lease(kind, self.wait)?;
+        // The mapping is the whole allocation (or its pieces, back to back); the region starts
+        // `ipc.offset` bytes into it. An op that crosses pieces is one copy per piece.
+        let start = ipc.offset + op.remote_offset;
+        let end = start + op.len;
+        // Every piece's copy is queued before any is waited for, so pieces overlap.
+        let mut queued = Vec::new();
+        for (at, remote) in &pieces {
+            let (lo, hi) = (start.max(*at), end.min(at + remote.len()));
+            if lo >= hi {
+                continue;
+            }
+            let (local_offset, remote_offset, len) =
+                (op.local_offset + (lo - start), lo - at, hi - lo);
+            let Some(dev) = op.local.device() else {
+                op.local.pin_for_dma(&peer, remote.gpu())?;
+                let p = lease.ptr_at(local_offset)?;
+                match op.kind {
+                    OpKind::Write => {
+                        // SAFETY: the lease holds the local span (bounds-checked at submit) as
+                        // a source; nothing writes it while the lease is held.
+                        let bytes =
+                            unsafe { std::slice::from_raw_parts(p.cast_const(), len as usize) };
+                        peer.upload(remote, remote_offset, bytes)?;
+                    }
+                    OpKind::Read => {
+                        // SAFETY: the lease holds the local span (bounds-checked at submit) as
+                        // a sink, so nothing else reads or writes it meanwhile.
+                        let out = unsafe { std::slice::from_raw_parts_mut(p, len as usize) };
+                        peer.download(remote, remote_offset, out)?;
+                    }
+                }
+                continue;
+            };
+            // `transfer` (not `copy_blocking`): large copies split over several copy engines,
+            // as between two GPUs of one process.
+            let t = match op.kind {
+                OpKind::Write => {
+                    peer.transfer(remote, remote_offset, &dev.region, local_offset, len)
+                }
+                OpKind::Read => {
+                    peer.transfer(&dev.region, local_offset, remote, remote_offset, len)
+                }
+            };
+            match t {
+                Ok(t) => queued.push(t),
+                Err(e) => {
+                    // The pieces already queued finish before the target's leases end.
+                    for t in queued {
+                        let _ = t.wait();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let mut first = Ok(());
+        for t in queued {
+            if let Err(e) = t.wait() {
+                first = first.and(Err(e));
+            }
+        }
+        first
     }
 
     fn copy_staged(&mut self, xfer: &XferState, i: usize) -> Result<()> {
@@ -301,7 +397,7 @@ impl Worker {
                 offset: op.remote_offset + off,
                 len,
             };
-            match self.conn.request(&msg)? {
+            match self.request(&msg)? {
                 Msg::Ok => {}
                 m => {
                     return Err(Error::Protocol(format!(

@@ -147,10 +147,16 @@ pub(crate) fn put_desc(o: &mut Vec<u8>, d: &RegionDesc) {
     o.push(d.access.bits());
     o.push(u8::from(d.shareable));
     put_opt_str(o, &d.name);
-    match &d.ipc {
-        None => o.push(0),
-        Some(i) => {
-            o.push(1);
+    // 0: no handle; 1: a handle of a whole gdx allocation (older peers); 2: a handle with the
+    // region's offset in its allocation; 3: no handle, and why.
+    match (&d.ipc, &d.no_ipc) {
+        (None, None) => o.push(0),
+        (None, Some(why)) => {
+            o.push(3);
+            put_str(o, why);
+        }
+        (Some(i), _) => {
+            o.push(2);
             put_str(o, &i.host_id);
             put_u32(o, i.pid);
             put_u64(o, i.region);
@@ -163,6 +169,12 @@ pub(crate) fn put_desc(o: &mut Vec<u8>, d: &RegionDesc) {
                     o.push(1);
                     put_u64(o, n);
                 }
+            }
+            put_u64(o, i.offset);
+            put_u64(o, i.alloc_len);
+            put_u32(o, i.pieces.len() as u32);
+            for p in &i.pieces {
+                put_u64(o, *p);
             }
         }
     }
@@ -182,18 +194,31 @@ pub(crate) fn get_desc(r: &mut Reader<'_>) -> Result<RegionDesc> {
     let access = Access::from_bits(bits);
     let shareable = r.bool()?;
     let name = r.opt_string()?;
-    let ipc = if r.bool()? {
-        Some(crate::gpu::IpcDesc {
-            host_id: r.string()?,
-            pid: r.u32()?,
-            region: r.u64()?,
-            pci_bus_id: r.string()?,
-            len: r.u64()?,
-            handle: r.string()?,
-            posix_fd_alloc_len: if r.bool()? { Some(r.u64()?) } else { None },
-        })
-    } else {
-        None
+    let (ipc, no_ipc) = match r.u8()? {
+        0 => (None, None),
+        3 => (None, Some(r.string()?)),
+        tag @ (1 | 2) => {
+            let mut i = crate::desc::IpcDesc {
+                host_id: r.string()?,
+                pid: r.u32()?,
+                region: r.u64()?,
+                pci_bus_id: r.string()?,
+                len: r.u64()?,
+                handle: r.string()?,
+                posix_fd_alloc_len: if r.bool()? { Some(r.u64()?) } else { None },
+                offset: 0,
+                alloc_len: 0,
+                pieces: Vec::new(),
+            };
+            if tag == 2 {
+                i.offset = r.u64()?;
+                i.alloc_len = r.u64()?;
+                let n = r.count(8)?;
+                i.pieces = (0..n).map(|_| r.u64()).collect::<Result<_>>()?;
+            }
+            (Some(i), None)
+        }
+        t => return Err(Error::Malformed(format!("bad ipc tag {t}"))),
     };
     Ok(RegionDesc {
         id,
@@ -204,6 +229,7 @@ pub(crate) fn get_desc(r: &mut Reader<'_>) -> Result<RegionDesc> {
         shareable,
         name,
         ipc,
+        no_ipc,
     })
 }
 
@@ -322,10 +348,16 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
             put_u128(o, *token);
             put_u128(o, *nonce);
         }
-        Msg::ShmMap { region, key, write } => {
+        Msg::ShmMap {
+            region,
+            key,
+            write,
+            piece,
+        } => {
             put_u64(o, *region);
             put_u128(o, key.0);
             o.push(u8::from(*write));
+            put_u32(o, *piece);
         }
         Msg::ShmMapped { len, writable } => {
             put_u64(o, *len);
@@ -505,6 +537,7 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             region: r.u64()?,
             key: RegionKey(r.u128()?),
             write: r.bool()?,
+            piece: r.u32()?,
         },
         17 => Msg::ShmMapped {
             len: r.u64()?,

@@ -8,13 +8,13 @@
 use crate::error::{Error, Result};
 use crate::region::{RegionDesc, RegionKey};
 
-mod remote;
-pub use remote::RemoteError;
+// The wire form of an error lives with the errors (the codec depends on them, not back).
+pub use crate::error::RemoteError;
 
 /// First two bytes of every frame: `"GX"`.
 pub const MAGIC: u16 = 0x4758;
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 5;
+pub const VERSION: u8 = 6;
 /// Size of the fixed frame header.
 pub const HEADER_LEN: usize = 16;
 /// Largest frame body accepted (1 MiB).
@@ -145,6 +145,8 @@ pub enum Msg {
         region: u64,
         key: RegionKey,
         write: bool,
+        /// For a GPU region shared as VMM pieces: which piece's fd (0 otherwise).
+        piece: u32,
     },
     ShmMapped {
         len: u64,
@@ -348,3 +350,38 @@ mod body;
 pub use body::decode_body;
 use body::put_body;
 pub(crate) use body::{get_desc, put_desc, Reader};
+
+// The text form of a region descriptor (`gdx1:<hex>`) is its wire encoding.
+impl std::fmt::Display for RegionDesc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut buf = Vec::new();
+        put_desc(&mut buf, self);
+        f.write_str("gdx1:")?;
+        for b in buf {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for RegionDesc {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let hex = s
+            .trim()
+            .strip_prefix("gdx1:")
+            .ok_or_else(|| Error::InvalidArgument("region token must start with gdx1:".into()))?;
+        if hex.len() % 2 != 0 || hex.len() > 2 * 4096 {
+            return Err(Error::InvalidArgument("bad region token length".into()));
+        }
+        let bytes = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
+            .collect::<std::result::Result<Vec<u8>, _>>()
+            .map_err(|e| Error::InvalidArgument(format!("bad region token: {e}")))?;
+        let mut r = Reader::new(&bytes);
+        let d = get_desc(&mut r)?;
+        r.finish()?;
+        Ok(d)
+    }
+}

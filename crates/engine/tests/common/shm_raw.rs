@@ -3,7 +3,7 @@
 //! hand (layout from docs/wire-protocol.md).
 
 use super::raw::{self, hmac};
-use super::{agent, config, fill_random, first_diff, WAIT};
+use super::{agent, config, fill_pattern, first_diff, WAIT};
 use gdx_engine::wire::{decode_frame, encode, Msg, ShmOp};
 use gdx_engine::{Access, Agent, AgentConfig, Limits, Transfer};
 use std::io::Write;
@@ -52,7 +52,7 @@ pub fn legit_round_trip(target: &Agent, seed: u64) {
     let me = agent("legit", false);
     let peer = me.connect(addr(target)).unwrap();
     let mut src = me.alloc(1 << 16, Access::LOCAL, None).unwrap();
-    fill_random(&mut src.bytes_mut().unwrap(), seed);
+    fill_pattern(&mut src.bytes_mut().unwrap(), seed);
     let mut t = Transfer::new();
     t.write(&src, 0, &r.desc(), 0, 1 << 16);
     peer.submit(t).unwrap().wait(WAIT).unwrap();

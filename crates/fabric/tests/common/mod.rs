@@ -12,14 +12,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use gdx_fabric::{Endpoint, FabricConfig, Memory, RemoteRegion};
 
-/// Deterministic pattern: byte `i` (absolute offset) under `seed`.
-pub fn pattern(seed: u64, start: usize, out: &mut [u8]) {
-    for (k, b) in out.iter_mut().enumerate() {
-        let i = (start + k) as u64;
-        let x = (i ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        *b = (x >> 56) as u8 ^ (i as u8);
-    }
-}
+/// The pattern of `seed` from absolute offset `start` into `out` (gdx-sys's one pattern).
+pub use gdx_sys::pattern::fill_pattern_at;
 
 /// Fills `mem[off..off+len]` with `pattern(seed)` in 1 MiB pieces.
 pub fn fill(mem: &Memory, off: usize, len: usize, seed: u64) {
@@ -27,7 +21,7 @@ pub fn fill(mem: &Memory, off: usize, len: usize, seed: u64) {
     let mut done = 0;
     while done < len {
         let n = (len - done).min(buf.len());
-        pattern(seed, off + done, &mut buf[..n]);
+        fill_pattern_at(&mut buf[..n], seed, off + done);
         assert!(mem.write_at(off + done, &buf[..n]));
         done += n;
     }
@@ -54,7 +48,7 @@ pub fn first_mismatch_from(
         if !mem.read_at(off + done, &mut got[..n]) {
             return Some(off + done);
         }
-        pattern(seed, start + done, &mut want[..n]);
+        fill_pattern_at(&mut want[..n], seed, start + done);
         if let Some(k) = (0..n).find(|&k| got[k] != want[k]) {
             return Some(off + done + k);
         }

@@ -36,6 +36,7 @@ from ._gdx import (
     Unavailable,
     __version__,
     cuda_available,
+    ipc_stats,
 )
 from ._checkpoint import load_safetensors, save_safetensors
 
@@ -59,6 +60,7 @@ __all__ = [
     "Unavailable",
     "__version__",
     "cuda_available",
+    "ipc_stats",
     "load_safetensors",
     "save_safetensors",
 ]

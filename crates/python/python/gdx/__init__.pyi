@@ -1,7 +1,18 @@
 """Type stubs for gdx (the native module gdx._gdx)."""
 
 from types import TracebackType
-from typing import Any, Iterable, Literal, Optional, Protocol, Sequence, Tuple, TypedDict, Union
+from typing import (
+    Any,
+    Dict,
+    Iterable,
+    Literal,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    TypedDict,
+    Union,
+)
 
 __version__: str
 
@@ -251,3 +262,4 @@ class Agent:
     def __exit__(self, *args: object) -> bool: ...
 
 def cuda_available() -> Tuple[bool, str]: ...
+def ipc_stats() -> Dict[str, int]: ...

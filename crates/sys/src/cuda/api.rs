@@ -85,6 +85,20 @@ pub(crate) const POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int =
 pub(crate) const POINTER_ATTRIBUTE_RANGE_SIZE: c_int =
     cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE as c_int;
 
+/// `CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`.
+pub(crate) const POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: c_int =
+    cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
+        as c_int;
+/// `CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR`.
+pub(crate) const POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: c_int =
+    cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR as c_int;
+/// `CU_POINTER_ATTRIBUTE_MAPPING_SIZE`.
+pub(crate) const POINTER_ATTRIBUTE_MAPPING_SIZE: c_int =
+    cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MAPPING_SIZE as c_int;
+/// `CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES`.
+pub(crate) const POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: c_int =
+    cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES as c_int;
+
 /// `CUmemGenericAllocationHandle`: a VMM allocation handle (`unsigned long long`).
 pub(crate) type CuMemGenericAllocationHandle = c_ulonglong;
 
@@ -255,6 +269,7 @@ fn_table! {
         cuMemUnmap: fn(CuDevicePtr, usize) -> CuResult;
         cuMemSetAccess: fn(CuDevicePtr, usize, *const CuMemAccessDesc, usize) -> CuResult;
         cuMemExportToShareableHandle: fn(*mut c_void, CuMemGenericAllocationHandle, c_int, c_ulonglong) -> CuResult;
+        cuMemRetainAllocationHandle: fn(*mut CuMemGenericAllocationHandle, *mut c_void) -> CuResult;
         cuMemImportFromShareableHandle: fn(*mut CuMemGenericAllocationHandle, *mut c_void, c_int) -> CuResult;
         // CUDA 11.7: stream memory operations (`cuda.h` maps `cuStreamWriteValue64` and
         // `cuStreamWaitValue64` to these `_v2` symbols from 12.0 on; see `memop`).

@@ -401,14 +401,52 @@ impl fmt::Debug for RegisteredHost<'_> {
     }
 }
 
+impl RegisteredHost<'static> {
+    /// Page-lock `len` bytes at `ptr` through `ctx` (usable from every context), memory whose
+    /// lifetime no Rust borrow describes (a buffer another runtime owns, a shared mapping).
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + len` stays mapped until the value is dropped, and while a copy queued
+    /// through the value may run, nothing else writes the bytes it reads nor touches the bytes
+    /// it writes.
+    pub unsafe fn from_raw_parts(
+        ctx: &Context,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<RegisteredHost<'static>, CudaError> {
+        let Some(ptr) = NonNull::new(ptr) else {
+            return Err(CudaError::InvalidArgument {
+                call: "cuMemHostRegister_v2",
+                reason: "null pointer".to_string(),
+            });
+        };
+        // SAFETY: the caller keeps the span mapped for the value's life (this function's
+        // contract), which is all a `&'static mut` stands for here: no Rust reference to it is
+        // made before `as_slice`, whose callers the contract covers.
+        unsafe { Self::register(ctx, ptr, len) }
+    }
+}
+
 impl<'a> RegisteredHost<'a> {
     /// Page-lock `memory` through `ctx` (usable from every context).
     pub fn new(ctx: &Context, memory: &'a mut [u8]) -> Result<RegisteredHost<'a>, CudaError> {
-        refuse_empty("cuMemHostRegister_v2", memory.len())?;
-        ctx.make_current()?;
         let len = memory.len();
         let ptr = NonNull::from(memory).cast::<u8>();
         // SAFETY: `ptr` is valid for `len` bytes for 'a, which this value borrows exclusively.
+        unsafe { Self::register(ctx, ptr, len) }
+    }
+
+    /// # Safety
+    /// `ptr..ptr + len` stays mapped for 'a.
+    unsafe fn register(
+        ctx: &Context,
+        ptr: NonNull<u8>,
+        len: usize,
+    ) -> Result<RegisteredHost<'a>, CudaError> {
+        refuse_empty("cuMemHostRegister_v2", len)?;
+        ctx.make_current()?;
+        // SAFETY: `ptr` is valid for `len` bytes for 'a (this function's contract).
         let status = unsafe {
             (ctx.api().cuMemHostRegister_v2)(
                 ptr.as_ptr().cast(),

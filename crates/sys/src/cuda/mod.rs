@@ -75,7 +75,7 @@ pub use memory::{
     DeviceBuffer, DmaBuf, HostBuffer, MemoryType, PinnedHostBuffer, PointerInfo, RegisteredHost,
 };
 pub use module::{Kernel, KernelArgs, LaunchDims, Module, GDX_KERNELS_PTX};
-pub use share::{IpcHandle, MemPool, PoolAccess};
+pub use share::{IpcHandle, MemPool, PoolAccess, Sharing, VmmPiece};
 pub use stream::{Hold, Stream, HOLD_LIMIT};
 
 use crate::loader::{self, Opened};

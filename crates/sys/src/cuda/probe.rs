@@ -19,8 +19,9 @@ use super::{Context, Cuda, CudaError, DeviceBuffer, Event, PinnedHostBuffer, Str
 use std::fmt;
 use std::time::Duration;
 
-/// The byte a destination is filled with before the copies.
-pub const POISON: u8 = 0xA5;
+// The pattern, its check and the poison live in `crate::pattern` (the one pattern of gdx);
+// re-exported here because the probe's users found them here first.
+pub use crate::pattern::{fill_pattern, find_mismatch, pattern, Mismatch, POISON};
 
 /// The seed [`timed_copy`] fills the source with.
 pub const SEED: u64 = 0x6764_785f_7072_6f62; // "gdx_prob"
@@ -41,32 +42,6 @@ impl fmt::Display for Loc {
             Loc::Gpu(o) => write!(f, "GPU {o}"),
             Loc::PinnedHost => f.write_str("pinned host"),
         }
-    }
-}
-
-/// The first byte that differs from the pattern.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Mismatch {
-    /// Offset from the start of the destination.
-    pub offset: usize,
-    /// The pattern's byte.
-    pub expected: u8,
-    /// The byte found.
-    pub found: u8,
-}
-
-impl fmt::Display for Mismatch {
-    /// `byte 4096: expected 0x3c, found 0xa5 (the poison)`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "byte {}: expected {:#04x}, found {:#04x}",
-            self.offset, self.expected, self.found
-        )?;
-        if self.found == POISON {
-            f.write_str(" (the poison: never written)")?;
-        }
-        Ok(())
     }
 }
 
@@ -96,28 +71,6 @@ impl TimedCopy {
     }
 }
 
-/// The pattern's 8 bytes at word `index` (splitmix64 of seed and index).
-fn pattern_word(seed: u64, index: u64) -> u64 {
-    let mut z = seed.wrapping_add(index.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// Fill `buf` with the pattern of `seed`: byte `i` is byte `i % 8` (little-endian) of word
-/// `i / 8`, so any sub-range can be checked on its own.
-pub fn fill_pattern(buf: &mut [u8], seed: u64) {
-    let mut chunks = buf.chunks_exact_mut(8);
-    let mut i = 0u64;
-    for c in &mut chunks {
-        c.copy_from_slice(&pattern_word(seed, i).to_le_bytes());
-        i += 1;
-    }
-    let tail = chunks.into_remainder();
-    let w = pattern_word(seed, i).to_le_bytes();
-    tail.copy_from_slice(&w[..tail.len()]);
-}
-
 /// The GPU the hardware tests run on: `GDX_TEST_GPU`, default 0 (every GPU test suite of the
 /// workspace reads it through here).
 pub fn test_gpu() -> u32 {
@@ -136,39 +89,6 @@ pub fn replay_seed() -> u64 {
         .unwrap_or(1);
     eprintln!("pattern seed {s:#x}");
     s
-}
-
-/// `len` bytes of the pattern of `seed` (see [`fill_pattern`]): test data that differs at every
-/// offset, so a misplaced or repeated block is caught.
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    fill_pattern(&mut v, seed);
-    v
-}
-
-/// The first byte of `buf` that differs from the pattern of `seed`, if any.
-pub fn find_mismatch(buf: &[u8], seed: u64) -> Option<Mismatch> {
-    let first_in = |base: usize, got: &[u8], want: &[u8]| {
-        got.iter()
-            .zip(want)
-            .position(|(g, w)| g != w)
-            .map(|k| Mismatch {
-                offset: base + k,
-                expected: want[k],
-                found: got[k],
-            })
-    };
-    let mut chunks = buf.chunks_exact(8);
-    let mut i = 0u64;
-    for c in &mut chunks {
-        let want = pattern_word(seed, i).to_le_bytes();
-        if c != want {
-            return first_in(i as usize * 8, c, &want);
-        }
-        i += 1;
-    }
-    let tail = chunks.remainder();
-    first_in(i as usize * 8, tail, &pattern_word(seed, i).to_le_bytes())
 }
 
 /// One end, allocated.
@@ -354,52 +274,6 @@ fn unreachable_host_pair() -> CudaError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pattern_is_seeded_and_offset_independent() {
-        let mut a = vec![0u8; 37];
-        fill_pattern(&mut a, 1);
-        let mut b = vec![0u8; 37];
-        fill_pattern(&mut b, 2);
-        assert_ne!(a, b);
-        let mut long = vec![0u8; 64];
-        fill_pattern(&mut long, 1);
-        assert_eq!(&long[..37], &a[..]);
-        assert_eq!(find_mismatch(&a, 1), None);
-        assert_eq!(find_mismatch(&long, 1), None);
-        assert!(a.iter().any(|&x| x != 0));
-    }
-
-    #[test]
-    fn first_mismatch_is_reported_with_both_bytes() {
-        for len in [1usize, 7, 8, 9, 100] {
-            for bad in [0, len / 2, len - 1] {
-                let mut v = vec![0u8; len];
-                fill_pattern(&mut v, 9);
-                let expected = v[bad];
-                v[bad] = !expected;
-                let m = find_mismatch(&v, 9).unwrap();
-                assert_eq!(
-                    m,
-                    Mismatch {
-                        offset: bad,
-                        expected,
-                        found: !expected
-                    },
-                    "len {len}"
-                );
-            }
-        }
-        let m = Mismatch {
-            offset: 4096,
-            expected: 0x3c,
-            found: POISON,
-        };
-        assert_eq!(
-            m.to_string(),
-            "byte 4096: expected 0x3c, found 0xa5 (the poison: never written)"
-        );
-    }
 
     #[test]
     fn median_rate_is_in_gb_per_second() {

@@ -147,7 +147,219 @@ impl Device {
     }
 }
 
+/// How another process could map the allocation that holds a device address
+/// ([`Cuda::sharing`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Sharing {
+    /// A `cuMemAlloc` allocation (`cudaMalloc`: torch's default allocator, CuPy's pool, JAX's
+    /// BFC allocator): its legacy IPC handle, taken at the allocation's start, maps all
+    /// `size` bytes from `start` in the importer.
+    Legacy {
+        /// The handle ([`DeviceBuffer::open_ipc`] maps it).
+        handle: IpcHandle,
+        /// The allocation's first address in this process.
+        start: u64,
+        /// The allocation's size in bytes.
+        size: usize,
+    },
+    /// A VMM range (`cuMemCreate` memory mapped piece by piece, as torch's
+    /// `expandable_segments` and XLA make) whose allocations allow a POSIX file descriptor:
+    /// [`Cuda::vmm_pieces`] exports each piece, and the importer maps them one by one.
+    Vmm {
+        /// The first piece's first address in this process.
+        start: u64,
+        /// Each piece's size in bytes, in address order (contiguous from `start`).
+        pieces: Vec<usize>,
+    },
+    /// No handle: why, in words a user can act on.
+    Unshareable(String),
+}
+
+/// One mapped piece of a VMM range ([`Cuda::vmm_pieces`]): the allocation mapped there, whose
+/// handle this value retains (released when dropped).
+pub struct VmmPiece {
+    ctx: Context,
+    handle: api::CuMemGenericAllocationHandle,
+    base: u64,
+    size: usize,
+}
+
+impl fmt::Debug for VmmPiece {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VmmPiece")
+            .field("base", &format_args!("{:#x}", self.base))
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl VmmPiece {
+    /// The piece's first address in this process.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+    /// Bytes mapped.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+    /// The allocation as a POSIX file descriptor (`cuMemExportToShareableHandle`), which
+    /// [`DeviceBuffer::import_fd`] maps in another process with `alloc_len` = [`VmmPiece::size`].
+    pub fn export_fd(&self) -> Result<std::os::fd::OwnedFd, CudaError> {
+        super::vmm::export_handle_fd(&self.ctx, self.handle)
+    }
+}
+
+impl Drop for VmmPiece {
+    fn drop(&mut self) {
+        if let Some(f) = self.ctx.api().cuMemRelease {
+            // SAFETY: this value holds one reference to the handle (cuMemRetainAllocationHandle).
+            let status = unsafe { f(self.handle) };
+            if let Err(e) = self.ctx.check(status, "cuMemRelease") {
+                self.ctx.record_err(e);
+            }
+        }
+    }
+}
+
 impl Cuda {
+    /// How another process could map the allocation holding `addr`: its legacy IPC handle
+    /// where the driver says the memory is capable of one
+    /// (`CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`), else why not: stream-ordered
+    /// pool memory, or a VMM mapping (`cuMemCreate`, e.g. torch's `expandable_segments`): its
+    /// pieces where they allow a POSIX fd ([`Sharing::Vmm`]), else the handle types they allow.
+    /// `len` bytes from `addr` are described. `ctx` is the context of the GPU that holds the
+    /// memory.
+    /// Never dereferences the address.
+    pub fn sharing(&self, ctx: &Context, addr: u64, len: usize) -> Result<Sharing, CudaError> {
+        let mut capable: u64 = 0;
+        // SAFETY: the attribute is a bool-sized value, which fits in the zeroed u64
+        // out-pointer; the driver writes at most its size.
+        let status = unsafe {
+            (self.api().cuPointerGetAttribute)(
+                (&mut capable as *mut u64).cast(),
+                api::POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                addr,
+            )
+        };
+        self.check(
+            status,
+            "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)",
+            None,
+        )?;
+        if capable != 0 {
+            let (start, size) = self.pointer_range(addr)?;
+            ctx.make_current()?;
+            let mut h = CuIpcMemHandle { reserved: [0; 64] };
+            // SAFETY: `h` is a valid out-pointer; `start` is the start of a live allocation
+            // the driver just described.
+            let status = unsafe { (self.api().cuIpcGetMemHandle)(&mut h, start) };
+            ctx.check(status, "cuIpcGetMemHandle")?;
+            return Ok(Sharing::Legacy {
+                handle: IpcHandle(h.reserved),
+                start,
+                size,
+            });
+        }
+        if self.pointer_mem_pool(addr)?.is_some() {
+            return Ok(Sharing::Unshareable(
+                "it is stream-ordered pool memory (cuMemAllocAsync), which legacy CUDA IPC \
+                 cannot name and whose pool gdx does not export"
+                    .into(),
+            ));
+        }
+        let mut types: u64 = 0;
+        // SAFETY: the attribute is a 64-bit mask of CUmemAllocationHandleType, and `types` a
+        // valid out-pointer for one.
+        let status = unsafe {
+            (self.api().cuPointerGetAttribute)(
+                (&mut types as *mut u64).cast(),
+                api::POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+                addr,
+            )
+        };
+        self.check(status, "cuPointerGetAttribute(ALLOWED_HANDLE_TYPES)", None)?;
+        if types & api::MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR as u64 == 0 {
+            return Ok(Sharing::Unshareable(vmm_reason(types)));
+        }
+        let pieces = self.vmm_pieces(ctx, addr, len)?;
+        Ok(Sharing::Vmm {
+            start: pieces.first().map_or(addr, VmmPiece::base),
+            pieces: pieces.iter().map(VmmPiece::size).collect(),
+        })
+    }
+
+    /// The mapped pieces of the VMM range `addr..addr + len`, in address order: at each
+    /// address the allocation mapped there (`cuMemRetainAllocationHandle`) and the mapping's
+    /// extent (`CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR`, `..._MAPPING_SIZE`), then the next
+    /// address after it. `ctx` is the context of the GPU that holds the memory.
+    pub fn vmm_pieces(
+        &self,
+        ctx: &Context,
+        addr: u64,
+        len: usize,
+    ) -> Result<Vec<VmmPiece>, CudaError> {
+        const CALL: &str = "cuMemRetainAllocationHandle";
+        let retain = super::mapping::need(self.api().cuMemRetainAllocationHandle, CALL)?;
+        ctx.make_current()?;
+        let end = addr + len as u64;
+        let mut pieces: Vec<VmmPiece> = Vec::new();
+        let mut p = addr;
+        while p < end {
+            let mut handle: api::CuMemGenericAllocationHandle = 0;
+            // SAFETY: `handle` is a valid out-pointer; the address is only looked up.
+            let status = unsafe { retain(&mut handle, p as usize as *mut c_void) };
+            ctx.check(status, &format!("{CALL}({p:#x})"))?;
+            let mut piece = VmmPiece {
+                ctx: ctx.clone(),
+                handle,
+                base: 0,
+                size: 0,
+            };
+            // SAFETY: both attributes are 64-bit values and the out-pointers valid for one.
+            let status = unsafe {
+                (self.api().cuPointerGetAttribute)(
+                    (&mut piece.base as *mut u64).cast(),
+                    api::POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
+                    p,
+                )
+            };
+            self.check(status, "cuPointerGetAttribute(MAPPING_BASE_ADDR)", None)?;
+            let mut size: u64 = 0;
+            // SAFETY: as above.
+            let status = unsafe {
+                (self.api().cuPointerGetAttribute)(
+                    (&mut size as *mut u64).cast(),
+                    api::POINTER_ATTRIBUTE_MAPPING_SIZE,
+                    p,
+                )
+            };
+            self.check(status, "cuPointerGetAttribute(MAPPING_SIZE)", None)?;
+            piece.size = size as usize;
+            let next = piece.base + size;
+            if size == 0 || piece.base > p || next <= p {
+                return Err(CudaError::InvalidArgument {
+                    call: "cuPointerGetAttribute(MAPPING_BASE_ADDR)",
+                    reason: format!(
+                        "the driver maps {size} bytes at {:#x} for address {p:#x}",
+                        piece.base
+                    ),
+                });
+            }
+            if let Some(last) = pieces.last() {
+                if last.base + last.size as u64 != piece.base {
+                    return Err(CudaError::InvalidArgument {
+                        call: "cuPointerGetAttribute(MAPPING_BASE_ADDR)",
+                        reason: format!("the range has a hole before {:#x}", piece.base),
+                    });
+                }
+            }
+            pieces.push(piece);
+            p = next;
+        }
+        Ok(pieces)
+    }
+
     /// The allocation `addr` lies in: its start address and size
     /// (`CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`, `CU_POINTER_ATTRIBUTE_RANGE_SIZE`). An error
     /// for an address the driver does not know. Never dereferences the address.
@@ -310,9 +522,26 @@ impl DeviceBuffer {
     }
 }
 
+/// Why a VMM mapping with the allowed handle types `types` (a `CUmemAllocationHandleType`
+/// mask) is not shared.
+fn vmm_reason(types: u64) -> String {
+    format!(
+        "it is a VMM mapping (cuMemCreate) created without a POSIX fd handle type (allowed \
+         handle types {types:#x}), so no other process can map it; allocate it with cudaMalloc \
+         or with Agent.alloc"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vmm_reasons_name_the_handle_types() {
+        let r = vmm_reason(0x8);
+        assert!(r.contains("without a POSIX fd handle type"), "{r}");
+        assert!(r.contains("0x8"), "{r}");
+    }
 
     #[test]
     fn pool_access_flags_match_cuda_h() {

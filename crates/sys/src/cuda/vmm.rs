@@ -51,6 +51,37 @@ fn not_vmm() -> CudaError {
     }
 }
 
+/// `handle` as a POSIX file descriptor (`cuMemExportToShareableHandle`); the caller keeps a
+/// reference to the handle for the call.
+pub(crate) fn export_handle_fd(
+    ctx: &Context,
+    handle: api::CuMemGenericAllocationHandle,
+) -> Result<OwnedFd, CudaError> {
+    const CALL: &str = "cuMemExportToShareableHandle";
+    let f = need(ctx.api().cuMemExportToShareableHandle, CALL)?;
+    ctx.make_current()?;
+    let mut fd: c_int = -1;
+    // SAFETY: for a POSIX file descriptor the out-pointer is one int, which `fd` is; the
+    // handle is live (the caller holds a reference); flags must be 0.
+    let status = unsafe {
+        f(
+            (&mut fd as *mut c_int).cast::<c_void>(),
+            handle,
+            api::MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    };
+    ctx.check(status, CALL)?;
+    if fd < 0 {
+        return Err(CudaError::InvalidArgument {
+            call: CALL,
+            reason: format!("the driver returned success with file descriptor {fd}"),
+        });
+    }
+    // SAFETY: the driver just opened `fd` for the caller, who owns it from now on.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 impl DeviceBuffer {
     /// Allocate `len` bytes on `ctx`'s GPU with the virtual memory management API, shareable
     /// with other processes as a file descriptor ([`DeviceBuffer::export_fd`]): `cuMemCreate`
@@ -181,32 +212,10 @@ impl DeviceBuffer {
     /// [`CudaError::InvalidArgument`]. The caller owns the descriptor; the allocation lives
     /// while any process holds a handle or a mapping of it, not while the descriptor is open.
     pub fn export_fd(&self) -> Result<OwnedFd, CudaError> {
-        const CALL: &str = "cuMemExportToShareableHandle";
         let Release::Vmm { handle, .. } = self.release else {
             return Err(not_vmm());
         };
-        let f = need(self.ctx.api().cuMemExportToShareableHandle, CALL)?;
-        self.ctx.make_current()?;
-        let mut fd: c_int = -1;
-        // SAFETY: for a POSIX file descriptor the out-pointer is one int, which `fd` is; the
-        // handle is live (this buffer holds a reference); flags must be 0.
-        let status = unsafe {
-            f(
-                (&mut fd as *mut c_int).cast::<c_void>(),
-                handle,
-                api::MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-        };
-        self.ctx.check(status, CALL)?;
-        if fd < 0 {
-            return Err(CudaError::InvalidArgument {
-                call: CALL,
-                reason: format!("the driver returned success with file descriptor {fd}"),
-            });
-        }
-        // SAFETY: the driver just opened `fd` for the caller, who owns it from now on.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        export_handle_fd(&self.ctx, handle)
     }
 
     /// Whether the buffer is a VMM mapping ([`DeviceBuffer::new_shareable`],

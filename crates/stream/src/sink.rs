@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use super::kernel::Output;
-use crate::error::{Error, Result};
+use gdx_engine::{Error, Result};
 
 /// One frame's result, as the sink receives it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use gdx_sys::cuda::{MappedHostBuffer, PinnedHostBuffer};
 
 use super::kernel::{Kernel, Output};
-use crate::error::{Error, Result};
+use gdx_engine::{Error, Result};
 
 /// A slot's memory: plain host memory for a CPU stage, pinned memory for the copy-engine GPU
 /// stage (so the copy engine reads it directly), mapped pinned memory for the service-kernel

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use super::sink::{FrameResult, Sink};
 use super::source::{Arrival, FrameInfo, SlotBuf, Source};
-use crate::error::{Error, Result};
-use crate::{Access, Agent, Peer, PeerInfo, Region, RegionDesc, Transfer};
+use gdx_engine::{Access, Agent, Peer, PeerInfo, Region, RegionDesc, Transfer};
+use gdx_engine::{Error, Result};
 
 /// The landing region a [`PeerSource`] publishes.
 pub const PEER_SOURCE_REGION: &str = "gdx-stream-in";

@@ -16,7 +16,7 @@ use super::report::{
 };
 use super::stage::{SlotMem, Stage};
 use super::{Arrival, BackPressure, FrameInfo, FrameResult, PipelineConfig, Sink, SlotBuf, Source};
-use crate::error::{Error, Result};
+use gdx_engine::{Error, Result};
 use std::collections::VecDeque;
 
 /// One slot of the frame ring.

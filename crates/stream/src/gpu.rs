@@ -20,10 +20,10 @@ use gdx_sys::cuda::{
 
 use super::kernel::Output;
 use super::stage::{SlotMem, Stage};
-use crate::error::{Error, Result};
+use gdx_engine::{Error, Result};
 
 /// The checksum kernel's PTX (regenerate with `scripts/gen-ptx.sh`).
-pub const STREAM_CHECKSUM_PTX: &str = include_str!("../../kernels/stream_checksum.ptx");
+pub const STREAM_CHECKSUM_PTX: &str = include_str!("../kernels/stream_checksum.ptx");
 
 /// Threads per block (the `THREADS` of the .cu).
 const THREADS: u32 = 256;
@@ -336,9 +336,7 @@ mod tests {
         ];
         let one = |stage: &mut GpuStage, slot: &mut SlotMem, len: usize, tag: u8| {
             let bytes = slot.bytes_mut().unwrap();
-            for (k, b) in bytes[..len].iter_mut().enumerate() {
-                *b = (k as u8).wrapping_mul(31).wrapping_add(tag);
-            }
+            gdx_sys::pattern::fill_pattern(&mut bytes[..len], u64::from(tag));
             let want = super::super::checksum(&bytes[..len]);
             stage.submit(slot, len).unwrap();
             let start = Instant::now();

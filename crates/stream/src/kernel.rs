@@ -13,7 +13,7 @@
 //!   which GPU threads add does not.
 //! - `sum_sq` = Σ `b[j]`² mod 2^64 over the bytes.
 
-use crate::error::Result;
+use gdx_engine::Result;
 
 /// A kernel's result for one frame: two 64-bit words (the checksum kernel: checksum, sum of
 /// squares).

@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 
 use gdx_storage::{copy_file_to_host, source_len, CopyOptions, FileRange};
 
-use crate::error::{Error, Result};
-use crate::file::storage_err;
+use gdx_engine::{Error, Result};
 
 /// One frame's header: what the source stamped on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,7 +226,7 @@ impl FileSource {
                 "file source: the frame size must be at least 1 byte".into(),
             ));
         }
-        let len = source_len(&path, 0, None).map_err(storage_err)?;
+        let len = source_len(&path, 0, None).map_err(Error::from)?;
         Ok(FileSource {
             path,
             frame,
@@ -269,7 +268,7 @@ impl Source for FileSource {
         let Some(s) = slot else { return Ok(()) };
         let range = FileRange::new(&self.path, self.offset(info.seq), info.len as u64);
         copy_file_to_host(&range, &mut s.buf[..info.len], &CopyOptions::default())
-            .map_err(storage_err)?;
+            .map_err(Error::from)?;
         Ok(())
     }
 }

@@ -24,7 +24,7 @@
 //! # Example
 //!
 //! ```
-//! use gdx_engine::pipeline::{BackPressure, Checksum, NullSink, Pipeline, PipelineConfig, Synthetic};
+//! use gdx_stream::{BackPressure, Checksum, NullSink, Pipeline, PipelineConfig, Synthetic};
 //! let cfg = PipelineConfig { slots: 4, policy: BackPressure::Block, max_frames: Some(100), ..PipelineConfig::default() };
 //! let report = Pipeline::new(cfg).run(Synthetic::new(4096, None)?, Checksum, NullSink, |_| {})?;
 //! assert_eq!((report.frames_delivered, report.drops), (100, 0));
@@ -50,7 +50,7 @@ pub use source::{Arrival, FileSource, FrameInfo, SlotBuf, Source, Synthetic};
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use gdx_engine::{Error, Result};
 
 /// What to do with a frame when every slot is in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]

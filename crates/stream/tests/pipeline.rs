@@ -3,18 +3,45 @@
 //! reordering under `block`, drops equal to the gaps under `drop`, bounded memory under
 //! back-pressure, a dying sink or kernel named in the error, file and peer ends.
 
-mod common;
+mod common {
+    use gdx_engine::{Agent, AgentConfig, Secret, Transports};
+    use std::time::Duration;
+
+    pub use gdx_sys::pattern::pattern;
+
+    /// An agent of this test process (one secret for all of them: they only talk to each
+    /// other), shm on or off.
+    pub fn agent(name: &str, shm: bool) -> Agent {
+        static SECRET: std::sync::OnceLock<Secret> = std::sync::OnceLock::new();
+        let secret = SECRET
+            .get_or_init(|| Secret::generate().expect("secret"))
+            .clone();
+        Agent::new(AgentConfig {
+            name: name.into(),
+            transports: Transports {
+                tcp: true,
+                shm,
+                rdma: false,
+                fabric: false,
+            },
+            io_timeout: Duration::from_secs(20),
+            secret: Some(secret),
+            ..AgentConfig::default()
+        })
+        .expect("agent")
+    }
+}
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gdx_engine::pipeline::{
+use gdx_engine::{Error, Result};
+use gdx_stream::{
     checksum, Arrival, BackPressure, Checksum, FileSink, FileSource, FrameInfo, FrameResult,
     Kernel, NullSink, Output, PeerFrameWriter, PeerSink, PeerSource, Pipeline, PipelineConfig,
     Sink, SlotBuf, Source, StopReason, Synthetic,
 };
-use gdx_engine::{Error, Result};
 
 /// Keeps every result.
 #[derive(Clone, Default)]
@@ -327,7 +354,7 @@ fn a_file_source_and_file_sink_carry_every_frame() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.bin");
     let frame = 8192;
-    let data = common::random_vec(frame * 10 + 1234, 7);
+    let data = common::pattern(frame * 10 + 1234, 7);
     std::fs::write(&input, &data).unwrap();
     let out = dir.path().join("results.tsv");
     let rep = Pipeline::new(PipelineConfig {
@@ -375,7 +402,7 @@ fn frames_from_a_remote_agent_and_results_to_another() {
             let mut w = PeerFrameWriter::connect(&agent, &addr, frame).unwrap();
             for seq in 0..frames {
                 let got = w
-                    .write(&common::random_vec(frame - (seq as usize % 7), seq))
+                    .write(&common::pattern(frame - (seq as usize % 7), seq))
                     .unwrap();
                 assert_eq!(got, seq);
             }
@@ -397,7 +424,7 @@ fn frames_from_a_remote_agent_and_results_to_another() {
         for seq in 0..frames {
             let n = results.wait_notification(Duration::from_secs(10)).unwrap();
             let (s, len, words) = PeerSink::decode(&n.data).unwrap();
-            let want = common::random_vec(frame - (seq as usize % 7), seq);
+            let want = common::pattern(frame - (seq as usize % 7), seq);
             assert_eq!((s, len), (seq, want.len() as u64), "shm={shm}");
             assert_eq!(Output(words), checksum(&want), "frame {seq}, shm={shm}");
         }

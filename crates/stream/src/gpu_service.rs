@@ -31,7 +31,7 @@ use gdx_sys::cuda::{
 use super::gpu::STREAM_CHECKSUM_PTX;
 use super::kernel::Output;
 use super::stage::{SlotMem, Stage};
-use crate::error::{Error, Result};
+use gdx_engine::{Error, Result};
 
 /// Frames up to this size take the service kernel: a 4 KiB frame is one 16-byte read per
 /// thread; beyond two such rounds the copy engine moves the bytes faster than one block reads
@@ -316,7 +316,7 @@ mod tests {
 
     #[test]
     fn the_kernel_source_and_this_side_agree_on_the_layout() {
-        let cu = include_str!("../../kernels/stream_checksum.cu");
+        let cu = include_str!("../kernels/stream_checksum.cu");
         for (name, v) in [
             ("SVC_STOP", CTL_STOP),
             ("SVC_HEARTBEAT", CTL_HEARTBEAT),

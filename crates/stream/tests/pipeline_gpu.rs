@@ -7,10 +7,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gdx_engine::pipeline::{
-    checksum, BackPressure, FrameResult, Pipeline, PipelineConfig, Sink, Synthetic,
-};
 use gdx_engine::Result;
+use gdx_stream::{checksum, BackPressure, FrameResult, Pipeline, PipelineConfig, Sink, Synthetic};
 
 fn gpu() -> u32 {
     std::env::var("GDX_TEST_GPU")

@@ -1,0 +1,73 @@
+//! What a test needs from the machine, said the same way by every test of the workspace.
+//!
+//! A test that needs hardware only some machines have is `#[ignore = "requires …"]` and runs
+//! with `-- --ignored` where the hardware is. A test that must run in the default suite but
+//! applies only to some machines (the tests of what gdx says *without* an RDMA device or a CUDA
+//! driver, which cannot apply on a machine that has one; a driver feature a GPU test needs)
+//! calls [`precondition`] first: where the precondition holds the test runs; where it does not,
+//! the test says so on stderr and passes without running — unless `GDX_REQUIRE_HW=1`, where it
+//! fails. CI sets `GDX_REQUIRE_HW=1` on machines whose hardware it knows (the host runners have
+//! no GPU and no RDMA device; the GPU runner's `-- --ignored` runs must find their GPU), so a
+//! test that silently stopped applying shows as a failure, never as a pass.
+
+/// The variable that turns an unmet precondition into a failure.
+pub const REQUIRE_HW: &str = "GDX_REQUIRE_HW";
+
+/// What to do about a precondition, given whether it holds and whether `GDX_REQUIRE_HW=1`:
+/// `Ok(None)` run the test, `Ok(Some(message))` skip it, `Err(message)` fail it.
+fn decide(what: &str, holds: bool, required: bool) -> Result<Option<String>, String> {
+    match (holds, required) {
+        (true, _) => Ok(None),
+        (false, true) => Err(format!(
+            "this test needs {what}, which this machine lacks ({REQUIRE_HW}=1: failing instead \
+             of skipping)"
+        )),
+        (false, false) => Ok(Some(format!(
+            "skipped: this test needs {what}, which this machine lacks ({REQUIRE_HW}=1 makes this \
+             a failure)"
+        ))),
+    }
+}
+
+/// True when the test's precondition `what` holds (`holds`) and the test should run. When it
+/// does not: prints why and returns false, or panics when `GDX_REQUIRE_HW=1`.
+#[track_caller]
+#[allow(clippy::panic)] // only tests call this: failing the calling test is its whole job
+pub fn precondition(what: &str, holds: bool) -> bool {
+    let required = std::env::var(REQUIRE_HW).is_ok_and(|v| v == "1");
+    match decide(what, holds, required) {
+        Ok(None) => true,
+        Ok(Some(skip)) => {
+            eprintln!("{skip}");
+            false
+        }
+        Err(fail) => panic!("{fail}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_met_precondition_runs_the_test_either_way() {
+        assert_eq!(decide("a GPU", true, false), Ok(None));
+        assert_eq!(decide("a GPU", true, true), Ok(None));
+    }
+
+    #[test]
+    fn an_unmet_one_skips_with_the_reason_or_fails_when_required() {
+        let skip = decide("an RDMA device", false, false).unwrap().unwrap();
+        assert!(
+            skip.starts_with("skipped: this test needs an RDMA device"),
+            "{skip}"
+        );
+        let fail = decide("an RDMA device", false, true).unwrap_err();
+        assert!(fail.contains("GDX_REQUIRE_HW=1"), "{fail}");
+    }
+
+    #[test]
+    fn precondition_that_holds_returns_true() {
+        assert!(precondition("nothing", true));
+    }
+}
