@@ -11,7 +11,11 @@
 #   two VMs on one wire: `gdx serve --rdma-listen` in one, `gdx bench --path rdma --peer` in the
 #   other, bytes verified, and the faults (link down mid-transfer, peer powered off).
 #
-#   GDX_RDMA_SUITE=one|pair|all (default all) picks a part.
+#   two VMs on two wires (rxe0/eth0, rxe1/eth1): the engine's rdma rails (tests/rdma_rails_vm.rs:
+#   both rails used, share under tc shaping, a wire down mid-transfer and back, both down) and
+#   the rails benchmark (two equal rate-limited rails against one, same boot);
+#
+#   GDX_RDMA_SUITE=one|pair|rails|all (default all) picks a part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 part=${GDX_RDMA_SUITE:-all}
@@ -21,7 +25,7 @@ bash scripts/rdma-vm.sh setup
 # Test executables, built here, run there.
 tests_json=$(cargo test --no-run --message-format=json \
   -p gdx-rdma --test hardware -p gdx-bench --test rdma_hardware \
-  -p gdx-engine --test rdma_vm --test fabric_route -p gdx-doctor --lib 2>/dev/null)
+  -p gdx-engine --test rdma_vm --test rdma_rails_vm --test fabric_route -p gdx-doctor --lib 2>/dev/null)
 exe() { # exe CRATE TARGET -> the test executable's path
   python3 -c '
 import json, sys
@@ -37,7 +41,8 @@ BENCH_HW=$(exe gdx-bench rdma_hardware)
 ENGINE_VM=$(exe gdx-engine rdma_vm)
 DOCTOR_LIB=$(exe gdx-doctor gdx_doctor)
 ENGINE_FABRIC=$(exe gdx-engine fabric_route)
-for v in RDMA_HW BENCH_HW ENGINE_VM DOCTOR_LIB ENGINE_FABRIC; do
+ENGINE_RAILS=$(exe gdx-engine rdma_rails_vm)
+for v in RDMA_HW BENCH_HW ENGINE_VM DOCTOR_LIB ENGINE_FABRIC ENGINE_RAILS; do
   [[ -x ${!v} ]] || { echo "test-rdma: no test executable for $v" >&2; exit 1; }
 done
 cargo build --release -p gdx 2>&1 | tail -1
@@ -47,12 +52,16 @@ GDX=$PWD/target/release/gdx
 bash scripts/test-python.sh -q test_rdma.py
 PYENV=$PWD/${GDX_PYENV:-target/pyenv}
 
-export RDMA_HW BENCH_HW ENGINE_VM DOCTOR_LIB ENGINE_FABRIC GDX PYENV
+export RDMA_HW BENCH_HW ENGINE_VM DOCTOR_LIB ENGINE_FABRIC ENGINE_RAILS GDX PYENV
 if [[ $part == one || $part == all ]]; then
   bash scripts/rdma-vm.sh run --timeout 2400 -- bash scripts/rdma-vm/suite-one.sh
 fi
 if [[ $part == pair || $part == all ]]; then
   bash scripts/rdma-vm.sh pair --timeout 1200 \
     --a 'bash scripts/rdma-vm/suite-pair.sh a' --b 'bash scripts/rdma-vm/suite-pair.sh b'
+fi
+if [[ $part == rails || $part == all ]]; then
+  bash scripts/rdma-vm.sh pair --wires 2 --timeout 1500 \
+    --a 'bash scripts/rdma-vm/suite-rails.sh a' --b 'bash scripts/rdma-vm/suite-rails.sh b'
 fi
 echo "test-rdma: passed"

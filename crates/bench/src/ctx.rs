@@ -42,6 +42,9 @@ pub struct Ctx {
     /// libfabric provider for the fabric cases (`--provider`; `None`: `GDX_FABRIC_PROVIDER`,
     /// else automatic).
     pub fabric_provider: Option<String>,
+    /// The rails of the tcp cases' peer connection (`--nics`; empty: `GDX_NICS`, else one
+    /// rail wherever the kernel routes).
+    pub nics: Vec<String>,
     /// The provider the fabric cases would use and why, or why there is none (asked once).
     fabric: OnceLock<Result<(gdx_fabric::ProviderInfo, String), NoFabric>>,
     cuda: OnceLock<Result<Cuda, Unavailable>>,

@@ -31,6 +31,25 @@ pub(crate) struct AgentCase {
     pub(crate) provider: Option<String>,
 }
 
+/// The rails of a row: the bytes moved over each between `before` and `after` (snapshots of
+/// the peer's rails), with each rail's state after.
+fn rail_rows(
+    before: &[gdx_engine::RailInfo],
+    after: &[gdx_engine::RailInfo],
+) -> Vec<crate::report::RailRow> {
+    after
+        .iter()
+        .enumerate()
+        .map(|(i, r)| crate::report::RailRow {
+            local: r.local.clone(),
+            remote: r.remote.clone(),
+            bytes: r.bytes.saturating_sub(before.get(i).map_or(0, |b| b.bytes)),
+            state: r.state.as_str().to_string(),
+            cause: r.cause.clone(),
+        })
+        .collect()
+}
+
 /// The loopback target: an agent in this process serving one region.
 struct Loopback {
     region: Region<'static>,
@@ -49,8 +68,12 @@ impl AgentCase {
     fn connect(
         &self,
         window: u64,
+        nics: &[String],
     ) -> Result<(Agent, Peer, RegionDesc, Option<Loopback>), BenchError> {
-        let base = AgentConfig::from_env().map_err(BenchError::engine("GDX_* settings"))?;
+        let mut base = AgentConfig::from_env().map_err(BenchError::engine("GDX_* settings"))?;
+        if !nics.is_empty() {
+            base.nics = nics.to_vec();
+        }
         let shm = self.spec.path == PathKind::Shm;
         let fabric = self.spec.path == PathKind::Fabric;
         let client_cfg = AgentConfig {
@@ -133,12 +156,7 @@ impl BenchCase for AgentCase {
         Ok(())
     }
 
-    fn run(
-        &self,
-        _ctx: &Ctx,
-        params: &Params,
-        sink: &mut dyn FnMut(Row),
-    ) -> Result<(), BenchError> {
+    fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), BenchError> {
         let batch = u64::from(params.batch.max(1));
         let inflight = u64::from(params.window.max(1));
         let want = params
@@ -146,7 +164,7 @@ impl BenchCase for AgentCase {
             .saturating_mul(batch * inflight)
             .max(ROTATE_BYTES.min(params.max_size().max(1) * 64))
             .min(ROTATE_BYTES.max(params.max_size()));
-        let (client, peer, remote, lb) = self.connect(want)?;
+        let (client, peer, remote, lb) = self.connect(want, &ctx.nics)?;
         let window = remote.len.min(want);
         let mut local = client
             .alloc(window, Access::LOCAL, None)
@@ -238,6 +256,7 @@ impl BenchCase for AgentCase {
                     continue;
                 }
             }
+            let rails_before = peer.rails();
             let cell = RefCell::new(&mut local);
             // A latency row (one op at a time) is judged against its floor measured between
             // its blocks of transfers (`NearFloor`).
@@ -347,6 +366,18 @@ impl BenchCase for AgentCase {
                 ));
             }
             row.cpu_s_per_gb = timed.cpu_s_per_gb;
+            row.rails = rail_rows(&rails_before, &peer.rails());
+            if row.rails.len() > 1 {
+                let each: Vec<String> = row
+                    .rails
+                    .iter()
+                    .map(|r| match &r.cause {
+                        Some(c) => format!("{} {} B, {} ({c})", r.local, r.bytes, r.state),
+                        None => format!("{} {} B", r.local, r.bytes),
+                    })
+                    .collect();
+                row.add_note(format!("rails: {}", each.join(", ")));
+            }
             if lb.is_some() {
                 row.add_note("cpu includes both agents (loopback, one process)");
             }

@@ -83,6 +83,25 @@ pub struct Row {
     /// against it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy_near: Option<crate::copyref::NearCopy>,
+    /// The rails of a tcp row's peer connection: the bytes the row's transfers moved over
+    /// each, and each rail's state after them (`cause` while paused).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rails: Vec<RailRow>,
+}
+
+/// One rail of a row ([`Row::rails`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RailRow {
+    /// This side's end (a local address, or a device).
+    pub local: String,
+    /// The peer's end.
+    pub remote: String,
+    /// Bytes the row's transfers moved over it.
+    pub bytes: u64,
+    /// `active` or `paused`.
+    pub state: String,
+    /// Why it is paused.
+    pub cause: Option<String>,
 }
 
 impl Row {
@@ -114,6 +133,7 @@ impl Row {
             note: None,
             floor_near: None,
             copy_near: None,
+            rails: Vec::new(),
         }
     }
 

@@ -265,6 +265,41 @@ fn loopback_host_paths_run_and_verify() {
 }
 
 #[test]
+fn tcp_rows_carry_their_rails() {
+    let out = gdx()
+        .args([
+            "bench",
+            "--path",
+            "host_to_host_tcp",
+            "--size",
+            "4MiB",
+            "--iters",
+            "3",
+            "--nics",
+            "127.0.0.1,127.0.0.2",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let v = success_json(&out);
+    let rows = v["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    let r = &rows[0];
+    assert_eq!(r["verified"], true, "{r}");
+    let rails = r["rails"].as_array().unwrap();
+    assert_eq!(rails.len(), 2, "{r}");
+    for (rail, local) in rails.iter().zip(["127.0.0.1", "127.0.0.2"]) {
+        assert_eq!(rail["local"], local, "{r}");
+        assert!(rail["remote"].as_str().unwrap().starts_with("127.0.0.1:"));
+        assert!(rail["bytes"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(rail["state"], "active");
+        assert!(rail["cause"].is_null());
+    }
+    let moved: u64 = rails.iter().map(|x| x["bytes"].as_u64().unwrap()).sum();
+    assert!(moved >= 3 * (4 << 20), "{r}");
+}
+
+#[test]
 fn calibrate_show_prints_a_calibration_file() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("cal.json");

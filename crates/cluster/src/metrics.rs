@@ -258,7 +258,40 @@ fn guard_families(agent: &Agent, http: &HttpHits) -> Vec<MetricFamily> {
             )
         })
         .collect();
+    let (mut rail_bytes, mut rail_errors, mut rail_active) = (Vec::new(), Vec::new(), Vec::new());
+    for p in agent.rails() {
+        for r in &p.rails {
+            let l = [
+                ("peer", p.peer.as_str()),
+                ("local", r.local.as_str()),
+                ("remote", r.remote.as_str()),
+            ];
+            rail_bytes.push(counter(&l, r.bytes));
+            rail_errors.push(counter(&l, r.errors));
+            let up = r.state == gdx_engine::RailState::Active;
+            rail_active.push(gauge(&l, if up { 1.0 } else { 0.0 }));
+        }
+    }
     let mut v = vec![
+        family(
+            "gdx_rail_bytes_total",
+            "Bytes this agent moved over each rail of its outbound peer connections.",
+            MetricType::COUNTER,
+            rail_bytes,
+        ),
+        family(
+            "gdx_rail_errors_total",
+            "Errors on each rail of this agent's outbound peer connections (each pauses it).",
+            MetricType::COUNTER,
+            rail_errors,
+        ),
+        family(
+            "gdx_rail_active",
+            "1 while a rail takes work, 0 while it is paused after an error (its cause: \
+             Peer::rails(), Python Transfer.rails()).",
+            MetricType::GAUGE,
+            rail_active,
+        ),
         family(
             "gdx_limit_hits_total",
             "Connections and requests refused, closed or evicted by a bound, by bound.",

@@ -187,3 +187,65 @@ fn metrics_equal_what_moved_and_health_follows_the_lease() {
     });
     assert_eq!(get(m.addr(), "/nope").0, 404);
 }
+
+/// Per-rail bytes, errors and state of an outbound connection over two loopback rails.
+#[test]
+fn metrics_show_each_rail() {
+    use gdx_engine::{Agent, AgentConfig, Transports};
+    let tcp_only = |name: &str| AgentConfig {
+        name: name.into(),
+        transports: Transports {
+            tcp: true,
+            shm: false,
+            rdma: false,
+            fabric: false,
+        },
+        tcp_streams: 1,
+        chunk_bytes: 1 << 20,
+        ..AgentConfig::default()
+    };
+    let target = Agent::new(tcp_only("t")).expect("target");
+    let dst = target
+        .alloc(8 << 20, Access::READ_WRITE, Some("dst"))
+        .expect("dst");
+    let mut cfg = tcp_only("i");
+    cfg.nics = vec!["127.0.0.1".into(), "127.0.0.2".into()];
+    let init = std::sync::Arc::new(Agent::new(cfg).expect("init"));
+    let peer = init
+        .connect(target.listen_addr().expect("listen"))
+        .expect("connect");
+    let mut src = init.alloc(8 << 20, Access::LOCAL, None).expect("src");
+    for (i, b) in src.bytes_mut().expect("bytes").iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let remote = peer.region("dst").expect("region");
+    let mut t = Transfer::new();
+    t.write(&src, 0, &remote, 0, 8 << 20);
+    peer.submit(t)
+        .expect("submit")
+        .wait(Duration::from_secs(60))
+        .expect("write");
+    assert_eq!(
+        dst.bytes().expect("bytes")[..],
+        src.bytes().expect("bytes")[..]
+    );
+    let m = MetricsServer::start(
+        "127.0.0.1:0".parse().expect("addr"),
+        gdx_cluster::metrics::Health::agent_only(std::sync::Arc::clone(&init)),
+    )
+    .expect("serve");
+    let (code, text) = get(m.addr(), "/metrics");
+    assert_eq!(code, 200);
+    let s = parse(&text);
+    for local in ["127.0.0.1", "127.0.0.2"] {
+        let bytes = sum(&s, "gdx_rail_bytes_total", ("local", local));
+        assert!(bytes > 0.0, "rail {local} carried nothing: {text}");
+        assert_eq!(sum(&s, "gdx_rail_active", ("local", local)), 1.0, "{text}");
+        assert_eq!(sum(&s, "gdx_rail_errors_total", ("local", local)), 0.0);
+    }
+    assert_eq!(
+        sum(&s, "gdx_rail_bytes_total", ("peer", "t")),
+        (8u64 << 20) as f64,
+        "{text}"
+    );
+}

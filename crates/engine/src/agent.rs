@@ -82,13 +82,16 @@ pub(crate) struct AgentInner {
     /// The RDMA endpoint, or why this agent does not offer rdma.
     pub(crate) rdma: Result<Arc<RdmaNode>>,
     /// Queue pairs of inbound rdma connections, per control session.
-    pub(crate) rdma_qps: Mutex<HashMap<u128, gdx_rdma::Qp>>,
+    pub(crate) rdma_qps: Mutex<HashMap<u128, Vec<gdx_rdma::Qp>>>,
     /// What this agent moved ([`Agent::stats`]).
     pub(crate) stats: Arc<Stats>,
     /// What peers moved through this agent ([`Agent::served`]).
     pub(crate) served: crate::served::Served,
     /// The libfabric endpoint, or why this agent does not offer fabric.
     pub(crate) fabric: Result<Arc<FabricNode>>,
+    /// The rails of outbound peer connections ([`Agent::rails`]): peer name, address, rails
+    /// (gone once the peer is dropped).
+    pub(crate) rails: Mutex<Vec<(String, String, std::sync::Weak<crate::rails::Rails>)>>,
     /// This process's CUDA, once known ([`Agent::use_cuda`], or the first
     /// [`Agent::register_gpu`]): with it a host region reaches a same-host peer's GPU memory
     /// through that memory's IPC handle, page-locked and copied once, instead of staged.
@@ -236,6 +239,7 @@ impl Agent {
             stats: Arc::default(),
             served: crate::served::Served::default(),
             fabric,
+            rails: Mutex::default(),
             cuda: Arc::new(OnceLock::new()),
         });
         if let Ok(node) = &inner.fabric {
@@ -316,6 +320,22 @@ impl Agent {
     /// (tcp chunks and shm ops this agent served; one-sided rdma and fabric ops are not seen).
     pub fn served(&self) -> Vec<crate::ServedStat> {
         self.inner.served.snapshot()
+    }
+
+    /// The rails of each outbound peer connection alive now, by peer: ends, bytes, errors,
+    /// state and cause (`/metrics`).
+    pub fn rails(&self) -> Vec<crate::PeerRails> {
+        let mut g = self.inner.rails.lock().unwrap_or_else(|p| p.into_inner());
+        g.retain(|(_, _, r)| r.strong_count() > 0);
+        g.iter()
+            .filter_map(|(peer, addr, r)| {
+                Some(crate::PeerRails {
+                    peer: peer.clone(),
+                    addr: addr.clone(),
+                    rails: r.upgrade()?.snapshot(None),
+                })
+            })
+            .collect()
     }
 
     /// How often each bound of [`crate::Limits`] was hit.

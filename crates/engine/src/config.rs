@@ -7,6 +7,7 @@
 //! | `GDX_TRANSPORTS` | [`AgentConfig::transports`] | `tcp,shm,rdma` (default), `tcp`, `tcp,fabric` |
 //! | `GDX_FABRIC_PROVIDER` | libfabric provider for `fabric` | `tcp`, `efa`, `auto` (default) |
 //! | `GDX_TCP_STREAMS` | [`AgentConfig::tcp_streams`] | `2` |
+//! | `GDX_NICS` | [`AgentConfig::nics`] | `10.0.0.1,10.0.1.1=10.0.1.2` (tcp), `rxe0,rxe1` (rdma) |
 //! | `GDX_CHUNK_BYTES` | [`AgentConfig::chunk_bytes`] | `8388608` |
 //! | `GDX_IO_TIMEOUT_MS` | [`AgentConfig::io_timeout`] | `10000` |
 //! | `GDX_TIMEOUT_MS` | [`AgentConfig::transfer_timeout`] | `60000` |
@@ -68,6 +69,60 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr> {
         .ok_or_else(bad)
 }
 
+/// Splits a `--nics` / `GDX_NICS` list (`A,B`, spaces allowed) into its entries.
+pub fn parse_nics(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// A tcp rail from a [`AgentConfig::nics`] entry, for a peer at `peer`: the local address to
+/// connect from and the peer's address to connect to. `None` for an entry that names no
+/// address (an RDMA device such as `rxe0`).
+pub(crate) fn tcp_rail(entry: &str, peer: SocketAddr) -> Option<(std::net::IpAddr, SocketAddr)> {
+    let (local, remote) = match entry.split_once('=') {
+        Some((l, r)) => (l.trim(), Some(r.trim())),
+        None => (entry.trim(), None),
+    };
+    let local: std::net::IpAddr = local.parse().ok()?;
+    let to = match remote {
+        None => peer,
+        Some(r) => match r.parse::<SocketAddr>() {
+            Ok(a) => a,
+            Err(_) => SocketAddr::new(r.parse().ok()?, peer.port()),
+        },
+    };
+    Some((local, to))
+}
+
+#[cfg(test)]
+#[test]
+fn tcp_rails_parse_from_nics_entries() {
+    let peer: SocketAddr = "10.0.0.2:7447".parse().unwrap();
+    assert_eq!(
+        tcp_rail("10.0.0.1", peer),
+        Some(("10.0.0.1".parse().unwrap(), peer))
+    );
+    assert_eq!(
+        tcp_rail("10.0.1.1=10.0.1.2", peer),
+        Some((
+            "10.0.1.1".parse().unwrap(),
+            "10.0.1.2:7447".parse().unwrap()
+        ))
+    );
+    assert_eq!(
+        tcp_rail("127.0.0.2=127.0.0.3:9000", peer),
+        Some((
+            "127.0.0.2".parse().unwrap(),
+            "127.0.0.3:9000".parse().unwrap()
+        ))
+    );
+    assert_eq!(tcp_rail("rxe0", peer), None);
+    assert_eq!(parse_nics(" rxe0, rxe1 ,"), vec!["rxe0", "rxe1"]);
+}
+
 /// Which transports an agent offers and uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transports {
@@ -111,8 +166,13 @@ pub struct AgentConfig {
     pub listen: Option<SocketAddr>,
     /// Transports enabled.
     pub transports: Transports,
-    /// Parallel TCP data streams per peer.
+    /// Parallel TCP data streams per peer (per rail, with several [`AgentConfig::nics`]).
     pub tcp_streams: usize,
+    /// The rails a peer connection stripes over and fails over between, in order. tcp: local
+    /// addresses, each `LOCAL_IP` (to the peer's address) or `LOCAL_IP=REMOTE_IP[:PORT]` (to
+    /// the peer's address on that NIC's network; the port defaults to the peer's). Empty: one
+    /// rail, wherever the kernel routes. At most [`crate::MAX_RAILS`].
+    pub nics: Vec<String>,
     /// Largest piece a tcp op is cut into (≤ 64 MiB).
     pub chunk_bytes: u32,
     /// How long a started socket read or write may stall before the peer is declared lost.
@@ -151,6 +211,7 @@ impl Default for AgentConfig {
                 fabric: false,
             },
             tcp_streams: 2,
+            nics: Vec::new(),
             chunk_bytes: 8 << 20,
             io_timeout: Duration::from_secs(10),
             transfer_timeout: Duration::from_secs(60),
@@ -225,6 +286,9 @@ impl AgentConfig {
         if let Some(v) = var("GDX_TCP_STREAMS") {
             self.tcp_streams = parse("GDX_TCP_STREAMS", &v)?;
         }
+        if let Some(v) = var("GDX_NICS") {
+            self.nics = parse_nics(&v);
+        }
         if let Some(v) = var("GDX_CHUNK_BYTES") {
             self.chunk_bytes = parse("GDX_CHUNK_BYTES", &v)?;
         }
@@ -297,6 +361,16 @@ impl AgentConfig {
                 "tcp_streams {} not in 1..=64",
                 self.tcp_streams
             )));
+        }
+        if self.nics.len() > crate::MAX_RAILS {
+            return Err(Error::InvalidArgument(format!(
+                "nics: {} given, at most {} rails",
+                self.nics.len(),
+                crate::MAX_RAILS
+            )));
+        }
+        if let Some(n) = self.nics.iter().find(|n| n.trim().is_empty()) {
+            return Err(Error::InvalidArgument(format!("nics: empty entry {n:?}")));
         }
         if self.chunk_bytes == 0 || self.chunk_bytes > MAX_PAYLOAD {
             return Err(Error::InvalidArgument(format!(

@@ -125,6 +125,14 @@ impl Conn {
     }
 
     /// A second handle on the socket, used to shut it down from another thread.
+    /// This end's address, for a tcp connection.
+    pub(crate) fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        match &self.sock {
+            Sock::Tcp(s) => s.local_addr().ok(),
+            Sock::Unix(_) => None,
+        }
+    }
+
     pub(crate) fn shutdown_handle(&self) -> Result<Sock> {
         Ok(match &self.sock {
             Sock::Tcp(s) => Sock::Tcp(s.try_clone().map_err(|e| Error::os("dup", e))?),

@@ -70,6 +70,7 @@ mod peer;
 
 mod plan;
 pub mod planner;
+mod rails;
 mod region;
 mod ring;
 pub mod serve;
@@ -85,7 +86,7 @@ pub mod wire;
 pub use agent::{Agent, Notification, PeerInfo};
 pub use auth::{Secret, MIN_SECRET_BYTES};
 pub use calibration::{Calibration, Crossover, CALIBRATION_ENV, DEFAULT_MAILBOX_CROSSOVER};
-pub use config::{parse_listen, AgentConfig, Transports};
+pub use config::{parse_listen, parse_nics, AgentConfig, Transports};
 pub use error::{Error, Result};
 pub use gpu::{
     DeviceOrigin, DeviceRegion, IpcDesc, IpcStats, LocalPeer, LocalTransfer, Mem, Ordering,
@@ -95,6 +96,7 @@ pub use limits::{LimitHits, Limits};
 pub use peer::{Expected, Peer};
 pub use plan::{Path, PeerRoute, Plan};
 pub use planner::Policy;
+pub use rails::{PeerRails, RailInfo, RailState, MAX_RAILS};
 pub use region::{
     Access, Location, Region, RegionDesc, RegionKey, RegionMut, RegionRef, RegionScope,
 };

@@ -134,6 +134,13 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
         any::<[u8; 32]>().prop_map(|mac| Msg::Auth { mac }),
         (any::<u32>(), any::<u32>())
             .prop_map(|(slots, slot_bytes)| Msg::ShmRing { slots, slot_bytes }),
+        (any::<u64>(), any::<u128>(), "[ -~]{0,30}").prop_map(|(region, key, device)| {
+            Msg::RdmaRegionOn {
+                region,
+                key: RegionKey(key),
+                device,
+            }
+        }),
         Just(Msg::Ok),
         Just(Msg::Bye),
         Just(Msg::ListRegions),

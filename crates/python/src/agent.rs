@@ -73,10 +73,10 @@ impl PyAgent {
     #[pyo3(signature = (
         name=None, *, listen=Some("127.0.0.1:0".to_string()), transports=None, strict=None,
         secret=None, insecure=None, tcp_streams=None, chunk_bytes=None, io_timeout=None,
-        timeout=None
+        timeout=None, nics=None
     ), text_signature = "(name=None, *, listen='127.0.0.1:0', transports=None, strict=None, \
         secret=None, insecure=None, tcp_streams=None, chunk_bytes=None, io_timeout=None, \
-        timeout=None)")]
+        timeout=None, nics=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -90,6 +90,7 @@ impl PyAgent {
         chunk_bytes: Option<u32>,
         io_timeout: Option<f64>,
         timeout: Option<f64>,
+        nics: Option<Vec<String>>,
     ) -> PyResult<PyAgent> {
         let mut cfg = AgentConfig::from_env().py_err()?;
         if let Some(n) = name {
@@ -117,6 +118,9 @@ impl PyAgent {
         }
         if let Some(n) = chunk_bytes {
             cfg.chunk_bytes = n;
+        }
+        if let Some(n) = nics {
+            cfg.nics = n;
         }
         cfg.io_timeout = seconds(io_timeout, cfg.io_timeout)?;
         cfg.transfer_timeout = seconds(timeout, cfg.transfer_timeout)?;

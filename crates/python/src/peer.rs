@@ -11,12 +11,50 @@ use gdx_engine::{
     Notification, OpKind, OpResult, OpStatus, Peer, Status, Transfer, TransferHandle,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::cuda;
 use crate::errors::{err, to_py, AccessDenied, PyResultExt};
 use crate::region::{PyRegion, PyRemoteRegion};
 use crate::wait::{seconds, wait_sliced};
+
+/// Rails as Python dicts: ``{"local", "remote", "bytes", "state", "cause"}`` each (the rows
+/// of ``gdx bench --json`` carry the same).
+fn rail_dicts<'py>(
+    py: Python<'py>,
+    rails: &[gdx_engine::RailInfo],
+) -> PyResult<Vec<Bound<'py, PyDict>>> {
+    rails
+        .iter()
+        .map(|r| {
+            let d = PyDict::new(py);
+            d.set_item("local", &r.local)?;
+            d.set_item("remote", &r.remote)?;
+            d.set_item("bytes", r.bytes)?;
+            d.set_item("state", r.state.as_str())?;
+            d.set_item("cause", r.cause.as_deref())?;
+            Ok(d)
+        })
+        .collect()
+}
+
+/// One line naming each rail, for ``explain()``; empty when there are none.
+fn rails_line(rails: &[gdx_engine::RailInfo]) -> String {
+    if rails.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = rails
+        .iter()
+        .map(|r| match &r.cause {
+            Some(c) => format!(
+                "{} -> {} {} B, {} ({c})",
+                r.local, r.remote, r.bytes, r.state
+            ),
+            None => format!("{} -> {} {} B, {}", r.local, r.remote, r.bytes, r.state),
+        })
+        .collect();
+    format!("rails: {}\n", each.join("; "))
+}
 
 /// A connected, authenticated remote agent (``Agent.connect``).
 #[pyclass(name = "Peer", module = "gdx", frozen)]
@@ -146,6 +184,12 @@ impl PyPeer {
     }
 
     /// Why this transport (``"same host ..."``).
+    /// The connection's rails now, bytes counted since it was made: a list of
+    /// ``{"local", "remote", "bytes", "state", "cause"}`` dicts (empty on shm, rdma, fabric).
+    fn rails<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        rail_dicts(py, &self.peer.rails())
+    }
+
     #[getter]
     fn route_reason(&self) -> String {
         self.peer.route().reason.clone()
@@ -321,7 +365,15 @@ impl PyTransfer {
             .collect()
     }
 
-    /// One line per op: kind, size, path and why (the plan), and the outcome so far.
+    /// The rails of the peer's connection, each with the bytes this batch moved over it, its
+    /// state now and, while paused, why: a list of ``{"local", "remote", "bytes", "state",
+    /// "cause"}`` dicts (empty on shm, rdma, fabric).
+    fn rails<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        rail_dicts(py, &self.h.rails())
+    }
+
+    /// One line per op: kind, size, path and why (the plan), and the outcome so far; then
+    /// the rails, with the bytes this batch moved over each.
     fn explain(&self) -> String {
         let ops = self.h.op_results();
         let mut s = String::new();
@@ -335,6 +387,7 @@ impl PyTransfer {
                 status_str(&o.status)
             ));
         }
+        s.push_str(&rails_line(&self.h.rails()));
         s
     }
 

@@ -74,6 +74,39 @@ def test_tcp_path_when_shm_is_off(secret, tmp_path):
         peer.close()
 
 
+def test_rails_carry_a_transfer_and_say_so(secret, tmp_path):
+    peer = Peer(secret, env={"GDX_TEST_TRANSPORTS": "tcp"})
+    try:
+        with gdx.Agent(
+            "initiator",
+            secret=secret,
+            transports=["tcp"],
+            nics=["127.0.0.1", "127.0.0.2"],
+            tcp_streams=1,
+            chunk_bytes=1 << 20,
+        ) as a:
+            p = a.connect(peer.address, timeout=10)
+            assert p.transport == "tcp", p.route_reason
+            n = 4 << 20
+            src = bytearray(pattern(n, 11).tobytes())
+            r = a.register(src, access="none")
+            t = p.write([(r, 0, p.region("kv"), 0, n)])
+            t.wait(timeout=30)
+            assert np.array_equal(peer.bytes("kv", tmp_path)[:n], np.frombuffer(src, np.uint8))
+            rails = t.rails()
+            assert [x["local"] for x in rails] == ["127.0.0.1", "127.0.0.2"]
+            for x in rails:
+                assert set(x) == {"local", "remote", "bytes", "state", "cause"}
+                assert x["bytes"] > 0, rails
+                assert (x["state"], x["cause"]) == ("active", None)
+            assert sum(x["bytes"] for x in rails) == n
+            assert sum(x["bytes"] for x in p.rails()) == n
+            text = t.explain()
+            assert "rails: 127.0.0.1 -> " in text and "; 127.0.0.2 -> " in text, text
+    finally:
+        peer.close()
+
+
 def test_float_arrays_and_memoryviews_register_as_bytes(agent, peer, tmp_path):
     f = np.arange(1024, dtype=np.float32)
     r = agent.register(f, access="none")

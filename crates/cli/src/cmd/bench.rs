@@ -112,6 +112,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "NAME")]
     rdma_device: Option<String>,
 
+    /// Rails of the tcp cases' peer connection, in order (default: $GDX_NICS, else one rail):
+    /// `LOCAL_IP` or `LOCAL_IP=REMOTE_IP[:PORT]` each; transfers from 1 MiB are striped over
+    /// them by measured throughput, and each row's JSON carries its `rails`.
+    #[arg(long, value_name = "A,B", value_parser = super::serve::parse_nic_list)]
+    nics: Option<String>,
+
     /// libfabric provider for the fabric cases (`tcp`, `shm`, `efa`, `verbs`, ...; default:
     /// $GDX_FABRIC_PROVIDER, else efa > verbs > cxi > tcp). `gdx doctor` lists the providers.
     #[arg(long, value_name = "NAME", value_parser = parse_provider)]
@@ -408,6 +414,9 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     ctx.rdma_device.clone_from(&args.rdma_device);
     ctx.file_dir.clone_from(&args.file_dir);
     ctx.fabric_provider.clone_from(&args.provider);
+    if let Some(n) = &args.nics {
+        ctx.nics = gdx_engine::parse_nics(n);
+    }
     let cases = all_cases(&ctx);
     if args.list {
         print!("{}", list(&cases, &ctx));

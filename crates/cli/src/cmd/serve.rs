@@ -104,8 +104,27 @@ pub struct ServeArgs {
     #[arg(long, value_name = "NAME", requires = "rdma_listen")]
     rdma_device: Option<String>,
 
+    /// Rails of the connections this agent makes, in order (`AgentConfig::nics`; default
+    /// $GDX_NICS): tcp `LOCAL_IP` or `LOCAL_IP=REMOTE_IP[:PORT]`. The initiator picks the rails
+    /// of a connection: a served agent only accepts on --listen.
+    #[arg(long, value_name = "A,B", value_parser = parse_nic_list)]
+    nics: Option<String>,
+
     #[command(flatten)]
     cluster: super::cluster::ServeClusterArgs,
+}
+
+/// A `--nics` list: `A,B`, at most `gdx_engine::MAX_RAILS` entries (split with
+/// `gdx_engine::parse_nics` where used).
+pub(crate) fn parse_nic_list(s: &str) -> std::result::Result<String, String> {
+    let v = gdx_engine::parse_nics(s);
+    if v.is_empty() {
+        return Err("expected NIC,NIC... (local addresses or devices)".into());
+    }
+    if v.len() > gdx_engine::MAX_RAILS {
+        return Err(format!("at most {} rails", gdx_engine::MAX_RAILS));
+    }
+    Ok(s.to_string())
 }
 
 /// Wait limit of each step of an RDMA bench client.
@@ -182,6 +201,9 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     } else {
         None
     };
+    if let Some(n) = &args.nics {
+        agent.nics = gdx_engine::parse_nics(n);
+    }
     if let Some(n) = args.max_connections {
         agent.limits.max_connections = n;
     }

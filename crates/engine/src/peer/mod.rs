@@ -13,11 +13,13 @@ use crate::config::Transports;
 use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
 use crate::plan::{FabricMem, Path, PeerRoute};
+use crate::rails::Rails;
 use crate::region::RegionDesc;
 use crate::transfer::{
     NewTransfer, PreparedTransfer, Transfer, TransferHandle, XferShared, XferState,
 };
-use crate::transport::{fabric, rdma, shm::ShmTransport, tcp::TcpTransport, Transport};
+use crate::transport::tcp::{Joiner, RailEnd, TcpTransport};
+use crate::transport::{fabric, rdma, shm::ShmTransport, Transport};
 use crate::wire::{Hello, Msg};
 
 mod identity;
@@ -91,24 +93,52 @@ fn rdma_route(
             "the peer offers none (no RDMA device there, or disabled)".into(),
         ));
     }
-    let qp = node
-        .connect(&mut control.lock().unwrap_or_else(|p| p.into_inner()))
-        .map_err(|e| {
-            WhyNot(format!(
-                "offered by both, but the queue pairs did not connect: {e}"
-            ))
-        })?;
+    // The rails: the devices `nics` names, in order (default: the default device alone).
+    let mut eps: Vec<usize> = agent
+        .cfg
+        .nics
+        .iter()
+        .filter_map(|n| node.endpoint(n))
+        .collect();
+    eps.dedup();
+    if eps.is_empty() {
+        eps.push(0);
+    }
+    let rails = rdma::connect_rails(
+        node,
+        &eps,
+        &mut control.lock().unwrap_or_else(|p| p.into_inner()),
+    )
+    .map_err(|e| {
+        WhyNot(format!(
+            "offered by both, but the queue pairs did not connect: {e}"
+        ))
+    })?;
+    let on = if rails.len() > 1 {
+        let each: Vec<String> = rails
+            .iter()
+            .map(|(ep, _, remote)| format!("{} -> {remote}", node.device(*ep)))
+            .collect();
+        format!(
+            "{} rails ({}; ops from {} KiB striped by measured throughput, failover between \
+             them)",
+            rails.len(),
+            each.join(", "),
+            crate::transport::tcp::SPLIT_BYTES >> 10
+        )
+    } else {
+        node.describe()
+    };
     let t = rdma::spawn(
         Arc::clone(node),
-        qp,
+        rails,
         Arc::clone(control),
         agent.cfg.io_timeout,
     )
     .map_err(|e| WhyNot(e.to_string()))?;
     let reason = format!(
-        "rdma: {}; both agents offer RDMA; RC queue pairs on {}",
+        "rdma: {}; both agents offer RDMA; RC queue pairs on {on}",
         why_not_shm.trim_start_matches("tcp: "),
-        node.describe()
     );
     Ok((
         PeerRoute {
@@ -162,6 +192,101 @@ fn fabric_route(
         },
         Box::new(t),
     ))
+}
+
+/// The tcp route's transport: `cfg.tcp_streams` data streams per rail (the tcp rails of
+/// `cfg.nics`, or one rail wherever the kernel routes), joined to the session; with the
+/// detail plans give as their reason (streams, chunk size, rails).
+fn tcp_transport(
+    agent: &AgentInner,
+    h: &Hello,
+    key: Option<crate::auth::Mac>,
+    addr: SocketAddr,
+    control: &Arc<Mutex<Conn>>,
+    until: std::time::Instant,
+) -> Result<(TcpTransport, String)> {
+    let cfg = &agent.cfg;
+    let named: Vec<_> = cfg
+        .nics
+        .iter()
+        .filter_map(|n| crate::config::tcp_rail(n, addr))
+        .collect();
+    let ignored: Vec<&str> = cfg
+        .nics
+        .iter()
+        .filter(|n| crate::config::tcp_rail(n, addr).is_none())
+        .map(String::as_str)
+        .collect();
+    let ends: Vec<RailEnd> = if named.is_empty() {
+        vec![RailEnd {
+            bind: None,
+            to: addr,
+        }]
+    } else {
+        named
+            .iter()
+            .map(|&(ip, to)| RailEnd { bind: Some(ip), to })
+            .collect()
+    };
+    let joiner = Joiner {
+        session: h.session,
+        token: h.token,
+        key,
+        ends,
+        io_timeout: cfg.io_timeout,
+        handshake_timeout: cfg.limits.handshake_timeout,
+    };
+    let mut streams = Vec::new();
+    let mut labels = Vec::new();
+    for (r, end) in joiner.ends.iter().enumerate() {
+        let mut local = end.bind.map(|b| b.to_string());
+        for _ in 0..cfg.tcp_streams {
+            let i = streams.len() as u16;
+            let c = joiner.join(r, i, until)?;
+            if local.is_none() {
+                local = c.local_addr().map(|a| a.ip().to_string());
+            }
+            streams.push((r, c));
+        }
+        labels.push((
+            local.unwrap_or_else(|| "default".into()),
+            end.to.to_string(),
+        ));
+    }
+    let stream_rails = streams.iter().map(|(r, _)| *r).collect();
+    let rails = Arc::new(Rails::new(labels, stream_rails));
+    let mut detail = format!(
+        "{} stream(s) per rail, chunks of up to {} KiB; rails: {}",
+        cfg.tcp_streams,
+        cfg.chunk_bytes / 1024,
+        rails
+            .snapshot(None)
+            .iter()
+            .map(|r| format!("{} -> {}", r.local, r.remote))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if rails.len() > 1 {
+        detail.push_str(&format!(
+            " (transfers from {} KiB striped by measured throughput, failover between them)",
+            crate::transport::tcp::SPLIT_BYTES >> 10
+        ));
+    }
+    if !ignored.is_empty() {
+        detail.push_str(&format!(
+            "; nics {} name no local address, not used by tcp",
+            ignored.join(",")
+        ));
+    }
+    let t = TcpTransport::new(
+        streams,
+        rails,
+        joiner,
+        Arc::clone(control),
+        cfg.chunk_bytes,
+        cfg.io_timeout,
+    )?;
+    Ok((t, detail))
 }
 
 /// The initiator's side of the control handshake: sends `hello`, proves the secret to a
@@ -256,7 +381,7 @@ impl Peer {
             listen: h.listen.clone(),
         };
         let control = Arc::new(Mutex::new(control));
-        let tcp_detail = format!(
+        let mut tcp_detail = format!(
             "{} stream(s), chunks of up to {} KiB",
             cfg.tcp_streams,
             cfg.chunk_bytes / 1024
@@ -297,47 +422,8 @@ impl Peer {
             }) {
                 Ok(r) => r,
                 Err(reason) => {
-                    let mut streams = Vec::with_capacity(cfg.tcp_streams);
-                    for i in 0..cfg.tcp_streams {
-                        let s = TcpStream::connect_timeout(&addr, cfg.io_timeout).map_err(|e| {
-                            Error::PeerLost(format!("data stream {i} to {addr}: {e}"))
-                        })?;
-                        let mut c = Conn::new(Sock::Tcp(s), "tcp data stream");
-                        c.set_timeout(Some(cfg.io_timeout))?;
-                        c.start_handshake(until, limit, crate::wire::MAX_BODY);
-                        let nonce = crate::mem::random_u128()?;
-                        c.send(&Msg::Join {
-                            session: h.session,
-                            token: h.token,
-                            stream: i as u16,
-                            nonce,
-                        })?;
-                        match key {
-                            Some(k) => {
-                                let mut ctx = h.session.to_le_bytes().to_vec();
-                                ctx.extend_from_slice(&(i as u16).to_le_bytes());
-                                crate::auth::join(&mut c, &k, "join", &ctx, nonce)?;
-                            }
-                            None => match c.recv_frame(false)? {
-                                (Msg::Ok, 0) => {}
-                                (Msg::Err(e), _) => return Err(e),
-                                (m, _) => {
-                                    return Err(Error::Protocol(format!(
-                                        "expected Ok to Join, got frame type {}",
-                                        m.kind()
-                                    )))
-                                }
-                            },
-                        }
-                        c.end_handshake(cfg.io_timeout)?;
-                        streams.push(c);
-                    }
-                    let t = TcpTransport::new(
-                        streams,
-                        Arc::clone(&control),
-                        cfg.chunk_bytes,
-                        cfg.io_timeout,
-                    )?;
+                    let (t, detail) = tcp_transport(&agent, &h, key, addr, &control, until)?;
+                    tcp_detail = detail;
                     (
                         PeerRoute {
                             transport: Path::Tcp,
@@ -356,10 +442,18 @@ impl Peer {
             .stats
             .peers_outbound
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(r) = transport.rails() {
+            agent.rails.lock().unwrap_or_else(|p| p.into_inner()).push((
+                info.name.clone(),
+                addr.to_string(),
+                Arc::downgrade(&r),
+            ));
+        }
         let xfer_shared = Arc::new(XferShared {
             stats: Arc::clone(&agent.stats),
             driver: transport.driver(),
             spares: Default::default(),
+            rails: transport.rails(),
         });
         Ok(Peer {
             inner: Arc::new(PeerInner {
@@ -386,6 +480,16 @@ impl Peer {
     /// The transport this connection uses and why.
     pub fn route(&self) -> &PeerRoute {
         &self.inner.route
+    }
+
+    /// The rails of this connection now: ends, bytes moved over each since the connection was
+    /// made, state and cause. Empty on routes without rails (shm, rdma, fabric).
+    pub fn rails(&self) -> Vec<crate::RailInfo> {
+        self.inner
+            .transport
+            .rails()
+            .map(|r| r.snapshot(None))
+            .unwrap_or_default()
     }
 
     /// The address connected to.

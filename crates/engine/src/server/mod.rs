@@ -264,7 +264,9 @@ fn serve_control(
                                 .rdma_qps
                                 .lock()
                                 .unwrap_or_else(|p| p.into_inner())
-                                .insert(session, qp);
+                                .entry(session)
+                                .or_default()
+                                .push(qp);
                             c.send(&Msg::RdmaConnect { data: mine })?;
                         }
                         Err(e) => c.send(&Msg::Err(e))?,
@@ -275,11 +277,37 @@ fn serve_control(
                     key,
                     write: _,
                 } => {
+                    // On the device of this session's queue pairs (the initiator's one rail),
+                    // which need not be this agent's default one.
+                    let device = agent
+                        .rdma_qps
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(&session)
+                        .and_then(|v| v.first())
+                        .map(|qp| qp.local().device.clone());
                     let r = agent
                         .rdma
                         .as_ref()
                         .map_err(|why| Error::Unavailable(format!("rdma: {why}")))
-                        .and_then(|node| node.expose(&agent.registry, region, key));
+                        .and_then(|node| {
+                            node.expose(&agent.registry, region, key, device.as_deref())
+                        });
+                    match r {
+                        Ok(m) => c.send(&m)?,
+                        Err(e) => c.send(&Msg::Err(e))?,
+                    }
+                }
+                Msg::RdmaRegionOn {
+                    region,
+                    key,
+                    device,
+                } => {
+                    let r = agent
+                        .rdma
+                        .as_ref()
+                        .map_err(|why| Error::Unavailable(format!("rdma: {why}")))
+                        .and_then(|node| node.expose(&agent.registry, region, key, Some(&device)));
                     match r {
                         Ok(m) => c.send(&m)?,
                         Err(e) => c.send(&Msg::Err(e))?,

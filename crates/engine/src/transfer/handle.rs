@@ -51,6 +51,16 @@ impl TransferHandle {
         self.state.bytes_done.load(Ordering::Relaxed)
     }
 
+    /// The rails of the peer's connection, each with the bytes this transfer landed on it so
+    /// far, its state now and, while paused, why. Empty on routes without rails (shm, rdma,
+    /// fabric).
+    pub fn rails(&self) -> Vec<crate::RailInfo> {
+        match &self.state.shared.rails {
+            Some(r) => r.snapshot(Some(&self.state.rail_bytes)),
+            None => Vec::new(),
+        }
+    }
+
     /// Per-op results so far (path, reason, outcome).
     pub fn op_results(&self) -> OpResults {
         self.state.results(&self.state.lock())

@@ -215,6 +215,8 @@ pub(crate) struct XferShared {
     pub(crate) driver: Option<Arc<dyn Drive>>,
     /// Ended fresh transfers' states, kept for the next submits (`spare.rs`).
     pub(crate) spares: spare::Spares,
+    /// The rails of the peer's connection, for transports that have them (tcp).
+    pub(crate) rails: Option<Arc<crate::rails::Rails>>,
 }
 
 /// Ids a thread reserves at a time (`next_id`).
@@ -288,6 +290,8 @@ pub(crate) struct XferState {
     shared: Arc<XferShared>,
     /// Set by the transport when it left this transfer to be completed by whoever waits.
     driven: AtomicBool,
+    /// Bytes landed over each rail of the peer's connection (`TransferHandle::rails`).
+    pub(crate) rail_bytes: [AtomicU64; crate::rails::MAX_RAILS],
 }
 
 /// A submitted transfer whose state is not built yet (`Transport::submit_new`): a transport
@@ -364,6 +368,7 @@ impl XferState {
             cv: Condvar::new(),
             shared: Arc::clone(shared),
             driven: AtomicBool::new(false),
+            rail_bytes: Default::default(),
         }
     }
 

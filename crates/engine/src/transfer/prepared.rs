@@ -105,6 +105,7 @@ impl XferState {
             cv: Default::default(),
             shared: Arc::clone(&self.shared),
             driven: Default::default(),
+            rail_bytes: Default::default(),
         }
     }
 }

@@ -131,6 +131,9 @@ impl XferState {
         self.deadline = started.plus(timeout);
         self.timeout = timeout;
         *self.bytes_done.get_mut() = 0;
+        for b in &mut self.rail_bytes {
+            *b.get_mut() = 0;
+        }
         *self.ended.get_mut() = false;
         *self.ok.get_mut() = false;
         *self.elapsed_ns.get_mut() = 0;

@@ -64,6 +64,11 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// The rails this transport runs over, if it has several links per peer (tcp).
+    fn rails(&self) -> Option<Arc<crate::rails::Rails>> {
+        None
+    }
+
     /// Whether the connection under this transport is still usable.
     fn is_alive(&self) -> bool;
 

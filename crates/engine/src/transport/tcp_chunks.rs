@@ -21,24 +21,28 @@ pub(super) fn fail_chunks(xfer: &XferState, chunks: &[Chunk], e: &Error) {
     }
 }
 
-/// Receives the replies of chunks the submitting thread sent (host memory only); a
-/// connection-level error fails the chunks not yet confirmed and is returned.
+/// A connection-level error and the chunks it left unconfirmed (to be reissued on another
+/// rail, or failed).
+pub(super) type Broke = (Error, Vec<Chunk>);
+
+/// Receives the replies of chunks the submitting thread sent (host memory only). Returns the
+/// bytes landed and, on a connection-level error, the chunks not yet confirmed.
 pub(super) fn await_replies(
     conn: &mut Conn,
     stager: &mut Stager,
     xfer: &XferState,
     sent: &[Chunk],
     io_timeout: Duration,
-) -> Result<()> {
-    let mut st = Staging::new(stager, 0);
+    tally: Tally<'_>,
+) -> (u64, std::result::Result<(), Broke>) {
+    let mut st = Staging::new(stager, 0, tally);
     for (k, &c) in sent.iter().enumerate() {
         if let Err(e) = recv_reply(conn, &mut st, xfer, c, io_timeout) {
-            fail_chunks(xfer, &sent[k..], &e);
-            return Err(e);
+            return (st.landed, Err((e, sent[k..].to_vec())));
         }
     }
     st.land(xfer, 0);
-    Ok(())
+    (st.landed, Ok(()))
 }
 
 /// GPU staging state of one stream's share of a transfer: device-to-host copies queued ahead
@@ -51,17 +55,40 @@ pub(super) struct Staging<'s> {
     /// How far `ahead` has looked.
     scanned: usize,
     landing: VecDeque<(Chunk, Ticket, Lease)>,
+    /// Bytes confirmed in place so far.
+    pub(super) landed: u64,
+    /// Counters the landed bytes are added to as they land (the rail's total, the transfer's
+    /// count for the rail), so they can be watched while a job runs.
+    tally: Tally<'s>,
+}
+
+/// Where a stream's landed bytes are counted as they land.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Tally<'a> {
+    pub(super) rail: Option<&'a std::sync::atomic::AtomicU64>,
+    pub(super) xfer: Option<&'a std::sync::atomic::AtomicU64>,
 }
 
 impl<'s> Staging<'s> {
     /// Nothing queued yet; the chunks before `scanned` are not looked at for prefetching (a
     /// share the submitting thread sends itself, host memory only, has none to prefetch).
-    pub(super) fn new(stager: &'s mut Stager, scanned: usize) -> Self {
+    pub(super) fn new(stager: &'s mut Stager, scanned: usize, tally: Tally<'s>) -> Self {
         Staging {
             stager,
             ahead: VecDeque::new(),
             scanned,
             landing: VecDeque::new(),
+            landed: 0,
+            tally,
+        }
+    }
+
+    /// Counts `n` bytes landed.
+    fn count(&mut self, n: u32) {
+        let n = u64::from(n);
+        self.landed += n;
+        for c in [self.tally.rail, self.tally.xfer].into_iter().flatten() {
+            c.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -104,37 +131,46 @@ impl<'s> Staging<'s> {
                 break;
             };
             match self.stager.wait(t) {
-                Ok(()) => xfer.chunk_done(c.op as usize, u64::from(c.len), Ok(())),
+                Ok(()) => {
+                    self.count(c.len);
+                    xfer.chunk_done(c.op as usize, u64::from(c.len), Ok(()))
+                }
                 Err(e) => xfer.chunk_done(c.op as usize, 0, Err(e)),
             }
         }
     }
 }
 
-/// Runs one stream's share of a transfer. A connection-level error fails every chunk not yet
-/// confirmed and is returned (the stream is then broken).
+/// Runs one stream's share of a transfer. Returns the bytes landed and, on a connection-level
+/// error (the stream is then broken), the chunks not confirmed: those in flight, the one whose
+/// send failed and those not sent.
 pub(super) fn run_job(
     conn: &mut Conn,
     stager: &mut Stager,
     job: &Job,
     io_timeout: Duration,
-) -> Result<()> {
+    tally: Tally<'_>,
+) -> (u64, std::result::Result<(), Broke>) {
     let xfer = &job.xfer;
     let mut inflight: VecDeque<Chunk> = VecDeque::with_capacity(WINDOW);
     let mut next = 0;
-    let mut st = Staging::new(stager, 0);
+    let mut st = Staging::new(stager, 0, tally);
     let res = (|| -> Result<()> {
         loop {
             while inflight.len() < WINDOW && next < job.chunks.len() {
                 let c = job.chunks[next];
                 let k = next;
-                next += 1;
                 if xfer.expired() {
+                    next += 1;
                     xfer.chunk_done(c.op as usize, 0, Err(xfer.timeout_error()));
                     continue;
                 }
                 st.prefetch(xfer, &job.chunks, k, io_timeout);
-                if send_chunk(conn, &mut st, xfer, k, c, io_timeout)? {
+                // `next` moves past the chunk only once its request is out: a failed send
+                // leaves it among the unconfirmed.
+                let sent = send_chunk(conn, &mut st, xfer, k, c, io_timeout)?;
+                next += 1;
+                if sent {
                     inflight.push_back(c);
                 }
             }
@@ -147,11 +183,12 @@ pub(super) fn run_job(
     })();
     // Received GPU chunks complete (or fail) with their copies, whatever happened after.
     st.land(xfer, 0);
-    if let Err(e) = &res {
-        fail_chunks(xfer, inflight.make_contiguous(), e);
-        fail_chunks(xfer, &job.chunks[next..], e);
-    }
-    res
+    let res = res.map_err(|e| {
+        let mut left: Vec<Chunk> = inflight.into_iter().collect();
+        left.extend_from_slice(&job.chunks[next..]);
+        (e, left)
+    });
+    (st.landed, res)
 }
 
 /// Sends one chunk's request. `Ok(false)`: the chunk failed locally (recorded), nothing was sent.
@@ -247,6 +284,7 @@ fn recv_read(
     let Some(dev) = lease.device().cloned() else {
         // SAFETY: the Sink lease covers the op's local span, bounds-checked at submit.
         unsafe { conn.recv_payload(lease.ptr_at(off)?, p as usize)? };
+        st.count(p);
         xfer.chunk_done(c.op as usize, u64::from(p), Ok(()));
         return Ok(());
     };
@@ -285,6 +323,7 @@ pub(super) fn recv_reply(
             },
             0,
         ) if matches(x, o, k) && op.kind == OpKind::Write => {
+            st.count(c.len);
             xfer.chunk_done(c.op as usize, u64::from(c.len), Ok(()));
         }
         (

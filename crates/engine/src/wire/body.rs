@@ -419,6 +419,15 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
             put_u64(o, *len);
             put_u64(o, *mr_key);
         }
+        Msg::RdmaRegionOn {
+            region,
+            key,
+            device,
+        } => {
+            put_u64(o, *region);
+            put_u128(o, key.0);
+            put_str(o, device);
+        }
         Msg::RdmaRegion { region, key, write } => {
             put_u64(o, *region);
             put_u128(o, key.0);
@@ -608,6 +617,11 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             addr: r.u64()?,
             len: r.u64()?,
             mr_key: r.u64()?,
+        },
+        32 => Msg::RdmaRegionOn {
+            region: r.u64()?,
+            key: RegionKey(r.u128()?),
+            device: r.string()?,
         },
         31 => Msg::ShmRing {
             slots: r.u32()?,

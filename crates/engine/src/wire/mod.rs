@@ -26,7 +26,7 @@ pub(crate) const MAX_STR: usize = 4096;
 /// Most ops in one `ShmBegin` (and errors in one `ShmBeginResult`); more is `Malformed`.
 pub const MAX_OPS_PER_BEGIN: usize = 8192;
 /// Highest frame type this version knows.
-pub const MAX_KIND: u8 = 31;
+pub const MAX_KIND: u8 = 32;
 
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,6 +184,13 @@ pub enum Msg {
         key: RegionKey,
         write: bool,
     },
+    /// `RdmaRegion` for one rail: the region's registration on the target's device `device`
+    /// (the rail's remote end), answered by `RdmaRegionInfo` or `Err`.
+    RdmaRegionOn {
+        region: u64,
+        key: RegionKey,
+        device: String,
+    },
     /// The answer to `RdmaRegion`: where the region is in the target's registration, its rkey
     /// and the registration mechanism (host ibv_reg_mr, dma-buf, peermem).
     RdmaRegionInfo {
@@ -261,6 +268,7 @@ impl Msg {
             Msg::FabricRegion { .. } => 29,
             Msg::FabricRegionInfo { .. } => 30,
             Msg::ShmRing { .. } => 31,
+            Msg::RdmaRegionOn { .. } => 32,
         }
     }
 

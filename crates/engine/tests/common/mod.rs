@@ -70,6 +70,9 @@ pub fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
 /// docs/wire-protocol.md: it lets hostile tests send exactly the frames they want.
 pub mod shm_raw;
 
+/// A throttled, cuttable tcp relay for the rail tests.
+pub mod relay;
+
 pub mod raw {
     use gdx_engine::wire::{decode_frame, encode, Hello, Msg};
     use hmac::{Hmac, Mac};

@@ -1,7 +1,18 @@
 """Type stubs for gdx (the native module gdx._gdx)."""
 
 from types import TracebackType
-from typing import Any, Dict, Iterable, Literal, Optional, Protocol, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Dict,
+    Iterable,
+    Literal,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    TypedDict,
+    Union,
+)
 
 __version__: str
 
@@ -124,6 +135,15 @@ class Notification:
     @property
     def xfer(self) -> int: ...
 
+class Rail(TypedDict):
+    """One rail of a peer connection (``gdx bench --json`` rows carry the same)."""
+
+    local: str
+    remote: str
+    bytes: int
+    state: Literal["active", "paused"]
+    cause: Optional[str]
+
 class Transfer:
     """A submitted batch."""
 
@@ -136,6 +156,8 @@ class Transfer:
     def bytes_done(self) -> int: ...
     def results(self) -> list[OpResult]: ...
     def explain(self) -> str: ...
+    def rails(self) -> list[Rail]:
+        """The peer connection's rails with the bytes this batch moved over each."""
     def __len__(self) -> int: ...
 
 class PreparedTransfer:
@@ -157,6 +179,8 @@ class Peer:
     def transport(self) -> str: ...
     @property
     def route_reason(self) -> str: ...
+    def rails(self) -> list[Rail]:
+        """The connection's rails, bytes counted since it was made (empty on shm, rdma)."""
     @property
     def alive(self) -> bool: ...
     def region(self, name: str) -> RemoteRegion: ...
@@ -208,7 +232,11 @@ class Agent:
         chunk_bytes: Optional[int] = None,
         io_timeout: Optional[float] = None,
         timeout: Optional[float] = None,
-    ) -> None: ...
+        nics: Optional[Sequence[str]] = None,
+    ) -> None:
+        """nics: the rails of connections this agent makes, in order (tcp: "LOCAL_IP" or
+        "LOCAL_IP=REMOTE_IP[:PORT]"); transfers from 1 MiB are striped over them by measured
+        throughput and fail over between them."""
     @property
     def name(self) -> str: ...
     @property
