@@ -170,8 +170,9 @@ pub struct AgentConfig {
     pub tcp_streams: usize,
     /// The rails a peer connection stripes over and fails over between, in order. tcp: local
     /// addresses, each `LOCAL_IP` (to the peer's address) or `LOCAL_IP=REMOTE_IP[:PORT]` (to
-    /// the peer's address on that NIC's network; the port defaults to the peer's). Empty: one
-    /// rail, wherever the kernel routes. At most [`crate::MAX_RAILS`].
+    /// the peer's address on that NIC's network; the port defaults to the peer's); empty: one
+    /// rail, wherever the kernel routes. rdma: device names; empty: every device with an
+    /// ACTIVE port. At most [`crate::MAX_RAILS`].
     pub nics: Vec<String>,
     /// Largest piece a tcp op is cut into (≤ 64 MiB).
     pub chunk_bytes: u32,

@@ -116,6 +116,16 @@ fn rails_over_two_wires() {
         (rails[0].local.as_str(), rails[1].local.as_str()),
         ("rxe0", "rxe1")
     );
+    // Without a list, every device with an active port is a rail.
+    let default = agent("rails-default", rdma, &[]);
+    let dp = default.connect(peer_addr()).unwrap();
+    assert_eq!(dp.rails().len(), 2, "{:?}", dp.route());
+    assert!(
+        dp.route().reason.contains("every device with an active port"),
+        "{}",
+        dp.route().reason
+    );
+    dp.close();
     let checker = agent("check", tcp, &[]);
     let check = checker.connect(peer_addr()).unwrap();
     let remote = peer.region("serve").unwrap();

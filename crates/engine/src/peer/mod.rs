@@ -93,13 +93,19 @@ fn rdma_route(
             "the peer offers none (no RDMA device there, or disabled)".into(),
         ));
     }
-    // The rails: the devices `nics` names, in order (default: the default device alone).
-    let mut eps: Vec<usize> = agent
-        .cfg
-        .nics
-        .iter()
-        .filter_map(|n| node.endpoint(n))
-        .collect();
+    // The rails: the devices `nics` names, in order; without a list, every device whose port
+    // is active (the default device first).
+    let chosen = !agent.cfg.nics.is_empty();
+    let mut eps: Vec<usize> = if chosen {
+        agent
+            .cfg
+            .nics
+            .iter()
+            .filter_map(|n| node.endpoint(n))
+            .collect()
+    } else {
+        node.active_endpoints()
+    };
     eps.dedup();
     if eps.is_empty() {
         eps.push(0);
@@ -120,10 +126,15 @@ fn rdma_route(
             .map(|(ep, _, remote)| format!("{} -> {remote}", node.device(*ep)))
             .collect();
         format!(
-            "{} rails ({}; ops from {} KiB striped by measured throughput, failover between \
+            "{} rails ({}; {}; ops from {} KiB striped by measured throughput, failover between \
              them)",
             rails.len(),
             each.join(", "),
+            if chosen {
+                "the devices GDX_NICS / nics names"
+            } else {
+                "every device with an active port: GDX_NICS / nics picks others"
+            },
             crate::transport::tcp::SPLIT_BYTES >> 10
         )
     } else {

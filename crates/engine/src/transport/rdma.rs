@@ -152,6 +152,14 @@ impl RdmaNode {
         self.eps.iter().position(|e| e.device() == name)
     }
 
+    /// The endpoints whose port is ACTIVE (or says nothing), the default one first: the rails
+    /// of a peer when the agent names none ([`crate::AgentConfig::nics`]).
+    pub(crate) fn active_endpoints(&self) -> Vec<usize> {
+        (0..self.eps.len())
+            .filter(|&i| matches!(self.eps[i].port_state().as_str(), "ACTIVE" | "unknown"))
+            .collect()
+    }
+
     /// The device of endpoint `i`.
     pub(crate) fn device(&self, i: usize) -> &str {
         self.eps[i].device()
