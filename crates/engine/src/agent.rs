@@ -592,9 +592,24 @@ impl Agent {
             .collect();
         let mut last = Error::InvalidArgument("address resolves to nothing".into());
         for a in addrs {
-            match TcpStream::connect_timeout(&a, self.inner.cfg.io_timeout) {
-                Ok(s) => return Peer::handshake(Arc::clone(&self.inner), s, a, expect),
-                Err(e) => last = Error::Unreachable(format!("{a}: {e}")),
+            // A target under a flood of silent connections evicts pending handshakes, and ours
+            // can be caught before its first frame is read (closed, nothing agreed yet): such a
+            // handshake is tried again, twice at most.
+            let mut tries = 0;
+            loop {
+                match TcpStream::connect_timeout(&a, self.inner.cfg.io_timeout) {
+                    Ok(s) => match Peer::handshake(Arc::clone(&self.inner), s, a, expect.clone()) {
+                        Err(Error::PeerLost(why)) if tries < 2 => {
+                            log::info!("gdx: handshake with {a} cut ({why}); trying again");
+                            tries += 1;
+                        }
+                        other => return other,
+                    },
+                    Err(e) => {
+                        last = Error::Unreachable(format!("{a}: {e}"));
+                        break;
+                    }
+                }
             }
         }
         Err(last)

@@ -253,7 +253,19 @@ fn tcp_transport(
         let mut local = end.bind.map(|b| b.to_string());
         for _ in 0..cfg.tcp_streams {
             let i = streams.len() as u16;
-            let c = joiner.join(r, i, until)?;
+            // A target under a flood of silent connections evicts pending handshakes (oldest,
+            // silent first); one of ours can be caught in that before its first frame is read.
+            // That is a closed connection before the session took the stream: join again, a
+            // few times, within the connect's deadline.
+            let mut tries = 0;
+            let c = loop {
+                match joiner.join(r, i, until) {
+                    Err(Error::PeerLost(_)) if tries < 3 && std::time::Instant::now() < until => {
+                        tries += 1
+                    }
+                    other => break other?,
+                }
+            };
             if local.is_none() {
                 local = c.local_addr().map(|a| a.ip().to_string());
             }
