@@ -147,6 +147,12 @@ fn spare_states_keep_no_region_alive() {
         h.wait(WAIT).unwrap();
     }
     drop(src);
+    // The connection's worker may still be finishing the completion pass that ended the last
+    // transfer (its state holds the region until that pass lets go): wait for it, bounded.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while mappings_of(&name) != before && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     assert_eq!(mappings_of(&name), before, "the region was unmapped");
     drop(peer);
 }
