@@ -40,11 +40,8 @@ command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 ldconfig -p 2>/dev/null | grep -q 'libfabric\.so\.1' || need+=(libfabric1 libfabric-bin)
 
 if ((${#need[@]})); then
-  echo "bootstrap: installing ${need[*]}" >&2
-  SUDO=""
-  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+  source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
+  apt_install bootstrap "${need[@]}" || exit 1
 fi
 
 cargo build --release --workspace "$@"

@@ -52,10 +52,8 @@ setup() {
   compgen -G "/usr/lib/*/libibverbs/librxe-*" >/dev/null || need+=(ibverbs-providers)
   command -v tc >/dev/null || need+=(iproute2)
   if ((${#need[@]})); then
-    echo "rdma-vm: installing ${need[*]}" >&2
-    local sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+    source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
+    apt_install rdma-vm "${need[@]}" || die "could not install ${need[*]}"
   fi
   if [[ -z $(kernel_version) || ! -f "$VMDIR/root/boot/vmlinuz-$(kernel_version)" ]]; then
     # Debian's newest stock 6.1 kernel: rdma_rxe and InfiniBand are modules there.
