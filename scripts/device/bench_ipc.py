@@ -55,6 +55,9 @@ if kind == "alloc":
     t = torch.as_tensor(reg, device="cuda")
 else:
     reg = ag.register(t, name="buf", access="rw")
+# A host region: the same transfer between host memory, the protocol's own floor.
+import numpy as np
+hreg = ag.register(np.zeros(4096, np.uint8), name="host", access="rw")
 # torch shares only its own allocator's memory: gdx's allocation is checked through gdx.
 h = base64.b64encode(pickle.dumps(reduce_tensor(t))).decode() if kind != "alloc" else None
 print(json.dumps({"address": ag.address, "handle": h}), flush=True)
@@ -152,8 +155,13 @@ def latency_us(fn, n=300):
 small = src[:4096]
 lat_t = latency_us(lambda: remote_t[:4096].copy_(small))
 lat_g = latency_us(lambda: peer.write([(rs, 0, rd, 0, 4096)]).wait(timeout=30))
-print(f"  4 KiB, median: torch IPC copy_ {lat_t:.1f} us, gdx write {lat_g:.1f} us", flush=True)
-out.write(json.dumps({"row": "4 KiB latency", "torch_us": lat_t, "gdx_us": lat_g}) + "\n")
+rh = agent.register(np.ones(4096, np.uint8), access="none")
+rdh = peer.region("host")
+lat_h = latency_us(lambda: peer.write([(rh, 0, rdh, 0, 4096)]).wait(timeout=30))
+print(f"  4 KiB, median: torch IPC copy_ {lat_t:.1f} us, gdx write {lat_g:.1f} us "
+      f"(host to host through gdx: {lat_h:.1f} us)", flush=True)
+out.write(json.dumps({"row": "4 KiB latency", "torch_us": lat_t, "gdx_us": lat_g,
+                      "gdx_host_us": lat_h}) + "\n")
 zero()
 ga = agent.alloc(N, access="none", device="gpu:0")
 torch.as_tensor(ga, device="cuda").copy_(src)
