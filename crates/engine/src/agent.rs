@@ -23,24 +23,13 @@ use crate::gpu::{AgentGpu, DeviceOrigin, DeviceRegion, LocalPeer};
 use crate::inbound::Queue;
 use crate::limits::LimitHits;
 use crate::notes::NoteQueue;
+pub use crate::notes::Notification;
 use crate::peer::Peer;
 use crate::region::{Access, Region, RegionScope, Registry};
 pub(crate) use crate::session::Session;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::transport::fabric::FabricNode;
 use crate::transport::rdma::RdmaNode;
-
-/// A small message a peer delivered after a transfer's data was in place (or sent on its own with
-/// [`Peer::notify`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Notification {
-    /// Name of the sending agent.
-    pub from: String,
-    /// The sender's transfer id (0 for a standalone notification).
-    pub xfer: u64,
-    /// The message.
-    pub data: Vec<u8>,
-}
 
 /// What a peer said about itself in the handshake.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +85,24 @@ pub(crate) struct AgentInner {
     /// [`Agent::register_gpu`]): with it a host region reaches a same-host peer's GPU memory
     /// through that memory's IPC handle, page-locked and copied once, instead of staged.
     pub(crate) cuda: Arc<OnceLock<LocalPeer>>,
+}
+
+impl crate::transport::Serving for AgentInner {
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
+    fn config(&self) -> &AgentConfig {
+        &self.cfg
+    }
+    fn hits(&self) -> &LimitHits {
+        &self.hits
+    }
+    fn served(&self) -> &crate::served::Served {
+        &self.served
+    }
+    fn deliver(&self, n: Notification) -> Result<()> {
+        self.notes.push(n, self.cfg.io_timeout / 2, &self.hits)
+    }
 }
 
 impl AgentInner {
@@ -233,7 +240,7 @@ impl Agent {
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
             shutdown: AtomicBool::new(false),
-            strict: AtomicBool::new(crate::planner::strict_from_env()?),
+            strict: AtomicBool::new(crate::routing::planner::strict_from_env()?),
             rdma,
             rdma_qps: Mutex::new(HashMap::new()),
             stats: Arc::default(),

@@ -18,9 +18,9 @@ use gdx_sys::cufile::CufileMode;
 pub use gdx_storage::{CopyOptions as FileOptions, FileRange, PathChoice as FilePath};
 
 use crate::error::{Error, Result};
-use crate::plan::{Path, Plan};
-use crate::planner::Policy;
 use crate::region::{Location, Region};
+use crate::routing::plan::{Path, Plan};
+use crate::routing::planner::Policy;
 
 /// The engine's name for a storage path.
 pub(crate) fn path_of(p: StoragePath) -> Path {

@@ -55,7 +55,6 @@
 mod admission;
 mod agent;
 mod auth;
-mod calibration;
 mod config;
 mod conn;
 mod desc;
@@ -67,12 +66,10 @@ mod limits;
 mod mem;
 mod notes;
 mod peer;
-
-mod plan;
-pub mod planner;
 mod rails;
 mod region;
 mod ring;
+mod routing;
 pub mod serve;
 mod served;
 mod server;
@@ -85,7 +82,6 @@ pub mod wire;
 
 pub use agent::{Agent, Notification, PeerInfo};
 pub use auth::{Secret, MIN_SECRET_BYTES};
-pub use calibration::{Calibration, Crossover, CALIBRATION_ENV, DEFAULT_MAILBOX_CROSSOVER};
 pub use config::{parse_listen, parse_nics, AgentConfig, Transports};
 pub use error::{Error, Result};
 pub use gpu::{
@@ -93,18 +89,22 @@ pub use gpu::{
     PinnedRegion, StagedTuning,
 };
 pub use limits::{LimitHits, Limits};
-pub use peer::{Expected, Peer};
-pub use plan::{Path, PeerRoute, Plan};
-pub use planner::Policy;
+pub use peer::{Expected, Peer, PreparedTransfer};
 pub use rails::{PeerRails, RailInfo, RailState, MAX_RAILS};
 pub use region::{
     Access, Location, Region, RegionDesc, RegionKey, RegionMut, RegionRef, RegionScope,
 };
+pub use routing::calibration::{
+    Calibration, Crossover, CALIBRATION_ENV, DEFAULT_MAILBOX_CROSSOVER,
+};
+pub use routing::plan::{Path, PeerRoute, Plan};
+pub use routing::planner;
+pub use routing::planner::Policy;
 pub use served::ServedStat;
 pub use spin::{current_cpu, leave_cpu};
 pub use stats::{reason_label, LatencyStat, PathStat, StatsSnapshot, LATENCY_BOUNDS_S};
 pub use transfer::{
-    OpKind, OpResult, OpResults, OpResultsIter, OpStatus, PreparedTransfer, Status, Transfer,
-    TransferHandle, TransferReport,
+    OpKind, OpResult, OpResults, OpResultsIter, OpStatus, Status, Transfer, TransferHandle,
+    TransferReport,
 };
 pub use wire::RemoteError;

@@ -8,9 +8,20 @@ use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::agent::Notification;
 use crate::error::{Error, Result};
 use crate::limits::LimitHits;
+
+/// A small message a peer delivered after a transfer's data was in place (or sent on its own with
+/// [`crate::Peer::notify`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notification {
+    /// Name of the sending agent.
+    pub from: String,
+    /// The sender's transfer id (0 for a standalone notification).
+    pub xfer: u64,
+    /// The message.
+    pub data: Vec<u8>,
+}
 
 #[derive(Debug, Default)]
 struct State {

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::plan::Path;
+use crate::routing::plan::Path;
 use crate::transfer::{OpKind, Outcome};
 
 /// Upper bounds (seconds) of the transfer latency histogram's buckets; a last `+Inf` bucket

@@ -170,6 +170,7 @@ fn no_import_cycle_among_engine_modules_exceeds_the_facade() {
     assert!(edges.len() > 40, "found only {} engine files", edges.len());
     let all = cycles(&edges);
     let big = &all[0];
+    println!("largest cycle: {big:?}");
     let inside: BTreeSet<&String> = big.iter().collect();
     let links: Vec<String> = big
         .iter()

@@ -18,8 +18,8 @@ use gdx_sys::cuda::{DeviceBuffer, Dst, Event, PinnedHostBuffer, Src, Stream};
 use super::region::Mem;
 use super::{Gpu, LocalPeer};
 use crate::error::{Error, Result};
-use crate::plan::{Path, Plan};
 use crate::region::check_bounds;
+use crate::routing::plan::{Path, Plan};
 
 /// Stream ordering for [`LocalPeer::transfer_with`] (GPUDirect Async): the copy can wait for a
 /// caller's event, be ordered inside a caller's stream (it starts after the work queued there
@@ -471,7 +471,7 @@ impl LocalPeer {
             .iter()
             .max_by(|x, y| x.1.total_cmp(&y.1))
             .map(|r| r.0)
-            .unwrap_or(crate::calibration::DEFAULT_STAGED_CHUNK);
+            .unwrap_or(crate::routing::calibration::DEFAULT_STAGED_CHUNK);
         Ok(StagedTuning {
             results,
             best_chunk_bytes,

@@ -4,7 +4,7 @@
 use super::{LocalPeer, Mem};
 use crate::error::{Error, Result};
 use crate::file::{finish, plan_inner, FileOptions, FileRange};
-use crate::plan::Plan;
+use crate::routing::plan::Plan;
 
 impl LocalPeer {
     /// The plan for a copy between a file and `mem` under this peer's policy: `gds` where cuFile

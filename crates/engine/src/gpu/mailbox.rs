@@ -1,7 +1,7 @@
 //! The mailbox path of [`LocalPeer`]: [`LocalPeer::start_mailbox`] runs gdx-sys's
 //! [`Mailbox`] (a persistent kernel polling a ring in mapped host memory) on one GPU; while it
 //! runs, the planner sends small pinned-host ↔ GPU ops there (`Path::Mailbox`, at most the
-//! crossover; see [`crate::planner`]) and every plan says so, with the SM it costs.
+//! crossover; see [`crate::routing::planner`]) and every plan says so, with the SM it costs.
 //!
 //! The mailbox is explicit: nothing starts it behind the caller's back (it occupies an SM and
 //! keeps one host thread's heartbeat), and [`LocalPeer::stop_mailbox`] or dropping the last
@@ -24,7 +24,7 @@ use super::exec::{lock_pair, Guard};
 use super::region::Mem;
 use super::LocalPeer;
 use crate::error::{Error, Result};
-use crate::planner::MailboxFacts;
+use crate::routing::planner::MailboxFacts;
 
 impl LocalPeer {
     /// Start the mailbox on GPU `gpu` with the default configuration (see

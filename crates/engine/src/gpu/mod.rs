@@ -10,7 +10,7 @@
 //!   between two GPUs is enabled once, both ways, on first use of the pair; the outcome is kept.
 //! - Copies are submitted on the caller's thread (no worker thread); completion is an event
 //!   ([`LocalTransfer::wait`]) or a stream synchronisation ([`LocalPeer::copy_blocking`]).
-//! - Nothing falls back silently: every op is planned first ([`crate::planner`]) and runs on the
+//! - Nothing falls back silently: every op is planned first ([`crate::routing::planner`]) and runs on the
 //!   planned path or fails.
 
 mod exec;
@@ -31,10 +31,10 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use gdx_sys::cuda::{Context, Cuda, DeviceBuffer, Event, PinnedHostBuffer, PoolAccess, Stream};
 
-use crate::calibration::Calibration;
 use crate::error::{Error, Result};
-use crate::plan::Plan;
-use crate::planner::{self, EndFacts, GpuLink, OpFacts, PeerStatus, Policy};
+use crate::routing::calibration::Calibration;
+use crate::routing::plan::Plan;
+use crate::routing::planner::{self, EndFacts, GpuLink, OpFacts, PeerStatus, Policy};
 use region::{DeviceInner, PinnedInner};
 
 /// Per-GPU state: context and the copy stream.
@@ -397,7 +397,7 @@ impl LocalPeer {
             .iter()
             .filter(|c| len < c.below_bytes)
             .count()
-            + 1000 * usize::from(len <= crate::calibration::DEFAULT_MAILBOX_CROSSOVER)
+            + 1000 * usize::from(len <= crate::routing::calibration::DEFAULT_MAILBOX_CROSSOVER)
             + 2000 * usize::from(len <= gdx_sys::cuda::mailbox::MAX_PAYLOAD as u64);
         let key = (src.id(), dst.id(), bucket);
         let cacheable = !(stream_ordered && mailbox.is_some());

@@ -12,20 +12,21 @@ use crate::agent::{AgentInner, PeerInfo};
 use crate::config::Transports;
 use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
-use crate::plan::{FabricMem, Path, PeerRoute};
 use crate::rails::Rails;
 use crate::region::RegionDesc;
-use crate::transfer::{
-    NewTransfer, PreparedTransfer, Transfer, TransferHandle, XferShared, XferState,
-};
+use crate::routing::plan::{FabricMem, Path, PeerRoute};
+use crate::transfer::{NewTransfer, Transfer, TransferHandle, XferShared, XferState};
 use crate::transport::tcp::{Joiner, RailEnd, TcpTransport};
 use crate::transport::{fabric, rdma, shm::ShmTransport, Transport};
 use crate::wire::{Hello, Msg};
 
 mod identity;
 mod plans;
+mod prepared;
+
+use crate::routing::cache::PlanCache;
 pub use identity::Expected;
-use plans::PlanCache;
+pub use prepared::PreparedTransfer;
 
 #[derive(Debug)]
 struct PeerInner {

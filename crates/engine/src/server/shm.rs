@@ -1,20 +1,18 @@
-//! The shm socket's serving side: `ShmJoin` (authenticated against the control session, the
-//! bounce-buffer memfd verified before it is mapped), region mappings, batch begin/end with
-//! leases bounded per connection, and staged chunks through the bounce buffer.
+//! An shm connection's admission: `ShmJoin`, authenticated against the control session, the
+//! bounce-buffer memfd verified before it is mapped; then the transport's target half
+//! (`crate::transport::shm::serve_target`) serves it.
 
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
-use super::shm_ring::RingServer;
-use super::{authenticated, first_frame, join_handshake, note_wait, with_conn};
+use super::{authenticated, first_frame, join_handshake, with_conn};
 use crate::admission::Slot;
-use crate::agent::{AgentInner, Notification};
-use crate::conn::{trim_fds, Conn, Sock};
-use crate::error::{Error, Result};
-use crate::gpu::{copy_span, Dir};
+use crate::agent::AgentInner;
+use crate::conn::{Conn, Sock};
+use crate::error::Error;
 use crate::mem::Mapping;
-use crate::region::{Lease, Registry};
+use crate::transport::shm::serve_target;
 use crate::wire::Msg;
 
 /// Largest bounce buffer an initiator may pass.
@@ -66,219 +64,6 @@ pub(super) fn serve_shm(agent: Arc<AgentInner>, s: UnixStream, slot: Slot) {
         drop(fd);
         authenticated(&agent, c, slot)?;
         c.send(&Msg::Ok)?;
-        serve_shm_loop(&agent, c, &bounce, &s.peer)
+        serve_target(&agent, c, &bounce, &s.peer)
     });
-}
-
-fn serve_shm_loop(
-    agent: &Arc<AgentInner>,
-    c: &mut Conn,
-    bounce: &Mapping,
-    from: &str,
-) -> Result<()> {
-    let reg: &Registry = &agent.registry;
-    let wait = agent.cfg.io_timeout;
-    let mut held: Vec<Lease> = Vec::new();
-    let served = agent.served.counters(from, "shm");
-    // Declared after `held` so it is dropped first: its thread stops and releases its leases.
-    let mut ring: Option<RingServer> = None;
-    loop {
-        trim_fds(c);
-        let (msg, payload) = match c.recv_frame(true) {
-            Ok(f) => f,
-            // A connection whose traffic goes through the ring is idle on the socket, not idle.
-            Err(Error::LimitReached { what, .. })
-                if what.contains("idle_timeout")
-                    && ring
-                        .as_ref()
-                        .is_some_and(|r| r.active_within(agent.cfg.limits.idle_timeout)) =>
-            {
-                continue
-            }
-            Err(e) => return Err(e),
-        };
-        if payload != 0 {
-            return Err(Error::Protocol("payload on the shm connection".into()));
-        }
-        match msg {
-            Msg::ShmMap {
-                region,
-                key,
-                write,
-                piece,
-            } => match map_fd_for(reg, region, key, write, piece) {
-                Ok((fd, len, writable)) => {
-                    c.send_with_fd(&Msg::ShmMapped { len, writable }, fd.as_raw_fd())?;
-                }
-                Err(e) => c.send(&Msg::Err(e))?,
-            },
-            Msg::ShmBegin { xfer: _, ops } => {
-                let max = agent.cfg.limits.max_leases_per_conn;
-                let mut errors = Vec::new();
-                let mut refused = 0usize;
-                for (i, op) in ops.iter().enumerate() {
-                    if held.len() >= max {
-                        refused += 1;
-                        errors.push((
-                            i as u32,
-                            Error::LimitReached {
-                                what: "leases held by this shm connection (ShmBegin without \
-                                       ShmEnd) reached max_leases_per_conn"
-                                    .into(),
-                                limit: max as u64,
-                            },
-                        ));
-                        continue;
-                    }
-                    match reg.check_remote(op.region, op.key, op.offset, op.len, op.write, wait) {
-                        Ok(l) => {
-                            // Granted: the initiator copies through its mapping now.
-                            served.add(op.write, op.len);
-                            held.push(l)
-                        }
-                        Err(e) => errors.push((i as u32, e)),
-                    }
-                }
-                if refused > 0 {
-                    agent.hits.hit(
-                        &agent.hits.leases,
-                        &format!("{refused} ShmBegin op(s) refused: max_leases_per_conn ({max})"),
-                    );
-                }
-                c.send(&Msg::ShmBeginResult { errors })?;
-            }
-            Msg::ShmStaged {
-                xfer: _,
-                op: _,
-                write,
-                region,
-                key,
-                offset,
-                len,
-            } => {
-                if len > bounce.len() as u64 {
-                    c.send(&Msg::Err(Error::FrameTooLarge {
-                        len,
-                        limit: bounce.len() as u64,
-                    }))?;
-                    continue;
-                }
-                let dir = if write {
-                    Dir::IntoRegion
-                } else {
-                    Dir::OutOfRegion
-                };
-                let r = reg
-                    .check_remote(region, key, offset, len, write, wait)
-                    .and_then(|lease| {
-                        // SAFETY: both spans are len bytes of live memory (bounce: len <=
-                        // bounce.len(); region: bounds-checked under the lease); they are
-                        // distinct allocations, so they do not overlap.
-                        unsafe { copy_span(&lease, offset, bounce.ptr(), len as usize, dir) }
-                    });
-                match r {
-                    Ok(()) => {
-                        served.add(write, len);
-                        c.send(&Msg::Ok)?
-                    }
-                    Err(e) => c.send(&Msg::Err(e))?,
-                }
-            }
-            Msg::ShmEnd { xfer, notify } => {
-                held.clear();
-                let r = match notify {
-                    Some(data) => {
-                        let n = Notification {
-                            from: from.to_string(),
-                            xfer,
-                            data,
-                        };
-                        agent.notes.push(n, note_wait(agent), &agent.hits)
-                    }
-                    None => Ok(()),
-                };
-                match r {
-                    Ok(()) => c.send(&Msg::Ok)?,
-                    Err(e) => c.send(&Msg::Err(e))?,
-                }
-            }
-            Msg::ShmRing { slots, slot_bytes } => {
-                let fd = c
-                    .take_fd()
-                    .ok_or_else(|| Error::Protocol("ShmRing without an fd".into()))?;
-                if ring.is_some() {
-                    return Err(Error::Protocol("a second ShmRing on one connection".into()));
-                }
-                if slots as usize != crate::ring::SLOTS
-                    || slot_bytes as usize != crate::ring::SLOT_BYTES
-                {
-                    return Err(Error::Protocol(format!(
-                        "shm ring of {slots} x {slot_bytes} B, expected {} x {} B",
-                        crate::ring::SLOTS,
-                        crate::ring::SLOT_BYTES
-                    )));
-                }
-                let r = crate::ring::Ring::attach(fd.as_raw_fd())?;
-                drop(fd);
-                ring = Some(RingServer::start(
-                    Arc::clone(agent),
-                    r,
-                    c.shutdown_handle()?,
-                    Arc::clone(&served),
-                )?);
-                c.send(&Msg::Ok)?;
-            }
-            Msg::Bye => return Ok(()),
-            m => {
-                return Err(Error::Protocol(format!(
-                    "frame type {} on the shm connection",
-                    m.kind()
-                )))
-            }
-        }
-    }
-}
-
-/// Checks a mapping request and returns an fd to pass: the region's memfd when peers may write, a
-/// read-only reopening of it otherwise (so a peer's writable mapping fails).
-fn map_fd_for(
-    reg: &Registry,
-    id: u64,
-    key: crate::region::RegionKey,
-    write: bool,
-    piece: u32,
-) -> Result<(std::os::fd::OwnedFd, u64, bool)> {
-    let r = reg.get(id)?;
-    if !r.key.ct_eq(&key) {
-        return Err(Error::BadKey { region: id });
-    }
-    if write && !r.access.remote_write {
-        return Err(Error::ReadOnly { region: id });
-    }
-    if !r.access.remote_read && !r.access.remote_write {
-        return Err(Error::NotReadable { region: id });
-    }
-    let writable = r.access.remote_write;
-    if let Some(dev) = r.device() {
-        // A VMM GPU region: its POSIX fd, for the peer to map (the access rights are enforced
-        // by the leases of ShmBegin, which every ipc op goes through).
-        let fd = dev.peer.export_fd_piece(&dev.region, piece)?;
-        return Ok((fd, r.len, writable));
-    }
-    let fd = r
-        .fd()
-        .ok_or_else(|| Error::Unavailable(format!("region {id} is not shareable")))?;
-    let flags = if writable {
-        rustix::fs::OFlags::RDWR
-    } else {
-        rustix::fs::OFlags::RDONLY
-    };
-    let path = format!("/proc/self/fd/{fd}");
-    let nfd = rustix::fs::open(
-        path,
-        flags | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .map_err(|e| Error::os("open", e.into()))?;
-    Ok((nfd, r.len, writable))
 }

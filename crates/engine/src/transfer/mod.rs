@@ -20,7 +20,6 @@ mod builder;
 pub(crate) mod clock;
 mod handle;
 mod ops;
-mod prepared;
 mod runs;
 mod spare;
 
@@ -28,9 +27,9 @@ use crate::stats::Stats;
 pub use builder::Transfer;
 pub use handle::TransferHandle;
 pub(crate) use ops::{Op, OpRef, Regions};
-pub use prepared::PreparedTransfer;
 pub(crate) use runs::Plans;
 pub use runs::{OpResult, OpResults, OpResultsIter};
+pub(crate) use spare::rearm;
 
 /// Direction of an op, seen from the initiator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -483,12 +482,12 @@ impl XferState {
     }
 
     /// The path of every op (no copies of the reasons).
-    pub(crate) fn paths(&self) -> impl ExactSizeIterator<Item = crate::plan::Path> + '_ {
+    pub(crate) fn paths(&self) -> impl ExactSizeIterator<Item = crate::routing::plan::Path> + '_ {
         self.plans.paths()
     }
 
     /// The path of op `i`.
-    pub(crate) fn path(&self, i: usize) -> crate::plan::Path {
+    pub(crate) fn path(&self, i: usize) -> crate::routing::plan::Path {
         self.plans.at(i).path
     }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::{OpKind, OpStatus};
-use crate::plan::{Path, Plan};
+use crate::routing::plan::{Path, Plan};
 
 /// Values for ops `0..len`, one entry per run of equal consecutive values (the first inline:
 /// a one-op transfer's plan, or its report's result, costs no allocation).

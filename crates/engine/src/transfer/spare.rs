@@ -172,3 +172,44 @@ fn refill_with_makes_n_copies_whatever_the_length_was() {
         assert_eq!(&v[..], &vec![n as u32; n][..]);
     }
 }
+
+/// Makes a prepared transfer's state ready for its next post: a new id and deadline, every op
+/// pending again. In place when nothing else holds the state; else (the last post is still
+/// running, or its handle is held) a state of its own for this post, an allocation, not a
+/// different path.
+pub(crate) fn rearm(state: &mut Arc<XferState>, timeout: Duration) {
+    let (id, started) = (super::next_id(), Clock::now());
+    match Arc::get_mut(state) {
+        Some(s) => {
+            let n = s.ops.len();
+            s.reset(id, started, timeout, n);
+        }
+        None => *state = Arc::new(state.repost(id, started, timeout)),
+    }
+}
+
+impl XferState {
+    /// A fresh state for the same ops (when this one is still in use).
+    fn repost(&self, id: u64, started: Clock, timeout: Duration) -> XferState {
+        let n = self.ops.len();
+        XferState {
+            id,
+            ops: self.ops.iter().map(|o| o.copy_with_table()).collect(),
+            regions: self.regions.clone(),
+            notify: self.notify.clone(),
+            plans: self.plans.clone(),
+            started,
+            deadline: started.plus(timeout),
+            timeout,
+            bytes_done: Default::default(),
+            ended: Default::default(),
+            ok: Default::default(),
+            elapsed_ns: Default::default(),
+            progress: std::sync::Mutex::new(super::Progress::new(n)),
+            cv: Default::default(),
+            shared: Arc::clone(&self.shared),
+            driven: Default::default(),
+            rail_bytes: Default::default(),
+        }
+    }
+}

@@ -36,8 +36,8 @@ use gdx_fabric::{
 use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::gpu::AgentGpu;
-use crate::plan::FabricMem;
 use crate::region::{LeaseKind, RegionInner, RegionKey, Registry};
+use crate::routing::plan::FabricMem;
 use crate::transfer::{OpKind, XferState};
 use crate::transport::SerialQueue;
 use crate::wire::Msg;

@@ -17,7 +17,7 @@ use std::path::Path as FsPath;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::plan::Path;
+use crate::routing::plan::Path;
 
 /// The variable naming a calibration file.
 pub const CALIBRATION_ENV: &str = "GDX_CALIBRATION";

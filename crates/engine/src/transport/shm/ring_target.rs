@@ -13,13 +13,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::agent::AgentInner;
 use crate::conn::Sock;
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
 use crate::region::{Lease, RegionCache};
 use crate::ring::{self, Ring, DONE, END, FREE, KIND_BEGIN, POSTED, SLOTS};
 use crate::served::Counters;
+use crate::transport::Serving;
 
 /// How long the ring thread spins after its last request before it sleeps on the doorbell.
 const SPIN: Duration = ring::TARGET_SPIN;
@@ -32,7 +32,7 @@ const STAMP_EVERY: u32 = 256;
 
 /// A running ring thread; dropping it stops the thread and releases its leases.
 #[derive(Debug)]
-pub(super) struct RingServer {
+pub(crate) struct RingServer {
     stop: Arc<AtomicBool>,
     ring: Arc<Ring>,
     base: Instant,
@@ -41,8 +41,8 @@ pub(super) struct RingServer {
 }
 
 impl RingServer {
-    pub(super) fn start(
-        agent: Arc<AgentInner>,
+    pub(crate) fn start<S: Serving>(
+        agent: Arc<S>,
         ring: Ring,
         sock: Sock,
         served: Arc<Counters>,
@@ -55,7 +55,7 @@ impl RingServer {
         let thread = std::thread::Builder::new()
             .name("gdx-shm-ring".into())
             .spawn(move || {
-                if let Err(e) = serve(&agent, &r, &s, base, &l, &served) {
+                if let Err(e) = serve(&*agent, &r, &s, base, &l, &served) {
                     log::warn!("shm ring closed: {e}");
                     sock.shutdown();
                 }
@@ -71,7 +71,7 @@ impl RingServer {
     }
 
     /// Whether the ring carried a request within `d` (the socket may then be idle).
-    pub(super) fn active_within(&self, d: Duration) -> bool {
+    pub(crate) fn active_within(&self, d: Duration) -> bool {
         let now = self.base.elapsed().as_millis() as u64;
         now.saturating_sub(self.last_active_ms.load(Ordering::Relaxed)) < d.as_millis() as u64
     }
@@ -88,15 +88,15 @@ impl Drop for RingServer {
     }
 }
 
-fn serve(
-    agent: &AgentInner,
+fn serve<S: Serving>(
+    agent: &S,
     ring: &Ring,
     stop: &AtomicBool,
     base: Instant,
     last: &AtomicU64,
     served: &Counters,
 ) -> Result<()> {
-    let max = agent.cfg.limits.max_leases_per_conn;
+    let max = agent.config().limits.max_leases_per_conn;
     let mut next: u32 = 0;
     let mut held: Vec<Option<Vec<Lease>>> = (0..SLOTS).map(|_| None).collect();
     let mut held_count = 0usize;
@@ -230,8 +230,8 @@ fn set_state(ring: &Ring, slot: usize, state: u32) {
 
 /// Checks (and for inline requests copies) every op; returns the per-op errors and, for `BEGIN`,
 /// the leases to hold until `END`.
-fn run_request(
-    agent: &AgentInner,
+fn run_request<S: Serving>(
+    agent: &S,
     ring: &Ring,
     s: usize,
     req: &ring::Request,
@@ -242,8 +242,8 @@ fn run_request(
     if req.kind == KIND_BEGIN {
         return begin_request(agent, req, max, held);
     }
-    let reg = &agent.registry;
-    let wait = agent.cfg.io_timeout;
+    let reg = agent.registry();
+    let wait = agent.config().io_timeout;
     let mut errors = Vec::new();
     for (i, op) in req.ops.iter().enumerate() {
         if req.skip.get(i).copied().unwrap_or(false) {
@@ -301,14 +301,14 @@ fn run_request(
 /// A `BEGIN` request: one look-up and one lease per run of consecutive ops on the same region
 /// (same key, same direction), checked over the span the run covers; a run whose span fails is
 /// checked op by op, so every op still gets its own verdict. The leases are held until `END`.
-fn begin_request(
-    agent: &AgentInner,
+fn begin_request<S: Serving>(
+    agent: &S,
     req: &ring::Request,
     max: usize,
     held: usize,
 ) -> (Vec<(u32, Error)>, Vec<Lease>) {
-    let reg = &agent.registry;
-    let wait = agent.cfg.io_timeout;
+    let reg = agent.registry();
+    let wait = agent.config().io_timeout;
     let mut errors = Vec::new();
     let mut leases = Vec::new();
     let mut refused = 0usize;
@@ -376,8 +376,8 @@ fn begin_request(
         i = end;
     }
     if refused > 0 {
-        agent.hits.hit(
-            &agent.hits.leases,
+        agent.hits().hit(
+            &agent.hits().leases,
             &format!("{refused} shm ring op(s) refused: max_leases_per_conn ({max})"),
         );
     }

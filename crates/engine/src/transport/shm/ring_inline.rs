@@ -1,4 +1,4 @@
-//! The initiator's inline and short ring requests (`shm_ring.rs` posts and completes them):
+//! The initiator's inline and short ring requests (`ring.rs` posts and completes them):
 //! the op's bytes staged or copied into the slot, the request posted, and after `DONE` the
 //! target's verdicts and a read's bytes out of the slot.
 

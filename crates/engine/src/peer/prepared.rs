@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{next_id, Clock, TransferHandle, TransferReport, XferState};
+use super::Peer;
 use crate::error::Result;
-use crate::peer::Peer;
-use crate::plan::Path;
+use crate::routing::plan::Path;
+use crate::transfer::{rearm, TransferHandle, TransferReport, XferState};
 
 /// A batch of ops to one peer, checked and planned once, to post again and again (what
 /// [`crate::Peer::prepare`] returns). Each [`PreparedTransfer::post`] starts the same ops and
@@ -39,16 +39,7 @@ impl PreparedTransfer {
     /// [`crate::Error::PeerLost`] if the connection broke (nothing is sent). Errors of the ops
     /// themselves (a region the target freed since) come from the handle's wait.
     pub fn post(&mut self) -> Result<TransferHandle> {
-        let (id, started) = (next_id(), Clock::now());
-        match Arc::get_mut(&mut self.state) {
-            Some(s) => {
-                let n = s.ops.len();
-                s.reset(id, started, self.timeout, n);
-            }
-            // The last post is still running or its handle is held: this one gets a state of
-            // its own (an allocation, not a different path).
-            None => self.state = Arc::new(self.state.repost(id, started, self.timeout)),
-        }
+        rearm(&mut self.state, self.timeout);
         self.peer.post_prepared(&self.state)?;
         Ok(TransferHandle {
             state: Arc::clone(&self.state),
@@ -81,31 +72,5 @@ impl PreparedTransfer {
     /// The peer it posts to.
     pub fn peer(&self) -> &Peer {
         &self.peer
-    }
-}
-
-impl XferState {
-    /// A fresh state for the same ops (when this one is still in use).
-    fn repost(&self, id: u64, started: Clock, timeout: Duration) -> XferState {
-        let n = self.ops.len();
-        XferState {
-            id,
-            ops: self.ops.iter().map(|o| o.copy_with_table()).collect(),
-            regions: self.regions.clone(),
-            notify: self.notify.clone(),
-            plans: self.plans.clone(),
-            started,
-            deadline: started.plus(timeout),
-            timeout,
-            bytes_done: Default::default(),
-            ended: Default::default(),
-            ok: Default::default(),
-            elapsed_ns: Default::default(),
-            progress: std::sync::Mutex::new(super::Progress::new(n)),
-            cv: Default::default(),
-            shared: Arc::clone(&self.shared),
-            driven: Default::default(),
-            rail_bytes: Default::default(),
-        }
     }
 }

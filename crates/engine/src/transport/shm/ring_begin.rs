@@ -1,7 +1,7 @@
 //! Transfers the worker thread runs through the shm ring slot by slot (`run_ring`), a leased
 //! transfer posted in parts (`start_begin`), and the leased (`BEGIN`) slots' copies through the
-//! mappings; the submitting thread's posts are in `shm_ring.rs`, inline and short requests in
-//! `shm_ring_inline.rs`.
+//! mappings; the submitting thread's posts are in `ring.rs`, inline and short requests in
+//! `ring_inline.rs`.
 
 use std::sync::Arc;
 
@@ -9,11 +9,11 @@ use super::ring::{ring_class, ring_ops_iter, Skip, Started};
 use super::Worker;
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
-use crate::plan::Path;
 use crate::region::LeaseKind;
 use crate::ring::{
     DATA_BYTES, DONE, END, IDENTITY, INLINE_MAX, KIND_BEGIN, KIND_INLINE, MAX_RING_OPS,
 };
+use crate::routing::plan::Path;
 use crate::transfer::{OpKind, XferState};
 
 /// Most slots one leased transfer is cut into (`start_begin`).

@@ -9,8 +9,8 @@ use super::{ring, Worker, BOUNCE_BYTES};
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
 use crate::mem::Mapping;
-use crate::plan::Path;
 use crate::region::LeaseKind;
+use crate::routing::plan::Path;
 use crate::transfer::{OpKind, XferState};
 use crate::wire::{Msg, MAX_OPS_PER_BEGIN};
 

@@ -14,10 +14,10 @@
 //! completes every answered one, oldest first; a waiter about to sleep hands the rest to the
 //! worker thread, which waits with the liveness checks below.
 //!
-//! Inline and short requests are written and read back in `shm_ring_inline.rs`, leased ones
-//! in `shm_ring_begin.rs`.
+//! Inline and short requests are written and read back in `ring_inline.rs`, leased ones
+//! in `ring_begin.rs`.
 //!
-//! Liveness (`shm_ring_client.rs`): a waiter spins briefly, then sleeps on the slot's futex in
+//! Liveness (`ring_client.rs`): a waiter spins briefly, then sleeps on the slot's futex in
 //! short naps, and between naps checks the shm socket for hang-up (the target closes it when it
 //! dies or its ring thread gives up) and the I/O timeout; either fails the transfer's
 //! unconfirmed ops with `PeerLost` and the connection stays failed.
@@ -31,8 +31,8 @@ pub(super) use super::ring_client::{Done, Driver, RingClient, Skip};
 use super::ring_inline::STAGE_MAX;
 use super::Worker;
 use crate::error::{Error, Result};
-use crate::plan::Path;
 use crate::ring::{self, DONE, INLINE_MAX, KIND_BEGIN, KIND_INLINE, MAX_RING_OPS};
+use crate::routing::plan::Path;
 use crate::transfer::{NewTransfer, OpKind, OpRef, XferState};
 use crate::wire::ShmOp;
 

@@ -41,12 +41,13 @@ use crate::transfer::XferState;
 use crate::transport::Transport;
 use crate::wire::Msg;
 
-#[path = "tcp_chunks.rs"]
 mod chunks;
-#[path = "tcp_queue.rs"]
 mod queue;
+mod target;
+
 use chunks::{await_replies, fail_chunks, recv_reply, run_job, send_chunk, Broke, Staging, Tally};
 use queue::JobQueue;
+pub(crate) use target::serve_stream;
 
 /// Chunks in flight per stream before waiting for a confirmation.
 const WINDOW: usize = 16;

@@ -1,7 +1,7 @@
 //! The initiator's handle on its shm control ring (layout and states: `ring.rs`): slots taken
 //! in sequence, requests written and published, the doorbell rung only when the target may be
 //! asleep, and the wait for a slot's answer with the liveness checks; and what waiters use to
-//! complete transfers in flight (`Driver`, `Done`). `shm_ring.rs` runs transfers through it.
+//! complete transfers in flight (`Driver`, `Done`). `ring.rs` runs transfers through it.
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

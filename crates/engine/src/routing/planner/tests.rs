@@ -1,7 +1,7 @@
 //! Planner rules, without a GPU.
 
 use super::*;
-use crate::calibration::Crossover;
+use crate::routing::calibration::Crossover;
 
 fn link(class: &str, expects: bool, peer: PeerStatus) -> Option<GpuLink> {
     Some(GpuLink {

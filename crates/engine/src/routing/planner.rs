@@ -8,7 +8,7 @@
 //!
 //! Rules, in order:
 //! 1. Host ↔ GPU: `mailbox` when a mailbox runs on that GPU ([`MailboxFacts`]), the op is at
-//!    most the crossover (calibrated, else [`crate::calibration::DEFAULT_MAILBOX_CROSSOVER`])
+//!    most the crossover (calibrated, else [`crate::routing::calibration::DEFAULT_MAILBOX_CROSSOVER`])
 //!    and not ordered with a caller's stream; else `host-to-gpu` / `gpu-to-host` on the GPU's
 //!    copy engine, the reason saying why the mailbox was not taken. Strict mode refuses a
 //!    stream-ordered op the mailbox would otherwise take.
@@ -20,10 +20,10 @@
 //! 5. Strict mode: a plan that is not the direct path while the topology or the driver says a
 //!    direct path should exist is an [`Error::Strict`] carrying that reason.
 
-use crate::calibration::Calibration;
 use crate::error::{Error, Result};
-use crate::plan::{Path, Plan};
 use crate::region::Location;
+use crate::routing::calibration::Calibration;
+use crate::routing::plan::{Path, Plan};
 use gdx_sys::bytesize::human_bytes;
 
 /// The variable that turns strict mode on (`1`, `true`, `yes`).

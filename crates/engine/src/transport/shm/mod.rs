@@ -35,16 +35,15 @@ use crate::wire::Msg;
 /// Size of the bounce buffer used for borrowed remote regions.
 pub(crate) const BOUNCE_BYTES: usize = 8 << 20;
 
-#[path = "shm_ring.rs"]
 mod ring;
-#[path = "shm_ring_begin.rs"]
 mod ring_begin;
-#[path = "shm_ring_client.rs"]
 mod ring_client;
-#[path = "shm_ring_inline.rs"]
 mod ring_inline;
-#[path = "shm_socket.rs"]
+mod ring_target;
 mod socket;
+mod target;
+
+pub(crate) use target::serve_target;
 
 /// Runs transfers over one shm connection: small ones posted into the ring by the submitting
 /// thread and completed by whoever waits (`ring::Driver`), the rest one at a time on a worker

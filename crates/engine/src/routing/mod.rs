@@ -1,0 +1,15 @@
+//! Routing: which path each op takes, and why, in one place.
+//!
+//! - [`plan`]: the path vocabulary ([`plan::Path`]), a [`plan::Plan`] (a path and its reason),
+//!   the peer-level choice ([`plan::PeerRoute`]: shm or tcp, rails) and the per-op rules for a
+//!   remote region.
+//! - [`planner`]: the same-process planner (GPU ↔ GPU, host ↔ GPU, imported regions) and the
+//!   [`planner::Policy`] (forced paths, strict mode).
+//! - [`calibration`]: measured thresholds the planners consult.
+//! - [`cache`]: a peer's recent plans, so a stream of transfers between the same regions pays
+//!   the planner once.
+
+pub(crate) mod cache;
+pub(crate) mod calibration;
+pub(crate) mod plan;
+pub mod planner;
