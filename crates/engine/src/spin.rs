@@ -7,13 +7,12 @@ use std::time::Duration;
 /// Spins until `done()` or `spin` elapsed; true when `done()` became true. The first
 /// `YIELD_AFTER` only pause between polls: an answer from a running peer arrives within that,
 /// and a `sched_yield` (a system call, most of a microsecond in a VM) taken meanwhile would
-/// delay seeing it. After that the spinner yields every 64 polls, since the peer may be waiting
+/// delay seeing it. After that the spinner yields every `CLOCK_EVERY` polls, since the peer may be waiting
 /// for this core (this machine may have few). Once a yield showed that the core is shared
 /// (`yield_core`), this thread's spins yield after `yield_after(true)`, until a yield shows
 /// it is not.
 pub(crate) fn spin_until(spin: Duration, mut done: impl FnMut() -> bool) -> bool {
-    // The clock is first read after 64 polls: an answer within them (the common case) costs no
-    // clock read at all (tens of ns each in a VM, several per transfer otherwise).
+    // The clock is first read after `CLOCK_EVERY` polls.
     let mut start: Option<std::time::Instant> = None;
     let mut i = 0u32;
     loop {
@@ -21,7 +20,7 @@ pub(crate) fn spin_until(spin: Duration, mut done: impl FnMut() -> bool) -> bool
             return true;
         }
         i = i.wrapping_add(1);
-        if i.is_multiple_of(64) {
+        if i.is_multiple_of(CLOCK_EVERY) {
             let now = std::time::Instant::now();
             let t = now.duration_since(*start.get_or_insert(now));
             if t >= spin {
@@ -36,6 +35,35 @@ pub(crate) fn spin_until(spin: Duration, mut done: impl FnMut() -> bool) -> bool
         }
     }
 }
+
+// Every wait budget of the engine, in one place: how long each waiter polls (`spin_until`, or
+// its own loop on the same rules) before it blocks. Each is a round trip to a running peer with
+// room to spare; what takes longer is a sleeping, descheduled or stopped peer, waited for
+// without holding a core. The target's ring spin (`ring::TARGET_SPIN`) is part of the shm
+// protocol and lives with it.
+
+/// The shm submitting thread, for the next ring slot (the oldest in flight to be answered),
+/// before it queues the transfer to the connection's worker thread: a ring round trip to a
+/// running peer is a few µs.
+pub(crate) const SHM_SUBMIT_SPIN: Duration = Duration::from_micros(10);
+
+/// An initiator waiting on a ring slot, before it sleeps on the slot's futex.
+pub(crate) const RING_SLOT_SPIN: Duration = Duration::from_micros(100);
+
+/// The tcp submitting thread, for the replies of what it wrote, before it leaves them to the
+/// stream's thread: a loopback or same-rack round trip, not a stalled peer's.
+pub(crate) const TCP_SUBMIT_SPIN: Duration = Duration::from_micros(50);
+
+/// A tcp data stream's reader, for the next request, before it blocks in the read: a busy
+/// stream's next request usually follows within it (the initiator polls for its ack alike).
+pub(crate) const STREAM_READ_SPIN: Duration = Duration::from_micros(50);
+
+/// A transfer's waiter (`TransferHandle::wait`), yielding, before it sleeps.
+pub(crate) const TRANSFER_WAIT_SPIN: Duration = Duration::from_micros(50);
+
+/// Polls between two clock reads: an answer within them (the common case) costs no clock read
+/// at all (tens of ns each in a VM, several per transfer otherwise).
+pub(crate) const CLOCK_EVERY: u32 = 64;
 
 /// How long a spinner polls before it starts yielding its core (`spin_until`).
 pub(crate) const YIELD_AFTER: Duration = Duration::from_micros(20);

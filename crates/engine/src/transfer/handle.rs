@@ -8,7 +8,7 @@ use super::{OpResults, Status, TransferReport, XferState};
 use crate::error::{Error, Result};
 
 /// How long [`TransferHandle::wait`] spins (yielding) before it sleeps.
-const WAIT_SPIN: Duration = Duration::from_micros(50);
+const WAIT_SPIN: Duration = crate::spin::TRANSFER_WAIT_SPIN;
 
 /// The handle [`crate::Peer::submit`] returns. Cheap to clone; dropping it does not cancel.
 #[derive(Debug, Clone)]

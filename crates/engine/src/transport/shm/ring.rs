@@ -36,11 +36,9 @@ use crate::routing::plan::Path;
 use crate::transfer::{NewTransfer, OpKind, OpRef, XferState};
 use crate::wire::ShmOp;
 
-/// How long the submitting thread waits for the next slot (the oldest in flight to be answered)
-/// before it queues the transfer to the worker thread instead: a ring round trip to a running
-/// peer is a few µs; anything longer (a sleeping, descheduled or stopped peer) is waited for off
-/// the caller's thread.
-const SUBMIT_SPIN: Duration = Duration::from_micros(10);
+/// How long the submitting thread waits for the next slot before the worker thread takes the
+/// transfer (`spin::SHM_SUBMIT_SPIN`).
+const SUBMIT_SPIN: Duration = crate::spin::SHM_SUBMIT_SPIN;
 
 /// Whether `xfer` may be posted by the submitting thread and left in flight (`Worker::post`
 /// decides: one slot, every op inline or every op leased with `BEGIN`): at most one slot's ops,

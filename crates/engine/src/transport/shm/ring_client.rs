@@ -35,7 +35,7 @@ impl std::ops::Deref for Front {
 pub(super) const NO_SLOT: u32 = u32::MAX;
 
 /// How long the initiator spins on a slot before it sleeps on its futex.
-const SPIN: Duration = Duration::from_micros(100);
+const SPIN: Duration = crate::spin::RING_SLOT_SPIN;
 /// The initiator's ring state: the mapping and the next sequence number.
 #[derive(Debug)]
 pub(super) struct RingClient {

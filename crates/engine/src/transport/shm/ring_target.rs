@@ -26,7 +26,7 @@ const SPIN: Duration = ring::TARGET_SPIN;
 /// Longest sleep between checks of the stop flag.
 const SLEEP: Duration = Duration::from_millis(100);
 /// Idle polls between two reads of the clock (and yields).
-const CLOCK_EVERY: u32 = 64;
+const CLOCK_EVERY: u32 = crate::spin::CLOCK_EVERY;
 /// Requests served between two updates of the last-active stamp while the ring stays busy.
 const STAMP_EVERY: u32 = 256;
 

@@ -57,8 +57,8 @@ const WINDOW: usize = 16;
 const FAST_BYTES: u64 = 64 << 10;
 
 /// How long the submitting thread polls for the replies of what it wrote before it leaves them
-/// to the stream's thread: a loopback or same-rack round trip, not a stalled peer's.
-const SUBMIT_SPIN: Duration = Duration::from_micros(50);
+/// to the stream's thread (`spin::TCP_SUBMIT_SPIN`).
+const SUBMIT_SPIN: Duration = crate::spin::TCP_SUBMIT_SPIN;
 
 /// Smallest transfer spread over every active rail; a smaller one goes to the best rail only
 /// (a rail's round trip would cost more than its share of the bytes saves).

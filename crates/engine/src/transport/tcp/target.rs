@@ -56,7 +56,7 @@ fn land(c: &mut Conn, stager: &Stager, q: &mut VecDeque<Landing>, keep: usize) -
 }
 
 /// How long a data stream's reader polls for the next request before it blocks in the read.
-const STREAM_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+const STREAM_SPIN: std::time::Duration = crate::spin::STREAM_READ_SPIN;
 
 /// Serves an authenticated tcp data stream until it ends: writes land in the region (GPU ones
 /// through the staging pipeline, acknowledged in request order), reads are answered from it;
