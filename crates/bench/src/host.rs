@@ -268,6 +268,10 @@ pub fn cases_for(peer: Option<&str>, region: &str) -> Vec<Box<dyn BenchCase>> {
             "shared memory (one copy into the mapped region)",
         ),
         mk(PathKind::Tcp, "TCP (kernel sockets)"),
+        mk(
+            PathKind::Rdma,
+            "the engine's rdma transport (RDMA WRITE; --nics chooses the rails, each row names them)",
+        ),
     ]
 }
 
@@ -298,7 +302,7 @@ mod tests {
             max_samples: 20,
             ..Params::default()
         };
-        for r in run_cases(&ctx, &params, cases()) {
+        for r in run_cases(&ctx, &params, host_only()) {
             assert!(r.bw_gbps.is_some_and(|b| b > 0.0));
             assert!(r.iters >= 3);
         }
@@ -320,12 +324,37 @@ mod tests {
         all
     }
 
+    /// The cases that need no device (all but the opt-in rdma case, which the VM suites run).
+    fn host_only() -> Vec<Box<dyn BenchCase>> {
+        cases().into_iter().filter(|c| !c.opt_in()).collect()
+    }
+
     /// The shm and tcp cases (the loopback agents), without the memcpy baseline.
     fn agent_cases() -> Vec<Box<dyn BenchCase>> {
-        cases()
+        host_only()
             .into_iter()
             .filter(|c| c.spec().key != "host_to_host_memcpy")
             .collect()
+    }
+
+    /// The engine's rdma case: opt-in, and waived here with the reason (no RDMA device); with
+    /// `--peer` alone (the raw rdma cases' server) it is waived, naming the two flags.
+    #[test]
+    fn the_engine_rdma_case_is_opt_in_and_says_why_it_is_waived() {
+        let rdma: Vec<_> = cases()
+            .into_iter()
+            .filter(|c| c.spec().path == PathKind::Rdma)
+            .collect();
+        assert_eq!(rdma.len(), 1);
+        assert_eq!(rdma[0].spec().key, "host_to_host_rdma");
+        assert!(rdma[0].opt_in());
+        let w = rdma[0].applicable(&Ctx::without_devices()).unwrap_err();
+        assert!(w.reason.contains("RDMA cases disabled"), "{w}");
+        let remote = cases_for(Some("10.0.0.2:7447"), "bench")
+            .into_iter()
+            .find(|c| c.spec().path == PathKind::Rdma)
+            .unwrap();
+        assert_eq!(remote.spec().key, "host_to_remote_rdma");
     }
 
     /// `--prepared`, alone, in a batch and in a window: rows measured, verified and marked.

@@ -22,7 +22,8 @@ use crate::floors::{FloorKind, NearFloor, BLOCK_OPS};
 use crate::report::Row;
 use crate::Ctx;
 
-/// shm, tcp or fabric between two agents.
+/// shm, tcp, fabric or rdma between two agents (the engine's transports; the raw verbs cases
+/// are in [`crate::rdma`]).
 pub(crate) struct AgentCase {
     pub(crate) spec: CaseSpec,
     pub(crate) peer: Option<String>,
@@ -61,6 +62,7 @@ impl AgentCase {
         match self.spec.path {
             PathKind::Shm => Path::Shm,
             PathKind::Fabric => Path::Fabric,
+            PathKind::Rdma => Path::Rdma,
             _ => Path::Tcp,
         }
     }
@@ -76,13 +78,15 @@ impl AgentCase {
         }
         let shm = self.spec.path == PathKind::Shm;
         let fabric = self.spec.path == PathKind::Fabric;
+        let rdma = self.spec.path == PathKind::Rdma;
         let client_cfg = AgentConfig {
             name: format!("gdx-bench-{}", std::process::id()),
-            // The tcp/shm cases measure those paths: rdma stays off even where a NIC exists.
+            // Each case measures its own path: rdma stays off in the others even where a NIC
+            // exists.
             transports: Transports {
                 tcp: true,
                 shm,
-                rdma: false,
+                rdma,
                 fabric,
             },
             fabric_provider: self.provider.clone(),
@@ -99,7 +103,7 @@ impl AgentCase {
                     transports: Transports {
                         tcp: true,
                         shm: true,
-                        rdma: false,
+                        rdma,
                         fabric,
                     },
                     fabric_provider: self.provider.clone(),
@@ -152,8 +156,24 @@ impl BenchCase for AgentCase {
         &self.spec
     }
 
-    fn applicable(&self, _ctx: &Ctx) -> Result<(), Waived> {
-        Ok(())
+    fn applicable(&self, ctx: &Ctx) -> Result<(), Waived> {
+        if self.spec.path != PathKind::Rdma {
+            return Ok(());
+        }
+        ctx.require_rdma()?;
+        // `--peer` alone names the raw rdma cases' server (`gdx serve --rdma-listen`), which is
+        // not an agent: this case needs the agent's address given apart from it.
+        match (&ctx.peer, &ctx.rdma_peer) {
+            (Some((agent, _)), Some(rdma)) if agent == rdma => Err(Waived::new(
+                "the engine's rdma case needs the gdx serve agent's address apart from the rdma                  bench server's: give --peer AGENT:PORT and --rdma-peer HOST:PORT",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The rdma case is opt-in, as the raw rdma cases are (`--path rdma`).
+    fn opt_in(&self) -> bool {
+        self.spec.path == PathKind::Rdma
     }
 
     fn run(&self, ctx: &Ctx, params: &Params, sink: &mut dyn FnMut(Row)) -> Result<(), BenchError> {

@@ -112,9 +112,10 @@ pub struct BenchArgs {
     #[arg(long, value_name = "NAME")]
     rdma_device: Option<String>,
 
-    /// Rails of the tcp cases' peer connection, in order (default: $GDX_NICS, else one rail):
-    /// `LOCAL_IP` or `LOCAL_IP=REMOTE_IP[:PORT]` each; transfers from 1 MiB are striped over
-    /// them by measured throughput, and each row's JSON carries its `rails`.
+    /// Rails of the engine cases' peer connection, in order (default: $GDX_NICS; else one tcp
+    /// rail, and every RDMA device with an active port): tcp `LOCAL_IP` or
+    /// `LOCAL_IP=REMOTE_IP[:PORT]` each, rdma device names (`rxe0,rxe1`); transfers from 1 MiB
+    /// are striped over them by measured throughput, and each row's JSON carries its `rails`.
     #[arg(long, value_name = "A,B", value_parser = super::serve::parse_nic_list)]
     nics: Option<String>,
 
