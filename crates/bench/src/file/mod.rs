@@ -197,9 +197,13 @@ fn to_row(spec: &CaseSpec, size: u64, r: &FileRow, file: &std::path::Path) -> Ro
     ));
     match &r.status {
         Outcome::Passed => {
-            // gdx-storage checks the first sample of every row against the pattern.
+            // `rows::measure` checks the first sample of every row against the pattern.
             row.verified = Some(true);
-            row.add_note("first sample verified (CRC-32 against the pattern)");
+            row.add_note(if spec.dst == End::Host {
+                "first sample verified (byte for byte against the pattern)"
+            } else {
+                "first sample verified (CRC-32 against the pattern)"
+            });
         }
         Outcome::Waived(why) => {
             row.status = Status::Waived;
