@@ -36,6 +36,7 @@ pub mod host;
 pub mod hostceil;
 pub mod mock;
 pub mod plot;
+pub mod probe;
 pub mod rdma;
 pub mod render;
 pub mod report;
