@@ -10,10 +10,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
+mod common;
+
 use gdx_bench::timer::wall;
 use gdx_engine::{Access, Agent, AgentConfig, Error, Path, Secret, Transfer, Transports};
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Command, Stdio};
+use std::io::Read;
 use std::time::Duration;
 
 /// Median and best rate of the samples (the median is gdx-sys's one median).
@@ -36,19 +37,7 @@ fn main() -> Result<(), Error> {
     let secret = Secret::generate()?;
     let file = std::env::temp_dir().join(format!("gdx-bench-host-{}.secret", std::process::id()));
     secret.write_file(&file)?;
-    let exe = std::env::current_exe().map_err(|e| Error::os("current_exe", e))?;
-    let mut child = Command::new(exe)
-        .args(["serve", &size.to_string()])
-        .env("GDX_SECRET_FILE", &file)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| Error::os("spawn", e))?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .map_err(|e| Error::os("read", e))?;
-    let addr = line.trim().to_string();
+    let (mut child, addr) = common::spawn_server(size, Some(&file))?;
 
     println!(
         "size {} bytes ({:.2} GiB), {iters} timed runs after 1 warm-up; GB/s = 1e9 B/s",

@@ -11,11 +11,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
+mod common;
+
 use gdx_bench::timer::wall;
 use gdx_engine::{Access, Agent, AgentConfig, Error, Path, Transfer, Transports};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 fn transports(fabric: bool) -> Transports {
@@ -82,18 +83,8 @@ fn main() -> Result<(), Error> {
     let size: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1 << 30);
     let iters: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(3);
     let lat_iters: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(2000);
-    let exe = std::env::current_exe().map_err(|e| Error::os("current_exe", e))?;
-    let mut child = Command::new(exe)
-        .args(["serve", &size.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| Error::os("spawn", e))?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .map_err(|e| Error::os("read", e))?;
-    let addr: std::net::SocketAddr = line.trim().parse().expect("server address");
+    let (mut child, addr) = common::spawn_server(size, None)?;
+    let addr: std::net::SocketAddr = addr.parse().expect("server address");
     println!("size {size} B, {iters} timed writes after 1 warm-up; 8 B latency over {lat_iters} ops; GB/s = 1e9 B/s");
     println!(
         "{:<28} {:>14} {:>14} {:>12} {:>12}",

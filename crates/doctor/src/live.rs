@@ -31,8 +31,7 @@ impl ProbeBackend for SystemProbe {
         bytes: u64,
         reps: u32,
     ) -> Result<CopySamples, DoctorError> {
-        use gdx_bench::probe::timed_copy;
-        use gdx_sys::cuda::probe::Loc;
+        use gdx_bench::probe::{timed_copy, Loc};
         let cuda = gdx_sys::cuda::Cuda::load()?;
         let loc = |e| match e {
             Endpoint::Gpu(o) => Loc::Gpu(o),
