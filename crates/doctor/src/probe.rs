@@ -46,7 +46,8 @@ pub enum RegMethod {
     PeerMem,
 }
 
-/// The part of the probes that needs CUDA and verbs. Implemented by the CLI with `gdx-sys`.
+/// The part of the probes that needs CUDA and verbs. Implemented by [`crate::live::SystemProbe`]
+/// (gdx-bench's measurements and `gdx-sys`'s registration).
 pub trait ProbeBackend {
     /// Allocate `bytes` at `from` and at `to`, fill `from` with a seeded pattern, enable peer
     /// access where both are GPUs, copy once to warm up, then `reps` timed copies, and
