@@ -12,6 +12,7 @@ the path the engine took, with its reason.
     python examples/python/kv_transfer.py --device cuda      # torch CUDA tensors
     python examples/python/kv_transfer.py --rust target/release/examples/kv_batch
                                                              # and the same batches from Rust
+                                                             # (cargo build --release -p gdx-bench --example kv_batch)
 
 The script starts the decode process itself (``--role decode``); both share a secret through
 GDX_SECRET_FILE.

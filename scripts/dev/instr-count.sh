@@ -25,7 +25,7 @@ sed -i 's/const WAIT_SPIN: Duration = Duration::from_micros(50);/const WAIT_SPIN
   crates/engine/src/transfer/handle.rs
 grep -q use-libc crates/engine/Cargo.toml && grep -q 'from_secs(5)' crates/engine/src/transfer/handle.rs ||
   { echo "instr-count: the code moved; update the two edits above" >&2; exit 2; }
-CARGO_TARGET_DIR="$WORK/target" cargo build -q --release -p gdx-engine --example shm_lat
+CARGO_TARGET_DIR="$WORK/target" cargo build -q --release -p gdx-bench --example shm_lat
 rm -f "$WORK"/cg.out*
 valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$WORK/cg.out" \
   "$WORK/target/release/examples/shm_lat" 8 "$N" >"$WORK/valgrind.log" 2>&1

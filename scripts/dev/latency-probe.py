@@ -3,7 +3,7 @@
 time goes (issue #17; BENCHMARKS.md, thirteenth session, has what it found).
 
     python3 scripts/dev/latency-probe.py [REPO]          # default: this checkout
-    cargo build --release -p gdx-engine --example shm_lat
+    cargo build --release -p gdx-bench --example shm_lat
     ./target/release/examples/shm_lat 8 200000           # add SHM_LAT_PREPARED=1 for prepared
     git checkout -- crates && rm crates/engine/src/probe.rs   # take it out again
 
@@ -66,14 +66,16 @@ sub('crates/engine/src/transfer/prepared.rs', "    pub fn post(&mut self) -> Res
 sub('crates/engine/src/transfer/handle.rs', "        if let Some(r) = self.state.report_if_ok() {\n            return Ok(r);", "        if let Some(r) = self.state.report_if_ok() {\n            crate::probe::mark_once(3);\n            return Ok(r);")
 sub('crates/engine/src/transport/shm.rs', "            Ok(Some(e)) => {\n                let x = n.into_state();\n                w.in_flight_early(Arc::clone(&x), e);\n", "            Ok(Some(e)) => {\n                let x = n.into_state();\n                crate::probe::mark_once(7);\n                w.in_flight_early(Arc::clone(&x), e);\n                crate::probe::mark_once(8);\n")
 sub('crates/engine/src/transport/shm.rs', "        drop(w);\n        done.finish();\n        x\n", "        drop(w);\n        done.finish();\n        crate::probe::mark_once(9);\n        x\n")
-p='crates/engine/examples/shm_lat.rs'
+p='crates/bench/examples/shm_lat.rs'
 s=open(p).read()
 s=s.replace("""            h.wait(wait).unwrap();
         }
-        let us = s.elapsed().as_secs_f64() * 1e6;""","""            h.wait(wait).unwrap();
+        let _ = one.stop();
+        let us = one.read().unwrap_or_default().as_secs_f64() * 1e6;""","""            h.wait(wait).unwrap();
         }
         gdx_engine::probe::mark(4);
-        let us = s.elapsed().as_secs_f64() * 1e6;
+        let _ = one.stop();
+        let us = one.read().unwrap_or_default().as_secs_f64() * 1e6;
         if i >= iters / 10 { gdx_engine::probe::fold(); } else { gdx_engine::probe::T[0].store(0, std::sync::atomic::Ordering::Relaxed); }""")
 s=s.replace("""        ops * size as f64 / total / 1e9
     );""","""        ops * size as f64 / total / 1e9

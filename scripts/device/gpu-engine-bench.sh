@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gdx engine benchmark on the GPU machine, with its references measured in the same run:
 # torch (scripts/device/torch_ref.py), raw CUDA (scripts/device/ref_p2p.cu, built here with nvcc),
-# and gdx (the gpu_bench example, prebuilt into .devbin-gpu/). Prints a table of ratios and writes
+# and gdx (gdx-bench's gpu_bench example, prebuilt into .devbin-gpu/). Prints a table of ratios and writes
 # "$OUT"/engine-bench.txt and "$OUT"/engine-bench.json. Runs in about 1-2 minutes.
 #   usage: scripts/device/gpu-engine-bench.sh [BIN_DIR]   (default .devbin-gpu)
 set -u

@@ -7,8 +7,9 @@ grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >>.git/in
 rm -rf .devbin && mkdir -p .devbin/tests
 cargo build --release -p gdx
 cp target/release/gdx .devbin/
-# Examples the device scripts run: the engine's GPU benches and the RDMA discovery report.
-cargo build --release -p gdx-engine --example gpu_bench --example peer_gpu_bench \
+# Examples the device scripts run: the engine GPU benches (gdx-bench examples) and the RDMA
+# discovery report.
+cargo build --release -p gdx-bench --example gpu_bench --example peer_gpu_bench \
   -p gdx-rdma --example rdma_info
 cp target/release/examples/{gpu_bench,peer_gpu_bench,rdma_info} .devbin/
 PKGS=${PKGS:---workspace}

@@ -12,6 +12,7 @@ use gdx_sys::cuda::probe::fill_pattern;
 use crate::floors::NearFloor;
 use crate::report::Row;
 use crate::stats::median;
+use crate::timer::wall;
 
 /// Least bytes per transfer a batch row carries a copy reference for: below this a transfer is
 /// a round trip, not a copy, and is judged by its latency.
@@ -48,10 +49,11 @@ impl CopyRef {
         self.dst.copy_from_slice(&self.src);
         let mut t = Vec::with_capacity(BLOCK_COPIES);
         for _ in 0..BLOCK_COPIES {
-            let s = std::time::Instant::now();
-            self.dst.copy_from_slice(std::hint::black_box(&self.src));
-            std::hint::black_box(&self.dst);
-            t.push(s.elapsed().as_secs_f64() * 1e6);
+            let ((), d) = wall(|| {
+                self.dst.copy_from_slice(std::hint::black_box(&self.src));
+                std::hint::black_box(&self.dst);
+            });
+            t.push(d.as_secs_f64() * 1e6);
         }
         median(&t).filter(|us| *us > 0.0)
     }

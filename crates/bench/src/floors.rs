@@ -18,13 +18,13 @@
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
 use crate::case::PathKind;
 use crate::report::Row;
 use crate::stats::median;
+use crate::timer::wall;
 
 /// How far apart the floor measured beside a row and the run's floor may be before the row's
 /// line says the floor moved.
@@ -178,11 +178,12 @@ fn shm_flag_n(warmup: usize, trips: usize) -> f64 {
     });
     let mut t = Vec::with_capacity(trips);
     for i in 0..n {
-        let s = Instant::now();
-        w.store(2 * i + 1, Ordering::Release);
-        spin_until(&w, 2 * i + 2);
+        let ((), d) = wall(|| {
+            w.store(2 * i + 1, Ordering::Release);
+            spin_until(&w, 2 * i + 2);
+        });
         if i as usize >= warmup {
-            t.push(s.elapsed().as_secs_f64() * 1e6);
+            t.push(d.as_secs_f64() * 1e6);
         }
     }
     let _ = echo.join();
@@ -211,11 +212,13 @@ fn ping_pong_n<S: Read + Write + Send + 'static>(
     let mut t = Vec::with_capacity(trips);
     let mut buf = [7u8; 8];
     for i in 0..n {
-        let s = Instant::now();
-        a.write_all(&buf)?;
-        a.read_exact(&mut buf)?;
+        let (done, d) = wall(|| -> std::io::Result<()> {
+            a.write_all(&buf)?;
+            a.read_exact(&mut buf)
+        });
+        done?;
         if i >= warmup {
-            t.push(s.elapsed().as_secs_f64() * 1e6);
+            t.push(d.as_secs_f64() * 1e6);
         }
     }
     echo.join()

@@ -16,6 +16,7 @@ use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived, ROTATE_BYT
 use crate::error::{BenchError, Mismatch};
 use crate::report::Row;
 use crate::stats::{fill_row, CpuClock};
+use crate::timer;
 use crate::Ctx;
 
 #[path = "host_agent.rs"]
@@ -63,9 +64,9 @@ pub(crate) fn wall_loop_between(
     while warmed < u64::from(params.warmup.max(1))
         || (warmed < warm.ops && began.elapsed() < warm.at_most)
     {
-        let t = Instant::now();
-        op(0)?;
-        est = est.min(t.elapsed());
+        let (done, d) = timer::wall(|| op(0));
+        done?;
+        est = est.min(d);
         warmed += 1;
     }
     let iters = u64::from(params.plan_iters(est));
@@ -75,9 +76,9 @@ pub(crate) fn wall_loop_between(
     let mut excluded = Duration::ZERO;
     for i in 0..iters {
         excluded += between(i);
-        let t = Instant::now();
-        op(i)?;
-        samples.push(t.elapsed());
+        let (done, d) = timer::wall(|| op(i));
+        done?;
+        samples.push(d);
     }
     Ok(Timed {
         samples,

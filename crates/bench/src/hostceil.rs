@@ -17,9 +17,11 @@
 //! ceiling rather than shown as 233 %.
 
 use std::sync::Barrier;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use crate::timer::{wall_span, Span};
 
 /// Working sets measured (source bytes; the destination is as large).
 pub const WORKING_SETS: [u64; 3] = [256 << 10, 8 << 20, 256 << 20];
@@ -152,7 +154,7 @@ fn best_gbps(src: &[u8], dst: &mut [u8], threads: usize) -> f64 {
     // barrier counts exactly the threads that wait on it.
     let workers = src.chunks(chunk).count().min(threads);
     let barrier = Barrier::new(workers);
-    let spans: Vec<Vec<(Instant, Instant)>> = std::thread::scope(|s| {
+    let spans: Vec<Vec<Span>> = std::thread::scope(|s| {
         let handles: Vec<_> = src
             .chunks(chunk)
             .zip(dst.chunks_mut(chunk))
@@ -165,12 +167,13 @@ fn best_gbps(src: &[u8], dst: &mut [u8], threads: usize) -> f64 {
                     (0..BATCHES)
                         .map(|_| {
                             barrier.wait();
-                            let t = Instant::now();
-                            for _ in 0..reps {
-                                dc.copy_from_slice(std::hint::black_box(sc));
-                                std::hint::black_box(&mut *dc);
-                            }
-                            (t, Instant::now())
+                            wall_span(|| {
+                                for _ in 0..reps {
+                                    dc.copy_from_slice(std::hint::black_box(sc));
+                                    std::hint::black_box(&mut *dc);
+                                }
+                            })
+                            .1
                         })
                         .collect()
                 })
@@ -183,9 +186,7 @@ fn best_gbps(src: &[u8], dst: &mut [u8], threads: usize) -> f64 {
     }
     let best = (0..BATCHES)
         .filter_map(|b| {
-            let start = spans.iter().filter_map(|w| w.get(b)).map(|x| x.0).min()?;
-            let end = spans.iter().filter_map(|w| w.get(b)).map(|x| x.1).max()?;
-            Some(end.duration_since(start))
+            Span::cover(spans.iter().filter_map(|w| w.get(b)).copied()).map(|s| s.len())
         })
         .min()
         .unwrap_or(Duration::ZERO);

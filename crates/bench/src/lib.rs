@@ -36,10 +36,12 @@ pub mod host;
 pub mod hostceil;
 pub mod mock;
 pub mod plot;
+pub mod probe;
 pub mod rdma;
 pub mod render;
 pub mod report;
 pub mod stats;
+pub mod timer;
 
 pub use case::{
     default_sizes, BenchCase, CaseSpec, Cause, End, Params, PathKind, Waived, ROTATE_BYTES,
@@ -48,9 +50,9 @@ pub use ctx::{gpu_missing, Ctx};
 pub use error::{BenchError, Mismatch};
 pub use export::Exporter;
 pub use report::{CaseOutcome, Header, Method, Report, Row, Status, WaivedGroup, SCHEMA_VERSION};
+pub use timer::Timer;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::time::Instant;
 
 /// Every case for this context, in a stable order: host paths first, then host ↔ GPU, then
 /// GPU ↔ GPU. GPU cases are listed for at least two GPUs so `--list` shows them anywhere
@@ -226,7 +228,8 @@ pub fn run(
     for (i, (case, waived)) in todo.into_iter().enumerate() {
         let spec = case.spec();
         obs.case_started(spec, i, total);
-        let start = Instant::now();
+        let mut timer = Timer::wall();
+        let _ = timer.start(); // a wall clock cannot fail
         let outcome = match waived {
             Some(w) => CaseOutcome::new(spec, Status::Waived, Some(w.reason), 0.0),
             None => {
@@ -250,7 +253,7 @@ pub fn run(
                     Err(BenchError::Panicked(msg))
                 });
                 report.results.extend(rows);
-                let secs = start.elapsed().as_secs_f64();
+                let secs = timer.read().unwrap_or_default().as_secs_f64();
                 match result {
                     Ok(()) => CaseOutcome::new(spec, Status::Passed, None, secs),
                     Err(BenchError::Waived(why)) => {

@@ -2,7 +2,8 @@
 //! is `/`. Each method loads its library through gdx-sys's cached loader; nothing here panics
 //! when a library is missing.
 //!
-//! [`SystemProbe`] is the probe backend over `gdx_sys::cuda::probe::timed_copy` and
+//! [`SystemProbe`] is the probe backend over gdx-bench's probe measurements
+//! (`gdx_bench::probe::timed_copy`, `mailbox_round_trips`: timed with gdx-bench's one timer) and
 //! `gdx_sys::verbs::register_gpu_memory`.
 //!
 //! Not yet covered by gdx-sys, so reported as `None`/unknown (checks then rely on sysfs):
@@ -30,7 +31,7 @@ impl ProbeBackend for SystemProbe {
         bytes: u64,
         reps: u32,
     ) -> Result<CopySamples, DoctorError> {
-        use gdx_sys::cuda::probe::{timed_copy, Loc};
+        use gdx_bench::probe::{timed_copy, Loc};
         let cuda = gdx_sys::cuda::Cuda::load()?;
         let loc = |e| match e {
             Endpoint::Gpu(o) => Loc::Gpu(o),
@@ -41,7 +42,7 @@ impl ProbeBackend for SystemProbe {
         Ok(CopySamples {
             bytes: t.bytes as u64,
             samples: t.samples,
-            verified: t.verified,
+            verified: t.mismatch.is_none(),
             mismatch: t.mismatch.map(|m| m.to_string()),
         })
     }
@@ -51,29 +52,12 @@ impl ProbeBackend for SystemProbe {
     }
 
     fn mailbox(&self, gpu: u32, reps: u32) -> Result<Vec<std::time::Duration>, DoctorError> {
-        use gdx_sys::cuda::{Cuda, DeviceBuffer, Mailbox, MailboxConfig};
-        let cuda = Cuda::load()?;
-        let ctx = cuda.context(gpu)?;
-        let dev = DeviceBuffer::new(&ctx, 8)?;
-        let mb = Mailbox::start(&ctx, MailboxConfig::default())?;
-        let mut out = Vec::with_capacity(reps as usize);
-        let mut back = [0u8; 8];
-        for i in 0..u64::from(reps) {
-            let want = (i ^ 0x6764_785f_6d62_6f78).to_le_bytes();
-            let t = std::time::Instant::now();
-            mb.write(&dev, 0, &want)?;
-            mb.read(&dev, 0, &mut back)?;
-            out.push(t.elapsed());
-            if back != want {
-                return Err(DoctorError::MailboxMismatch {
-                    round: i,
-                    wrote: want,
-                    read: back,
-                });
-            }
+        let cuda = gdx_sys::cuda::Cuda::load()?;
+        let t = gdx_bench::probe::mailbox_round_trips(&cuda, gpu, reps)?;
+        match t.mismatch {
+            Some((round, wrote, read)) => Err(DoctorError::MailboxMismatch { round, wrote, read }),
+            None => Ok(t.samples),
         }
-        mb.stop()?;
-        Ok(out)
     }
 
     fn register(

@@ -10,8 +10,9 @@
 
 use crate::context::{Context, GpuRef};
 use crate::DoctorError;
+use gdx_bench::Timer;
 use serde::Serialize;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// One end of a copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +46,8 @@ pub enum RegMethod {
     PeerMem,
 }
 
-/// The part of the probes that needs CUDA and verbs. Implemented by the CLI with `gdx-sys`.
+/// The part of the probes that needs CUDA and verbs. Implemented by [`crate::live::SystemProbe`]
+/// (gdx-bench's measurements and `gdx-sys`'s registration).
 pub trait ProbeBackend {
     /// Allocate `bytes` at `from` and at `to`, fill `from` with a seeded pattern, enable peer
     /// access where both are GPUs, copy once to warm up, then `reps` timed copies, and
@@ -235,7 +237,10 @@ fn endpoint_name(e: Endpoint, gpus: &[(GpuRef, u32)]) -> String {
 /// Run the probes: copies for every GPU with a CUDA ordinal, registrations for every GPU ×
 /// RDMA device. Never fails as a whole: each probe records its own error.
 pub fn run(ctx: &Context, backend: &dyn ProbeBackend, plan: &ProbePlan) -> ProbeResults {
-    let start = Instant::now();
+    // The one timer's wall clock: both the budget and the figure reported as `elapsed_s`.
+    let mut clock = Timer::wall();
+    let _ = clock.start(); // a wall clock cannot fail
+    let spent = || clock.read().unwrap_or_default();
     let mut out = ProbeResults::default();
     let gpus: Vec<(GpuRef, u32)> = ctx
         .gpus()
@@ -255,7 +260,7 @@ pub fn run(ctx: &Context, backend: &dyn ProbeBackend, plan: &ProbePlan) -> Probe
         }
     }
     for (from, to) in jobs {
-        if start.elapsed() > plan.budget {
+        if spent() > plan.budget {
             out.skipped_for_time += 1;
             continue;
         }
@@ -291,7 +296,7 @@ pub fn run(ctx: &Context, backend: &dyn ProbeBackend, plan: &ProbePlan) -> Probe
         out.copies.push(p);
     }
     for (g, o) in gpus.iter().filter(|_| backend.can_mailbox()) {
-        if start.elapsed() > plan.budget {
+        if spent() > plan.budget {
             out.skipped_for_time += 1;
             continue;
         }
@@ -314,7 +319,7 @@ pub fn run(ctx: &Context, backend: &dyn ProbeBackend, plan: &ProbePlan) -> Probe
     }
     for (g, o) in gpus.iter().filter(|_| backend.can_register()) {
         for nic in ctx.rdma() {
-            if start.elapsed() > plan.budget {
+            if spent() > plan.budget {
                 out.skipped_for_time += 1;
                 continue;
             }
@@ -333,7 +338,7 @@ pub fn run(ctx: &Context, backend: &dyn ProbeBackend, plan: &ProbePlan) -> Probe
             });
         }
     }
-    out.elapsed_s = start.elapsed().as_secs_f64();
+    out.elapsed_s = spent().as_secs_f64();
     out
 }
 

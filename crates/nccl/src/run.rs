@@ -17,11 +17,11 @@
 
 use crate::error::NcclError;
 use crate::model::NcclLog;
+use gdx_bench::timer::wall;
 use gdx_sys::cuda::{Context, Cuda, DeviceBuffer, Stream};
 use gdx_sys::nccl::{self as sys, Collective};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 /// A collective to time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -344,13 +344,17 @@ fn measure(nccl: &sys::Nccl, ctxs: &[Context], p: &RunParams) -> Result<Measured
                     .map_err(run_err)?;
             }
             sync(&streams)?;
-            let t0 = Instant::now();
-            for _ in 0..p.iters {
-                sys::launch(&comms, op.collective(), count, &send, &mut recv, &streams)
-                    .map_err(run_err)?;
-            }
-            sync(&streams)?;
-            let secs = t0.elapsed().as_secs_f64() / f64::from(p.iters);
+            // Wall time over all iterations, as nccl-tests measures (the launches are enqueued
+            // back to back, so the host clock sees the collectives, not one launch each).
+            let (done, took) = wall(|| -> Result<(), NcclError> {
+                for _ in 0..p.iters {
+                    sys::launch(&comms, op.collective(), count, &send, &mut recv, &streams)
+                        .map_err(run_err)?;
+                }
+                sync(&streams)
+            });
+            done?;
+            let secs = took.as_secs_f64() / f64::from(p.iters);
             let algbw = if secs > 0.0 {
                 bytes as f64 / secs / 1e9
             } else {

@@ -13,8 +13,9 @@
 //! [`copy_host_to_file`] and [`read_file`]; each returns a [`CopyReport`] with the bytes, the
 //! path taken, the reason and the time. [`plan`] is the planner's decision on its own (GDS or
 //! staged, with the reason), [`checksum_file`], [`checksum_gpu`] and [`checksum_bytes`] verify a
-//! copy, [`bench_file_row`] measures one path against the naive `read()` + `cudaMemcpy`
-//! baseline, and [`ceiling`] finds the disk's and the GPU's PCIe links.
+//! copy, [`evict`] drops a file from the page cache (before a cold read), and [`ceiling`] finds
+//! the disk's and the GPU's PCIe links. Benchmarking these paths is gdx-bench's (`gdx bench
+//! --path file`); this crate only moves the bytes and reports what it did.
 //!
 //! No silent fallback: when `O_DIRECT` is refused the report says [`StoragePath::Buffered`] and
 //! why; when cuFile runs in compatibility mode the reason says so; a path that was asked for
@@ -27,7 +28,6 @@
 #![forbid(unsafe_code)]
 
 mod align;
-mod bench;
 pub mod ceiling;
 mod copy;
 mod error;
@@ -42,7 +42,6 @@ pub mod safetensors;
 mod verify;
 
 pub use align::ALIGN;
-pub use bench::{bench_file_row, BenchKind, BenchOptions, BenchRow, BenchStatus};
 pub use copy::{copy, source_len, CopyOutcome, CopyRequest, Location, PartialFile};
 pub use error::StorageError;
 use gdx_sys::bytesize::human_bytes;
@@ -51,7 +50,7 @@ pub use host::{copy_file_to_host, copy_host_to_file, copy_slices_to_file, read_f
 pub use plan::{
     cufile_status, cufile_status_for_auto, keep_cufile_open, plan, CufileStatus, Endpoint, Plan,
 };
-pub use residency::{residency, Residency};
+pub use residency::{evict, residency, Residency};
 pub use verify::{checksum_bytes, checksum_file, checksum_gpu, Checksum};
 
 use serde::Serialize;

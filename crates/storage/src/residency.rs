@@ -91,6 +91,15 @@ impl Residency {
     }
 }
 
+/// Write the file's dirty pages to the disk (`fdatasync`), then ask the kernel to drop its
+/// pages from the page cache (`posix_fadvise(DONTNEED)`), so the next read comes from the disk.
+/// A benchmark calls it before each cold read sample.
+pub fn evict(path: &Path) -> Result<(), StorageError> {
+    let io = crate::fileio::FileIo::open_read(path, false)?;
+    io.sync()?;
+    io.drop_cache()
+}
+
 /// The residency of `len` bytes (to the end of the file when `None`) of `path` at `offset`.
 pub fn residency(path: &Path, offset: u64, len: Option<u64>) -> Result<Residency, StorageError> {
     let (file, size) = open_sized(path)?;

@@ -11,9 +11,7 @@ mod common;
 
 use common::verified_peer_copy;
 
-use gdx_sys::cuda::probe::{
-    self, fill_pattern, find_mismatch, replay_seed as seed, test_gpu, Loc, POISON,
-};
+use gdx_sys::cuda::probe::{fill_pattern, find_mismatch, replay_seed as seed, test_gpu, POISON};
 use gdx_sys::cuda::{
     Context, Cuda, CudaError, DeviceBuffer, Event, MemoryType, PinnedHostBuffer, RegisteredHost,
     Stream,
@@ -252,63 +250,4 @@ fn two_gpus_peer_copy_is_verified() {
         cuda.pointer_info(dst.as_raw()).unwrap().device_ordinal,
         Some(other)
     );
-}
-
-#[test]
-#[ignore = "requires a GPU; cargo test -- --ignored"]
-fn timed_copy_verifies_and_times_every_direction() {
-    let cuda = Cuda::load().unwrap();
-    let g = test_gpu();
-    let mut pairs = vec![
-        (Loc::PinnedHost, Loc::Gpu(g)),
-        (Loc::Gpu(g), Loc::PinnedHost),
-        (Loc::Gpu(g), Loc::Gpu(g)),
-    ];
-    if let Some(o) = peer_gpu(&cuda, "timed_copy (peer pairs)") {
-        pairs.push((Loc::Gpu(g), Loc::Gpu(o)));
-        pairs.push((Loc::Gpu(o), Loc::Gpu(g)));
-    }
-    for (from, to) in pairs {
-        for bytes in [1usize, 4097, 8 << 20] {
-            let t = probe::timed_copy(&cuda, from, to, bytes, 3).unwrap();
-            assert!(t.verified, "{from} -> {to}, {bytes} B: {:?}", t.mismatch);
-            assert_eq!(t.samples.len(), 3);
-            assert!(t.samples.iter().all(|d| !d.is_zero()), "{:?}", t.samples);
-        }
-    }
-}
-
-/// Informational: prints the rates the probe measures (no thresholds).
-#[test]
-#[ignore = "requires a GPU; cargo test -- --ignored --nocapture"]
-fn timed_copy_rates_report() {
-    let cuda = Cuda::load().unwrap();
-    let g = test_gpu();
-    let mut pairs = vec![
-        (Loc::Gpu(g), Loc::PinnedHost),
-        (Loc::PinnedHost, Loc::Gpu(g)),
-    ];
-    if let Some(o) = peer_gpu(&cuda, "timed_copy_rates_report (peer pairs)") {
-        pairs.insert(0, (Loc::Gpu(g), Loc::Gpu(o)));
-        pairs.insert(1, (Loc::Gpu(o), Loc::Gpu(g)));
-    }
-    for (from, to) in pairs {
-        for bytes in [8usize << 20, 256 << 20, 1 << 30] {
-            let t = probe::timed_copy(&cuda, from, to, bytes, 10).unwrap();
-            let ms: Vec<String> = t
-                .samples
-                .iter()
-                .map(|d| format!("{:.3}", d.as_secs_f64() * 1e3))
-                .collect();
-            eprintln!(
-                "RATE {from} -> {to} {:>5} MiB: median {:.1} GB/s, held {}, verified {}, ms [{}]",
-                bytes >> 20,
-                t.median_gbps().unwrap_or(0.0),
-                t.held,
-                t.verified,
-                ms.join(" ")
-            );
-            assert!(t.verified);
-        }
-    }
 }

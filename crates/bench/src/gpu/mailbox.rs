@@ -32,6 +32,7 @@ use crate::error::BenchError;
 use crate::host::{compare, fill_wall_row, wall_loop, Timed};
 use crate::report::{Row, Status};
 use crate::stats::CpuClock;
+use crate::timer::wall;
 use crate::Ctx;
 
 /// What a microsecond case runs.
@@ -265,17 +266,22 @@ fn signal_case(
             }
             std::hint::spin_loop();
         }
-        let done = Instant::now();
-        match ticket {
-            Some(t) if !signal.wait(t, SIGNAL_TIMEOUT) => return Err(lost(&format!("signal {t}"))),
-            Some(_) => {}
-            None => {
-                stream.synchronize().map_err(e)?;
-                stream.copy_to_host_at(&mut host, 0, dev, 0, n).map_err(e)?;
-                stream.synchronize().map_err(e)?;
+        // Timed from the marker's release: what is left is how the host learns of the copy.
+        let (done, d) = wall(|| -> Result<(), BenchError> {
+            match ticket {
+                Some(t) if !signal.wait(t, SIGNAL_TIMEOUT) => {
+                    return Err(lost(&format!("signal {t}")))
+                }
+                Some(_) => {}
+                None => {
+                    stream.synchronize().map_err(e)?;
+                    stream.copy_to_host_at(&mut host, 0, dev, 0, n).map_err(e)?;
+                    stream.synchronize().map_err(e)?;
+                }
             }
-        }
-        Ok(done.elapsed())
+            Ok(())
+        });
+        done.map(|()| d)
     };
     let mut est = Duration::MAX;
     for _ in 0..params.warmup.max(1) {

@@ -1,7 +1,10 @@
 //! The GPU measurement protocol.
 //!
+//! Both time through the one [`Timer`]: its event clock for bandwidth, its wall clock for
+//! latency.
+//!
 //! - **Bandwidth** ([`event_batches`]): per sample, each stream is held
-//!   ([`gdx_sys::cuda::Stream::hold`]), a start event is recorded, a batch of `b` copies and an
+//!   ([`gdx_sys::cuda::Stream::hold`]), the timer's start events are recorded, a batch of `b` copies and an
 //!   end event are queued, the holds are released and the streams synchronised; the sample is
 //!   the slowest stream's event time divided by `b`. `b` is sized from a trial batch so a
 //!   batch lasts about [`BATCH_TARGET`] (at most [`MAX_BATCH`] copies, so the queue never
@@ -12,13 +15,14 @@
 //! any that becomes a [`BenchError`] (a `CudaError` for the gdx-sys bodies, the engine's error
 //! for the engine-driven ones), kept as the source.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use gdx_sys::cuda::{CudaError, Event, Stream};
+use gdx_sys::cuda::{CudaError, Stream};
 
 use crate::case::Params;
 use crate::error::BenchError;
 use crate::stats::CpuClock;
+use crate::timer::{self, Timer};
 
 /// How long one timed batch should last on the device.
 pub const BATCH_TARGET: Duration = Duration::from_micros(200);
@@ -59,10 +63,10 @@ fn cuda(e: CudaError) -> BenchError {
     BenchError::Cuda(e)
 }
 
-/// One batch of `b` copies on `streams`; returns the slowest stream's device time.
+/// One batch of `b` copies on the timer's streams; returns the slowest stream's device time.
 fn batch<E: Into<BenchError>>(
     streams: &[&Stream],
-    events: &[(Event, Event)],
+    timer: &mut Timer<'_>,
     b: u64,
     ops: &mut OpCounter,
     enqueue: &mut dyn FnMut(u64) -> Result<(), E>,
@@ -76,24 +80,14 @@ fn batch<E: Into<BenchError>>(
             held = false;
         }
     }
-    for (s, (start, _)) in streams.iter().zip(events) {
-        start.record(s).map_err(cuda)?;
-    }
+    timer.start().map_err(cuda)?;
     for _ in 0..b {
         enqueue(ops.take()).map_err(Into::into)?;
     }
-    for (s, (_, end)) in streams.iter().zip(events) {
-        end.record(s).map_err(cuda)?;
-    }
+    timer.stop().map_err(cuda)?;
+    // Released only after the end events are queued, so the batch runs back to back.
     drop(holds);
-    for s in streams {
-        s.synchronize().map_err(cuda)?;
-    }
-    let mut worst = Duration::ZERO;
-    for (start, end) in events {
-        worst = worst.max(start.elapsed(end).map_err(cuda)?);
-    }
-    Ok((worst, held))
+    Ok((timer.read().map_err(cuda)?, held))
 }
 
 /// Warm up, size the batches, then take the bandwidth samples (see the module docs).
@@ -108,18 +102,14 @@ pub fn event_batches<E: Into<BenchError>>(
     if streams.is_empty() {
         return Err(BenchError::Unmeasurable("no stream to time on".into()));
     }
-    let events = streams
-        .iter()
-        .map(|s| Ok((Event::new(s.context())?, Event::new(s.context())?)))
-        .collect::<Result<Vec<_>, CudaError>>()
-        .map_err(cuda)?;
+    let mut timer = Timer::events(streams).map_err(cuda)?;
     for _ in 0..params.warmup.max(1) {
         enqueue(ops.take()).map_err(Into::into)?;
     }
     for s in streams {
         s.synchronize().map_err(cuda)?;
     }
-    let (trial, _) = batch(streams, &events, TRIAL_BATCH, ops, enqueue)?;
+    let (trial, _) = batch(streams, &mut timer, TRIAL_BATCH, ops, enqueue)?;
     let per = (trial / TRIAL_BATCH as u32).max(Duration::from_nanos(100));
     let b = (BATCH_TARGET.as_nanos() / per.as_nanos()).clamp(1, u128::from(MAX_BATCH)) as u64;
     let n = params.plan_iters(per * b as u32);
@@ -130,7 +120,7 @@ pub fn event_batches<E: Into<BenchError>>(
         ..EventTimed::default()
     };
     for _ in 0..n {
-        let (d, held) = batch(streams, &events, b, ops, enqueue)?;
+        let (d, held) = batch(streams, &mut timer, b, ops, enqueue)?;
         out.held &= held;
         out.samples.push(d / b as u32);
     }
@@ -147,12 +137,14 @@ pub fn latency<E: Into<BenchError>>(
     enqueue: &mut dyn FnMut(u64) -> Result<(), E>,
 ) -> Result<Vec<Duration>, BenchError> {
     let mut one = || -> Result<Duration, BenchError> {
-        let t = Instant::now();
-        enqueue(ops.take()).map_err(Into::into)?;
-        for s in streams {
-            s.synchronize().map_err(cuda)?;
-        }
-        Ok(t.elapsed())
+        let (done, d) = timer::wall(|| -> Result<(), BenchError> {
+            enqueue(ops.take()).map_err(Into::into)?;
+            for s in streams {
+                s.synchronize().map_err(cuda)?;
+            }
+            Ok(())
+        });
+        done.map(|()| d)
     };
     let est = one()?;
     let half = Params {

@@ -15,7 +15,9 @@ use super::proto::{recv, send, BenchMem, BenchOp, Control, Msg, TcpControl, BENC
 use gdx_rdma::link::{pattern_checksum, Link, Side};
 use gdx_rdma::{EndpointConfig, Mechanism, RdmaError};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::timer::wall;
 
 /// Seed of the client's host pattern.
 const CLIENT_SEED: u8 = 1;
@@ -127,9 +129,9 @@ fn time_size(
 ) -> Result<SizeTimes, RdmaError> {
     let op = p.op.into();
     let warm = p.warmup.max(1);
-    let t = Instant::now();
-    link.run(op, region, size, warm, p.timeout)?;
-    let warm_s = t.elapsed().as_secs_f64();
+    let (done, warm_d) = wall(|| link.run(op, region, size, warm, p.timeout));
+    done?;
+    let warm_s = warm_d.as_secs_f64();
     let mut iterations = p.iterations_for(size);
     if let Some(target) = p.sample_time.filter(|_| warm_s > 0.0) {
         // The warm-up's rate includes its latency, so it errs towards shorter samples.
@@ -139,15 +141,15 @@ fn time_size(
     }
     let mut samples = Vec::new();
     for _ in 0..p.samples.max(1) {
-        let t = Instant::now();
-        link.run(op, region, size, iterations, p.timeout)?;
-        samples.push(t.elapsed());
+        let (done, d) = wall(|| link.run(op, region, size, iterations, p.timeout));
+        done?;
+        samples.push(d);
     }
     let mut latencies = Vec::new();
     for _ in 0..iterations {
-        let t = Instant::now();
-        link.run(op, region, size, 1, p.timeout)?;
-        latencies.push(t.elapsed());
+        let (done, d) = wall(|| link.run(op, region, size, 1, p.timeout));
+        done?;
+        latencies.push(d);
     }
     Ok(SizeTimes {
         size,

@@ -271,8 +271,6 @@ pub trait HostBuffer: sealed::HostMemory {
     }
 }
 
-pub(crate) use sealed::HostMemory;
-
 /// Page-locked host memory (`cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE`, so every
 /// context can copy with it), freed with `cuMemFreeHost`. Zeroed when allocated.
 pub struct PinnedHostBuffer {

@@ -17,10 +17,10 @@
 //! host memory the GPU addresses), `module` ([`Module`], [`Kernel`], [`Stream::launch`]: PTX
 //! loaded at run time), `memop` (stream memory operations: [`Stream::write_value64`],
 //! [`Stream::wait_value64`], [`Signal`]), [`mailbox`] ([`Mailbox`], the persistent-kernel path)
-//! and [`probe`] ([`probe::timed_copy`]). Device memory comes from `cuMemAlloc_v2`, not the
-//! stream-ordered pool (`cuMemAllocAsync`): pool memory needs `cuMemPoolSetAccess` for peer
-//! access, and without it peer copies fall back to a slow path silently (37.7 vs 395.5 GB/s
-//! on the H200 test machine).
+//! and [`probe`] (what hardware tests share: [`probe::test_gpu`], the pattern). Device memory
+//! comes from `cuMemAlloc_v2`, not the stream-ordered pool (`cuMemAllocAsync`): pool memory
+//! needs `cuMemPoolSetAccess` for peer access, and without it peer copies fall back to a slow
+//! path silently (37.7 vs 395.5 GB/s on the H200 test machine).
 //!
 //! Every handle is owned by one type whose `Drop` releases it; children hold their
 //! [`Context`]. Drops never panic: a failed release is logged and returned once by the next

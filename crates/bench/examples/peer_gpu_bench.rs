@@ -12,8 +12,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
+use gdx_bench::timer::wall;
 use std::io::{BufRead, Write};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gdx_engine::{
     Access, Agent, AgentConfig, Calibration, LocalPeer, Peer, Policy, Region, RegionDesc, Secret,
@@ -62,9 +63,8 @@ fn write_bw(peer: &Peer, src: &Region<'_>, dst: &RegionDesc, len: u64) -> (f64, 
     let once = || {
         let mut t = Transfer::new();
         t.write(src, 0, dst, 0, len);
-        let t0 = Instant::now();
-        let r = peer.submit(t).unwrap().wait(WAIT).unwrap();
-        (t0.elapsed().as_secs_f64(), r.ops[0].plan.to_string())
+        let (r, d) = wall(|| peer.submit(t).unwrap().wait(WAIT).unwrap());
+        (d.as_secs_f64(), r.ops[0].plan.to_string())
     };
     let (_, plan) = once();
     let best = (0..3).map(|_| once().0).fold(f64::MAX, f64::min);
@@ -151,9 +151,8 @@ fn main() {
 
     let p2p_dst = lp.alloc_device(far_gpu, len).unwrap();
     let once = || {
-        let t0 = Instant::now();
-        let p = lp.copy_blocking(&p2p_dst, 0, &local_dev, 0, len).unwrap();
-        (t0.elapsed().as_secs_f64(), p.to_string())
+        let (p, d) = wall(|| lp.copy_blocking(&p2p_dst, 0, &local_dev, 0, len).unwrap());
+        (d.as_secs_f64(), p.to_string())
     };
     let (_, plan) = once();
     let best = (0..3).map(|_| once().0).fold(f64::MAX, f64::min);

@@ -7,8 +7,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
+use gdx_bench::timer::wall;
 use std::io::{BufRead, Write};
-use std::time::Instant;
 
 use gdx_engine::{Calibration, DeviceRegion, LocalPeer, Mem, Path, Policy};
 
@@ -35,20 +35,21 @@ fn bandwidth(
     }
     let mut best = f64::MAX;
     for _ in 0..3 {
-        let t = Instant::now();
-        let mut last = Vec::new();
-        for i in 0..reps {
-            for &(d, s) in pairs {
-                let tr = peer.transfer(d, 0, s, 0, len).unwrap();
-                if i + 1 == reps {
-                    last.push(tr);
+        let ((), d) = wall(|| {
+            let mut last = Vec::new();
+            for i in 0..reps {
+                for &(d, s) in pairs {
+                    let tr = peer.transfer(d, 0, s, 0, len).unwrap();
+                    if i + 1 == reps {
+                        last.push(tr);
+                    }
                 }
             }
-        }
-        for tr in last {
-            tr.wait().unwrap();
-        }
-        best = best.min(t.elapsed().as_secs_f64());
+            for tr in last {
+                tr.wait().unwrap();
+            }
+        });
+        best = best.min(d.as_secs_f64());
     }
     (
         pairs.len() as f64 * len as f64 * f64::from(reps) / best / 1e9,
@@ -99,10 +100,10 @@ fn main() {
     // 8-byte copy including completion, on the caller's thread.
     let mut lat = Vec::with_capacity(20000);
     for i in 0..21000 {
-        let t = Instant::now();
-        peer.copy_blocking(&b, 0, &a, 0, 8).unwrap();
+        let (done, d) = wall(|| peer.copy_blocking(&b, 0, &a, 0, 8));
+        done.unwrap();
         if i >= 1000 {
-            lat.push(t.elapsed().as_secs_f64() * 1e6);
+            lat.push(d.as_secs_f64() * 1e6);
         }
     }
     lat.sort_by(f64::total_cmp);

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Host→host benchmark for gdx-engine: iperf3 single stream on loopback, then tcp and shm through the
-# engine at the same size, in one run on one machine. Usage: crates/engine/bench.sh [SIZE] [ITERS]
+# Host→host benchmark of gdx-engine (gdx-bench's bench_host example): iperf3 single stream on
+# loopback, then tcp and shm through the engine at the same size, in one run on one machine. Usage: scripts/bench-host.sh [SIZE] [ITERS]
 # Needs iperf3 (apt-get install -y iperf3). Results are for BENCHMARKS.md: paste the whole output.
 set -euo pipefail
 SIZE=${1:-1073741824}
 ITERS=${2:-5}
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target-engine}
 cd "$ROOT"
-cargo build -q --release -p gdx-engine --example bench_host
+cargo build -q --release -p gdx-bench --example bench_host
 echo "== machine: $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "== commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if command -v iperf3 >/dev/null; then

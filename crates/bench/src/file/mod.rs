@@ -4,8 +4,8 @@
 //! (`O_DIRECT`), and every write `fdatasync`ed inside the timing: the figures are the disk's,
 //! and each row's note says how the page cache was handled.
 //!
-//! The measuring is `gdx_storage::bench_file_row` (gdx-storage's file-benchmark protocol), one call
-//! per size; this module only turns its rows into [`Row`]s.
+//! The measuring is [`rows::measure`] (the file-benchmark protocol over gdx-storage's movers),
+//! one call per size; this module turns its rows into [`Row`]s.
 //!
 //! Opt-in ([`BenchCase::opt_in`]): they write scratch files as large as the largest size, so a
 //! plain `gdx bench` leaves them out; `gdx bench --path file` runs them. The scratch files go to
@@ -17,7 +17,10 @@
 
 use std::path::PathBuf;
 
-use gdx_storage::{bench_file_row, BenchKind, BenchOptions, BenchStatus, CufileStatus};
+pub mod rows;
+
+use gdx_storage::CufileStatus;
+use rows::{measure, FileRow, Kind, Options, Outcome};
 
 use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived};
 use crate::error::BenchError;
@@ -37,17 +40,17 @@ pub fn scratch_dir(ctx: &Ctx) -> PathBuf {
         .unwrap_or_else(std::env::temp_dir)
 }
 
-/// One file case: a [`BenchKind`] on one GPU.
+/// One file case: a [`Kind`] on one GPU.
 struct FileCase {
     spec: CaseSpec,
-    kind: BenchKind,
+    kind: Kind,
     gpu: u32,
 }
 
 /// The file cases for GPUs `0..gpus` (file → host once, then per GPU file → GPU and GPU → file).
 pub fn cases(gpus: u32) -> Vec<Box<dyn BenchCase>> {
     let mut v: Vec<Box<dyn BenchCase>> = Vec::new();
-    for kind in BenchKind::ALL {
+    for kind in Kind::ALL {
         let gpu_list: Vec<u32> = if kind.needs_gpu() {
             (0..gpus).collect()
         } else {
@@ -61,10 +64,10 @@ pub fn cases(gpus: u32) -> Vec<Box<dyn BenchCase>> {
 }
 
 impl FileCase {
-    fn new(kind: BenchKind, gpu: u32) -> FileCase {
+    fn new(kind: Kind, gpu: u32) -> FileCase {
         let path = kind.path().replace('-', "_");
         let (src, dst, key, what) = match kind {
-            BenchKind::FileToHostStaged => (
+            Kind::FileToHostStaged => (
                 End::File,
                 End::Host,
                 "file_to_host_file_staged".to_string(),
@@ -102,7 +105,7 @@ impl FileCase {
     }
 }
 
-fn describe(kind: BenchKind) -> &'static str {
+fn describe(kind: Kind) -> &'static str {
     match kind.path() {
         "gds" => "cuFile (GPUDirect Storage, or its compatibility mode)",
         "naive" => {
@@ -151,12 +154,12 @@ impl BenchCase for FileCase {
             .unwrap_or(params.min_samples)
             .clamp(1, params.max_samples.max(1)) as usize;
         for &size in &params.sizes {
-            let opts = BenchOptions {
+            let opts = Options {
                 size,
                 samples,
-                ..BenchOptions::new(&file, self.gpu)
+                ..Options::new(&file, self.gpu)
             };
-            let got = bench_file_row(&opts, self.kind, &mut |m| log::debug!("{m}"));
+            let got = measure(&opts, self.kind, &mut |m| log::debug!("{m}"));
             let _ = std::fs::remove_file(&file);
             let row = match got {
                 Ok(r) => to_row(&self.spec, size, &r, &file),
@@ -169,7 +172,7 @@ impl BenchCase for FileCase {
 }
 
 /// A storage bench row as a bench [`Row`].
-fn to_row(spec: &CaseSpec, size: u64, r: &gdx_storage::BenchRow, file: &std::path::Path) -> Row {
+fn to_row(spec: &CaseSpec, size: u64, r: &FileRow, file: &std::path::Path) -> Row {
     let mut row = Row::new(spec, size);
     let good: Vec<f64> = r
         .samples_gbps
@@ -193,16 +196,20 @@ fn to_row(spec: &CaseSpec, size: u64, r: &gdx_storage::BenchRow, file: &std::pat
         file.display()
     ));
     match &r.status {
-        BenchStatus::Passed => {
-            // gdx-storage checks the first sample of every row against the pattern.
+        Outcome::Passed => {
+            // `rows::measure` checks the first sample of every row against the pattern.
             row.verified = Some(true);
-            row.add_note("first sample verified (CRC-32 against the pattern)");
+            row.add_note(if spec.dst == End::Host {
+                "first sample verified (byte for byte against the pattern)"
+            } else {
+                "first sample verified (CRC-32 against the pattern)"
+            });
         }
-        BenchStatus::Waived(why) => {
+        Outcome::Waived(why) => {
             row.status = Status::Waived;
             row.add_note(format!("waived: {why}"));
         }
-        BenchStatus::Error(e) => {
+        Outcome::Error(e) => {
             row.status = Status::Error;
             if e.contains("verification failed") {
                 row.verified = Some(false);

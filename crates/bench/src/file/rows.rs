@@ -1,33 +1,37 @@
-//! [`bench_file_row`]: one row of the file benchmark (`gdx bench --path file` runs them as
-//! gdx-bench cases): file → GPU and GPU → file over every path that runs here, against the naive
-//! baseline (`read()` of the whole file into a `Vec`, then one synchronous copy from pageable
-//! memory; and the mirror for writes), plus the two ceilings measured: the disk alone
-//! (`O_DIRECT` reads into host memory) and PCIe (pinned host → GPU copy engine).
+//! [`measure`]: one row of the file benchmark (the `file` cases of [`super`] run one per size):
+//! file → GPU and GPU → file over every path that runs here, against the naive baseline
+//! (`read()` of the whole file into a `Vec`, then one synchronous copy from pageable memory; and
+//! the mirror for writes), plus the disk alone (`O_DIRECT` reads into host memory).
 //!
-//! Protocol: the file is written once from a seeded pattern on the GPU; every read sample starts
-//! with the page cache dropped for the file (`fdatasync`, then `posix_fadvise(DONTNEED)`) or
-//! bypassed (`O_DIRECT`), each row says which; every write sample truncates the file and
-//! includes `fdatasync`, so the bytes are on the disk. The median of `samples` runs is reported
-//! with every sample. The first sample of each file → GPU row is verified against the pattern's
-//! checksum, and the first of each GPU → file row by reading the file back. One row's error
-//! never stops the others.
+//! Protocol: the file is written once from the seeded pattern ([`gdx_sys::pattern`]) on the GPU;
+//! every read sample starts with the page cache dropped for the file ([`gdx_storage::evict`]:
+//! `fdatasync`, then `posix_fadvise(DONTNEED)`) or bypassed (`O_DIRECT`), each row says which;
+//! every write sample truncates the file and includes `fdatasync`, so the bytes are on the disk.
+//! The median of `samples` runs is reported with every sample. The first sample of each file →
+//! GPU row is verified against the pattern's checksum, and the first of each GPU → file row by
+//! reading the file back. One row's error never stops the others.
+//!
+//! Timing: the baselines are timed with the one [`crate::timer`] (wall clock, `read()`/`write()`
+//! and the copy inside). A gdx-storage path's sample is the mover's own account of its I/O
+//! ([`gdx_storage::CopyReport::elapsed`]: first I/O to last byte landed), which leaves out
+//! opening the cuFile driver and registering buffers: timed from outside, each `gds` sample
+//! would carry `cuFileDriverOpen` (hundreds of milliseconds) and measure set-up, not the disk.
 
-use crate::fileio::FileIo;
-use crate::plan::{cufile_status, CufileStatus};
-use crate::{
-    checksum_file, checksum_gpu, copy_file_to_gpu, copy_gpu_to_file, read_file, Checksum,
-    CopyOptions, CopyReport, Direction, FileRange, PathChoice, StorageError, StoragePath,
-    DEFAULT_CHUNK_BYTES, DEFAULT_DEPTH,
+use gdx_storage::{
+    checksum_bytes, checksum_file, checksum_gpu, copy_file_to_gpu, copy_gpu_to_file,
+    copy_host_to_file, cufile_status, evict, read_file, Checksum, CopyOptions, CopyReport,
+    CufileStatus, Direction, FileRange, PathChoice, StorageError, StoragePath, DEFAULT_CHUNK_BYTES,
+    DEFAULT_DEPTH,
 };
-use gdx_sys::cuda::probe;
-use gdx_sys::cuda::{Context, Cuda, DeviceBuffer, PinnedHostBuffer, Stream};
-use serde::Serialize;
+use gdx_sys::cuda::{Context, Cuda, CudaError, DeviceBuffer, PinnedHostBuffer, Stream};
+use gdx_sys::pattern::{fill_pattern, fill_pattern_at, find_mismatch_at, POISON};
 use std::path::PathBuf;
-use std::time::Instant;
+
+use crate::timer::wall;
 
 /// What to measure.
 #[derive(Debug, Clone)]
-pub struct BenchOptions {
+pub struct Options {
     /// The scratch file: created or overwritten with `size` bytes (kept afterwards).
     pub file: PathBuf,
     /// CUDA ordinal of the GPU.
@@ -42,10 +46,10 @@ pub struct BenchOptions {
     pub depth: usize,
 }
 
-impl BenchOptions {
+impl Options {
     /// Defaults for `file` on GPU `gpu`.
-    pub fn new(file: impl Into<PathBuf>, gpu: u32) -> BenchOptions {
-        BenchOptions {
+    pub fn new(file: impl Into<PathBuf>, gpu: u32) -> Options {
+        Options {
             file: file.into(),
             gpu,
             size: 1 << 30,
@@ -57,9 +61,8 @@ impl BenchOptions {
 }
 
 /// How a row ended.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "status", content = "reason", rename_all = "snake_case")]
-pub enum BenchStatus {
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
     /// Measured (and verified).
     Passed,
     /// Not runnable here, and why.
@@ -69,8 +72,8 @@ pub enum BenchStatus {
 }
 
 /// One measured row.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct BenchRow {
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileRow {
     /// `<src>_to_<dst>_<path>`, e.g. `file_to_gpu_file_staged`.
     pub key: String,
     /// Which way.
@@ -88,8 +91,7 @@ pub struct BenchRow {
     /// The copy's own account of its path (the last sample's), empty for the baselines.
     pub detail: String,
     /// Outcome.
-    #[serde(flatten)]
-    pub status: BenchStatus,
+    pub status: Outcome,
 }
 
 const SEED: u64 = 0x6764_785f_7374_6f72; // "gdx_stor"
@@ -107,45 +109,42 @@ struct Rig {
 }
 
 impl Rig {
-    fn new(cuda: &Cuda, gpu: u32, size: usize) -> Result<Rig, StorageError> {
-        let e = |what: &str| StorageError::cuda(format!("{what} on GPU {gpu}"));
-        let ctx = cuda.context(gpu).map_err(e("retaining the context"))?;
+    fn new(driver: &Cuda, gpu: u32, size: usize) -> Result<Rig, StorageError> {
+        let e = |what: &str| cuda(format!("{what} on GPU {gpu}"));
+        let ctx = driver.context(gpu).map_err(e("retaining the context"))?;
         let stream = Stream::new(&ctx).map_err(e("creating a stream"))?;
         let mut src = DeviceBuffer::new(&ctx, size).map_err(e("allocating the source"))?;
         let dst = DeviceBuffer::new(&ctx, size).map_err(e("allocating the destination"))?;
         let piece = size.min(16 << 20);
         let mut host = PinnedHostBuffer::new(&ctx, piece).map_err(e("allocating pinned memory"))?;
-        let mut hasher = crc32fast::Hasher::new();
         let mut done = 0usize;
         while done < size {
             let n = piece.min(size - done);
             let bytes = host.as_mut_slice().map_err(e("waiting for an upload"))?;
-            probe::fill_pattern(&mut bytes[..n], SEED ^ done as u64);
-            hasher.update(&bytes[..n]);
+            fill_pattern_at(&mut bytes[..n], SEED, done);
             stream
                 .copy_to_device_at(&mut src, done, &host, 0, n)
                 .map_err(e("uploading the pattern"))?;
             done += n;
         }
         stream.synchronize().map_err(e("uploading the pattern"))?;
+        // What every later copy is checked against: the source as it is on the GPU.
+        let expected = checksum_gpu(&src, 0, size)?;
         Ok(Rig {
             _ctx: ctx,
             stream,
             src,
             dst,
-            expected: Checksum {
-                crc32: hasher.finalize(),
-                len: size as u64,
-            },
+            expected,
         })
     }
 
     fn poison(&mut self) -> Result<(), StorageError> {
         let n = self.dst.len();
         self.stream
-            .memset(&mut self.dst, 0, n, probe::POISON)
+            .memset(&mut self.dst, 0, n, POISON)
             .and_then(|()| self.stream.synchronize())
-            .map_err(StorageError::cuda("poisoning the destination"))
+            .map_err(cuda("poisoning the destination"))
     }
 
     /// Checks that the destination's first `size` bytes are the pattern.
@@ -158,11 +157,10 @@ impl Rig {
     }
 }
 
-/// Flush and drop the file's pages from the page cache.
-fn drop_cache(file: &std::path::Path) -> Result<(), StorageError> {
-    let io = FileIo::open_read(file, false)?;
-    io.sync()?;
-    io.drop_cache()
+/// A CUDA error with what was being done.
+fn cuda(context: impl Into<String>) -> impl FnOnce(CudaError) -> StorageError {
+    let context = context.into();
+    move |source| StorageError::Cuda { context, source }
 }
 
 const DROPPED: &str = "page cache dropped via posix_fadvise(DONTNEED) before each sample";
@@ -175,9 +173,9 @@ fn cache_note(r: &CopyReport) -> &'static str {
     }
 }
 
-/// One row of the file benchmark, measured on its own by [`bench_file_row`].
+/// One row of the file benchmark, measured on its own by [`measure`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BenchKind {
+pub enum Kind {
     /// `O_DIRECT` reads into host memory: the disk alone (no GPU needed).
     FileToHostStaged,
     /// File → GPU through cuFile.
@@ -194,36 +192,36 @@ pub enum BenchKind {
     GpuToFileNaive,
 }
 
-impl BenchKind {
-    /// Every row, in [`bench_file`]'s order.
-    pub const ALL: [BenchKind; 7] = [
-        BenchKind::FileToHostStaged,
-        BenchKind::FileToGpuGds,
-        BenchKind::FileToGpuStaged,
-        BenchKind::FileToGpuNaive,
-        BenchKind::GpuToFileGds,
-        BenchKind::GpuToFileStaged,
-        BenchKind::GpuToFileNaive,
+impl Kind {
+    /// Every row, in the order the cases list them.
+    pub const ALL: [Kind; 7] = [
+        Kind::FileToHostStaged,
+        Kind::FileToGpuGds,
+        Kind::FileToGpuStaged,
+        Kind::FileToGpuNaive,
+        Kind::GpuToFileGds,
+        Kind::GpuToFileStaged,
+        Kind::GpuToFileNaive,
     ];
 
-    /// The row's key in [`BenchReport`] (`file_to_gpu_file_staged`).
+    /// The row's storage key (`file_to_gpu_file_staged`; the cases add the GPU).
     pub fn key(self) -> &'static str {
         match self {
-            BenchKind::FileToHostStaged => "file_to_host_file_staged",
-            BenchKind::FileToGpuGds => "file_to_gpu_gds",
-            BenchKind::FileToGpuStaged => "file_to_gpu_file_staged",
-            BenchKind::FileToGpuNaive => "file_to_gpu_naive",
-            BenchKind::GpuToFileGds => "gpu_to_file_gds",
-            BenchKind::GpuToFileStaged => "gpu_to_file_file_staged",
-            BenchKind::GpuToFileNaive => "gpu_to_file_naive",
+            Kind::FileToHostStaged => "file_to_host_file_staged",
+            Kind::FileToGpuGds => "file_to_gpu_gds",
+            Kind::FileToGpuStaged => "file_to_gpu_file_staged",
+            Kind::FileToGpuNaive => "file_to_gpu_naive",
+            Kind::GpuToFileGds => "gpu_to_file_gds",
+            Kind::GpuToFileStaged => "gpu_to_file_file_staged",
+            Kind::GpuToFileNaive => "gpu_to_file_naive",
         }
     }
 
     /// Which way it moves.
     pub fn direction(self) -> Direction {
         match self {
-            BenchKind::FileToHostStaged => Direction::FileToHost,
-            BenchKind::FileToGpuGds | BenchKind::FileToGpuStaged | BenchKind::FileToGpuNaive => {
+            Kind::FileToHostStaged => Direction::FileToHost,
+            Kind::FileToGpuGds | Kind::FileToGpuStaged | Kind::FileToGpuNaive => {
                 Direction::FileToGpu
             }
             _ => Direction::GpuToFile,
@@ -233,26 +231,20 @@ impl BenchKind {
     /// `gds`, `file-staged` or `naive`.
     pub fn path(self) -> &'static str {
         match self {
-            BenchKind::FileToGpuGds | BenchKind::GpuToFileGds => "gds",
-            BenchKind::FileToGpuNaive | BenchKind::GpuToFileNaive => "naive",
+            Kind::FileToGpuGds | Kind::GpuToFileGds => "gds",
+            Kind::FileToGpuNaive | Kind::GpuToFileNaive => "naive",
             _ => "file-staged",
         }
     }
 
-    /// Whether it needs a GPU (all but [`BenchKind::FileToHostStaged`]).
+    /// Whether it needs a GPU (all but [`Kind::FileToHostStaged`]).
     pub fn needs_gpu(self) -> bool {
-        self != BenchKind::FileToHostStaged
+        self != Kind::FileToHostStaged
     }
 }
 
-fn new_row(
-    opts: &BenchOptions,
-    key: &str,
-    direction: Direction,
-    path: &str,
-    method: &str,
-) -> BenchRow {
-    BenchRow {
+fn new_row(opts: &Options, key: &str, direction: Direction, path: &str, method: &str) -> FileRow {
+    FileRow {
         key: key.to_string(),
         direction,
         path: path.to_string(),
@@ -261,11 +253,11 @@ fn new_row(
         samples_gbps: Vec::new(),
         median_gbps: None,
         detail: String::new(),
-        status: BenchStatus::Passed,
+        status: Outcome::Passed,
     }
 }
 
-fn copy_opts(opts: &BenchOptions, path: PathChoice, sync: bool) -> CopyOptions {
+fn copy_opts(opts: &Options, path: PathChoice, sync: bool) -> CopyOptions {
     CopyOptions {
         path,
         chunk_bytes: opts.chunk_bytes,
@@ -277,16 +269,16 @@ fn copy_opts(opts: &BenchOptions, path: PathChoice, sync: bool) -> CopyOptions {
 }
 
 /// Measure one row on its own (the module's protocol): the scratch file is
-/// written first (from a host pattern for [`BenchKind::FileToHostStaged`], which needs no GPU;
+/// written first (from a host pattern for [`Kind::FileToHostStaged`], which needs no GPU;
 /// from a pattern on GPU `opts.gpu` for the others), and the first sample is verified. A GPU
 /// row fails here when CUDA or the GPU cannot be set up; a `gds` row is returned
-/// [`BenchStatus::Waived`] with cuFile's reason when cuFile cannot run. `log` gets a line as
+/// [`Outcome::Waived`] with cuFile's reason when cuFile cannot run. `log` gets a line as
 /// the scratch file is written.
-pub fn bench_file_row(
-    opts: &BenchOptions,
-    kind: BenchKind,
+pub fn measure(
+    opts: &Options,
+    kind: Kind,
     log: &mut dyn FnMut(&str),
-) -> Result<BenchRow, StorageError> {
+) -> Result<FileRow, StorageError> {
     let size = usize::try_from(opts.size)
         .ok()
         .filter(|&s| s > 0)
@@ -299,11 +291,11 @@ pub fn bench_file_row(
     ));
     if !kind.needs_gpu() {
         let mut data = vec![0u8; size];
-        probe::fill_pattern(&mut data, SEED);
-        let expected = crate::checksum_bytes(&data);
-        crate::copy_host_to_file(&data, &file, &copy_opts(opts, PathChoice::FileStaged, true))?;
+        fill_pattern(&mut data, SEED);
+        let expected = checksum_bytes(&data);
+        copy_host_to_file(&data, &file, &copy_opts(opts, PathChoice::FileStaged, true))?;
         drop(data);
-        return Ok(file_to_host_row(opts, samples, expected));
+        return Ok(file_to_host_row(opts, samples, expected.len));
     }
     let cuda = Cuda::load()?;
     let mut rig = Rig::new(&cuda, opts.gpu, size)?;
@@ -331,10 +323,10 @@ pub fn bench_file_row(
     ))
 }
 
-/// The disk alone: `O_DIRECT` reads into host memory, the first sample checked against
-/// `expected` (the file's checksum).
-fn file_to_host_row(opts: &BenchOptions, samples: usize, expected: Checksum) -> BenchRow {
-    let kind = BenchKind::FileToHostStaged;
+/// The disk alone: `O_DIRECT` reads into host memory, the first sample checked against the
+/// pattern, byte for byte, and for its length (`expected_len`).
+fn file_to_host_row(opts: &Options, samples: usize, expected_len: u64) -> FileRow {
+    let kind = Kind::FileToHostStaged;
     let file = FileRange::whole(&opts.file);
     let mut r = new_row(
         opts,
@@ -346,45 +338,50 @@ fn file_to_host_row(opts: &BenchOptions, samples: usize, expected: Checksum) -> 
         ),
     );
     run_samples(&mut r, samples, |i| {
-        drop_cache(&opts.file)?;
-        let mut hasher = (i == 0).then(crc32fast::Hasher::new);
+        evict(&opts.file)?;
+        let mut bad = None;
         let mut len = 0u64;
         let rep = read_file(
             &file,
             &copy_opts(opts, PathChoice::FileStaged, false),
-            |_, b| {
-                if let Some(h) = hasher.as_mut() {
-                    h.update(b);
+            |off, b| {
+                if i == 0 && bad.is_none() {
+                    bad = find_mismatch_at(b, SEED, off as usize);
                 }
                 len += b.len() as u64;
                 Ok(())
             },
         )?;
-        if let Some(h) = hasher {
-            let got = Checksum {
-                crc32: h.finalize(),
-                len,
-            };
-            verify(got, expected, "the bytes read")?;
+        if i == 0 {
+            if let Some(m) = bad {
+                return Err(StorageError::Internal(format!(
+                    "verification failed: the bytes read differ from the pattern: {m}"
+                )));
+            }
+            if len != expected_len {
+                return Err(StorageError::Internal(format!(
+                    "verification failed: {len} bytes read, the file has {expected_len}"
+                )));
+            }
         }
         Ok((rep.gbps(), rep.reason.clone(), cache_note(&rep)))
     });
     r
 }
 
-/// One GPU row of [`bench_file`] on `rig` (the scratch file already holds the pattern).
+/// One GPU row on `rig` (the scratch file already holds the pattern).
 fn gpu_row(
     rig: &mut Rig,
-    opts: &BenchOptions,
-    kind: BenchKind,
+    opts: &Options,
+    kind: Kind,
     samples: usize,
     gds_waived: Option<&str>,
-) -> BenchRow {
+) -> FileRow {
     let size = opts.size as usize;
     let file = FileRange::whole(&opts.file);
     let mut r = new_row(opts, kind.key(), kind.direction(), kind.path(), "");
     if let (Some(why), "gds") = (gds_waived, kind.path()) {
-        r.status = BenchStatus::Waived(why.to_string());
+        r.status = Outcome::Waived(why.to_string());
         return r;
     }
     let choice = match kind.path() {
@@ -392,9 +389,9 @@ fn gpu_row(
         _ => PathChoice::FileStaged,
     };
     match kind {
-        BenchKind::FileToGpuGds | BenchKind::FileToGpuStaged => {
+        Kind::FileToGpuGds | Kind::FileToGpuStaged => {
             run_samples(&mut r, samples, |i| {
-                drop_cache(&opts.file)?;
+                evict(&opts.file)?;
                 if i == 0 {
                     rig.poison()?;
                 }
@@ -412,31 +409,33 @@ fn gpu_row(
                 Ok((rep.gbps(), rep.reason.clone(), note))
             });
         }
-        BenchKind::FileToGpuNaive => {
+        Kind::FileToGpuNaive => {
             r.method = format!("read() of the whole file into a Vec, then one synchronous copy from pageable memory (cudaMemcpy); {DROPPED}");
             run_samples(&mut r, samples, |i| {
-                drop_cache(&opts.file)?;
+                evict(&opts.file)?;
                 if i == 0 {
                     rig.poison()?;
                 }
-                let start = Instant::now();
-                let data = std::fs::read(&opts.file).map_err(|source| StorageError::Read {
-                    path: opts.file.clone(),
-                    offset: 0,
-                    len: opts.size,
-                    source,
-                })?;
-                rig.stream
-                    .copy_from_pageable(&mut rig.dst, 0, &data[..size.min(data.len())])
-                    .map_err(StorageError::cuda("the naive copy to the GPU"))?;
-                let t = start.elapsed().as_secs_f64();
+                let (done, t) = wall(|| -> Result<(), StorageError> {
+                    let data = std::fs::read(&opts.file).map_err(|source| StorageError::Read {
+                        path: opts.file.clone(),
+                        offset: 0,
+                        len: opts.size,
+                        source,
+                    })?;
+                    rig.stream
+                        .copy_from_pageable(&mut rig.dst, 0, &data[..size.min(data.len())])
+                        .map_err(cuda("the naive copy to the GPU"))
+                });
+                done?;
+                let t = t.as_secs_f64();
                 if i == 0 {
                     rig.verify_dst(size)?;
                 }
                 Ok((Some(opts.size as f64 / t / 1e9), String::new(), DROPPED))
             });
         }
-        BenchKind::GpuToFileGds | BenchKind::GpuToFileStaged => {
+        Kind::GpuToFileGds | Kind::GpuToFileStaged => {
             run_samples(&mut r, samples, |i| {
                 let rep = copy_gpu_to_file(
                     &rig.src,
@@ -462,33 +461,35 @@ fn gpu_row(
                 Ok((rep.gbps(), rep.reason.clone(), note))
             });
         }
-        BenchKind::GpuToFileNaive => {
+        Kind::GpuToFileNaive => {
             r.method = "one synchronous copy into a pageable Vec, then write() of it and fdatasync (inside the timing, so the bytes are on the disk)".to_string();
             run_samples(&mut r, samples, |i| {
-                let start = Instant::now();
-                let mut data = vec![0u8; size];
-                rig.stream
-                    .copy_to_pageable(&mut data, &rig.src, 0)
-                    .map_err(StorageError::cuda("the naive copy from the GPU"))?;
-                let werr = |source| StorageError::Write {
-                    path: opts.file.clone(),
-                    offset: 0,
-                    len: opts.size,
-                    source,
-                };
-                std::fs::write(&opts.file, &data).map_err(werr)?;
-                std::fs::File::open(&opts.file)
-                    .and_then(|f| f.sync_data())
-                    .map_err(werr)?;
-                let t = start.elapsed().as_secs_f64();
+                let (done, t) = wall(|| -> Result<(), StorageError> {
+                    let mut data = vec![0u8; size];
+                    rig.stream
+                        .copy_to_pageable(&mut data, &rig.src, 0)
+                        .map_err(cuda("the naive copy from the GPU"))?;
+                    let werr = |source| StorageError::Write {
+                        path: opts.file.clone(),
+                        offset: 0,
+                        len: opts.size,
+                        source,
+                    };
+                    std::fs::write(&opts.file, &data).map_err(werr)?;
+                    std::fs::File::open(&opts.file)
+                        .and_then(|f| f.sync_data())
+                        .map_err(werr)
+                });
+                done?;
+                let t = t.as_secs_f64();
                 if i == 0 {
                     verify(checksum_file(&file)?, rig.expected, "the file")?;
                 }
                 Ok((Some(opts.size as f64 / t / 1e9), String::new(), ""))
             });
         }
-        BenchKind::FileToHostStaged => {
-            return file_to_host_row(opts, samples, rig.expected);
+        Kind::FileToHostStaged => {
+            return file_to_host_row(opts, samples, rig.expected.len);
         }
     }
     r
@@ -505,9 +506,9 @@ fn verify(got: Checksum, expected: Checksum, what: &str) -> Result<(), StorageEr
 }
 
 /// Run `samples` samples of `one` (given the sample number) into `row`; the first error ends
-/// the row with [`BenchStatus::Error`].
+/// the row with [`Outcome::Error`].
 fn run_samples(
-    row: &mut BenchRow,
+    row: &mut FileRow,
     samples: usize,
     mut one: impl FnMut(usize) -> Result<(Option<f64>, String, &'static str), StorageError>,
 ) {
@@ -523,7 +524,7 @@ fn run_samples(
                 }
             }
             Err(e) => {
-                row.status = BenchStatus::Error(e.to_string());
+                row.status = Outcome::Error(e.to_string());
                 break;
             }
         }
@@ -536,33 +537,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rows_serialise_status_flat() {
-        let r = BenchRow {
-            key: "file_to_gpu_gds".into(),
-            direction: Direction::FileToGpu,
-            path: "gds".into(),
-            method: "m".into(),
-            bytes: 1,
-            samples_gbps: vec![],
-            median_gbps: None,
-            detail: String::new(),
-            status: BenchStatus::Waived("libcufile.so.0 unavailable".into()),
-        };
-        let j = serde_json::to_value(&r).unwrap();
-        assert_eq!(j["status"], "waived");
-        assert_eq!(j["reason"], "libcufile.so.0 unavailable");
-        assert_eq!(j["median_gbps"], serde_json::Value::Null);
-    }
-
-    #[test]
     fn without_a_gpu_a_gpu_row_is_an_error_not_a_panic() {
         if !gdx_sys::testenv::precondition("no CUDA driver", Cuda::load().is_err()) {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        let opts = BenchOptions::new(dir.path().join("b"), 0);
-        let kind = BenchKind::ALL.into_iter().find(|k| k.needs_gpu()).unwrap();
-        let e = bench_file_row(&opts, kind, &mut |_| {}).unwrap_err();
+        let opts = Options::new(dir.path().join("b"), 0);
+        let kind = Kind::ALL.into_iter().find(|k| k.needs_gpu()).unwrap();
+        let e = measure(&opts, kind, &mut |_| {}).unwrap_err();
         assert!(e.to_string().contains("libcuda.so.1 unavailable"), "{e}");
+    }
+
+    #[test]
+    fn the_disk_alone_reads_back_the_pattern() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options {
+            size: 256 << 10,
+            samples: 2,
+            ..Options::new(dir.path().join("b"), 0)
+        };
+        let r = measure(&opts, Kind::FileToHostStaged, &mut |_| {}).unwrap();
+        assert_eq!(r.status, Outcome::Passed, "{r:?}");
+        assert_eq!(r.samples_gbps.len(), 2);
+        assert_eq!(r.bytes, 256 << 10);
     }
 }

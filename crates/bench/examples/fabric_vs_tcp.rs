@@ -3,7 +3,7 @@
 //! against a raw TCP ping-pong (the loopback floor).
 //!
 //! ```text
-//! cargo run --release -p gdx-engine --example fabric_vs_tcp -- [SIZE_BYTES] [ITERS] [LAT_ITERS]
+//! cargo run --release -p gdx-bench --example fabric_vs_tcp -- [SIZE_BYTES] [ITERS] [LAT_ITERS]
 //! ```
 //! GB/s = 1e9 B/s; bandwidth = median (best) of ITERS timed writes after one warm-up, bytes
 //! checked once per path by reading them back; latency = p50 (p99) of LAT_ITERS submit+wait
@@ -11,11 +11,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
+mod common;
+
+use gdx_bench::timer::wall;
 use gdx_engine::{Access, Agent, AgentConfig, Error, Path, Transfer, Transports};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn transports(fabric: bool) -> Transports {
     Transports {
@@ -62,10 +64,11 @@ fn raw_tcp_pingpong(iters: usize) -> Vec<Duration> {
     let mut b = [7u8; 8];
     let mut v = Vec::with_capacity(iters);
     for _ in 0..iters {
-        let t = Instant::now();
-        c.write_all(&b).expect("write");
-        c.read_exact(&mut b).expect("read");
-        v.push(t.elapsed());
+        let ((), d) = wall(|| {
+            c.write_all(&b).expect("write");
+            c.read_exact(&mut b).expect("read");
+        });
+        v.push(d);
     }
     drop(c);
     let _ = echo.join();
@@ -80,18 +83,8 @@ fn main() -> Result<(), Error> {
     let size: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1 << 30);
     let iters: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(3);
     let lat_iters: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(2000);
-    let exe = std::env::current_exe().map_err(|e| Error::os("current_exe", e))?;
-    let mut child = Command::new(exe)
-        .args(["serve", &size.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| Error::os("spawn", e))?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .map_err(|e| Error::os("read", e))?;
-    let addr: std::net::SocketAddr = line.trim().parse().expect("server address");
+    let (mut child, addr) = common::spawn_server(size, None)?;
+    let addr: std::net::SocketAddr = addr.parse().expect("server address");
     println!("size {size} B, {iters} timed writes after 1 warm-up; 8 B latency over {lat_iters} ops; GB/s = 1e9 B/s");
     println!(
         "{:<28} {:>14} {:>14} {:>12} {:>12}",
@@ -113,10 +106,10 @@ fn main() -> Result<(), Error> {
         for k in 0..=iters {
             let mut t = Transfer::new();
             t.write(&src, 0, &remote, 0, size);
-            let start = Instant::now();
-            let rep = peer.submit(t)?.wait(Duration::from_secs(600))?;
+            let (rep, d) = wall(|| peer.submit(t)?.wait(Duration::from_secs(600)));
+            let rep = rep?;
             if k > 0 {
-                times.push(start.elapsed());
+                times.push(d);
             }
             assert_eq!(rep.ops[0].plan.path, want);
         }
@@ -134,9 +127,9 @@ fn main() -> Result<(), Error> {
         for _ in 0..lat_iters {
             let mut t = Transfer::new();
             t.write(&src, 0, &remote, 0, 8);
-            let start = Instant::now();
-            peer.submit(t)?.wait(Duration::from_secs(60))?;
-            lat.push(start.elapsed());
+            let (done, d) = wall(|| peer.submit(t)?.wait(Duration::from_secs(60)));
+            done?;
+            lat.push(d);
         }
         let gb = |secs: f64| size as f64 / secs / 1e9;
         let name = if fabric {

@@ -2,7 +2,7 @@
 //! an agent-allocated region, and two copies through the bounce buffer into a borrowed region).
 //!
 //! ```text
-//! cargo run --release -p gdx-engine --example bench_host -- [SIZE_BYTES] [ITERS]
+//! cargo run --release -p gdx-bench --example bench_host -- [SIZE_BYTES] [ITERS]
 //! ```
 //! Spawns its own server process (this binary with `serve`). GB/s = 1e9 bytes/s. Prints the median
 //! and best of ITERS timed transfers after one warm-up. `GDX_TCP_STREAMS`, `GDX_CHUNK_BYTES` apply.
@@ -10,10 +10,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
+mod common;
+
+use gdx_bench::timer::wall;
 use gdx_engine::{Access, Agent, AgentConfig, Error, Path, Secret, Transfer, Transports};
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::io::Read;
+use std::time::Duration;
 
 /// Median and best rate of the samples (the median is gdx-sys's one median).
 fn stats(bytes: u64, v: Vec<Duration>) -> (f64, f64) {
@@ -35,19 +37,7 @@ fn main() -> Result<(), Error> {
     let secret = Secret::generate()?;
     let file = std::env::temp_dir().join(format!("gdx-bench-host-{}.secret", std::process::id()));
     secret.write_file(&file)?;
-    let exe = std::env::current_exe().map_err(|e| Error::os("current_exe", e))?;
-    let mut child = Command::new(exe)
-        .args(["serve", &size.to_string()])
-        .env("GDX_SECRET_FILE", &file)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| Error::os("spawn", e))?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .map_err(|e| Error::os("read", e))?;
-    let addr = line.trim().to_string();
+    let (mut child, addr) = common::spawn_server(size, Some(&file))?;
 
     println!(
         "size {} bytes ({:.2} GiB), {iters} timed runs after 1 warm-up; GB/s = 1e9 B/s",
@@ -62,10 +52,11 @@ fn main() -> Result<(), Error> {
     dst.copy_from_slice(&src);
     let mut times = Vec::new();
     for _ in 0..iters {
-        let t = Instant::now();
-        dst.copy_from_slice(std::hint::black_box(&src));
-        std::hint::black_box(&mut dst);
-        times.push(t.elapsed());
+        let ((), d) = wall(|| {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+        });
+        times.push(d);
     }
     drop((src, dst));
     let (memcpy_med, memcpy_best) = stats(size, times);
@@ -102,10 +93,10 @@ fn main() -> Result<(), Error> {
                     } else {
                         t.read(&local, 0, &remote, 0, size);
                     }
-                    let start = Instant::now();
-                    let rep = peer.submit(t)?.wait(Duration::from_secs(300))?;
+                    let (rep, d) = wall(|| peer.submit(t)?.wait(Duration::from_secs(300)));
+                    let rep = rep?;
                     if i > 0 {
-                        times.push(start.elapsed());
+                        times.push(d);
                     }
                     path = rep.ops[0].plan.path;
                 }

@@ -1,13 +1,14 @@
 //! Profiling aid: loops submit + wait of one small write over shm between two agents of this
-//! process and prints the p50, p99 and mean round trip (`cargo run --release --example shm_lat --
+//! process and prints the p50, p99 and mean round trip (`cargo run --release -p gdx-bench --example shm_lat --
 //! [size] [iters] [window] [batch]`; `SHM_LAT_PREPARED=1` posts prepared transfers,
 //! `SHM_LAT_TCP=1` runs over tcp).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
+use gdx_bench::Timer;
 use gdx_engine::{Access, Agent, AgentConfig, Transfer, Transports};
 use gdx_sys::stats::{median, quantile};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn main() {
     let arg = |i: usize, d: u64| {
@@ -77,9 +78,11 @@ fn main() {
     } else {
         Vec::new()
     };
-    let start = Instant::now();
+    let mut run = Timer::wall();
+    let _ = run.start(); // a wall clock cannot fail
+    let mut one = Timer::wall();
     for i in 0..iters {
-        let s = Instant::now();
+        let _ = one.start();
         let mut hs = Vec::with_capacity(window as usize);
         for w in 0..window {
             let j = i * window + w;
@@ -89,11 +92,13 @@ fn main() {
                 hs.push(prepared[(j % positions) as usize].post().unwrap());
             }
         }
-        let posted = s.elapsed().as_secs_f64() * 1e6;
+        // Read while running: the time to post the window.
+        let posted = one.read().unwrap_or_default().as_secs_f64() * 1e6;
         for h in hs {
             h.wait(wait).unwrap();
         }
-        let us = s.elapsed().as_secs_f64() * 1e6;
+        let _ = one.stop();
+        let us = one.read().unwrap_or_default().as_secs_f64() * 1e6;
         if blocks {
             block.push(us);
             if block.len() == 1000 {
@@ -106,7 +111,7 @@ fn main() {
             sub.push(posted);
         }
     }
-    let total = start.elapsed().as_secs_f64();
+    let total = run.read().unwrap_or_default().as_secs_f64();
     lat.sort_by(f64::total_cmp);
     sub.sort_by(f64::total_cmp);
     let ops = (iters * window * batch) as f64;

@@ -2,8 +2,8 @@
 //! binding's overhead (the Python example runs this binary with `--rust` and prints the ratio).
 //!
 //! ```text
-//! cargo run --release -p gdx-engine --example kv_batch                 # 4 layers x 1,000 x 16 KiB
-//! cargo run --release -p gdx-engine --example kv_batch -- --blocks 1000 --block 16384 \
+//! cargo run --release -p gdx-bench --example kv_batch                 # 4 layers x 1,000 x 16 KiB
+//! cargo run --release -p gdx-bench --example kv_batch -- --blocks 1000 --block 16384 \
 //!     --layers 4 --iters 5 --warmup 1
 //! ```
 //!
@@ -17,10 +17,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
+use gdx_bench::timer::wall;
 use gdx_engine::{Access, Agent, AgentConfig, Error, Secret, Transfer};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const POOL: usize = 64 << 20;
 const WAIT: Duration = Duration::from_secs(60);
@@ -222,15 +223,18 @@ fn prefill(s: Shape) -> Result<(), Error> {
             let local = scope.register(&mut pool, Access::LOCAL, None)?;
             for it in 0..s.warmup + s.iters {
                 for l in 0..s.layers {
-                    let t0 = Instant::now();
-                    let mut t = Transfer::new();
-                    for (&a, &b) in src_t[l].iter().zip(&dst_t[l]) {
-                        let bs = s.block as u64;
-                        t.write(&local, a as u64 * bs, &remote, b as u64 * bs, bs);
-                    }
-                    t.notify(format!("layer-{l}"));
-                    let rep = peer.submit(t)?.wait(WAIT)?;
-                    let dt = t0.elapsed().as_secs_f64();
+                    // Building the batch is inside the timing, as in the Python example.
+                    let (rep, dt) = wall(|| {
+                        let mut t = Transfer::new();
+                        for (&a, &b) in src_t[l].iter().zip(&dst_t[l]) {
+                            let bs = s.block as u64;
+                            t.write(&local, a as u64 * bs, &remote, b as u64 * bs, bs);
+                        }
+                        t.notify(format!("layer-{l}"));
+                        peer.submit(t)?.wait(WAIT)
+                    });
+                    let rep = rep?;
+                    let dt = dt.as_secs_f64();
                     plan.get_or_insert_with(|| rep.ops[0].plan.clone());
                     if it >= s.warmup {
                         times.push(dt);

@@ -1,0 +1,220 @@
+//! The one timer of gdx: every measured span in gdx-bench, in its examples and in gdx-doctor's
+//! probes is a [`Timer`] sample, so "how long did it take" is read one way everywhere.
+//!
+//! A timer is one of two clocks:
+//!
+//! - **Wall** ([`Timer::wall`], or [`wall`] for a closure): the host's monotonic clock. It is
+//!   what a caller waits for: enqueue, synchronisation and wake-ups included.
+//! - **Events** ([`Timer::events`]): a pair of CUDA timing events per stream, recorded at
+//!   [`Timer::start`] and [`Timer::stop`]; [`Timer::read`] synchronises the streams and gives
+//!   the slowest stream's span. The device's own clock (about 0.5 µs resolution): enqueue cost
+//!   is left out when the streams are held between start and stop (see `gpu::timing`).
+//!
+//! Either way a sample is a [`Duration`]; the median, quantiles and σ of samples are
+//! [`gdx_sys::stats`]'s, the bandwidth model is `gdx_topo::bandwidth`'s. Deadlines and budgets
+//! (how long to keep trying) are not measurements and keep [`Instant`].
+
+use std::time::{Duration, Instant};
+
+use gdx_sys::cuda::{CudaError, Event, Stream};
+
+/// A clock that times one span at a time: host wall time or CUDA events on streams.
+#[derive(Debug)]
+pub struct Timer<'s> {
+    clock: Clock<'s>,
+}
+
+#[derive(Debug)]
+enum Clock<'s> {
+    Wall {
+        start: Option<Instant>,
+        end: Option<Instant>,
+    },
+    Events {
+        streams: Vec<&'s Stream>,
+        /// (start, end) per stream, in `streams`' order.
+        pairs: Vec<(Event, Event)>,
+    },
+}
+
+/// A wall-clock span with its ends, for spans of several threads that are joined on one clock
+/// (the earliest start to the latest end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// When it began.
+    pub start: Instant,
+    /// When it ended.
+    pub end: Instant,
+}
+
+impl Span {
+    /// Its length.
+    pub fn len(&self) -> Duration {
+        self.end.saturating_duration_since(self.start)
+    }
+
+    /// The span from the earliest start to the latest end of `spans`; `None` when empty.
+    pub fn cover(spans: impl IntoIterator<Item = Span>) -> Option<Span> {
+        spans.into_iter().reduce(|a, b| Span {
+            start: a.start.min(b.start),
+            end: a.end.max(b.end),
+        })
+    }
+}
+
+/// Time `f` on the host's monotonic clock.
+pub fn wall<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let (v, s) = wall_span(f);
+    (v, s.len())
+}
+
+/// Time `f` on the host's monotonic clock, keeping the span's ends.
+pub fn wall_span<T>(f: impl FnOnce() -> T) -> (T, Span) {
+    let start = Instant::now();
+    let v = f();
+    let end = Instant::now();
+    (v, Span { start, end })
+}
+
+impl Timer<'static> {
+    /// A host wall-clock timer.
+    pub fn wall() -> Timer<'static> {
+        Timer {
+            clock: Clock::Wall {
+                start: None,
+                end: None,
+            },
+        }
+    }
+}
+
+impl<'s> Timer<'s> {
+    /// A device timer: a pair of timing events for each of `streams` (made in each stream's
+    /// context). Fails with no stream, since there would be nothing to time on.
+    pub fn events(streams: &[&'s Stream]) -> Result<Timer<'s>, CudaError> {
+        if streams.is_empty() {
+            return Err(CudaError::InvalidArgument {
+                call: "Timer::events",
+                reason: "a device timer needs a stream".into(),
+            });
+        }
+        let pairs = streams
+            .iter()
+            .map(|s| Ok((Event::new(s.context())?, Event::new(s.context())?)))
+            .collect::<Result<Vec<_>, CudaError>>()?;
+        Ok(Timer {
+            clock: Clock::Events {
+                streams: streams.to_vec(),
+                pairs,
+            },
+        })
+    }
+
+    /// Whether it reads the device's clock (CUDA events) rather than the host's.
+    pub fn on_device(&self) -> bool {
+        matches!(self.clock, Clock::Events { .. })
+    }
+
+    /// Mark the start: now (wall), or a start event recorded on each stream.
+    pub fn start(&mut self) -> Result<(), CudaError> {
+        match &mut self.clock {
+            Clock::Wall { start, end } => {
+                *end = None;
+                *start = Some(Instant::now());
+            }
+            Clock::Events { streams, pairs } => {
+                for (s, (start, _)) in streams.iter().zip(pairs.iter()) {
+                    start.record(s)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Mark the end: now (wall), or an end event recorded on each stream (nothing waits here,
+    /// so a caller may release held streams before [`Timer::read`]).
+    pub fn stop(&mut self) -> Result<(), CudaError> {
+        match &mut self.clock {
+            Clock::Wall { end, .. } => *end = Some(Instant::now()),
+            Clock::Events { streams, pairs } => {
+                for (s, (_, end)) in streams.iter().zip(pairs.iter()) {
+                    end.record(s)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The span from start to stop: wall time (up to now when not stopped), or, after
+    /// synchronising every stream, the slowest stream's event time. Zero before a start.
+    pub fn read(&self) -> Result<Duration, CudaError> {
+        match &self.clock {
+            Clock::Wall { start, end } => Ok(match start {
+                Some(s) => end
+                    .unwrap_or_else(Instant::now)
+                    .saturating_duration_since(*s),
+                None => Duration::ZERO,
+            }),
+            Clock::Events { streams, pairs } => {
+                for s in streams {
+                    s.synchronize()?;
+                }
+                let mut worst = Duration::ZERO;
+                for (start, end) in pairs {
+                    worst = worst.max(start.elapsed(end)?);
+                }
+                Ok(worst)
+            }
+        }
+    }
+
+    /// Time `f`: start, `f`, stop, read. `f`'s error ends it without a sample.
+    pub fn time<T, E: From<CudaError>>(
+        &mut self,
+        f: impl FnOnce() -> Result<T, E>,
+    ) -> Result<(T, Duration), E> {
+        self.start()?;
+        let v = f()?;
+        self.stop()?;
+        Ok((v, self.read()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wall_spans_are_ordered_and_cover_their_parts() {
+        let (v, a) = wall_span(|| 7);
+        assert_eq!(v, 7);
+        let (_, b) = wall_span(|| ());
+        assert!(a.end <= b.start);
+        let c = Span::cover([b, a]).unwrap();
+        assert_eq!((c.start, c.end), (a.start, b.end));
+        assert!(c.len() >= a.len());
+        assert_eq!(Span::cover([]), None);
+    }
+
+    #[test]
+    fn a_wall_timer_reads_zero_before_start_and_holds_its_stop() {
+        let mut t = Timer::wall();
+        assert!(!t.on_device());
+        assert_eq!(t.read().unwrap(), Duration::ZERO);
+        let (v, d) = t.time(|| Ok::<_, CudaError>(3)).unwrap();
+        assert_eq!(v, 3);
+        assert_eq!(t.read().unwrap(), d, "a stopped timer keeps its span");
+    }
+
+    #[test]
+    fn an_error_inside_gives_no_sample() {
+        let mut t = Timer::wall();
+        let r = t.time(|| Err::<(), _>(CudaError::MissingSymbol { call: "x" }));
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn a_device_timer_needs_a_stream() {
+        assert!(Timer::events(&[]).is_err());
+    }
+}
