@@ -14,7 +14,7 @@ use crate::facts::{
     CudaDevice, CudaFacts, CufileFacts, DmabufProbe, LiveFacts, NvmlDevice, NvmlFacts, NvmlP2p,
     Unavailable, UnavailableKind, VerbsDevice, VerbsFacts, VerbsPort,
 };
-use crate::probe::{CopySamples, Endpoint, ProbeBackend, RegMethod};
+use crate::probe::{CopySamples, Loc, ProbeBackend, RegMethod};
 use crate::DoctorError;
 
 /// The active probes on this machine through `gdx-sys`: event-timed, pattern-verified copies
@@ -24,21 +24,11 @@ use crate::DoctorError;
 pub struct SystemProbe;
 
 impl ProbeBackend for SystemProbe {
-    fn copy(
-        &self,
-        from: Endpoint,
-        to: Endpoint,
-        bytes: u64,
-        reps: u32,
-    ) -> Result<CopySamples, DoctorError> {
-        use gdx_bench::probe::{timed_copy, Loc};
+    fn copy(&self, from: Loc, to: Loc, bytes: u64, reps: u32) -> Result<CopySamples, DoctorError> {
+        use gdx_bench::probe::timed_copy;
         let cuda = gdx_sys::cuda::Cuda::load()?;
-        let loc = |e| match e {
-            Endpoint::Gpu(o) => Loc::Gpu(o),
-            Endpoint::Host => Loc::PinnedHost,
-        };
         let len = usize::try_from(bytes).map_err(|_| DoctorError::TooLarge(bytes))?;
-        let t = timed_copy(&cuda, loc(from), loc(to), len, reps)?;
+        let t = timed_copy(&cuda, from, to, len, reps)?;
         Ok(CopySamples {
             bytes: t.bytes as u64,
             samples: t.samples,

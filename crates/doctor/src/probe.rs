@@ -14,14 +14,9 @@ use gdx_bench::Timer;
 use serde::Serialize;
 use std::time::Duration;
 
-/// One end of a copy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    /// Device memory on the GPU with this CUDA ordinal.
-    Gpu(u32),
-    /// Pinned host memory.
-    Host,
-}
+/// One end of a timed copy: the bench's own type (`gdx_bench::probe::Loc`), which the probes
+/// run through.
+pub use gdx_bench::probe::Loc;
 
 /// What a backend measured for one copy direction.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,13 +47,7 @@ pub trait ProbeBackend {
     /// Allocate `bytes` at `from` and at `to`, fill `from` with a seeded pattern, enable peer
     /// access where both are GPUs, copy once to warm up, then `reps` timed copies, and
     /// verify `to` afterwards. `Err` when the copy could not be done at all.
-    fn copy(
-        &self,
-        from: Endpoint,
-        to: Endpoint,
-        bytes: u64,
-        reps: u32,
-    ) -> Result<CopySamples, DoctorError>;
+    fn copy(&self, from: Loc, to: Loc, bytes: u64, reps: u32) -> Result<CopySamples, DoctorError>;
 
     /// Whether [`ProbeBackend::register`] is implemented. A backend without it (verbs
     /// registration not wired yet) makes `probe-register` skip rather than fail.
@@ -223,10 +212,10 @@ pub enum ProbeState {
     Ran(ProbeResults),
 }
 
-fn endpoint_name(e: Endpoint, gpus: &[(GpuRef, u32)]) -> String {
+fn endpoint_name(e: Loc, gpus: &[(GpuRef, u32)]) -> String {
     match e {
-        Endpoint::Host => "host".to_string(),
-        Endpoint::Gpu(o) => gpus
+        Loc::PinnedHost => "host".to_string(),
+        Loc::Gpu(o) => gpus
             .iter()
             .find(|(_, ord)| *ord == o)
             .map(|(g, _)| g.label.clone())
@@ -247,15 +236,15 @@ pub fn run(ctx: &Context, backend: &dyn ProbeBackend, plan: &ProbePlan) -> Probe
         .iter()
         .filter_map(|g| Some((g.clone(), ctx.cuda_ordinal(g.bdf)?)))
         .collect();
-    let mut jobs: Vec<(Endpoint, Endpoint)> = Vec::new();
+    let mut jobs: Vec<(Loc, Loc)> = Vec::new();
     for (_, o) in &gpus {
-        jobs.push((Endpoint::Gpu(*o), Endpoint::Host));
-        jobs.push((Endpoint::Host, Endpoint::Gpu(*o)));
+        jobs.push((Loc::Gpu(*o), Loc::PinnedHost));
+        jobs.push((Loc::PinnedHost, Loc::Gpu(*o)));
     }
     for (_, a) in &gpus {
         for (_, b) in &gpus {
             if a != b {
-                jobs.push((Endpoint::Gpu(*a), Endpoint::Gpu(*b)));
+                jobs.push((Loc::Gpu(*a), Loc::Gpu(*b)));
             }
         }
     }

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
 use gdx_doctor::facts::{CudaFacts, CufileFacts, StaticFacts, VerbsFacts};
-use gdx_doctor::probe::{CopySamples, Endpoint, ProbeBackend, RegMethod};
+use gdx_doctor::probe::{CopySamples, Loc, ProbeBackend, RegMethod};
 use gdx_doctor::{run, DataPath, DoctorError, Options, Report, Status};
 use gdx_sys::verbs::{RegMethod as SysMethod, RegisterError};
 use gdx_topo::enrich::{NvmlGpu, NvmlLink, NvmlSnapshot};
@@ -29,15 +29,9 @@ struct FakeProbe {
 }
 
 impl ProbeBackend for FakeProbe {
-    fn copy(
-        &self,
-        from: Endpoint,
-        to: Endpoint,
-        bytes: u64,
-        reps: u32,
-    ) -> Result<CopySamples, DoctorError> {
+    fn copy(&self, from: Loc, to: Loc, bytes: u64, reps: u32) -> Result<CopySamples, DoctorError> {
         let gbps = match (from, to) {
-            (Endpoint::Gpu(_), Endpoint::Gpu(_)) => self.peer_gbps,
+            (Loc::Gpu(_), Loc::Gpu(_)) => self.peer_gbps,
             _ => self.host_gbps,
         };
         Ok(CopySamples {

@@ -12,7 +12,7 @@
 //! runs true GPUDirect Storage (the planner or a cuFile setup failure falling back to the
 //! staged pipeline) fails with [`Error::Strict`] and the reason instead.
 
-use gdx_storage::{CufileStatus, Endpoint, StorageError, StoragePath};
+use gdx_storage::{CufileStatus, MemoryEnd, StorageError, StoragePath};
 use gdx_sys::cufile::CufileMode;
 
 pub use gdx_storage::{CopyOptions as FileOptions, FileRange, PathChoice as FilePath};
@@ -79,31 +79,31 @@ pub(crate) fn plan_inner(
     opts: &FileOptions,
     policy: &Policy,
 ) -> Result<FilePlan> {
-    let endpoint = match memory {
-        Location::Gpu(_) => Endpoint::Gpu,
-        Location::Host | Location::PinnedHost => Endpoint::Host,
+    let end = match memory {
+        Location::Gpu(_) => MemoryEnd::Gpu,
+        Location::Host | Location::PinnedHost => MemoryEnd::Host,
         Location::File => {
             return Err(Error::InvalidArgument(
                 "a file-to-file copy has no memory side".to_string(),
             ))
         }
     };
-    let status = match (endpoint, opts.path) {
-        (Endpoint::Gpu, FilePath::Auto | FilePath::Gds) => gdx_storage::cufile_status().0,
+    let status = match (end, opts.path) {
+        (MemoryEnd::Gpu, FilePath::Auto | FilePath::Gds) => gdx_storage::cufile_status().0,
         _ => CufileStatus::NotNeeded,
     };
-    decide(memory, endpoint, &status, opts, policy)
+    decide(memory, end, &status, opts, policy)
 }
 
 /// [`plan_inner`] given cuFile's status (pure, for tests).
 fn decide(
     memory: Location,
-    endpoint: Endpoint,
+    end: MemoryEnd,
     status: &CufileStatus,
     opts: &FileOptions,
     policy: &Policy,
 ) -> Result<FilePlan> {
-    let p = gdx_storage::plan(opts.path, endpoint, status).map_err(storage_err)?;
+    let p = gdx_storage::plan(opts.path, end, status).map_err(storage_err)?;
     let true_gds = matches!(status, CufileStatus::Available(CufileMode::Gds { .. }));
     if policy.strict && true_gds && opts.path == FilePath::Auto && p.path != StoragePath::Gds {
         return Err(Error::Strict(format!(
@@ -234,11 +234,11 @@ mod tests {
     #[test]
     fn true_gds_plans_gds_and_strict_pins_it() {
         let gpu = Location::Gpu(0);
-        let p = decide(gpu, Endpoint::Gpu, &gds(), &auto(), &Policy::default()).unwrap();
+        let p = decide(gpu, MemoryEnd::Gpu, &gds(), &auto(), &Policy::default()).unwrap();
         assert_eq!(p.plan.path, Path::Gds);
         assert!(!p.must_gds);
         assert_eq!(p.opts.path, FilePath::Auto);
-        let s = decide(gpu, Endpoint::Gpu, &gds(), &auto(), &Policy::strict()).unwrap();
+        let s = decide(gpu, MemoryEnd::Gpu, &gds(), &auto(), &Policy::strict()).unwrap();
         assert_eq!(s.plan.path, Path::Gds);
         assert!(s.must_gds);
         assert_eq!(
@@ -255,7 +255,7 @@ mod tests {
             compat(),
             CufileStatus::Unavailable("libcufile.so.0 missing".into()),
         ] {
-            let p = decide(gpu, Endpoint::Gpu, &st, &auto(), &Policy::strict()).unwrap();
+            let p = decide(gpu, MemoryEnd::Gpu, &st, &auto(), &Policy::strict()).unwrap();
             assert_eq!(p.plan.path, Path::FileStaged, "{}", p.plan);
             assert!(!p.must_gds);
         }
@@ -265,7 +265,7 @@ mod tests {
     fn strict_refuses_a_fallback_from_true_gds() {
         let fp = decide(
             Location::Gpu(0),
-            Endpoint::Gpu,
+            MemoryEnd::Gpu,
             &gds(),
             &auto(),
             &Policy::strict(),
@@ -294,7 +294,7 @@ mod tests {
         // Not strict: the report's path is the plan.
         let lax = decide(
             Location::Gpu(0),
-            Endpoint::Gpu,
+            MemoryEnd::Gpu,
             &gds(),
             &auto(),
             &Policy::default(),

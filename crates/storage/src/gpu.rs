@@ -12,7 +12,7 @@ use crate::align::Piece;
 use crate::fileio::FileIo;
 use crate::gds::{self, GdsError};
 use crate::host::{dest_len, report, resolve, wants_direct, Staged};
-use crate::plan::{cufile_status, cufile_status_for_auto, plan, CufileStatus, Endpoint};
+use crate::plan::{cufile_status, cufile_status_for_auto, plan, CufileStatus, MemoryEnd};
 use crate::residency::{plan_read, ReadPlan};
 use crate::{
     pipeline, CopyOptions, CopyReport, Direction, FileRange, PathChoice, StorageError, StoragePath,
@@ -64,9 +64,9 @@ fn plan_gpu(
         _ => CufileStatus::NotNeeded,
     };
     let p = match read_src {
-        Some(src) => plan_read(src, opts.path, Endpoint::Gpu, status)?,
+        Some(src) => plan_read(src, opts.path, MemoryEnd::Gpu, status)?,
         None => {
-            let p = plan(opts.path, Endpoint::Gpu, &status())?;
+            let p = plan(opts.path, MemoryEnd::Gpu, &status())?;
             ReadPlan {
                 path: p.path,
                 reason: p.reason,

@@ -6,7 +6,7 @@
 
 use crate::align::{self, AlignedBuf, Geometry};
 use crate::fileio::FileIo;
-use crate::plan::{plan, CufileStatus, Endpoint};
+use crate::plan::{plan, CufileStatus, MemoryEnd};
 use crate::residency::plan_read;
 use crate::{pipeline, CopyOptions, CopyReport, Direction, FileRange, StorageError, StoragePath};
 use gdx_sys::bytesize::human_bytes;
@@ -171,7 +171,7 @@ fn read_with(
     mut sink: impl FnMut(u64, &[u8]) -> Result<(), StorageError>,
 ) -> Result<CopyReport, StorageError> {
     opts.validate()?;
-    let plan = plan_read(src, opts.path, Endpoint::Host, || CufileStatus::NotNeeded)?;
+    let plan = plan_read(src, opts.path, MemoryEnd::Host, || CufileStatus::NotNeeded)?;
     let mut io = FileIo::open_read(&src.path, wants_direct(plan.path))?;
     io.set_residency(plan.residency.clone());
     let (offset, len) = resolve(src, io.size_at_open())?;
@@ -261,7 +261,7 @@ pub fn copy_slices_to_file(
     opts.validate()?;
     let total = parts.iter().map(|p| p.len() as u64).sum();
     let len = dest_len(dst, total)?;
-    let plan = plan(opts.path, Endpoint::Host, &CufileStatus::NotNeeded)?;
+    let plan = plan(opts.path, MemoryEnd::Host, &CufileStatus::NotNeeded)?;
     let io = FileIo::open_write(&dst.path, wants_direct(plan.path))?;
     if opts.truncate {
         io.set_len(dst.offset)?;

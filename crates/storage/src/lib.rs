@@ -48,7 +48,7 @@ use gdx_sys::bytesize::human_bytes;
 pub use gpu::{copy_file_to_gpu, copy_gpu_to_file};
 pub use host::{copy_file_to_host, copy_host_to_file, copy_slices_to_file, read_file};
 pub use plan::{
-    cufile_status, cufile_status_for_auto, keep_cufile_open, plan, CufileStatus, Endpoint, Plan,
+    cufile_status, cufile_status_for_auto, keep_cufile_open, plan, CufileStatus, MemoryEnd, Plan,
 };
 pub use residency::{evict, residency, Residency};
 pub use verify::{checksum_bytes, checksum_file, checksum_gpu, Checksum};

@@ -16,9 +16,10 @@ use gdx_sys::cufile::{Cufile, CufileMode, Driver};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-/// The memory side of a copy.
+/// The memory end of a copy between a file and memory (not an "endpoint": that word is a
+/// transport's own, `docs/architecture.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
+pub enum MemoryEnd {
     /// GPU memory.
     Gpu,
     /// Host memory.
@@ -101,14 +102,14 @@ pub fn cufile_status_for_auto() -> (CufileStatus, Option<Driver>) {
     cufile_status()
 }
 
-/// Choose the path for a copy between a file and `endpoint` memory (see the module docs).
+/// Choose the path for a copy between a file and `memory` (see the module docs).
 pub fn plan(
     choice: PathChoice,
-    endpoint: Endpoint,
+    memory: MemoryEnd,
     cufile: &CufileStatus,
 ) -> Result<Plan, StorageError> {
     let plan = |path, reason: String| Ok(Plan { path, reason });
-    match (choice, endpoint) {
+    match (choice, memory) {
         (PathChoice::Buffered, _) => plan(
             StoragePath::Buffered,
             "buffered I/O through the page cache was asked for".to_string(),
@@ -117,16 +118,16 @@ pub fn plan(
             StoragePath::FileStaged,
             "the O_DIRECT staged pipeline was asked for".to_string(),
         ),
-        (PathChoice::Gds, Endpoint::Host) => Err(StorageError::PathUnavailable {
+        (PathChoice::Gds, MemoryEnd::Host) => Err(StorageError::PathUnavailable {
             path: StoragePath::Gds,
             reason: "cuFile moves GPU memory; host memory takes file-staged or buffered"
                 .to_string(),
         }),
-        (PathChoice::Auto, Endpoint::Host) => plan(
+        (PathChoice::Auto, MemoryEnd::Host) => plan(
             StoragePath::FileStaged,
             "host memory: the O_DIRECT staged pipeline without the GPU step".to_string(),
         ),
-        (PathChoice::Gds, Endpoint::Gpu) => match cufile {
+        (PathChoice::Gds, MemoryEnd::Gpu) => match cufile {
             CufileStatus::Available(mode) => plan(
                 StoragePath::Gds,
                 format!("cuFile was asked for; it runs {mode}"),
@@ -140,7 +141,7 @@ pub fn plan(
                 reason: "cuFile was not loaded".to_string(),
             }),
         },
-        (PathChoice::Auto, Endpoint::Gpu) => match cufile {
+        (PathChoice::Auto, MemoryEnd::Gpu) => match cufile {
             CufileStatus::Available(mode @ CufileMode::Gds { .. }) => {
                 plan(StoragePath::Gds, format!("cuFile runs {mode}"))
             }
@@ -182,7 +183,7 @@ mod tests {
 
     #[test]
     fn auto_takes_gds_only_when_cufile_runs_true_gds() {
-        let p = plan(PathChoice::Auto, Endpoint::Gpu, &gds()).unwrap();
+        let p = plan(PathChoice::Auto, MemoryEnd::Gpu, &gds()).unwrap();
         assert_eq!(p.path, StoragePath::Gds);
         assert!(
             p.reason.contains("true GPUDirect Storage (nvidia-fs 2.17)"),
@@ -190,7 +191,7 @@ mod tests {
             p.reason
         );
 
-        let p = plan(PathChoice::Auto, Endpoint::Gpu, &compat()).unwrap();
+        let p = plan(PathChoice::Auto, MemoryEnd::Gpu, &compat()).unwrap();
         assert_eq!(p.path, StoragePath::FileStaged);
         assert!(p.reason.contains("compatibility mode"), "{}", p.reason);
         assert!(
@@ -200,7 +201,7 @@ mod tests {
         );
 
         let missing = CufileStatus::Unavailable("libcufile.so.0 unavailable: not found".into());
-        let p = plan(PathChoice::Auto, Endpoint::Gpu, &missing).unwrap();
+        let p = plan(PathChoice::Auto, MemoryEnd::Gpu, &missing).unwrap();
         assert_eq!(p.path, StoragePath::FileStaged);
         assert!(
             p.reason.contains("libcufile.so.0 unavailable"),
@@ -211,28 +212,28 @@ mod tests {
 
     #[test]
     fn asking_for_gds_runs_it_in_either_mode_or_fails_with_the_reason() {
-        let p = plan(PathChoice::Gds, Endpoint::Gpu, &compat()).unwrap();
+        let p = plan(PathChoice::Gds, MemoryEnd::Gpu, &compat()).unwrap();
         assert_eq!(p.path, StoragePath::Gds);
         assert!(p.reason.contains("compatibility mode"), "{}", p.reason);
         let missing = CufileStatus::Unavailable("libcufile.so.0 unavailable: not found".into());
-        let e = plan(PathChoice::Gds, Endpoint::Gpu, &missing).unwrap_err();
+        let e = plan(PathChoice::Gds, MemoryEnd::Gpu, &missing).unwrap_err();
         assert_eq!(
             e.to_string(),
             "the gds path is unavailable: libcufile.so.0 unavailable: not found"
         );
-        let e = plan(PathChoice::Gds, Endpoint::Host, &gds()).unwrap_err();
+        let e = plan(PathChoice::Gds, MemoryEnd::Host, &gds()).unwrap_err();
         assert!(e.to_string().contains("cuFile moves GPU memory"), "{e}");
     }
 
     #[test]
     fn host_memory_and_explicit_choices() {
         let none = CufileStatus::NotNeeded;
-        let p = plan(PathChoice::Auto, Endpoint::Host, &none).unwrap();
+        let p = plan(PathChoice::Auto, MemoryEnd::Host, &none).unwrap();
         assert_eq!(p.path, StoragePath::FileStaged);
-        let p = plan(PathChoice::Buffered, Endpoint::Gpu, &gds()).unwrap();
+        let p = plan(PathChoice::Buffered, MemoryEnd::Gpu, &gds()).unwrap();
         assert_eq!(p.path, StoragePath::Buffered);
         assert!(p.reason.contains("asked for"));
-        let p = plan(PathChoice::FileStaged, Endpoint::Gpu, &gds()).unwrap();
+        let p = plan(PathChoice::FileStaged, MemoryEnd::Gpu, &gds()).unwrap();
         assert_eq!(p.path, StoragePath::FileStaged);
     }
 

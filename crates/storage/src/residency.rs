@@ -18,7 +18,7 @@
 //! between the two ways, never changes what is read.
 
 use crate::host::resolve;
-use crate::plan::{plan, CufileStatus, Endpoint};
+use crate::plan::{plan, CufileStatus, MemoryEnd};
 use crate::{FileRange, PathChoice, StorageError, StoragePath};
 use gdx_sys::bytesize::human_bytes;
 use std::fs::File;
@@ -142,18 +142,18 @@ pub(crate) struct ReadPlan {
     pub(crate) residency: Option<Residency>,
 }
 
-/// Plan a read of `src` into `endpoint` memory (see the module docs): [`plan`] for an explicit
+/// Plan a read of `src` into `memory` (see the module docs): [`plan`] for an explicit
 /// choice, the page cache's residency first for [`PathChoice::Auto`]. `cufile` is called (at
 /// most once) only when the plan depends on it: an explicit choice, or an `auto` read of a
 /// range with nothing in the page cache (or whose residency is unknown).
 pub(crate) fn plan_read(
     src: &FileRange,
     choice: PathChoice,
-    endpoint: Endpoint,
+    memory: MemoryEnd,
     cufile: impl FnOnce() -> CufileStatus,
 ) -> Result<ReadPlan, StorageError> {
     let plain = |cufile: &CufileStatus, reason: &dyn Fn(String) -> String| {
-        plan(choice, endpoint, cufile).map(|base| ReadPlan {
+        plan(choice, memory, cufile).map(|base| ReadPlan {
             path: base.path,
             reason: reason(base.reason),
             residency: None,
@@ -195,7 +195,7 @@ pub(crate) fn plan_read(
             residency: None,
         });
     }
-    let passed_over = if endpoint == Endpoint::Gpu {
+    let passed_over = if memory == MemoryEnd::Gpu {
         " (cuFile not consulted: it would read the cached part from the disk again)"
     } else {
         ""
@@ -251,7 +251,7 @@ mod tests {
         let p = plan_read(
             &FileRange::whole("/nonexistent/gdx"),
             PathChoice::FileStaged,
-            Endpoint::Host,
+            MemoryEnd::Host,
             || CufileStatus::NotNeeded,
         )
         .unwrap();
@@ -270,7 +270,7 @@ mod tests {
         let plan = plan_read(
             &FileRange::whole(&p),
             PathChoice::Auto,
-            Endpoint::Host,
+            MemoryEnd::Host,
             || CufileStatus::NotNeeded,
         )
         .unwrap();
@@ -300,7 +300,7 @@ mod tests {
         let plan = plan_read(
             &FileRange::new(&p, 100, 5 * 4096),
             PathChoice::Auto,
-            Endpoint::Gpu,
+            MemoryEnd::Gpu,
             status,
         )
         .unwrap();
@@ -310,7 +310,7 @@ mod tests {
         let plan = plan_read(
             &FileRange::whole(&p),
             PathChoice::Gds,
-            Endpoint::Gpu,
+            MemoryEnd::Gpu,
             status,
         )
         .unwrap();
@@ -320,7 +320,7 @@ mod tests {
         let plan = plan_read(
             &FileRange::new(&p, 9 * 4096, 0),
             PathChoice::Auto,
-            Endpoint::Gpu,
+            MemoryEnd::Gpu,
             status,
         )
         .unwrap();
