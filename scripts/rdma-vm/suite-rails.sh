@@ -23,6 +23,24 @@ echo "=== rails benchmark: two equal rate-limited rails against one ==="
 # The test harness prints its "test NAME ... " before the line, on the same line.
 grep -o 'rails-bench one=.*' /tmp/rails-bench.txt || { cat /tmp/rails-bench.txt; fail "no rails-bench line"; }
 
+echo "=== gdx bench: the engine's rdma case on the rails --nics names ==="
+"$GDX" bench --path host_to_remote_rdma --peer "$GDX_VM_PEER_IP:7447" --nics rxe0,rxe1 \
+  --size 8MiB --json >/tmp/bench-rails.json 2>/tmp/bench-rails.err \
+  || { tail -5 /tmp/bench-rails.err; fail "gdx bench --nics rxe0,rxe1"; }
+python3 - <<'PY' || fail "bench rows without both rails"
+import json
+r = json.load(open("/tmp/bench-rails.json"))
+rows = [x for x in r["results"] if x["key"] == "host_to_remote_rdma"]
+assert rows, r["cases"]
+for x in rows:
+    assert x.get("verified") is True, x
+    rails = x.get("rails") or []
+    assert [y["local"] for y in rails] == ["rxe0", "rxe1"], rails
+    assert all(y["bytes"] > 0 for y in rails), rails
+    print(f'{x["key"]} {x["size_bytes"]} B {x["bw_gbps"]:.4f} GB/s rails ' +
+          ", ".join(f'{y["local"]}->{y["remote"]} {y["bytes"]} B {y["state"]}' for y in rails))
+PY
+
 echo "=== rdma rails over two wires ==="
 "$ENGINE_RAILS" --ignored --exact rails_over_two_wires --nocapture --test-threads=1 \
   || fail "rails_over_two_wires"

@@ -338,8 +338,8 @@ mod tests {
             .collect()
     }
 
-    /// The engine's rdma case: opt-in, and waived here with the reason (no RDMA device); with
-    /// `--peer` alone (the raw rdma cases' server) it is waived, naming the two flags.
+    /// The engine's rdma case: opt-in, not one of the raw verbs cases, and waived here with the
+    /// reason (no RDMA device). The VM suites run it (`scripts/rdma-vm/suite-*.sh`).
     #[test]
     fn the_engine_rdma_case_is_opt_in_and_says_why_it_is_waived() {
         let rdma: Vec<_> = cases()
@@ -349,6 +349,7 @@ mod tests {
         assert_eq!(rdma.len(), 1);
         assert_eq!(rdma[0].spec().key, "host_to_host_rdma");
         assert!(rdma[0].opt_in());
+        assert!(!crate::rdma::is_raw(rdma[0].spec()));
         let w = rdma[0].applicable(&Ctx::without_devices()).unwrap_err();
         assert!(w.reason.contains("RDMA cases disabled"), "{w}");
         let remote = cases_for(Some("10.0.0.2:7447"), "bench")

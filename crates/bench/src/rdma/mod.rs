@@ -204,6 +204,13 @@ impl BenchCase for RdmaCase {
     }
 }
 
+/// Whether `spec` is one of the raw verbs cases below (against a `gdx serve --rdma-listen`
+/// server), not the engine's rdma case (`crate::host`, against a `gdx serve` agent).
+pub fn is_raw(spec: &CaseSpec) -> bool {
+    spec.path == PathKind::Rdma
+        && (spec.key.ends_with("_rdma_write") || spec.key.ends_with("_rdma_read"))
+}
+
 /// The rdma cases against `peer` (a `gdx serve --rdma-listen` address; a loopback server when
 /// `None`): WRITE and READ between host or each of `gpus` GPUs here and host or GPU 0 memory
 /// there.
@@ -282,7 +289,7 @@ mod tests {
         }
         assert!(c
             .iter()
-            .all(|c| c.opt_in() && c.spec().path == PathKind::Rdma));
+            .all(|c| c.opt_in() && c.spec().path == PathKind::Rdma && is_raw(c.spec())));
         let read = c
             .iter()
             .find(|c| c.spec().key == "remote_gpu0_to_host_rdma_read")

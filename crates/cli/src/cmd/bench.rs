@@ -452,8 +452,12 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
              theirs with --rdma-peer HOST:PORT (gdx serve --rdma-listen), or run them separately"
         );
     }
-    if path_in(&[gdx_bench::PathKind::Rdma]) {
+    if cases.iter().any(|c| gdx_bench::rdma::is_raw(c.spec())) {
         ctx.notes.push(gdx_bench::rdma::METHOD_NOTE.into());
+    } else if args.rdma_peer.is_none() {
+        // No raw rdma case runs: --peer is the agent's address only, which the engine's rdma
+        // case then uses (it is waived while --peer also names the raw cases' server).
+        ctx.rdma_peer = None;
     }
     if args.min_samples > args.max_samples {
         bail!(
