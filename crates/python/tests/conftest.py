@@ -10,6 +10,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -92,6 +93,26 @@ class Peer:
     def kill(self, sig=signal.SIGKILL):
         if self.proc.poll() is None:
             os.kill(self.proc.pid, sig)
+
+    def stop(self):
+        """SIGSTOP the peer and return once every thread of it has stopped: the signal is
+        delivered asynchronously, and a thread running on another core (the shm ring's) could
+        still serve a request in the meantime."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        tasks = f"/proc/{self.proc.pid}/task"
+        deadline = time.monotonic() + 10
+        while True:
+            states = []
+            for t in os.listdir(tasks):
+                try:
+                    with open(f"{tasks}/{t}/stat") as f:
+                        states.append(f.read().rsplit(")", 1)[1].split()[0])
+                except FileNotFoundError:  # a thread that ended meanwhile
+                    pass
+            if states and all(st in "tT" for st in states):
+                return
+            assert time.monotonic() < deadline, f"peer {self.proc.pid} did not stop: {states}"
+            time.sleep(0.001)
 
     def close(self):
         if self.proc.poll() is None:

@@ -100,7 +100,7 @@ def test_peer_stopped_then_killed_mid_wait(agent, peer):
     p = agent.connect(peer.address, timeout=10)
     rd = p.region("kv")
     src = agent.register(np.ones(1 << 20, np.uint8), access="none")
-    peer.kill(signal.SIGSTOP)  # it cannot answer: the transfer stays pending
+    peer.stop()  # it cannot answer: the transfer stays pending
     h = p.write([(src, 0, rd, 0, 1 << 20)], notify=b"x")
     with pytest.raises(gdx.Timeout):
         h.wait(timeout=0.3)
@@ -154,7 +154,7 @@ def test_bad_arguments_are_gdx_errors(agent):
 
 
 def test_connect_to_a_stopped_peer_times_out(agent, peer):
-    peer.kill(signal.SIGSTOP)  # the kernel still accepts the connection; nobody answers the handshake
+    peer.stop()  # the kernel still accepts the connection; nobody answers the handshake
     with pytest.raises(gdx.Timeout):
         agent.connect(peer.address, timeout=0.5)
 
@@ -167,7 +167,7 @@ def test_ctrl_c_interrupts_a_transfer_wait(agent, peer):
     # submitting thread itself (the latency fast path), and then the wait has nothing to wait for.
     n = 64 << 10
     src = agent.register(np.ones(n, np.uint8), access="none")
-    peer.kill(signal.SIGSTOP)
+    peer.stop()
     h = p.write([(src, 0, rd, 0, n)], notify=b"x")
     t = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
     t.start()
