@@ -4,6 +4,30 @@
 //! per-chunk ack sent after the payload landed; shm: the end-of-batch reply). A transfer is
 //! `Completed` only when every op is, and its notification (if any) was delivered. Anything else ends
 //! as `Failed { reason }`, the first error seen.
+//!
+//! # The completion state machine (one, for every transport)
+//!
+//! The state is [`XferState`]; its progress (each op's state, chunks left, the first error) sits
+//! under one lock, and every transition below takes it once.
+//!
+//! - An op starts `PENDING` with one chunk (`set_chunks` cuts it into more: tcp's chunks; rdma
+//!   confirms an op once all its rail pieces landed, as one chunk).
+//! - `chunk_done(i, bytes, Ok)`: one chunk confirmed; the op becomes `COMPLETED` with its last.
+//!   `ops_done` does the same for whole single-chunk ops in one update.
+//! - `chunk_done(i, _, Err(e))`: the op becomes `FAILED`; `fail_pending(e)`: every op still
+//!   pending does (peer lost, timeout); the first error is kept as the transfer's reason.
+//! - `fail_transfer(e)`: the transfer fails without changing an op (its notification was lost).
+//! - `finish` (or `finish_with`, the last ops and the end in one update): the transfer ends. An op
+//!   still pending then was never confirmed and fails; the counters are fed once; waiters wake.
+//!   Nothing moves a state after this.
+//!
+//! Who drives it: a transport ([`crate::transport::Transport`]) takes the state at submit and
+//! calls the transitions from its own thread (tcp's stream threads, shm's worker, rdma's
+//! completion thread), ending with `transport::notify_and_finish` when the transfer carries a
+//! notification. A transport that completes some transfers on request instead (the shm ring's
+//! inline slots, posted by the submitting thread) also gives the peer a [`Drive`]: a waiter
+//! polls it before sleeping and `park`s it when it is about to, so the completion needs no
+//! thread hand-off on the fast path and still happens when nobody waits.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
