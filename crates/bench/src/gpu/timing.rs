@@ -4,9 +4,9 @@
 //! latency.
 //!
 //! - **Bandwidth** ([`event_batches`]): per sample, each stream is held
-//!   ([`gdx_sys::cuda::Stream::hold`]), the timer's start events are recorded, a batch of `b` copies and an
-//!   end event are queued, the holds are released and the streams synchronised; the sample is
-//!   the slowest stream's event time divided by `b`. `b` is sized from a trial batch so a
+//!   ([`gdx_sys::cuda::Stream::hold`]), the timer's start events are recorded, a batch of `b`
+//!   copies and its end events are queued, the holds are released and the streams
+//!   synchronised; the sample is the slowest stream's event time divided by `b`. `b` is sized from a trial batch so a
 //!   batch lasts about [`BATCH_TARGET`] (at most [`MAX_BATCH`] copies, so the queue never
 //!   fills behind a hold). Enqueue cost is thus excluded and launch gaps are not measured.
 //! - **Latency** ([`latency`]): host wall time of one copy enqueued and synchronised.

@@ -7,9 +7,6 @@ use std::time::{Duration, Instant};
 use super::{OpResults, Status, TransferReport, XferState};
 use crate::error::{Error, Result};
 
-/// How long [`TransferHandle::wait`] spins (yielding) before it sleeps.
-const WAIT_SPIN: Duration = crate::spin::TRANSFER_WAIT_SPIN;
-
 /// The handle [`crate::Peer::submit`] returns. Cheap to clone; dropping it does not cancel.
 #[derive(Debug, Clone)]
 pub struct TransferHandle {
@@ -74,7 +71,7 @@ impl TransferHandle {
     pub fn wait(&self, timeout: Duration) -> Result<TransferReport> {
         // A small transfer ends within a round trip: catching that by spinning saves the
         // condition variable's sleep and wake-up, which would cost more than the round trip.
-        let spin = WAIT_SPIN.min(timeout);
+        let spin = crate::spin::TRANSFER_WAIT_SPIN.min(timeout);
         let drive = self.state.drive();
         let ended = crate::ring::spin_until(spin, || {
             if let Some(d) = drive {

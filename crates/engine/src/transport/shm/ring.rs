@@ -24,7 +24,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::ring_client::NO_SLOT;
 pub(super) use super::ring_client::{Done, Driver, RingClient, Skip};
@@ -35,10 +34,6 @@ use crate::ring::{self, DONE, INLINE_MAX, KIND_BEGIN, KIND_INLINE, MAX_RING_OPS}
 use crate::routing::plan::Path;
 use crate::transfer::{NewTransfer, OpKind, OpRef, XferState};
 use crate::wire::ShmOp;
-
-/// How long the submitting thread waits for the next slot before the worker thread takes the
-/// transfer (`spin::SHM_SUBMIT_SPIN`).
-const SUBMIT_SPIN: Duration = crate::spin::SHM_SUBMIT_SPIN;
 
 /// Whether `xfer` may be posted by the submitting thread and left in flight (`Worker::post`
 /// decides: one slot, every op inline or every op leased with `BEGIN`): at most one slot's ops,
@@ -176,7 +171,7 @@ impl Worker {
 
     /// Posts `xfer` (`may_post`) into the next slot and leaves it in flight, completing (into
     /// `done`) the answered slots before it when it must (`slot_ready`); waits at most
-    /// `SUBMIT_SPIN` for a slot.
+    /// `spin::SHM_SUBMIT_SPIN` for a slot.
     /// `Ok(None)`: nothing was started (no slot came free, or the transfer needs more than one
     /// slot or mixes inline and leased ops).
     fn post(&mut self, xfer: &XferState, done: &mut Done) -> Result<Option<Started>> {
@@ -190,8 +185,8 @@ impl Worker {
     }
 
     /// Whether the next slot is free, after completing (into `done`) the answered slots
-    /// before it for at most `SUBMIT_SPIN` (at once when it is free and the oldest in flight is
-    /// inline).
+    /// before it for at most `spin::SHM_SUBMIT_SPIN` (at once when it is free and the oldest in
+    /// flight is inline).
     fn slot_ready(&mut self, done: &mut Done) -> Result<bool> {
         // With the next slot free, answered inline slots are left to whoever waits: the target
         // has moved their bytes, and reading the oldest one's state here would fetch a line the
@@ -202,7 +197,7 @@ impl Worker {
             return Ok(true);
         }
         let mut err = None;
-        ring::spin_until(SUBMIT_SPIN, || {
+        ring::spin_until(crate::spin::SHM_SUBMIT_SPIN, || {
             if let Err(e) = self.reap(false, done) {
                 err = Some(e);
                 return true;

@@ -34,8 +34,6 @@ impl std::ops::Deref for Front {
 /// `RingClient::front` when nothing is in flight.
 pub(super) const NO_SLOT: u32 = u32::MAX;
 
-/// How long the initiator spins on a slot before it sleeps on its futex.
-const SPIN: Duration = crate::spin::RING_SLOT_SPIN;
 /// The initiator's ring state: the mapping and the next sequence number.
 #[derive(Debug)]
 pub(super) struct RingClient {
@@ -78,7 +76,9 @@ impl RingClient {
     /// Waits until `slot` is in state `want`.
     pub(super) fn wait_state(&self, slot: usize, want: u32) -> Result<()> {
         let st = self.ring.state(slot);
-        if ring::spin_until(SPIN, || st.load(Ordering::Acquire) == want) {
+        if ring::spin_until(crate::spin::RING_SLOT_SPIN, || {
+            st.load(Ordering::Acquire) == want
+        }) {
             return Ok(());
         }
         let deadline = Instant::now() + self.wait;

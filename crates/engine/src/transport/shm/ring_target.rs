@@ -25,8 +25,6 @@ use crate::transport::Serving;
 const SPIN: Duration = ring::TARGET_SPIN;
 /// Longest sleep between checks of the stop flag.
 const SLEEP: Duration = Duration::from_millis(100);
-/// Idle polls between two reads of the clock (and yields).
-const CLOCK_EVERY: u32 = crate::spin::CLOCK_EVERY;
 /// Requests served between two updates of the last-active stamp while the ring stays busy.
 const STAMP_EVERY: u32 = 256;
 
@@ -103,7 +101,8 @@ fn serve<S: Serving>(
     // Slots of `held` in use (`BEGIN` answered, `END` not seen yet).
     let mut held_slots = 0usize;
     // When the ring went idle (`None` while it carries requests), and polls since the clock
-    // was last read: the clock is read every `CLOCK_EVERY` polls, not per poll or per request.
+    // was last read: the clock is read every `spin::CLOCK_EVERY` polls, not per poll or per
+    // request.
     let mut idle_since: Option<Instant> = None;
     let mut polls = 0u32;
     // Whether this core is shared, and a move off it when it stays so (`spin::CoreWatch`).
@@ -174,7 +173,7 @@ fn serve<S: Serving>(
         // Poll, yielding now and then (a core may be shared): a yield or a clock read per
         // poll would add to the time it takes to see the next request.
         polls = polls.wrapping_add(1);
-        if !polls.is_multiple_of(CLOCK_EVERY) {
+        if !polls.is_multiple_of(crate::spin::CLOCK_EVERY) {
             std::hint::spin_loop();
             continue;
         }

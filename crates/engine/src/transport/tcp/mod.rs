@@ -18,7 +18,7 @@
 //!
 //! Latency path: a small transfer of host memory (at most [`FAST_BYTES`] and [`WINDOW`] chunks) on
 //! an idle stream is written by the submitting thread itself, under the stream's lock, which then
-//! polls for the replies for at most [`SUBMIT_SPIN`] and completes the ops itself: one
+//! polls for the replies for at most `spin::TCP_SUBMIT_SPIN` and completes the ops itself: one
 //! request/ack on the established stream, no thread between the bytes and the completion. Replies
 //! not there by then (a stalled peer), and the notification, go to the stream's thread. Anything
 //! larger, or a stream with work queued, goes through the stream's thread as before.
@@ -55,10 +55,6 @@ const WINDOW: usize = 16;
 /// Largest transfer (all its bytes) the submitting thread writes itself. Far below a socket's
 /// buffer, so on an idle stream the write never waits for the peer, even a stalled one.
 const FAST_BYTES: u64 = 64 << 10;
-
-/// How long the submitting thread polls for the replies of what it wrote before it leaves them
-/// to the stream's thread (`spin::TCP_SUBMIT_SPIN`).
-const SUBMIT_SPIN: Duration = crate::spin::TCP_SUBMIT_SPIN;
 
 /// Smallest transfer spread over every active rail; a smaller one goes to the best rail only
 /// (a rail's round trip would cost more than its share of the bytes saves).
@@ -501,7 +497,7 @@ impl TcpTransport {
             {
                 let Stream { conn, stager, .. } = &mut *st;
                 let mut staging = Staging::new(stager, 0, tally);
-                let until = Instant::now() + SUBMIT_SPIN;
+                let until = Instant::now() + crate::spin::TCP_SUBMIT_SPIN;
                 while got < sent.len() {
                     let left = until.saturating_duration_since(Instant::now());
                     if left.is_zero() || !crate::ring::spin_until(left, || conn.poll_input()) {

@@ -55,9 +55,6 @@ fn land(c: &mut Conn, stager: &Stager, q: &mut VecDeque<Landing>, keep: usize) -
     Ok(())
 }
 
-/// How long a data stream's reader polls for the next request before it blocks in the read.
-const STREAM_SPIN: std::time::Duration = crate::spin::STREAM_READ_SPIN;
-
 /// Serves an authenticated tcp data stream until it ends: writes land in the region (GPU ones
 /// through the staging pipeline, acknowledged in request order), reads are answered from it;
 /// `served` counts what moved.
@@ -78,7 +75,7 @@ pub(crate) fn serve_stream<S: Serving>(
         }
         // The next request of a busy stream usually follows within the spin: catch it
         // without sleeping in the read (the initiator polls for its ack the same way).
-        c.spin_for_input(STREAM_SPIN);
+        c.spin_for_input(crate::spin::STREAM_READ_SPIN);
         let (msg, payload) = c.recv_frame(true)?;
         // A write lands first where its reply is sent (a GPU write may itself be queued).
         if !matches!(msg, Msg::Write { .. }) {
