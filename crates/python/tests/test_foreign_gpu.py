@@ -129,7 +129,7 @@ def test_a_closed_region_leaves_no_mapping(secret):
             src = torch_src(MiB, 10)
             r = a.register(src, access="none")
             rd = p.region("buf")
-            for _ in range(3):  # the first maps it, the next ones reuse the mapping
+            for _ in range(3):  # the first maps it over the socket, the next ones ride the ring
                 res = p.write([(r, 0, rd, 0, MiB)]).wait(timeout=60)
                 assert {x.path for x in res} == {"ipc"}, res[0].reason
             assert gdx.ipc_stats()["live"] == before["live"] + 1

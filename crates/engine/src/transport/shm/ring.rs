@@ -132,6 +132,12 @@ pub(super) fn ring_class(
     if mapped && (big || op.len > INLINE_MAX) {
         return Some(KIND_BEGIN);
     }
+    // A peer's GPU memory this connection has mapped already: the target leases it through
+    // the ring (`BEGIN`) while this side copies through the mapping, as for mapped host memory;
+    // a first transfer maps it over the socket.
+    if *plan == Path::Ipc && w.imports.contains_key(&op.remote.id) {
+        return Some(KIND_BEGIN);
+    }
     if op.len <= INLINE_MAX && matches!(plan, Path::Shm | Path::ShmStaged) {
         return Some(KIND_INLINE);
     }

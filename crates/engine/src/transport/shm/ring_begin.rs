@@ -127,6 +127,44 @@ impl Worker {
         })
     }
 
+    /// The copies of a `BEGIN` slot that holds ops to a peer's GPU memory (`ipc`, copied through
+    /// its IPC mapping by `copy_ipc`) and maybe ops to mapped host memory (`copy_runs`).
+    fn copy_with_ipc(
+        &mut self,
+        xfer: &XferState,
+        batch: &[usize],
+        skip: &Skip,
+    ) -> (Vec<usize>, Option<Error>) {
+        let mut done = Vec::with_capacity(batch.len());
+        let mut mapped = Vec::new();
+        for (j, &i) in batch.iter().enumerate() {
+            if skip.get(j) {
+                continue;
+            }
+            if xfer.path(i) != Path::Ipc {
+                mapped.push(i);
+                continue;
+            }
+            if xfer.expired() {
+                xfer.chunk_done(i, 0, Err(xfer.timeout_error()));
+                continue;
+            }
+            match self.copy_ipc(xfer, i) {
+                Ok(()) => done.push(i),
+                Err(e) if e.is_fatal_for_stream() => return (done, Some(e)),
+                Err(e) => xfer.chunk_done(i, 0, Err(e)),
+            }
+        }
+        if !mapped.is_empty() {
+            let (more, fatal) = self.copy_runs(xfer, &mapped, &Skip::default());
+            done.extend(more);
+            if fatal.is_some() {
+                return (done, fatal);
+            }
+        }
+        (done, None)
+    }
+
     /// The copies of a `BEGIN` slot through the mappings: consecutive ops between the same
     /// local region and the same remote region, in the same direction, share one local lease and
     /// one mapping look-up (a batch of small ops costs its copies, not per-op bookkeeping).
@@ -224,7 +262,11 @@ impl Worker {
         mut skip: Skip,
     ) -> Result<()> {
         self.take_result(xfer, batch, slot, &mut skip)?;
-        let (done, fatal) = self.copy_runs(xfer, batch, &skip);
+        let (done, fatal) = if batch.iter().any(|&i| xfer.path(i) == Path::Ipc) {
+            self.copy_with_ipc(xfer, batch, &skip)
+        } else {
+            self.copy_runs(xfer, batch, &skip)
+        };
         self.ring_mut()?.publish(slot, END);
         if let Some(e) = fatal {
             return Err(e);

@@ -252,7 +252,7 @@ impl Worker {
     /// allocation, cached by the local peer), copied while the target holds the leases taken
     /// by `ShmBegin`: GPU to GPU, or, for a host region here, between that memory page-locked
     /// in place (once per region) and the mapped GPU memory, one copy on the copy engine.
-    fn copy_ipc(&mut self, xfer: &XferState, i: usize) -> Result<()> {
+    pub(super) fn copy_ipc(&mut self, xfer: &XferState, i: usize) -> Result<()> {
         let op = xfer.op(i);
         let peer = match op.local.device() {
             Some(dev) => dev.peer.clone(),
