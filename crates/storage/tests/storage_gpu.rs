@@ -219,18 +219,53 @@ fn auto_reports_its_choice_and_why() {
     let p = dir.path().join("f.bin");
     let data = pattern(1 << 20, seed());
     std::fs::write(&p, &data).unwrap();
-    let mut dev = poisoned(&ctx, &stream, data.len());
-    let r = copy_file_to_gpu(&FileRange::whole(&p), &mut dev, 0, &CopyOptions::default()).unwrap();
-    eprintln!("auto: {} ({})", r.path, r.reason);
-    match cufile_status().0 {
-        CufileStatus::Available(mode) if mode.is_gds() => assert_eq!(r.path, StoragePath::Gds),
-        CufileStatus::Available(_) => {
-            assert_eq!(r.path, StoragePath::FileStaged);
-            assert!(r.reason.contains("compatibility mode"), "{}", r.reason);
+    // Twice: as written (in the page cache), then after the kernel was asked to drop it. What
+    // `mincore` says just before each read decides the expected choice (the kernel may keep a
+    // page it was asked to drop).
+    for evicted in [false, true] {
+        if evicted {
+            gdx_storage::evict(&p).unwrap();
         }
-        _ => assert!(r.reason.contains("cuFile cannot run"), "{}", r.reason),
+        let cached = gdx_storage::residency(&p, 0, None)
+            .unwrap()
+            .resident_bytes();
+        let mut dev = poisoned(&ctx, &stream, data.len());
+        let r =
+            copy_file_to_gpu(&FileRange::whole(&p), &mut dev, 0, &CopyOptions::default()).unwrap();
+        eprintln!(
+            "auto (evicted {evicted}, {cached} B cached): {} ({})",
+            r.path, r.reason
+        );
+        if cached == data.len() as u64 {
+            assert_eq!(r.path, StoragePath::Buffered);
+            assert!(
+                r.reason
+                    .contains("all of the 1 MiB range is in the page cache"),
+                "{}",
+                r.reason
+            );
+        } else if cached > 0 {
+            assert_eq!(r.path, StoragePath::FileStaged);
+            assert!(
+                r.reason
+                    .contains("in the page cache (mincore): those pages"),
+                "{}",
+                r.reason
+            );
+        } else {
+            match cufile_status().0 {
+                CufileStatus::Available(mode) if mode.is_gds() => {
+                    assert_eq!(r.path, StoragePath::Gds)
+                }
+                CufileStatus::Available(_) => {
+                    assert_eq!(r.path, StoragePath::FileStaged);
+                    assert!(r.reason.contains("compatibility mode"), "{}", r.reason);
+                }
+                _ => assert!(r.reason.contains("cuFile cannot run"), "{}", r.reason),
+            }
+        }
+        assert!(read_back(&ctx, &stream, &dev) == data);
     }
-    assert!(read_back(&ctx, &stream, &dev) == data);
 }
 
 #[test]
