@@ -32,7 +32,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-pub(crate) use crate::spin::{spin_until, yield_after};
+pub(crate) use crate::spin::{spin_until, YIELD_AFTER};
 
 use crate::error::{Error, Result};
 use crate::mem::Mapping;
@@ -208,51 +208,6 @@ impl Ring {
         debug_assert!(at <= SLOT_BYTES);
         // SAFETY: the slot lies within the mapping and `at <= SLOT_BYTES`.
         unsafe { self.map.ptr().add(Self::slot_at(slot) + at) }
-    }
-
-    /// Initiator: asks this core to take the line a one-op request in `slot` writes first (its
-    /// op entry and inline data) for writing, ahead of the post. The target is done with the
-    /// slot and does not read that line until the post, so nothing bounces back, and the post
-    /// then waits for one line from the target's core (the control line, which the target
-    /// polls: fetching that one early would only bounce it), not two.
-    pub(crate) fn prefetch_for_write(&self, slot: usize) {
-        self.prefetch_line_for_write(slot, OPS_AT);
-    }
-
-    /// Initiator: asks this core to take `slot`'s control line for writing, right after it
-    /// read the slot's answer. Nobody polls that line until the slot comes round again (the
-    /// target polls the slot after the last it served, and this one it has served), so the
-    /// line stays here, and the post that reuses the slot writes it without waiting for the
-    /// other core; a window of posts then costs no cross-core fetch each, and no fence behind
-    /// the post (a lock's release, a reference count) waits for one.
-    ///
-    /// Target: the same hint right after it sees a slot `POSTED`; the answer goes into that
-    /// line, so fetching it for writing while the request runs takes the fetch off the answer.
-    pub(crate) fn prefetch_control_for_write(&self, slot: usize) {
-        self.prefetch_line_for_write(slot, 0);
-    }
-
-    /// `prefetchw` of the line holding byte `at` of `slot` (a hint: the line is fetched in the
-    /// state a store needs, and nothing waits for it).
-    fn prefetch_line_for_write(&self, slot: usize, at: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let p = self.slot_ptr(slot, at).cast_const();
-            // SAFETY: `prefetchw` reads and writes nothing and cannot fault (a hint, executed
-            // as a no-op by a CPU without it); `p` points into this ring's mapping anyway.
-            // `_mm_prefetch` with `_MM_HINT_ET0` would compile to a read prefetch unless the
-            // build enables `prfchw`, which fetches the line shared and leaves the store to
-            // wait for it.
-            unsafe {
-                std::arch::asm!(
-                    "prefetchw [{p}]",
-                    p = in(reg) p,
-                    options(nostack, preserves_flags, readonly)
-                );
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (slot, at);
     }
 
     /// Pointer to inline data byte `off` of the request of `kind` and `n_ops` ops in `slot`: in

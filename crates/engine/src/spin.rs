@@ -1,35 +1,29 @@
-//! Spinning for an answer from another thread or process: poll briefly with `pause`, then
-//! yield now and then, and notice when the core is shared with the peer (the shm ring's
-//! target thread and its initiators, the tcp submit spin, a transfer's waiter).
+//! Spinning for an answer from another thread or process (the shm ring's target thread and its
+//! initiators, the tcp submit spin, a transfer's waiter): the one wait strategy of the engine.
+//! Poll with `pause` for `YIELD_AFTER`, then yield between polls, then block (each waiter's
+//! budget is below). A paired run on a 16-core host (old and new binaries, same run) showed no
+//! win from the tuning this once had (a clock read every 64 polls, yielding sooner on a core
+//! seen shared, `prefetchw` of the ring's lines, one codegen unit for the engine), so none is
+//! kept; moving a thread off a shared core is opt-in (`GDX_LEAVE_SHARED_CORE=1`).
 
 use std::time::Duration;
 
 /// Spins until `done()` or `spin` elapsed; true when `done()` became true. The first
 /// `YIELD_AFTER` only pause between polls: an answer from a running peer arrives within that,
-/// and a `sched_yield` (a system call, most of a microsecond in a VM) taken meanwhile would
-/// delay seeing it. After that the spinner yields every `CLOCK_EVERY` polls, since the peer may be waiting
-/// for this core (this machine may have few). Once a yield showed that the core is shared
-/// (`yield_core`), this thread's spins yield after `yield_after(true)`, until a yield shows
-/// it is not.
+/// and a `sched_yield` (a system call) taken meanwhile would delay seeing it. After that the
+/// spinner yields between polls, since the peer may be waiting for this core.
 pub(crate) fn spin_until(spin: Duration, mut done: impl FnMut() -> bool) -> bool {
-    // The clock is first read after `CLOCK_EVERY` polls.
-    let mut start: Option<std::time::Instant> = None;
-    let mut i = 0u32;
+    let start = std::time::Instant::now();
     loop {
         if done() {
             return true;
         }
-        i = i.wrapping_add(1);
-        if i.is_multiple_of(CLOCK_EVERY) {
-            let now = std::time::Instant::now();
-            let t = now.duration_since(*start.get_or_insert(now));
-            if t >= spin {
-                return false;
-            }
-            if t >= yield_after(SHARED_CORE.with(std::cell::Cell::get)) {
-                let shared = yield_core(now);
-                SHARED_CORE.with(|c| c.set(shared));
-            }
+        let t = start.elapsed();
+        if t >= spin {
+            return false;
+        }
+        if t >= YIELD_AFTER {
+            std::thread::yield_now();
         } else {
             std::hint::spin_loop();
         }
@@ -61,38 +55,14 @@ pub(crate) const STREAM_READ_SPIN: Duration = Duration::from_micros(50);
 /// A transfer's waiter (`TransferHandle::wait`), yielding, before it sleeps.
 pub(crate) const TRANSFER_WAIT_SPIN: Duration = Duration::from_micros(50);
 
-/// Polls between two clock reads: an answer within them (the common case) costs no clock read
-/// at all (tens of ns each in a VM, several per transfer otherwise).
-pub(crate) const CLOCK_EVERY: u32 = 64;
-
 /// How long a spinner polls before it starts yielding its core (`spin_until`).
 pub(crate) const YIELD_AFTER: Duration = Duration::from_micros(20);
 
 /// A yield that returns this late ran another thread on this core (`yield_core`).
 const SHARED_AFTER: Duration = Duration::from_micros(5);
 
-/// How long a spinner polls before it yields: `YIELD_AFTER`, or much less while its core is
-/// `shared` (`yield_core`), where the answer comes only after a yield. Still a few µs, so that
-/// an answer already on its way (a window of transfers in flight) costs no system call.
-pub(crate) fn yield_after(shared: bool) -> Duration {
-    if shared {
-        Duration::from_micros(2)
-    } else {
-        YIELD_AFTER
-    }
-}
-
-thread_local! {
-    /// This thread's last yield came back late (`yield_core`): its spins yield from the start.
-    static SHARED_CORE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
 /// Yields this core; true when that ran another thread here for a while (`before` is a clock
-/// read just before the call). A spinner and the peer it waits for can end up on one core
-/// while the machine has no other free: the answer then comes only when the spinner yields,
-/// and a spinner that first spins `YIELD_AFTER` makes every round trip cost two of those
-/// (~50 µs). Spinners that saw a late yield yield much sooner instead (`yield_after`), and
-/// go back to the usual spin when a yield comes back at once.
+/// read just before the call): the spinner and the peer it waits for share the core.
 pub(crate) fn yield_core(before: std::time::Instant) -> bool {
     std::thread::yield_now();
     before.elapsed() >= SHARED_AFTER
@@ -117,26 +87,19 @@ fn leave_allowed() -> bool {
 }
 
 /// What a long-lived spinner (the target's ring thread) knows of its core across its idle
-/// spins: whether its last yield came back late (`yield_core`), and how many did in a row;
+/// spins: how many of its yields in a row came back late (`yield_core`);
 /// after `LATE_STREAK` of them it leaves its core (`leave_core`, at most every `LEAVE_EVERY`)
 /// where `GDX_LEAVE_SHARED_CORE=1` allows it.
 #[derive(Debug, Default)]
 pub(crate) struct CoreWatch {
-    shared: bool,
     late: u32,
     left_at: Option<std::time::Instant>,
 }
 
 impl CoreWatch {
-    /// Whether the last yield ran another thread here (for `yield_after`).
-    pub(crate) fn shared(&self) -> bool {
-        self.shared
-    }
-
     /// `yield_core` (`now` read just before), counted; leaves the core after a streak.
     pub(crate) fn yield_core(&mut self, now: std::time::Instant) {
-        self.shared = yield_core(now);
-        self.late = if self.shared { self.late + 1 } else { 0 };
+        self.late = if yield_core(now) { self.late + 1 } else { 0 };
         if self.late >= LATE_STREAK
             && leave_allowed()
             && self

@@ -124,7 +124,6 @@ impl RingClient {
     /// An answered inline slot was read: it may be reused without waiting.
     pub(super) fn consume(&mut self, slot: usize) {
         self.consumed[slot] = true;
-        self.ring.prefetch_control_for_write(slot);
     }
 
     /// Takes the next slot (waiting until the target freed it) and writes the request's op
@@ -150,8 +149,6 @@ impl RingClient {
         let slot = self.take_slot()?;
         self.ring.write_short(slot, self.seq, op, data);
         self.seq = self.seq.wrapping_add(1);
-        // No prefetch of the next slot: a short request writes only its control block, the
-        // line the target polls for the next request anyway.
         self.publish(slot, POSTED);
         Ok(slot)
     }
@@ -162,12 +159,6 @@ impl RingClient {
         self.ring.write_control(slot, self.seq, kind, n_ops, xfer);
         self.seq = self.seq.wrapping_add(1);
         self.publish(slot, POSTED);
-        // The next slot, if the target is done with it (its answer was read), is fetched for
-        // writing while this one is in flight.
-        let next = self.seq as usize % ring::SLOTS;
-        if self.consumed[next] {
-            self.ring.prefetch_for_write(next);
-        }
     }
 
     /// Publishes a slot state (`POSTED`, `END`) and rings the doorbell.

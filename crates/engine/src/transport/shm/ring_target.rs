@@ -100,12 +100,10 @@ fn serve<S: Serving>(
     let mut held_count = 0usize;
     // Slots of `held` in use (`BEGIN` answered, `END` not seen yet).
     let mut held_slots = 0usize;
-    // When the ring went idle (`None` while it carries requests), and polls since the clock
-    // was last read: the clock is read every `spin::CLOCK_EVERY` polls, not per poll or per
-    // request.
+    // When the ring went idle (`None` while it carries requests).
     let mut idle_since: Option<Instant> = None;
-    let mut polls = 0u32;
-    // Whether this core is shared, and a move off it when it stays so (`spin::CoreWatch`).
+    // Late yields in a row, and a move off a core that stays shared where that is allowed
+    // (`spin::CoreWatch`).
     let mut core = crate::spin::CoreWatch::default();
     let mut served_since_stamp = 0u32;
     let mut req = ring::Request::default();
@@ -123,10 +121,6 @@ fn serve<S: Serving>(
             if ring.state(s).load(Ordering::Acquire) != POSTED {
                 break;
             }
-            // The answer (result word, `DONE`) goes into the line just read, which the
-            // initiator also holds: taking it for writing now fetches it while the request
-            // runs, not after.
-            ring.prefetch_control_for_write(s);
             if held[s].is_some() {
                 return Err(Error::Protocol(format!(
                     "shm ring slot {s} posted again before END"
@@ -167,14 +161,6 @@ fn serve<S: Serving>(
                 served_since_stamp = 0;
                 last.store(base.elapsed().as_millis() as u64, Ordering::Relaxed);
             }
-            polls = 0;
-            continue;
-        }
-        // Poll, yielding now and then (a core may be shared): a yield or a clock read per
-        // poll would add to the time it takes to see the next request.
-        polls = polls.wrapping_add(1);
-        if !polls.is_multiple_of(crate::spin::CLOCK_EVERY) {
-            std::hint::spin_loop();
             continue;
         }
         let now = Instant::now();
@@ -184,10 +170,12 @@ fn serve<S: Serving>(
         });
         let idle = now.duration_since(since);
         if idle < SPIN {
-            // Only pause while a reply could still be on its way (see `spin::YIELD_AFTER`;
-            // sooner while this core is shared: `spin::CoreWatch`).
-            if idle >= ring::yield_after(core.shared()) {
+            // Spin while a reply could still be on its way, then yield between polls (see
+            // `spin::YIELD_AFTER`).
+            if idle >= ring::YIELD_AFTER {
                 core.yield_core(now);
+            } else {
+                std::hint::spin_loop();
             }
             continue;
         }
