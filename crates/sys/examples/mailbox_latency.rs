@@ -6,12 +6,12 @@
 //!
 //! `cargo run --release -p gdx-sys --example mailbox_latency -- [samples]` (GPU `GDX_TEST_GPU`).
 
+use gdx_base::stats::Summary;
 use gdx_sys::cuda::floor::{self, FloorStep};
 use gdx_sys::cuda::{
     Cuda, DeviceBuffer, KernelArgs, LaunchDims, Mailbox, MailboxConfig, Module, PinnedHostBuffer,
     Signal, Stream,
 };
-use gdx_sys::stats::Summary;
 use std::time::{Duration, Instant};
 
 fn report(name: &str, size: usize, v: &[Duration]) {

@@ -13,9 +13,9 @@
 //!
 //! [`libraries`] summarises all five for the headers of `gdx topo` and `gdx doctor`.
 //!
-//! [`bytesize`] is the one byte-count parser every command uses (`1GB` = 10^9, `1GiB` = 2^30);
-//! [`stats`] the one median / quantile / σ every probe and benchmark reports; [`os`] the few
-//! POSIX calls rustix (the workspace's syscall crate) lacks.
+//! [`os`] holds the few POSIX calls rustix (the workspace's syscall crate) lacks. What every
+//! crate shares and that needs no vendor library (byte sizes, the test pattern, statistics,
+//! test preconditions) is gdx-base's.
 //!
 //! # Library dependency
 //!
@@ -52,15 +52,11 @@
 
 mod loader;
 
-pub mod bytesize;
 pub mod cuda;
 pub mod cufile;
 pub mod nccl;
 pub mod nvml;
 pub mod os;
-pub mod pattern;
-pub mod stats;
-pub mod testenv;
 pub mod verbs;
 
 /// A vendor library that could not be used.
@@ -190,7 +186,7 @@ mod tests {
         // Every vendor library is opened at run time; the test binary itself must not need one.
         let exe = std::env::current_exe().unwrap();
         let out = std::process::Command::new("ldd").arg(&exe).output();
-        if !crate::testenv::precondition("ldd", out.is_ok()) {
+        if !gdx_base::testenv::precondition("ldd", out.is_ok()) {
             return;
         }
         let out = out.unwrap();

@@ -3,8 +3,8 @@
 //! API. All need a GPU: `cargo test -p gdx-sys --test cuda_mailbox_gpu -- --include-ignored`.
 //! The GPU is `GDX_TEST_GPU` (default 0). No test asserts a speed.
 
+use gdx_base::pattern::{fill_pattern, POISON};
 use gdx_sys::cuda::mailbox::{KernelState, MAX_PAYLOAD};
-use gdx_sys::cuda::probe::{fill_pattern, POISON};
 use gdx_sys::cuda::{
     Context, Cuda, CudaError, DeviceBuffer, KernelArgs, LaunchDims, Mailbox, MailboxConfig,
     MappedHostBuffer, Module, Signal, Stream, WaitCondition, Word,

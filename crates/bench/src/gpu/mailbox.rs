@@ -16,9 +16,9 @@
 //! Sizes above what one mailbox op carries ([`MAX_PAYLOAD`]) are waived per size with the
 //! reason. Without a GPU the cases are waived before anything is loaded (the PTX included).
 
+use gdx_base::pattern::{fill_pattern, POISON};
 use gdx_sys::cuda::floor::{self, FloorStep};
 use gdx_sys::cuda::mailbox::MAX_PAYLOAD;
-use gdx_sys::cuda::probe::{fill_pattern, POISON};
 use gdx_sys::cuda::{
     CudaError, DeviceBuffer, Mailbox, MailboxConfig, MappedHostBuffer, Module, PinnedHostBuffer,
     Signal, Stream, Word,

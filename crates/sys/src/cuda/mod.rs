@@ -16,8 +16,8 @@
 //! [`DeviceBuffer::export_fd`], [`DeviceBuffer::import_fd`]), `mapped` ([`MappedHostBuffer`],
 //! host memory the GPU addresses), `module` ([`Module`], [`Kernel`], [`Stream::launch`]: PTX
 //! loaded at run time), `memop` (stream memory operations: [`Stream::write_value64`],
-//! [`Stream::wait_value64`], [`Signal`]), [`mailbox`] ([`Mailbox`], the persistent-kernel path)
-//! and [`probe`] (what hardware tests share: [`probe::test_gpu`], the pattern). Device memory
+//! [`Stream::wait_value64`], [`Signal`]) and [`mailbox`] ([`Mailbox`], the persistent-kernel
+//! path). Device memory
 //! comes from `cuMemAlloc_v2`, not the stream-ordered pool (`cuMemAllocAsync`): pool memory
 //! needs `cuMemPoolSetAccess` for peer access, and without it peer copies fall back to a slow
 //! path silently (37.7 vs 395.5 GB/s on the H200 test machine).
@@ -57,7 +57,6 @@ mod mapping;
 mod memop;
 mod memory;
 mod module;
-pub mod probe;
 mod share;
 mod stream;
 mod vmm;
