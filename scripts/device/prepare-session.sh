@@ -10,7 +10,9 @@ rm -rf .devbin/tests .devbin/gdx .devbin/mailbox_child .devbin/mailbox_latency
 mkdir -p .devbin/tests
 cargo build --release -p gdx
 cp target/release/gdx .devbin/
-cargo build --release -p gdx-sys --example mailbox_child --example mailbox_latency
+# mailbox_child: the child process of gdx-sys's mailbox kill test; mailbox_latency: gdx-bench's.
+cargo build --release -p gdx-sys --example mailbox_child
+cargo build --release -p gdx-bench --example mailbox_latency
 cp target/release/examples/{mailbox_child,mailbox_latency} .devbin/
 # The test binaries whose ignored tests need the GPU (plus each crate's unit tests).
 TESTS=${TESTS:--p gdx-sys --lib --test cuda_gpu --test cuda_vmm_gpu --test cuda_mailbox_gpu \

@@ -17,12 +17,12 @@ use gdx_engine::{Access, Agent, AgentConfig, Error, Path, Secret, Transfer, Tran
 use std::io::Read;
 use std::time::Duration;
 
-/// Median and best rate of the samples (the median is gdx-sys's one median).
+/// Median and best rate of the samples (the median is gdx-base's one median).
 fn stats(bytes: u64, v: Vec<Duration>) -> (f64, f64) {
-    let s = gdx_sys::stats::sorted_secs(&v);
+    let s = gdx_base::stats::sorted_secs(&v);
     let rate = |sec: f64| bytes as f64 / sec / 1e9;
     (
-        gdx_sys::stats::quantile(&s, 0.5).map_or(f64::NAN, rate),
+        gdx_base::stats::quantile(&s, 0.5).map_or(f64::NAN, rate),
         s.first().copied().map_or(f64::NAN, rate),
     )
 }

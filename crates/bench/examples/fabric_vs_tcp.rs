@@ -28,9 +28,9 @@ fn transports(fabric: bool) -> Transports {
     }
 }
 
-/// The `q`-quantile of the samples in seconds (gdx-sys's one quantile).
+/// The `q`-quantile of the samples in seconds (gdx-base's one quantile).
 fn pct(v: &[Duration], q: f64) -> f64 {
-    gdx_sys::stats::quantile(&gdx_sys::stats::sorted_secs(v), q).unwrap_or(f64::NAN)
+    gdx_base::stats::quantile(&gdx_base::stats::sorted_secs(v), q).unwrap_or(f64::NAN)
 }
 
 fn serve(size: u64) -> Result<(), Error> {
@@ -101,7 +101,7 @@ fn main() -> Result<(), Error> {
         assert_eq!(peer.route().transport, want, "{}", peer.route().reason);
         let remote = peer.region("b")?;
         let mut src = agent.alloc(size, Access::LOCAL, None)?;
-        gdx_sys::pattern::fill_pattern(&mut src.bytes_mut().expect("host"), 31);
+        gdx_base::pattern::fill_pattern(&mut src.bytes_mut().expect("host"), 31);
         let mut times = Vec::new();
         for k in 0..=iters {
             let mut t = Transfer::new();

@@ -109,13 +109,13 @@ fn main() {
     lat.sort_by(f64::total_cmp);
     emit(
         "p2p_8B_latency_p50",
-        gdx_sys::stats::quantile(&lat, 0.5).unwrap_or(f64::NAN),
+        gdx_base::stats::quantile(&lat, 0.5).unwrap_or(f64::NAN),
         "us",
         "copy_blocking",
     );
     emit(
         "p2p_8B_latency_p99",
-        gdx_sys::stats::quantile(&lat, 0.99).unwrap_or(f64::NAN),
+        gdx_base::stats::quantile(&lat, 0.99).unwrap_or(f64::NAN),
         "us",
         "copy_blocking",
     );

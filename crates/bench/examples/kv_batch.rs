@@ -244,7 +244,7 @@ fn prefill(s: Shape) -> Result<(), Error> {
             Ok(())
         })?;
         let verified = next()?;
-        let med = gdx_sys::stats::median(&times).unwrap_or(f64::NAN);
+        let med = gdx_base::stats::median(&times).unwrap_or(f64::NAN);
         let plan = plan.ok_or_else(|| Error::Protocol("no batch ran".into()))?;
         eprintln!(
             "rust: {:.0} blocks/s, {:.2} GB/s (median of {} batches of {} x {} B), path {}; decode {verified}",

@@ -5,9 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
+use gdx_base::stats::{median, quantile};
 use gdx_bench::Timer;
 use gdx_engine::{Access, Agent, AgentConfig, Transfer, Transports};
-use gdx_sys::stats::{median, quantile};
 use std::time::Duration;
 
 fn main() {
@@ -53,7 +53,7 @@ fn main() {
     let mut local = client.alloc(len, Access::LOCAL, None).unwrap();
     // Real bytes: an untouched region reads the kernel's one zero page, which is always in
     // cache and would flatter every copy.
-    gdx_sys::pattern::fill_pattern(&mut local.bytes_mut().unwrap(), 31);
+    gdx_base::pattern::fill_pattern(&mut local.bytes_mut().unwrap(), 31);
     let mut lat = Vec::with_capacity(iters as usize);
     // The submit (or post) phase of each window alone, to split a round trip's cost.
     let mut sub = Vec::with_capacity(iters as usize);

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::render::{figure, Style};
 use crate::report::{Report, Row, Status};
-use gdx_sys::bytesize::human_bytes;
+use gdx_base::bytesize::human_bytes;
 
 /// The default threshold, percent.
 pub const DEFAULT_DROP_PCT: f64 = 10.0;

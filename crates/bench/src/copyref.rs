@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use gdx_sys::cuda::probe::fill_pattern;
+use gdx_base::pattern::fill_pattern;
 
 use crate::floors::NearFloor;
 use crate::report::Row;
@@ -108,10 +108,10 @@ pub fn beside(rows: &[&Row]) -> String {
         s.push_str(&format!(
             "{} {} batch {bw:.2} GB/s = {:.2}× single-thread memcpy of the same {} measured \
              beside it ({:.2} GB/s; {} block(s) interleaved, {:.2}–{:.2}×)\n",
-            gdx_sys::bytesize::human_bytes(r.size_bytes),
+            gdx_base::bytesize::human_bytes(r.size_bytes),
             r.path.name(),
             n.ratio,
-            gdx_sys::bytesize::human_bytes(n.bytes),
+            gdx_base::bytesize::human_bytes(n.bytes),
             n.copy_gbps,
             n.blocks,
             n.ratio_min,

@@ -88,7 +88,7 @@ impl LatencyFloors {
             {
                 continue;
             }
-            let size = gdx_sys::bytesize::human_bytes(r.size_bytes);
+            let size = gdx_base::bytesize::human_bytes(r.size_bytes);
             if let Some(n) = &r.floor_near {
                 let (what, run) = match r.path {
                     PathKind::Tcp => ("tcp", self.tcp_us),

@@ -10,7 +10,7 @@
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
-use gdx_sys::cuda::probe::fill_pattern;
+use gdx_base::pattern::fill_pattern;
 
 use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived, ROTATE_BYTES};
 use crate::error::{BenchError, Mismatch};

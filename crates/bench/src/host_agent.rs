@@ -6,10 +6,10 @@
 use std::cell::RefCell;
 use std::time::Duration;
 
+use gdx_base::pattern::fill_pattern;
 use gdx_engine::{
     Access, Agent, AgentConfig, Path, Peer, Region, RegionDesc, Transfer, Transports,
 };
-use gdx_sys::cuda::probe::fill_pattern;
 
 use super::{
     compare, fill_wall_row, prepared_slots, seed_for, slots, wall_loop_between, Warmup, NEAR_MAX,

@@ -6,7 +6,7 @@
 //! Copy protocol (nvbandwidth's, in small):
 //! 1. Allocate both ends (`cuMemAlloc_v2` and pinned memory, never the stream-ordered pool,
 //!    whose peer copies silently take a slow path); for GPU↔GPU enable peer access both ways.
-//! 2. Fill the source with the seeded pattern ([`gdx_sys::pattern`]; a GPU source through a
+//! 2. Fill the source with the seeded pattern ([`gdx_base::pattern`]; a GPU source through a
 //!    pinned staging buffer), and poison the destination.
 //! 3. On one stream (of the source GPU, or of the GPU end for host copies): one warm-up copy,
 //!    then `reps` copies, each between the timer's two events while the stream is held (when
@@ -16,15 +16,15 @@
 use std::fmt;
 use std::time::Duration;
 
+use gdx_base::pattern::{fill_pattern, find_mismatch, Mismatch, POISON};
 use gdx_sys::cuda::{
     Cuda, CudaError, DeviceBuffer, Mailbox, MailboxConfig, PinnedHostBuffer, Stream,
 };
-use gdx_sys::pattern::{fill_pattern, find_mismatch, Mismatch, POISON};
 
 use crate::timer::{wall, Timer};
 
-/// The seed the copy probe fills its source with (the one probe seed of gdx-sys).
-pub use gdx_sys::cuda::probe::SEED;
+/// The seed the copy probe fills its source with (gdx-base's one probe seed).
+pub use gdx_base::pattern::SEED;
 
 /// One end of a timed copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

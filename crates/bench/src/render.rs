@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use gdx_sys::bytesize::human_bytes;
+use gdx_base::bytesize::human_bytes;
 
 use crate::ceiling::OVER_CEILING_PCT;
 use crate::report::{CaseOutcome, Header, Report, Row, Status, WaivedGroup};

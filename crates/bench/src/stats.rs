@@ -1,5 +1,5 @@
-//! Sample statistics for rows and process CPU time: the median / quantile / σ are gdx-sys's one
-//! implementation ([`gdx_sys::stats`], re-exported here), this module fills a [`Row`]'s figures
+//! Sample statistics for rows and process CPU time: the median / quantile / σ are gdx-base's one
+//! implementation ([`gdx_base::stats`], re-exported here), this module fills a [`Row`]'s figures
 //! from raw samples, and [`CpuClock`] gives user + system time of the whole process (from
 //! `getrusage`).
 
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::report::Row;
 
-pub use gdx_sys::stats::{median, quantile, sorted_secs, Summary};
+pub use gdx_base::stats::{median, quantile, sorted_secs, Summary};
 
 /// Fill `row`'s bandwidth figures from per-transfer durations of `bytes_per_op` bytes each
 /// (median, min, max), and its latency figures from `lat` (p50, p99). `iters` is the count of

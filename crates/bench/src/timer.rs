@@ -11,7 +11,7 @@
 //!   is left out when the streams are held between start and stop (see `gpu::timing`).
 //!
 //! Either way a sample is a [`Duration`]; the median, quantiles and σ of samples are
-//! [`gdx_sys::stats`]'s, the bandwidth model is `gdx_topo::bandwidth`'s. Deadlines and budgets
+//! [`gdx_base::stats`]'s, the bandwidth model is `gdx_topo::bandwidth`'s. Deadlines and budgets
 //! (how long to keep trying) are not measurements and keep [`Instant`].
 
 use std::time::{Duration, Instant};

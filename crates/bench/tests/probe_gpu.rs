@@ -5,8 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
+use gdx_base::testenv::test_gpu;
 use gdx_bench::probe::{mailbox_round_trips, timed_copy, Loc};
-use gdx_sys::cuda::probe::test_gpu;
 use gdx_sys::cuda::Cuda;
 
 /// The other GPU for the peer pairs, or `None` (printed).
@@ -68,7 +68,7 @@ fn timed_copy_rates_report() {
             eprintln!(
                 "RATE {from} -> {to} {:>5} MiB: median {:.1} GB/s, held {}, verified {}, ms [{}]",
                 bytes >> 20,
-                gdx_sys::stats::median_rate_gbps(bytes as u64, &t.samples).unwrap_or(0.0),
+                gdx_base::stats::median_rate_gbps(bytes as u64, &t.samples).unwrap_or(0.0),
                 t.held,
                 t.mismatch.is_none(),
                 ms.join(" ")

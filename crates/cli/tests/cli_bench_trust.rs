@@ -124,7 +124,7 @@ fn cases_waived_for_one_reason_are_one_line_and_one_json_entry() {
 #[test]
 fn without_a_cuda_driver_gpu_cases_are_one_line_with_the_fix() {
     // With a CUDA driver no GPU case is waived for its absence.
-    if !gdx_sys::testenv::precondition("no CUDA driver", cuda_absent()) {
+    if !gdx_base::testenv::precondition("no CUDA driver", cuda_absent()) {
         return;
     }
     let out = gdx()
@@ -243,7 +243,7 @@ fn a_gate_that_compares_nothing_does_not_pass() {
 
 #[test]
 fn list_says_when_the_gpu_cases_are_listed_for_gpus_that_are_not_there() {
-    if !gdx_sys::testenv::precondition("no CUDA driver", cuda_absent()) {
+    if !gdx_base::testenv::precondition("no CUDA driver", cuda_absent()) {
         return;
     }
     gdx()

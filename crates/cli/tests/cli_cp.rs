@@ -7,7 +7,7 @@ mod common;
 
 use common::{gdx, refused, shows};
 
-use gdx_sys::cuda::probe::pattern;
+use gdx_base::pattern::pattern;
 use predicates::prelude::*;
 
 #[test]
@@ -123,7 +123,7 @@ fn a_missing_source_and_a_read_only_destination_are_clear_errors() {
     let target = [ro.clone(), "/sys/kernel/uevent_seqnum".into()]
         .into_iter()
         .find(|c| c.exists() && std::fs::OpenOptions::new().write(true).open(c).is_err());
-    if !gdx_sys::testenv::precondition("a file that refuses writing", target.is_some()) {
+    if !gdx_base::testenv::precondition("a file that refuses writing", target.is_some()) {
         return;
     }
     let target = target.unwrap();
@@ -146,7 +146,7 @@ fn a_missing_source_and_a_read_only_destination_are_clear_errors() {
 
 #[test]
 fn gpu_without_a_usable_gpu_is_a_clear_environment_error() {
-    if !gdx_sys::testenv::precondition("no GPU", !gdx_has_gpu()) {
+    if !gdx_base::testenv::precondition("no GPU", !gdx_has_gpu()) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -4,7 +4,7 @@
 //! options, prints its RDMA listener and tells a bench client why it cannot serve it.
 //!
 //! On a machine with an RDMA device the waiver assertions do not apply: those tests say so and
-//! pass without running, or fail under `GDX_REQUIRE_HW=1` (`gdx_sys::testenv`); the hardware
+//! pass without running, or fail under `GDX_REQUIRE_HW=1` (`gdx_base::testenv`); the hardware
 //! path is `crates/rdma/tests/hardware.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
@@ -18,10 +18,10 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 /// Why gdx-rdma finds no RDMA here, or `None` on a machine that has it (the test's
-/// precondition: see `gdx_sys::testenv`).
+/// precondition: see `gdx_base::testenv`).
 fn no_rdma_reason() -> Option<String> {
     let reason = gdx_rdma::discover().err().map(|u| u.to_string());
-    gdx_sys::testenv::precondition("no RDMA device (the waiver applies)", reason.is_some())
+    gdx_base::testenv::precondition("no RDMA device (the waiver applies)", reason.is_some())
         .then_some(reason)
         .flatten()
 }

@@ -6,8 +6,8 @@
 
 mod common;
 
+use gdx_base::pattern::fill_pattern;
 use gdx_engine::{Access, Agent, AgentConfig, Error, Secret, Transfer};
-use gdx_sys::cuda::probe::fill_pattern;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

@@ -52,7 +52,7 @@ fn host_only_json_report_counts_every_frame_and_says_where_the_kernel_ran() {
 fn a_file_sink_gets_one_checked_line_per_frame() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.bin");
-    let data = gdx_sys::pattern::pattern(10_000, 7);
+    let data = gdx_base::pattern::pattern(10_000, 7);
     std::fs::write(&input, &data).unwrap();
     let res = dir.path().join("r.tsv");
     gdx()

@@ -271,7 +271,7 @@ pub fn run(ctx: &Context, backend: &dyn ProbeBackend, plan: &ProbePlan) -> Probe
         match backend.copy(from, to, plan.copy_bytes, plan.reps) {
             Ok(s) => {
                 p.bytes = s.bytes;
-                p.gbps = gdx_sys::stats::median_rate_gbps(s.bytes, &s.samples);
+                p.gbps = gdx_base::stats::median_rate_gbps(s.bytes, &s.samples);
                 p.verified = s.verified;
                 if !s.verified {
                     p.error = Some(format!(
@@ -292,7 +292,7 @@ pub fn run(ctx: &Context, backend: &dyn ProbeBackend, plan: &ProbePlan) -> Probe
         let (p50_us, error) = match backend.mailbox(*o, 2000) {
             Ok(s) => {
                 let us: Vec<f64> = s.iter().map(|d| d.as_secs_f64() * 1e6).collect();
-                (gdx_sys::stats::median(&us), None)
+                (gdx_base::stats::median(&us), None)
             }
             Err(e) => (None, Some(e.to_string())),
         };

@@ -7,8 +7,8 @@
 use crate::DoctorError;
 use std::time::Duration;
 
+use gdx_base::pattern::{find_mismatch, pattern};
 use gdx_fabric::{Endpoint, FabricConfig, Memory, RmaKind, RmaOp};
-use gdx_sys::pattern::{find_mismatch, pattern};
 use serde::Serialize;
 
 /// Bytes the probe writes (unaligned at both ends by one byte, so it is not a page copy).
@@ -53,7 +53,7 @@ pub enum FabricProbeState {
 /// The seed of the probe's pattern.
 const SEED: u64 = 0x6764_785f_6661_6272; // "gdx_fabr"
 
-/// The first offset where `got` differs from the probe's pattern (gdx-sys's one pattern, seed
+/// The first offset where `got` differs from the probe's pattern (gdx-base's one pattern, seed
 /// [`SEED`]), as text.
 fn mismatch(got: &[u8]) -> Option<String> {
     find_mismatch(got, SEED).map(|m| m.to_string())

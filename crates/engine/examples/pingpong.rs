@@ -105,7 +105,7 @@ fn client(addr: &str, secret: Option<Secret>) -> Result<(), Error> {
     let inbox = peer.region("inbox")?;
 
     let mut src = agent.alloc(LEN, Access::LOCAL, None)?;
-    gdx_sys::pattern::fill_pattern(&mut src.bytes_mut()?, 31);
+    gdx_base::pattern::fill_pattern(&mut src.bytes_mut()?, 31);
     let mut t = Transfer::new();
     t.write(&src, 0, &inbox, 0, LEN).notify("ping");
     let rep = peer.submit(t)?.wait(WAIT)?;

@@ -5,10 +5,10 @@
 //! mailbox puts the copy engine back. GPU `GDX_TEST_GPU` (default 0); run with
 //! `--include-ignored`.
 
+use gdx_base::pattern::{pattern, POISON};
 use gdx_engine::{LocalPeer, Ordering, Path, Policy};
 use gdx_sys::cuda::mailbox::KernelState;
 use gdx_sys::cuda::Stream;
-use gdx_sys::pattern::{pattern, POISON};
 
 const CROSSOVER: u64 = gdx_engine::DEFAULT_MAILBOX_CROSSOVER;
 

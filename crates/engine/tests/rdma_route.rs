@@ -35,7 +35,7 @@ fn has_rdma_device() -> bool {
 #[test]
 fn without_a_device_routes_say_why_rdma_was_not_used() {
     // With a device, the hardware test applies instead.
-    if !gdx_sys::testenv::precondition("no RDMA device", !has_rdma_device()) {
+    if !gdx_base::testenv::precondition("no RDMA device", !has_rdma_device()) {
         return;
     }
     let target = far_agent("target", true);
@@ -98,7 +98,7 @@ fn read_reply(s: &mut TcpStream) -> Option<Msg> {
 
 #[test]
 fn rdma_requests_to_an_agent_without_rdma_are_refused_by_name() {
-    if !gdx_sys::testenv::precondition("no RDMA device", !has_rdma_device()) {
+    if !gdx_base::testenv::precondition("no RDMA device", !has_rdma_device()) {
         return;
     }
     let target = far_agent("target", true);

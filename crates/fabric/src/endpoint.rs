@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use crate::error::{FabricError, Result};
 use crate::provider::{self, FabricConfig, ProviderInfo};
 use crate::region::{MemoryRegion, PeerAddr, RmaKind, RmaOp};
-use crate::sys::{self, ffi, CqEvent, Memory, Post};
+use gdx_sys::fabric::{self as sys, bindings as ffi, CqEvent, Memory, Post};
 
 /// How long the progress thread waits on the CQ per call.
 const PROGRESS_WAIT_MS: i32 = 10;
@@ -52,7 +52,7 @@ struct Shared {
 impl Shared {
     /// One CQ read; completions are credited to their batches.
     fn progress(&self, wait_ms: i32) -> Result<usize> {
-        let ev = self.ep.cq.read(wait_ms)?;
+        let ev = self.ep.cq().read(wait_ms)?;
         let mut b = self.batches.lock().unwrap_or_else(|p| p.into_inner());
         let mut credit = |ctx: u64, err: Option<FabricError>| {
             if let Some(x) = b.get_mut(&ctx) {
@@ -200,7 +200,7 @@ impl Endpoint {
         let av = domain.av()?;
         let ep = domain
             .endpoint(&cq, &av)
-            .map_err(|e| enable_hint(&pinfo.provider, e))?;
+            .map_err(|e| enable_hint(&pinfo.provider, e.into()))?;
         let seed = std::collections::hash_map::RandomState::new()
             .build_hasher()
             .finish();
@@ -245,7 +245,7 @@ impl Endpoint {
 
     /// This endpoint's address, to give to peers.
     pub fn address(&self) -> Result<Vec<u8>> {
-        self.shared.ep.name()
+        Ok(self.shared.ep.name()?)
     }
 
     /// This endpoint's address, printed (`127.0.0.1:40123` for tcp).
@@ -258,14 +258,7 @@ impl Endpoint {
 
     /// Adds a peer's address (from its [`address`](Self::address)).
     pub fn insert_peer(&self, addr: &[u8]) -> Result<PeerAddr> {
-        let mine = self.address()?;
-        if addr.len() != mine.len() {
-            return Err(FabricError::BadAddress {
-                len: addr.len(),
-                why: format!("this provider's addresses are {} bytes", mine.len()),
-            });
-        }
-        Ok(PeerAddr(self.shared.domain_av_insert(addr)?))
+        Ok(PeerAddr(self.shared.ep.insert_peer(addr)?))
     }
 
     /// Registers `mem` for local use and remote read and write.
@@ -302,8 +295,8 @@ impl Endpoint {
     /// `fi_close` calls the provider refused.
     pub fn registrations(&self) -> (usize, usize) {
         (
-            self.shared.domain.live_mrs.load(Ordering::SeqCst),
-            self.shared.domain.close_errors.load(Ordering::SeqCst),
+            self.shared.domain.live_registrations(),
+            self.shared.domain.close_errors(),
         )
     }
 
@@ -425,16 +418,22 @@ impl Endpoint {
                 // Counted before posting: the completion can arrive before `post` returns.
                 self.credit_post(id, 1);
                 loop {
-                    let r = self.shared.ep.post(
-                        op.kind == RmaKind::Write,
-                        &op.local.mr,
-                        (op.local_offset + done) as usize,
-                        n as usize,
-                        op.peer.0,
-                        op.remote.addr + op.remote_offset + done,
-                        op.remote.key,
-                        id,
-                    );
+                    // SAFETY: the batch holds a clone of `op.local` (`Batch::_hold`, taken in
+                    // `run_watched` before posting) until every operation it posted has
+                    // completed, or, once abandoned (a timeout or a dead peer), until they
+                    // complete or the endpoint closes; so the registration outlives the post.
+                    let r = unsafe {
+                        self.shared.ep.post(
+                            op.kind == RmaKind::Write,
+                            &op.local.mr,
+                            (op.local_offset + done) as usize,
+                            n as usize,
+                            op.peer.0,
+                            op.remote.addr + op.remote_offset + done,
+                            op.remote.key,
+                            id,
+                        )
+                    };
                     match r {
                         Ok(Post::Queued) => break,
                         Ok(Post::Again) => match self.poll(deadline, watch) {
@@ -450,7 +449,7 @@ impl Endpoint {
                         },
                         Err(e) => {
                             self.credit_post(id, -1);
-                            return Err(e);
+                            return Err(e.into());
                         }
                     }
                 }
@@ -501,12 +500,6 @@ impl Endpoint {
             }
             std::thread::yield_now();
         }
-    }
-}
-
-impl Shared {
-    fn domain_av_insert(&self, addr: &[u8]) -> Result<u64> {
-        self.ep.av().insert(addr)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The crate's error type: one variant per failing libfabric call or gdx-side check, each naming
 //! what failed, so a caller (the engine, doctor) can tell a dead peer from a bad key.
 
+use gdx_sys::fabric::{bindings as ffi, LibfabricError};
 use gdx_sys::Unavailable;
 
 /// Errors from libfabric calls and from the checks this crate makes before posting.
@@ -100,6 +101,45 @@ pub enum FabricError {
     /// The endpoint was closed, or is broken after an earlier failure.
     #[error("endpoint closed: {0}")]
     Closed(String),
+}
+
+impl From<LibfabricError> for FabricError {
+    /// Each of gdx-sys's errors as the variant of the same name; an object of another domain
+    /// (which this crate never passes) as the EINVAL it would have been.
+    fn from(e: LibfabricError) -> Self {
+        match e {
+            LibfabricError::Unavailable(u) => FabricError::Unavailable(u),
+            LibfabricError::Call {
+                call,
+                code,
+                message,
+            } => FabricError::Call {
+                call,
+                code,
+                message,
+            },
+            LibfabricError::NoProvider(why) => FabricError::NoProvider(why),
+            LibfabricError::OutOfBounds {
+                side,
+                offset,
+                len,
+                size,
+            } => FabricError::OutOfBounds {
+                side,
+                offset,
+                len,
+                size,
+            },
+            LibfabricError::BadAddress { len, why } => FabricError::BadAddress { len, why },
+            e @ LibfabricError::ForeignObject { call, .. } => FabricError::Call {
+                call,
+                code: ffi::FI_EINVAL as i32,
+                message: e.to_string(),
+            },
+            // LibfabricError is non-exhaustive: a later variant keeps its text.
+            e => FabricError::Closed(e.to_string()),
+        }
+    }
 }
 
 /// This crate's result.

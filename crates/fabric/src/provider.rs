@@ -9,7 +9,7 @@
 //! - shm offers FI_RMA on one host; it is used only when named.
 
 use crate::error::{FabricError, Result};
-use crate::sys::{self, ffi, Entry, Hints, InfoList, OwnedInfo};
+use gdx_sys::fabric::{bindings as ffi, Entry, Hints, InfoList, Libfabric, OwnedInfo};
 
 /// Automatic order.
 pub const PREFERENCE: &[&str] = &["efa", "verbs", "cxi", "tcp"];
@@ -134,7 +134,7 @@ fn hints(node: Option<&str>) -> Hints {
 /// `(provider, fabric, domain)` of the entries that also match with FI_HMEM (and
 /// FI_MR_HMEM) asked for. FI_HMEM is a primary capability: a provider reports it only when
 /// the hints request it, so the plain FI_RMA listing never shows it (shm lists it only so).
-fn hmem_keys(api: &'static sys::Api, node: Option<&str>) -> Vec<(String, String, String)> {
+fn hmem_keys(api: &'static Libfabric, node: Option<&str>) -> Vec<(String, String, String)> {
     let mut h = hints(node);
     h.caps |= ffi::FI_HMEM;
     h.mr_mode |= ffi::FI_MR_HMEM as i32;
@@ -161,7 +161,7 @@ fn with_hmem(mut p: ProviderInfo, keys: &[(String, String, String)]) -> Provider
 /// appears once per interface here, but gdx only ever opens its loopback entry), each with
 /// whether it also offers FI_HMEM.
 pub fn providers() -> Result<Vec<ProviderInfo>> {
-    let api = sys::api()?;
+    let api = Libfabric::load()?;
     let list = InfoList::get(api, &hints(None))?;
     let keys = hmem_keys(api, None);
     Ok(list
@@ -173,15 +173,15 @@ pub fn providers() -> Result<Vec<ProviderInfo>> {
 
 /// The libfabric that was loaded: path and version, or why none.
 pub fn library() -> Result<(String, String)> {
-    let api = sys::api()?;
+    let api = Libfabric::load()?;
     let (maj, min) = api.runtime_version();
-    Ok((api.path.clone(), format!("{maj}.{min}")))
+    Ok((api.path().to_string(), format!("{maj}.{min}")))
 }
 
 /// The provider [`crate::Endpoint::open`] would use with `cfg`, and why, without opening it.
 pub fn would_choose(cfg: &FabricConfig) -> Result<(ProviderInfo, String)> {
     let (_, e, why) = choose(cfg)?;
-    let api = sys::api()?;
+    let api = Libfabric::load()?;
     let node = (e.provider.split(';').next() == Some("tcp")).then_some("127.0.0.1");
     Ok((
         with_hmem(ProviderInfo::from_entry(&e), &hmem_keys(api, node)),
@@ -195,7 +195,7 @@ pub fn would_choose(cfg: &FabricConfig) -> Result<(ProviderInfo, String)> {
 /// so.
 pub(crate) fn choose(cfg: &FabricConfig) -> Result<(OwnedInfo, Entry, String)> {
     let (info, e, why) = choose_rma(cfg)?;
-    let api = sys::api()?;
+    let api = Libfabric::load()?;
     match hmem_entry(api, &e) {
         Some((hinfo, he)) => Ok((
             hinfo,
@@ -211,7 +211,7 @@ pub(crate) fn choose(cfg: &FabricConfig) -> Result<(OwnedInfo, Entry, String)> {
 
 /// The entry matching `chosen` (provider, fabric, domain, source address) when FI_HMEM and
 /// FI_MR_HMEM are asked for as well; `None` when the provider does not offer FI_HMEM there.
-fn hmem_entry(api: &'static sys::Api, chosen: &Entry) -> Option<(OwnedInfo, Entry)> {
+fn hmem_entry(api: &'static Libfabric, chosen: &Entry) -> Option<(OwnedInfo, Entry)> {
     let node = is_loopback(chosen).then_some("127.0.0.1");
     let mut h = hints(node);
     h.caps |= ffi::FI_HMEM;
@@ -230,7 +230,7 @@ fn hmem_entry(api: &'static sys::Api, chosen: &Entry) -> Option<(OwnedInfo, Entr
 }
 
 fn choose_rma(cfg: &FabricConfig) -> Result<(OwnedInfo, Entry, String)> {
-    let api = sys::api()?;
+    let api = Libfabric::load()?;
     let wanted = cfg.wanted();
     // Who named it: the caller (`gdx bench --provider`, an agent's config) or the environment.
     let by = if cfg.provider.is_some() {

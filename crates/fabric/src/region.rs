@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::error::{FabricError, Result};
 use crate::provider::ProviderInfo;
-use crate::sys::{self, Memory};
+use gdx_sys::fabric::{self as sys, Memory};
 
 /// A peer in this endpoint's address vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +63,7 @@ impl std::fmt::Debug for MemoryRegion {
         write!(
             f,
             "MemoryRegion({} bytes, key {:#x})",
-            self.mr.len,
+            self.mr.len(),
             self.mr.key()
         )
     }
@@ -72,28 +72,28 @@ impl std::fmt::Debug for MemoryRegion {
 impl MemoryRegion {
     /// The registered memory.
     pub fn memory(&self) -> &Memory {
-        &self.mr.mem
+        self.mr.memory()
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.mr.len
+        self.mr.len()
     }
 
     /// Whether it is empty.
     pub fn is_empty(&self) -> bool {
-        self.mr.len == 0
+        self.mr.is_empty()
     }
 
     /// What a peer needs to target it.
     pub fn remote(&self) -> RemoteRegion {
         RemoteRegion {
             addr: if self.virt_addr {
-                self.mr.base as u64
+                self.mr.base() as u64
             } else {
                 0
             },
-            len: self.mr.len as u64,
+            len: self.mr.len() as u64,
             key: self.mr.key(),
         }
     }

@@ -20,8 +20,8 @@ use crate::nic::{choose_nics, GpuRef, MemPlace};
 use crate::qp::{PreparedQp, Qp, WorkItem};
 use crate::register::{Mechanism, Memory};
 use crate::RdmaOp;
+use gdx_base::pattern::{fill_pattern_at, pattern};
 use gdx_sys::cuda::{Context, Cuda, DeviceBuffer};
-use gdx_sys::pattern::{fill_pattern_at, pattern};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,7 +75,7 @@ impl Buffer {
 /// The checksum [`Link::checksum`] gives for `len` bytes of the pattern a host buffer opened
 /// with `seed` starts with, without building them.
 pub fn pattern_checksum(len: usize, seed: u8) -> u64 {
-    // Built a block at a time from gdx-sys's one pattern: no buffer of `len` bytes.
+    // Built a block at a time from gdx-base's one pattern: no buffer of `len` bytes.
     let mut block = [0u8; 4096];
     let mut h = FNV_OFFSET;
     let mut done = 0;
@@ -323,7 +323,7 @@ mod tests {
     fn without_rdma_opening_a_side_fails_typed() {
         // On a machine with RDMA the hardware tests cover this path.
         let absent = crate::discovery::discover().is_err();
-        if !gdx_sys::testenv::precondition("no RDMA device", absent) {
+        if !gdx_base::testenv::precondition("no RDMA device", absent) {
             return;
         }
         let r = Side::open(LinkMem::Host, 4096, 1, None, &EndpointConfig::default(), 0);

@@ -51,7 +51,7 @@ fn host(ep: &RdmaEndpoint, v: &mut [u8]) -> MrHandle {
 #[test]
 #[ignore = "requires an RDMA NIC; GDX_TEST_NIC=mlx5_0 cargo test -p gdx-rdma --test hardware -- --ignored"]
 fn host_write_then_read_back_over_loopback() {
-    let mut src = gdx_sys::pattern::pattern(8 << 20, 7);
+    let mut src = gdx_base::pattern::pattern(8 << 20, 7);
     let mut dst = vec![0u8; 8 << 20];
     let mut back = vec![0u8; 8 << 20];
     let ep = RdmaEndpoint::open(
@@ -115,11 +115,11 @@ fn registration_cache_hits_on_the_real_device() {
 #[ignore = "requires an RDMA NIC and a GPU; GDX_TEST_NIC=mlx5_0 GDX_TEST_GPU=0 cargo test -p gdx-rdma --test hardware -- --ignored"]
 fn gpu_memory_registers_by_dmabuf_or_peermem_and_moves_data() {
     use gdx_sys::cuda::{Context, Cuda, DeviceBuffer, PinnedHostBuffer, Stream};
-    let gpu = gdx_sys::cuda::probe::test_gpu();
+    let gpu = gdx_base::testenv::test_gpu();
     let cuda = Cuda::load().unwrap();
     let ctx = Context::new(&cuda.device(gpu).unwrap()).unwrap();
     let buf = Arc::new(DeviceBuffer::new(&ctx, 4 << 20).unwrap());
-    let mut src = gdx_sys::pattern::pattern(4 << 20, 251);
+    let mut src = gdx_base::pattern::pattern(4 << 20, 251);
     let ep = RdmaEndpoint::open(
         &nic(),
         EndpointConfig {

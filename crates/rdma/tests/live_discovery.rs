@@ -58,7 +58,7 @@ fn doctor_calls_answer_without_a_device() {
 
 #[test]
 fn opening_an_endpoint_without_a_device_is_unavailable() {
-    if !gdx_sys::testenv::precondition("no RDMA device", discover().is_err()) {
+    if !gdx_base::testenv::precondition("no RDMA device", discover().is_err()) {
         return;
     }
     let e = RdmaEndpoint::open("mlx5_0", EndpointConfig::default()).unwrap_err();
@@ -69,7 +69,7 @@ fn opening_an_endpoint_without_a_device_is_unavailable() {
 #[test]
 fn every_named_status_is_known_to_the_loaded_libibverbs() {
     use gdx_rdma::WcStatus;
-    if !gdx_sys::testenv::precondition("libibverbs", gdx_sys::verbs::probe().is_ok()) {
+    if !gdx_base::testenv::precondition("libibverbs", gdx_sys::verbs::probe().is_ok()) {
         return;
     }
     for code in 0..24 {

@@ -3,7 +3,7 @@
 //! here, an optional CRC-32 check of both ends, the ceiling, and no partial file left behind.
 //!
 //! A [`Location::Gpu`] or [`Location::Host`] *source* is this process's own memory, which
-//! starts empty: it is filled with gdx-sys's seeded pattern first, so [`CopyRequest::length`]
+//! starts empty: it is filled with gdx-base's seeded pattern first, so [`CopyRequest::length`]
 //! is required for it.
 
 use crate::ceiling::Ceiling;
@@ -12,8 +12,9 @@ use crate::{
     copy_gpu_to_file, copy_host_to_file, Checksum, CopyOptions, CopyReport, FileRange,
     StorageError,
 };
-use gdx_sys::bytesize::human_bytes;
-use gdx_sys::cuda::{probe, Context, Cuda, DeviceBuffer, PinnedHostBuffer, Stream};
+use gdx_base::bytesize::human_bytes;
+use gdx_base::pattern::{fill_pattern, SEED};
+use gdx_sys::cuda::{Context, Cuda, DeviceBuffer, PinnedHostBuffer, Stream};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -348,7 +349,7 @@ fn host_to_file(
 ) -> Result<CopyOutcome, StorageError> {
     let len = need_length(req, "host")?;
     let mut buf = host_buffer(len)?;
-    probe::fill_pattern(&mut buf, probe::SEED);
+    fill_pattern(&mut buf, SEED);
     let range = FileRange::new(path, req.seek.unwrap_or(0), len);
     let report = copy_host_to_file(&buf, &range, opts)?;
     let verify = if req.verify {
@@ -410,7 +411,7 @@ fn fill_gpu(
     while done < len {
         let n = piece.min(len - done);
         let slice = host.as_mut_slice().map_err(StorageError::cuda(what()))?;
-        probe::fill_pattern(&mut slice[..n], probe::SEED ^ done as u64);
+        fill_pattern(&mut slice[..n], SEED ^ done as u64);
         stream
             .copy_to_device_at(dev, off + done, &host, 0, n)
             .map_err(StorageError::cuda(what()))?;

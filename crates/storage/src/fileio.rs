@@ -432,7 +432,7 @@ mod tests {
     }
 
     fn pattern(n: usize) -> Vec<u8> {
-        gdx_sys::pattern::pattern(n, 31)
+        gdx_base::pattern::pattern(n, 31)
     }
 
     #[test]

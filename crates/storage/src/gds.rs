@@ -8,7 +8,7 @@
 use crate::fileio::fs_name;
 use crate::host::{dest_len, resolve};
 use crate::{CopyOptions, CopyReport, Direction, FileRange, StorageError, StoragePath};
-use gdx_sys::bytesize::human_bytes;
+use gdx_base::bytesize::human_bytes;
 use gdx_sys::cuda::DeviceBuffer;
 use gdx_sys::cufile::{BufferRegistration, Driver, FileHandle, ParallelIo};
 use std::fs::{File, OpenOptions};

@@ -9,7 +9,7 @@ use crate::fileio::FileIo;
 use crate::plan::{plan, CufileStatus, MemoryEnd};
 use crate::residency::plan_read;
 use crate::{pipeline, CopyOptions, CopyReport, Direction, FileRange, StorageError, StoragePath};
-use gdx_sys::bytesize::human_bytes;
+use gdx_base::bytesize::human_bytes;
 use std::time::{Duration, Instant};
 
 /// Whether a planned path uses `O_DIRECT`.

@@ -44,7 +44,7 @@ mod verify;
 pub use align::ALIGN;
 pub use copy::{copy, source_len, CopyOutcome, CopyRequest, Location, PartialFile};
 pub use error::StorageError;
-use gdx_sys::bytesize::human_bytes;
+use gdx_base::bytesize::human_bytes;
 pub use gpu::{copy_file_to_gpu, copy_gpu_to_file};
 pub use host::{copy_file_to_host, copy_host_to_file, copy_slices_to_file, read_file};
 pub use plan::{

@@ -281,7 +281,7 @@ mod tests {
     use super::*;
 
     fn pattern(n: usize) -> Vec<u8> {
-        gdx_sys::pattern::pattern(n, 131)
+        gdx_base::pattern::pattern(n, 131)
     }
 
     #[test]

@@ -20,7 +20,7 @@
 use crate::host::resolve;
 use crate::plan::{plan, CufileStatus, MemoryEnd};
 use crate::{FileRange, PathChoice, StorageError, StoragePath};
-use gdx_sys::bytesize::human_bytes;
+use gdx_base::bytesize::human_bytes;
 use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::os::fd::AsFd;

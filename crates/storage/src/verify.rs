@@ -98,7 +98,7 @@ mod tests {
     fn a_file_checksum_equals_the_bytes_checksum() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
-        let data = gdx_sys::pattern::pattern(100_003, 7);
+        let data = gdx_base::pattern::pattern(100_003, 7);
         std::fs::write(&p, &data).unwrap();
         assert_eq!(
             checksum_file(&FileRange::whole(&p)).unwrap(),

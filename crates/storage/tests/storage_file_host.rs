@@ -5,11 +5,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
+use gdx_base::pattern::pattern;
 use gdx_storage::{
     checksum_bytes, checksum_file, copy_file_to_host, copy_host_to_file, read_file, CopyOptions,
     FileRange, PathChoice, ProgressFn, StorageError, StoragePath,
 };
-use gdx_sys::cuda::probe::pattern;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -269,7 +269,7 @@ fn unwritable(dir: &Path) -> Option<PathBuf> {
 fn a_read_only_destination_is_a_clear_error_and_nothing_changes() {
     let dir = tempfile::tempdir().unwrap();
     let dst = unwritable(dir.path());
-    if !gdx_sys::testenv::precondition("a destination that refuses writing", dst.is_some()) {
+    if !gdx_base::testenv::precondition("a destination that refuses writing", dst.is_some()) {
         return;
     }
     let dst = dst.unwrap();

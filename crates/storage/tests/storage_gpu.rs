@@ -5,11 +5,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
+use gdx_base::pattern::pattern;
+use gdx_base::testenv::{replay_seed as seed, test_gpu};
 use gdx_storage::{
     checksum_bytes, checksum_gpu, copy_file_to_gpu, copy_gpu_to_file, cufile_status, CopyOptions,
     CufileStatus, FileRange, PathChoice, StoragePath,
 };
-use gdx_sys::cuda::probe::{pattern, replay_seed as seed, test_gpu};
 use gdx_sys::cuda::{Context, Cuda, DeviceBuffer, PinnedHostBuffer, Stream};
 use gdx_sys::cufile::{BufferRegistration, Cufile, Driver, FileHandle};
 
@@ -53,7 +54,7 @@ fn cufile_ready(test: &str) -> bool {
         eprintln!("{test}: cuFile runs {mode}");
     }
     let ready = matches!(status, CufileStatus::Available(_));
-    gdx_sys::testenv::precondition(&format!("cuFile that runs ({status:?})"), ready)
+    gdx_base::testenv::precondition(&format!("cuFile that runs ({status:?})"), ready)
 }
 
 /// File → GPU over `choice`: sizes from 1 byte to 64 MiB + 3, unaligned file and GPU offsets,

@@ -6,8 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
+use gdx_base::pattern::pattern;
 use gdx_storage::{copy_file_to_host, residency, CopyOptions, FileRange, PathChoice, StoragePath};
-use gdx_sys::cuda::probe::pattern;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 

@@ -336,7 +336,7 @@ mod tests {
         ];
         let one = |stage: &mut GpuStage, slot: &mut SlotMem, len: usize, tag: u8| {
             let bytes = slot.bytes_mut().unwrap();
-            gdx_sys::pattern::fill_pattern(&mut bytes[..len], u64::from(tag));
+            gdx_base::pattern::fill_pattern(&mut bytes[..len], u64::from(tag));
             let want = super::super::checksum(&bytes[..len]);
             stage.submit(slot, len).unwrap();
             let start = Instant::now();

@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use gdx_sys::stats::quantile;
+use gdx_base::stats::quantile;
 
 /// End-to-end latency figures (source stamp → result taken by the sink), in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]

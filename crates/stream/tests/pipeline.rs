@@ -7,7 +7,7 @@ mod common {
     use gdx_engine::{Agent, AgentConfig, Secret, Transports};
     use std::time::Duration;
 
-    pub use gdx_sys::pattern::pattern;
+    pub use gdx_base::pattern::pattern;
 
     /// An agent of this test process (one secret for all of them: they only talk to each
     /// other), shm on or off.

@@ -1,7 +1,7 @@
 //! gdx-sys: run-time loading of the vendor libraries gdx uses (libcuda, NVML, libibverbs,
-//! cuFile, NCCL). Every entry point returns either a working handle or a typed
-//! [`Unavailable`] saying which library and why; nothing here panics when a library or a
-//! symbol is missing.
+//! cuFile, NCCL, libfabric) and safe types over them, and nothing else. Every entry point
+//! returns either a working handle or a typed [`Unavailable`] saying which library and why;
+//! nothing here panics when a library or a symbol is missing.
 //!
 //! | module | library | entry point |
 //! |---|---|---|
@@ -10,12 +10,14 @@
 //! | [`verbs`] | `libibverbs.so.1` | [`verbs::probe`], [`verbs::devices`] |
 //! | [`cufile`] | `libcufile.so.0` | [`cufile::probe`] |
 //! | [`nccl`] | `libnccl.so.2` | [`nccl::probe`] |
+//! | [`fabric`] | `libfabric.so.1` | [`fabric::Libfabric::load`] |
 //!
-//! [`libraries`] summarises all five for the headers of `gdx topo` and `gdx doctor`.
+//! [`libraries`] summarises the first five for the headers of `gdx topo` and `gdx doctor`
+//! (libfabric is reported by gdx-fabric's `library`, with its providers).
 //!
-//! [`bytesize`] is the one byte-count parser every command uses (`1GB` = 10^9, `1GiB` = 2^30);
-//! [`stats`] the one median / quantile / σ every probe and benchmark reports; [`os`] the few
-//! POSIX calls rustix (the workspace's syscall crate) lacks.
+//! [`os`] holds the few POSIX calls rustix (the workspace's syscall crate) lacks. What every
+//! crate shares and that needs no vendor library (byte sizes, the test pattern, statistics,
+//! test preconditions) is gdx-base's.
 //!
 //! # Library dependency
 //!
@@ -23,21 +25,22 @@
 //! first asked for, so one binary runs both on a GPU machine and on a machine with none of
 //! them. libcuda and NVML are tried under every name the wrappers (cudarc, nvml-wrapper) would
 //! try, then in the driver's usual directories; cuFile and NCCL also in the CUDA toolkit's
-//! directories (`$CUDA_HOME`, `/usr/local/cuda`). libibverbs is the exception: rdma-mummy-sys
-//! (under sideway) links a small static shim whose constructor opens `libibverbs.so.1` at
-//! process start and leaves its function pointers null when that fails; [`verbs`] checks the
-//! same soname before calling through it.
+//! directories (`$CUDA_HOME`, `/usr/local/cuda`); libfabric also where the EFA installer puts
+//! it (`/opt/amazon/efa`). libibverbs is the exception: rdma-mummy-sys (under sideway) links a
+//! small static shim whose constructor opens `libibverbs.so.1` at process start and leaves its
+//! function pointers null when that fails; [`verbs`] checks the same soname before calling
+//! through it.
 //!
 //! # Caching and unloading
 //!
 //! The default loaders ([`cuda::Cuda::load`], [`nvml::Nvml::load`], [`verbs::probe`],
-//! [`cufile::probe`], [`nccl::probe`]) run once per process and return the cached result,
-//! success or failure, afterwards. The `*_from` variants take an explicit candidate list and
-//! are not cached. A library that was opened is never closed.
+//! [`cufile::probe`], [`nccl::probe`], [`fabric::Libfabric::load`]) run once per process and
+//! return the cached result, success or failure, afterwards. The `*_from` variants take an
+//! explicit candidate list and are not cached. A library that was opened is never closed.
 //!
 //! # Thread safety
 //!
-//! All handles are `Send + Sync` and cheap to clone.
+//! All handles are `Send + Sync` and cheap to clone (libfabric's objects come in `Arc`s).
 //!
 //! # Not cudarc's loader
 //!
@@ -52,15 +55,12 @@
 
 mod loader;
 
-pub mod bytesize;
 pub mod cuda;
 pub mod cufile;
+pub mod fabric;
 pub mod nccl;
 pub mod nvml;
 pub mod os;
-pub mod pattern;
-pub mod stats;
-pub mod testenv;
 pub mod verbs;
 
 /// A vendor library that could not be used.
@@ -190,7 +190,7 @@ mod tests {
         // Every vendor library is opened at run time; the test binary itself must not need one.
         let exe = std::env::current_exe().unwrap();
         let out = std::process::Command::new("ldd").arg(&exe).output();
-        if !crate::testenv::precondition("ldd", out.is_ok()) {
+        if !gdx_base::testenv::precondition("ldd", out.is_ok()) {
             return;
         }
         let out = out.unwrap();
@@ -204,6 +204,7 @@ mod tests {
             "libmlx5",
             "libcufile",
             "libnccl",
+            "libfabric",
         ] {
             assert!(
                 !text.contains(lib),

@@ -262,7 +262,7 @@ macro_rules! fn_table {
             #[allow(non_snake_case)]
             pub(crate) unsafe fn resolve(
                 opened: &$crate::loader::Opened,
-            ) -> Result<Self, $crate::loader::MissingSymbols> {
+            ) -> ::std::result::Result<Self, $crate::loader::MissingSymbols> {
                 let mut missing = $crate::loader::MissingSymbols::default();
                 $(
                     // SAFETY: the field type copies the C prototype (caller's contract).
@@ -290,9 +290,9 @@ macro_rules! fn_table {
                     .ok();
                 )*
                 match ( $($req,)* ) {
-                    ( $(Some($req),)* ) => Ok(Self { $($req,)* $($opt,)* }),
+                    ( $(Some($req),)* ) => ::std::result::Result::Ok(Self { $($req,)* $($opt,)* }),
                     #[allow(unreachable_patterns)]
-                    _ => Err(missing),
+                    _ => ::std::result::Result::Err(missing),
                 }
             }
         }

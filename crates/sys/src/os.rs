@@ -259,7 +259,7 @@ mod tests {
     fn raw_spans_cross_a_socket_intact() {
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
         let head = [1u8, 2, 3];
-        let body = crate::pattern::pattern(100_000, 251);
+        let body = gdx_base::pattern::pattern(100_000, 251);
         let sender = std::thread::spawn(move || {
             // SAFETY: both spans are live locals for the whole call.
             unsafe {

@@ -11,7 +11,8 @@ mod common;
 
 use common::verified_peer_copy;
 
-use gdx_sys::cuda::probe::{fill_pattern, find_mismatch, replay_seed as seed, test_gpu, POISON};
+use gdx_base::pattern::{fill_pattern, find_mismatch, POISON};
+use gdx_base::testenv::{replay_seed as seed, test_gpu};
 use gdx_sys::cuda::{
     Context, Cuda, CudaError, DeviceBuffer, Event, MemoryType, PinnedHostBuffer, RegisteredHost,
     Stream,
@@ -177,7 +178,7 @@ fn device_copies_and_events_work_on_one_gpu() {
 #[ignore = "requires a GPU; cargo test -- --ignored"]
 fn a_hold_delays_the_stream_until_released() {
     let (_cuda, ctx, stream) = setup();
-    if !gdx_sys::testenv::precondition("a driver with cuLaunchHostFunc", stream.can_hold()) {
+    if !gdx_base::testenv::precondition("a driver with cuLaunchHostFunc", stream.can_hold()) {
         return;
     }
     let mut host = PinnedHostBuffer::new(&ctx, 4096).unwrap();

@@ -3,11 +3,11 @@
 //! API. All need a GPU: `cargo test -p gdx-sys --test cuda_mailbox_gpu -- --include-ignored`.
 //! The GPU is `GDX_TEST_GPU` (default 0). No test asserts a speed.
 
+use gdx_base::pattern::{fill_pattern, POISON};
 use gdx_sys::cuda::mailbox::{KernelState, MAX_PAYLOAD};
-use gdx_sys::cuda::probe::{fill_pattern, POISON};
 use gdx_sys::cuda::{
-    Context, Cuda, CudaError, DeviceBuffer, KernelArgs, LaunchDims, Mailbox, MailboxConfig,
-    MappedHostBuffer, Module, Signal, Stream, WaitCondition, Word,
+    Context, Cuda, CudaError, DeviceBuffer, FloorStep, KernelArgs, LaunchDims, Mailbox,
+    MailboxConfig, MappedHostBuffer, Module, PingPong, Signal, Stream, WaitCondition, Word,
 };
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -324,4 +324,52 @@ fn the_service_kernel_leaves_the_gpu_on_drop_and_on_a_silent_host() {
     let report = mb.stop().unwrap();
     assert_eq!(report.state, KernelState::Watchdog);
     assert_eq!(report.served, 1);
+}
+
+/// Wait for `pp` to answer ping `n`: true when it did within two seconds.
+fn answered(pp: &PingPong, n: u64) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while pp.pong() != n {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::hint::spin_loop();
+    }
+    true
+}
+
+#[test]
+#[ignore = "requires a CUDA GPU"]
+fn the_ping_pong_kernel_answers_every_ping_with_each_step_and_stops() {
+    let (ctx, _stream) = setup();
+    let module = Module::gdx_kernels(&ctx).unwrap();
+    let steps = [
+        FloorStep::Bare,
+        FloorStep::StoreFenceSystem,
+        FloorStep::StoreFenceGpu,
+        FloorStep::Load,
+    ];
+    for step in steps {
+        for gap in [0u32, 300] {
+            let pp = PingPong::start(&ctx, &module, step, gap, Duration::from_secs(2)).unwrap();
+            assert_eq!(pp.step(), step);
+            for n in 1..=100u64 {
+                pp.ping(n);
+                assert!(answered(&pp, n), "{} gap {gap}: ping {n}", step.name());
+            }
+            pp.stop().unwrap();
+        }
+    }
+    // Dropping without stop stops it too; the kernel's last word is the exit mark.
+    let pp = PingPong::start(&ctx, &module, FloorStep::Bare, 0, Duration::from_secs(2)).unwrap();
+    pp.ping(1);
+    assert!(answered(&pp, 1));
+    drop(pp);
+    // A module that is not gdx's own is refused before anything is launched.
+    let other = Module::load_ptx(&ctx, gdx_sys::cuda::GDX_KERNELS_PTX).unwrap();
+    let err = PingPong::start(&ctx, &other, FloorStep::Bare, 0, Duration::from_secs(2));
+    assert!(
+        matches!(err, Err(CudaError::InvalidArgument { .. })),
+        "{err:?}"
+    );
 }

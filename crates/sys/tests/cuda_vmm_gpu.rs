@@ -12,7 +12,8 @@ mod common;
 
 use common::verified_peer_copy;
 
-use gdx_sys::cuda::probe::{fill_pattern, find_mismatch, replay_seed as seed, test_gpu, POISON};
+use gdx_base::pattern::{fill_pattern, find_mismatch, POISON};
+use gdx_base::testenv::{replay_seed as seed, test_gpu};
 use gdx_sys::cuda::{
     Context, Cuda, CudaError, DeviceBuffer, Event, MemoryType, PinnedHostBuffer, Stream,
 };

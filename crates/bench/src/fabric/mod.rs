@@ -94,7 +94,7 @@ pub fn floor_note(info: &ProviderInfo, floors: &LatencyFloors, row: &Row) -> Opt
     };
     Some(format!(
         "{} fabric p50 {p50:.2} µs = {:.2}× the {name} floor ({floor:.2} µs, same run)",
-        gdx_sys::bytesize::human_bytes(row.size_bytes),
+        gdx_base::bytesize::human_bytes(row.size_bytes),
         p50 / floor.max(1e-9)
     ))
 }

@@ -3,7 +3,7 @@
 //! (`read()` of the whole file into a `Vec`, then one synchronous copy from pageable memory; and
 //! the mirror for writes), plus the disk alone (`O_DIRECT` reads into host memory).
 //!
-//! Protocol: the file is written once from the seeded pattern ([`gdx_sys::pattern`]) on the GPU;
+//! Protocol: the file is written once from the seeded pattern ([`gdx_base::pattern`]) on the GPU;
 //! every read sample starts with the page cache dropped for the file ([`gdx_storage::evict`]:
 //! `fdatasync`, then `posix_fadvise(DONTNEED)`) or bypassed (`O_DIRECT`), each row says which;
 //! every write sample truncates the file and includes `fdatasync`, so the bytes are on the disk.
@@ -17,6 +17,7 @@
 //! opening the cuFile driver and registering buffers: timed from outside, each `gds` sample
 //! would carry `cuFileDriverOpen` (hundreds of milliseconds) and measure set-up, not the disk.
 
+use gdx_base::pattern::{fill_pattern, fill_pattern_at, find_mismatch_at, POISON};
 use gdx_storage::{
     checksum_bytes, checksum_file, checksum_gpu, copy_file_to_gpu, copy_gpu_to_file,
     copy_host_to_file, cufile_status, evict, read_file, Checksum, CopyOptions, CopyReport,
@@ -24,7 +25,6 @@ use gdx_storage::{
     DEFAULT_DEPTH,
 };
 use gdx_sys::cuda::{Context, Cuda, CudaError, DeviceBuffer, PinnedHostBuffer, Stream};
-use gdx_sys::pattern::{fill_pattern, fill_pattern_at, find_mismatch_at, POISON};
 use std::path::PathBuf;
 
 use crate::timer::wall;
@@ -529,7 +529,7 @@ fn run_samples(
             }
         }
     }
-    row.median_gbps = gdx_sys::stats::median(&row.samples_gbps);
+    row.median_gbps = gdx_base::stats::median(&row.samples_gbps);
 }
 
 #[cfg(test)]
@@ -538,7 +538,7 @@ mod tests {
 
     #[test]
     fn without_a_gpu_a_gpu_row_is_an_error_not_a_panic() {
-        if !gdx_sys::testenv::precondition("no CUDA driver", Cuda::load().is_err()) {
+        if !gdx_base::testenv::precondition("no CUDA driver", Cuda::load().is_err()) {
             return;
         }
         let dir = tempfile::tempdir().unwrap();

@@ -11,7 +11,7 @@
 //! source afterwards. Device memory is `cuMemAlloc` (never the stream-ordered pool, whose
 //! peer copies fall back to a slow path silently).
 
-use gdx_sys::cuda::probe::{fill_pattern, POISON};
+use gdx_base::pattern::{fill_pattern, POISON};
 use gdx_sys::cuda::{Context, Cuda, CudaError, DeviceBuffer, PinnedHostBuffer, Stream};
 
 use super::timing::{event_batches, latency, EventTimed, OpCounter};

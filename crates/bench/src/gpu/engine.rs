@@ -10,8 +10,8 @@
 //! destination's rotated span is poisoned before each size (uploaded), and the touched part is
 //! read back through the engine (`download`; for ipc through the imported mapping) and compared.
 
+use gdx_base::pattern::{fill_pattern, POISON};
 use gdx_engine::{Calibration, DeviceRegion, LocalPeer, Ordering, Path, Plan, Policy};
-use gdx_sys::cuda::probe::{fill_pattern, POISON};
 use gdx_sys::cuda::Stream;
 
 use super::copy::{event_row, finish, window, SEED, STAGED_DEPTH};

@@ -10,23 +10,23 @@
 //!   `cuStreamSynchronize`). Timed from kernel done (the host sees the kernel's last store) to
 //!   the host seeing the word; the launch is out of the figure. `gpu<g>_stream_sync` is the
 //!   same work the usual way: kernel done, `cuStreamSynchronize`, copy, `cuStreamSynchronize`.
-//! - Beside the mailbox rows, the floor of the same run ([`gdx_sys::cuda::floor`]): one GPU
+//! - Beside the mailbox rows, the floor of the same run ([`super::floor`]): one GPU
 //!   thread answering a host ping through mapped memory, bare and with the op's device step.
 //!
 //! Sizes above what one mailbox op carries ([`MAX_PAYLOAD`]) are waived per size with the
 //! reason. Without a GPU the cases are waived before anything is loaded (the PTX included).
 
-use gdx_sys::cuda::floor::{self, FloorStep};
+use gdx_base::pattern::{fill_pattern, POISON};
 use gdx_sys::cuda::mailbox::MAX_PAYLOAD;
-use gdx_sys::cuda::probe::{fill_pattern, POISON};
 use gdx_sys::cuda::{
-    CudaError, DeviceBuffer, Mailbox, MailboxConfig, MappedHostBuffer, Module, PinnedHostBuffer,
-    Signal, Stream, Word,
+    CudaError, DeviceBuffer, FloorStep, Mailbox, MailboxConfig, MappedHostBuffer, Module,
+    PinnedHostBuffer, Signal, Stream, Word,
 };
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::copy::SEED;
+use super::floor;
 use crate::case::{CaseSpec, Params};
 use crate::error::BenchError;
 use crate::host::{compare, fill_wall_row, wall_loop, Timed};
@@ -187,8 +187,7 @@ impl Floor {
         step: FloorStep,
     ) -> Result<Floor, BenchError> {
         let p50 = |s: FloorStep| -> Result<f64, BenchError> {
-            let us: Vec<f64> = floor::round_trips(c, m, s, 0, FLOOR_ROUNDS)
-                .map_err(e)?
+            let us: Vec<f64> = floor::round_trips(c, m, s, 0, FLOOR_ROUNDS)?
                 .iter()
                 .map(|d| d.as_secs_f64() * 1e6)
                 .collect();

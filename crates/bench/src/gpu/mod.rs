@@ -12,6 +12,7 @@
 
 pub mod copy;
 pub mod engine;
+pub mod floor;
 pub mod ipc;
 pub mod mailbox;
 pub mod timing;

@@ -393,7 +393,7 @@ mod tests {
     fn without_rdma_the_client_fails_typed_before_talking() {
         // On a machine with RDMA the hardware tests cover this path.
         let absent = gdx_rdma::discover().is_err();
-        if !gdx_sys::testenv::precondition("no RDMA device", absent) {
+        if !gdx_base::testenv::precondition("no RDMA device", absent) {
             return;
         }
         let p = RdmaParams {
@@ -439,7 +439,7 @@ mod tests {
     fn loopback_without_rdma_fails_typed_and_returns() {
         // On a machine with RDMA the hardware tests cover this path.
         let absent = gdx_rdma::discover().is_err();
-        if !gdx_sys::testenv::precondition("no RDMA device", absent) {
+        if !gdx_base::testenv::precondition("no RDMA device", absent) {
             return;
         }
         let p = RdmaParams {

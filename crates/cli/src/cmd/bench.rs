@@ -14,12 +14,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
+use gdx_base::bytesize::{ByteSize, SIZE_HELP};
 use gdx_bench::render::Style;
 use gdx_bench::{
     all_cases, compare, filter_pair, gpu_missing, header, plan, render, select, BenchCase,
     CaseOutcome, CaseSpec, Ctx, Exporter, Observer, Params, Report, Row, WaivedGroup,
 };
-use gdx_sys::bytesize::{ByteSize, SIZE_HELP};
 
 mod parse;
 
@@ -264,7 +264,7 @@ impl Observer for Cli<'_> {
                 self.index + 1,
                 self.total,
                 self.key,
-                gdx_sys::bytesize::human_bytes(row.size_bytes)
+                gdx_base::bytesize::human_bytes(row.size_bytes)
             );
         }
     }

@@ -151,7 +151,7 @@ fn dry_run(args: &CalibrateArgs, ctx: &Ctx, file: &Path) -> Result<ExitCode> {
         .size
         .0
         .iter()
-        .map(|&b| gdx_sys::bytesize::ByteSize(b).to_string())
+        .map(|&b| gdx_base::bytesize::ByteSize(b).to_string())
         .collect();
     println!("sizes: {} ({} sizes)", sizes.join(" "), sizes.len());
     println!("would write {}", file.display());

@@ -10,8 +10,8 @@
 use super::output::{error_chain, paint, ColorWhen};
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, ValueEnum};
+use gdx_base::bytesize::human_bytes;
 use gdx_storage::{CopyOptions, CopyOutcome, CopyRequest, Location as Loc, PathChoice, ProgressFn};
-use gdx_sys::bytesize::human_bytes;
 use serde_json::json;
 use std::io::{IsTerminal, Write as _};
 use std::path::PathBuf;
@@ -187,9 +187,9 @@ fn parse_loc(s: &str) -> Result<Loc> {
     Ok(Loc::File(PathBuf::from(s)))
 }
 
-/// Every size flag reads sizes the one gdx way ([`gdx_sys::bytesize`]).
-fn parse_size(s: &str) -> Result<u64, gdx_sys::bytesize::SizeError> {
-    gdx_sys::bytesize::ByteSize::parse(s)
+/// Every size flag reads sizes the one gdx way ([`gdx_base::bytesize`]).
+fn parse_size(s: &str) -> Result<u64, gdx_base::bytesize::SizeError> {
+    gdx_base::bytesize::ByteSize::parse(s)
 }
 
 /// Run `gdx cp`.

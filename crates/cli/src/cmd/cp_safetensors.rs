@@ -7,9 +7,9 @@
 use super::cp::{Bar, CpArgs};
 use super::output::error_chain;
 use anyhow::{bail, Result};
+use gdx_base::bytesize::human_bytes;
 use gdx_storage::safetensors::{in_parallel, open_checkpoint, Header};
 use gdx_storage::{CopyOptions, CopyOutcome, CopyRequest, Location as Loc, ProgressFn};
-use gdx_sys::bytesize::human_bytes;
 use serde_json::json;
 use std::io::{IsTerminal, Write as _};
 use std::path::PathBuf;

@@ -223,8 +223,8 @@ fn env(args: &EnvArgs) -> Result<ExitCode> {
 #[derive(Debug, Clone)]
 pub struct Sizes(Vec<u64>);
 
-fn parse_sizes(s: &str) -> Result<Sizes, gdx_sys::bytesize::SizeError> {
-    gdx_sys::bytesize::parse_size_list(s).map(Sizes)
+fn parse_sizes(s: &str) -> Result<Sizes, gdx_base::bytesize::SizeError> {
+    gdx_base::bytesize::parse_size_list(s).map(Sizes)
 }
 
 /// Collectives by name.
@@ -375,7 +375,7 @@ fn render_run(r: &gdx_nccl::run::RunReport) -> String {
             s,
             "{:<15} {:>10} {:>12} {:>11.1} {:>12.2} {:>12.2}",
             row.op.name(),
-            gdx_sys::bytesize::ByteSize(row.bytes).to_string(),
+            gdx_base::bytesize::ByteSize(row.bytes).to_string(),
             row.count,
             row.time_us,
             row.algbw_gbps,

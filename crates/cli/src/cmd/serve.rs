@@ -163,9 +163,9 @@ fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     gdx_engine::parse_listen(s).map_err(|e| e.wire_message())
 }
 
-/// Sizes the one gdx way ([`gdx_sys::bytesize`]: `1GB` = 10^9, `1GiB` = 2^30).
+/// Sizes the one gdx way ([`gdx_base::bytesize`]: `1GB` = 10^9, `1GiB` = 2^30).
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    gdx_sys::bytesize::ByteSize::parse(s).map_err(|e| e.to_string())
+    gdx_base::bytesize::ByteSize::parse(s).map_err(|e| e.to_string())
 }
 
 /// `--color` for stderr warnings: `auto` asks whether stderr is a terminal.

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
+use gdx_base::bytesize::{parse_rate, ByteSize};
 use gdx_bench::stats::CpuClock;
 use gdx_engine::{Agent, AgentConfig};
 use gdx_stream::{
     BackPressure, Checksum, FileSink, FileSource, NullSink, PeerSink, PeerSource, Pipeline,
     PipelineConfig, Progress, Sink, Source, StreamReport, Synthetic,
 };
-use gdx_sys::bytesize::{parse_rate, ByteSize};
 use serde_json::json;
 
 use super::bench::parse_duration;

@@ -56,13 +56,13 @@ pub fn join_with_kv(
     (a, kv)
 }
 
-/// A local region of `b` holding gdx-sys's test pattern of `seed`, and that pattern.
+/// A local region of `b` holding gdx-base's test pattern of `seed`, and that pattern.
 pub fn filled_source(b: &ClusterAgent, len: usize, seed: u8) -> (Region<'static>, Vec<u8>) {
     let mut src = b
         .agent()
         .alloc(len as u64, Access::LOCAL, None)
         .expect("src");
-    let data = gdx_sys::pattern::pattern(len, u64::from(seed));
+    let data = gdx_base::pattern::pattern(len, u64::from(seed));
     src.bytes_mut().expect("bytes").copy_from_slice(&data);
     (src, data)
 }

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::region::Location;
 use crate::routing::calibration::Calibration;
 use crate::routing::plan::{Path, Plan};
-use gdx_sys::bytesize::human_bytes;
+use gdx_base::bytesize::human_bytes;
 
 /// The variable that turns strict mode on (`1`, `true`, `yes`).
 pub const STRICT_ENV: &str = "GDX_STRICT";

@@ -29,10 +29,10 @@ pub fn shared_secret() -> Secret {
     Secret::from_file(&secret_file()).unwrap()
 }
 
-// Test data comes from gdx-sys's one pattern: seeded, different at every offset, and the same
+// Test data comes from gdx-base's one pattern: seeded, different at every offset, and the same
 // bytes the probes and benchmarks write, so a failure can be replayed from its seed anywhere.
 #[allow(unused_imports)] // each test binary uses its own part
-pub use gdx_sys::pattern::{fill_pattern, pattern};
+pub use gdx_base::pattern::{fill_pattern, pattern};
 
 pub fn config(name: &str, shm: bool) -> AgentConfig {
     AgentConfig {

@@ -12,8 +12,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use gdx_fabric::{Endpoint, FabricConfig, Memory, RemoteRegion};
 
-/// The pattern of `seed` from absolute offset `start` into `out` (gdx-sys's one pattern).
-pub use gdx_sys::pattern::fill_pattern_at;
+/// The pattern of `seed` from absolute offset `start` into `out` (gdx-base's one pattern).
+pub use gdx_base::pattern::fill_pattern_at;
 
 /// Fills `mem[off..off+len]` with `pattern(seed)` in 1 MiB pieces.
 pub fn fill(mem: &Memory, off: usize, len: usize, seed: u64) {

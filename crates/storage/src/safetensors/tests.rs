@@ -2,7 +2,7 @@ use super::*;
 use crate::PathChoice;
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    gdx_sys::pattern::pattern(n, u64::from(seed))
+    gdx_base::pattern::pattern(n, u64::from(seed))
 }
 
 fn spec(name: &str, dtype: Dtype, shape: &[u64]) -> TensorSpec {

@@ -16,8 +16,9 @@
 //! [`DeviceBuffer::export_fd`], [`DeviceBuffer::import_fd`]), `mapped` ([`MappedHostBuffer`],
 //! host memory the GPU addresses), `module` ([`Module`], [`Kernel`], [`Stream::launch`]: PTX
 //! loaded at run time), `memop` (stream memory operations: [`Stream::write_value64`],
-//! [`Stream::wait_value64`], [`Signal`]), [`mailbox`] ([`Mailbox`], the persistent-kernel path)
-//! and [`probe`] (what hardware tests share: [`probe::test_gpu`], the pattern). Device memory
+//! [`Stream::wait_value64`], [`Signal`]), [`mailbox`] ([`Mailbox`], the persistent-kernel
+//! path) and `pingpong` ([`PingPong`]: the kernel under the mailbox's floor, which gdx-bench
+//! times). Device memory
 //! comes from `cuMemAlloc_v2`, not the stream-ordered pool (`cuMemAllocAsync`): pool memory
 //! needs `cuMemPoolSetAccess` for peer access, and without it peer copies fall back to a slow
 //! path silently (37.7 vs 395.5 GB/s on the H200 test machine).
@@ -49,7 +50,6 @@ mod device;
 mod endpoint;
 mod error;
 mod event;
-pub mod floor;
 mod heartbeat;
 pub mod mailbox;
 mod mapped;
@@ -57,7 +57,7 @@ mod mapping;
 mod memop;
 mod memory;
 mod module;
-pub mod probe;
+mod pingpong;
 mod share;
 mod stream;
 mod vmm;
@@ -75,6 +75,7 @@ pub use memory::{
     DeviceBuffer, DmaBuf, HostBuffer, MemoryType, PinnedHostBuffer, PointerInfo, RegisteredHost,
 };
 pub use module::{Kernel, KernelArgs, LaunchDims, Module, GDX_KERNELS_PTX};
+pub use pingpong::{FloorStep, PingPong};
 pub use share::{IpcHandle, MemPool, PoolAccess, Sharing, VmmPiece};
 pub use stream::{Hold, Stream, HOLD_LIMIT};
 

@@ -111,6 +111,12 @@ impl Module {
         &self.inner.ctx
     }
 
+    /// Whether this is gdx's own module ([`Module::gdx_kernels`]), whose kernels' parameters
+    /// this crate knows.
+    pub(crate) fn is_gdx(&self) -> bool {
+        self.inner.gdx
+    }
+
     /// The kernel `name` (an `extern "C"` entry point) of this module (`cuModuleGetFunction`).
     pub fn kernel(&self, name: &str) -> Result<Kernel, CudaError> {
         let c = CString::new(name).map_err(|_| CudaError::InvalidArgument {

@@ -2,8 +2,8 @@
 //! `Unavailable` naming what was tried; with it, a handle with sane values.
 
 use super::*;
-use crate::cuda::probe::test_gpu;
 use crate::loader::testing::assert_names_every_candidate;
+use gdx_base::testenv::test_gpu;
 
 #[test]
 fn load_returns_a_handle_or_names_every_candidate() {

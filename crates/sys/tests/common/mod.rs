@@ -1,6 +1,6 @@
 //! What the GPU test binaries share.
 
-use gdx_sys::cuda::probe::{fill_pattern, find_mismatch, POISON};
+use gdx_base::pattern::{fill_pattern, find_mismatch, POISON};
 use gdx_sys::cuda::{Context, DeviceBuffer, PinnedHostBuffer, Stream};
 
 /// Uploads the pattern of `seed` into `src` (`len` bytes, on `ctx`'s GPU, through

@@ -1,10 +1,10 @@
 //! `gdx bench` / `gdx calibrate` argument values: sizes (the one gdx rule, through
-//! `gdx_sys::bytesize`), durations, GPU pairs, percentages and `--color`.
+//! `gdx_base::bytesize`), durations, GPU pairs, percentages and `--color`.
 
 use std::io::IsTerminal;
 use std::time::Duration;
 
-use gdx_sys::bytesize::{parse_size_list, ByteSize, SIZE_HELP};
+use gdx_base::bytesize::{parse_size_list, ByteSize, SIZE_HELP};
 
 /// Parsed `--size`.
 #[derive(Debug, Clone)]

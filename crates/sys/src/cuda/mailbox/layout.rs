@@ -229,7 +229,7 @@ mod tests {
     #[test]
     fn payloads_pack_and_unpack_for_every_length() {
         for len in 0..=37usize {
-            let bytes = crate::pattern::pattern(len, 0xa5);
+            let bytes = gdx_base::pattern::pattern(len, 0xa5);
             let mut out = vec![0u8; len];
             for i in 0..payload_words(len) {
                 unpack_word(&mut out, i, pack_word(&bytes, i));

@@ -1,7 +1,7 @@
 //! Sample statistics: the one median / quantile / min / max / σ of gdx. Every crate's probe and
-//! benchmark (gdx-bench's rows, gdx-storage's and gdx-rdma's benchmarks, doctor's probes, this
-//! crate's copy probe) takes its figures from here, so "median" means the same thing in every
-//! report: linear interpolation between the two middle samples of an even count.
+//! benchmark (gdx-bench's rows and copy probe, gdx-storage's and gdx-rdma's benchmarks, doctor's
+//! probes) takes its figures from here, so "median" means the same thing in every report:
+//! linear interpolation between the two middle samples of an even count.
 
 use std::time::Duration;
 

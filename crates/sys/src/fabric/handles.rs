@@ -2,20 +2,21 @@
 //! registration. Each `Drop` calls `fi_close`; a failed close is logged and counted on the
 //! domain (never a panic), and the domain's count of live registrations drops only when the
 //! provider accepted the close, so a test can tell a leaked registration from a released one.
+//!
+//! gdx asks for FI_THREAD_SAFE ([`super::InfoList::get`]), so every handle is `Send + Sync`.
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::{ffi, Api, Memory, OwnedInfo};
-use crate::error::{FabricError, Result};
+use super::{ffi, Libfabric, LibfabricError, Memory, OwnedInfo, Result};
 
 /// Closes `fid` and reports the result.
 ///
 /// # Safety
 ///
 /// `fid` must be a live libfabric object that nothing uses after this call.
-unsafe fn close(api: &Api, what: &'static str, fid: *mut ffi::fid) -> Result<()> {
+unsafe fn close(api: &Libfabric, what: &'static str, fid: *mut ffi::fid) -> Result<()> {
     // SAFETY: the caller guarantees `fid` is live; every fid has an ops table with close.
     let rc = unsafe {
         match (*(*fid).ops).close {
@@ -26,16 +27,17 @@ unsafe fn close(api: &Api, what: &'static str, fid: *mut ffi::fid) -> Result<()>
     api.check(what, rc as isize)
 }
 
-fn missing(call: &'static str, api: &Api) -> FabricError {
-    FabricError::Call {
+fn missing(call: &'static str, api: &Libfabric) -> LibfabricError {
+    LibfabricError::Call {
         call,
         code: ffi::FI_ENOSYS as i32,
         message: api.strerror(ffi::FI_ENOSYS as i32),
     }
 }
 
-/// An open fabric and the info it (and its domain and endpoint) were opened from.
-pub(crate) struct Fabric {
+/// An open fabric and the info it (and its domain and endpoint) were opened from
+/// ([`super::open_fabric`]).
+pub struct Fabric {
     info: OwnedInfo,
     ptr: *mut ffi::fid_fabric,
 }
@@ -51,12 +53,13 @@ impl Fabric {
         Fabric { info, ptr }
     }
 
-    pub(crate) fn api(&self) -> &'static Api {
-        self.info.api
+    /// The library it was opened with.
+    pub fn api(&self) -> &'static Libfabric {
+        self.info.library()
     }
 
     /// `fi_domain`.
-    pub(crate) fn domain(self: &Arc<Self>) -> Result<Arc<Domain>> {
+    pub fn domain(self: &Arc<Self>) -> Result<Arc<Domain>> {
         let api = self.api();
         let mut d: *mut ffi::fid_domain = std::ptr::null_mut();
         // SAFETY: live fabric with its ops table; the info is the one it was opened from.
@@ -86,13 +89,13 @@ impl Drop for Fabric {
 }
 
 /// An open domain.
-pub(crate) struct Domain {
+pub struct Domain {
     fabric: Arc<Fabric>,
     ptr: *mut ffi::fid_domain,
     /// Registrations made here and not yet closed successfully.
-    pub(crate) live_mrs: AtomicUsize,
+    live_mrs: AtomicUsize,
     /// `fi_close` failures of objects under this domain.
-    pub(crate) close_errors: AtomicUsize,
+    close_errors: AtomicUsize,
 }
 
 // SAFETY: FI_THREAD_SAFE (see `Fabric`).
@@ -101,8 +104,19 @@ unsafe impl Send for Domain {}
 unsafe impl Sync for Domain {}
 
 impl Domain {
-    pub(crate) fn api(&self) -> &'static Api {
+    /// The library it was opened with.
+    pub fn api(&self) -> &'static Libfabric {
         self.fabric.api()
+    }
+
+    /// Registrations made here whose `fi_close` has not succeeded (still open, or refused).
+    pub fn live_registrations(&self) -> usize {
+        self.live_mrs.load(Ordering::SeqCst)
+    }
+
+    /// `fi_close` calls of objects under this domain that the provider refused.
+    pub fn close_errors(&self) -> usize {
+        self.close_errors.load(Ordering::SeqCst)
     }
 
     fn info(&self) -> *mut ffi::fi_info {
@@ -110,7 +124,7 @@ impl Domain {
     }
 
     /// `fi_cq_open` with context-format entries; with a wait object when `wait`.
-    pub(crate) fn cq(self: &Arc<Self>, size: usize, wait: bool) -> Result<Arc<Cq>> {
+    pub fn cq(self: &Arc<Self>, size: usize, wait: bool) -> Result<Arc<Cq>> {
         let api = self.api();
         let mut attr = ffi::fi_cq_attr {
             size,
@@ -138,7 +152,7 @@ impl Domain {
     }
 
     /// `fi_av_open` (table: addresses are indices).
-    pub(crate) fn av(self: &Arc<Self>) -> Result<Arc<Av>> {
+    pub fn av(self: &Arc<Self>) -> Result<Arc<Av>> {
         let api = self.api();
         let mut attr = ffi::fi_av_attr {
             type_: ffi::fi_av_type_FI_AV_TABLE,
@@ -161,8 +175,14 @@ impl Domain {
     }
 
     /// `fi_endpoint`, bound to `cq` (transmit and receive) and `av`, and enabled.
-    pub(crate) fn endpoint(self: &Arc<Self>, cq: &Arc<Cq>, av: &Arc<Av>) -> Result<Arc<Ep>> {
+    ///
+    /// # Errors
+    /// [`LibfabricError::ForeignObject`] when `cq` or `av` was opened on another domain; the
+    /// provider's error otherwise.
+    pub fn endpoint(self: &Arc<Self>, cq: &Arc<Cq>, av: &Arc<Av>) -> Result<Arc<Ep>> {
         let api = self.api();
+        self.own("fi_endpoint", "the completion queue", &cq.domain)?;
+        self.own("fi_endpoint", "the address vector", &av.domain)?;
         let mut ep: *mut ffi::fid_ep = std::ptr::null_mut();
         // SAFETY: live domain; the info is the one the domain came from.
         let rc = unsafe {
@@ -200,15 +220,32 @@ impl Domain {
         Ok(Arc::new(h))
     }
 
-    /// `fi_mr_reg` of all of `mem` (`fi_mr_regattr` with FI_HMEM_CUDA for GPU memory); bound to `ep` and enabled when the provider uses
-    /// FI_MR_ENDPOINT. The registration keeps `mem` alive.
-    pub(crate) fn register(
+    /// Refuses `other` (the domain an argument was opened on) unless it is this domain.
+    fn own(&self, call: &'static str, what: &'static str, other: &Arc<Domain>) -> Result<()> {
+        if std::ptr::eq(Arc::as_ptr(other), self) {
+            Ok(())
+        } else {
+            Err(LibfabricError::ForeignObject { call, what })
+        }
+    }
+
+    /// `fi_mr_reg` of all of `mem` (`fi_mr_regattr` with FI_HMEM_CUDA for GPU memory); bound
+    /// to `ep` and enabled when given (providers with FI_MR_ENDPOINT). The registration keeps
+    /// `mem` alive.
+    ///
+    /// # Errors
+    /// [`LibfabricError::ForeignObject`] when `ep` was opened on another domain; the
+    /// provider's error otherwise.
+    pub fn register(
         self: &Arc<Self>,
         mem: &Arc<Memory>,
         access: u64,
         requested_key: u64,
         ep: Option<&Arc<Ep>>,
     ) -> Result<Mr> {
+        if let Some(ep) = ep {
+            self.own("fi_mr_bind", "the endpoint", &ep.domain)?;
+        }
         let base = mem.as_ptr();
         let len = mem.len();
         let api = self.api();
@@ -307,7 +344,7 @@ impl Drop for Domain {
 }
 
 /// A completion queue.
-pub(crate) struct Cq {
+pub struct Cq {
     domain: Arc<Domain>,
     ptr: *mut ffi::fid_cq,
 }
@@ -319,7 +356,7 @@ unsafe impl Sync for Cq {}
 
 /// What one CQ read found.
 #[derive(Debug)]
-pub(crate) enum CqEvent {
+pub enum CqEvent {
     /// Completed operations' context values.
     Done(Vec<u64>),
     /// Nothing completed.
@@ -327,9 +364,13 @@ pub(crate) enum CqEvent {
     /// A failed operation: its context, `err` (positive FI_E*), the provider's own code, and
     /// the provider's text.
     Failed {
+        /// The failed operation's context.
         context: u64,
+        /// Positive `FI_E*` code.
         err: i32,
+        /// The provider's own code.
         prov_errno: i32,
+        /// `fi_strerror` of `err` with the provider's text.
         text: String,
     },
 }
@@ -337,7 +378,7 @@ pub(crate) enum CqEvent {
 impl Cq {
     /// Reads completions (`fi_cq_read`, or `fi_cq_sread` for up to `wait_ms` when non-zero);
     /// an error entry is fetched with `fi_cq_readerr`.
-    pub(crate) fn read(&self, wait_ms: i32) -> Result<CqEvent> {
+    pub fn read(&self, wait_ms: i32) -> Result<CqEvent> {
         let api = self.domain.api();
         let mut buf = [std::ptr::null_mut::<c_void>(); 64];
         // SAFETY: live CQ opened with FI_CQ_FORMAT_CONTEXT, whose entries are one pointer, so
@@ -418,7 +459,7 @@ impl Drop for Cq {
 }
 
 /// An address vector.
-pub(crate) struct Av {
+pub struct Av {
     domain: Arc<Domain>,
     ptr: *mut ffi::fid_av,
 }
@@ -429,12 +470,15 @@ unsafe impl Send for Av {}
 unsafe impl Sync for Av {}
 
 impl Av {
-    /// `fi_av_insert` of one address as the provider's `fi_getname` produced it.
-    pub(crate) fn insert(&self, addr: &[u8]) -> Result<u64> {
+    /// `fi_av_insert` of one address as the provider's `fi_getname` produced it. The provider
+    /// reads one address of its own format, so `addr` must be at least that long: only
+    /// [`Ep::insert_peer`] calls this, after checking the length against its own address.
+    fn insert(&self, addr: &[u8]) -> Result<u64> {
         let api = self.domain.api();
         let mut out: ffi::fi_addr_t = u64::MAX;
         // SAFETY: live AV; `addr` is readable for its length (the provider reads one address
-        // of its own format from it; the caller checked the length against the local one).
+        // of its own format from it; `Ep::insert_peer` checked the length against the local
+        // one).
         let rc = unsafe {
             let f = (*(*self.ptr).ops)
                 .insert
@@ -450,7 +494,7 @@ impl Av {
         };
         if rc != 1 {
             api.check("fi_av_insert", rc as isize)?;
-            return Err(FabricError::BadAddress {
+            return Err(LibfabricError::BadAddress {
                 len: addr.len(),
                 why: "the provider inserted no address".into(),
             });
@@ -471,9 +515,9 @@ impl Drop for Av {
 }
 
 /// An enabled RDM endpoint.
-pub(crate) struct Ep {
+pub struct Ep {
     domain: Arc<Domain>,
-    pub(crate) cq: Arc<Cq>,
+    cq: Arc<Cq>,
     av: Arc<Av>,
     ptr: *mut ffi::fid_ep,
 }
@@ -485,7 +529,7 @@ unsafe impl Sync for Ep {}
 
 /// What posting one operation did.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Post {
+pub enum Post {
     /// Queued; a completion will carry its context.
     Queued,
     /// The provider's queue is full (FI_EAGAIN): progress the CQ and post again.
@@ -493,13 +537,31 @@ pub(crate) enum Post {
 }
 
 impl Ep {
-    /// The address vector bound to this endpoint.
-    pub(crate) fn av(&self) -> &Av {
-        &self.av
+    /// The completion queue bound to this endpoint (transmit and receive).
+    pub fn cq(&self) -> &Cq {
+        &self.cq
+    }
+
+    /// Adds a peer's address (from its [`Ep::name`]) to the endpoint's address vector and
+    /// returns the `fi_addr_t` to post to.
+    ///
+    /// # Errors
+    /// [`LibfabricError::BadAddress`] when `addr` is not as long as this endpoint's own address
+    /// (the provider would read past it) or the provider inserted nothing; the provider's
+    /// error otherwise.
+    pub fn insert_peer(&self, addr: &[u8]) -> Result<u64> {
+        let mine = self.name()?;
+        if addr.len() != mine.len() {
+            return Err(LibfabricError::BadAddress {
+                len: addr.len(),
+                why: format!("this provider's addresses are {} bytes", mine.len()),
+            });
+        }
+        self.av.insert(addr)
     }
 
     /// `fi_getname`: this endpoint's address in the provider's format.
-    pub(crate) fn name(&self) -> Result<Vec<u8>> {
+    pub fn name(&self) -> Result<Vec<u8>> {
         let api = self.domain.api();
         let mut buf = vec![0u8; 256];
         let mut len = buf.len();
@@ -520,10 +582,21 @@ impl Ep {
     }
 
     /// Posts `fi_write` (`write`) or `fi_read` of `len` bytes at `offset` in `local`, to or
-    /// from `raddr` under `key` at peer `dest`; `context` comes back in the completion.
-    /// The caller has checked `offset + len <= local.len`.
+    /// from `raddr` under `key` at peer `dest` (from [`Ep::insert_peer`]); `context` comes back
+    /// in the completion ([`Cq::read`]).
+    ///
+    /// # Errors
+    /// [`LibfabricError::OutOfBounds`] when `offset + len` is past `local`;
+    /// [`LibfabricError::ForeignObject`] when `local` was registered on another domain; the
+    /// provider's error otherwise.
+    ///
+    /// # Safety
+    ///
+    /// - `local` (the [`Mr`], and with it its memory) must not be dropped until the completion
+    ///   carrying `context` has been read from the CQ, or the endpoint is closed: until then
+    ///   the provider reads (write) or writes (read) the registered memory.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn post(
+    pub unsafe fn post(
         &self,
         write: bool,
         local: &Mr,
@@ -535,8 +608,10 @@ impl Ep {
         context: u64,
     ) -> Result<Post> {
         let api = self.domain.api();
+        self.domain
+            .own("fi_write/fi_read", "the local registration", &local.domain)?;
         if offset.checked_add(len).is_none_or(|end| end > local.len) {
-            return Err(FabricError::OutOfBounds {
+            return Err(LibfabricError::OutOfBounds {
                 side: "local",
                 offset: offset as u64,
                 len: len as u64,
@@ -544,9 +619,10 @@ impl Ep {
             });
         }
         let buf = (local.base + offset) as *mut c_void;
-        // SAFETY: live endpoint; `buf..buf+len` is inside the registration `local`, which
-        // the caller keeps alive until the completion; `context` is an opaque value (gdx
-        // asks for no FI_CONTEXT mode, so the provider does not write through it).
+        // SAFETY: live endpoint; `buf..buf+len` is inside the registration `local` (checked
+        // above), of this domain (checked above), which the caller keeps alive until the
+        // completion (`# Safety`); `context` is an opaque value (gdx asks for no FI_CONTEXT
+        // mode, so the provider does not write through it).
         let rc = unsafe {
             let rma = &*(*self.ptr).rma;
             let desc = (*local.ptr).mem_desc;
@@ -596,14 +672,14 @@ impl Drop for Ep {
     }
 }
 
-/// A memory registration.
-pub(crate) struct Mr {
+/// A memory registration ([`Domain::register`]).
+pub struct Mr {
     domain: Arc<Domain>,
     _ep: Option<Arc<Ep>>,
-    pub(crate) mem: Arc<Memory>,
+    mem: Arc<Memory>,
     ptr: *mut ffi::fid_mr,
-    pub(crate) base: usize,
-    pub(crate) len: usize,
+    base: usize,
+    len: usize,
 }
 
 // SAFETY: FI_THREAD_SAFE (see `Fabric`); the registered memory is the caller's (see
@@ -614,16 +690,36 @@ unsafe impl Sync for Mr {}
 
 impl Mr {
     /// `fi_mr_key`.
-    pub(crate) fn key(&self) -> u64 {
+    pub fn key(&self) -> u64 {
         // SAFETY: live MR; the key field is set by the provider at registration.
         unsafe { (*self.ptr).key }
+    }
+
+    /// The registered memory.
+    pub fn memory(&self) -> &Memory {
+        &self.mem
+    }
+
+    /// Its first byte's address (a peer's remote address under FI_MR_VIRT_ADDR).
+    pub fn base(&self) -> usize {
+        self.base
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        // SAFETY: the owner of the registration drops it only once no operation using it is
-        // outstanding (see `crate::Endpoint`), so nothing uses the MR after this.
+        // SAFETY: no operation using the MR is outstanding once it is dropped (`Ep::post`'s
+        // contract), so nothing uses it after this.
         let r = unsafe { close(self.domain.api(), "fi_close(mr)", &mut (*self.ptr).fid) };
         match r {
             Ok(()) => {

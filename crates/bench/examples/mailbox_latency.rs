@@ -2,17 +2,20 @@
 //! Small-op latency on one GPU, all in one run: the mailbox (host→GPU write with completion,
 //! GPU→host read) against the copy engine (`cuMemcpy*Async` + `cuStreamSynchronize`) at each
 //! size, and stream-ordered signalling (kernel done → host sees it) against
-//! `cuStreamSynchronize`. Prints one line per figure: `name size p50_us p99_us`.
+//! `cuStreamSynchronize`. Prints one line per figure: `name size p50_us p99_us`. Every figure is
+//! a sample of gdx-bench's one timer (host wall clock); the floor is [`gdx_bench::gpu::floor`]'s.
 //!
-//! `cargo run --release -p gdx-sys --example mailbox_latency -- [samples]` (GPU `GDX_TEST_GPU`).
+//! `cargo run --release -p gdx-bench --example mailbox_latency -- [samples]` (GPU `GDX_TEST_GPU`).
 
-use gdx_sys::cuda::floor::{self, FloorStep};
+use gdx_base::stats::Summary;
+use gdx_bench::gpu::floor;
+use gdx_bench::timer::wall;
+use gdx_bench::Timer;
 use gdx_sys::cuda::{
-    Cuda, DeviceBuffer, KernelArgs, LaunchDims, Mailbox, MailboxConfig, Module, PinnedHostBuffer,
-    Signal, Stream,
+    Cuda, DeviceBuffer, FloorStep, KernelArgs, LaunchDims, Mailbox, MailboxConfig, Module,
+    PinnedHostBuffer, Signal, Stream,
 };
-use gdx_sys::stats::Summary;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn report(name: &str, size: usize, v: &[Duration]) {
     let us: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1e6).collect();
@@ -24,13 +27,7 @@ fn time(n: usize, mut f: impl FnMut()) -> Vec<Duration> {
     for _ in 0..n / 10 {
         f();
     }
-    (0..n)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed()
-        })
-        .collect()
+    (0..n).map(|_| wall(&mut f).1).collect()
 }
 
 fn main() {
@@ -163,12 +160,12 @@ fn main() {
     // Kernel done → host knows: the kernel spins 30 µs so everything behind it is queued when
     // it ends; the clock starts when the host sees its last store.
     let spin = Duration::from_micros(30);
+    let mut timer = Timer::wall();
     let seen = |want: u64| {
         let w = marker.word(0).unwrap();
         while w.load(std::sync::atomic::Ordering::Acquire) != want {
             std::hint::spin_loop();
         }
-        Instant::now()
     };
     let mut done_to = |signal_way: bool| -> Vec<Duration> {
         (0..n / 10 + n)
@@ -178,15 +175,17 @@ fn main() {
                     .launch_marker(&module, gdx_sys::cuda::Word::Mapped(&marker, 0), v, spin)
                     .unwrap();
                 if signal_way {
-                    let t = signal.arm(&stream).unwrap();
-                    let t0 = seen(v);
-                    assert!(signal.wait(t, Duration::from_secs(5)));
-                    t0.elapsed()
+                    let ticket = signal.arm(&stream).unwrap();
+                    seen(v);
+                    timer.start().unwrap();
+                    assert!(signal.wait(ticket, Duration::from_secs(5)));
                 } else {
-                    let t0 = seen(v);
+                    seen(v);
+                    timer.start().unwrap();
                     stream.synchronize().unwrap();
-                    t0.elapsed()
                 }
+                timer.stop().unwrap();
+                timer.read().unwrap()
             })
             .skip(n / 10)
             .collect()

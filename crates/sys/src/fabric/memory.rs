@@ -52,8 +52,8 @@ impl Memory {
     ///
     /// - `ptr..ptr+len` is mapped, readable and writable memory;
     /// - it stays valid (not freed, unmapped or remapped) until this value and every
-    ///   registration made from it ([`crate::MemoryRegion`], including clones held by
-    ///   outstanding operations) are dropped;
+    ///   registration made from it ([`super::Mr`], gdx-fabric's `MemoryRegion`, including
+    ///   clones held by outstanding operations) are dropped;
     /// - the caller accepts that the provider and remote peers with the key read and write it
     ///   asynchronously while registered.
     pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Memory {
@@ -66,9 +66,9 @@ impl Memory {
     }
 
     /// The caller's CUDA device memory on GPU `device` (an ordinal), registered through
-    /// `fi_mr_regattr` with `FI_HMEM_CUDA`. This crate never dereferences it: [`Memory::write_at`]
-    /// and [`Memory::read_at`] refuse it, and [`crate::Endpoint::register`] refuses it unless
-    /// the endpoint's provider was opened with FI_HMEM.
+    /// `fi_mr_regattr` with `FI_HMEM_CUDA`. It is never dereferenced on the host:
+    /// [`Memory::write_at`] and [`Memory::read_at`] refuse it (and gdx-fabric's
+    /// `Endpoint::register` refuses it unless the endpoint's provider was opened with FI_HMEM).
     ///
     /// # Safety
     ///

@@ -13,6 +13,9 @@ use std::fmt;
 /// as this value (and [`Mismatch`] says so).
 pub const POISON: u8 = 0xA5;
 
+/// A seed for probes and tests that fill a source with the pattern (`gdx cp --verify`'s).
+pub const SEED: u64 = 0x6764_785f_7072_6f62; // "gdx_prob"
+
 /// The pattern's 8 bytes at word `index` (splitmix64 of seed and index).
 fn pattern_word(seed: u64, index: u64) -> u64 {
     let mut z = seed.wrapping_add(index.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));

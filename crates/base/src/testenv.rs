@@ -10,6 +10,9 @@
 //! and no RDMA device, so every "without" test must run there), and GPU-machine runs of
 //! `-- --ignored` should set it too, so a test that silently stopped applying shows as a
 //! failure, never as a pass.
+//!
+//! The GPU the hardware tests run on is [`test_gpu`]'s, and a test that fills a buffer with a
+//! pattern seed of its own run takes it from [`replay_seed`].
 
 /// The variable that turns an unmet precondition into a failure.
 pub const REQUIRE_HW: &str = "GDX_REQUIRE_HW";
@@ -44,6 +47,26 @@ pub fn precondition(what: &str, holds: bool) -> bool {
         }
         Err(fail) => panic!("{fail}"),
     }
+}
+
+/// The GPU the hardware tests run on: `GDX_TEST_GPU`, default 0 (every GPU test suite of the
+/// workspace reads it through here).
+pub fn test_gpu() -> u32 {
+    std::env::var("GDX_TEST_GPU")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A pattern seed that differs per run, printed to stderr so that a failing test can be
+/// replayed with the same bytes.
+pub fn replay_seed() -> u64 {
+    let s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    eprintln!("pattern seed {s:#x}");
+    s
 }
 
 #[cfg(test)]
