@@ -32,7 +32,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-pub(crate) use crate::spin::{spin_until, YIELD_AFTER};
+pub(crate) use crate::spin::spin_until;
 
 use crate::error::{Error, Result};
 use crate::mem::Mapping;

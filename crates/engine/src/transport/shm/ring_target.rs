@@ -172,7 +172,7 @@ fn serve<S: Serving>(
         if idle < SPIN {
             // Spin while a reply could still be on its way, then yield between polls (see
             // `spin::YIELD_AFTER`).
-            if idle >= ring::YIELD_AFTER {
+            if idle >= crate::spin::YIELD_AFTER {
                 core.yield_core(now);
             } else {
                 std::hint::spin_loop();
