@@ -74,9 +74,17 @@ impl Worker {
                 }
                 xfer.chunk_done(batch[j], 0, Err(e));
             }
-            let mut done = Vec::new();
+            // The ipc ops move as one batched copy (`copy_ipc_ops`), the others one by one.
+            let ipc: Vec<usize> = (0..batch.len())
+                .filter(|&j| batch_ok[j] && plans[batch[j]] == Path::Ipc)
+                .map(|j| batch[j])
+                .collect();
+            let (mut done, fatal) = self.copy_ipc_ops(xfer, &ipc);
+            if let Some(e) = fatal {
+                return Err(e);
+            }
             for (j, &i) in batch.iter().enumerate() {
-                if !batch_ok[j] {
+                if !batch_ok[j] || plans[i] == Path::Ipc {
                     continue;
                 }
                 if xfer.expired() {
@@ -85,7 +93,6 @@ impl Worker {
                 }
                 let r = match plans[i] {
                     Path::Shm => self.copy_direct(xfer, i),
-                    Path::Ipc => self.copy_ipc(xfer, i),
                     _ => self.copy_staged(xfer, i),
                 };
                 match r {
