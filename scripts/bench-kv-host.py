@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issue 51's host-memory rows: KV blocks offloaded to host memory, moved between two processes
-of one host by NIXL (UCX, `cma` where ptrace allows it) and gdx, beside a single-thread memcpy of
-the same bytes in one process (the floor), in one run, every row's bytes checked.
+of one host by NIXL (UCX, `cma` where ptrace allows it), Mooncake TE (tcp) and gdx, beside a
+single-thread memcpy of the same bytes in one process (the floor), in one run, bytes checked.
 
 The pools are numpy arrays each process allocates and registers itself (memory the framework
 owns, not gdx's): 8,192 blocks of 16 KiB per side; 1,000 blocks chosen by a fixed random
@@ -20,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "device"))
 
 from kvbench_core import Case, Config, HostMem, common_args, main, passthrough_args  # noqa: E402
-from kvbench_libs import Gdx, Memcpy, Nixl  # noqa: E402
+from kvbench_libs import Gdx, Memcpy, MooncakeTcp, Nixl  # noqa: E402
 from kvbench_report import best, ratio_check  # noqa: E402
 
 CASES = [
@@ -53,7 +53,7 @@ def build(argv=None):
     common_args(ap)
     ap.set_defaults(name="kv-host")
     a = ap.parse_args(argv)
-    libs = {lib.name: lib for lib in (Nixl(), Gdx(), Memcpy())}
+    libs = {lib.name: lib for lib in (Nixl(), MooncakeTcp(), Gdx(), Memcpy())}
     return Config(a, CASES, libs, HostMem, os.path.abspath(__file__), passthrough_args(a))
 
 

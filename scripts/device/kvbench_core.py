@@ -504,7 +504,8 @@ def run_pair(cfg, name: str, rows: list[str], extra_env: dict) -> dict:
         if k not in got:
             cause = why or f"the {name} initiator exited with rc={rc} before this row"
             got[k] = {"status": "error", "error": f"{cause}; log tail: {tail}"}
-        got[k].update(cfg.libs[name].annotate(log_path, k))
+        if got[k]["status"] == "ok":
+            got[k].update(cfg.libs[name].annotate(log_path, k))
     return got
 
 

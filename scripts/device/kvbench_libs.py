@@ -153,7 +153,9 @@ class Mooncake(Lib):
         "mooncake": ("Mooncake TE `nvlink_intra`, `batch_transfer_sync_write`", ("blocks", "lat", "bw")),
         "mooncake-arrays": ("Mooncake TE `nvlink_intra`, `batch_transfer_sync_write_arrays`", ("blocks",)),
     }
-    NVLINK_LINE = "Using Intra-Node NVLink transport"
+    EXPECT = "Using Intra-Node NVLink transport"
+    # With MC_INTRANODE_NVLINK set, "rdma" here gives nvlink_intra (no RDMA device needed).
+    PROTOCOL = "rdma"
 
     def env(self):
         # nvlink_intra: CUDA IPC + cudaMemcpyBatchAsync; it refuses expandable segments.
@@ -166,7 +168,7 @@ class Mooncake(Lib):
         from mooncake.engine import TransferEngine
 
         self.te = TransferEngine()
-        rc = self.te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "")
+        rc = self.te.initialize("127.0.0.1", "P2PHANDSHAKE", self.PROTOCOL, "")
         if rc != 0:
             raise RuntimeError(f"Mooncake TransferEngine.initialize returned {rc}")
         for name, m in mems.items():
@@ -209,14 +211,30 @@ class Mooncake(Lib):
         return lambda: self._ok(te.transfer_sync_write(session, s, d, n), "transfer_sync_write"), {}
 
     def annotate(self, log_path, key):
+        """The transport Mooncake says it installed (`Using ... transport` in its log)."""
         try:
             with open(log_path, errors="replace") as f:
-                seen = self.NVLINK_LINE in f.read()
+                said = sorted(set(re.findall(r"Using [^\n]*? transport[^\n]*", f.read())))
         except OSError:
-            seen = False
-        if seen:
-            return {"path": f"nvlink_intra (log: '{self.NVLINK_LINE}')"}
-        return {"path": f"not confirmed: no '{self.NVLINK_LINE}' line in the log (tcp staging?)"}
+            said = []
+        path = "log: " + "; ".join(said) if said else "not shown: no 'Using ... transport' line in its log"
+        if self.EXPECT not in path:
+            path += f" (NOT the expected '{self.EXPECT}')"
+        return {"path": path}
+
+
+class MooncakeTcp(Mooncake):
+    """Mooncake TE between two processes' host memory: tcp (it has no shared-memory path)."""
+
+    VARIANTS = {
+        "mooncake": ("Mooncake TE, tcp, `batch_transfer_sync_write`", ("blocks", "lat")),
+        "mooncake-arrays": ("Mooncake TE, tcp, `batch_transfer_sync_write_arrays`", ("blocks",)),
+    }
+    PROTOCOL = "tcp"
+    EXPECT = "Using TCP transport"
+
+    def env(self):
+        return {"MC_INTRANODE_NVLINK": None, "GLOG_logtostderr": "1"}
 
 
 # ---------------------------------------------------------------- NIXL, UCX backend
