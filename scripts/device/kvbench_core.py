@@ -411,7 +411,7 @@ class Config:
         self.header_extra = {}
         q = a.quick
         self.block_iters = (1, 3) if q else (3, a.iters or 20)
-        self.lat_iters = (5, 50) if q else (50, a.iters * 50 if a.iters else 2000)
+        self.lat_iters = (5, 50) if q else (50, a.iters * 100 if a.iters else 2000)
         self.bw_iters = (1, 3) if q else (2, a.iters or 10)
 
     def case(self, key: str) -> Case:
