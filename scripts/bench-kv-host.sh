@@ -35,7 +35,7 @@ PY=$VENV/bin/python
 
 SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 LIBS=$(dirname "$(ls "$SITE"/nvidia/*/lib/libcudart.so.13 | head -1)")
-if ! ldconfig -p | grep -q ' libcuda.so.1 '; then
+if ! grep -qE '^[[:space:]]+libcuda\.so\.1 ' <<<"$(ldconfig -p 2>/dev/null || true)"; then
   STUB=$VENV/stub-libcuda
   if [[ ! -f $STUB/libcuda.so.1 ]]; then
     mkdir -p "$STUB"

@@ -45,14 +45,16 @@ export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 # (manylinux_2_28 builds) only the ones this image lacks, and say which.
 LIBS=$SITE/.oslibs
 mkdir -p "$LIBS"
+SYSLIBS=$(ldconfig -p 2>/dev/null || true)
+has_lib() { grep -qE "^[[:space:]]+${1//./\\.} " <<<"$SYSLIBS"; }
 if [[ -f $PEERS/oslibs.tar.gz ]]; then
   tar xzf "$PEERS/oslibs.tar.gz" -C "$LIBS"
   for so in libnuma.so.1 libcurl.so.4 libibverbs.so.1 libmlx5.so.1; do
-    if ldconfig -p | grep -q " $so "; then rm -f "${LIBS:?}/$so"; else log "kv-peers: $so from the carried oslibs (the image has none)"; fi
+    if has_lib "$so"; then rm -f "${LIBS:?}/$so"; else log "kv-peers: $so from the carried oslibs (the image has none)"; fi
   done
 fi
 # libcudart.so.13 (engine.so, UCX's cuda module): torch's CUDA runtime wheel where the OS has none.
-if ! ldconfig -p | grep -q ' libcudart.so.13 '; then
+if ! has_lib libcudart.so.13; then
   rt=$(python3 -c 'import glob, os, sys
 hits = [h for p in sys.path for h in glob.glob(os.path.join(p, "nvidia", "*", "lib", "libcudart.so.13"))]
 print(os.path.dirname(hits[0]) if hits else "")')
