@@ -17,6 +17,7 @@ The two processes speak JSON lines over the target's stdin/stdout; a protocol li
 to the driver the same way.
 
 A library is an adapter class (kvbench_libs.py) with the same few methods for GPU and host memory.
+What runs without a GPU is tested by test_kvbench.py (`python3 -m pytest scripts/device/test_kvbench.py`).
 """
 
 import argparse
