@@ -32,6 +32,7 @@ pub mod ceiling;
 mod copy;
 mod error;
 mod fileio;
+mod gather;
 mod gds;
 mod gpu;
 mod host;
@@ -44,6 +45,10 @@ mod verify;
 pub use align::ALIGN;
 pub use copy::{copy, source_len, CopyOutcome, CopyRequest, Location, PartialFile};
 pub use error::StorageError;
+pub use gather::{
+    default_readers, gather_to_gpu, release_pinned_cache, FileOutcome, GatherOptions, GatherRange,
+    GatherReport, WarmMethod, PINNED_KEEP_BYTES,
+};
 use gdx_base::bytesize::human_bytes;
 pub use gpu::{copy_file_to_gpu, copy_gpu_to_file};
 pub use host::{copy_file_to_host, copy_host_to_file, copy_slices_to_file, read_file};
