@@ -4,9 +4,9 @@
 # (git-ignored through .git/info/exclude; a device call carries it: carry=[".peers"]).
 #
 #   bash scripts/device/prepare-ckpt.sh          # .peers/ckpt/*.whl (about 10 MB)
-#
-# The gdx wheel goes beside them in .peers/gdx/ (GDX_PY_WHEEL_ONLY=1 bash scripts/test-python.sh,
-# then copy target/wheels/gdx-*.whl there): ckpt.sh takes the first gdx-*.whl it finds there.
+#   bash scripts/device/prepare-ckpt.sh --gdx    # and gdx's wheel (release, abi3) in .peers/gdx/,
+#                                                # with the commit it was built from in COMMIT
+# ckpt.sh takes the first gdx-*.whl it finds in .peers/gdx/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 grep -qx '/.peers/' .git/info/exclude 2>/dev/null || echo '/.peers/' >>"$(git rev-parse --git-common-dir)/info/exclude"
@@ -17,5 +17,11 @@ PEERS=(instanttensor==0.2.2 fastsafetensors==0.5.0 runai-model-streamer==0.17.1 
 python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform any -d "$DIR" "${PEERS[@]}"
-ls -la "$DIR"
-du -sh "$DIR"
+if [[ "${1:-}" == "--gdx" ]]; then
+  GDX_PY_WHEEL_ONLY=1 bash scripts/test-python.sh
+  rm -rf .peers/gdx && mkdir -p .peers/gdx
+  cp target/wheels/gdx-*.whl .peers/gdx/
+  echo "$(git rev-parse --short=12 HEAD)$(git diff --quiet HEAD || echo -dirty)" >.peers/gdx/COMMIT
+fi
+ls -la .peers/*
+du -sh .peers

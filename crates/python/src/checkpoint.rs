@@ -275,15 +275,22 @@ pub(crate) fn _st_release_pinned() -> u64 {
 /// Write a safetensors file: `tensors` is a list of (name, dtype, shape, contiguous byte
 /// buffer).
 #[pyfunction]
-#[pyo3(signature = (path, tensors, metadata, via="auto"))]
+#[pyo3(signature = (path, tensors, metadata, via="auto", sync=true, chunk_bytes=16 << 20, depth=4))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn _st_save<'py>(
     py: Python<'py>,
     path: String,
     tensors: Vec<(String, String, Vec<u64>, Bound<'py, PyAny>)>,
     metadata: BTreeMap<String, String>,
     via: &str,
+    sync: bool,
+    chunk_bytes: usize,
+    depth: usize,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = options(via, 16 << 20, 4)?;
+    let opts = CopyOptions {
+        sync,
+        ..options(via, chunk_bytes, depth)?
+    };
     let mut specs = Vec::with_capacity(tensors.len());
     let mut bufs = Vec::with_capacity(tensors.len());
     for (name, dtype, shape, obj) in tensors {

@@ -40,7 +40,7 @@ class Net(torch.nn.Module):
         self.norm = torch.nn.LayerNorm(out)
         self.head = torch.nn.Linear(dim, vocab, bias=False)
         self.register_buffer("scale", torch.arange(out, dtype=torch.float64))
-        self.half = torch.nn.Parameter(torch.randn(3, 5).to(torch.bfloat16))
+        self.lowp = torch.nn.Parameter(torch.randn(3, 5).to(torch.bfloat16))
         if tie:
             self.head.weight = self.embed.weight
 
@@ -90,8 +90,8 @@ def test_mismatched_shapes_and_dtypes_are_refused_by_name_before_any_byte_moves(
     for k, v in m.state_dict().items():
         assert torch.equal(v, before[k]), f"{k} changed although the load was refused"
     m = Net()
-    m.half.data = m.half.data.float()
-    with pytest.raises(gdx.Error, match=r"module\['half'\] is \(3, 5\) torch.float32 but the checkpoint has \(3, 5\) torch.bfloat16"):
+    m.lowp.data = m.lowp.data.float()
+    with pytest.raises(gdx.Error, match=r"module\['lowp'\] is \(3, 5\) torch.float32 but the checkpoint has \(3, 5\) torch.bfloat16"):
         gdx.load_model(m, p)
 
 

@@ -490,10 +490,14 @@ def _as_bytes(name, t):
     return _FROM_NUMPY[key], shape, np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
-def save_safetensors(tensors, path, metadata=None, *, via="auto"):
+def save_safetensors(tensors, path, metadata=None, *, via="auto", fsync=True, chunk_bytes=16 << 20,
+                     depth=4):
     """Write ``{name: numpy array or torch tensor}`` to ``path`` as a safetensors file (read by
     the ``safetensors`` package and by ``load_safetensors``): the header (checked as a reader
-    checks it) and every tensor in one pipelined write. Returns the write's report."""
+    checks it) and every tensor in one pipelined write (O_DIRECT where the file system takes it,
+    ``depth`` writes of ``chunk_bytes`` in flight), then ``fdatasync`` unless ``fsync=False``
+    (the report's time includes it). GPU tensors are copied to host memory first. Returns the
+    write's report."""
     if not isinstance(tensors, dict):
         raise Error("tensors must be a dict of name -> numpy array or torch tensor")
     specs = []
@@ -503,4 +507,4 @@ def save_safetensors(tensors, path, metadata=None, *, via="auto"):
         dtype, shape, raw = _as_bytes(name, t)
         specs.append((name, dtype, shape, raw))
     meta = {str(k): str(v) for k, v in (metadata or {}).items()}
-    return _gdx._st_save(os.fspath(path), specs, meta, via)
+    return _gdx._st_save(os.fspath(path), specs, meta, via, bool(fsync), chunk_bytes, depth)
