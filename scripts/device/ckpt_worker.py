@@ -419,7 +419,7 @@ def run_save(spec):
 
 def run_transformers(spec):
     import gdx
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     torch.empty(1, device=DEV)
     out = {}
@@ -436,17 +436,25 @@ def run_transformers(spec):
         except TypeError:
             ref = LlamaForCausalLM.from_pretrained(d, torch_dtype=torch.bfloat16)
         ref = ref.to(DEV).eval()
+        # Built from the config as from_pretrained builds it (parameters made in bf16, the rotary
+        # buffers, which no checkpoint holds, kept in float32), with other random weights.
         torch.manual_seed(1)
-        mine = LlamaForCausalLM(cfg).to(torch.bfloat16).to(DEV).eval()
+        try:
+            mine = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        except TypeError:
+            mine = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
+        mine = mine.to(DEV).eval()
+        ids = torch.randint(0, cfg.vocab_size, (2, 48), device=DEV)
+        with torch.no_grad():
+            differed = not torch.equal(ref(ids).logits, mine(ids).logits)
         missing, unexpected, reps = gdx.load_model(mine, d, return_report=True)
-        ids = torch.randint(0, cfg.vocab_size, (2, 48), device=DEV, generator=None)
         with torch.no_grad():
             same = torch.equal(ref(ids).logits, mine(ids).logits)
-        sd = gdx.load_safetensors(d, device=DEV)
+        sd = gdx.load_safetensors(d, device=DEV, framework="pt")
         ref_sd = ref.state_dict()
         sd_same = all(torch.equal(v, ref_sd[k]) for k, v in sd.items())
         shards = len([f for f in os.listdir(d) if f.endswith(".safetensors")])
-        out[f"tie={tie}"] = {"identical_logits": same, "state_dict_equal": sd_same,
+        out[f"tie={tie}"] = {"differed_before_load": differed, "identical_logits": same, "state_dict_equal": sd_same,
                              "missing": missing, "unexpected": unexpected, "shards": shards,
                              "summary": (reps[0].get("load") or {}).get("summary") if reps else None}
     return out
