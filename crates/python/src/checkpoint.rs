@@ -212,7 +212,7 @@ fn gather_report<'py>(py: Python<'py>, r: &GatherReport) -> PyResult<Bound<'py, 
 /// (file index, file offset, bytes, device address), each address the storage of a CUDA tensor
 /// the caller keeps alive and leaves alone until this returns (its stream synchronised before).
 #[pyfunction]
-#[pyo3(signature = (files, ranges, gpu, via="auto", warm="readers", readers=0, chunk_bytes=16 << 20, buffers=2))]
+#[pyo3(signature = (files, ranges, gpu, via="auto", warm="readers", readers=0, chunk_bytes=16 << 20, buffers=2, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn _st_gather_gpu<'py>(
     py: Python<'py>,
@@ -224,8 +224,20 @@ pub(crate) fn _st_gather_gpu<'py>(
     readers: usize,
     chunk_bytes: usize,
     buffers: usize,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let path = options(via, chunk_bytes, 4)?.path;
+    // Called from the reader threads, which take the GIL for it; an exception in the callback
+    // is printed (as Python does for callbacks it cannot raise through) and the load goes on.
+    let progress = progress.map(|cb| -> gdx_storage::ProgressFn {
+        std::sync::Arc::new(move |done: u64, total: u64| {
+            Python::with_gil(|py| {
+                if let Err(e) = cb.call1(py, (done, total)) {
+                    e.print(py);
+                }
+            })
+        })
+    });
     let opts = GatherOptions {
         path,
         warm: WarmMethod::parse(warm).map_err(storage_to_py)?,
@@ -236,6 +248,7 @@ pub(crate) fn _st_gather_gpu<'py>(
         },
         chunk_bytes,
         buffers,
+        progress,
     };
     opts.validate().map_err(storage_to_py)?;
     gdx_storage::keep_cufile_open();

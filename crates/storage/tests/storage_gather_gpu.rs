@@ -12,6 +12,8 @@ use gdx_base::pattern::pattern;
 use gdx_base::testenv::{replay_seed as seed, test_gpu};
 use gdx_storage::{gather_to_gpu, GatherOptions, GatherRange, PathChoice, StoragePath, WarmMethod};
 use gdx_sys::cuda::{Context, Cuda, DeviceBuffer, PinnedHostBuffer, RegisteredFile, Stream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 const POISON: u8 = 0xA5;
 
@@ -53,12 +55,19 @@ fn gather(path: PathChoice, warm: WarmMethod) {
         (0, (16 << 20) + 11, (20 << 20) + 1, 0),
         (1, 1 << 20, (8 << 20) + 5, 3),
     ];
+    let seen = Arc::new(AtomicU64::new(0));
+    let calls = Arc::new(AtomicU64::new(0));
+    let (s2, c2) = (seen.clone(), calls.clone());
     let opts = GatherOptions {
         path,
         warm,
         readers: 3,
         chunk_bytes: 4 << 20,
         buffers: 2,
+        progress: Some(Arc::new(move |done, _total| {
+            s2.fetch_max(done, Ordering::Relaxed);
+            c2.fetch_add(1, Ordering::Relaxed);
+        })),
     };
     let mut kept: Vec<DeviceBuffer> = spec
         .iter()
@@ -79,6 +88,12 @@ fn gather(path: PathChoice, warm: WarmMethod) {
         .collect();
     let r = gather_to_gpu(&files, borrowed, &opts).unwrap();
     check_report(&r, path, warm, &spec);
+    assert_eq!(
+        seen.load(Ordering::Relaxed),
+        r.bytes,
+        "progress reaches the total"
+    );
+    assert!(calls.load(Ordering::Relaxed) >= spec.len() as u64);
     for (&(file, offset, len, at), d) in spec.iter().zip(&kept) {
         let got = read_back(&ctx, &stream, d);
         let (o, n) = (offset as usize, len as usize);

@@ -279,10 +279,8 @@ def _knob_report(rep, files, why):
 def _gpu_load(files, ranges, gpu, via, chunk_bytes, progress):
     """One gather of (file index, offset, bytes, device address) ranges into GPU `gpu`."""
     warm, readers, chunk, buffers, why = _gather_knobs(chunk_bytes)
-    rep = _gdx._st_gather_gpu([f[0] for f in files], ranges, gpu, via, warm, readers, chunk, buffers)
-    cb = _progress_fn(progress)
-    if cb:
-        cb(rep["bytes"], rep["bytes"])
+    rep = _gdx._st_gather_gpu([f[0] for f in files], ranges, gpu, via, warm, readers, chunk, buffers,
+                              _progress_fn(progress))
     return _knob_report(rep, files, why)
 
 

@@ -74,7 +74,7 @@ pub fn default_readers() -> usize {
 }
 
 /// How to gather.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct GatherOptions {
     /// `Auto` (by residency), `Buffered` or `FileStaged`; cuFile is not used here.
     pub path: PathChoice,
@@ -86,6 +86,8 @@ pub struct GatherOptions {
     pub chunk_bytes: usize,
     /// Bounce buffers (or live registrations) per reader (1 to 8).
     pub buffers: usize,
+    /// Called with (bytes queued to the GPU, bytes in all) after each chunk, from a reader.
+    pub progress: Option<crate::ProgressFn>,
 }
 
 impl Default for GatherOptions {
@@ -96,7 +98,21 @@ impl Default for GatherOptions {
             readers: default_readers(),
             chunk_bytes: 16 << 20,
             buffers: 2,
+            progress: None,
         }
+    }
+}
+
+impl std::fmt::Debug for GatherOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatherOptions")
+            .field("path", &self.path)
+            .field("warm", &self.warm)
+            .field("readers", &self.readers)
+            .field("chunk_bytes", &self.chunk_bytes)
+            .field("buffers", &self.buffers)
+            .field("progress", &self.progress.is_some())
+            .finish()
     }
 }
 
@@ -254,9 +270,15 @@ fn open_sources(
         } else {
             FileRange::new(path, lo, hi - lo)
         };
-        let plan = plan_read(&span, opts.path, MemoryEnd::Host, || {
+        let mut plan = plan_read(&span, opts.path, MemoryEnd::Host, || {
             CufileStatus::NotNeeded
         })?;
+        // The planner speaks of host memory; here the bytes go on to a GPU.
+        plan.reason = plan.reason.replace(
+            "host memory: the O_DIRECT staged pipeline without the GPU step",
+            "O_DIRECT into pinned buffers (cuFile is not used: without nvidia-fs its \
+             compatibility mode stages through host memory the same way)",
+        );
         let mut io = FileIo::open_read(path, wants_direct(plan.path))?;
         io.set_residency(plan.residency.clone());
         let register = opts.warm == WarmMethod::Register && plan.path == StoragePath::Buffered;

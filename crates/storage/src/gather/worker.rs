@@ -29,6 +29,19 @@ struct Shared<'a> {
     peak: AtomicU64,
     /// Registrations (or buffers) per reader.
     depth: usize,
+    /// Bytes queued so far, of `total`, for the progress callback.
+    queued: AtomicU64,
+    total: u64,
+    progress: Option<crate::ProgressFn>,
+}
+
+impl Shared<'_> {
+    fn queued(&self, n: usize) {
+        let done = self.queued.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+        if let Some(p) = &self.progress {
+            p(done, self.total);
+        }
+    }
 }
 
 /// Run `readers` threads over `jobs`; `bufs` (empty when no file needs bounce buffers) are
@@ -43,6 +56,7 @@ pub(super) fn run(
     opts: &GatherOptions,
 ) -> Result<u64, StorageError> {
     let meta = ranges.iter().map(|r| (r.file, r.dst_offset)).collect();
+    let total = ranges.iter().map(|r| r.len).sum();
     let dsts = ranges.iter_mut().map(|r| Mutex::new(&mut r.dst)).collect();
     let shared = Shared {
         ctx,
@@ -55,6 +69,9 @@ pub(super) fn run(
         locked: AtomicU64::new(0),
         peak: AtomicU64::new(0),
         depth: opts.buffers,
+        queued: AtomicU64::new(0),
+        total,
+        progress: opts.progress.clone(),
     };
     let per = opts.buffers.max(1);
     let errors: Mutex<Vec<StorageError>> = Mutex::new(Vec::new());
@@ -103,6 +120,7 @@ fn reader(sh: &Shared<'_>, bufs: &mut [PinnedHostBuffer]) -> Result<(), StorageE
             let src = &sh.sources[file];
             if src.register {
                 regs.push_back(register(sh, &stream, src, job, at)?);
+                sh.queued(job.piece.len);
                 while regs.len() > sh.depth {
                     release(sh, regs.pop_front());
                 }
@@ -118,6 +136,8 @@ fn reader(sh: &Shared<'_>, bufs: &mut [PinnedHostBuffer]) -> Result<(), StorageE
             stream
                 .copy_to_device_at(&mut dst, at, &*buf, job.piece.skip, job.piece.len)
                 .map_err(copy_err(gpu, &job.piece, at))?;
+            drop(dst);
+            sh.queued(job.piece.len);
         }
         stream.synchronize().map_err(StorageError::cuda(format!(
             "waiting for the copies to GPU {gpu}"
