@@ -279,6 +279,71 @@ pub(crate) fn _st_gather_gpu<'py>(
     gather_report(py, &r)
 }
 
+/// Write a safetensors file from GPU `gpu`'s memory: `tensors` is a list of (name, dtype,
+/// shape, device address, bytes), each address the storage of a contiguous CUDA tensor the
+/// caller keeps alive and leaves alone (its stream synchronised) until this returns.
+#[pyfunction]
+#[pyo3(signature = (path, tensors, metadata, gpu, via="auto", sync=true, chunk_bytes=16 << 20, depth=4))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn _st_save_gpu<'py>(
+    py: Python<'py>,
+    path: String,
+    tensors: Vec<(String, String, Vec<u64>, u64, u64)>,
+    metadata: BTreeMap<String, String>,
+    gpu: u32,
+    via: &str,
+    sync: bool,
+    chunk_bytes: usize,
+    depth: usize,
+) -> PyResult<Bound<'py, PyDict>> {
+    let opts = CopyOptions {
+        sync,
+        ..options(via, chunk_bytes, depth)?
+    };
+    let ctx = crate::cuda::local_peer()?.context(gpu).py_err()?;
+    let mut specs = Vec::with_capacity(tensors.len());
+    let mut bufs = Vec::with_capacity(tensors.len());
+    for (name, dtype, shape, ptr, len) in tensors {
+        let d = Dtype::parse(&dtype).ok_or_else(|| {
+            err(format!(
+                "tensor {name:?}: unknown safetensors dtype {dtype:?}"
+            ))
+        })?;
+        let n = usize::try_from(len).map_err(|_| err(format!("tensor {name:?}: {len} bytes")))?;
+        bufs.push((n > 0).then(|| {
+            // SAFETY: the Python side passes the storage of a live, contiguous CUDA tensor of
+            // `len` bytes at `ptr` on GPU `gpu`, holds it until this call returns and has
+            // synchronised its stream; the save waits for every copy it queues before it
+            // returns, only reads the memory, and a borrowed buffer never frees it.
+            unsafe { DeviceBuffer::from_raw_parts(&ctx, ptr, n) }
+        }));
+        specs.push(TensorSpec {
+            name,
+            dtype: d,
+            shape,
+            len,
+        });
+    }
+    let r = py
+        .allow_threads(|| {
+            let parts: Vec<gdx_storage::Part<'_>> = bufs
+                .iter()
+                .map(|b| match b {
+                    Some(buf) => gdx_storage::Part::Gpu {
+                        buf,
+                        offset: 0,
+                        len: buf.len(),
+                    },
+                    None => gdx_storage::Part::Host(&[]),
+                })
+                .collect();
+            let p = std::path::Path::new(&path);
+            safetensors::save_from_gpu(p, &specs, &parts, &ctx, &metadata, &opts)
+        })
+        .map_err(storage_to_py)?;
+    report(py, &path, &r)
+}
+
 /// Free the pinned bounce buffers kept between loads; returns the bytes freed.
 #[pyfunction]
 pub(crate) fn _st_release_pinned() -> u64 {

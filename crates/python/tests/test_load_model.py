@@ -209,3 +209,24 @@ def test_gpu_warm_methods_load_equal_bytes(tmp_path, monkeypatch, warm):
     assert load["warm"] == warm and "GDX_CKPT_WARM" in load["warm_why"], load
     assert reports[0]["registered"] == (warm == "register"), reports[0]
     assert load["pinned_bytes"] <= load["readers"] * load["buffers"] * (1 << 20)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda_reason() is not None, reason=str(cuda_reason()))
+def test_gpu_tensors_are_saved_straight_from_the_gpu(tmp_path):
+    g = torch.Generator(device="cuda").manual_seed(52)
+    want = {
+        "big": torch.randn((5 << 20) + 3, generator=g, device="cuda").to(torch.bfloat16),
+        "strided": torch.randn(64, 48, generator=g, device="cuda").t(),  # not contiguous
+        "ids": torch.arange(1001, device="cuda", dtype=torch.int64),
+        "empty": torch.zeros(0, 4, device="cuda"),
+        "scalar": torch.tensor(2.5, device="cuda"),
+    }
+    p = tmp_path / "g.safetensors"
+    r = gdx.save_safetensors(want, p, metadata={"step": "7"}, chunk_bytes=1 << 20)
+    assert "pinned" in r["reason"], r["reason"]
+    back = stt.load_file(str(p))
+    assert sorted(back) == sorted(want)
+    for k, v in want.items():
+        assert back[k].dtype == v.dtype and back[k].shape == v.shape, k
+        assert torch.equal(back[k], v.cpu()), k

@@ -50,7 +50,7 @@ pub use gather::{
     GatherReport, WarmMethod, PINNED_KEEP_BYTES,
 };
 use gdx_base::bytesize::human_bytes;
-pub use gpu::{copy_file_to_gpu, copy_gpu_to_file};
+pub use gpu::{copy_file_to_gpu, copy_gpu_to_file, copy_parts_to_file, Part};
 pub use host::{copy_file_to_host, copy_host_to_file, copy_slices_to_file, read_file};
 pub use plan::{
     cufile_status, cufile_status_for_auto, keep_cufile_open, plan, CufileStatus, MemoryEnd, Plan,

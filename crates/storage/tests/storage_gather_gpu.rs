@@ -181,3 +181,68 @@ fn a_registered_file_is_never_written() {
     drop(reg);
     ctx.check_err().unwrap();
 }
+
+/// A file written from host bytes and GPU spans of every size class, unaligned, across chunk
+/// boundaries: the file holds their concatenation, byte for byte, for each write path.
+#[test]
+#[ignore = "requires a GPU; cargo test -- --ignored"]
+fn parts_from_gpu_and_host_are_written_in_order() {
+    let (ctx, stream) = setup();
+    let s = seed();
+    let dir = tempfile::tempdir_in(std::env::var("GDX_TEST_DIR").unwrap_or_else(|_| "/tmp".into()))
+        .unwrap();
+    let head = pattern(4097 + 3, s);
+    let spans = [1usize, 0, (4 << 20) + 1, 4096, (9 << 20) + 77];
+    let data: Vec<Vec<u8>> = spans
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| pattern(n + 5, s ^ i as u64))
+        .collect();
+    let devs: Vec<DeviceBuffer> = data
+        .iter()
+        .map(|d| {
+            let mut dev = poisoned(&ctx, &stream, d.len());
+            let mut host = PinnedHostBuffer::new(&ctx, d.len()).unwrap();
+            host.as_mut_slice().unwrap().copy_from_slice(d);
+            stream.copy_to_device(&mut dev, &host).unwrap();
+            stream.synchronize().unwrap();
+            dev
+        })
+        .collect();
+    let mut parts = vec![gdx_storage::Part::Host(&head)];
+    let mut want = head.clone();
+    for (i, (&n, dev)) in spans.iter().zip(&devs).enumerate() {
+        // Each span starts `i` bytes into its buffer.
+        let off = i.min(5);
+        parts.push(gdx_storage::Part::Gpu {
+            buf: dev,
+            offset: off,
+            len: n,
+        });
+        want.extend_from_slice(&data[i][off..off + n]);
+    }
+    for choice in [PathChoice::FileStaged, PathChoice::Buffered] {
+        let p = dir.path().join(format!("parts-{choice:?}.bin"));
+        std::fs::write(&p, vec![0xEEu8; want.len() + 4096]).unwrap();
+        let opts = gdx_storage::CopyOptions {
+            path: choice,
+            chunk_bytes: 4 << 20,
+            depth: 3,
+            truncate: true,
+            sync: true,
+            ..Default::default()
+        };
+        let r = gdx_storage::copy_parts_to_file(
+            &parts,
+            &ctx,
+            &gdx_storage::FileRange::whole(&p),
+            &opts,
+        )
+        .unwrap();
+        assert_eq!(r.bytes, want.len() as u64);
+        let back = std::fs::read(&p).unwrap();
+        assert_eq!(back.len(), want.len(), "{choice:?}: truncated to the parts");
+        assert!(back == want, "{choice:?}: the file differs from the parts");
+    }
+    ctx.check_err().unwrap();
+}

@@ -498,11 +498,45 @@ def save_safetensors(tensors, path, metadata=None, *, via="auto", fsync=True, ch
     write's report."""
     if not isinstance(tensors, dict):
         raise Error("tensors must be a dict of name -> numpy array or torch tensor")
+    meta = {str(k): str(v) for k, v in (metadata or {}).items()}
+    gpu = _one_gpu(tensors)
+    if gpu is not None and via != "gds":
+        return _save_gpu(tensors, path, meta, gpu, via, fsync, chunk_bytes, depth)
     specs = []
     for name, t in tensors.items():
         if not isinstance(name, str):
             raise Error(f"tensor names must be strings, not {name!r}")
         dtype, shape, raw = _as_bytes(name, t)
         specs.append((name, dtype, shape, raw))
-    meta = {str(k): str(v) for k, v in (metadata or {}).items()}
     return _gdx._st_save(os.fspath(path), specs, meta, via, bool(fsync), chunk_bytes, depth)
+
+
+def _one_gpu(tensors):
+    """The CUDA device index when every tensor is a torch tensor on that one GPU, else None."""
+    devs = set()
+    for t in tensors.values():
+        if not type(t).__module__.startswith("torch") or t.device.type != "cuda":
+            return None
+        devs.add(t.device.index or 0)
+    return devs.pop() if len(devs) == 1 else None
+
+
+def _save_gpu(tensors, path, meta, gpu, via, fsync, chunk_bytes, depth):
+    """Every tensor on GPU `gpu`: the file is gathered chunk by chunk straight from GPU memory
+    into pinned buffers and written as it goes (no copy of the whole in host memory)."""
+    import torch
+
+    rev = {v: k for k, v in _torch_dtypes().items()}
+    keep, specs = [], []
+    for name, t in tensors.items():
+        if not isinstance(name, str):
+            raise Error(f"tensor names must be strings, not {name!r}")
+        if t.dtype not in rev:
+            raise Error(f"tensor {name!r}: torch dtype {t.dtype} has no safetensors dtype")
+        c = t.detach().contiguous()  # a strided tensor is copied on its GPU first
+        keep.append(c)
+        specs.append((name, rev[t.dtype], list(c.shape), c.data_ptr(), c.numel() * c.element_size()))
+    # Work queued on the tensors (their last writes, the contiguous copies) finishes before the
+    # save reads them.
+    torch.cuda.current_stream(gpu).synchronize()
+    return _gdx._st_save_gpu(os.fspath(path), specs, meta, gpu, via, bool(fsync), chunk_bytes, depth)
