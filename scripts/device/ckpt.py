@@ -30,7 +30,7 @@ LOADS = [
     ("gdx", "gdx", {}, ("warm", "cold")),
     ("gdx readers=4", "gdx", {"GDX_CKPT_READERS": "4"}, ("warm",)),
     ("gdx readers=16", "gdx", {"GDX_CKPT_READERS": "16"}, ("warm", "cold")),
-    ("gdx 64M x2", "gdx", {"GDX_CKPT_CHUNK": "64M"}, ("warm",)),
+    ("gdx 32M x2", "gdx", {"GDX_CKPT_CHUNK": "32M"}, ("warm",)),
     ("gdx 4M x4", "gdx", {"GDX_CKPT_CHUNK": "4M", "GDX_CKPT_BUFFERS": "4"}, ("warm",)),
     ("gdx register", "gdx", {"GDX_CKPT_WARM": "register"}, ("warm",)),
     ("gdx register 64M", "gdx", {"GDX_CKPT_WARM": "register", "GDX_CKPT_CHUNK": "64M"}, ("warm",)),

@@ -10,11 +10,13 @@
 //! [`copy`] is `gdx cp` as one call (locations, range checks before allocation, the memory side
 //! created and filled, verification, the ceiling, no partial file left behind). Below it, the
 //! entry points are [`copy_file_to_gpu`], [`copy_gpu_to_file`], [`copy_file_to_host`],
-//! [`copy_host_to_file`] and [`read_file`]; each returns a [`CopyReport`] with the bytes, the
+//! [`copy_host_to_file`], [`copy_parts_to_file`] (host bytes and GPU spans gathered into one
+//! file) and [`read_file`]; each returns a [`CopyReport`] with the bytes, the
 //! path taken, the reason and the time. [`plan`] is the planner's decision on its own (GDS or
 //! staged, with the reason), [`checksum_file`], [`checksum_gpu`] and [`checksum_bytes`] verify a
 //! copy, [`evict`] drops a file from the page cache (before a cold read), and [`ceiling`] finds
-//! the disk's and the GPU's PCIe links. Benchmarking these paths is gdx-bench's (`gdx bench
+//! the disk's and the GPU's PCIe links. [`gather_to_gpu`] loads many ranges of many files into
+//! GPU memory with one set of reader threads (the checkpoint loader's engine). Benchmarking these paths is gdx-bench's (`gdx bench
 //! --path file`); this crate only moves the bytes and reports what it did.
 //!
 //! No silent fallback: when `O_DIRECT` is refused the report says [`StoragePath::Buffered`] and
