@@ -28,9 +28,9 @@ T0 = time.monotonic()
 LOADS = [
     ("safetensors", "safetensors", {}, ("warm", "cold")),
     ("gdx", "gdx", {}, ("warm", "cold")),
-    ("gdx readers=4", "gdx", {"GDX_CKPT_READERS": "4"}, ("warm",)),
+    ("gdx readers=8", "gdx", {"GDX_CKPT_READERS": "8"}, ("warm",)),
     ("gdx readers=16", "gdx", {"GDX_CKPT_READERS": "16"}, ("warm", "cold")),
-    ("gdx 32M x2", "gdx", {"GDX_CKPT_CHUNK": "32M"}, ("warm",)),
+    ("gdx 8 x 2 x 32M", "gdx", {"GDX_CKPT_READERS": "8", "GDX_CKPT_CHUNK": "32M"}, ("warm",)),
     ("gdx 4M x4", "gdx", {"GDX_CKPT_CHUNK": "4M", "GDX_CKPT_BUFFERS": "4"}, ("warm",)),
     ("gdx register", "gdx", {"GDX_CKPT_WARM": "register"}, ("warm",)),
     ("gdx register 64M", "gdx", {"GDX_CKPT_WARM": "register", "GDX_CKPT_CHUNK": "64M"}, ("warm",)),

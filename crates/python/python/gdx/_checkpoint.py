@@ -342,8 +342,8 @@ def load_safetensors(path, device="cpu", *, out=None, pool=None, framework=None,
 
     A GPU load (any ``via`` but ``"gds"``) reads every file with one set of reader threads; a
     file in the page cache is read through it, one on the disk with O_DIRECT (and is then not
-    left in the page cache). Pinned host memory is bounded (readers x 2 x chunk_bytes, 256 MiB
-    by default, kept for the next load; ``gdx.release_pinned()`` frees it).
+    left in the page cache). Pinned host memory is bounded (readers x 2 x chunk_bytes: 384 MiB
+    on a 16-core host, kept for the next load up to 512 MiB; ``gdx.release_pinned()`` frees it).
     """
     files = _files if _files is not None else _gdx._st_open(os.fspath(path))
     gpu = _parse_device(device)
