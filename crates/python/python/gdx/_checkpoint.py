@@ -261,7 +261,9 @@ def _where(t):
 def _host_bytes(t):
     """A writable uint8 view of a host target's storage."""
     if type(t).__module__.startswith("torch"):
-        return t.detach().reshape(-1).view(__import__("torch").uint8).numpy()
+        import torch
+
+        return t.detach().reshape(-1).view(torch.uint8).numpy()
     return np.asarray(t).reshape(-1).view(np.uint8)
 
 
