@@ -202,7 +202,11 @@ def test_gpu_warm_methods_load_equal_bytes(tmp_path, monkeypatch, warm):
             for i, n in enumerate([1, 4095, 1 << 20, (3 << 20) + 7])}
     p = tmp_path / "w.safetensors"
     stt.save_file(want, str(p))
-    got, reports = gdx.load_safetensors(p, device="cuda:0", via="buffered", return_report=True)
+    seen = []
+    got, reports = gdx.load_safetensors(p, device="cuda:0", via="buffered", return_report=True,
+                                        progress=lambda d, t: seen.append((d, t)))
+    total = sum(v.nbytes for v in want.values())
+    assert seen and max(seen) == (total, total), seen[-3:]
     for k, v in want.items():
         assert torch.equal(got[k].cpu(), v), k
     load = reports[0]["load"]
