@@ -34,6 +34,8 @@ LOADS = [
     ("gdx 4M x4", "gdx", {"GDX_CKPT_CHUNK": "4M", "GDX_CKPT_BUFFERS": "4"}, ("warm",)),
     ("gdx register", "gdx", {"GDX_CKPT_WARM": "register"}, ("warm",)),
     ("gdx register 64M", "gdx", {"GDX_CKPT_WARM": "register", "GDX_CKPT_CHUNK": "64M"}, ("warm",)),
+    # Cold through the page cache (readahead) instead of O_DIRECT: whichever this disk takes.
+    ("gdx via=buffered", "gdx", {"CKPT_VIA": "buffered"}, ("cold",)),
     ("InstantTensor BUFFERED", "instanttensor-buffered", {}, ("warm", "cold")),
     ("InstantTensor default", "instanttensor", {}, ("warm", "cold")),
     ("fastsafetensors nogds", "fastsafetensors", {}, ("warm", "cold")),

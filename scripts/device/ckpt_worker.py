@@ -110,7 +110,9 @@ def load_safetensors(spec):
 def load_gdx(spec):
     import gdx
 
-    d, reps = gdx.load_safetensors(spec["target"], device=DEV, framework="pt", return_report=True)
+    via = os.environ.get("CKPT_VIA", "auto")
+    d, reps = gdx.load_safetensors(spec["target"], device=DEV, framework="pt", via=via,
+                                   return_report=True)
     load = dict(reps[0].get("load") or {})
     load.pop("files", None)
     info = {"load": load, "files": [{k: r.get(k) for k in ("file", "path", "registered", "reason",
