@@ -129,7 +129,13 @@ impl AgentInner {
         let mut t = self.cfg.transports;
         t.rdma &= self.rdma.is_ok();
         t.fabric &= self.fabric.is_ok();
-        t.bits()
+        // An shm target of this build understands the cma frames (it may still decline them).
+        let cma = if t.shm {
+            crate::transport::shm::CMA_FRAMES_BIT
+        } else {
+            0
+        };
+        t.bits() | cma
     }
 
     /// The session `session`, if it exists.

@@ -453,6 +453,25 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
             put_u32(o, *slots);
             put_u32(o, *slot_bytes);
         }
+        Msg::ShmCmaGrant => {}
+        Msg::ShmCmaProbe { addr, value } => {
+            put_u64(o, *addr);
+            put_u128(o, *value);
+        }
+        Msg::ShmCmaRegion { region, key, write } => {
+            put_u64(o, *region);
+            put_u128(o, key.0);
+            o.push(u8::from(*write));
+        }
+        Msg::ShmCmaAddr {
+            addr,
+            len,
+            writable,
+        } => {
+            put_u64(o, *addr);
+            put_u64(o, *len);
+            o.push(u8::from(*writable));
+        }
     }
 }
 
@@ -626,6 +645,21 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
         31 => Msg::ShmRing {
             slots: r.u32()?,
             slot_bytes: r.u32()?,
+        },
+        33 => Msg::ShmCmaGrant,
+        34 => Msg::ShmCmaProbe {
+            addr: r.u64()?,
+            value: r.u128()?,
+        },
+        35 => Msg::ShmCmaRegion {
+            region: r.u64()?,
+            key: RegionKey(r.u128()?),
+            write: r.bool()?,
+        },
+        36 => Msg::ShmCmaAddr {
+            addr: r.u64()?,
+            len: r.u64()?,
+            writable: r.bool()?,
         },
         k => return Err(Error::UnknownFrame(k)),
     };

@@ -26,7 +26,7 @@ pub(crate) const MAX_STR: usize = 4096;
 /// Most ops in one `ShmBegin` (and errors in one `ShmBeginResult`); more is `Malformed`.
 pub const MAX_OPS_PER_BEGIN: usize = 8192;
 /// Highest frame type this version knows.
-pub const MAX_KIND: u8 = 32;
+pub const MAX_KIND: u8 = 36;
 
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,6 +231,29 @@ pub enum Msg {
         slots: u32,
         slot_bytes: u32,
     },
+    /// Shm: asks the target to let this initiator copy straight into and out of its borrowed
+    /// host regions (`cma`); answered by `ShmCmaProbe` or `Err` (declined, with why).
+    ShmCmaGrant,
+    /// The answer to `ShmCmaGrant`: where in the target's memory a 16-byte probe holds `value`,
+    /// for the initiator to read with `process_vm_readv` (the kernel's verdict, and proof that
+    /// the socket's peer pid is the target).
+    ShmCmaProbe {
+        addr: u64,
+        value: u128,
+    },
+    /// Asks for a borrowed host region's address in the target's memory (checked like any op:
+    /// key and access); answered by `ShmCmaAddr` or `Err`.
+    ShmCmaRegion {
+        region: u64,
+        key: RegionKey,
+        write: bool,
+    },
+    /// The answer to `ShmCmaRegion`: the region's byte 0 in the target's address space.
+    ShmCmaAddr {
+        addr: u64,
+        len: u64,
+        writable: bool,
+    },
 }
 
 impl Msg {
@@ -268,6 +291,10 @@ impl Msg {
             Msg::FabricRegion { .. } => 29,
             Msg::FabricRegionInfo { .. } => 30,
             Msg::ShmRing { .. } => 31,
+            Msg::ShmCmaGrant => 33,
+            Msg::ShmCmaProbe { .. } => 34,
+            Msg::ShmCmaRegion { .. } => 35,
+            Msg::ShmCmaAddr { .. } => 36,
             Msg::RdmaRegionOn { .. } => 32,
         }
     }

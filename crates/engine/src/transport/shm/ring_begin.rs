@@ -169,12 +169,15 @@ impl Worker {
     /// local region and the same remote region, in the same direction, share one local lease and
     /// one mapping look-up (a batch of small ops costs its copies, not per-op bookkeeping).
     /// Returns the ops copied and the error that broke the connection, if one did.
-    fn copy_runs(
+    pub(super) fn copy_runs(
         &self,
         xfer: &XferState,
         batch: &[usize],
         skip: &Skip,
     ) -> (Vec<usize>, Option<Error>) {
+        if let Some(r) = self.copy_runs_cma(xfer, batch, skip) {
+            return r;
+        }
         let mut done = Vec::with_capacity(batch.len());
         let mut j = 0;
         while j < batch.len() {
