@@ -135,7 +135,8 @@ impl AgentInner {
         } else {
             0
         };
-        t.bits() | cma
+        // Its data streams understand the batch frames.
+        t.bits() | cma | crate::transport::tcp::TCP_BATCH_BIT
     }
 
     /// The session `session`, if it exists.

@@ -412,6 +412,28 @@ impl Conn {
         .map_err(|e| self.lost(e))
     }
 
+    /// Sends a frame whose payload is `parts` back to back (a batch's chunks), in as few
+    /// `sendmsg` calls as the kernel takes (`parts` ≤ `wire::MAX_BATCH_ENTRIES`: one, unless
+    /// the socket buffer fills).
+    ///
+    /// # Safety
+    /// Every `(ptr, len)` of `parts` must be readable for the call.
+    pub(crate) unsafe fn send_with_payloads(
+        &mut self,
+        msg: &Msg,
+        parts: &[(*const u8, usize)],
+    ) -> Result<()> {
+        let total: usize = parts.iter().map(|p| p.1).sum();
+        let total = u32::try_from(total)
+            .map_err(|_| Error::Protocol(format!("a batch payload of {total} bytes")))?;
+        let head = wire::encode(msg, total);
+        let mut all = Vec::with_capacity(parts.len() + 1);
+        all.push((head.as_ptr(), head.len()));
+        all.extend_from_slice(parts);
+        // SAFETY: head is live; the payload spans are guaranteed by the caller.
+        unsafe { send_all_raw(self.sock.fd(), &all) }.map_err(|e| self.lost(e))
+    }
+
     /// Sends a frame with `fd` attached (`SCM_RIGHTS`; unix sockets only).
     pub(crate) fn send_with_fd(&mut self, msg: &Msg, fd: RawFd) -> Result<()> {
         let head = wire::encode(msg, 0);

@@ -311,6 +311,7 @@ fn tcp_transport(
         Arc::clone(control),
         cfg.chunk_bytes,
         cfg.io_timeout,
+        h.transports & crate::transport::tcp::TCP_BATCH_BIT != 0,
     )?;
     Ok((t, detail))
 }

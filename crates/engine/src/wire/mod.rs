@@ -26,7 +26,7 @@ pub(crate) const MAX_STR: usize = 4096;
 /// Most ops in one `ShmBegin` (and errors in one `ShmBeginResult`); more is `Malformed`.
 pub const MAX_OPS_PER_BEGIN: usize = 8192;
 /// Highest frame type this version knows.
-pub const MAX_KIND: u8 = 36;
+pub const MAX_KIND: u8 = 40;
 
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +63,28 @@ pub struct Hello {
     /// The initiator's fresh random nonce for the challenge–response (0 in the acceptor's
     /// reply, which comes after authentication).
     pub nonce: u128,
+}
+
+/// Most entries of one [`Msg::WriteBatch`] or [`Msg::ReadBatch`]: with the frame's head, one
+/// `sendmsg` of at most 1,024 spans (the kernel's `UIO_MAXIOV`).
+pub const MAX_BATCH_ENTRIES: usize = 1023;
+
+/// One op chunk inside a [`Msg::WriteBatch`] or [`Msg::ReadBatch`] (a `Write`'s or `Read`'s
+/// fields, the length explicit since the bytes of several share the payload).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchEntry {
+    /// The op's index in its transfer.
+    pub op: u32,
+    /// The chunk's index in its op.
+    pub chunk: u32,
+    /// Target region id.
+    pub region: u64,
+    /// Key presented.
+    pub key: RegionKey,
+    /// Offset in the target region.
+    pub offset: u64,
+    /// Length.
+    pub len: u32,
 }
 
 /// One op inside an [`Msg::ShmBegin`].
@@ -254,6 +276,29 @@ pub enum Msg {
         len: u64,
         writable: bool,
     },
+    /// A data stream's batch of write chunks (a block list): the payload is their bytes back
+    /// to back; answered by one `WriteBatchAck` once every accepted one landed.
+    WriteBatch {
+        xfer: u64,
+        entries: Vec<BatchEntry>,
+    },
+    /// The answer to `WriteBatch`: the entries refused (index into the batch, why); the rest
+    /// landed.
+    WriteBatchAck {
+        xfer: u64,
+        errors: Vec<(u32, Error)>,
+    },
+    /// A data stream's batch of read chunks; answered by one `ReadBatchData`.
+    ReadBatch {
+        xfer: u64,
+        entries: Vec<BatchEntry>,
+    },
+    /// The answer to `ReadBatch`: the entries refused; the payload is the bytes of the others,
+    /// back to back in batch order.
+    ReadBatchData {
+        xfer: u64,
+        errors: Vec<(u32, Error)>,
+    },
 }
 
 impl Msg {
@@ -295,13 +340,17 @@ impl Msg {
             Msg::ShmCmaProbe { .. } => 34,
             Msg::ShmCmaRegion { .. } => 35,
             Msg::ShmCmaAddr { .. } => 36,
+            Msg::WriteBatch { .. } => 37,
+            Msg::WriteBatchAck { .. } => 38,
+            Msg::ReadBatch { .. } => 39,
+            Msg::ReadBatchData { .. } => 40,
             Msg::RdmaRegionOn { .. } => 32,
         }
     }
 
     /// Whether a frame of this type may carry a payload.
     fn allows_payload(kind: u8) -> bool {
-        kind == 9 || kind == 12
+        matches!(kind, 9 | 12 | 37 | 40)
     }
 }
 
