@@ -28,9 +28,10 @@ def agent(name, host):
 def target():
     a = agent("blocks-target", "2")
     pool = np.zeros(POOL * BLOCK, np.uint8)
-    a.register(pool, name="pool", access="rw")
+    region = a.register(pool, name="pool", access="rw")  # registered while it lives
     print(json.dumps({"address": a.address}), flush=True)
     sys.stdin.read()
+    del region
 
 
 def initiator():
