@@ -13,7 +13,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::mem::{recv_exact_raw, send_all_raw};
+use crate::mem::{recv_exact_raw, recv_exact_raw_vectored, send_all_raw};
 use crate::wire::{self, Msg, HEADER_LEN};
 
 const BUF: usize = 64 << 10;
@@ -321,6 +321,28 @@ impl Conn {
                 .map_err(|e| self.lost(e))?;
         }
         Ok(())
+    }
+
+    /// Receives the payload bytes of `parts` in order, each into its span (buffered bytes
+    /// first, then straight from the socket with vectored reads): a batch's payloads land in
+    /// their regions with a few system calls.
+    ///
+    /// # Safety
+    /// Every `(ptr, len)` of `parts` must be valid for writes for the duration of the call.
+    pub(crate) unsafe fn recv_payloads(&mut self, parts: &[(*mut u8, usize)]) -> Result<()> {
+        let mut rest = Vec::with_capacity(parts.len());
+        for &(ptr, len) in parts {
+            let have = (self.end - self.start).min(len);
+            // SAFETY: the source is within our buffer, the destination within the span.
+            unsafe { std::ptr::copy_nonoverlapping(self.buf.as_ptr().add(self.start), ptr, have) };
+            self.start += have;
+            if have < len {
+                // SAFETY: ptr+have..ptr+len is within the caller's span.
+                rest.push((unsafe { ptr.add(have) }, len - have));
+            }
+        }
+        // SAFETY: the spans are within the caller's, as guaranteed.
+        unsafe { recv_exact_raw_vectored(self.sock.fd(), &rest) }.map_err(|e| self.lost(e))
     }
 
     /// Whether a frame's first bytes are already here (buffered, or readable on the socket now),

@@ -196,7 +196,7 @@ pub(crate) fn my_uid() -> u32 {
 
 /// Socket I/O straight into / out of raw spans (rustix takes Rust slices, which must not be
 /// formed over memory a peer may touch), in gdx-sys with the other calls rustix lacks.
-pub(crate) use gdx_sys::os::{recv_exact_raw, send_all_raw};
+pub(crate) use gdx_sys::os::{recv_exact_raw, recv_exact_raw_vectored, send_all_raw};
 
 /// Fills `buf` from the kernel's random source (`getrandom(2)`).
 pub(crate) fn random_bytes(buf: &mut [u8]) -> Result<()> {

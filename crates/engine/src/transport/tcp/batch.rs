@@ -221,30 +221,49 @@ pub(super) fn serve_write_batch(
             "WriteBatch of {payload} payload bytes for entries of {total}"
         )));
     }
+    // Every entry checked and leased before a byte is read, so that the payloads of a batch
+    // whose entries all pass land with a few vectored reads.
     let mut errors = Vec::new();
+    let mut leases = Vec::with_capacity(entries.len());
     for (i, e) in entries.iter().enumerate() {
         let lease = reg
             .check_remote(e.region, e.key, e.offset, u64::from(e.len), true, wait)
-            .and_then(|l| match l.device() {
-                None => Ok(l),
-                Some(_) => Err(Error::InvalidArgument(format!(
-                    "region {} is GPU memory: a batch carries host memory only",
-                    e.region
-                ))),
-            });
+            .and_then(|l| Ok((l.ptr_at(e.offset)?, l)));
         match lease {
-            Ok(l) => {
-                // SAFETY: the Sink lease was granted for offset..offset+len (bounds-checked by
-                // check_remote); host memory, mapped while the lease is held.
-                unsafe { c.recv_payload(l.ptr_at(e.offset)?, e.len as usize)? };
-                served.add(true, u64::from(e.len));
-            }
+            Ok((p, l)) => leases.push(Some((p, l))),
             Err(err) => {
-                c.discard_payload(e.len as usize)?;
                 errors.push((i as u32, err));
+                leases.push(None);
             }
         }
     }
+    if errors.is_empty() {
+        let parts: Vec<(*mut u8, usize)> = leases
+            .iter()
+            .zip(&entries)
+            .filter_map(|(l, e)| l.as_ref().map(|(p, _)| (*p, e.len as usize)))
+            .collect();
+        // SAFETY: each span is an entry's range of a host region held by its Sink lease
+        // (bounds-checked by check_remote; GPU regions have no host pointer, refused above).
+        unsafe { c.recv_payloads(&parts)? };
+    } else {
+        for (l, e) in leases.iter().zip(&entries) {
+            match l {
+                // SAFETY: as above, one entry at a time.
+                Some((p, _)) => unsafe { c.recv_payload(*p, e.len as usize)? },
+                None => c.discard_payload(e.len as usize)?,
+            }
+        }
+    }
+    drop(leases);
+    served.add(
+        true,
+        total
+            - errors
+                .iter()
+                .map(|(i, _)| u64::from(entries[*i as usize].len))
+                .sum::<u64>(),
+    );
     c.send(&Msg::WriteBatchAck { xfer, errors })
 }
 
