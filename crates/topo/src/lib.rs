@@ -12,6 +12,7 @@
 
 pub mod bandwidth;
 pub mod capture;
+pub mod dcb;
 pub mod enrich;
 mod error;
 #[cfg(any(test, feature = "fixture"))]

@@ -23,6 +23,7 @@
 
 pub mod archive;
 pub mod config;
+pub mod counters;
 pub mod devices;
 pub mod files;
 mod net;
