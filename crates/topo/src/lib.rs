@@ -19,6 +19,7 @@ mod error;
 pub mod fixture;
 pub mod model;
 pub mod nicmap;
+pub mod nvmeof;
 pub mod path;
 pub mod render;
 pub mod sysfs;
