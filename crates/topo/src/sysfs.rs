@@ -29,6 +29,7 @@ pub mod files;
 mod net;
 mod parse;
 pub(crate) mod pci;
+pub mod qos;
 pub mod rootfs;
 
 use crate::enrich;

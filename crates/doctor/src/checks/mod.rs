@@ -30,6 +30,7 @@ pub mod probes;
 pub mod rdma;
 pub mod relaxed_ordering;
 pub mod roce_gid;
+pub mod roce_qos;
 
 /// One readiness check.
 pub trait Check: Sync {
@@ -63,6 +64,10 @@ pub fn all_checks() -> Vec<&'static dyn Check> {
         &relaxed_ordering::RelaxedOrdering,
         &roce_gid::RoceGid,
         &mtu::Mtu,
+        &roce_qos::RoceTc,
+        &roce_qos::RoceTrust,
+        &roce_qos::RocePfc,
+        &roce_qos::RoceEcn,
         &nccl_env::NcclEnv,
         &cufile::Cufile,
         &fabric::FabricManager,
