@@ -22,6 +22,7 @@ pub mod mrrs;
 pub mod mtu;
 pub mod nccl_env;
 pub mod numa;
+pub mod nvmeof;
 pub mod nvml;
 pub mod ofi;
 pub mod p2p;
@@ -70,6 +71,10 @@ pub fn all_checks() -> Vec<&'static dyn Check> {
         &roce_qos::RoceEcn,
         &nccl_env::NcclEnv,
         &cufile::Cufile,
+        &nvmeof::NvmeofState,
+        &nvmeof::NvmeofTimeouts,
+        &nvmeof::NvmeofNicDistance,
+        &nvmeof::NvmeofMultipath,
         &fabric::FabricManager,
         &ofi::Libfabric,
         &probes::ProbeCopy,
