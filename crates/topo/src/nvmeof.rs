@@ -502,11 +502,97 @@ pub fn disk_of(fs: &RootFs, dev_major: u32, dev_minor: u32) -> Option<String> {
     Some(name)
 }
 
+/// Linux's `dev_t` split into major and minor (glibc's `gnu_dev_major`/`gnu_dev_minor`).
+pub fn dev_major_minor(dev: u64) -> (u32, u32) {
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    (major as u32, minor as u32)
+}
+
+/// The block device holding file `path` (or, for a file not yet made, its folder) and the
+/// fabric controller serving it, if it is on one. Only metadata is read (`stat`, sysfs),
+/// never the file's data.
+pub fn fabric_of_path(fs: &RootFs, path: &std::path::Path) -> Option<(String, Controller)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(path).ok().or_else(|| {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        std::fs::metadata(parent.unwrap_or(std::path::Path::new("."))).ok()
+    })?;
+    // A block device named directly is its own disk (st_rdev); a file is on st_dev's.
+    let dev = if meta.file_type().is_block_device() {
+        meta.rdev()
+    } else {
+        meta.dev()
+    };
+    let (major, minor) = dev_major_minor(dev);
+    let disk = disk_of(fs, major, minor)?;
+    let ctrls = controllers(fs);
+    let c = controller_of_disk(&ctrls, &disk)?.clone();
+    Some((disk, c))
+}
+
 /// The fabric controller serving block device `disk`, among `ctrls`.
 pub fn controller_of_disk<'a>(ctrls: &'a [Controller], disk: &str) -> Option<&'a Controller> {
     ctrls
         .iter()
         .find(|c| c.namespaces.iter().any(|n| n == disk))
+}
+
+/// The controllers as `gdx topo` lists them: one line each with the target, the state, the
+/// namespaces, the carrying NIC and its class to each GPU; empty when there are none.
+pub fn render_text(ctrls: &[Controller], topo: &Topology) -> String {
+    if ctrls.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("\nNVMe over Fabrics:\n");
+    for c in ctrls {
+        let classes: Vec<String> = c
+            .gpu_classes(topo)
+            .into_iter()
+            .map(|(g, k)| format!("{g} {}", k.map(|k| k.to_string()).unwrap_or("-".into())))
+            .collect();
+        out.push_str(&format!(
+            "  {}  {}  {}  namespaces {}  {}{}\n",
+            c.name,
+            c.target(),
+            c.state.as_deref().unwrap_or("?"),
+            if c.namespaces.is_empty() {
+                "none".to_string()
+            } else {
+                c.namespaces.join(",")
+            },
+            c.fabric_path()
+                .split_once(" via ")
+                .map(|(_, v)| format!("via {v}"))
+                .unwrap_or_default(),
+            if classes.is_empty() {
+                String::new()
+            } else {
+                format!("  [{}]", classes.join(", "))
+            }
+        ));
+    }
+    out
+}
+
+/// The controllers as JSON for `gdx topo --json` (`"nvmeof"`), each with `gpu_classes`.
+pub fn json(ctrls: &[Controller], topo: &Topology) -> serde_json::Value {
+    serde_json::Value::Array(
+        ctrls
+            .iter()
+            .map(|c| {
+                let mut v = serde_json::to_value(c).unwrap_or_default();
+                let classes: serde_json::Map<String, serde_json::Value> = c
+                    .gpu_classes(topo)
+                    .into_iter()
+                    .map(|(g, k)| (g, k.map(|k| k.to_string().into()).unwrap_or_default()))
+                    .collect();
+                v["gpu_classes"] = classes.into();
+                v["fabric_path"] = c.fabric_path().into();
+                v
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]

@@ -125,3 +125,36 @@ fn a_software_carrier_has_no_pcie_class_to_a_gpu() {
     let c = &controllers(&RootFs::new(t.path()))[0];
     assert_eq!(c.gpu_classes(&topo), vec![("GPU0".to_string(), None)]);
 }
+
+#[test]
+fn topo_lists_the_controller_in_text_and_json() {
+    let (t, fs) = vm_a(Some(CM_JSON));
+    let topo = crate::from_root(t.path()).unwrap();
+    let cs = controllers(&fs);
+    let text = render_text(&cs, &topo);
+    assert!(
+        text.contains("nvme0  rdma 198.51.100.2:4420  live  namespaces nvme0n1  via rxe0/1 (eth0) to 198.51.100.2:4420"),
+        "{text}"
+    );
+    let j = json(&cs, &topo);
+    assert_eq!(j[0]["transport"], "rdma");
+    assert_eq!(j[0]["carrier"]["rdma_device"], "rxe0");
+    assert_eq!(j[0]["namespaces"][0], "nvme0n1");
+    assert_eq!(render_text(&[], &topo), "");
+}
+
+#[test]
+fn dev_t_splits_as_glibc_does() {
+    // makedev(259, 0) and makedev(8, 17), and a large minor.
+    assert_eq!(dev_major_minor(259 << 8), (259, 0));
+    assert_eq!(dev_major_minor((8 << 8) | 17), (8, 17));
+    let big = ((0x12345u64 & !0xff) << 12) | (0x45 & 0xff) | ((7u64 & 0xfff) << 8);
+    assert_eq!(dev_major_minor(big), (7, 0x12345));
+}
+
+#[test]
+fn a_file_on_no_fabric_is_not_on_one() {
+    let (_t, fs) = vm_a(Some(CM_JSON));
+    // This test file's own disk is not in the fixture's sys/dev/block.
+    assert!(fabric_of_path(&fs, std::path::Path::new(file!())).is_none());
+}
