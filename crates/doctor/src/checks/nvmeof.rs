@@ -98,12 +98,21 @@ impl Check for NvmeofState {
 fn wait_for(c: &Controller) -> (Option<u32>, String) {
     let kato = c
         .kato
-        .map(|k| format!(" after keep-alive notices ({k} s kato)"))
+        .map(|k| format!("; keep-alive notices a silent target within about {k} s"))
         .unwrap_or_default();
     match (c.fast_io_fail_tmo, c.ctrl_loss_tmo) {
-        (Some(Timeout::Secs(f)), _) => (Some(f), format!("I/O fails {f} s{kato} (fast_io_fail_tmo) while reconnects go on")),
-        (_, Some(Timeout::Secs(l))) => (Some(l), format!("I/O sits in uninterruptible sleep for up to {l} s{kato} (ctrl_loss_tmo; fast_io_fail_tmo is off), then fails and the controller is removed")),
-        (_, Some(Timeout::Off)) => (None, "I/O waits forever: ctrl_loss_tmo and fast_io_fail_tmo are both off".into()),
+        (Some(Timeout::Secs(f)), _) => (
+            Some(f),
+            format!("I/O fails {f} s after the connection is lost (fast_io_fail_tmo{kato}) while reconnects go on"),
+        ),
+        (_, Some(Timeout::Secs(l))) => (
+            Some(l),
+            format!("I/O sits in uninterruptible sleep for up to {l} s (ctrl_loss_tmo, with fast_io_fail_tmo off{kato}), then fails and the controller is removed"),
+        ),
+        (_, Some(Timeout::Off)) => (
+            None,
+            "I/O waits forever: ctrl_loss_tmo and fast_io_fail_tmo are both off".into(),
+        ),
         (_, None) => (None, "ctrl_loss_tmo is not readable".into()),
     }
 }
@@ -407,7 +416,7 @@ mod tests {
         assert!(
             fs[0]
                 .message
-                .contains("I/O fails 5 s after keep-alive notices"),
+                .contains("I/O fails 5 s after the connection is lost"),
             "{}",
             fs[0].message
         );
