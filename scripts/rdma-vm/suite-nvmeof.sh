@@ -8,7 +8,7 @@
 set -uo pipefail
 role=$1
 fail() { echo "suite-nvmeof($role): FAILED: $*"; exit 1; }
-step() { echo; echo "=== $* ==="; }
+step() { echo; echo "=== $(date +%T) $* ==="; }
 NQN=nqn.2026-12.io.gdx:ram0
 PORT=4420
 
@@ -93,7 +93,9 @@ check_cp "read" || fail "the read's report"
 "$GDX" cp file:/mnt/nvmf/r.bin host --verify | grep -E "path|fabric"
 
 step "bench: gdx's O_DIRECT read row beside dd iflag=direct, same boot"
-dd_rate() { dd if=/mnt/nvmf/r.bin of=/dev/null bs=16M iflag=direct 2>&1 | awk '/copied/ {print $(NF-1), $NF}'; }
+# dd reads as many bytes as one bench sample (32 MiB), before and after the bench: the host's
+# load moves TCG's speed, so the reference brackets the measurement.
+dd_rate() { dd if=/mnt/nvmf/r.bin of=/dev/null bs=16M count=2 iflag=direct 2>&1 | awk '/copied/ {print $(NF-1), $NF}'; }
 d1=$(dd_rate)
 "$GDX" bench --path file --file-dir /mnt/nvmf --size 32MiB --min-samples 3 --max-samples 3 --json \
   >/tmp/bench-file.json 2>/tmp/bench-file.err || { tail -5 /tmp/bench-file.err; fail "gdx bench --path file"; }
@@ -112,7 +114,9 @@ assert 0.8 <= ratio <= 1.25, ratio
 PY
 
 step "the target goes away mid-copy (kernel defaults): gdx cp fails by name within 90 s"
-dd if=/dev/urandom of=/mnt/nvmf/big.bin bs=1M count=160 oflag=direct status=none || fail "dd the big file"
+# The RAM disk holds 256 MiB: make room, then a file that takes well over the 3 s below to read.
+find /mnt/nvmf -maxdepth 1 -type f -delete
+dd if=/dev/urandom of=/mnt/nvmf/big.bin bs=1M count=128 oflag=direct status=none || fail "dd the big file"
 sync; echo 3 >/proc/sys/vm/drop_caches
 t0=$SECONDS
 "$GDX" cp file:/mnt/nvmf/big.bin host >/tmp/gone.out 2>/tmp/gone.err &
