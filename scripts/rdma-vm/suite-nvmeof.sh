@@ -121,7 +121,14 @@ sync; echo 3 >/proc/sys/vm/drop_caches
 t0=$SECONDS
 "$GDX" cp file:/mnt/nvmf/big.bin host >/tmp/gone.out 2>/tmp/gone.err &
 cp_pid=$!
-sleep 3
+# Mid-copy: power vm b off once the copy worker has read 32 MiB (two of its 16 MiB chunks).
+for ((i = 0; i < 600; i++)); do
+  w=$(pgrep -P "$cp_pid" | head -1)
+  got=$(awk '/^rchar/ {print $2}' "/proc/${w:-0}/io" 2>/dev/null)
+  ((${got:-0} >= 32 << 20)) && break
+  sleep 0.1
+done
+echo "the copy worker (pid ${w:-?}) has read ${got:-0} bytes: powering vm b off"
 touch "$GDX_VM_RUN/poweroff-b"
 while kill -0 "$cp_pid" 2>/dev/null && ((SECONDS - t0 < 120)); do sleep 1; done
 kill -0 "$cp_pid" 2>/dev/null && fail "gdx cp still running after $((SECONDS - t0)) s"
@@ -132,6 +139,7 @@ echo "gdx cp: exit $rc after $took s; controller state now: $(cat /sys/class/nvm
 ((rc == 1)) || fail "gdx cp exited $rc, expected 1"
 ((took <= 90)) || fail "gdx cp took $took s (more than 90)"
 grep -q "the device stopped answering" /tmp/gone.err || fail "no named cause"
+grep -Eq "after [1-9][0-9]* bytes" /tmp/gone.err || fail "the copy had not started when the target went away"
 grep -q "nvme0 over rdma via rxe0" /tmp/gone.err || fail "the cause does not name the fabric path"
 
 echo; echo "suite-nvmeof: all passed"
