@@ -323,3 +323,44 @@ fn software_roce_says_what_does_not_apply() {
     assert_eq!(tc[0].status, Status::Pass, "{tc:#?}");
     assert!(tc[0].message.contains("software RoCE"), "{}", tc[0].message);
 }
+
+#[test]
+fn the_devices_own_traffic_class_wins_and_a_different_env_warns() {
+    let t = tree(&Qos::good());
+    // OFED's per-device class forces every QP's.
+    t.file(
+        "sys/class/infiniband/mlx5_0/tc/1/traffic_class",
+        "Global tclass=106\n",
+    );
+    let f = one(&RoceTc, &t, &[]);
+    assert_eq!(f.status, Status::Pass, "{f:#?}");
+    assert!(
+        f.evidence[0].contains("ToS 106 (DSCP 26) from ")
+            && f.evidence[0].contains("tc/1/traffic_class: Global tclass=106"),
+        "{f:#?}"
+    );
+    let f = one(&RoceTc, &t, &[("NCCL_IB_TC", "96")]);
+    assert_eq!(f.status, Status::Warn, "{f:#?}");
+    assert!(
+        f.message.contains("NCCL_IB_TC=96 (ToS 96, DSCP 24)"),
+        "{}",
+        f.message
+    );
+}
+
+#[test]
+fn rdma_cm_default_tos_is_used_when_nothing_else_sets_one() {
+    let t = tree(&Qos::good());
+    t.file(
+        "sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_tos",
+        "106\n",
+    );
+    let f = one(&RocePfc, &t, &[]);
+    assert_eq!(f.status, Status::Pass, "{f:#?}");
+    assert!(
+        f.evidence
+            .iter()
+            .any(|e| e.contains("default_roce_tos: 106")),
+        "{f:#?}"
+    );
+}
