@@ -62,6 +62,7 @@ assert c["transport"] == "rdma" and c["state"] == "live", c
 assert "nvme0n1" in c["namespaces"], c
 assert c["carrier"]["rdma_device"] == "rxe0" and c["carrier"]["netdev"] == "eth0", c
 print("topo:", c["fabric_path"])
+print("  carrier evidence:", "; ".join(c["carrier"]["evidence"]))
 PY
 
 step "gdx doctor: the NVMe-oF checks pass (warnings say what the defaults mean)"
