@@ -312,8 +312,9 @@ pub fn capture_cm_ids() -> Option<String> {
         .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
-/// Parse `rdma -j res show cm_id` (a JSON array of objects with `ifname`, `port`, `comm`,
-/// `dst-addr`, `dst-port`), or its text form (`link rxe0/1 ... comm [nvme_rdma] ...
+/// Parse `rdma -j res show cm_id` (a JSON array of objects with `ifname`, `port`, `comm`
+/// (`nvme_rdma`; the text form brackets kernel owners), `dst-addr` as `address:port`), or its
+/// text form (`link rxe0/1 ... comm [nvme_rdma] ...
 /// dst-addr 198.51.100.2:4420`).
 pub fn parse_cm_ids(text: &str) -> Result<Vec<CmId>, String> {
     if let Ok(v) = serde_json::from_str::<serde_json::Value>(text) {
@@ -323,12 +324,15 @@ pub fn parse_cm_ids(text: &str) -> Result<Vec<CmId>, String> {
             .filter_map(|o| {
                 let s = |k: &str| o.get(k).and_then(|x| x.as_str()).map(str::to_string);
                 let n = |k: &str| o.get(k).and_then(|x| x.as_u64()).map(|x| x as u32);
+                // iproute2 writes `"dst-addr": "198.51.100.2:4420"` (address and port in one
+                // string); a separate `dst-port` is taken when present.
+                let (dst_addr, port_in_addr) = split_addr(&s("dst-addr").unwrap_or_default());
                 Some(CmId {
                     device: s("ifname")?,
                     port: n("port"),
                     comm: s("comm").unwrap_or_default(),
-                    dst_addr: s("dst-addr").unwrap_or_default(),
-                    dst_port: n("dst-port"),
+                    dst_addr,
+                    dst_port: n("dst-port").or(port_in_addr),
                 })
             })
             .collect());
@@ -346,10 +350,7 @@ pub fn parse_cm_ids(text: &str) -> Result<Vec<CmId>, String> {
             Some((d, p)) => (d.to_string(), p.parse().ok()),
             None => (link.to_string(), None),
         };
-        let (dst_addr, dst_port) = match after("dst-addr").and_then(|a| a.rsplit_once(':')) {
-            Some((a, p)) => (a.to_string(), p.parse().ok()),
-            None => (String::new(), None),
-        };
+        let (dst_addr, dst_port) = split_addr(after("dst-addr").copied().unwrap_or_default());
         out.push(CmId {
             device,
             port,
@@ -362,6 +363,16 @@ pub fn parse_cm_ids(text: &str) -> Result<Vec<CmId>, String> {
         return Err("neither rdma's JSON nor its text form".into());
     }
     Ok(out)
+}
+
+/// `198.51.100.2:4420` → (`198.51.100.2`, 4420); an address without a port is kept whole.
+fn split_addr(a: &str) -> (String, Option<u32>) {
+    match a.rsplit_once(':') {
+        Some((host, p)) if p.parse::<u32>().is_ok() && !host.is_empty() => {
+            (host.to_string(), p.parse().ok())
+        }
+        _ => (a.to_string(), None),
+    }
 }
 
 /// One IPv4 route of `proc/net/route`.

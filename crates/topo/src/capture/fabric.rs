@@ -118,7 +118,7 @@ mod tests {
         f.ipv4_routes(&[("eth0", [198, 51, 100, 0], 24)]);
         f.file(
             CM_ID_PATH,
-            r#"[{"ifname":"rxe0","port":1,"comm":"[nvme_rdma]","dst-addr":"198.51.100.2","dst-port":4420}]"#,
+            r#"[{"ifname":"rxe0","port":1,"comm":"nvme_rdma","dst-addr":"198.51.100.2:4420"}]"#,
         );
         f.file("gdx/dcb/eth0.json", "\"not_supported\"");
         let out = tempfile::tempdir().unwrap();

@@ -22,9 +22,11 @@ fn vm_a(cm_id: Option<&str>) -> (tempfile::TempDir, RootFs) {
     (t, fs)
 }
 
-const CM_JSON: &str = r#"[{"ifindex":0,"ifname":"rxe0","port":1,"lqpn":17,"qp-type":"RC","state":"CONNECT","ps":"TCP","pid":0,"comm":"[nvme_rdma]","src-addr":"198.51.100.1","src-port":38000,"dst-addr":"198.51.100.2","dst-port":4420},
-{"ifindex":0,"ifname":"rxe0","port":1,"lqpn":18,"qp-type":"RC","state":"CONNECT","ps":"TCP","pid":0,"comm":"[nvme_rdma]","src-addr":"198.51.100.1","src-port":38001,"dst-addr":"198.51.100.2","dst-port":4420},
-{"ifindex":0,"ifname":"rxe0","port":1,"lqpn":0,"state":"LISTEN","ps":"TCP","pid":77,"comm":"gdx","src-addr":"0.0.0.0","src-port":7448}]"#;
+/// `rdma -j res show cm_id` as iproute2 writes it (rdma/res-cmid.c): the address and port in
+/// one string, kernel owners without brackets.
+const CM_JSON: &str = r#"[{"ifindex":0,"ifname":"rxe0","port":1,"lqpn":17,"qp-type":"RC","state":"CONNECT","ps":"TCP","pid":0,"comm":"nvme_rdma","cm-idn":0,"src-addr":"198.51.100.1:43959","dst-addr":"198.51.100.2:4420"},
+{"ifindex":0,"ifname":"rxe0","port":1,"lqpn":18,"qp-type":"RC","state":"CONNECT","ps":"TCP","pid":0,"comm":"nvme_rdma","cm-idn":1,"src-addr":"198.51.100.1:39780","dst-addr":"198.51.100.2:4420"},
+{"ifindex":0,"ifname":"rxe0","port":1,"state":"LISTEN","ps":"TCP","pid":77,"comm":"gdx","cm-idn":2,"src-addr":"0.0.0.0:7448"}]"#;
 
 #[test]
 fn a_fabric_controller_is_listed_with_its_namespace_target_and_timeouts() {
@@ -54,7 +56,7 @@ fn the_carrier_comes_from_cm_ids_and_the_route() {
     assert_eq!(c.carrier.port, Some(1));
     assert_eq!(c.carrier.netdev.as_deref(), Some("eth0"));
     assert!(
-        c.carrier.evidence[0].contains("2 queue(s) of [nvme_rdma] on rxe0/1"),
+        c.carrier.evidence[0].contains("2 queue(s) of nvme_rdma on rxe0/1"),
         "{:?}",
         c.carrier.evidence
     );
@@ -94,6 +96,14 @@ fn cm_ids_parse_from_text_too() {
         }]
     );
     assert!(parse_cm_ids("garbage without links").is_err());
+    assert_eq!(
+        split_addr("fe80::1:4420"),
+        ("fe80::1".to_string(), Some(4420))
+    );
+    assert_eq!(
+        split_addr("198.51.100.2"),
+        ("198.51.100.2".to_string(), None)
+    );
     assert_eq!(parse_cm_ids("[]").unwrap(), vec![]);
 }
 
