@@ -51,6 +51,9 @@ setup() {
   command -v ibv_devinfo >/dev/null || need+=(ibverbs-utils)
   compgen -G "/usr/lib/*/libibverbs/librxe-*" >/dev/null || need+=(ibverbs-providers)
   command -v tc >/dev/null || need+=(iproute2)
+  # NVMe over Fabrics (suite-nvmeof.sh): the guests run the host's nvme-cli and mkfs.ext4.
+  command -v nvme >/dev/null || need+=(nvme-cli)
+  command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
   if ((${#need[@]})); then
     source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
     apt_install rdma-vm "${need[@]}" || die "could not install ${need[*]}"

@@ -15,7 +15,11 @@
 #   both rails used, share under tc shaping, a wire down mid-transfer and back, both down) and
 #   the rails benchmark (two equal rate-limited rails against one, same boot);
 #
-#   GDX_RDMA_SUITE=one|pair|rails|all (default all) picks a part.
+#   two VMs on one wire, NVMe over Fabrics (scripts/rdma-vm/suite-nvmeof.sh): vm b exports a RAM
+#   disk over nvmet-rdma, vm a connects with nvme-cli and runs gdx topo, doctor, cp (both ways)
+#   and a bench row beside dd on it; then vm b powers off mid-copy and gdx cp must fail by name;
+#
+#   GDX_RDMA_SUITE=one|pair|rails|nvmeof|all (default all) picks a part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 part=${GDX_RDMA_SUITE:-all}
@@ -63,5 +67,9 @@ fi
 if [[ $part == rails || $part == all ]]; then
   bash scripts/rdma-vm.sh pair --wires 2 --timeout 1500 \
     --a 'bash scripts/rdma-vm/suite-rails.sh a' --b 'bash scripts/rdma-vm/suite-rails.sh b'
+fi
+if [[ $part == nvmeof || $part == all ]]; then
+  bash scripts/rdma-vm.sh pair --timeout 900 \
+    --a 'bash scripts/rdma-vm/suite-nvmeof.sh a' --b 'bash scripts/rdma-vm/suite-nvmeof.sh b'
 fi
 echo "test-rdma: passed"

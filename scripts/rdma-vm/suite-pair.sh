@@ -41,6 +41,11 @@ for key in {x["key"] for x in rows}:
 for x in rows:
     assert x.get("verified") is True, x
     print(f'{x["key"]:<34} {x["size_bytes"]:>9} B  {x["bw_gbps"]:.4f} GB/s  p50 {x["lat_p50_us"]:.1f} us  verified')
+    # The NIC's counters were read around every row; a clean wire moves none of the loss ones.
+    c = x.get("nic_counters")
+    assert c and c["device"] == "rxe0" and c["read"] > 0, x
+    assert c["moved"] == [], ("loss counted on a clean wire", x["key"], x["size_bytes"], c)
+print("clean wire: no loss or congestion counter moved in any row")
 PY
 # A fault run: completes with every byte verified, or fails naming a cause; never hangs (the
 # rdma wait is on progress, 30 s) and never reports success for bytes that did not land.
@@ -77,6 +82,20 @@ step "fault: 2 % packet loss on the wire (RC retransmits: every byte lands)"
 tc qdisc add dev eth0 root netem loss 2%
 fault_run loss-2pct pass -- --size 64KiB,1MiB
 tc qdisc del dev eth0 root
+python3 - <<'PY' || fail "loss-2pct: the rows do not show the loss in the NIC's counters"
+import json
+rows = [x for x in json.load(open("/tmp/fault.json"))["results"] if "gpu" not in x["key"]]
+assert rows
+moved = {}
+for x in rows:
+    c = x.get("nic_counters")
+    assert c and c["read"] > 0, x
+    for m in c["moved"]:
+        if m["kind"] in ("retransmission", "out-of-sequence", "timeout"):
+            moved[m["counter"]] = moved.get(m["counter"], 0) + m["delta"]
+assert moved, ("2 % loss moved no retransmission-type counter", [x.get("nic_counters") for x in rows])
+print("loss-2pct: counters moved:", ", ".join(f"{k} +{v}" for k, v in sorted(moved.items())))
+PY
 
 step "fault: the link goes down mid-transfer, then up again"
 (sleep 4; ip link set eth0 down; sleep 3; ip link set eth0 up) &

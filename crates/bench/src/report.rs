@@ -83,6 +83,10 @@ pub struct Row {
     /// against it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy_near: Option<crate::copyref::NearCopy>,
+    /// RDMA rows: what the local port's loss and congestion counters (`hw_counters`,
+    /// `counters`) did during the row's operations, each moving counter named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nic_counters: Option<gdx_topo::sysfs::counters::CounterDeltas>,
     /// The rails of a tcp row's peer connection: the bytes the row's transfers moved over
     /// each, and each rail's state after them (`cause` while paused).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -134,6 +138,7 @@ impl Row {
             floor_near: None,
             copy_near: None,
             rails: Vec::new(),
+            nic_counters: None,
         }
     }
 

@@ -56,4 +56,9 @@ fn bench_over_a_tcp_control_channel() {
         .sizes
         .iter()
         .all(|s| s.samples.len() == 3 && s.latencies.len() == 50));
+    // The port's counters were read around every size (rxe exports 16, mlx5 more).
+    for s in &r.sizes {
+        let c = s.counters.as_ref().expect("counters read around the size");
+        assert!(c.read > 0, "{c:?}");
+    }
 }

@@ -7,6 +7,9 @@
 
 use gdx_rdma::link::{pattern_checksum, LinkMem, Side};
 use gdx_rdma::{EndpointConfig, RdmaError, RdmaOp};
+use gdx_topo::sysfs::counters::{deltas, read_port_counters, CounterDeltas};
+use gdx_topo::sysfs::devices::rdma_devices;
+use gdx_topo::sysfs::RootFs;
 use serde::Serialize;
 use std::time::Duration;
 
@@ -28,6 +31,8 @@ pub struct RdmaProbe {
     pub read_verified: bool,
     /// The step that failed, if one did.
     pub error: Option<String>,
+    /// What each port's loss and congestion counters did during the probe.
+    pub counters: Vec<CounterDeltas>,
 }
 
 /// Whether the probe ran.
@@ -59,10 +64,27 @@ pub fn run_on(device: &str) -> RdmaProbe {
         write_verified: false,
         read_verified: false,
         error: None,
+        counters: Vec::new(),
     };
+    // The NIC's counters around the probe: bytes that verify may still have needed
+    // retransmissions, which only the counters show.
+    let sysfs = RootFs::new("/");
+    let ports: Vec<u32> = rdma_devices(&sysfs)
+        .into_iter()
+        .find(|d| d.name == device)
+        .map(|d| d.ports.iter().map(|p| p.port).collect())
+        .unwrap_or_default();
+    let before: Vec<_> = ports
+        .iter()
+        .map(|&p| read_port_counters(&sysfs, device, p))
+        .collect();
     if let Err(e) = exercise(device, &mut out) {
         out.error = Some(e);
     }
+    out.counters = before
+        .iter()
+        .map(|b| deltas(b, &read_port_counters(&sysfs, device, b.port)))
+        .collect();
     out
 }
 
@@ -127,6 +149,8 @@ mod tests {
                 for p in probes {
                     assert_eq!(p.error, None, "{p:?}");
                     assert!(p.write_verified && p.read_verified, "{p:?}");
+                    // Every port of the device was read around the probe.
+                    assert!(!p.counters.is_empty(), "{p:?}");
                 }
             }
             (Err(e), RdmaProbeState::NotRun(why)) => assert_eq!(why, e.to_string()),

@@ -295,6 +295,14 @@ impl Link {
         format!("{} port {}", self.ep.device(), self.ep.port().number)
     }
 
+    /// The local RDMA device's name and port number, e.g. (`rxe0`, 1): where its counters are.
+    pub fn local_port(&self) -> (String, u32) {
+        (
+            self.ep.device().to_string(),
+            u32::from(self.ep.port().number),
+        )
+    }
+
     /// `mlx5_1 port 1`: the peer's device, from its connection data.
     pub fn remote_device(&self) -> String {
         let r = self.qp.remote();

@@ -17,6 +17,8 @@
 use crate::sysfs::archive::{is_tarball_name, open_root, Require};
 use crate::sysfs::rootfs::{relative_path, ReadError, RootFs, MAX_FILE_BYTES};
 use crate::TopoError;
+
+mod fabric;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -265,6 +267,7 @@ impl<'a> Copier<'a> {
         self.proc()?;
         self.modules()?;
         self.copy_tree(Path::new("sys/kernel/mm/memory_peers"), 3)?;
+        self.fabric(live)?;
         if live {
             let env = CapturedEnv::from_vars(std::env::vars());
             let text = serde_json::to_string_pretty(&env).unwrap_or_default();

@@ -30,9 +30,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 mod config;
+mod nvmeof;
 pub use config::{
     ConfigSpace, DOWNSTREAM_PORT, ENDPOINT, PCIE_TO_PCI_BRIDGE, ROOT_PORT, UPSTREAM_PORT,
 };
+pub use nvmeof::NvmeofCtrl;
 
 /// A place in the synthetic PCI tree: a host bridge or a PCI function.
 #[derive(Debug, Clone, PartialEq, Eq)]

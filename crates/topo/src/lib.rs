@@ -12,12 +12,14 @@
 
 pub mod bandwidth;
 pub mod capture;
+pub mod dcb;
 pub mod enrich;
 mod error;
 #[cfg(any(test, feature = "fixture"))]
 pub mod fixture;
 pub mod model;
 pub mod nicmap;
+pub mod nvmeof;
 pub mod path;
 pub mod render;
 pub mod sysfs;

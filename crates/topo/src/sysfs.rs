@@ -23,11 +23,13 @@
 
 pub mod archive;
 pub mod config;
+pub mod counters;
 pub mod devices;
 pub mod files;
 mod net;
 mod parse;
 pub(crate) mod pci;
+pub mod qos;
 pub mod rootfs;
 
 use crate::enrich;

@@ -118,6 +118,10 @@ pub fn rows(spec: &CaseSpec, run: &RdmaRun, verify: bool) -> Vec<Row> {
                 .map(|d| d.as_secs_f64() / f64::from(t.iterations.max(1)))
                 .collect();
             row.verified = if verify { run.verified } else { None };
+            if let Some(c) = t.counters.as_ref().filter(|c| !c.moved.is_empty()) {
+                row.add_note(format!("NIC counters moved: {}", c.describe()));
+            }
+            row.nic_counters = t.counters.clone();
             if row.verified == Some(false) {
                 row.add_note("verification failed: the pattern checksum differs");
             }
@@ -350,6 +354,7 @@ mod tests {
 
     #[test]
     fn a_run_becomes_rows() {
+        use gdx_topo::sysfs::counters::{CounterDelta, CounterDeltas, CounterKind};
         let spec = cases(None, 0)[0].spec().clone();
         let ms = Duration::from_millis;
         // 100 operations of 1 MiB per sample: 10.486, 5.243 and 8.389 ms are 10, 20 and
@@ -368,6 +373,16 @@ mod tests {
                 iterations: 100,
                 samples: vec![at(10.0), at(20.0), at(12.5)],
                 latencies: vec![ms(4) / 1000, ms(5) / 1000, ms(6) / 1000],
+                counters: Some(CounterDeltas {
+                    device: "mlx5_0".into(),
+                    port: 1,
+                    read: 16,
+                    moved: vec![CounterDelta {
+                        counter: "hw_counters/out_of_sequence".into(),
+                        delta: 42,
+                        kind: CounterKind::OutOfSequence,
+                    }],
+                }),
             }],
         };
         let r = rows(&spec, &run, true);
@@ -386,5 +401,27 @@ mod tests {
         assert!(note.contains("mlx5_0 port 1 (host ibv_reg_mr)") && note.contains("dma-buf"));
         assert!(note.contains("2 QPs"));
         assert_eq!(rows(&spec, &run, false)[0].verified, None);
+        // The counters that moved are in the note and, named, in the JSON row.
+        assert!(
+            note.contains(
+                "NIC counters moved: mlx5_0/1: hw_counters/out_of_sequence +42 (out-of-sequence)"
+            ),
+            "{note}"
+        );
+        let j = serde_json::to_value(row).unwrap();
+        assert_eq!(j["nic_counters"]["read"], 16);
+        assert_eq!(
+            j["nic_counters"]["moved"][0]["counter"],
+            "hw_counters/out_of_sequence"
+        );
+        assert_eq!(j["nic_counters"]["moved"][0]["delta"], 42);
+        assert_eq!(j["nic_counters"]["moved"][0]["kind"], "out-of-sequence");
+        // A clean run: the deltas are there, empty, and the note says nothing about them.
+        let mut clean = run.clone();
+        clean.sizes[0].counters.as_mut().unwrap().moved.clear();
+        let row = &rows(&spec, &clean, true)[0];
+        assert!(!row.note.as_deref().unwrap().contains("NIC counters"));
+        let j = serde_json::to_value(row).unwrap();
+        assert_eq!(j["nic_counters"]["moved"].as_array().unwrap().len(), 0);
     }
 }

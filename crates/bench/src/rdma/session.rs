@@ -14,6 +14,8 @@
 use super::proto::{recv, send, BenchMem, BenchOp, Control, Msg, TcpControl, BENCH_VERSION};
 use gdx_rdma::link::{pattern_checksum, Link, Side};
 use gdx_rdma::{EndpointConfig, Mechanism, RdmaError};
+use gdx_topo::sysfs::counters::{deltas, read_port_counters, CounterDeltas};
+use gdx_topo::sysfs::RootFs;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
@@ -99,6 +101,9 @@ pub struct SizeTimes {
     pub samples: Vec<Duration>,
     /// Post-to-completion time of each single operation.
     pub latencies: Vec<Duration>,
+    /// What the local port's loss and congestion counters did over this size's operations
+    /// (warm-up to the last latency sample).
+    pub counters: Option<CounterDeltas>,
 }
 
 /// A finished client run.
@@ -129,6 +134,11 @@ fn time_size(
 ) -> Result<SizeTimes, RdmaError> {
     let op = p.op.into();
     let warm = p.warmup.max(1);
+    // The NIC's own counters around the size: loss that RC retransmission hides from the
+    // completions shows here (sysfs of this machine; the peer's port is not read).
+    let sysfs = RootFs::new("/");
+    let (dev, port) = link.local_port();
+    let before = read_port_counters(&sysfs, &dev, port);
     let (done, warm_d) = wall(|| link.run(op, region, size, warm, p.timeout));
     done?;
     let warm_s = warm_d.as_secs_f64();
@@ -151,11 +161,13 @@ fn time_size(
         done?;
         latencies.push(d);
     }
+    let after = read_port_counters(&sysfs, &dev, port);
     Ok(SizeTimes {
         size,
         iterations,
         samples,
         latencies,
+        counters: Some(deltas(&before, &after)),
     })
 }
 

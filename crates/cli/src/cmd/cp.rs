@@ -7,6 +7,7 @@
 //! A `gpu:N` or `host` source is this process's own memory, which starts empty: gdx fills it
 //! with a seeded pattern first, so `--length` is required for it.
 
+use super::cp_watch;
 use super::output::{error_chain, paint, ColorWhen};
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, ValueEnum};
@@ -97,6 +98,12 @@ pub struct CpArgs {
     /// Print the result as JSON on stdout.
     #[arg(long)]
     pub(super) json: bool,
+
+    /// Give up when no I/O has completed for this long: a device that stopped answering (an
+    /// NVMe-oF target gone) holds I/O in the kernel for minutes; gdx then names the cause and
+    /// exits 1 instead of hanging with it.
+    #[arg(long = "stall-timeout", value_name = "SECONDS", default_value_t = 30.0)]
+    pub(super) stall_timeout_s: f64,
 
     /// No progress bar, and on success no report (errors are still printed).
     #[arg(long, short)]
@@ -202,6 +209,12 @@ pub fn run(args: &CpArgs) -> Result<ExitCode> {
     };
     let src = parse_loc(src).context("SRC")?;
     let dst = parse_loc(dst).context("DST")?;
+    if !(args.stall_timeout_s.is_finite() && args.stall_timeout_s > 0.0) {
+        bail!(
+            "--stall-timeout {}: give a number of seconds above 0",
+            args.stall_timeout_s
+        );
+    }
     let opts = CopyOptions {
         path: args.path.into(),
         chunk_bytes: usize::try_from(args.chunk).context("--chunk")?,
@@ -214,9 +227,24 @@ pub fn run(args: &CpArgs) -> Result<ExitCode> {
     if args.safetensors {
         return super::cp_safetensors::run(args, &src, &dst, opts);
     }
-    let bar = (!args.quiet && !args.json && std::io::stderr().is_terminal()).then(Bar::new);
+    // A file copy runs in a worker this process can abandon (cp_watch); the worker does it.
+    let files: Vec<&std::path::Path> = [&src, &dst]
+        .into_iter()
+        .filter_map(|l| match l {
+            Loc::File(p) => Some(p.as_path()),
+            _ => None,
+        })
+        .collect();
+    if !files.is_empty() && !cp_watch::in_worker() {
+        return cp_watch::supervise(args, &files);
+    }
+    let bar = (!cp_watch::in_worker() && args.wants_bar()).then(Bar::new);
     let opts = CopyOptions {
-        progress: bar.as_ref().map(Bar::callback),
+        progress: match &bar {
+            Some(b) => Some(b.callback()),
+            None if cp_watch::in_worker() => Some(cp_watch::worker_progress()),
+            None => None,
+        },
         ..opts
     };
     let req = CopyRequest {
@@ -245,8 +273,37 @@ pub fn run(args: &CpArgs) -> Result<ExitCode> {
     render(&src, &dst, &done, args)
 }
 
+impl CpArgs {
+    /// A progress bar is drawn: not quiet, not JSON, stderr a terminal.
+    pub(super) fn wants_bar(&self) -> bool {
+        !self.quiet && !self.json && std::io::stderr().is_terminal()
+    }
+
+    /// SRC as given.
+    pub(super) fn src_text(&self) -> &str {
+        self.src.as_deref().unwrap_or("")
+    }
+
+    /// DST as given.
+    pub(super) fn dst_text(&self) -> &str {
+        self.dst.as_deref().unwrap_or("")
+    }
+}
+
+/// The NVMe-oF path of each file location (its disk and controller), for the report.
+fn fabric(src: &Loc, dst: &Loc) -> Vec<(String, gdx_topo::nvmeof::Controller)> {
+    [src, dst]
+        .into_iter()
+        .filter_map(|l| match l {
+            Loc::File(p) => cp_watch::fabric_of(p),
+            _ => None,
+        })
+        .collect()
+}
+
 fn render(src: &Loc, dst: &Loc, done: &CopyOutcome, args: &CpArgs) -> Result<ExitCode> {
     let r = &done.report;
+    let fabric = fabric(src, dst);
     let verified = done.verified();
     let color = args.color.enabled();
     let mut out = std::io::stdout().lock();
@@ -264,6 +321,17 @@ fn render(src: &Loc, dst: &Loc, done: &CopyOutcome, args: &CpArgs) -> Result<Exi
             "gbps": r.gbps(),
             "ceiling": { "gbps": done.ceiling.gbps, "bound": done.ceiling.bound, "text": done.ceiling.describe() },
             "verify": done.verify.map(|(s, d)| json!({ "ok": s == d, "source": s, "destination": d })),
+            "fabric": fabric.iter().map(|(disk, c)| json!({
+                "disk": disk,
+                "controller": c.name,
+                "transport": c.transport,
+                "target": format!("{}:{}", c.traddr.as_deref().unwrap_or("?"), c.trsvcid.as_deref().unwrap_or("?")),
+                "rdma_device": c.carrier.rdma_device,
+                "port": c.carrier.port,
+                "netdev": c.carrier.netdev,
+                "state": c.state,
+                "path": c.fabric_path(),
+            })).collect::<Vec<_>>(),
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
@@ -280,6 +348,9 @@ fn render(src: &Loc, dst: &Loc, done: &CopyOutcome, args: &CpArgs) -> Result<Exi
             r.elapsed.as_secs_f64()
         )?;
         writeln!(out, "  path     {}: {}", r.path, r.reason)?;
+        for (disk, c) in &fabric {
+            writeln!(out, "  fabric   {disk}: {}", c.fabric_path())?;
+        }
         let share = match (r.gbps(), done.ceiling.gbps) {
             (Some(g), Some(c)) if c > 0.0 => format!(" -> {:.0}% of it", g / c * 100.0),
             _ => String::new(),

@@ -4,6 +4,7 @@ pub mod calibrate;
 pub mod cluster;
 pub mod cp;
 pub mod cp_safetensors;
+pub mod cp_watch;
 pub mod doctor;
 pub mod logger;
 pub mod nccl;

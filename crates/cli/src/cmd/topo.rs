@@ -170,13 +170,32 @@ pub fn run(args: &TopoArgs) -> Result<ExitCode> {
         all_nics: args.all_nics,
         color,
     };
+    let fabric = nvmeof_controllers(args.root.as_deref(), args.xml.is_some())?;
     if args.json {
-        let text = serde_json::to_string_pretty(&render::json_view(&topo, &opts))?;
-        writeln!(stdout, "{text}")?;
+        let mut v = serde_json::to_value(render::json_view(&topo, &opts))?;
+        v["nvmeof"] = gdx_topo::nvmeof::json(&fabric, &topo);
+        writeln!(stdout, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         stdout.write_all(render::render_text(&topo, &opts).as_bytes())?;
+        stdout.write_all(gdx_topo::nvmeof::render_text(&fabric, &topo).as_bytes())?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The NVMe-oF controllers of the machine read (none for an NCCL XML file).
+fn nvmeof_controllers(
+    root: Option<&std::path::Path>,
+    xml: bool,
+) -> Result<Vec<gdx_topo::nvmeof::Controller>> {
+    if xml {
+        return Ok(Vec::new());
+    }
+    let root = root.unwrap_or(std::path::Path::new("/"));
+    let opened =
+        gdx_topo::sysfs::archive::open_root(root, gdx_topo::sysfs::archive::Require::Nothing)?;
+    Ok(gdx_topo::nvmeof::controllers(
+        &gdx_topo::sysfs::RootFs::new(opened.dir()),
+    ))
 }
 
 /// An archive root is unpacked to a temporary folder: remove it on Ctrl-C / SIGTERM too. Only

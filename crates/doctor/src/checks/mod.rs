@@ -22,6 +22,7 @@ pub mod mrrs;
 pub mod mtu;
 pub mod nccl_env;
 pub mod numa;
+pub mod nvmeof;
 pub mod nvml;
 pub mod ofi;
 pub mod p2p;
@@ -30,6 +31,7 @@ pub mod probes;
 pub mod rdma;
 pub mod relaxed_ordering;
 pub mod roce_gid;
+pub mod roce_qos;
 
 /// One readiness check.
 pub trait Check: Sync {
@@ -63,8 +65,16 @@ pub fn all_checks() -> Vec<&'static dyn Check> {
         &relaxed_ordering::RelaxedOrdering,
         &roce_gid::RoceGid,
         &mtu::Mtu,
+        &roce_qos::RoceTc,
+        &roce_qos::RoceTrust,
+        &roce_qos::RocePfc,
+        &roce_qos::RoceEcn,
         &nccl_env::NcclEnv,
         &cufile::Cufile,
+        &nvmeof::NvmeofState,
+        &nvmeof::NvmeofTimeouts,
+        &nvmeof::NvmeofNicDistance,
+        &nvmeof::NvmeofMultipath,
         &fabric::FabricManager,
         &ofi::Libfabric,
         &probes::ProbeCopy,

@@ -34,35 +34,68 @@ impl Check for ProbeRdma {
         let id = self.id();
         match ctx.rdma_probe() {
             RdmaProbeState::NotRun(why) => vec![Finding::skip(id, "host", why.clone())],
-            RdmaProbeState::Ran(probes) => probes
-                .iter()
-                .map(|p| {
-                    let ev = format!(
-                        "{} bytes: RDMA WRITE {}, RDMA READ {}",
-                        p.bytes,
-                        if p.write_verified { "verified" } else { "not verified" },
-                        if p.read_verified { "verified" } else { "not verified" }
-                    );
-                    match &p.error {
-                        None => Finding::pass(
-                            id,
-                            p.device.as_str(),
-                            format!(
-                                "{} bytes written and read back through {} (RC, loopback on its port), bytes verified",
-                                p.bytes, p.device
-                            ),
-                        ),
-                        Some(e) => Finding::fail(id, p.device.as_str(), e.clone()).fix(
-                            "see `rdma-devices`, `roce-gid` and `mtu`; `ulimit -l` must allow \
-                             registering 2 MiB (see `memlock`); ibv_rc_pingpong -d DEV -g GID \
-                             on the same port tells whether verbs work at all",
-                        ),
-                    }
-                    .evidence(ev)
-                })
-                .collect(),
+            RdmaProbeState::Ran(probes) => probes.iter().map(|p| rdma_finding(id, p)).collect(),
         }
     }
+}
+
+/// One device's probe: fail on an error, warn when the bytes verified but the NIC counted loss
+/// doing it, else pass; the counter deltas are evidence either way.
+fn rdma_finding(id: &str, p: &crate::probe_rdma::RdmaProbe) -> Finding {
+    let ev = format!(
+        "{} bytes: RDMA WRITE {}, RDMA READ {}",
+        p.bytes,
+        if p.write_verified {
+            "verified"
+        } else {
+            "not verified"
+        },
+        if p.read_verified {
+            "verified"
+        } else {
+            "not verified"
+        }
+    );
+    let counters: Vec<String> = p
+        .counters
+        .iter()
+        .map(|c| format!("NIC counters during the probe: {}", c.describe()))
+        .collect();
+    let loss: Vec<String> = p
+        .counters
+        .iter()
+        .flat_map(|c| {
+            c.loss()
+                .map(move |d| format!("{}/{} {} +{}", c.device, c.port, d.counter, d.delta))
+        })
+        .collect();
+    let f = match &p.error {
+        Some(e) => Finding::fail(id, p.device.as_str(), e.clone()).fix(
+            "see `rdma-devices`, `roce-gid` and `mtu`; `ulimit -l` must allow \
+             registering 2 MiB (see `memlock`); ibv_rc_pingpong -d DEV -g GID \
+             on the same port tells whether verbs work at all",
+        ),
+        None if !loss.is_empty() => Finding::warn(
+            id,
+            p.device.as_str(),
+            format!(
+                "{} bytes written and read back through {}, bytes verified, but the NIC counted loss doing it: {}",
+                p.bytes,
+                p.device,
+                loss.join(", ")
+            ),
+        )
+        .fix("loss on a loopback probe points at the port itself: check `ethtool -S` of its netdev for drops and pause frames, and doctor's roce-pfc/roce-ecn"),
+        None => Finding::pass(
+            id,
+            p.device.as_str(),
+            format!(
+                "{} bytes written and read back through {} (RC, loopback on its port), bytes verified",
+                p.bytes, p.device
+            ),
+        ),
+    };
+    f.evidence(ev).evidence_all(counters)
 }
 
 impl Check for ProbeFabric {
@@ -330,5 +363,43 @@ mod tests {
         ctx.set_probes(ProbeState::NotRun("--no-probe".into()));
         let fs = run(&ProbeCopy, &ctx);
         assert_eq!(fs[0].reason.as_deref(), Some("--no-probe"));
+    }
+
+    #[test]
+    fn the_rdma_probe_names_the_counters_that_moved() {
+        use crate::probe_rdma::{RdmaProbe, RdmaProbeState};
+        use gdx_topo::sysfs::counters::{CounterDelta, CounterDeltas, CounterKind};
+        let probe = |moved: Vec<CounterDelta>| RdmaProbe {
+            device: "rxe0".into(),
+            bytes: 1 << 20,
+            write_verified: true,
+            read_verified: true,
+            error: None,
+            counters: vec![CounterDeltas {
+                device: "rxe0".into(),
+                port: 1,
+                read: 16,
+                moved,
+            }],
+        };
+        let t = Tree::new();
+        let mut ctx = t.ctx().build();
+        ctx.set_rdma_probe(RdmaProbeState::Ran(vec![probe(vec![])]));
+        let fs = run(&ProbeRdma, &ctx);
+        assert_eq!(fs[0].status, Status::Pass, "{fs:#?}");
+        assert!(fs[0].evidence.iter().any(|e| e
+            == "NIC counters during the probe: rxe0/1: no loss or congestion counter moved (16 counters read)"));
+        ctx.set_rdma_probe(RdmaProbeState::Ran(vec![probe(vec![CounterDelta {
+            counter: "hw_counters/rcvd_seq_err".into(),
+            delta: 7,
+            kind: CounterKind::OutOfSequence,
+        }])]));
+        let fs = run(&ProbeRdma, &ctx);
+        assert_eq!(fs[0].status, Status::Warn, "{fs:#?}");
+        assert!(
+            fs[0].message.contains("rxe0/1 hw_counters/rcvd_seq_err +7"),
+            "{}",
+            fs[0].message
+        );
     }
 }
