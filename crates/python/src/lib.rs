@@ -9,6 +9,7 @@
 
 mod agent;
 mod checkpoint;
+mod cluster;
 mod cuda;
 mod errors;
 mod peer;

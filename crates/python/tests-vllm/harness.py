@@ -1,0 +1,192 @@
+"""The engines of the vLLM end-to-end test and benchmark, one process each.
+
+    harness.py prefill --model DIR --out F [--copies K] [--connector JSON]
+        A prefill engine (GdxConnector, kv_producer). Generates the prompts plainly first
+        (the single-engine baseline: 16 greedy tokens each), then prefills them K times with
+        do_remote_decode (its first token), writes F (JSON: pid, baseline, params per copy),
+        and keeps serving the KV until F + ".stop" appears (or --linger seconds pass).
+    harness.py decode --model DIR --out F --requests PARAMS_FILE:COPY [...] [--connector JSON]
+        A decode engine (GdxConnector, kv_consumer). Generates each request set in turn with
+        the prefill's kv_transfer_params and records the outputs, vLLM's counters and times.
+    harness.py bench --model DIR --params F --out F
+        TTFT of the decode engine: loading the prompt's KV with gdx vs computing it.
+
+``--connector`` merges into the kv_transfer_config (e.g. a test subclass through
+kv_connector_module_path, extra config, kv_load_failure_policy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# Fewer moving parts on a small CPU host: no usage stats, no compile cache probing.
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+
+MAX_TOKENS = 16
+# Prompts of 80 to 200 tokens: several 32-token blocks each, last block partly filled.
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog. " * 2 + "Paged attention keeps blocks.",
+    "A prefill engine computes the prompt once; a decode engine loads its blocks. " * 2,
+    "Numbers 0123456789 and punctuation .,;:!? make every byte appear. " * 3,
+    "The cat sleeps on the warm mat while the key and value cache fills. " * 2 + "End.",
+]
+
+
+def engine(model: str, role: str, connector: dict, block_size: int, **kw):
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    cfg = {
+        "kv_connector": "GdxConnector",
+        "kv_connector_module_path": "gdx.vllm",
+        "kv_role": role,
+        **connector,
+    }
+    return LLM(
+        model=model,
+        dtype="float32",
+        max_model_len=kw.pop("max_model_len", 512),
+        enforce_eager=True,
+        block_size=block_size,
+        enable_prefix_caching=False,
+        disable_log_stats=False,
+        kv_transfer_config=KVTransferConfig(**cfg),
+        **kw,
+    )
+
+
+def sampling(max_tokens: int, params: dict | None = None):
+    from vllm import SamplingParams
+
+    extra = {"kv_transfer_params": params} if params is not None else None
+    return SamplingParams(temperature=0, max_tokens=max_tokens, extra_args=extra)
+
+
+def counters(llm) -> dict[str, float]:
+    want = ("external_prefix_cache_hits", "external_prefix_cache_queries", "prompt_tokens")
+    out = {}
+    for m in llm.get_metrics():
+        short = m.name.removeprefix("vllm:")
+        if short in want and hasattr(m, "value"):
+            out[short] = m.value
+    return out
+
+
+def write_json(path: str, doc: dict) -> None:
+    tmp = f"{path}.tmp"
+    Path(tmp).write_text(json.dumps(doc))
+    os.replace(tmp, path)  # readers never see a half-written file
+
+
+def prefill(a) -> None:
+    llm = engine(a.model, "kv_producer", json.loads(a.connector), a.block_size,
+                 max_model_len=a.max_model_len)
+    prompts = a.texts
+    base = llm.generate(prompts, sampling(MAX_TOKENS))
+    copies = []
+    for _ in range(a.copies):
+        outs = llm.generate(prompts, sampling(1, {"do_remote_decode": True}))
+        copies.append([o.kv_transfer_params for o in outs])
+    first = [o.outputs[0].token_ids[0] for o in outs]
+    write_json(
+        a.out,
+        {
+            "pid": os.getpid(),
+            "prompts": prompts,
+            "baseline": [list(o.outputs[0].token_ids) for o in base],
+            "prompt_tokens": [len(o.prompt_token_ids) for o in base],
+            "prefill_first_token": first,
+            "params": copies,
+        },
+    )
+    print(f"prefill: ready, {a.copies} cop(ies) of {len(prompts)} prompts held", flush=True)
+    stop, deadline = Path(a.out + ".stop"), time.monotonic() + a.linger
+    while not stop.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def decode(a) -> None:
+    llm = engine(a.model, "kv_consumer", json.loads(a.connector), a.block_size)
+    sets = []
+    for spec in a.requests:
+        path, copy = spec.rsplit(":", 1)
+        doc = json.loads(Path(path).read_text())
+        params = doc["params"][int(copy)]
+        t0 = time.monotonic()
+        outs = llm.generate(doc["prompts"], [sampling(MAX_TOKENS, p) for p in params])
+        sets.append(
+            {
+                "spec": spec,
+                "seconds": time.monotonic() - t0,
+                "token_ids": [list(o.outputs[0].token_ids) for o in outs],
+                "finish_reasons": [o.outputs[0].finish_reason for o in outs],
+                "num_cached_tokens": [o.num_cached_tokens for o in outs],
+                "counters": counters(llm),
+            }
+        )
+        print(f"decode: {spec} done in {sets[-1]['seconds']:.2f} s", flush=True)
+    write_json(a.out, {"sets": sets})
+
+
+def bench(a) -> None:
+    """Per prompt copy: one request with the prefill's KV (gdx), one recomputing it."""
+    import statistics
+
+    llm = engine(a.model, "kv_consumer", json.loads(a.connector), a.block_size,
+                 max_model_len=a.max_model_len)
+    doc = json.loads(Path(a.params).read_text())
+    prompt = doc["prompts"][0]
+    llm.generate([prompt], sampling(1))  # warm-up: the first forward is slower
+    rows = {"gdx": [], "recompute": []}
+    for copy in doc["params"]:
+        for mode in ("gdx", "recompute"):
+            sp = sampling(1, copy[0] if mode == "gdx" else None)
+            t0 = time.perf_counter()
+            out = llm.generate([prompt], sp, use_tqdm=False)[0]
+            rows[mode].append(time.perf_counter() - t0)
+            if mode == "gdx" and out.num_cached_tokens < doc["prompt_tokens"][0] // 2:
+                raise SystemExit(f"bench: the KV was not loaded ({out.num_cached_tokens} cached)")
+    res = {
+        m: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "n": len(v)}
+        for m, v in rows.items()
+    }
+    res["prompt_tokens"] = doc["prompt_tokens"][0]
+    res["speedup"] = res["recompute"]["median_s"] / res["gdx"]["median_s"]
+    write_json(a.out, res)
+    print(json.dumps(res, indent=1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("prefill", "decode", "bench"):
+        s = sub.add_parser(name)
+        s.add_argument("--model", required=True)
+        s.add_argument("--out", required=True)
+        s.add_argument("--block-size", type=int, default=32)
+        s.add_argument("--connector", default="{}", help="JSON merged into kv_transfer_config")
+    pre = sub.choices["prefill"]
+    pre.add_argument("--copies", type=int, default=1)
+    pre.add_argument("--linger", type=float, default=600.0)
+    pre.add_argument("--prompt-repeat", type=int, default=1,
+                     help="repeat each text N times (long prompts for the benchmark)")
+    pre.add_argument("--max-model-len", type=int, default=512)
+    sub.choices["decode"].add_argument("--requests", nargs="+", required=True)
+    b = sub.choices["bench"]
+    b.add_argument("--params", required=True)
+    b.add_argument("--max-model-len", type=int, default=512)
+    a = p.parse_args()
+    if a.cmd == "prefill":
+        a.texts = [t * a.prompt_repeat for t in TEXTS]
+    {"prefill": prefill, "decode": decode, "bench": bench}[a.cmd](a)
+
+
+if __name__ == "__main__":  # vLLM's engine core is a spawned process: the guard is required
+    main()
+    sys.stdout.flush()
