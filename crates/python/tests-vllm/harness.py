@@ -1,13 +1,16 @@
 """The engines of the vLLM end-to-end test and benchmark, one process each.
 
-    harness.py prefill --model DIR --out F [--copies K] [--connector JSON]
+    harness.py prefill --model DIR --out F [--copies K] [--go FILE] [--connector JSON]
         A prefill engine (GdxConnector, kv_producer). Generates the prompts plainly first
-        (the single-engine baseline: 16 greedy tokens each), then prefills them K times with
-        do_remote_decode (its first token), writes F (JSON: pid, baseline, params per copy),
-        and keeps serving the KV until F + ".stop" appears (or --linger seconds pass).
-    harness.py decode --model DIR --out F --requests PARAMS_FILE:COPY [...] [--connector JSON]
-        A decode engine (GdxConnector, kv_consumer). Generates each request set in turn with
-        the prefill's kv_transfer_params and records the outputs, vLLM's counters and times.
+        (the single-engine baseline: 16 greedy tokens each), waits for FILE (if given), then
+        prefills them K times with do_remote_decode (its first token), writes F (JSON: pid,
+        baseline, params per copy), and keeps serving the KV until F + ".stop" appears (or
+        --linger seconds pass). vLLM's engine loop spins while blocks are held: --go lets a
+        test start holding only once the decode engines are up.
+    harness.py decode --model DIR --out F --requests PARAMS_FILE:COPY [...] [--wait-for FILE]
+        A decode engine (GdxConnector, kv_consumer). Once up, it writes F + ".ready", waits for
+        the params files (and --wait-for), then generates each request set in turn with the
+        prefill's kv_transfer_params and records the outputs, vLLM's counters and times.
     harness.py bench --model DIR --params F --out F
         TTFT of the decode engine: loading the prompt's KV with gdx vs computing it.
 
@@ -24,7 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # Fewer moving parts on a small CPU host: no usage stats, no compile cache probing.
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
@@ -55,6 +57,8 @@ def engine(model: str, role: str, connector: dict, block_size: int, **kw):
         enforce_eager=True,
         block_size=block_size,
         enable_prefix_caching=False,
+        # Small: four engines share a small host's memory in the test.
+        kv_cache_memory_bytes=kw.pop("kv_cache_bytes", 128 << 20),
         disable_log_stats=False,
         kv_transfer_config=KVTransferConfig(**cfg),
         **kw,
@@ -84,11 +88,21 @@ def write_json(path: str, doc: dict) -> None:
     os.replace(tmp, path)  # readers never see a half-written file
 
 
+def wait_for(paths: list[str], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not all(Path(p).exists() for p in paths):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"harness: {paths} did not appear within {seconds} s")
+        time.sleep(0.1)
+
+
 def prefill(a) -> None:
     llm = engine(a.model, "kv_producer", json.loads(a.connector), a.block_size,
                  max_model_len=a.max_model_len)
     prompts = a.texts
     base = llm.generate(prompts, sampling(MAX_TOKENS))
+    if a.go:
+        wait_for([a.go], a.linger)
     copies = []
     for _ in range(a.copies):
         outs = llm.generate(prompts, sampling(1, {"do_remote_decode": True}))
@@ -113,6 +127,8 @@ def prefill(a) -> None:
 
 def decode(a) -> None:
     llm = engine(a.model, "kv_consumer", json.loads(a.connector), a.block_size)
+    Path(a.out + ".ready").touch()
+    wait_for([s.rsplit(":", 1)[0] for s in a.requests] + a.wait_for, a.linger)
     sets = []
     for spec in a.requests:
         path, copy = spec.rsplit(":", 1)
@@ -171,13 +187,16 @@ def main() -> None:
         s.add_argument("--out", required=True)
         s.add_argument("--block-size", type=int, default=32)
         s.add_argument("--connector", default="{}", help="JSON merged into kv_transfer_config")
+        s.add_argument("--linger", type=float, default=600.0, help="bound on every wait, s")
     pre = sub.choices["prefill"]
     pre.add_argument("--copies", type=int, default=1)
-    pre.add_argument("--linger", type=float, default=600.0)
+    pre.add_argument("--go", help="prefill only once this file exists")
     pre.add_argument("--prompt-repeat", type=int, default=1,
                      help="repeat each text N times (long prompts for the benchmark)")
     pre.add_argument("--max-model-len", type=int, default=512)
-    sub.choices["decode"].add_argument("--requests", nargs="+", required=True)
+    dec = sub.choices["decode"]
+    dec.add_argument("--requests", nargs="+", required=True)
+    dec.add_argument("--wait-for", nargs="*", default=[])
     b = sub.choices["bench"]
     b.add_argument("--params", required=True)
     b.add_argument("--max-model-len", type=int, default=512)

@@ -13,13 +13,14 @@ prefill that hears nothing frees them after ``send_ttl`` seconds.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import Agent, Error
 from ._blocks import BlockReader
-from ._layout import LAYOUT_BYTES, LAYOUT_REGION, KvLayout, layout_of
+from ._layout import LAYOUT_BYTES, LAYOUT_REGION, KvLayout, LayoutMismatch, layout_of
 
 DONE = b"gdx-vllm.done:"
 
@@ -30,6 +31,8 @@ DEFAULTS: dict[str, Any] = {
     "secret_file": None,  # else GDX_SECRET_FILE, else a per-process secret
     "etcd": None,  # etcd client URL(s): publish the agent and find peers by name
     "cluster": "vllm",  # the etcd cluster name
+    "etcd_timeout": 3.0,  # seconds: bound on each etcd request
+    "etcd_ttl": 10,  # seconds: a dead engine's name leaves etcd this long after its last beat
     "load": "async",  # "async": between steps; "layerwise": in the step, layer by layer
     "transfer_timeout": 30.0,  # seconds a read may take before the request is failed
     "connect_timeout": 5.0,  # seconds to reach the prefill engine
@@ -101,6 +104,8 @@ class KvWorker:
         self.layout: KvLayout | None = None
         self.regions: dict[str, Any] = {}
         self.readers: dict[tuple[str, str], BlockReader] = {}
+        # Peers whose layout differs from ours: refused again at once, without reconnecting.
+        self.mismatched: dict[tuple[str, str], LayoutMismatch] = {}
         self.loads: dict[str, Load] = {}
         self.sends: dict[str, float] = {}  # req id -> when to give up waiting
         self.done_notes: set[str] = set()
@@ -132,7 +137,12 @@ class KvWorker:
         self.layout = layout
         if self.opts["etcd"]:
             # After the regions: joining publishes the ones registered so far.
-            self.agent.join_cluster(self.opts["etcd"], self.opts["cluster"])
+            self.agent.join_cluster(
+                self.opts["etcd"],
+                self.opts["cluster"],
+                ttl=int(self.opts["etcd_ttl"]),
+                timeout=self.opts["etcd_timeout"],
+            )
         self.log.info(
             "gdx: %d KV layer(s), %d region(s), block %d B; agent %s at %s%s",
             layout.num_layers,
@@ -146,7 +156,7 @@ class KvWorker:
 
     def handshake(self) -> dict[str, Any]:
         """What the scheduler hands to decode engines: how to reach this worker."""
-        h = {"address": self.agent.address, "agent": self.agent.name}
+        h = {"address": self.agent.address, "agent": self.agent.name, "pid": os.getpid()}
         if self.opts["etcd"]:
             h["cluster"] = self.opts["cluster"]
         return h
@@ -160,6 +170,8 @@ class KvWorker:
         r = self.readers.get(key)
         if r is not None and r.peer.alive:
             return r
+        if key in self.mismatched:
+            raise self.mismatched[key]
         if by_name:
             if remote["cluster"] != self.opts["cluster"]:
                 raise Error(
@@ -176,7 +188,12 @@ class KvWorker:
         peer.read([(buf, 0, rd, 0, rd.nbytes)]).wait(timeout=self.opts["connect_timeout"])
         theirs = KvLayout.from_bytes(bytes(buf.view()))
         buf.close()
-        self.layout.check(theirs, who)
+        try:
+            self.layout.check(theirs, who)
+        except LayoutMismatch as e:
+            peer.close()
+            self.mismatched[key] = e
+            raise
         names = {seg[0] for layer in theirs.segments for seg in layer}
         remote_regions = {n: peer.region(n) for n in names}
         r = BlockReader(peer, self.layout, self.regions, theirs, remote_regions)
@@ -214,8 +231,6 @@ class KvWorker:
                     self._fail(load, e)
 
     def _fail(self, load: Load, e: Exception) -> None:
-        from ._layout import LayoutMismatch
-
         if isinstance(e, LayoutMismatch):
             self.stats.layout_mismatches += 1
         self.stats.loads_failed += 1

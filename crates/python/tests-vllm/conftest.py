@@ -1,0 +1,201 @@
+"""Fixtures of the vLLM end-to-end test: the tiny model, a real etcd, and the engine runs.
+
+The engines are separate processes (``harness.py``), started once for the module and shared
+by the tests, because each vLLM start costs tens of seconds on a small CPU host:
+
+- prefill A (etcd name ``prefill-a``) holds three copies of the prompts' KV: copy 0 for the
+  plain decode, copy 1 for the corrupted one, copy 2 for the mismatched decode;
+- prefill B (direct address only) holds one copy, and is killed mid-read;
+- decode 1 (block size 32, etcd, kv_load_failure_policy=recompute, faults.FaultyGdxConnector)
+  generates A:0 (plain), A:1 (one block corrupted after it landed), B:0 (prefill killed);
+- decode 2 (block size 64: its layout differs; direct address; policy fail) generates A:2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+#: Bound on any one engine process (start, generation, exit).
+ENGINE_TIMEOUT_S = 420
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def workdir():
+    d = Path(tempfile.mkdtemp(prefix="gdx-vllm-"))
+    yield d
+    if not os.environ.get("GDX_VLLM_KEEP"):
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def model(workdir):
+    out = workdir / "tiny"
+    subprocess.run(
+        [sys.executable, str(HERE / "make_model.py"), str(HERE / "models" / "tiny.json"), str(out)],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def etcd(workdir):
+    exe = os.environ.get("GDX_ETCD_BIN") or shutil.which("etcd")
+    if not exe:
+        pytest.fail("etcd is not installed: apt-get install etcd-server (scripts/bootstrap.sh does)")
+    client, peer = _free_port(), _free_port()
+    url = f"http://127.0.0.1:{client}"
+    log = open(workdir / "etcd.log", "wb")
+    p = subprocess.Popen(
+        [exe, "--data-dir", str(workdir / "etcd"), "--listen-client-urls", url,
+         "--advertise-client-urls", url, "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-cluster", f"default=http://127.0.0.1:{peer}"],
+        stdout=log, stderr=log,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", client), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        p.kill()
+        pytest.fail(f"etcd did not start: see {workdir / 'etcd.log'}")
+    yield url
+    p.terminate()
+    p.wait(10)
+
+
+class Engine:
+    """One harness process; its log is kept for the assertions."""
+
+    def __init__(self, workdir: Path, name: str, args: list[str], env: dict | None = None):
+        self.name, self.log_path = name, workdir / f"{name}.log"
+        self.out = workdir / f"{name}.json"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "harness.py"), *args, "--out", str(self.out)],
+            stdout=open(self.log_path, "wb"),
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(HERE), **(env or {})},
+            # Its own process group: vLLM's engine core and workers (spawned) stay in it, so
+            # stop() can end them too when the harness itself died first.
+            start_new_session=True,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, deadline: float, suffix: str = "") -> dict | None:
+        path = self.out.parent / (self.out.name + suffix)
+        while not path.exists():
+            if self.proc.poll() is not None:
+                pytest.fail(f"{self.name} exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                pytest.fail(f"{self.name} not ready in time:\n{self.log()[-4000:]}")
+            time.sleep(0.5)
+        return None if suffix else json.loads(self.out.read_text())
+
+    def finish(self, deadline: float) -> dict:
+        try:
+            self.proc.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail(f"{self.name} did not finish in time:\n{self.log()[-4000:]}")
+        if self.proc.returncode != 0:
+            pytest.fail(f"{self.name} exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+        return json.loads(self.out.read_text())
+
+    def stop(self) -> None:
+        """Ends the engine and the worker processes it spawned, which outlive a killed parent."""
+        (self.out.parent / (self.out.name + ".stop")).touch()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _conn(**cfg) -> str:
+    extra = cfg.pop("extra")
+    return json.dumps({**cfg, "kv_connector_extra_config": extra})
+
+
+@pytest.fixture(scope="session")
+def runs(workdir, model, etcd):
+    """Runs the four engines (see the module docstring); returns their documents and logs.
+
+    All four start at once; the prefills hold KV (and vLLM's loop spins while they do) only
+    once both decode engines are up.
+    """
+    # Generous network bounds: a loaded CI host (or this 2-core one) can starve a process for
+    # seconds; the failure tests bound what matters on their own.
+    net = {"connect_timeout": 30.0, "etcd_timeout": 15.0, "etcd_ttl": 60}
+    secret = workdir / "secret"
+    secret.write_bytes(os.urandom(32))
+    secret.chmod(0o600)
+    m = ["--model", str(model)]
+    go, faults, mark = workdir / "go", workdir / "faults.json", workdir / "kill-mark.json"
+    deadline = time.monotonic() + ENGINE_TIMEOUT_S
+    pre_a = Engine(workdir, "prefill-a", ["prefill", *m, "--copies", "3", "--go", str(go),
+        "--connector", _conn(extra={"secret_file": str(secret), "etcd": etcd,
+                                    "agent_name": "prefill-a", **net})])
+    pre_b = Engine(workdir, "prefill-b", ["prefill", *m, "--copies", "1", "--go", str(go),
+        "--connector", _conn(extra={"secret_file": str(secret), **net})])
+    d1 = Engine(workdir, "decode-1", [
+        "decode", *m, "--requests", f"{pre_a.out}:0", f"{pre_a.out}:1", f"{pre_b.out}:0",
+        "--wait-for", str(faults), "--connector", _conn(
+            kv_connector="FaultyGdxConnector", kv_connector_module_path="faults",
+            kv_load_failure_policy="recompute",
+            extra={"secret_file": str(secret), "etcd": etcd, "agent_name": "decode-1",
+                   "transfer_timeout": 20.0, **net})],
+        env={"GDX_VLLM_TEST_FAULTS": str(faults)})
+    d2 = Engine(workdir, "decode-2", [
+        "decode", *m, "--block-size", "64", "--requests", f"{pre_a.out}:2",
+        "--connector", _conn(kv_load_failure_policy="fail",
+                             extra={"secret_file": str(secret), **net})])
+    engines = [pre_a, pre_b, d1, d2]
+    try:
+        d1.wait_ready(deadline, suffix=".ready")
+        d2.wait_ready(deadline, suffix=".ready")
+        go.touch()
+        a, b = pre_a.wait_ready(deadline), pre_b.wait_ready(deadline)
+        # The KV lives in prefill B's worker process (vLLM's engine core spawns it).
+        b_rank = b["params"][0][0]["remote_ranks"][0]
+        doc = {"corrupt": [p["remote_request_id"] for p in a["params"][1]],
+               "kill": {"pid": b_rank["pid"], "address": b_rank["address"]}, "mark": str(mark)}
+        (workdir / "faults.tmp").write_text(json.dumps(doc))
+        os.replace(workdir / "faults.tmp", faults)
+        r1, r2 = d1.finish(deadline), d2.finish(deadline)
+    finally:
+        for e in engines:
+            e.stop()
+    return {
+        "a": a, "b": b, "d1": r1, "d2": r2,
+        "mark": json.loads(mark.read_text()) if mark.exists() else None,
+        "log": {e.name: e.log() for e in engines},
+    }
