@@ -8,6 +8,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod agent;
+mod blocks;
 mod checkpoint;
 mod cluster;
 mod cuda;
@@ -29,6 +30,8 @@ fn _gdx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<peer::PyPeer>()?;
     m.add_class::<peer::PyTransfer>()?;
     m.add_class::<prepared::PyPreparedTransfer>()?;
+    m.add_class::<blocks::PyBlockPool>()?;
+    m.add_class::<blocks::PyBlockTransfer>()?;
     m.add_class::<peer::PyOpResult>()?;
     m.add_class::<peer::PyNotification>()?;
     m.add_function(wrap_pyfunction!(region::_forge_key, m)?)?;

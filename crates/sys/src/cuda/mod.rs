@@ -44,6 +44,7 @@
 //! ```
 
 mod api;
+mod batch;
 mod context;
 mod copy;
 mod device;
@@ -62,6 +63,7 @@ mod share;
 mod stream;
 mod vmm;
 
+pub use batch::{BatchCopy, CopySpan};
 pub use context::{Context, CurrentGuard};
 pub use device::{Attribute, ComputeCapability, Device, DeviceInfo};
 pub use endpoint::{Dst, Src};

@@ -3,7 +3,7 @@
 //! the mapped remote region (`copy_direct`), GPU to GPU through a CUDA IPC mapping
 //! (`copy_ipc`), or twice through the bounce buffer (`copy_staged`).
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 
 use super::{ring, Worker, BOUNCE_BYTES};
 use crate::error::{Error, Result};
@@ -186,7 +186,7 @@ impl Worker {
 
     /// `ShmMap`: the fd the target passes for a region (its memfd, or a VMM GPU region's POSIX
     /// fd), with the length to map and whether it is writable.
-    fn request_fd(
+    pub(super) fn request_fd(
         &mut self,
         region: u64,
         key: crate::region::RegionKey,
@@ -254,44 +254,10 @@ impl Worker {
     /// in place (once per region) and the mapped GPU memory, one copy on the copy engine.
     pub(super) fn copy_ipc(&mut self, xfer: &XferState, i: usize) -> Result<()> {
         let op = xfer.op(i);
-        let peer = match op.local.device() {
-            Some(dev) => dev.peer.clone(),
-            None => self.cuda.get().cloned().ok_or_else(|| {
-                Error::Unavailable(
-                    "an ipc op from host memory needs this process's CUDA (Agent::use_cuda)".into(),
-                )
-            })?,
-        };
+        let (peer, pieces) = self.ipc_mapping(xfer, i)?;
         let ipc = op.remote.ipc.as_ref().ok_or_else(|| {
             Error::Unavailable(format!("remote region {} has no IPC handle", op.remote.id))
         })?;
-        // Keep the mapping for the life of this connection: mapping a CUDA IPC handle costs
-        // far more than a copy's set-up, so it is done once per remote allocation.
-        let pieces = match self.imports.get(&op.remote.id) {
-            Some(r) => r.clone(),
-            None => {
-                let (id, key) = (op.remote.id, op.remote.key);
-                let r = if !ipc.pieces.is_empty() {
-                    // A caller's VMM range: one fd per mapped piece, asked for in turn.
-                    peer.import_fd_pieces(ipc, |i| Ok(self.request_fd(id, key, false, i)?.0))?
-                } else {
-                    let one = match ipc.posix_fd_alloc_len {
-                        None => peer.import_ipc(ipc)?,
-                        Some(_) => match peer.imported(ipc) {
-                            Some(r) => r,
-                            None => {
-                                // A VMM region gdx allocated: ask the target for its fd.
-                                let (fd, _, _) = self.request_fd(id, key, false, 0)?;
-                                peer.import_fd(ipc, fd.as_fd())?
-                            }
-                        },
-                    };
-                    vec![(0, one)]
-                };
-                self.imports.insert(op.remote.id, r.clone());
-                r
-            }
-        };
         let kind = match op.kind {
             OpKind::Write => LeaseKind::Source,
             OpKind::Read => LeaseKind::Sink,
