@@ -1,7 +1,9 @@
 """Fixtures of the vLLM end-to-end test: the tiny model, a real etcd, and the engine runs.
 
 The engines are separate processes (``harness.py``), started once for the module and shared
-by the tests, because each vLLM start costs tens of seconds on a small CPU host:
+by the tests, because each vLLM start costs tens of seconds on a small CPU host. Network bounds
+are generous (a loaded 2-core host starves processes for seconds); a killed peer is still seen
+at once, when its connection resets.
 
 - prefill A (etcd name ``prefill-a``) holds three copies of the prompts' KV: copy 0 for the
   plain decode, copy 1 for the corrupted one, copy 2 for the mismatched decode;
@@ -154,9 +156,10 @@ def runs(workdir, model, etcd):
     """
     # Generous network bounds: a loaded CI host (or this 2-core one) can starve a process for
     # seconds; the failure tests bound what matters on their own.
-    net = {"connect_timeout": 30.0, "etcd_timeout": 15.0, "etcd_ttl": 60}
+    net = {"connect_timeout": 30.0, "etcd_timeout": 15.0, "etcd_ttl": 60, "io_timeout": 30.0,
+           "send_ttl": 600.0}
     secret = workdir / "secret"
-    secret.write_bytes(os.urandom(32))
+    secret.write_text(os.urandom(32).hex())  # text: a secret file loses trailing whitespace
     secret.chmod(0o600)
     m = ["--model", str(model)]
     go, faults, mark = workdir / "go", workdir / "faults.json", workdir / "kill-mark.json"

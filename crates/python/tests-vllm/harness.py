@@ -27,8 +27,12 @@ import sys
 import time
 from pathlib import Path
 
-# Fewer moving parts on a small CPU host: no usage stats, no compile cache probing.
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+# vLLM pins each CPU worker's OpenMP threads to the last cores; several engines on one small
+# host would then all compute on the same core (a prefill holding KV spins there too). Let the
+# kernel place them instead.
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 MAX_TOKENS = 16
 # Prompts of 80 to 200 tokens: several 32-token blocks each, last block partly filled.

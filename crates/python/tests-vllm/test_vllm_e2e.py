@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 
 #: A failed load must be settled (recomputed or failed) this soon after its request set
-#: started: the run's transfer_timeout is 20 s and gdx's liveness check 10 s, plus slack for a
-#: loaded host.
-FAILURE_BOUND_S = 45.0
+#: started: a dead peer whose connection resets fails at once, a silent one after the run's
+#: io_timeout (30 s, generous for a loaded 2-core host), plus slack for the recompute.
+FAILURE_BOUND_S = 50.0
 
 
 def test_decode_outputs_equal_single_engine_and_kv_was_loaded(runs):
@@ -20,17 +20,19 @@ def test_decode_outputs_equal_single_engine_and_kv_was_loaded(runs):
     assert s["counters"]["external_prefix_cache_hits"] == sum(n - 1 for n in a["prompt_tokens"])
     log = runs["log"]["decode-1"]
     assert "connected to prefill-a (etcd, cluster vllm)" in log
-    assert len(re.findall(r"gdx: loaded \d+ block\(s\) of request", log)) >= len(a["prompts"])
+    assert _loaded(log) >= len(a["prompts"])
     # The prefill freed each request's blocks when the decode engine said it had read them.
     assert runs["log"]["prefill-a"].count("was read by its decode engine") >= len(a["prompts"])
 
 
+def _loaded(log: str) -> int:
+    return len(re.findall(r"gdx: loaded \d+ block\(s\) of request", log))
+
+
 def test_a_corrupted_block_changes_the_outputs(runs):
     a, s = runs["a"], runs["d1"]["sets"][1]
-    before = runs["d1"]["sets"][0]["counters"]["external_prefix_cache_hits"]
-    assert s["counters"]["external_prefix_cache_hits"] - before == sum(
-        n - 1 for n in a["prompt_tokens"]
-    )
+    # Copies 0 and 1 of prefill A were loaded (no failure), copy 1 then corrupted.
+    assert _loaded(runs["log"]["decode-1"]) == 2 * len(a["prompts"])
     for got, want in zip(s["token_ids"], a["baseline"]):
         assert got != want
 

@@ -36,6 +36,7 @@ DEFAULTS: dict[str, Any] = {
     "load": "async",  # "async": between steps; "layerwise": in the step, layer by layer
     "transfer_timeout": 30.0,  # seconds a read may take before the request is failed
     "connect_timeout": 5.0,  # seconds to reach the prefill engine
+    "io_timeout": None,  # seconds a silent peer is given before it counts as lost (gdx: 10)
     "send_ttl": 120.0,  # seconds the prefill keeps blocks nobody has read
 }
 
@@ -100,7 +101,12 @@ class KvWorker:
         name = opts["agent_name"] or f"gdx-vllm-{engine_id}-tp{tp_rank}"
         if opts["agent_name"] and tp_rank:
             name = f"{name}-tp{tp_rank}"
-        self.agent = Agent(name, listen=_listen(opts["listen"], tp_rank), secret=secret)
+        self.agent = Agent(
+            name,
+            listen=_listen(opts["listen"], tp_rank),
+            secret=secret,
+            io_timeout=opts["io_timeout"],
+        )
         self.layout: KvLayout | None = None
         self.regions: dict[str, Any] = {}
         self.readers: dict[tuple[str, str], BlockReader] = {}
@@ -196,7 +202,14 @@ class KvWorker:
             raise
         names = {seg[0] for layer in theirs.segments for seg in layer}
         remote_regions = {n: peer.region(n) for n in names}
-        r = BlockReader(peer, self.layout, self.regions, theirs, remote_regions)
+        r = BlockReader(
+            peer,
+            self.layout,
+            self.regions,
+            theirs,
+            remote_regions,
+            timeout=self.opts["transfer_timeout"],
+        )
         self.readers[key] = r
         self.log.info("gdx: connected to %s over %s, layouts match", who, peer.transport)
         return r
@@ -207,14 +220,12 @@ class KvWorker:
         try:
             r = self._reader(load.remote)
             load.peer = r.peer
-            t = self.opts["transfer_timeout"]
             if load.layerwise:
                 load.transfers = [
-                    r.post(load.src, load.dst, layers=[i], timeout=t)
-                    for i in range(self.layout.num_layers)
+                    r.post(load.src, load.dst, layers=[i]) for i in range(self.layout.num_layers)
                 ]
             else:
-                load.transfers = [r.post(load.src, load.dst, timeout=t)]
+                load.transfers = [r.post(load.src, load.dst)]
         except Exception as e:  # noqa: BLE001  every failure becomes the request's failure
             self._fail(load, e)
             return
