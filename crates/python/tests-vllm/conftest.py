@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -28,8 +27,9 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-#: Bound on any one engine process (start, generation, exit).
+from engines import HERE, Engine
+
+#: Bound on the whole run of engines (start, generation, exit).
 ENGINE_TIMEOUT_S = 420
 
 
@@ -86,60 +86,6 @@ def etcd(workdir):
     yield url
     p.terminate()
     p.wait(10)
-
-
-class Engine:
-    """One harness process; its log is kept for the assertions."""
-
-    def __init__(self, workdir: Path, name: str, args: list[str], env: dict | None = None):
-        self.name, self.log_path = name, workdir / f"{name}.log"
-        self.out = workdir / f"{name}.json"
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "harness.py"), *args, "--out", str(self.out)],
-            stdout=open(self.log_path, "wb"),
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(HERE), **(env or {})},
-            # Its own process group: vLLM's engine core and workers (spawned) stay in it, so
-            # stop() can end them too when the harness itself died first.
-            start_new_session=True,
-        )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self, deadline: float, suffix: str = "") -> dict | None:
-        path = self.out.parent / (self.out.name + suffix)
-        while not path.exists():
-            if self.proc.poll() is not None:
-                pytest.fail(f"{self.name} exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
-            if time.monotonic() > deadline:
-                self.proc.kill()
-                pytest.fail(f"{self.name} not ready in time:\n{self.log()[-4000:]}")
-            time.sleep(0.5)
-        return None if suffix else json.loads(self.out.read_text())
-
-    def finish(self, deadline: float) -> dict:
-        try:
-            self.proc.wait(max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            pytest.fail(f"{self.name} did not finish in time:\n{self.log()[-4000:]}")
-        if self.proc.returncode != 0:
-            pytest.fail(f"{self.name} exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
-        return json.loads(self.out.read_text())
-
-    def stop(self) -> None:
-        """Ends the engine and the worker processes it spawned, which outlive a killed parent."""
-        (self.out.parent / (self.out.name + ".stop")).touch()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _conn(**cfg) -> str:

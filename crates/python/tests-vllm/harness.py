@@ -62,7 +62,7 @@ def engine(model: str, role: str, connector: dict, block_size: int, **kw):
         block_size=block_size,
         enable_prefix_caching=False,
         # Small: four engines share a small host's memory in the test.
-        kv_cache_memory_bytes=kw.pop("kv_cache_bytes", 128 << 20),
+        kv_cache_memory_bytes=kw.pop("kv_cache_mib", 128) << 20,
         disable_log_stats=False,
         kv_transfer_config=KVTransferConfig(**cfg),
         **kw,
@@ -102,7 +102,7 @@ def wait_for(paths: list[str], seconds: float) -> None:
 
 def prefill(a) -> None:
     llm = engine(a.model, "kv_producer", json.loads(a.connector), a.block_size,
-                 max_model_len=a.max_model_len)
+                 max_model_len=a.max_model_len, kv_cache_mib=a.kv_cache_mib)
     prompts = a.texts
     base = llm.generate(prompts, sampling(MAX_TOKENS))
     if a.go:
@@ -159,7 +159,7 @@ def bench(a) -> None:
     import statistics
 
     llm = engine(a.model, "kv_consumer", json.loads(a.connector), a.block_size,
-                 max_model_len=a.max_model_len)
+                 max_model_len=a.max_model_len, kv_cache_mib=a.kv_cache_mib)
     doc = json.loads(Path(a.params).read_text())
     prompt = doc["prompts"][0]
     llm.generate([prompt], sampling(1))  # warm-up: the first forward is slower
@@ -192,11 +192,13 @@ def main() -> None:
         s.add_argument("--block-size", type=int, default=32)
         s.add_argument("--connector", default="{}", help="JSON merged into kv_transfer_config")
         s.add_argument("--linger", type=float, default=600.0, help="bound on every wait, s")
+        s.add_argument("--kv-cache-mib", type=int, default=128)
     pre = sub.choices["prefill"]
     pre.add_argument("--copies", type=int, default=1)
     pre.add_argument("--go", help="prefill only once this file exists")
     pre.add_argument("--prompt-repeat", type=int, default=1,
                      help="repeat each text N times (long prompts for the benchmark)")
+    pre.add_argument("--prompts", type=int, default=len(TEXTS), help="the first N texts only")
     pre.add_argument("--max-model-len", type=int, default=512)
     dec = sub.choices["decode"]
     dec.add_argument("--requests", nargs="+", required=True)
@@ -206,7 +208,7 @@ def main() -> None:
     b.add_argument("--max-model-len", type=int, default=512)
     a = p.parse_args()
     if a.cmd == "prefill":
-        a.texts = [t * a.prompt_repeat for t in TEXTS]
+        a.texts = [t * a.prompt_repeat for t in TEXTS[: a.prompts]]
     {"prefill": prefill, "decode": decode, "bench": bench}[a.cmd](a)
 
 
