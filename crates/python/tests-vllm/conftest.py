@@ -5,12 +5,14 @@ by the tests, because each vLLM start costs tens of seconds on a small CPU host.
 are generous (a loaded 2-core host starves processes for seconds); a killed peer is still seen
 at once, when its connection resets.
 
-- prefill A (etcd name ``prefill-a``) holds three copies of the prompts' KV: copy 0 for the
-  plain decode, copy 1 for the corrupted one, copy 2 for the mismatched decode;
+- prefill A (etcd name ``prefill-a``) holds four copies of the prompts' KV: copy 0 for the
+  plain decode, copy 1 for the corrupted one, copy 2 for the mismatched decode, copy 3 for the
+  layer-wise one;
 - prefill B (direct address only) holds one copy, and is killed mid-read;
 - decode 1 (block size 32, etcd, kv_load_failure_policy=recompute, faults.FaultyGdxConnector)
   generates A:0 (plain), A:1 (one block corrupted after it landed), B:0 (prefill killed);
-- decode 2 (block size 64: its layout differs; direct address; policy fail) generates A:2.
+- decode 2 (block size 64: its layout differs; direct address; policy fail) generates A:2;
+- decode 3 (load=layerwise: read inside the step, one transfer per layer) generates A:3.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def runs(workdir, model, etcd):
     m = ["--model", str(model)]
     go, faults, mark = workdir / "go", workdir / "faults.json", workdir / "kill-mark.json"
     deadline = time.monotonic() + ENGINE_TIMEOUT_S
-    pre_a = Engine(workdir, "prefill-a", ["prefill", *m, "--copies", "3", "--go", str(go),
+    pre_a = Engine(workdir, "prefill-a", ["prefill", *m, "--copies", "4", "--go", str(go),
         "--connector", _conn(extra={"secret_file": str(secret), "etcd": etcd,
                                     "agent_name": "prefill-a", **net})])
     pre_b = Engine(workdir, "prefill-b", ["prefill", *m, "--copies", "1", "--go", str(go),
@@ -127,10 +129,14 @@ def runs(workdir, model, etcd):
         "decode", *m, "--block-size", "64", "--requests", f"{pre_a.out}:2",
         "--connector", _conn(kv_load_failure_policy="fail",
                              extra={"secret_file": str(secret), **net})])
-    engines = [pre_a, pre_b, d1, d2]
+    d3 = Engine(workdir, "decode-3", [
+        "decode", *m, "--requests", f"{pre_a.out}:3", "--connector", _conn(
+            kv_load_failure_policy="fail",
+            extra={"secret_file": str(secret), "load": "layerwise", **net})])
+    engines = [pre_a, pre_b, d1, d2, d3]
     try:
-        d1.wait_ready(deadline, suffix=".ready")
-        d2.wait_ready(deadline, suffix=".ready")
+        for d in (d1, d2, d3):
+            d.wait_ready(deadline, suffix=".ready")
         go.touch()
         a, b = pre_a.wait_ready(deadline), pre_b.wait_ready(deadline)
         # The KV lives in prefill B's worker process (vLLM's engine core spawns it).
@@ -139,12 +145,12 @@ def runs(workdir, model, etcd):
                "kill": {"pid": b_rank["pid"], "address": b_rank["address"]}, "mark": str(mark)}
         (workdir / "faults.tmp").write_text(json.dumps(doc))
         os.replace(workdir / "faults.tmp", faults)
-        r1, r2 = d1.finish(deadline), d2.finish(deadline)
+        r1, r2, r3 = d1.finish(deadline), d2.finish(deadline), d3.finish(deadline)
     finally:
         for e in engines:
             e.stop()
     return {
-        "a": a, "b": b, "d1": r1, "d2": r2,
+        "a": a, "b": b, "d1": r1, "d2": r2, "d3": r3,
         "mark": json.loads(mark.read_text()) if mark.exists() else None,
         "log": {e.name: e.log() for e in engines},
     }

@@ -25,6 +25,13 @@ def test_decode_outputs_equal_single_engine_and_kv_was_loaded(runs):
     assert runs["log"]["prefill-a"].count("was read by its decode engine") >= len(a["prompts"])
 
 
+def test_layerwise_load_outputs_equal_single_engine(runs):
+    a, s = runs["a"], runs["d3"]["sets"][0]
+    assert s["token_ids"] == a["baseline"]
+    assert s["counters"]["external_prefix_cache_hits"] == sum(n - 1 for n in a["prompt_tokens"])
+    assert _loaded(runs["log"]["decode-3"]) == len(a["prompts"])
+
+
 def _loaded(log: str) -> int:
     return len(re.findall(r"gdx: loaded \d+ block\(s\) of request", log))
 
