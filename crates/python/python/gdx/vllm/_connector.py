@@ -183,7 +183,8 @@ class GdxConnector(KVConnectorBase_V1):
             ranks = m["remote_ranks"]
             load = Load(
                 req_id=m["req_id"],
-                remote=ranks[rank] if rank < len(ranks) else {"agent": None, "address": None},
+                # None: the prefill has no rank of ours; the worker fails the load by name.
+                remote=ranks[rank] if rank < len(ranks) else None,
                 remote_req_id=m["remote_req_id"],
                 src=m["src"],
                 dst=m["dst"],

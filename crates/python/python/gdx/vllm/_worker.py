@@ -60,7 +60,7 @@ class Load:
     """One request's read: remote blocks ``src`` into local blocks ``dst``."""
 
     req_id: str
-    remote: dict[str, Any]  # {"address", "agent", "cluster"?} of the prefill's worker
+    remote: dict[str, Any] | None  # {"address", "agent", "cluster"?, "pid"} of the prefill's worker
     remote_req_id: str
     src: list[int]
     dst: list[int]
@@ -218,6 +218,11 @@ class KvWorker:
         """Starts reading ``load``'s blocks; a failure marks the request failed (never raises)."""
         load.started = time.monotonic()
         try:
+            if not load.remote:
+                raise Error(
+                    f"the prefill engine has no TP rank {self.tp_rank}: start both engines with "
+                    "the same --tensor-parallel-size"
+                )
             r = self._reader(load.remote)
             load.peer = r.peer
             if load.layerwise:
@@ -258,7 +263,7 @@ class KvWorker:
             "gdx: loading the KV of request %s (%d blocks) from %s failed after %.3f s: %s: %s",
             load.req_id,
             len(load.dst),
-            load.remote.get("agent"),
+            (load.remote or {}).get("agent"),
             time.monotonic() - load.started,
             type(e).__name__,
             e,
