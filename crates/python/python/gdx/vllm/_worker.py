@@ -23,6 +23,7 @@ from ._blocks import BlockReader
 from ._layout import LAYOUT_BYTES, LAYOUT_REGION, KvLayout, LayoutMismatch, layout_of
 
 DONE = b"gdx-vllm.done:"
+MISMATCH_MEMORY_S = 60.0
 
 #: ``kv_connector_extra_config`` keys and their defaults.
 DEFAULTS: dict[str, Any] = {
@@ -110,8 +111,9 @@ class KvWorker:
         self.layout: KvLayout | None = None
         self.regions: dict[str, Any] = {}
         self.readers: dict[tuple[str, str], BlockReader] = {}
-        # Peers whose layout differs from ours: refused again at once, without reconnecting.
-        self.mismatched: dict[tuple[str, str], LayoutMismatch] = {}
+        # Peers whose layout differs from ours: refused again at once, without reconnecting,
+        # for MISMATCH_MEMORY_S (a restarted peer may have been fixed).
+        self.mismatched: dict[tuple[str, str], tuple[LayoutMismatch, float]] = {}
         self.loads: dict[str, Load] = {}
         self.sends: dict[str, float] = {}  # req id -> when to give up waiting
         self.done_notes: set[str] = set()
@@ -176,8 +178,9 @@ class KvWorker:
         r = self.readers.get(key)
         if r is not None and r.peer.alive:
             return r
-        if key in self.mismatched:
-            raise self.mismatched[key]
+        e, until = self.mismatched.get(key, (None, 0.0))
+        if e is not None and time.monotonic() < until:
+            raise e
         if by_name:
             if remote["cluster"] != self.opts["cluster"]:
                 raise Error(
@@ -189,20 +192,30 @@ class KvWorker:
         else:
             peer = self.agent.connect(remote["address"], timeout=self.opts["connect_timeout"])
             who = f"{remote['agent']} at {remote['address']}"
+        try:
+            r = self._check_and_plan(peer, who)
+        except LayoutMismatch as e:
+            self.mismatched[key] = (e, time.monotonic() + MISMATCH_MEMORY_S)
+            peer.close()
+            raise
+        except BaseException:
+            peer.close()
+            raise
+        self.readers[key] = r
+        self.log.info("gdx: connected to %s over %s, layouts match", who, peer.transport)
+        return r
+
+    def _check_and_plan(self, peer: Any, who: str) -> BlockReader:
+        """Reads ``peer``'s layout record, checks it against ours, plans the block reads."""
         rd = peer.region(LAYOUT_REGION)
         buf = self.agent.alloc(rd.nbytes)
         peer.read([(buf, 0, rd, 0, rd.nbytes)]).wait(timeout=self.opts["connect_timeout"])
         theirs = KvLayout.from_bytes(bytes(buf.view()))
         buf.close()
-        try:
-            self.layout.check(theirs, who)
-        except LayoutMismatch as e:
-            peer.close()
-            self.mismatched[key] = e
-            raise
+        self.layout.check(theirs, who)
         names = {seg[0] for layer in theirs.segments for seg in layer}
         remote_regions = {n: peer.region(n) for n in names}
-        r = BlockReader(
+        return BlockReader(
             peer,
             self.layout,
             self.regions,
@@ -210,9 +223,6 @@ class KvWorker:
             remote_regions,
             timeout=self.opts["transfer_timeout"],
         )
-        self.readers[key] = r
-        self.log.info("gdx: connected to %s over %s, layouts match", who, peer.transport)
-        return r
 
     def start(self, load: Load) -> None:
         """Starts reading ``load``'s blocks; a failure marks the request failed (never raises)."""
