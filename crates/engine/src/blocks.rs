@@ -21,7 +21,7 @@ use crate::transfer::{OpKind, Transfer, TransferHandle};
 #[derive(Debug, Clone)]
 enum SegmentMemory {
     Local(Arc<RegionInner>),
-    Remote(RegionDesc),
+    Remote(Box<RegionDesc>),
 }
 
 #[derive(Debug, Clone)]
@@ -96,7 +96,7 @@ impl BlockPool {
         let segs = segments
             .iter()
             .map(|(d, offset, stride)| Segment {
-                memory: SegmentMemory::Remote((*d).clone()),
+                memory: SegmentMemory::Remote(Box::new((*d).clone())),
                 offset: *offset,
                 stride: *stride,
             })
@@ -121,7 +121,9 @@ impl BlockPool {
         }
         for (s, seg) in segs.iter().enumerate() {
             let local = matches!(seg.memory, SegmentMemory::Local(_));
-            if self.is_local().is_some_and(|was| was != local) || (s > 0 && local != segs[0].is_local()) {
+            if self.is_local().is_some_and(|was| was != local)
+                || (s > 0 && local != segs[0].is_local())
+            {
                 return bad(format!(
                     "segment {s} mixes local and remote memory: a pool is one side's"
                 ));
@@ -220,7 +222,12 @@ pub struct BlockTransfer {
 impl BlockTransfer {
     /// Checks that `local` (of this agent's regions) and `remote` (the peer's) have the same
     /// layers, segments and block size, and the access `kind` needs on the peer's regions.
-    pub(crate) fn new(peer: Peer, local: &BlockPool, remote: &BlockPool, kind: OpKind) -> Result<Self> {
+    pub(crate) fn new(
+        peer: Peer,
+        local: &BlockPool,
+        remote: &BlockPool,
+        kind: OpKind,
+    ) -> Result<Self> {
         let bad = |why: String| Err(Error::InvalidArgument(why));
         match (local.is_local(), remote.is_local()) {
             (Some(true), Some(false)) => {}
@@ -256,7 +263,11 @@ impl BlockTransfer {
                     return bad(format!(
                         "layer {l} segment {s}: the peer's region {} is not {} by peers",
                         d.id,
-                        if kind == OpKind::Write { "writable" } else { "readable" }
+                        if kind == OpKind::Write {
+                            "writable"
+                        } else {
+                            "readable"
+                        }
                     ));
                 }
             }
@@ -411,7 +422,10 @@ mod tests {
 
     #[test]
     fn adjacent_pairs_merge_and_others_do_not() {
-        assert_eq!(runs(&[3, 4, 5, 9], &[7, 8, 9, 1]), vec![(3, 7, 3), (9, 1, 1)]);
+        assert_eq!(
+            runs(&[3, 4, 5, 9], &[7, 8, 9, 1]),
+            vec![(3, 7, 3), (9, 1, 1)]
+        );
         // Reversed lists are back to back on neither side's order.
         assert_eq!(runs(&[5, 4], &[1, 0]), vec![(5, 1, 1), (4, 0, 1)]);
         // Adjacent on one side only.
@@ -422,13 +436,29 @@ mod tests {
     fn bad_lists_are_refused_by_entry() {
         let e = check_lists(&[1, 9000], &[2, 3], 8192).unwrap_err();
         assert!(
-            matches!(e, Error::BadBlock { list: BlockList::Src, index: 1, block: 9000, .. }),
+            matches!(
+                e,
+                Error::BadBlock {
+                    list: BlockList::Src,
+                    index: 1,
+                    block: 9000,
+                    ..
+                }
+            ),
             "{e}"
         );
         assert!(e.to_string().contains("src[1] = 9000"), "{e}");
         let e = check_lists(&[1, 2, 3], &[4, 5, 4], 8192).unwrap_err();
         assert!(
-            matches!(e, Error::BadBlock { list: BlockList::Dst, index: 2, block: 4, .. }),
+            matches!(
+                e,
+                Error::BadBlock {
+                    list: BlockList::Dst,
+                    index: 2,
+                    block: 4,
+                    ..
+                }
+            ),
             "{e}"
         );
         assert!(e.to_string().contains("first at dst[0]"), "{e}");

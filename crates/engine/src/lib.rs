@@ -106,7 +106,7 @@ pub use served::ServedStat;
 pub use spin::{current_cpu, leave_cpu};
 pub use stats::{reason_label, LatencyStat, PathStat, StatsSnapshot, LATENCY_BOUNDS_S};
 pub use transfer::{
-    Batching, OpKind, OpResult, OpResults, OpResultsIter, OpStatus, Status, Transfer, TransferHandle,
-    TransferReport,
+    Batching, OpKind, OpResult, OpResults, OpResultsIter, OpStatus, Status, Transfer,
+    TransferHandle, TransferReport,
 };
 pub use wire::RemoteError;

@@ -38,7 +38,11 @@ fn segment<'py>(item: &Bound<'py, PyAny>, block_bytes: u64, where_: &str) -> PyR
                 t.len()
             )));
         }
-        return Ok((t.get_item(0)?, t.get_item(1)?.extract()?, t.get_item(2)?.extract()?));
+        return Ok((
+            t.get_item(0)?,
+            t.get_item(1)?.extract()?,
+            t.get_item(2)?.extract()?,
+        ));
     }
     Ok((item.clone(), 0, block_bytes))
 }
@@ -58,17 +62,24 @@ impl PyBlockPool {
             };
             let mut segs = Vec::with_capacity(items.len());
             for (s, item) in items.iter().enumerate() {
-                segs.push(segment(item, block_bytes, &format!("layer {l} segment {s}"))?);
+                segs.push(segment(
+                    item,
+                    block_bytes,
+                    &format!("layer {l} segment {s}"),
+                )?);
             }
             let Some(first) = segs.first() else {
-                return Err(err(format!("layer {l}: a layer needs at least one segment")));
+                return Err(err(format!(
+                    "layer {l}: a layer needs at least one segment"
+                )));
             };
             if first.0.downcast::<PyRemoteRegion>().is_ok() {
                 let mut descs = Vec::with_capacity(segs.len());
                 for (s, (obj, offset, stride)) in segs.iter().enumerate() {
                     let r = obj.downcast::<PyRemoteRegion>().map_err(|_| {
                         err(format!(
-                            "layer {l} segment {s}: expected a gdx.RemoteRegion like segment 0"
+                            "layer {l} segment {s}: expected a gdx.RemoteRegion like segment 0 \
+                             (a pool never mixes local and remote regions)"
                         ))
                     })?;
                     descs.push((r.get().desc.clone(), *offset, *stride));
@@ -80,18 +91,32 @@ impl PyBlockPool {
                 for (s, (obj, _, _)) in segs.iter().enumerate() {
                     let r = obj.downcast::<PyRegion>().map_err(|_| {
                         err(format!(
-                            "layer {l} segment {s}: expected a gdx.Region or gdx.RemoteRegion"
+                            "layer {l} segment {s}: expected a gdx.Region like segment 0 (a pool \
+                             never mixes local and remote regions)"
                         ))
                     })?;
                     regions.push(r.clone());
                 }
-                let guards = regions
+                // Each distinct region is opened (locked) once: a layer's segments often
+                // share one region, and its lock is not reentrant.
+                let mut distinct: Vec<&Bound<'_, PyRegion>> = Vec::new();
+                let index: Vec<usize> = regions
+                    .iter()
+                    .map(|r| match distinct.iter().position(|d| d.is(r)) {
+                        Some(k) => k,
+                        None => {
+                            distinct.push(r);
+                            distinct.len() - 1
+                        }
+                    })
+                    .collect();
+                let guards = distinct
                     .iter()
                     .map(|r| r.get().open())
                     .collect::<PyResult<Vec<_>>>()?;
                 let mut refs = Vec::with_capacity(segs.len());
-                for (g, (_, offset, stride)) in guards.iter().zip(&segs) {
-                    let live = g.as_ref().ok_or_else(|| err("closed"))?;
+                for (&k, (_, offset, stride)) in index.iter().zip(&segs) {
+                    let live = guards[k].as_ref().ok_or_else(|| err("closed"))?;
                     refs.push((&live.region, *offset, *stride));
                 }
                 pool.local_layer(&refs).py_err()?;
@@ -200,7 +225,8 @@ fn layer_range(layers: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Range<us
         return Ok(0..n);
     };
     if let Ok(i) = l.extract::<i64>() {
-        let i = usize::try_from(i).map_err(|_| err(format!("layers={i}: a layer index is >= 0")))?;
+        let i =
+            usize::try_from(i).map_err(|_| err(format!("layers={i}: a layer index is >= 0")))?;
         return Ok(i..i + 1);
     }
     let ids: Vec<usize> = if let Ok(s) = l.downcast::<PySlice>() {
@@ -208,10 +234,15 @@ fn layer_range(layers: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Range<us
         (0..ind.slicelength)
             .map(|k| (ind.start + k as isize * ind.step) as usize)
             .collect()
-    } else if l.downcast::<PyRange>().is_ok() || l.downcast::<PyList>().is_ok() || l.downcast::<PyTuple>().is_ok() {
+    } else if l.downcast::<PyRange>().is_ok()
+        || l.downcast::<PyList>().is_ok()
+        || l.downcast::<PyTuple>().is_ok()
+    {
         l.extract()?
     } else {
-        return Err(err("layers: expected None, an int, a range, a slice or a list of ints"));
+        return Err(err(
+            "layers: expected None, an int, a range, a slice or a list of ints",
+        ));
     };
     let (Some(&first), Some(&last)) = (ids.first(), ids.last()) else {
         return Err(err("layers: an empty selection"));

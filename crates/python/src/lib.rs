@@ -42,6 +42,9 @@ fn _gdx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint::_st_load_host, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::_st_load_gpu, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::_st_save, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::_st_gather_gpu, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::_st_save_gpu, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::_st_release_pinned, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

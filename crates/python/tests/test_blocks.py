@@ -141,7 +141,8 @@ def test_100000_blocks(agent, peer, tmp_path):
     dst = np.random.default_rng(4).permutation(n)
     t = bt.post(np.arange(n), dst)
     t.wait(timeout=120)
-    assert len(t) == n
+    # Pairs back to back on both sides merge into one op.
+    assert len(t) == n - int(np.count_nonzero(np.diff(dst) == 1))
     remote = peer.bytes("pool", tmp_path)
     got = remote[: n * bs].reshape(n, bs)
     assert np.array_equal(got[dst], arr.reshape(n, bs))
@@ -181,7 +182,7 @@ def test_pools_that_do_not_match_are_refused(agent, peer):
         gdx.BlockPool([(rd, 4 << 20, BS)], num_blocks=N, block_bytes=BS)
     with pytest.raises(gdx.Error, match="stride 4096 B is under the block size"):
         gdx.BlockPool([(r, 0, 4096)], num_blocks=N, block_bytes=BS)
-    with pytest.raises(gdx.Error, match="mixes local and remote"):
+    with pytest.raises(gdx.Error, match="never mixes local and remote"):
         gdx.BlockPool([[r, rd]], num_blocks=N, block_bytes=BS)
     with pytest.raises(gdx.Error, match="the remote pool is built from local regions"):
         p.prepare_blocks(lp, lp)

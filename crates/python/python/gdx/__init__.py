@@ -45,7 +45,8 @@ from ._gdx import (
     cuda_available,
     ipc_stats,
 )
-from ._checkpoint import load_safetensors, save_safetensors
+from ._checkpoint import load_safetensors, release_pinned, save_safetensors
+from ._load_model import load_model
 
 __all__ = [
     "AccessDenied",
@@ -70,6 +71,8 @@ __all__ = [
     "__version__",
     "cuda_available",
     "ipc_stats",
+    "load_model",
     "load_safetensors",
+    "release_pinned",
     "save_safetensors",
 ]

@@ -65,9 +65,31 @@ def load_safetensors(
     chunk_bytes: int = ...,
     depth: int = 4,
     return_report: bool = False,
+    names: Union[str, Sequence[str], None] = None,
 ) -> Any: ...
+def load_model(
+    model: Any,
+    path: Any,
+    *,
+    strict: bool = True,
+    names: Union[str, Sequence[str], None] = None,
+    via: str = "auto",
+    parallel: int = 4,
+    progress: Any = None,
+    return_report: bool = False,
+) -> Any:
+    """Load a checkpoint into a torch.nn.Module's own storage; (missing, unexpected)."""
+def release_pinned() -> int:
+    """Free the pinned buffers GPU loads keep for the next load; the bytes freed."""
 def save_safetensors(
-    tensors: dict, path: Any, metadata: Optional[dict] = None, *, via: str = "auto"
+    tensors: dict,
+    path: Any,
+    metadata: Optional[dict] = None,
+    *,
+    via: str = "auto",
+    fsync: bool = True,
+    chunk_bytes: int = ...,
+    depth: int = 4,
 ) -> dict: ...
 
 class RemoteRegion:

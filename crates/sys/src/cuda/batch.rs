@@ -7,9 +7,7 @@
 //! the list of its own). Invariant: that buffer is rewritten only after the launch that read it
 //! has finished: each launch records `done`, and the next waits for it first.
 
-use super::{
-    CudaError, Event, Kernel, KernelArgs, LaunchDims, MappedHostBuffer, Module, Stream,
-};
+use super::{CudaError, Event, Kernel, KernelArgs, LaunchDims, MappedHostBuffer, Module, Stream};
 
 /// One span: `len` bytes from device address `src` to device address `dst`, both addresses in
 /// the launching context's address space (its GPU's memory, a peer's through P2P, or another

@@ -20,7 +20,11 @@ impl Worker {
     /// The local peer that copies op `i` and the mapping of its remote GPU allocation, made
     /// on the op's first use on this connection (mapping a CUDA IPC handle costs far more than
     /// a copy's set-up, so it is done once per remote allocation).
-    pub(super) fn ipc_mapping(&mut self, xfer: &XferState, i: usize) -> Result<(LocalPeer, Pieces)> {
+    pub(super) fn ipc_mapping(
+        &mut self,
+        xfer: &XferState,
+        i: usize,
+    ) -> Result<(LocalPeer, Pieces)> {
         let op = xfer.op(i);
         let peer = match op.local.device() {
             Some(dev) => dev.peer.clone(),
@@ -133,7 +137,12 @@ impl Worker {
 
     /// One batched copy of `ops` (each with the index of its mapping piece), waited for while
     /// the local leases are held (the target holds its own until `END`).
-    fn run_ipc_batch(&self, xfer: &XferState, peer: &LocalPeer, ops: &[(usize, u64)]) -> Result<()> {
+    fn run_ipc_batch(
+        &self,
+        xfer: &XferState,
+        peer: &LocalPeer,
+        ops: &[(usize, u64)],
+    ) -> Result<()> {
         // One lease per local region (a block pool is one region, or one per layer).
         let mut leases: HashMap<usize, Lease> = HashMap::new();
         let mut spans = Vec::with_capacity(ops.len());
@@ -152,7 +161,11 @@ impl Worker {
                     "op {i} lost its GPU memory or IPC handle"
                 )));
             };
-            let Some((at, remote)) = self.imports.get(&op.remote.id).and_then(|p| p.get(piece as usize)) else {
+            let Some((at, remote)) = self
+                .imports
+                .get(&op.remote.id)
+                .and_then(|p| p.get(piece as usize))
+            else {
                 return Err(Error::NoSuchRegion {
                     region: op.remote.id,
                 });
