@@ -32,6 +32,8 @@ use crate::wait::{seconds, wait_sliced, SLICE};
 #[pyclass(name = "Agent", module = "gdx", frozen)]
 pub struct PyAgent {
     agent: Mutex<Option<Arc<Agent>>>,
+    /// Set by `join_cluster`; left (lease revoked) at `close`.
+    cluster: Mutex<Option<gdx_cluster::ClusterAgent>>,
 }
 
 impl PyAgent {
@@ -136,6 +138,7 @@ impl PyAgent {
         }
         Ok(PyAgent {
             agent: Mutex::new(Some(Arc::new(agent))),
+            cluster: Mutex::new(None),
         })
     }
 
@@ -305,6 +308,52 @@ impl PyAgent {
         }
     }
 
+    /// Publishes this agent in etcd under its name (``/gdx/<cluster>/agents/<name>``) with the
+    /// regions it has published so far, on a lease of ``ttl`` seconds kept alive in the
+    /// background, so peers find it with ``connect_named``; a crashed agent's entry goes
+    /// within ``ttl``. ``etcd``: client URL(s), comma-separated. The agent must listen. Raises
+    /// Unavailable when etcd does not answer within ``timeout`` seconds (default 3), Error when
+    /// another live agent holds the name (the message names it). ``close()`` leaves.
+    #[pyo3(signature = (etcd, cluster, ttl=10, timeout=None))]
+    fn join_cluster(
+        &self,
+        py: Python<'_>,
+        etcd: &str,
+        cluster: &str,
+        ttl: i64,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        let mut slot = self.cluster.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return Err(err("this agent has already joined a cluster"));
+        }
+        let timeout = seconds(timeout, Duration::from_secs(3))?;
+        *slot = Some(crate::cluster::join(
+            py,
+            self.get()?,
+            etcd,
+            cluster,
+            ttl,
+            timeout,
+        )?);
+        Ok(())
+    }
+
+    /// Connects to the agent etcd lists as ``name`` in the joined cluster, checking that the
+    /// instance answering is the one listed. When that instance's lease ends, the connection
+    /// closes and running transfers fail with PeerLost. Raises NotFound when no live agent
+    /// has the name.
+    fn connect_named(&self, py: Python<'_>, name: &str) -> PyResult<PyPeer> {
+        let slot = self.cluster.lock().unwrap_or_else(|p| p.into_inner());
+        let ca = slot
+            .as_ref()
+            .ok_or_else(|| err("join_cluster(etcd, cluster) first: this agent is in no cluster"))?;
+        let named = py
+            .allow_threads(|| ca.connect_named(name))
+            .map_err(crate::cluster::cluster_to_py)?;
+        Ok(PyPeer::named(named))
+    }
+
     /// Waits up to ``timeout`` seconds (default 60) for the next notification from any peer;
     /// raises Timeout. Interruptible with Ctrl-C.
     #[pyo3(signature = (timeout=None))]
@@ -340,8 +389,20 @@ impl PyAgent {
     /// Stops serving (listeners and inbound connections). Regions and peers stay usable until
     /// closed. Idempotent.
     fn close(&self, py: Python<'_>) {
+        let c = self
+            .cluster
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         let a = self.agent.lock().unwrap_or_else(|p| p.into_inner()).take();
-        py.allow_threads(move || drop(a));
+        py.allow_threads(move || {
+            if let Some(c) = c {
+                // Revoking the lease now spares peers the TTL. If etcd does not answer, the
+                // lease expires by itself within the TTL, which is all a caller could do.
+                let _ = c.leave();
+            }
+            drop(a)
+        });
     }
 
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {

@@ -10,6 +10,7 @@
 mod agent;
 mod blocks;
 mod checkpoint;
+mod cluster;
 mod cuda;
 mod errors;
 mod peer;

@@ -60,6 +60,9 @@ fn rails_line(rails: &[gdx_engine::RailInfo]) -> String {
 #[pyclass(name = "Peer", module = "gdx", frozen)]
 pub struct PyPeer {
     peer: Arc<Peer>,
+    /// For a peer found by name: the cluster's handle, kept alive so that the cluster's watch
+    /// closes `peer` when the instance's lease ends (it holds the handle only weakly).
+    _named: Option<gdx_cluster::NamedPeer>,
 }
 
 impl PyPeer {
@@ -70,6 +73,14 @@ impl PyPeer {
     pub(crate) fn new(peer: Peer) -> PyPeer {
         PyPeer {
             peer: Arc::new(peer),
+            _named: None,
+        }
+    }
+
+    pub(crate) fn named(named: gdx_cluster::NamedPeer) -> PyPeer {
+        PyPeer {
+            peer: Arc::new(named.peer().clone()),
+            _named: Some(named),
         }
     }
 
