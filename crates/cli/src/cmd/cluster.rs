@@ -154,6 +154,7 @@ impl PeerLookupArgs {
         let expect = gdx_engine::Expected {
             name: name.to_string(),
             agent_id: u128::from_str_radix(&rec.instance, 16).ok(),
+            cluster: Some(cluster.to_string()),
         };
         let peer = probe
             .connect_expecting(rec.listen.as_str(), &expect)
