@@ -265,7 +265,7 @@ fn render(src: &Loc, dst: &Loc, done: &CopyOutcome, args: &CpArgs) -> Result<Exi
             "ceiling": { "gbps": done.ceiling.gbps, "bound": done.ceiling.bound, "text": done.ceiling.describe() },
             "verify": done.verify.map(|(s, d)| json!({ "ok": s == d, "source": s, "destination": d })),
         });
-        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+        writeln!(out, "{}", super::output::json_pretty(&v)?)?;
     } else {
         let rate = match r.gbps() {
             Some(g) => format!("{g:.2} GB/s"),
