@@ -374,6 +374,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_case_quoting_a_peer_prints_its_controls_escaped() {
+        // What a server may put in its pre-auth error, as gdx bench's ERROR line quotes it.
+        let why = "peer said: max\u{1b}]0;pwned\u{7} \u{1b}[2J\u{9b}31m\u{85}";
+        let spec = crate::mock::cases()
+            .into_iter()
+            .next()
+            .map(|c| c.spec().clone())
+            .unwrap_or_else(|| panic!("no mock case"));
+        for status in [Status::Error, Status::Waived] {
+            let o = CaseOutcome::new(&spec, status, Some(why.into()), 0.0);
+            let s = case(&o, &[], Style::default());
+            assert!(!s.chars().any(|c| c.is_control() && c != '\n'), "{s:?}");
+            assert!(s.contains("\\u{1b}]0;pwned\\u{7}"), "{s}");
+            assert!(s.contains("\\u{9b}31m"), "{s}");
+        }
+    }
+
+    #[test]
     fn small_figures_keep_three_significant_digits() {
         assert_eq!(figure(0.001234), "0.00123");
         assert_eq!(figure(0.0534), "0.0534");

@@ -183,3 +183,63 @@ pub fn run(args: &PeersArgs) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gdx_cluster::{AgentRecord, RegionRecord};
+
+    /// ESC, BEL, an OSC title, CSI as one C1 byte, NEL: what an etcd record may hold.
+    const HOSTILE: &str = "a\u{1b}[2Jb\u{7}c\u{1b}]0;pwned\u{7}d\u{9b}31me\u{85}f";
+
+    fn raw_controls(s: &str) -> Vec<char> {
+        s.chars().filter(|&c| c.is_control() && c != '\n').collect()
+    }
+
+    #[test]
+    fn every_field_from_etcd_is_escaped_in_the_table_and_the_events() {
+        let agent = AgentRecord {
+            name: HOSTILE.into(),
+            instance: HOSTILE.into(),
+            host_id: HOSTILE.into(),
+            hostname: HOSTILE.into(),
+            listen: HOSTILE.into(),
+            transports: vec![HOSTILE.into()],
+            gpus: vec![],
+            nics: vec![],
+            pid: 1,
+            ttl_s: 10,
+        };
+        let l = AgentListing {
+            agent: agent.clone(),
+            regions: vec![RegionRecord {
+                name: HOSTILE.into(),
+                id: 1,
+                len: 8,
+                location: gdx_engine::Location::Host,
+                access: gdx_engine::Access::READ_WRITE,
+                shareable: false,
+            }],
+            ttl_left_s: 5,
+            lease: 1,
+        };
+        let t = table(&[l]);
+        assert!(raw_controls(&t).is_empty(), "{t:?}");
+        assert!(t.contains("\\u{1b}]0;pwned\\u{7}"), "{t}");
+        assert!(t.contains("\\u{9b}31m"), "{t}");
+        for e in [
+            AgentEvent::Joined(agent),
+            AgentEvent::Left {
+                name: HOSTILE.into(),
+                instance: Some(HOSTILE.into()),
+            },
+            AgentEvent::EtcdLost(HOSTILE.into()),
+        ] {
+            for json in [false, true] {
+                let line = event_line(&e, json);
+                assert!(raw_controls(&line).is_empty(), "{line:?}");
+                assert!(line.contains("pwned"), "{line}");
+            }
+        }
+    }
+}
