@@ -405,7 +405,11 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     }
     let mut ctx = if args.mock { Ctx::mock() } else { Ctx::live() };
     let peer = match &args.peer {
-        Some(p) => Some(args.peer_cluster.resolve(p)?),
+        Some(p) => {
+            let (addr, expect) = args.peer_cluster.resolve(p)?;
+            ctx.peer_expect = expect;
+            Some(addr)
+        }
         None => None,
     };
     if let Some(p) = &peer {
