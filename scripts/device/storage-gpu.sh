@@ -56,7 +56,7 @@ fi
 
 # 1. Tests: storage (GPU and CI), the cuFile bindings in gdx-sys, gdx cp end to end.
 log "tests"
-for pat in storage_gpu storage_file_host gdx_storage gdx_sys cli_cp; do
+for pat in storage_gpu storage_gather_gpu storage_file_host gdx_storage gdx_sys cli_cp; do
   for t in "$BIN"/tests/"$pat"-*; do
     [ -x "$t" ] || continue
     echo "--- $t" >>"$OUT/storage-tests.txt"

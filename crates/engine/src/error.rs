@@ -96,6 +96,18 @@ pub enum Error {
     /// An argument given by the caller is invalid.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// An entry of a block list ([`crate::BlockTransfer::post`]) that no transfer may carry.
+    #[error("{list}[{index}] = {block} is {why}")]
+    BadBlock {
+        /// The list it is in.
+        list: crate::blocks::BlockList,
+        /// Its index in the list.
+        index: usize,
+        /// The block id given.
+        block: u64,
+        /// Why it is refused (out of range, given twice).
+        why: String,
+    },
     /// The requested path or transport is not available (with the reason).
     #[error("unavailable: {0}")]
     Unavailable(String),
@@ -245,7 +257,7 @@ impl Error {
             Error::Malformed(_) => 13,
             Error::Protocol(_) => 14,
             Error::RegionGone { .. } => 15,
-            Error::InvalidArgument(_) => 16,
+            Error::InvalidArgument(_) | Error::BadBlock { .. } => 16,
             Error::Unavailable(_) => 17,
             Error::Os { .. } | Error::Storage(_) => 18,
             Error::Cuda(_) => 19,

@@ -55,6 +55,7 @@
 mod admission;
 mod agent;
 mod auth;
+mod blocks;
 mod config;
 mod conn;
 mod desc;
@@ -82,11 +83,12 @@ pub mod wire;
 
 pub use agent::{Agent, Notification, PeerInfo};
 pub use auth::{Secret, MIN_SECRET_BYTES};
+pub use blocks::{BlockList, BlockPool, BlockTransfer};
 pub use config::{parse_listen, parse_nics, AgentConfig, Transports};
 pub use error::{Error, Result};
 pub use gpu::{
     DeviceOrigin, DeviceRegion, IpcDesc, IpcStats, LocalPeer, LocalTransfer, Mem, Ordering,
-    PinnedRegion, StagedTuning,
+    PinnedRegion, Span, StagedTuning,
 };
 pub use limits::{LimitHits, Limits};
 pub use notes::MAX_NOTIFICATION_BYTES;
@@ -105,7 +107,7 @@ pub use served::ServedStat;
 pub use spin::{current_cpu, leave_cpu};
 pub use stats::{reason_label, LatencyStat, PathStat, StatsSnapshot, LATENCY_BOUNDS_S};
 pub use transfer::{
-    OpKind, OpResult, OpResults, OpResultsIter, OpStatus, Status, Transfer, TransferHandle,
-    TransferReport,
+    Batching, OpKind, OpResult, OpResults, OpResultsIter, OpStatus, Status, Transfer,
+    TransferHandle, TransferReport,
 };
 pub use wire::RemoteError;

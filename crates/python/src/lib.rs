@@ -8,6 +8,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod agent;
+mod blocks;
 mod checkpoint;
 mod cuda;
 mod errors;
@@ -28,6 +29,8 @@ fn _gdx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<peer::PyPeer>()?;
     m.add_class::<peer::PyTransfer>()?;
     m.add_class::<prepared::PyPreparedTransfer>()?;
+    m.add_class::<blocks::PyBlockPool>()?;
+    m.add_class::<blocks::PyBlockTransfer>()?;
     m.add_class::<peer::PyOpResult>()?;
     m.add_class::<peer::PyNotification>()?;
     m.add_function(wrap_pyfunction!(region::_forge_key, m)?)?;
@@ -38,6 +41,9 @@ fn _gdx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint::_st_load_host, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::_st_load_gpu, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::_st_save, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::_st_gather_gpu, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::_st_save_gpu, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::_st_release_pinned, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -277,6 +277,21 @@ impl PyPeer {
         crate::prepared::prepare(self, py, ops, OpKind::Read, notify, timeout)
     }
 
+    /// Checks a local ``BlockPool`` against the peer's once (same layers, segments and block
+    /// size; the access ``op`` needs): returns a BlockTransfer whose ``post(src, dst, ...)``
+    /// moves block lists. ``op``: ``"write"`` (local blocks to the peer's) or ``"read"``.
+    #[pyo3(signature = (local, remote, op="write", timeout=None))]
+    fn prepare_blocks(
+        &self,
+        py: Python<'_>,
+        local: &Bound<'_, crate::blocks::PyBlockPool>,
+        remote: &Bound<'_, crate::blocks::PyBlockPool>,
+        op: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<crate::blocks::PyBlockTransfer> {
+        crate::blocks::prepare(self, py, local, remote, op, timeout)
+    }
+
     /// Sends a notification on its own.
     fn notify(&self, py: Python<'_>, data: Vec<u8>) -> PyResult<()> {
         let peer = Arc::clone(&self.peer);
@@ -386,6 +401,10 @@ impl PyTransfer {
                 o.plan.reason,
                 status_str(&o.status)
             ));
+        }
+        let b = self.h.batching();
+        if b.copies > 0 {
+            s.push_str(&format!("batched: {b}\n"));
         }
         s.push_str(&rails_line(&self.h.rails()));
         s

@@ -6,9 +6,9 @@ GPU (skipped and counted elsewhere). No test asserts a speed.
 
 import json
 import os
+import struct
 import subprocess
 import sys
-import struct
 
 import numpy as np
 import pytest
@@ -215,3 +215,51 @@ def test_files_that_are_not_files_are_refused_without_hanging(tmp_path):
     os.symlink("/dev/zero", tmp_path / "zero.index.json")
     rc, out = _load_in_child(tmp_path / "zero.index.json")
     assert rc == 3 and "a character device" in out, out
+
+
+def test_names_select_tensors_by_glob_on_every_shard(tmp_path):
+    full = sample()
+    names = sorted(full)
+    weight_map = {}
+    for i, part in enumerate((names[:5], names[5:])):
+        f = f"model-{i + 1:05d}-of-00002.safetensors"
+        stnp.save_file({k: full[k] for k in part}, str(tmp_path / f))
+        weight_map.update({k: f for k in part})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    got, reports = gdx.load_safetensors(tmp_path, names=["h.0.*", "i?", "scal[a]r"], return_report=True)
+    assert sorted(got) == ["h.0.attn", "h.0.bias", "i8", "scalar"]  # "i?" is two letters: not "ids"
+    for k, v in got.items():
+        assert v.dtype == full[k].dtype and np.array_equal(v, full[k]), k
+    # Only the selected tensors' bytes were read.
+    assert sum(r["bytes"] for r in reports) == sum(full[k].nbytes for k in got)
+    with pytest.raises(gdx.Error, match=r"the pattern 'layers\.\*' matches none of the checkpoint's 10 tensors"):
+        gdx.load_safetensors(tmp_path, names="layers.*")
+    with pytest.raises(gdx.Error, match="names must be a glob pattern or a list of them"):
+        gdx.load_safetensors(tmp_path, names=[3])
+
+
+def test_a_numpy_state_dict_loads_in_place_and_a_mismatch_is_refused_by_name(tmp_path):
+    p = tmp_path / "m.safetensors"
+    want = sample()
+    stnp.save_file(want, str(p))
+    out = {k: np.zeros_like(v) for k, v in want.items() if k != "bytes"}
+    ptrs = {k: v.ctypes.data for k, v in out.items()}
+    got, reports = gdx.load_safetensors(p, out=out, return_report=True)
+    assert_same(got, want)
+    for k in out:
+        assert got[k] is out[k] and out[k].ctypes.data == ptrs[k], k
+    # Each tensor read once, straight into its destination (no pool copy in between).
+    assert sum(r["bytes"] for r in reports) == sum(v.nbytes for v in want.values())
+    # Every mismatch is named, and nothing was written before the refusal.
+    bad = {"ids": np.zeros(99, np.int32), "h.0.attn": np.zeros((5, 3, 7), np.float16),
+           "embed.weight": np.zeros((257, 33), np.float32)}
+    with pytest.raises(gdx.Error) as e:
+        gdx.load_safetensors(p, out=bad)
+    msg = str(e.value)
+    assert "out['ids'] is (99,) int32 but the checkpoint has (99,) int64" in msg, msg
+    assert "out['h.0.attn'] is (5, 3, 7) float16 but the checkpoint has (3, 5, 7) float16" in msg, msg
+    assert not bad["embed.weight"].any(), "a refused load wrote bytes"
+    ro = np.zeros(13, np.int8)
+    ro.flags.writeable = False
+    with pytest.raises(gdx.Error, match=r"out\['i8'\] is not contiguous \(or not writable\)"):
+        gdx.load_safetensors(p, out={"i8": ro})

@@ -110,6 +110,17 @@ impl FileIo {
         })
     }
 
+    /// The buffered descriptor (for a mapping of the file).
+    pub(crate) fn buffered_file(&self) -> &File {
+        &self.buffered
+    }
+
+    /// Count `n` bytes as read through the page cache by other means than [`FileIo::read_full`]
+    /// (a copy straight out of a mapping of the file).
+    pub(crate) fn count_cached(&self, n: u64) {
+        self.via_cache.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// The file's path.
     pub(crate) fn path(&self) -> &Path {
         &self.path

@@ -143,6 +143,136 @@ pub fn copy_gpu_to_file(
     }
 }
 
+/// One part of a file written by [`copy_parts_to_file`].
+#[derive(Debug, Clone, Copy)]
+pub enum Part<'a> {
+    /// Bytes in host memory.
+    Host(&'a [u8]),
+    /// `len` bytes of a GPU buffer at `offset`.
+    Gpu {
+        /// The buffer.
+        buf: &'a DeviceBuffer,
+        /// Where the bytes start in it.
+        offset: usize,
+        /// How many.
+        len: usize,
+    },
+}
+
+impl Part<'_> {
+    /// Bytes in the part.
+    pub fn len(&self) -> usize {
+        match self {
+            Part::Host(b) => b.len(),
+            Part::Gpu { len, .. } => *len,
+        }
+    }
+
+    /// Whether the part has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Write the concatenation of `parts` (host bytes and spans of GPU `ctx`'s memory: a
+/// checkpoint's header and its tensors) to the range `dst`, creating the file if needed: each
+/// chunk is gathered into a pinned bounce buffer (GPU spans by asynchronous copies on one
+/// stream, host bytes by the CPU) and written (`O_DIRECT` where the file system takes it) while
+/// the next chunks are gathered; nothing is staged whole in host memory. With
+/// [`CopyOptions::truncate`] the file ends where the range does; [`CopyOptions::sync`] adds
+/// `fdatasync` (timed).
+pub fn copy_parts_to_file(
+    parts: &[Part<'_>],
+    ctx: &Context,
+    dst: &FileRange,
+    opts: &CopyOptions,
+) -> Result<CopyReport, StorageError> {
+    opts.validate()?;
+    for p in parts {
+        if let Part::Gpu { buf, offset, len } = *p {
+            check_range("source GPU buffer", offset, len as u64, buf.len())?;
+            if !buf.context().same(ctx) {
+                return Err(StorageError::InvalidOption(format!(
+                    "every GPU part must be on GPU {}",
+                    ctx.ordinal()
+                )));
+            }
+        }
+    }
+    if opts.path == PathChoice::Gds {
+        return Err(StorageError::PathUnavailable {
+            path: StoragePath::Gds,
+            reason: "a write of many parts goes through pinned buffers, not cuFile: ask for \
+                     auto, file-staged or buffered"
+                .to_string(),
+        });
+    }
+    let total = parts.iter().map(|p| p.len() as u64).sum();
+    let len = dest_len(dst, total)?;
+    let p = plan(opts.path, MemoryEnd::Host, &CufileStatus::NotNeeded)?;
+    let reason = p.reason.replace(
+        "host memory: the O_DIRECT staged pipeline without the GPU step",
+        "GPU memory gathered into pinned buffers, written with O_DIRECT",
+    );
+    let io = FileIo::open_write(&dst.path, wants_direct(p.path))?;
+    if opts.truncate {
+        io.set_len(dst.offset)?;
+    }
+    if len == 0 {
+        return Ok(empty(Direction::GpuToFile, &io, &reason));
+    }
+    let gpu = ctx.ordinal();
+    let (stream, staged) = staging(ctx, (dst.offset, len), opts)?;
+    let starts: Vec<u64> = parts
+        .iter()
+        .scan(0u64, |at, p| {
+            let s = *at;
+            *at += p.len() as u64;
+            Some(s)
+        })
+        .collect();
+    staged.run(
+        Direction::GpuToFile,
+        &io,
+        Some(&reason),
+        opts,
+        |geo, bufs, progress| {
+            let fill = |piece: &Piece, buf: &mut PinnedHostBuffer| {
+                let (mut rel, mut done) = (piece.rel, 0usize);
+                // The part holding `rel`: the last that starts at or before it.
+                let mut i = starts.partition_point(|&s| s <= rel).saturating_sub(1);
+                while done < piece.len {
+                    let part = parts.get(i).ok_or_else(|| {
+                        StorageError::Internal("a write chunk runs past its parts".to_string())
+                    })?;
+                    let from = (rel - starts[i]) as usize;
+                    let n = (part.len() - from.min(part.len())).min(piece.len - done);
+                    let at = piece.skip + done;
+                    match *part {
+                        Part::Host(b) => {
+                            let bytes = buf.as_mut_slice().map_err(StorageError::cuda(
+                                "waiting for a bounce buffer's GPU copies",
+                            ))?;
+                            bytes[at..at + n].copy_from_slice(&b[from..from + n]);
+                        }
+                        Part::Gpu { buf: d, offset, .. } => stream
+                            .copy_to_host_at(buf, at, d, offset + from, n)
+                            .map_err(StorageError::cuda(format!(
+                                "copying {n} bytes from GPU {gpu} at offset {}",
+                                offset + from
+                            )))?,
+                    }
+                    done += n;
+                    rel += n as u64;
+                    i += 1;
+                }
+                Ok(())
+            };
+            pipeline::write(&io, geo, bufs, &|| make_current(ctx), fill, progress)
+        },
+    )
+}
+
 fn make_current(ctx: &Context) -> Result<(), StorageError> {
     ctx.make_current().map_err(StorageError::cuda(format!(
         "making GPU {}'s context current on an I/O thread",

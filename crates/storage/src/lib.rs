@@ -10,11 +10,13 @@
 //! [`copy`] is `gdx cp` as one call (locations, range checks before allocation, the memory side
 //! created and filled, verification, the ceiling, no partial file left behind). Below it, the
 //! entry points are [`copy_file_to_gpu`], [`copy_gpu_to_file`], [`copy_file_to_host`],
-//! [`copy_host_to_file`] and [`read_file`]; each returns a [`CopyReport`] with the bytes, the
+//! [`copy_host_to_file`], [`copy_parts_to_file`] (host bytes and GPU spans gathered into one
+//! file) and [`read_file`]; each returns a [`CopyReport`] with the bytes, the
 //! path taken, the reason and the time. [`plan`] is the planner's decision on its own (GDS or
 //! staged, with the reason), [`checksum_file`], [`checksum_gpu`] and [`checksum_bytes`] verify a
 //! copy, [`evict`] drops a file from the page cache (before a cold read), and [`ceiling`] finds
-//! the disk's and the GPU's PCIe links. Benchmarking these paths is gdx-bench's (`gdx bench
+//! the disk's and the GPU's PCIe links. [`gather_to_gpu`] loads many ranges of many files into
+//! GPU memory with one set of reader threads (the checkpoint loader's engine). Benchmarking these paths is gdx-bench's (`gdx bench
 //! --path file`); this crate only moves the bytes and reports what it did.
 //!
 //! No silent fallback: when `O_DIRECT` is refused the report says [`StoragePath::Buffered`] and
@@ -32,6 +34,7 @@ pub mod ceiling;
 mod copy;
 mod error;
 mod fileio;
+mod gather;
 mod gds;
 mod gpu;
 mod host;
@@ -44,8 +47,12 @@ mod verify;
 pub use align::ALIGN;
 pub use copy::{copy, source_len, CopyOutcome, CopyRequest, Location, PartialFile};
 pub use error::StorageError;
+pub use gather::{
+    default_readers, gather_to_gpu, release_pinned_cache, FileOutcome, GatherOptions, GatherRange,
+    GatherReport, WarmMethod, PINNED_KEEP_BYTES,
+};
 use gdx_base::bytesize::human_bytes;
-pub use gpu::{copy_file_to_gpu, copy_gpu_to_file};
+pub use gpu::{copy_file_to_gpu, copy_gpu_to_file, copy_parts_to_file, Part};
 pub use host::{copy_file_to_host, copy_host_to_file, copy_slices_to_file, read_file};
 pub use plan::{
     cufile_status, cufile_status_for_auto, keep_cufile_open, plan, CufileStatus, MemoryEnd, Plan,

@@ -373,3 +373,56 @@ extern "C" __global__ void gdx_pingpong(u64* ping, u64* pong, u64* dev, u32 mode
     st_sys(vpong, ~0ull);
     __threadfence_system();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Batched scatter-gather copy: one launch moves a whole list of spans (a KV-cache block list),
+// where the copy engine would take one copy, with its own fixed cost, per span.
+//
+// descs: n descriptors {dst, src, len} (byte addresses in this GPU's address space: its own
+// memory, a peer's through P2P, or another process's through a CUDA IPC mapping), read from
+// mapped pinned host memory, so the list costs no copy of its own. Grid: x = descriptor,
+// y = part of the span (`part_bytes` each), so one long span is spread over several blocks and
+// a list of short ones over the whole GPU. Aligned spans move 16 bytes per thread and access,
+// four loads in flight before their stores; anything else moves byte by byte (correct, slow:
+// KV blocks are aligned).
+struct CopyDesc {
+    u64 dst;
+    u64 src;
+    u64 len;
+};
+
+#define COPY_UNROLL 4
+
+extern "C" __global__ void gdx_copy_batch(const CopyDesc* descs, u32 n, u64 part_bytes) {
+    __shared__ CopyDesc d;
+    if (blockIdx.x >= n) return;
+    if (threadIdx.x == 0) d = descs[blockIdx.x];
+    __syncthreads();
+    u64 lo = (u64)blockIdx.y * part_bytes;
+    if (lo >= d.len) return;
+    u64 len = d.len - lo < part_bytes ? d.len - lo : part_bytes;
+    char* dst = (char*)(d.dst + lo);
+    const char* src = (const char*)(d.src + lo);
+    u64 body = 0;
+    if ((((u64)dst | (u64)src) & 15) == 0) {
+        u64 n16 = len >> 4;
+        uint4* D = (uint4*)dst;
+        const uint4* S = (const uint4*)src;
+        u64 step = (u64)blockDim.x * COPY_UNROLL;
+        for (u64 base = threadIdx.x; base < n16; base += step) {
+            uint4 r[COPY_UNROLL];
+#pragma unroll
+            for (int u = 0; u < COPY_UNROLL; u++) {
+                u64 k = base + (u64)u * blockDim.x;
+                if (k < n16) r[u] = S[k];
+            }
+#pragma unroll
+            for (int u = 0; u < COPY_UNROLL; u++) {
+                u64 k = base + (u64)u * blockDim.x;
+                if (k < n16) D[k] = r[u];
+            }
+        }
+        body = n16 << 4;
+    }
+    for (u64 k = body + threadIdx.x; k < len; k += blockDim.x) dst[k] = src[k];
+}

@@ -58,6 +58,16 @@ impl std::fmt::Debug for LocalTransfer {
 }
 
 impl LocalTransfer {
+    /// A copy queued on `gpu`'s stream, done when `done` has passed.
+    pub(crate) fn queued(plan: Plan, len: u64, done: Event, gpu: Arc<Gpu>) -> LocalTransfer {
+        LocalTransfer {
+            plan,
+            len,
+            done: Some(done),
+            gpu,
+        }
+    }
+
     /// The path and the reason.
     pub fn plan(&self) -> &Plan {
         &self.plan

@@ -13,6 +13,7 @@
 //! - Nothing falls back silently: every op is planned first ([`crate::routing::planner`]) and runs on the
 //!   planned path or fails.
 
+mod batch;
 mod exec;
 mod file;
 mod mailbox;
@@ -20,6 +21,8 @@ mod region;
 mod share;
 mod stage;
 
+pub use batch::Span;
+pub(crate) use batch::BATCH_SPAN_MAX;
 pub use exec::{LocalTransfer, Ordering, StagedTuning};
 pub use region::{DeviceOrigin, DeviceRegion, IpcDesc, Mem, PinnedRegion};
 pub use share::IpcStats;
@@ -45,6 +48,8 @@ pub(crate) struct Gpu {
     pub(crate) helpers: Mutex<Vec<Arc<Stream>>>,
     /// Completion events, reused.
     pub(crate) events: Mutex<Vec<Event>>,
+    /// The batched copy kernel (`LocalPeer::transfer_batch`), loaded on first use.
+    pub(crate) batch: batch::BatchSlot,
 }
 
 pub(crate) struct Shared {
@@ -159,9 +164,15 @@ impl LocalPeer {
                 stream,
                 helpers: Mutex::new(Vec::new()),
                 events: Mutex::new(Vec::new()),
+                batch: Mutex::new(None),
             }))
         })
         .clone()
+    }
+
+    /// Whether `other` is this same local peer (a clone of it).
+    pub(crate) fn same(&self, other: &LocalPeer) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
     }
 
     /// The context of GPU `ordinal` (e.g. to make events and streams for [`Ordering`]).

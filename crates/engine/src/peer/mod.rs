@@ -636,6 +636,21 @@ impl Peer {
         Ok(PreparedTransfer::new(self.clone(), state, timeout))
     }
 
+    /// Checks a local block pool against the peer's once, for block lists posted again and
+    /// again ([`crate::BlockTransfer::post`]): same layers, segments and block size, and the
+    /// access `kind` needs (see `docs/blocks.md`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming what differs.
+    pub fn prepare_blocks(
+        &self,
+        local: &crate::BlockPool,
+        remote: &crate::BlockPool,
+        kind: crate::OpKind,
+    ) -> Result<crate::BlockTransfer> {
+        crate::blocks::BlockTransfer::new(self.clone(), local, remote, kind)
+    }
+
     /// Starts a prepared transfer's state (re-armed by its caller).
     pub(crate) fn post_prepared(&self, state: &Arc<XferState>) -> Result<()> {
         self.check_alive()?;

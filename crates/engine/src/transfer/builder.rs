@@ -62,6 +62,21 @@ impl Transfer {
         )
     }
 
+    /// An op from a region's shared state (a block pool keeps that, not the `Region`).
+    pub(crate) fn push_inner(
+        &mut self,
+        kind: OpKind,
+        local: &Arc<crate::region::RegionInner>,
+        lo: u64,
+        remote: &RegionDesc,
+        ro: u64,
+        len: u64,
+    ) -> &mut Self {
+        let op = self.regions.op(kind, local, lo, remote, ro, len);
+        self.ops.push(op);
+        self
+    }
+
     fn push(
         &mut self,
         kind: OpKind,

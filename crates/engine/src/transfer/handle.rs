@@ -58,6 +58,21 @@ impl TransferHandle {
         }
     }
 
+    /// Number of ops.
+    pub fn len(&self) -> usize {
+        self.state.ops.len()
+    }
+
+    /// Always false: a transfer has at least one op.
+    pub fn is_empty(&self) -> bool {
+        self.state.ops.is_empty()
+    }
+
+    /// How many ops moved in batched copies so far, and in how many copies.
+    pub fn batching(&self) -> super::Batching {
+        self.state.batching()
+    }
+
     /// Per-op results so far (path, reason, outcome).
     pub fn op_results(&self) -> OpResults {
         self.state.results(&self.state.lock())

@@ -90,6 +90,33 @@ pub enum OpStatus {
     Failed(Error),
 }
 
+/// How a transfer's ops became copies: `ops` of them moved in `copies` batched copies (one
+/// kernel launch each, `gdx_copy_batch`), the rest one copy per op. A block list of 1,000
+/// blocks over ipc is one copy per ring slot, not 1,000.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Batching {
+    /// Ops moved by batched copies.
+    pub ops: u64,
+    /// Batched copies (kernel launches) that moved them.
+    pub copies: u64,
+}
+
+impl std::fmt::Display for Batching {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.copies == 0 {
+            return write!(f, "no batched copy: one copy per op");
+        }
+        write!(
+            f,
+            "{} ops in {} batched cop{} (gdx_copy_batch: one kernel launch each, where the copy \
+             engine takes one copy per op and pays its fixed cost per op)",
+            self.ops,
+            self.copies,
+            if self.copies == 1 { "y" } else { "ies" }
+        )
+    }
+}
+
 /// What a completed transfer did.
 #[derive(Debug, Clone)]
 pub struct TransferReport {
@@ -315,6 +342,8 @@ pub(crate) struct XferState {
     driven: AtomicBool,
     /// Bytes landed over each rail of the peer's connection (`TransferHandle::rails`).
     pub(crate) rail_bytes: [AtomicU64; crate::rails::MAX_RAILS],
+    /// Ops moved by batched copies, and the copies (`Batching`).
+    batched: [AtomicU64; 2],
 }
 
 /// A submitted transfer whose state is not built yet (`Transport::submit_new`): a transport
@@ -392,6 +421,7 @@ impl XferState {
             shared: Arc::clone(shared),
             driven: AtomicBool::new(false),
             rail_bytes: Default::default(),
+            batched: Default::default(),
         }
     }
 
@@ -602,6 +632,20 @@ impl XferState {
             return None;
         }
         Some(self.report(self.results_by(|_| Outcome::Completed)))
+    }
+
+    /// `ops` ops of this transfer moved as one batched copy.
+    pub(crate) fn note_batched(&self, ops: usize) {
+        self.batched[0].fetch_add(ops as u64, Ordering::Relaxed);
+        self.batched[1].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many of the ops moved in batched copies, and in how many.
+    pub(crate) fn batching(&self) -> Batching {
+        Batching {
+            ops: self.batched[0].load(Ordering::Relaxed),
+            copies: self.batched[1].load(Ordering::Relaxed),
+        }
     }
 
     pub(crate) fn expired(&self) -> bool {

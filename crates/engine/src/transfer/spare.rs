@@ -131,7 +131,7 @@ impl XferState {
         self.deadline = started.plus(timeout);
         self.timeout = timeout;
         *self.bytes_done.get_mut() = 0;
-        for b in &mut self.rail_bytes {
+        for b in self.rail_bytes.iter_mut().chain(&mut self.batched) {
             *b.get_mut() = 0;
         }
         *self.ended.get_mut() = false;
@@ -210,6 +210,7 @@ impl XferState {
             shared: Arc::clone(&self.shared),
             driven: Default::default(),
             rail_bytes: Default::default(),
+            batched: Default::default(),
         }
     }
 }

@@ -10,6 +10,11 @@ Every transfer says which path it took and why (``OpResult.path``/``.reason``,
     kv = a.register(np.zeros(1 << 20, np.uint8), name="kv", access="rw")
     n = a.wait_notification(timeout=5.0)
 
+Paged KV caches: ``gdx.BlockPool`` describes a pool of blocks (per layer, K and V apart or
+not), ``Peer.prepare_blocks(local, remote)`` checks two pools once, and
+``BlockTransfer.post(src_blocks, dst_blocks, layers=..., notify=...)`` moves a block list as
+one transfer (one batched copy on the GPU). See docs/blocks.md.
+
 Checkpoints: ``gdx.load_safetensors(path, device="cuda:0")`` and ``gdx.save_safetensors``
 (``_checkpoint.py``); a refused header raises ``gdx.BadCheckpoint``.
 
@@ -20,6 +25,8 @@ from ._gdx import (
     AccessDenied,
     Agent,
     BadCheckpoint,
+    BlockPool,
+    BlockTransfer,
     Error,
     Notification,
     NotFound,
@@ -38,12 +45,15 @@ from ._gdx import (
     cuda_available,
     ipc_stats,
 )
-from ._checkpoint import load_safetensors, save_safetensors
+from ._checkpoint import load_safetensors, release_pinned, save_safetensors
+from ._load_model import load_model
 
 __all__ = [
     "AccessDenied",
     "Agent",
     "BadCheckpoint",
+    "BlockPool",
+    "BlockTransfer",
     "Error",
     "Notification",
     "NotFound",
@@ -61,6 +71,8 @@ __all__ = [
     "__version__",
     "cuda_available",
     "ipc_stats",
+    "load_model",
     "load_safetensors",
+    "release_pinned",
     "save_safetensors",
 ]

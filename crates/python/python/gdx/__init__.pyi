@@ -65,9 +65,31 @@ def load_safetensors(
     chunk_bytes: int = ...,
     depth: int = 4,
     return_report: bool = False,
+    names: Union[str, Sequence[str], None] = None,
 ) -> Any: ...
+def load_model(
+    model: Any,
+    path: Any,
+    *,
+    strict: bool = True,
+    names: Union[str, Sequence[str], None] = None,
+    via: str = "auto",
+    parallel: int = 4,
+    progress: Any = None,
+    return_report: bool = False,
+) -> Any:
+    """Load a checkpoint into a torch.nn.Module's own storage; (missing, unexpected)."""
+def release_pinned() -> int:
+    """Free the pinned buffers GPU loads keep for the next load; the bytes freed."""
 def save_safetensors(
-    tensors: dict, path: Any, metadata: Optional[dict] = None, *, via: str = "auto"
+    tensors: dict,
+    path: Any,
+    metadata: Optional[dict] = None,
+    *,
+    via: str = "auto",
+    fsync: bool = True,
+    chunk_bytes: int = ...,
+    depth: int = 4,
 ) -> dict: ...
 
 class RemoteRegion:
@@ -170,6 +192,46 @@ class PreparedTransfer:
     def paths(self) -> list[str]: ...
     def __len__(self) -> int: ...
 
+Segment = Union["Region", "RemoteRegion", Tuple[Union["Region", "RemoteRegion"], int, int]]
+
+class BlockPool:
+    """``num_blocks`` blocks of ``block_bytes`` bytes in every segment of every layer. Each
+    entry of ``layers`` is a region, a ``(region, offset, stride)`` tuple, or a list of those
+    (the layer's segments); block ``b`` lies at ``offset + b * stride``. All local regions or
+    all the peer's."""
+
+    def __init__(
+        self,
+        layers: Sequence[Union[Segment, Sequence[Segment]]],
+        num_blocks: int,
+        block_bytes: int,
+    ) -> None: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def block_bytes(self) -> int: ...
+    @property
+    def segments(self) -> int: ...
+
+class BlockTransfer:
+    """Two pools checked to match (``Peer.prepare_blocks``)."""
+
+    def post(
+        self,
+        src: Any,
+        dst: Any,
+        layers: Union[None, int, range, slice, Sequence[int]] = None,
+        notify: Optional[bytes] = None,
+        stream: Optional[Stream] = None,
+    ) -> Transfer:
+        """Moves block ``src[i]`` to ``dst[i]`` in every segment of ``layers`` as one
+        transfer. Refused before anything moves: lists of different lengths, a block out of
+        range, a destination given twice, layers out of range."""
+    @property
+    def num_layers(self) -> int: ...
+
 class Peer:
     """A connected, authenticated remote agent."""
 
@@ -211,6 +273,13 @@ class Peer:
         notify: Optional[bytes] = None,
         timeout: Optional[float] = None,
     ) -> PreparedTransfer: ...
+    def prepare_blocks(
+        self,
+        local: BlockPool,
+        remote: BlockPool,
+        op: Literal["write", "read"] = "write",
+        timeout: Optional[float] = None,
+    ) -> BlockTransfer: ...
     def notify(self, data: bytes) -> None: ...
     def close(self) -> None: ...
     def __enter__(self) -> "Peer": ...

@@ -156,6 +156,47 @@ pub fn save(
     copy_slices_to_file(&parts, &FileRange::whole(path), &opts)
 }
 
+/// [`save`] from GPU memory: `data[i]` holds tensor `i`'s bytes (a span of GPU `ctx`'s
+/// memory, or host bytes for an empty tensor); each chunk of the file is gathered into a pinned
+/// buffer and written while the next is gathered (no copy of the whole in host memory).
+pub fn save_from_gpu(
+    path: &Path,
+    tensors: &[TensorSpec],
+    data: &[crate::Part<'_>],
+    ctx: &gdx_sys::cuda::Context,
+    metadata: &BTreeMap<String, String>,
+    opts: &CopyOptions,
+) -> Result<CopyReport, StorageError> {
+    if tensors.len() != data.len() {
+        return Err(StorageError::InvalidOption(format!(
+            "{} tensors but {} byte spans",
+            tensors.len(),
+            data.len()
+        )));
+    }
+    if let Some((t, d)) = tensors
+        .iter()
+        .zip(data)
+        .find(|(t, d)| t.len != d.len() as u64)
+    {
+        return Err(StorageError::InvalidOption(format!(
+            "tensor {:?}: its spec says {} bytes but its span has {}",
+            t.name,
+            t.len,
+            d.len()
+        )));
+    }
+    let order = header::aligned_order(tensors);
+    let head = header::encode(tensors, &order, metadata).map_err(|r| bad(path, r))?;
+    let mut parts = vec![crate::Part::Host(&head)];
+    parts.extend(order.iter().map(|&i| data[i]));
+    let opts = CopyOptions {
+        truncate: true,
+        ..opts.clone()
+    };
+    crate::copy_parts_to_file(&parts, ctx, &FileRange::whole(path), &opts)
+}
+
 /// The files of a checkpoint at `path`: a `*.index.json` (the shards its `weight_map` names,
 /// beside it), a folder (its `model.safetensors.index.json`, else every `*.safetensors` in it,
 /// by name), or one file.

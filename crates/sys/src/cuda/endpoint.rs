@@ -99,6 +99,13 @@ fn build(
             src: host("source host buffer", *s, src_off)?,
             len,
         },
+        (Dst::Host(d), _) if d.read_only() => {
+            return Err(CudaError::InvalidArgument {
+                call: "copy",
+                reason: "the destination host memory is registered read-only (a file mapping)"
+                    .to_string(),
+            })
+        }
         (Dst::Host(d), Src::Device(s)) => RawCopy::DtoH {
             dst: host("destination host buffer", &**d, dst_off)?,
             src: dev(S, s, src_off)?,

@@ -76,6 +76,15 @@ pub enum CudaError {
         /// What happened.
         what: String,
     },
+    /// An operating-system call made for a CUDA object failed (e.g. `mmap` of a file range
+    /// to register).
+    #[error("{call} failed: {reason}")]
+    Os {
+        /// The system call.
+        call: &'static str,
+        /// The OS error, and what was asked.
+        reason: String,
+    },
     /// A release in a destructor (`cuMemFree_v2`, `cuStreamDestroy_v2`, ...) failed earlier on
     /// this context; reported once, by the next call that checks.
     #[error("an earlier release failed: {0}")]

@@ -252,18 +252,22 @@ fn page_size() -> usize {
         .unwrap_or(4096)
 }
 
-mod sealed {
+pub(crate) mod sealed {
     /// The parts of host memory the copies use; not nameable outside the crate.
     pub trait HostMemory {
         /// Start and length; valid, page-locked memory for as long as `self` lives.
         fn host_range(&self) -> (*mut u8, usize);
         /// The last-use marker.
         fn pending(&self) -> &super::Pending;
+        /// Registered read-only: a copy source only.
+        fn read_only(&self) -> bool {
+            false
+        }
     }
 }
 
 /// Page-locked host memory a stream can copy to and from: [`PinnedHostBuffer`] or
-/// [`RegisteredHost`]. Sealed.
+/// [`RegisteredHost`] (or only from: [`super::RegisteredFile`]). Sealed.
 pub trait HostBuffer: sealed::HostMemory {
     /// Size in bytes.
     fn size(&self) -> usize {

@@ -44,12 +44,14 @@
 //! ```
 
 mod api;
+mod batch;
 mod context;
 mod copy;
 mod device;
 mod endpoint;
 mod error;
 mod event;
+mod filemap;
 mod heartbeat;
 pub mod mailbox;
 mod mapped;
@@ -62,11 +64,13 @@ mod share;
 mod stream;
 mod vmm;
 
+pub use batch::{BatchCopy, CopySpan};
 pub use context::{Context, CurrentGuard};
 pub use device::{Attribute, ComputeCapability, Device, DeviceInfo};
 pub use endpoint::{Dst, Src};
 pub use error::CudaError;
 pub use event::Event;
+pub use filemap::RegisteredFile;
 pub use heartbeat::Heartbeat;
 pub use mailbox::{Mailbox, MailboxConfig};
 pub use mapped::MappedHostBuffer;

@@ -35,6 +35,7 @@ use crate::wire::Msg;
 /// Size of the bounce buffer used for borrowed remote regions.
 pub(crate) const BOUNCE_BYTES: usize = 8 << 20;
 
+mod ipc;
 mod ring;
 mod ring_begin;
 mod ring_client;

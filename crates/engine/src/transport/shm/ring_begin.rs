@@ -127,33 +127,29 @@ impl Worker {
         })
     }
 
-    /// The copies of a `BEGIN` slot that holds ops to a peer's GPU memory (`ipc`, copied through
-    /// its IPC mapping by `copy_ipc`) and maybe ops to mapped host memory (`copy_runs`).
+    /// The copies of a `BEGIN` slot that holds ops to a peer's GPU memory (`ipc`, through its
+    /// IPC mapping: `copy_ipc_ops`) and maybe ops to mapped host memory (`copy_runs`).
     fn copy_with_ipc(
         &mut self,
         xfer: &XferState,
         batch: &[usize],
         skip: &Skip,
     ) -> (Vec<usize>, Option<Error>) {
-        let mut done = Vec::with_capacity(batch.len());
+        let mut ipc = Vec::with_capacity(batch.len());
         let mut mapped = Vec::new();
         for (j, &i) in batch.iter().enumerate() {
             if skip.get(j) {
                 continue;
             }
-            if xfer.path(i) != Path::Ipc {
+            if xfer.path(i) == Path::Ipc {
+                ipc.push(i);
+            } else {
                 mapped.push(i);
-                continue;
             }
-            if xfer.expired() {
-                xfer.chunk_done(i, 0, Err(xfer.timeout_error()));
-                continue;
-            }
-            match self.copy_ipc(xfer, i) {
-                Ok(()) => done.push(i),
-                Err(e) if e.is_fatal_for_stream() => return (done, Some(e)),
-                Err(e) => xfer.chunk_done(i, 0, Err(e)),
-            }
+        }
+        let (mut done, fatal) = self.copy_ipc_ops(xfer, &ipc);
+        if fatal.is_some() {
+            return (done, fatal);
         }
         if !mapped.is_empty() {
             let (more, fatal) = self.copy_runs(xfer, &mapped, &Skip::default());

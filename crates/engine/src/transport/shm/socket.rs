@@ -3,7 +3,7 @@
 //! the mapped remote region (`copy_direct`), GPU to GPU through a CUDA IPC mapping
 //! (`copy_ipc`), or twice through the bounce buffer (`copy_staged`).
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 
 use super::{ring, Worker, BOUNCE_BYTES};
 use crate::error::{Error, Result};
@@ -74,9 +74,17 @@ impl Worker {
                 }
                 xfer.chunk_done(batch[j], 0, Err(e));
             }
-            let mut done = Vec::new();
+            // The ipc ops move as one batched copy (`copy_ipc_ops`), the others one by one.
+            let ipc: Vec<usize> = (0..batch.len())
+                .filter(|&j| batch_ok[j] && plans[batch[j]] == Path::Ipc)
+                .map(|j| batch[j])
+                .collect();
+            let (mut done, fatal) = self.copy_ipc_ops(xfer, &ipc);
+            if let Some(e) = fatal {
+                return Err(e);
+            }
             for (j, &i) in batch.iter().enumerate() {
-                if !batch_ok[j] {
+                if !batch_ok[j] || plans[i] == Path::Ipc {
                     continue;
                 }
                 if xfer.expired() {
@@ -85,7 +93,6 @@ impl Worker {
                 }
                 let r = match plans[i] {
                     Path::Shm => self.copy_direct(xfer, i),
-                    Path::Ipc => self.copy_ipc(xfer, i),
                     _ => self.copy_staged(xfer, i),
                 };
                 match r {
@@ -186,7 +193,7 @@ impl Worker {
 
     /// `ShmMap`: the fd the target passes for a region (its memfd, or a VMM GPU region's POSIX
     /// fd), with the length to map and whether it is writable.
-    fn request_fd(
+    pub(super) fn request_fd(
         &mut self,
         region: u64,
         key: crate::region::RegionKey,
@@ -254,44 +261,10 @@ impl Worker {
     /// in place (once per region) and the mapped GPU memory, one copy on the copy engine.
     pub(super) fn copy_ipc(&mut self, xfer: &XferState, i: usize) -> Result<()> {
         let op = xfer.op(i);
-        let peer = match op.local.device() {
-            Some(dev) => dev.peer.clone(),
-            None => self.cuda.get().cloned().ok_or_else(|| {
-                Error::Unavailable(
-                    "an ipc op from host memory needs this process's CUDA (Agent::use_cuda)".into(),
-                )
-            })?,
-        };
+        let (peer, pieces) = self.ipc_mapping(xfer, i)?;
         let ipc = op.remote.ipc.as_ref().ok_or_else(|| {
             Error::Unavailable(format!("remote region {} has no IPC handle", op.remote.id))
         })?;
-        // Keep the mapping for the life of this connection: mapping a CUDA IPC handle costs
-        // far more than a copy's set-up, so it is done once per remote allocation.
-        let pieces = match self.imports.get(&op.remote.id) {
-            Some(r) => r.clone(),
-            None => {
-                let (id, key) = (op.remote.id, op.remote.key);
-                let r = if !ipc.pieces.is_empty() {
-                    // A caller's VMM range: one fd per mapped piece, asked for in turn.
-                    peer.import_fd_pieces(ipc, |i| Ok(self.request_fd(id, key, false, i)?.0))?
-                } else {
-                    let one = match ipc.posix_fd_alloc_len {
-                        None => peer.import_ipc(ipc)?,
-                        Some(_) => match peer.imported(ipc) {
-                            Some(r) => r,
-                            None => {
-                                // A VMM region gdx allocated: ask the target for its fd.
-                                let (fd, _, _) = self.request_fd(id, key, false, 0)?;
-                                peer.import_fd(ipc, fd.as_fd())?
-                            }
-                        },
-                    };
-                    vec![(0, one)]
-                };
-                self.imports.insert(op.remote.id, r.clone());
-                r
-            }
-        };
         let kind = match op.kind {
             OpKind::Write => LeaseKind::Source,
             OpKind::Read => LeaseKind::Sink,
