@@ -16,13 +16,22 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 /// A target named "target" listening on `at` (port 0: any) with a 4 MiB region "kv" of
-/// `fill`.
+/// `fill`. The old agent's accept thread lets go of the port just after the agent is dropped,
+/// as a restarted process waits for its predecessor's: the bind is retried for up to 10 s.
 fn target_at(at: SocketAddr, shm: bool, fill: u8) -> (Agent, Region<'static>) {
-    let t = Agent::new(AgentConfig {
-        listen: Some(at),
-        ..config("target", shm)
-    })
-    .unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let t = loop {
+        match Agent::new(AgentConfig {
+            listen: Some(at),
+            ..config("target", shm)
+        }) {
+            Ok(t) => break t,
+            Err(e) if std::time::Instant::now() < until && e.to_string().contains("in use") => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("listening on {at}: {e}"),
+        }
+    };
     let mut r = t.alloc(4 << 20, Access::READ_WRITE, Some("kv")).unwrap();
     r.bytes_mut().unwrap().fill(fill);
     (t, r)
