@@ -50,18 +50,31 @@ for key, ref, name in [("host_to_remote_host_rdma_write", wbw, "write"), ("remot
 PY
 
 echo
+echo "gdx block list (1,000 x 16 KiB scattered, one transfer; scripts/rdma-vm/gdx_blocks.py), same boot:"
+timeout 600 "$PYENV/bin/python" scripts/rdma-vm/gdx_blocks.py 2>/dev/null | grep '^{' >"$out/gdx-blocks.jsonl" ||
+  echo "  gdx blocks: did not finish (exit $?)"
+echo
 echo "Mooncake Transfer Engine ($("$MCENV/bin/pip" show mooncake-transfer-engine-non-cuda 2>/dev/null | awk '/^Version/ {print $2}'), rdma on rxe0, two processes), same boot:"
 MC_GID_INDEX=1 MC_WORKERS_PER_CTX=1 timeout 600 "$MCENV/bin/python" scripts/rdma-vm/peer_mooncake.py 2>/dev/null \
   | grep '^{' >"$out/mooncake.jsonl" || echo "  mooncake: did not finish (exit $?)"
-python3 - "$out/gdx-rdma.json" "$out/mooncake.jsonl" <<'PY'
+python3 - "$out/gdx-rdma.json" "$out/mooncake.jsonl" "$out/gdx-blocks.jsonl" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
+blocks = [json.loads(l) for l in open(sys.argv[3]) if l.startswith("{")]
 rows = {(x["key"], x["size_bytes"]): x for x in r["results"] if x["path"] == "rdma"}
 print("| row | gdx | Mooncake TE | gdx / Mooncake |")
 print("|---|---|---|---|")
 for line in open(sys.argv[2]):
     m = json.loads(line)
-    if "us" in m:
+    if m["row"] == "blocks":
+        if not blocks:
+            print(f"| 1,000 x 16 KiB scattered blocks, one batch | (gdx did not run) | {m['MBps']:.1f} MB/s | |")
+            continue
+        g = blocks[0]
+        v = lambda x: "verified" if x["verified"] else "NOT verified"
+        print(f"| 1,000 x 16 KiB scattered blocks, one batch | {g['MBps']:.1f} MB/s ({v(g)}, {'/'.join(g['paths'])}) "
+              f"| {m['MBps']:.1f} MB/s ({v(m)}) | {g['MBps']/m['MBps']:.2f}x (acceptance >= 1.5x) |")
+    elif "us" in m:
         g = rows[("host_to_remote_host_rdma_write", 8)]["lat_p50_us"]
         print(f"| 8 B write round trip p50 | {g:.1f} us | {m['us']:.1f} us | {m['us']/g:.2f}x faster |")
     else:

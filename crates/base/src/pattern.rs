@@ -114,6 +114,18 @@ pub fn find_mismatch_at(buf: &[u8], seed: u64, offset: usize) -> Option<Mismatch
     None
 }
 
+/// `0..n` in an order fixed by `seed` (Fisher–Yates over the pattern's words): the block
+/// lists of tests and benchmarks ("1,000 blocks chosen by a fixed random permutation"), the
+/// same on every machine.
+pub fn permutation(n: usize, seed: u64) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = (pattern_word(seed ^ 0x7065_726d, i as u64) % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,5 +193,20 @@ mod tests {
             m.to_string(),
             "byte 4096: expected 0x3c, found 0xa5 (the poison: never written)"
         );
+    }
+
+    #[test]
+    fn a_permutation_holds_every_index_once_in_a_seeded_order() {
+        let p = permutation(10_000, 3);
+        let mut seen = vec![false; 10_000];
+        for &k in &p {
+            assert!(!seen[k], "{k} twice");
+            seen[k] = true;
+        }
+        assert_eq!(p, permutation(10_000, 3));
+        assert_ne!(p, permutation(10_000, 4));
+        assert_ne!(p, (0..10_000).collect::<Vec<_>>());
+        assert!(permutation(0, 1).is_empty());
+        assert_eq!(permutation(1, 1), vec![0]);
     }
 }

@@ -205,7 +205,9 @@ impl BenchCase for AgentCase {
         let check = |rep: gdx_engine::TransferReport| -> Result<(), BenchError> {
             match rep.ops.first().map(|o| o.plan.path) {
                 Some(p)
-                    if p != self.want() && !(p == Path::ShmStaged && self.want() == Path::Shm) =>
+                    if p != self.want()
+                        && !(matches!(p, Path::ShmStaged | Path::Cma)
+                            && self.want() == Path::Shm) =>
                 {
                     Err(BenchError::WrongPath {
                         context: "the engine moved the transfer".into(),

@@ -131,7 +131,14 @@ impl AgentInner {
         let mut t = self.cfg.transports;
         t.rdma &= self.rdma.is_ok();
         t.fabric &= self.fabric.is_ok();
-        t.bits()
+        // An shm target of this build understands the cma frames (it may still decline them).
+        let cma = if t.shm {
+            crate::transport::shm::CMA_FRAMES_BIT
+        } else {
+            0
+        };
+        // Its data streams understand the batch frames.
+        t.bits() | cma | crate::transport::tcp::TCP_BATCH_BIT
     }
 
     /// The session `session`, if it exists.

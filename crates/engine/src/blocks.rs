@@ -12,6 +12,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::error::BlockList;
 use crate::error::{Error, Result};
 use crate::peer::Peer;
 use crate::region::{Region, RegionDesc, RegionInner};
@@ -190,24 +191,6 @@ impl Segment {
     }
 }
 
-/// Which list of a post an entry is in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BlockList {
-    /// The source blocks.
-    Src,
-    /// The destination blocks.
-    Dst,
-}
-
-impl std::fmt::Display for BlockList {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            BlockList::Src => "src",
-            BlockList::Dst => "dst",
-        })
-    }
-}
-
 /// A local pool and a peer's, checked to match, and the direction: what
 /// [`crate::Peer::prepare_blocks`] returns. Post block lists with [`BlockTransfer::post`].
 #[derive(Debug)]
@@ -217,6 +200,23 @@ pub struct BlockTransfer {
     local: BlockPool,
     remote: BlockPool,
     timeout: Option<Duration>,
+}
+
+impl Peer {
+    /// Checks a local block pool against the peer's once, for block lists posted again and
+    /// again ([`BlockTransfer::post`]): same layers, segments and block size, and the access
+    /// `kind` needs (see `docs/blocks.md`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming what differs.
+    pub fn prepare_blocks(
+        &self,
+        local: &BlockPool,
+        remote: &BlockPool,
+        kind: OpKind,
+    ) -> Result<BlockTransfer> {
+        BlockTransfer::new(self.clone(), local, remote, kind)
+    }
 }
 
 impl BlockTransfer {

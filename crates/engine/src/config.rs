@@ -195,6 +195,11 @@ pub struct AgentConfig {
     pub limits: Limits,
     /// User ids allowed on the shm socket besides this process's own (`SO_PEERCRED`).
     pub shm_allowed_uids: Vec<u32>,
+    /// Whether this agent lets its shm peers copy straight into and out of its borrowed host
+    /// regions (`cma`: `process_vm_writev`/`readv` by the peer, allowed under Yama's
+    /// `ptrace_scope` 1 with `prctl(PR_SET_PTRACER, peer)`); off, their ops stage through the
+    /// bounce buffer and say so (`GDX_SHM_CMA=0`).
+    pub shm_cma: bool,
     /// The libfabric provider of the `fabric` transport (`tcp`, `shm`, `efa`); `None`:
     /// `GDX_FABRIC_PROVIDER`, else automatic (efa > verbs > cxi > tcp).
     pub fabric_provider: Option<String>,
@@ -221,6 +226,7 @@ impl Default for AgentConfig {
             insecure: false,
             limits: Limits::default(),
             shm_allowed_uids: Vec::new(),
+            shm_cma: true,
             fabric_provider: None,
         }
     }
@@ -342,6 +348,18 @@ impl AgentConfig {
                 .split(',')
                 .map(|u| parse("GDX_SHM_ALLOW_UIDS", u))
                 .collect::<Result<_>>()?;
+        }
+        if let Some(v) = var("GDX_SHM_CMA") {
+            self.shm_cma = match v.trim() {
+                "1" | "true" | "yes" | "on" => true,
+                "0" | "false" | "no" | "off" => false,
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "GDX_SHM_CMA={v:?} is not valid: use 1 (peers copy directly into this \
+                         agent's borrowed regions) or 0 (they stage through a bounce buffer)"
+                    )))
+                }
+            };
         }
         self.validate()?;
         Ok(self)

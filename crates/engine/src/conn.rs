@@ -13,7 +13,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::mem::{recv_exact_raw, send_all_raw};
+use crate::mem::{recv_exact_raw, recv_exact_raw_vectored, send_all_raw};
 use crate::wire::{self, Msg, HEADER_LEN};
 
 const BUF: usize = 64 << 10;
@@ -323,6 +323,28 @@ impl Conn {
         Ok(())
     }
 
+    /// Receives the payload bytes of `parts` in order, each into its span (buffered bytes
+    /// first, then straight from the socket with vectored reads): a batch's payloads land in
+    /// their regions with a few system calls.
+    ///
+    /// # Safety
+    /// Every `(ptr, len)` of `parts` must be valid for writes for the duration of the call.
+    pub(crate) unsafe fn recv_payloads(&mut self, parts: &[(*mut u8, usize)]) -> Result<()> {
+        let mut rest = Vec::with_capacity(parts.len());
+        for &(ptr, len) in parts {
+            let have = (self.end - self.start).min(len);
+            // SAFETY: the source is within our buffer, the destination within the span.
+            unsafe { std::ptr::copy_nonoverlapping(self.buf.as_ptr().add(self.start), ptr, have) };
+            self.start += have;
+            if have < len {
+                // SAFETY: ptr+have..ptr+len is within the caller's span.
+                rest.push((unsafe { ptr.add(have) }, len - have));
+            }
+        }
+        // SAFETY: the spans are within the caller's, as guaranteed.
+        unsafe { recv_exact_raw_vectored(self.sock.fd(), &rest) }.map_err(|e| self.lost(e))
+    }
+
     /// Whether a frame's first bytes are already here (buffered, or readable on the socket now),
     /// so that receiving would not block. Lets a server defer replies while more requests are
     /// queued, and send them before it would wait.
@@ -410,6 +432,28 @@ impl Conn {
             )
         }
         .map_err(|e| self.lost(e))
+    }
+
+    /// Sends a frame whose payload is `parts` back to back (a batch's chunks), in as few
+    /// `sendmsg` calls as the kernel takes (`parts` ≤ `wire::MAX_BATCH_ENTRIES`: one, unless
+    /// the socket buffer fills).
+    ///
+    /// # Safety
+    /// Every `(ptr, len)` of `parts` must be readable for the call.
+    pub(crate) unsafe fn send_with_payloads(
+        &mut self,
+        msg: &Msg,
+        parts: &[(*const u8, usize)],
+    ) -> Result<()> {
+        let total: usize = parts.iter().map(|p| p.1).sum();
+        let total = u32::try_from(total)
+            .map_err(|_| Error::Protocol(format!("a batch payload of {total} bytes")))?;
+        let head = wire::encode(msg, total);
+        let mut all = Vec::with_capacity(parts.len() + 1);
+        all.push((head.as_ptr(), head.len()));
+        all.extend_from_slice(parts);
+        // SAFETY: head is live; the payload spans are guaranteed by the caller.
+        unsafe { send_all_raw(self.sock.fd(), &all) }.map_err(|e| self.lost(e))
     }
 
     /// Sends a frame with `fd` attached (`SCM_RIGHTS`; unix sockets only).

@@ -100,7 +100,7 @@ pub enum Error {
     #[error("{list}[{index}] = {block} is {why}")]
     BadBlock {
         /// The list it is in.
-        list: crate::blocks::BlockList,
+        list: BlockList,
         /// Its index in the list.
         index: usize,
         /// The block id given.
@@ -449,5 +449,23 @@ mod tests {
             let back = Error::from(RemoteError::from(&e));
             assert_eq!(format!("{back:?}"), format!("{e:?}"));
         }
+    }
+}
+
+/// Which list of a post an entry is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockList {
+    /// The source blocks.
+    Src,
+    /// The destination blocks.
+    Dst,
+}
+
+impl std::fmt::Display for BlockList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BlockList::Src => "src",
+            BlockList::Dst => "dst",
+        })
     }
 }

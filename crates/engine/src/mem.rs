@@ -179,6 +179,16 @@ pub(crate) fn peer_uid(fd: RawFd) -> Result<u32> {
     Ok(cred.uid.as_raw())
 }
 
+/// The pid of the process at the other end of unix socket `fd` (`SO_PEERCRED`, as of its
+/// connect), in this PID namespace: 0 when that process is not visible from it.
+pub(crate) fn peer_pid(fd: RawFd) -> Result<u32> {
+    // SAFETY: the caller's fd is open for this call; getsockopt only looks it up (EBADF if not).
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let cred = rustix::net::sockopt::socket_peercred(fd)
+        .map_err(|e| Error::os("getsockopt(SO_PEERCRED)", e.into()))?;
+    Ok(cred.pid.as_raw_nonzero().get() as u32)
+}
+
 /// This process's effective uid.
 pub(crate) fn my_uid() -> u32 {
     rustix::process::geteuid().as_raw()
@@ -186,7 +196,7 @@ pub(crate) fn my_uid() -> u32 {
 
 /// Socket I/O straight into / out of raw spans (rustix takes Rust slices, which must not be
 /// formed over memory a peer may touch), in gdx-sys with the other calls rustix lacks.
-pub(crate) use gdx_sys::os::{recv_exact_raw, send_all_raw};
+pub(crate) use gdx_sys::os::{recv_exact_raw, recv_exact_raw_vectored, send_all_raw};
 
 /// Fills `buf` from the kernel's random source (`getrandom(2)`).
 pub(crate) fn random_bytes(buf: &mut [u8]) -> Result<()> {

@@ -83,8 +83,19 @@ fn shm_roundtrip_small_and_unaligned() {
 }
 
 #[test]
-fn shm_staged_for_borrowed_remote_region() {
-    let target = agent("target", true);
+fn shm_cma_for_borrowed_remote_region() {
+    borrowed_remote_region(true, Path::Cma);
+}
+
+#[test]
+fn shm_staged_for_borrowed_remote_region_when_the_target_declines_cma() {
+    borrowed_remote_region(false, Path::ShmStaged);
+}
+
+fn borrowed_remote_region(cma: bool, want: Path) {
+    let mut cfg = config("target", true);
+    cfg.shm_cma = cma;
+    let target = gdx_engine::Agent::new(cfg).unwrap();
     let init = agent("init", true);
     let peer = init.connect(target.listen_addr().unwrap()).unwrap();
     let len = (9 << 20) + 13; // more than the 8 MiB bounce buffer
@@ -101,8 +112,9 @@ fn shm_staged_for_borrowed_remote_region() {
         let mut t = Transfer::new();
         t.write(&src, 0, &remote, 10, len as u64);
         let rep = peer.submit(t).unwrap().wait(WAIT).unwrap();
-        assert_eq!(rep.ops[0].plan.path, Path::ShmStaged, "{}", rep.ops[0].plan);
+        assert_eq!(rep.ops[0].plan.path, want, "{}", rep.ops[0].plan);
         assert!(r.bytes().unwrap()[10..] == data[..]);
+        assert!(r.bytes().unwrap()[..10].iter().all(|&b| b == 0));
         let back = init.alloc(len as u64, Access::LOCAL, None).unwrap();
         let mut t = Transfer::new();
         t.read(&back, 0, &remote, 10, len as u64);

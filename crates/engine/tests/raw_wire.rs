@@ -173,6 +173,104 @@ fn raw_writes_are_checked_before_memory_is_touched() {
     assert!(rw_bytes[100..164].iter().all(|&b| b == 0xFF));
 }
 
+/// A `WriteBatch` by hand: each entry is checked on its own; the refused ones (read-only,
+/// bad key, out of bounds) are named in the one `WriteBatchAck` and their bytes drained, the
+/// others land; a `ReadBatch` answers the accepted entries' bytes back to back.
+#[test]
+fn raw_batches_check_each_entry_and_land_the_rest() {
+    use gdx_engine::wire::BatchEntry;
+    let target = agent("target", false);
+    let mut ro = target.alloc(4096, Access::READ, Some("ro")).unwrap();
+    ro.bytes_mut().unwrap().fill(0x11);
+    let mut rw = target.alloc(4096, Access::READ_WRITE, Some("rw")).unwrap();
+    rw.bytes_mut().unwrap().fill(0x22);
+    let (ro_d, rw_d) = (ro.desc(), rw.desc());
+    let addr = target.listen_addr().unwrap();
+    let session = raw::login(addr, target.secret().unwrap().as_bytes());
+    let mut data = raw::join(addr, &session, 0);
+    let e = |op: u32, region: u64, key: RegionKey, offset: u64| BatchEntry {
+        op,
+        chunk: 0,
+        region,
+        key,
+        offset,
+        len: 64,
+    };
+    let entries = vec![
+        e(0, rw_d.id, rw_d.key, 0),
+        e(1, ro_d.id, ro_d.key, 0),
+        e(2, rw_d.id, RegionKey(rw_d.key.0 ^ 1), 64),
+        e(3, rw_d.id, rw_d.key, 4090),
+        e(4, rw_d.id, rw_d.key, 128),
+    ];
+    let mut payload = Vec::new();
+    for k in 0..5u8 {
+        payload.extend_from_slice(&[0xA0 + k; 64]);
+    }
+    let m = Msg::WriteBatch {
+        xfer: 9,
+        entries: entries.clone(),
+    };
+    let mut f = encode(&m, payload.len() as u32);
+    f.extend_from_slice(&payload);
+    data.write_all(&f).unwrap();
+    let want = vec![
+        (1, Error::ReadOnly { region: ro_d.id }),
+        (2, Error::BadKey { region: rw_d.id }),
+        (
+            3,
+            Error::OutOfBounds {
+                offset: 4090,
+                len: 64,
+                region_len: 4096,
+            },
+        ),
+    ];
+    assert_eq!(
+        read_reply(&mut data),
+        Some(Msg::WriteBatchAck {
+            xfer: 9,
+            errors: want.clone()
+        })
+    );
+    {
+        let b = rw.bytes().unwrap();
+        assert!(b[..64].iter().all(|&x| x == 0xA0));
+        assert!(b[128..192].iter().all(|&x| x == 0xA4));
+        assert!(b[64..128].iter().chain(&b[192..]).all(|&x| x == 0x22));
+        assert!(ro.bytes().unwrap().iter().all(|&x| x == 0x11));
+    }
+    // Read the same entries back: the refused ones (ro is readable, so only 2 and 3 now)
+    // are named, the rest come back to back.
+    data.write_all(&encode(&Msg::ReadBatch { xfer: 10, entries }, 0))
+        .unwrap();
+    data.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut tmp = [0u8; 4096];
+    let (msg, body_end, pay) = loop {
+        if let Ok(Some((m, pay, used))) = gdx_engine::wire::decode_frame(&got) {
+            break (m, used, pay);
+        }
+        let n = std::io::Read::read(&mut data, &mut tmp).unwrap();
+        assert!(n > 0, "the stream closed");
+        got.extend_from_slice(&tmp[..n]);
+    };
+    let Msg::ReadBatchData { xfer: 10, errors } = msg else {
+        panic!("{msg:?}")
+    };
+    assert_eq!(errors, want[1..].to_vec());
+    assert_eq!(pay, 3 * 64);
+    while got.len() < body_end + 3 * 64 {
+        let n = std::io::Read::read(&mut data, &mut tmp).unwrap();
+        got.extend_from_slice(&tmp[..n]);
+    }
+    let bytes = &got[body_end..body_end + 3 * 64];
+    assert!(bytes[..64].iter().all(|&x| x == 0xA0));
+    assert!(bytes[64..128].iter().all(|&x| x == 0x11));
+    assert!(bytes[128..].iter().all(|&x| x == 0xA4));
+}
+
 #[test]
 fn reconnect_after_close() {
     let target = agent("target", true);

@@ -190,6 +190,55 @@ fn a_batch_of_1000_writes_with_a_notification_lands_before_it() {
     }
 }
 
+/// A block list: 1,000 scattered 16 KiB blocks written into another process's pool of 2,048 as
+/// one transfer (one stream of work requests), then the whole pool read back as 2,048 block
+/// reads; the written blocks hold their sources, every other block the server's pattern.
+#[test]
+#[ignore = "requires an RDMA device: run inside scripts/rdma-vm.sh (scripts/test-rdma.sh)"]
+fn a_thousand_scattered_16k_blocks_between_two_processes_verify() {
+    const BLOCK: u64 = 16 << 10;
+    const POOL: usize = 2_048;
+    let len = POOL as u64 * BLOCK;
+    let server = spawn_server(len, 8);
+    let me = Agent::new(rdma_config("client", 1)).unwrap();
+    let peer = me.connect(server.addr.as_str()).unwrap();
+    assert_eq!(peer.route().transport, Path::Rdma, "{:?}", peer.route());
+    let remote = peer.region("serve").unwrap();
+    let mut src = me.alloc(len, Access::LOCAL, None).unwrap();
+    fill_pattern(&mut src.bytes_mut().unwrap(), 81);
+    let pairs: Vec<(usize, usize)> = gdx_base::pattern::permutation(POOL, 1)
+        .into_iter()
+        .zip(gdx_base::pattern::permutation(POOL, 2))
+        .take(1_000)
+        .collect();
+    let mut t = Transfer::new();
+    for &(s, d) in &pairs {
+        t.write(&src, s as u64 * BLOCK, &remote, d as u64 * BLOCK, BLOCK);
+    }
+    let rep = peer.submit(t).unwrap().wait(WAIT).unwrap();
+    assert_eq!(rep.bytes, 1_000 * BLOCK);
+    assert!(rep.ops.iter().all(|o| o.plan.path == Path::Rdma));
+    let back = me.alloc(len, Access::LOCAL, None).unwrap();
+    let mut t = Transfer::new();
+    for b in gdx_base::pattern::permutation(POOL, 3) {
+        t.read(&back, b as u64 * BLOCK, &remote, b as u64 * BLOCK, BLOCK);
+    }
+    let rep = peer.submit(t).unwrap().wait(WAIT).unwrap();
+    assert_eq!(rep.bytes, len);
+    let mut expect = vec![0u8; len as usize];
+    fill_pattern(&mut expect, 8);
+    let s = src.bytes().unwrap();
+    let bs = BLOCK as usize;
+    for &(sb, db) in &pairs {
+        expect[db * bs..(db + 1) * bs].copy_from_slice(&s[sb * bs..(sb + 1) * bs]);
+    }
+    assert_eq!(
+        first_diff(&back.bytes().unwrap(), &expect),
+        None,
+        "the pool read back differs (written or untouched blocks)"
+    );
+}
+
 /// A prepared write posted again and again over rdma, each post's bytes verified; then the
 /// region is freed under it and the next post fails by name instead of reporting success.
 #[test]

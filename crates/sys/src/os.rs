@@ -10,6 +10,8 @@
 //!   these take raw pointers so that only the kernel reads or writes the bytes.
 //! - [`page_residency`]: which pages of a file are in the page cache, `mincore(2)` on a
 //!   read-only mapping (rustix has `mmap` but not `mincore`, and leaves `cachestat` out).
+//! - [`cross_memory_copy`]: `process_vm_readv(2)`/`process_vm_writev(2)`, one kernel copy
+//!   between this process's memory and another's (rustix has neither).
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -119,6 +121,60 @@ pub unsafe fn recv_exact_raw(fd: RawFd, mut ptr: *mut u8, mut len: usize) -> io:
     Ok(())
 }
 
+/// Receives exactly the bytes of `parts` (raw spans, filled in order) from socket `fd`, with
+/// `recvmsg` over up to [`CMA_MAX_IOV`] spans a call: a batch of small payloads lands in its
+/// places with a few system calls instead of one each. EOF, reset and `SO_RCVTIMEO` expiry are
+/// returned as `io::Error`s.
+///
+/// # Safety
+/// - every `(ptr, len)` in `parts` must be valid for writes for the whole call and not be freed
+///   or unmapped during it.
+pub unsafe fn recv_exact_raw_vectored(fd: RawFd, parts: &[(*mut u8, usize)]) -> io::Result<()> {
+    let mut iov: Vec<libc::iovec> = parts
+        .iter()
+        .filter(|p| p.1 > 0)
+        .map(|&(p, l)| libc::iovec {
+            iov_base: p.cast(),
+            iov_len: l,
+        })
+        .collect();
+    let mut start = 0;
+    while start < iov.len() {
+        // SAFETY: zeroed msghdr is a valid "no name, no control" header.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov[start..].as_mut_ptr();
+        msg.msg_iovlen = (iov.len() - start).min(CMA_MAX_IOV) as _;
+        // SAFETY: the iovecs point at spans the caller guarantees writable.
+        let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_WAITALL) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed by peer",
+            ));
+        }
+        let mut n = n as usize;
+        while n > 0 && start < iov.len() {
+            if n >= iov[start].iov_len {
+                n -= iov[start].iov_len;
+                start += 1;
+            } else {
+                // SAFETY: advancing within the span by n < iov_len.
+                iov[start].iov_base = unsafe { iov[start].iov_base.cast::<u8>().add(n) }.cast();
+                iov[start].iov_len -= n;
+                n = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Sends `parts` (raw spans) completely on socket `fd`, using `sendmsg` with an iovec so that a
 /// small header and a large payload go out in one call.
 ///
@@ -162,6 +218,148 @@ pub unsafe fn send_all_raw(fd: RawFd, parts: &[(*const u8, usize)]) -> io::Resul
         }
     }
     Ok(())
+}
+
+/// Most iovecs one `process_vm_readv`/`process_vm_writev` call takes on each side (the
+/// kernel's `UIO_MAXIOV`, which `IOV_MAX` reports on Linux).
+pub const CMA_MAX_IOV: usize = 1024;
+
+/// Which way a [`cross_memory_copy`] moves the bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmaDir {
+    /// From this process into the other (`process_vm_writev`).
+    ToPeer,
+    /// From the other process into this one (`process_vm_readv`).
+    FromPeer,
+}
+
+/// A cursor over a list of spans: the entry it is in and how far into it.
+struct SpanCursor {
+    entry: usize,
+    into: usize,
+}
+
+impl SpanCursor {
+    /// Up to `CMA_MAX_IOV` iovecs from the cursor on.
+    fn window(&self, spans: &[(usize, usize)]) -> Vec<libc::iovec> {
+        spans[self.entry..]
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.1 > 0)
+            .take(CMA_MAX_IOV)
+            .map(|(k, &(base, len))| {
+                let skip = if k == 0 { self.into } else { 0 };
+                libc::iovec {
+                    iov_base: (base + skip) as *mut libc::c_void,
+                    iov_len: len - skip,
+                }
+            })
+            .collect()
+    }
+
+    /// Moves the cursor `n` bytes on.
+    fn advance(&mut self, spans: &[(usize, usize)], mut n: usize) {
+        while n > 0 && self.entry < spans.len() {
+            let left = spans[self.entry].1 - self.into;
+            if n < left {
+                self.into += n;
+                return;
+            }
+            n -= left;
+            self.entry += 1;
+            self.into = 0;
+        }
+        while self.entry < spans.len() && spans[self.entry].1 == 0 {
+            self.entry += 1;
+        }
+    }
+}
+
+/// Copies between spans of this process (`local`) and spans of process `pid` (`remote`, its
+/// virtual addresses) with one kernel copy: the bytes of `local`, in order, go to the bytes of
+/// `remote`, in order (or the other way for [`CmaDir::FromPeer`]), up to [`CMA_MAX_IOV`] spans
+/// a side per system call, resuming after a partial copy. Returns the system calls made.
+///
+/// The kernel checks that this process may access `pid` as `ptrace` would
+/// (`PTRACE_MODE_ATTACH_REALCREDS`: same user and the Yama policy, or `CAP_SYS_PTRACE`); when
+/// it may not, the call fails with `EPERM` before any byte moves.
+///
+/// # Errors
+/// `InvalidInput` when the two sides' totals differ; the OS error of the call (`EPERM`,
+/// `ESRCH` for a process that is gone, `EFAULT` for a remote span not mapped there, `ENOSYS`
+/// for a kernel without cross-memory attach). Bytes copied before a failing call stay copied.
+///
+/// # Safety
+/// - every local span must be valid for reads ([`CmaDir::ToPeer`]) or writes
+///   ([`CmaDir::FromPeer`]) for the whole call, and not be touched by anything else meanwhile
+///   for a read into it;
+/// - the caller must hold the other process's consent to write its remote spans (the kernel
+///   checks permission, not intent).
+pub unsafe fn cross_memory_copy(
+    pid: u32,
+    dir: CmaDir,
+    local: &[(*mut u8, usize)],
+    remote: &[(u64, usize)],
+) -> io::Result<usize> {
+    let local: Vec<(usize, usize)> = local.iter().map(|&(p, l)| (p as usize, l)).collect();
+    let remote: Vec<(usize, usize)> = remote.iter().map(|&(a, l)| (a as usize, l)).collect();
+    let total: usize = local.iter().map(|s| s.1).sum();
+    if total != remote.iter().map(|s| s.1).sum::<usize>() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "cross-memory copy: the local and remote spans hold different byte counts",
+        ));
+    }
+    let (mut l, mut r) = (
+        SpanCursor { entry: 0, into: 0 },
+        SpanCursor { entry: 0, into: 0 },
+    );
+    l.advance(&local, 0);
+    r.advance(&remote, 0);
+    let (mut moved, mut calls) = (0usize, 0usize);
+    while moved < total {
+        let (lw, rw) = (l.window(&local), r.window(&remote));
+        calls += 1;
+        // SAFETY: the local iovecs lie within the caller's spans (valid for the call, by the
+        // contract); the remote ones are addresses in the other process, which the kernel
+        // checks (EFAULT) and this process never dereferences.
+        let n = unsafe {
+            match dir {
+                CmaDir::ToPeer => libc::process_vm_writev(
+                    pid as libc::pid_t,
+                    lw.as_ptr(),
+                    lw.len() as libc::c_ulong,
+                    rw.as_ptr(),
+                    rw.len() as libc::c_ulong,
+                    0,
+                ),
+                CmaDir::FromPeer => libc::process_vm_readv(
+                    pid as libc::pid_t,
+                    lw.as_ptr(),
+                    lw.len() as libc::c_ulong,
+                    rw.as_ptr(),
+                    rw.len() as libc::c_ulong,
+                    0,
+                ),
+            }
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            // Nothing moved and no error: a remote span the kernel could not reach.
+            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        let n = n as usize;
+        l.advance(&local, n);
+        r.advance(&remote, n);
+        moved += n;
+    }
+    Ok(calls)
 }
 
 /// The page size (`sysconf(_SC_PAGESIZE)`), 4096 where the call fails.
@@ -310,5 +508,76 @@ mod tests {
         assert_eq!(r.len(), 2);
         assert!(page_residency(f.as_fd(), 5, 0).unwrap().is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+    #[test]
+    fn cross_memory_copy_moves_uneven_spans_in_order_over_many_calls() {
+        // 3-byte local spans against 5-byte remote spans, 3,000 of one and 1,800 of the other:
+        // every window of 1,024 iovecs ends mid-span on one side.
+        let src = gdx_base::pattern::pattern(9_000, 7);
+        let mut dst = vec![0u8; 9_000 + 64];
+        let local: Vec<(*mut u8, usize)> = src
+            .chunks(3)
+            .map(|c| (c.as_ptr().cast_mut(), c.len()))
+            .collect();
+        let base = dst.as_mut_ptr() as u64 + 32;
+        let remote: Vec<(u64, usize)> = (0..1_800).map(|k| (base + 5 * k, 5)).collect();
+        let pid = std::process::id();
+        // SAFETY: src is read, dst[32..9032] written, both live locals; this process consents.
+        let calls = unsafe { cross_memory_copy(pid, CmaDir::ToPeer, &local, &remote) }.unwrap();
+        assert!(calls >= 3, "{calls} calls for 3,000 local spans");
+        assert_eq!(&dst[32..9_032], &src[..]);
+        assert!(dst[..32].iter().chain(&dst[9_032..]).all(|&b| b == 0));
+        // And back, into a fresh buffer.
+        let mut back = vec![0u8; 9_000];
+        let into: Vec<(*mut u8, usize)> = back
+            .chunks_mut(4_500)
+            .map(|c| (c.as_mut_ptr(), c.len()))
+            .collect();
+        // SAFETY: back is a live local written only by this call.
+        unsafe { cross_memory_copy(pid, CmaDir::FromPeer, &into, &remote) }.unwrap();
+        assert_eq!(back, src);
+        // Mismatched totals are refused before any call.
+        // SAFETY: nothing is copied.
+        let e = unsafe { cross_memory_copy(pid, CmaDir::ToPeer, &local[..1], &remote[..1]) }
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn cross_memory_copy_to_an_unmapped_address_fails_by_name() {
+        let src = [1u8; 8];
+        // SAFETY: src is read; the remote address is page 0, never mapped.
+        let e = unsafe {
+            cross_memory_copy(
+                std::process::id(),
+                CmaDir::ToPeer,
+                &[(src.as_ptr().cast_mut(), 8)],
+                &[(16, 8)],
+            )
+        }
+        .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{e}");
+    }
+
+    #[test]
+    fn a_vectored_receive_fills_every_span_in_order() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let body = gdx_base::pattern::pattern(50_000, 9);
+        let sent = body.clone();
+        let sender = std::thread::spawn(move || {
+            // SAFETY: a live span for the whole call.
+            unsafe { send_all_raw(a.as_raw_fd(), &[(sent.as_ptr(), sent.len())]) }.unwrap();
+        });
+        // 2,000 spans of 25 bytes: more than one recvmsg's worth of iovecs.
+        let mut got = vec![0u8; 50_000 + 2_000];
+        let parts: Vec<(*mut u8, usize)> =
+            got.chunks_mut(26).map(|c| (c.as_mut_ptr(), 25)).collect();
+        // SAFETY: every span is 25 bytes inside `got`, a live local.
+        unsafe { recv_exact_raw_vectored(b.as_raw_fd(), &parts) }.unwrap();
+        sender.join().unwrap();
+        for (k, c) in got.chunks(26).enumerate() {
+            assert_eq!(&c[..25], &body[k * 25..(k + 1) * 25], "span {k}");
+            assert_eq!(c[25], 0, "the gap after span {k}");
+        }
     }
 }

@@ -14,7 +14,7 @@ use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
 use crate::rails::Rails;
 use crate::region::RegionDesc;
-use crate::routing::plan::{FabricMem, Path, PeerRoute};
+use crate::routing::plan::{CmaGrant, FabricMem, Path, PeerRoute};
 use crate::transfer::{NewTransfer, Transfer, TransferHandle, XferShared, XferState};
 use crate::transport::tcp::{Joiner, RailEnd, TcpTransport};
 use crate::transport::{fabric, rdma, shm::ShmTransport, Transport};
@@ -39,6 +39,8 @@ struct PeerInner {
     tcp_detail: String,
     /// What the fabric route can do with GPU memory (default on other routes).
     fabric: FabricMem,
+    /// Whether ops to the peer's borrowed host regions may take the `cma` path (shm routes).
+    cma: CmaGrant,
     control: Arc<Mutex<Conn>>,
     transport: Box<dyn Transport>,
     /// Plans made lately, by region pair (`PlanCache`).
@@ -309,6 +311,7 @@ fn tcp_transport(
         Arc::clone(control),
         cfg.chunk_bytes,
         cfg.io_timeout,
+        h.transports & crate::transport::tcp::TCP_BATCH_BIT != 0,
     )?;
     Ok((t, detail))
 }
@@ -444,17 +447,25 @@ impl Peer {
                 cfg,
                 Arc::clone(&agent.cuda),
                 until,
+                h.transports & crate::transport::shm::CMA_FRAMES_BIT != 0,
             )
             .map_err(|e| format!("tcp: same host but the shm socket did not connect ({e})"))
         };
+        let mut cma = CmaGrant::default();
         let (route, transport): (PeerRoute, Box<dyn Transport>) = match shm_reason {
-            Ok(t) => (
-                PeerRoute {
-                    transport: Path::Shm,
-                    reason: format!("shm: peer on the same host (host id {})", short(h.host_id)),
-                },
-                Box::new(t),
-            ),
+            Ok(t) => {
+                cma = t.cma().clone();
+                (
+                    PeerRoute {
+                        transport: Path::Shm,
+                        reason: format!(
+                            "shm: peer on the same host (host id {})",
+                            short(h.host_id)
+                        ),
+                    },
+                    Box::new(t),
+                )
+            }
             Err(reason) => match rdma_route(&agent, &info, &control, &reason).or_else(|rdma_why| {
                 let reason = format!("{reason}; rdma: {rdma_why}");
                 fabric_route(&agent, &info, &control, &reason)
@@ -504,6 +515,7 @@ impl Peer {
                 route,
                 tcp_detail,
                 fabric,
+                cma,
                 control,
                 transport,
                 plans: Mutex::default(),
@@ -634,21 +646,6 @@ impl Peer {
         let state =
             NewTransfer::now(0, &mut t, &mut plans, timeout, &self.inner.xfer_shared).build();
         Ok(PreparedTransfer::new(self.clone(), state, timeout))
-    }
-
-    /// Checks a local block pool against the peer's once, for block lists posted again and
-    /// again ([`crate::BlockTransfer::post`]): same layers, segments and block size, and the
-    /// access `kind` needs (see `docs/blocks.md`).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] naming what differs.
-    pub fn prepare_blocks(
-        &self,
-        local: &crate::BlockPool,
-        remote: &crate::BlockPool,
-        kind: crate::OpKind,
-    ) -> Result<crate::BlockTransfer> {
-        crate::blocks::BlockTransfer::new(self.clone(), local, remote, kind)
     }
 
     /// Starts a prepared transfer's state (re-armed by its caller).

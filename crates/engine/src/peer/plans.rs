@@ -4,7 +4,7 @@
 use super::Peer;
 use crate::error::Result;
 use crate::routing::cache::{last_plan, remember_plan, Ends};
-use crate::routing::plan::plan_op;
+use crate::routing::plan::{plan_op, Here};
 use crate::transfer::{OpRef, Transfer};
 
 fn ends<'a>(op: OpRef<'a>) -> Ends<'a> {
@@ -61,7 +61,10 @@ impl Peer {
                                 &self.inner.tcp_detail,
                                 &self.inner.fabric,
                                 strict,
-                                self.inner.agent.cuda.get().is_some(),
+                                Here {
+                                    cuda: self.inner.agent.cuda.get().is_some(),
+                                    cma: &self.inner.cma,
+                                },
                             )?;
                             cache.put(ends(op), strict, &p);
                             p

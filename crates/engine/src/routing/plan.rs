@@ -75,6 +75,10 @@ pub enum Path {
     /// copy-engine submission), occupying one SM while it runs; see
     /// [`crate::gpu::LocalPeer::start_mailbox`].
     Mailbox,
+    /// Same-host host memory to a peer's borrowed host region, one copy by the kernel straight
+    /// between the two processes (cross-memory attach: `process_vm_writev`/`process_vm_readv`,
+    /// many ops per system call), where the kernel lets this process reach the peer's memory.
+    Cma,
 }
 
 impl fmt::Display for Path {
@@ -85,7 +89,7 @@ impl fmt::Display for Path {
 
 impl Path {
     /// How many paths there are.
-    pub(crate) const COUNT: usize = 18;
+    pub(crate) const COUNT: usize = 19;
     /// Every path, in declaration order (`ALL[p.index()] == p`).
     pub(crate) const ALL: [Path; Path::COUNT] = [
         Path::Tcp,
@@ -106,6 +110,7 @@ impl Path {
         Path::FileStaged,
         Path::Buffered,
         Path::Mailbox,
+        Path::Cma,
     ];
 
     /// The path's position in `ALL` (an array index for per-path counters). A match, so a new
@@ -130,6 +135,7 @@ impl Path {
             Path::FileStaged => 15,
             Path::Buffered => 16,
             Path::Mailbox => 17,
+            Path::Cma => 18,
         }
     }
 
@@ -154,6 +160,7 @@ impl Path {
             Path::FileStaged => "file-staged",
             Path::Buffered => "buffered",
             Path::Mailbox => "mailbox",
+            Path::Cma => "cma",
         }
     }
 }
@@ -204,6 +211,37 @@ pub(crate) struct FabricMem {
     pub(crate) offers_hmem: bool,
     /// gdx registers CUDA memory with this provider (`fi_mr_regattr`, FI_HMEM_CUDA).
     pub(crate) registers_cuda: bool,
+}
+
+/// Whether this end may copy straight into and out of the peer's memory (the `cma` path),
+/// learnt once per shm connection by reading a probe value the peer placed in its memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CmaGrant {
+    /// The kernel let this process read the peer's probe (pid `pid`, as the shm socket's
+    /// credentials name it).
+    Granted {
+        /// The peer's process id in this PID namespace.
+        pid: u32,
+    },
+    /// Why not, in words naming the refusal (the errno and the policy behind it, or the peer's
+    /// answer); staged ops carry it in their reason.
+    Refused(std::sync::Arc<str>),
+}
+
+impl Default for CmaGrant {
+    fn default() -> Self {
+        CmaGrant::Refused("not an shm route".into())
+    }
+}
+
+/// What this end can do beyond what the route is: the shm route's one-copy paths.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Here<'a> {
+    /// This process can map a peer's GPU memory for a host region
+    /// ([`crate::Agent::use_cuda`]).
+    pub(crate) cuda: bool,
+    /// Whether the kernel lets this process copy to and from the peer's memory.
+    pub(crate) cma: &'a CmaGrant,
 }
 
 /// Plans one op on a fabric route. Host memory on both ends: `Fabric`. A GPU end the provider
@@ -269,8 +307,8 @@ fn plan_fabric(
 
 /// Plans one op on a peer reached through `route`: `local` is the initiator's region, `remote`
 /// the target's descriptor. With `strict`, a GPU-to-GPU op between two agents of one host that
-/// cannot take the IPC path is refused ([`Error::Strict`]) instead of staged. `cuda_here`:
-/// this process can map a peer's GPU memory for a host region ([`crate::Agent::use_cuda`]).
+/// cannot take the IPC path is refused ([`Error::Strict`]) instead of staged. `here`: what this
+/// process can do on an shm route.
 pub(crate) fn plan_op(
     route: &PeerRoute,
     local: &RegionInner,
@@ -278,7 +316,7 @@ pub(crate) fn plan_op(
     tcp_detail: &str,
     fabric: &FabricMem,
     strict: bool,
-    cuda_here: bool,
+    here: Here<'_>,
 ) -> Result<Plan> {
     let local_gpu = local.device().map(|d| d.region.gpu());
     let remote_gpu = match remote.location {
@@ -320,7 +358,7 @@ pub(crate) fn plan_op(
             )
             .into(),
         },
-        _ => plan_shm(route, local_gpu, remote, remote_gpu, &ends, cuda_here),
+        _ => plan_shm(route, local_gpu, remote, remote_gpu, &ends, here),
     };
     if strict
         && local_gpu.is_some()
@@ -338,9 +376,10 @@ fn plan_shm(
     remote: &RegionDesc,
     remote_gpu: Option<u32>,
     ends: &str,
-    cuda_here: bool,
+    here: Here<'_>,
 ) -> Plan {
     let r = &route.reason;
+    let cuda_here = here.cuda;
     let same_host_handle = |ipc: &crate::desc::IpcDesc| {
         if ipc.offset == 0 && ipc.mapped_len() == ipc.len {
             format!("the {} of its allocation", ipc.handle_kind())
@@ -363,7 +402,8 @@ fn plan_shm(
             reason: format!(
                 "{r}; the peer agent is in this very process, and legacy CUDA IPC cannot map a \
                  process's own allocation, so {ends} are staged through the bounce buffer"
-            ).into(),
+            )
+            .into(),
         },
         (Some(a), Some(b)) if let Some(ipc) = remote.ipc.as_ref() => Plan {
             path: Path::Ipc,
@@ -371,7 +411,8 @@ fn plan_shm(
                 "ipc: peer on the same host; its GPU{b} region reached through {}, mapped once \
                  per allocation; copied GPU{a}<->GPU{b} on the copy engines, no host copy",
                 same_host_handle(ipc)
-            ).into(),
+            )
+            .into(),
         },
         (Some(_), Some(_)) => Plan {
             path: Path::ShmStaged,
@@ -379,7 +420,8 @@ fn plan_shm(
                 "{r}; the peer's GPU region has no CUDA IPC handle ({}), so {ends} are staged \
                  through the bounce buffer",
                 remote.no_ipc.as_deref().unwrap_or("the peer sent none")
-            ).into(),
+            )
+            .into(),
         },
         (None, Some(b)) if cuda_here && let Some(ipc) = remote.ipc.as_ref() => Plan {
             path: Path::Ipc,
@@ -389,7 +431,8 @@ fn plan_shm(
                  (cuMemHostRegister) and the copy engine moves the bytes directly, one copy, \
                  no bounce buffer",
                 same_host_handle(ipc)
-            ).into(),
+            )
+            .into(),
         },
         (None, Some(_)) => Plan {
             path: Path::ShmStaged,
@@ -402,30 +445,51 @@ fn plan_shm(
                     (None, Some(why)) => format!("the peer's GPU region has no IPC handle: {why}"),
                     (None, None) => "the peer's GPU region has no IPC handle".to_string(),
                 }
-            ).into(),
+            )
+            .into(),
         },
         (Some(_), None) if remote.shareable => Plan {
             path: Path::Shm,
             reason: format!(
                 "{r}; remote region is agent-allocated (memfd), mapped once; one copy from \
                  {ends} by the driver's pageable copy"
-            ).into(),
+            )
+            .into(),
         },
         (Some(_), None) => Plan {
             path: Path::ShmStaged,
             reason: format!(
                 "{r}; remote region is a borrowed buffer; {ends} copied through the bounce buffer"
-            ).into(),
+            )
+            .into(),
         },
         (None, None) if remote.shareable => Plan {
             path: Path::Shm,
-            reason: format!("{r}; remote region is agent-allocated (memfd), mapped once, one copy").into(),
+            reason: format!("{r}; remote region is agent-allocated (memfd), mapped once, one copy")
+                .into(),
         },
-        (None, None) => Plan {
-            path: Path::ShmStaged,
-            reason: format!(
-                "{r}; remote region is a borrowed buffer (not shareable), two copies through the bounce buffer"
-            ).into(),
+        (None, None) => match here.cma {
+            CmaGrant::Granted { pid } => Plan {
+                path: Path::Cma,
+                reason: format!(
+                    "cma: {}; remote region is a borrowed buffer, copied by the kernel straight \
+                     between the two processes (process_vm_writev/readv to pid {pid}, up to {} \
+                     ops per system call), one copy; a transfer of at most {} KiB in all \
+                     travels inline in the control ring instead",
+                    r.trim_start_matches("shm: "),
+                    gdx_sys::os::CMA_MAX_IOV,
+                    crate::ring::INLINE_MAX >> 10
+                )
+                .into(),
+            },
+            CmaGrant::Refused(why) => Plan {
+                path: Path::ShmStaged,
+                reason: format!(
+                    "{r}; remote region is a borrowed buffer (not shareable), two copies through \
+                     the bounce buffer; no direct copy between the processes: {why}"
+                )
+                .into(),
+            },
         },
     }
 }

@@ -16,7 +16,8 @@
 //! - **Access**: registrations allow remote read and write, so an rkey is handed out only for a
 //!   region open to remote writes; a read-only region is refused over rdma with that reason.
 //! - **Ops**: each op becomes work items over the queue pairs, waited for with the transfer's
-//!   deadline; a completion error fails the op by name. The notification goes on the control
+//!   deadline; a completion error fails the op by name. Consecutive small ops (a block list)
+//!   go as one stream of work requests and one wait (`batch.rs`). The notification goes on the control
 //!   connection after every completion.
 //!
 //! Host memory over this transport runs on every CI run on Soft-RoCE (`tests/rdma_vm.rs` in
@@ -47,6 +48,8 @@ use crate::wire::Msg;
 const QPS_PER_PEER: u16 = 2;
 /// Completion-queue entries per peer connection.
 const CQ_ENTRIES: u32 = 1024;
+
+mod batch;
 
 fn rdma_err(e: impl Into<RdmaError>) -> Error {
     Error::Rdma(Box::new(e.into()))
@@ -422,10 +425,28 @@ fn worker(mut w: Worker, rx: Receiver<Arc<XferState>>, alive: Arc<AtomicBool>) {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
         };
+        // Ops before `batched` completed in a batch; ops before `solo` run one by one (their
+        // batch failed: each op then gets its own verdict, and failover, from `run_op`).
+        let (mut batched, mut solo) = (0, 0);
         for i in 0..xfer.ops.len() {
+            if i < batched {
+                continue;
+            }
             if xfer.expired() {
                 xfer.chunk_done(i, 0, Err(xfer.timeout_error()));
                 continue;
+            }
+            let n = if i < solo {
+                0
+            } else {
+                batch::batch_len(&xfer, i)
+            };
+            if n >= 2 {
+                if w.run_batch(&xfer, i, n) {
+                    batched = i + n;
+                    continue;
+                }
+                solo = i + n;
             }
             let r = w.run_op(&xfer, i);
             if let Err(e) = &r {

@@ -2,7 +2,9 @@
 //! strings and byte strings, counted vectors. The reader is bounds-checked and refuses counts larger
 //! than the bytes left, so a hostile body cannot make it allocate.
 
-use super::{Hello, Msg, RemoteError, ShmOp, MAX_OPS_PER_BEGIN, MAX_STR};
+use super::{
+    BatchEntry, Hello, Msg, RemoteError, ShmOp, MAX_BATCH_ENTRIES, MAX_OPS_PER_BEGIN, MAX_STR,
+};
 use crate::error::{Error, Result};
 use crate::region::{Access, Location, RegionDesc, RegionKey};
 
@@ -467,6 +469,45 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
             put_u32(o, *slots);
             put_u32(o, *slot_bytes);
         }
+        Msg::WriteBatch { xfer, entries } | Msg::ReadBatch { xfer, entries } => {
+            put_u64(o, *xfer);
+            put_u32(o, entries.len() as u32);
+            for e in entries {
+                put_u32(o, e.op);
+                put_u32(o, e.chunk);
+                put_u64(o, e.region);
+                put_u128(o, e.key.0);
+                put_u64(o, e.offset);
+                put_u32(o, e.len);
+            }
+        }
+        Msg::WriteBatchAck { xfer, errors } | Msg::ReadBatchData { xfer, errors } => {
+            put_u64(o, *xfer);
+            put_u32(o, errors.len() as u32);
+            for (i, e) in errors {
+                put_u32(o, *i);
+                put_err(o, e);
+            }
+        }
+        Msg::ShmCmaGrant => {}
+        Msg::ShmCmaProbe { addr, value } => {
+            put_u64(o, *addr);
+            put_u128(o, *value);
+        }
+        Msg::ShmCmaRegion { region, key, write } => {
+            put_u64(o, *region);
+            put_u128(o, key.0);
+            o.push(u8::from(*write));
+        }
+        Msg::ShmCmaAddr {
+            addr,
+            len,
+            writable,
+        } => {
+            put_u64(o, *addr);
+            put_u64(o, *len);
+            o.push(u8::from(*writable));
+        }
     }
 }
 
@@ -623,11 +664,11 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             mac: r.mac()?,
         },
         27 => Msg::Auth { mac: r.mac()? },
-        33 => Msg::Pake {
+        41 => Msg::Pake {
             nonce: r.u128()?,
             msg: r.pake()?,
         },
-        34 => Msg::PakeAuth {
+        42 => Msg::PakeAuth {
             msg: r.pake()?,
             mac: r.mac()?,
         },
@@ -649,6 +690,64 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
         31 => Msg::ShmRing {
             slots: r.u32()?,
             slot_bytes: r.u32()?,
+        },
+        37 | 39 => {
+            let xfer = r.u64()?;
+            let n = r.count(44)?;
+            if n > MAX_BATCH_ENTRIES {
+                return Err(Error::Malformed(format!(
+                    "a batch of {n} entries > {MAX_BATCH_ENTRIES}"
+                )));
+            }
+            let mut entries = Vec::with_capacity(n);
+            for _ in 0..n {
+                entries.push(BatchEntry {
+                    op: r.u32()?,
+                    chunk: r.u32()?,
+                    region: r.u64()?,
+                    key: RegionKey(r.u128()?),
+                    offset: r.u64()?,
+                    len: r.u32()?,
+                });
+            }
+            if kind == 37 {
+                Msg::WriteBatch { xfer, entries }
+            } else {
+                Msg::ReadBatch { xfer, entries }
+            }
+        }
+        38 | 40 => {
+            let xfer = r.u64()?;
+            let n = r.count(32)?;
+            if n > MAX_BATCH_ENTRIES {
+                return Err(Error::Malformed(format!(
+                    "a batch answer with {n} errors > {MAX_BATCH_ENTRIES}"
+                )));
+            }
+            let mut errors = Vec::with_capacity(n);
+            for _ in 0..n {
+                errors.push((r.u32()?, get_err(&mut r)?));
+            }
+            if kind == 38 {
+                Msg::WriteBatchAck { xfer, errors }
+            } else {
+                Msg::ReadBatchData { xfer, errors }
+            }
+        }
+        33 => Msg::ShmCmaGrant,
+        34 => Msg::ShmCmaProbe {
+            addr: r.u64()?,
+            value: r.u128()?,
+        },
+        35 => Msg::ShmCmaRegion {
+            region: r.u64()?,
+            key: RegionKey(r.u128()?),
+            write: r.bool()?,
+        },
+        36 => Msg::ShmCmaAddr {
+            addr: r.u64()?,
+            len: r.u64()?,
+            writable: r.bool()?,
         },
         k => return Err(Error::UnknownFrame(k)),
     };

@@ -26,7 +26,7 @@ pub(crate) const MAX_STR: usize = 4096;
 /// Most ops in one `ShmBegin` (and errors in one `ShmBeginResult`); more is `Malformed`.
 pub const MAX_OPS_PER_BEGIN: usize = 8192;
 /// Highest frame type this version knows.
-pub const MAX_KIND: u8 = 34;
+pub const MAX_KIND: u8 = 42;
 
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +67,28 @@ pub struct Hello {
     /// covered by the identity tag, so a caller that asked for an agent of one cluster is never
     /// served by a namesake of another.
     pub cluster: String,
+}
+
+/// Most entries of one [`Msg::WriteBatch`] or [`Msg::ReadBatch`]: with the frame's head, one
+/// `sendmsg` of at most 1,024 spans (the kernel's `UIO_MAXIOV`).
+pub const MAX_BATCH_ENTRIES: usize = 1023;
+
+/// One op chunk inside a [`Msg::WriteBatch`] or [`Msg::ReadBatch`] (a `Write`'s or `Read`'s
+/// fields, the length explicit since the bytes of several share the payload).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchEntry {
+    /// The op's index in its transfer.
+    pub op: u32,
+    /// The chunk's index in its op.
+    pub chunk: u32,
+    /// Target region id.
+    pub region: u64,
+    /// Key presented.
+    pub key: RegionKey,
+    /// Offset in the target region.
+    pub offset: u64,
+    /// Length.
+    pub len: u32,
 }
 
 /// One op inside an [`Msg::ShmBegin`].
@@ -235,6 +257,52 @@ pub enum Msg {
         slots: u32,
         slot_bytes: u32,
     },
+    /// Shm: asks the target to let this initiator copy straight into and out of its borrowed
+    /// host regions (`cma`); answered by `ShmCmaProbe` or `Err` (declined, with why).
+    ShmCmaGrant,
+    /// The answer to `ShmCmaGrant`: where in the target's memory a 16-byte probe holds `value`,
+    /// for the initiator to read with `process_vm_readv` (the kernel's verdict, and proof that
+    /// the socket's peer pid is the target).
+    ShmCmaProbe {
+        addr: u64,
+        value: u128,
+    },
+    /// Asks for a borrowed host region's address in the target's memory (checked like any op:
+    /// key and access); answered by `ShmCmaAddr` or `Err`.
+    ShmCmaRegion {
+        region: u64,
+        key: RegionKey,
+        write: bool,
+    },
+    /// The answer to `ShmCmaRegion`: the region's byte 0 in the target's address space.
+    ShmCmaAddr {
+        addr: u64,
+        len: u64,
+        writable: bool,
+    },
+    /// A data stream's batch of write chunks (a block list): the payload is their bytes back
+    /// to back; answered by one `WriteBatchAck` once every accepted one landed.
+    WriteBatch {
+        xfer: u64,
+        entries: Vec<BatchEntry>,
+    },
+    /// The answer to `WriteBatch`: the entries refused (index into the batch, why); the rest
+    /// landed.
+    WriteBatchAck {
+        xfer: u64,
+        errors: Vec<(u32, Error)>,
+    },
+    /// A data stream's batch of read chunks; answered by one `ReadBatchData`.
+    ReadBatch {
+        xfer: u64,
+        entries: Vec<BatchEntry>,
+    },
+    /// The answer to `ReadBatch`: the entries refused; the payload is the bytes of the others,
+    /// back to back in batch order.
+    ReadBatchData {
+        xfer: u64,
+        errors: Vec<(u32, Error)>,
+    },
     /// The acceptor's answer to a control `Hello`: its nonce and its SPAKE2 message.
     Pake {
         nonce: u128,
@@ -282,15 +350,23 @@ impl Msg {
             Msg::FabricRegion { .. } => 29,
             Msg::FabricRegionInfo { .. } => 30,
             Msg::ShmRing { .. } => 31,
+            Msg::ShmCmaGrant => 33,
+            Msg::ShmCmaProbe { .. } => 34,
+            Msg::ShmCmaRegion { .. } => 35,
+            Msg::ShmCmaAddr { .. } => 36,
+            Msg::WriteBatch { .. } => 37,
+            Msg::WriteBatchAck { .. } => 38,
+            Msg::ReadBatch { .. } => 39,
+            Msg::ReadBatchData { .. } => 40,
             Msg::RdmaRegionOn { .. } => 32,
-            Msg::Pake { .. } => 33,
-            Msg::PakeAuth { .. } => 34,
+            Msg::Pake { .. } => 41,
+            Msg::PakeAuth { .. } => 42,
         }
     }
 
     /// Whether a frame of this type may carry a payload.
     fn allows_payload(kind: u8) -> bool {
-        kind == 9 || kind == 12
+        matches!(kind, 9 | 12 | 37 | 40)
     }
 }
 

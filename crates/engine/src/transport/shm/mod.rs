@@ -13,6 +13,9 @@
 //! `ShmEnd` so the target's leases cover it); otherwise GPU memory moves by the driver's pageable
 //! copies into the mapped region or the bounce buffer, on whichever side holds the GPU.
 //!
+//! Borrowed remote host regions, where the kernel allows it, take the `cma` path instead
+//! (`cma.rs`): one kernel copy between the processes, many ops per system call.
+//!
 //! Ops are confirmed by the `ShmEnd` reply: if the target dies, every op of the batch fails with
 //! `PeerLost` even if its copy into the (still mapped) memory had finished.
 
@@ -35,6 +38,7 @@ use crate::wire::Msg;
 /// Size of the bounce buffer used for borrowed remote regions.
 pub(crate) const BOUNCE_BYTES: usize = 8 << 20;
 
+mod cma;
 mod ipc;
 mod ring;
 mod ring_begin;
@@ -44,6 +48,7 @@ mod ring_target;
 mod socket;
 mod target;
 
+pub(crate) use cma::CMA_FRAMES_BIT;
 pub(crate) use target::serve_target;
 
 /// Runs transfers over one shm connection: small ones posted into the ring by the submitting
@@ -64,6 +69,8 @@ pub(crate) struct ShmTransport {
     dead: Arc<AtomicBool>,
     /// What waiters drive the transfers posted by the submitting thread through.
     driver: Arc<ring::Driver>,
+    /// Whether ops to the peer's borrowed host regions may take the `cma` path.
+    cma: crate::routing::plan::CmaGrant,
 }
 
 struct Worker {
@@ -84,6 +91,10 @@ struct Worker {
     broken: Option<Error>,
     /// Small transfers posted into the ring and not yet completed, oldest first.
     inflight: VecDeque<ring::Inflight>,
+    /// Whether this process may copy straight into and out of the peer's memory.
+    cma: crate::routing::plan::CmaGrant,
+    /// The peer's borrowed host regions the `cma` path reaches, by remote region id.
+    cma_regions: HashMap<u64, cma::CmaRegion>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -99,13 +110,15 @@ impl ShmTransport {
     /// Connects to the peer's shm socket and joins the control session.
     /// With a session `key` (authenticated session) the socket's server must prove it holds
     /// it: that confirms it is the agent the control connection authenticated, on this host.
-    /// `until`: the connect's handshake deadline.
+    /// `until`: the connect's handshake deadline. `peer_cma`: the peer's `Hello` says its shm
+    /// target understands the cma frames.
     pub(crate) fn connect(
         socket_name: &str,
         (session, token, key): (u128, u128, Option<crate::auth::Mac>),
         cfg: &crate::config::AgentConfig,
         cuda: Arc<std::sync::OnceLock<crate::gpu::LocalPeer>>,
         until: std::time::Instant,
+        peer_cma: bool,
     ) -> Result<Self> {
         let io_timeout = cfg.io_timeout;
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(socket_name.as_bytes())
@@ -171,6 +184,8 @@ impl ShmTransport {
                 )))
             }
         }
+        let pid = crate::mem::peer_pid(conn.raw_fd())?;
+        let cma = cma::probe(&mut conn, pid, peer_cma)?;
         let sock = conn.shutdown_handle()?;
         let ring = ring::RingClient::new(r, conn.raw_fd(), io_timeout);
         let (rc_ring, rc_front) = (Arc::clone(&ring.ring), Arc::clone(&ring.front));
@@ -185,6 +200,8 @@ impl ShmTransport {
             ring: Some(ring),
             broken: None,
             inflight: VecDeque::new(),
+            cma: cma.clone(),
+            cma_regions: HashMap::new(),
         };
         let worker = Arc::new(Mutex::new(w));
         let queued = Arc::new(AtomicUsize::new(0));
@@ -207,7 +224,13 @@ impl ShmTransport {
             queued,
             dead,
             driver,
+            cma,
         })
+    }
+
+    /// Whether ops to the peer's borrowed host regions may take the `cma` path, and why not.
+    pub(crate) fn cma(&self) -> &crate::routing::plan::CmaGrant {
+        &self.cma
     }
 }
 
@@ -300,6 +323,7 @@ impl Transport for ShmTransport {
         let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
         w.imports.clear();
         w.maps.clear();
+        w.cma_regions.clear();
     }
 }
 

@@ -43,7 +43,7 @@ pub(super) fn may_post(xfer: &XferState) -> bool {
         && xfer.notify.is_none()
         && xfer
             .paths()
-            .all(|p| matches!(p, Path::Shm | Path::ShmStaged))
+            .all(|p| matches!(p, Path::Shm | Path::ShmStaged | Path::Cma))
 }
 
 /// Whether `n` may be posted before its state is built (`Worker::post_early`): one op over
@@ -57,7 +57,7 @@ pub(super) fn posts_early(n: &NewTransfer<'_>) -> bool {
         OpKind::Write => op.len <= STAGE_MAX as u64,
         OpKind::Read => op.len <= INLINE_MAX,
     };
-    fits && n.t.notify.is_none() && matches!(plan.path, Path::Shm | Path::ShmStaged)
+    fits && n.t.notify.is_none() && matches!(plan.path, Path::Shm | Path::ShmStaged | Path::Cma)
 }
 
 /// Whether `xfer` goes in one inline slot (all its bytes ≤ `INLINE_MAX`: two copies of that
@@ -114,7 +114,7 @@ pub(super) struct Inflight {
 fn all_inline(xfer: &XferState) -> bool {
     xfer.paths()
         .zip(&xfer.ops)
-        .all(|(p, op)| op.len <= INLINE_MAX && matches!(p, Path::Shm | Path::ShmStaged))
+        .all(|(p, op)| op.len <= INLINE_MAX && matches!(p, Path::Shm | Path::ShmStaged | Path::Cma))
 }
 
 /// Whether op `i` can go through the ring (inline, or leased and copied through a mapping).
@@ -128,7 +128,13 @@ pub(super) fn ring_class(
     big: bool,
 ) -> Option<u32> {
     let op = xfer.op(i);
-    let mapped = *plan == Path::Shm && w.maps.contains_key(&op.remote.id);
+    // A borrowed region the `cma` path reaches is leased the same way, and copied by the
+    // kernel between the processes.
+    let mapped = match plan {
+        Path::Shm => w.maps.contains_key(&op.remote.id),
+        Path::Cma => w.cma_ready(xfer, i),
+        _ => false,
+    };
     if mapped && (big || op.len > INLINE_MAX) {
         return Some(KIND_BEGIN);
     }
@@ -138,7 +144,7 @@ pub(super) fn ring_class(
     if *plan == Path::Ipc && w.imports.contains_key(&op.remote.id) {
         return Some(KIND_BEGIN);
     }
-    if op.len <= INLINE_MAX && matches!(plan, Path::Shm | Path::ShmStaged) {
+    if op.len <= INLINE_MAX && matches!(plan, Path::Shm | Path::ShmStaged | Path::Cma) {
         return Some(KIND_INLINE);
     }
     None

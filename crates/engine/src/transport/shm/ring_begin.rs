@@ -3,6 +3,7 @@
 //! mappings; the submitting thread's posts are in `ring.rs`, inline and short requests in
 //! `ring_inline.rs`.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::ring::{ring_class, ring_ops_iter, Skip, Started};
@@ -15,6 +16,21 @@ use crate::ring::{
 };
 use crate::routing::plan::Path;
 use crate::transfer::{OpKind, XferState};
+
+/// Inline slots `run_ring` keeps posted ahead of the one it completes.
+const RING_AHEAD: usize = 8;
+/// Leased (`BEGIN`) slots `run_ring` keeps posted ahead: each holds up to `MAX_RING_OPS`
+/// leases at the target until its `END` (2 × 1024, well under `max_leases_per_conn`).
+const BEGIN_AHEAD: usize = 2;
+
+/// A slot `run_ring` posted: its ops (a range of the transfer's op list), where, what the
+/// local copy withdrew, its kind (inline, short or begin).
+struct Posted {
+    ops: std::ops::Range<usize>,
+    slot: usize,
+    skip: Skip,
+    kind: u32,
+}
 
 /// Most slots one leased transfer is cut into (`start_begin`).
 const BEGIN_PARTS: usize = 8;
@@ -51,7 +67,11 @@ impl Worker {
                 None => return Ok(false),
             }
         }
-        // Consecutive ops of one class share a slot, up to its op and data limits.
+        // Consecutive ops of one class share a slot, up to its op and data limits. Up to
+        // `RING_AHEAD` slots are posted before the oldest is completed: the target serves one
+        // while this side stages the next (inline) or copies the one before (begin), so a
+        // block list of many slots costs one round trip, not one per slot.
+        let mut posted: VecDeque<Posted> = VecDeque::new();
         let mut start = 0;
         while start < idx.len() {
             let kind = classes[start];
@@ -65,8 +85,21 @@ impl Worker {
                 data += len;
                 end += 1;
             }
-            self.ring_batch(xfer, &idx[start..end], kind)?;
+            let ahead = if kind == KIND_INLINE {
+                RING_AHEAD
+            } else {
+                BEGIN_AHEAD
+            };
+            while posted.len() >= ahead {
+                if let Some(p) = posted.pop_front() {
+                    self.finish_posted(xfer, &idx, p)?;
+                }
+            }
+            posted.push_back(self.post_batch(xfer, &idx, start..end, kind)?);
             start = end;
+        }
+        while let Some(p) = posted.pop_front() {
+            self.finish_posted(xfer, &idx, p)?;
         }
         if let Some(n) = xfer.notify.clone().filter(|_| !xfer.has_failed()) {
             self.send_notify(xfer, n)?;
@@ -74,27 +107,52 @@ impl Worker {
         Ok(true)
     }
 
-    /// One slot: post, wait for `DONE`, then complete (inline) or copy and `END` (begin).
-    fn ring_batch(&mut self, xfer: &XferState, batch: &[usize], kind: u32) -> Result<()> {
+    /// Posts one slot of `run_ring` (ops `idx[ops]`, of class `kind`).
+    fn post_batch(
+        &mut self,
+        xfer: &XferState,
+        idx: &[usize],
+        ops: std::ops::Range<usize>,
+        kind: u32,
+    ) -> Result<Posted> {
+        let batch = &idx[ops.clone()];
         if kind == KIND_INLINE {
             let (slot, skip, kind) = self.post_inline(xfer, batch)?;
-            self.ring_mut()?.wait_state(slot, DONE)?;
-            let skip = self.finish_inline(xfer, batch, (slot, kind), skip)?;
-            xfer.ops_done(
-                batch
-                    .iter()
-                    .enumerate()
-                    .filter(|(j, _)| !skip.get(*j))
-                    .map(|(_, &i)| i),
-            );
-            return Ok(());
+            return Ok(Posted {
+                ops,
+                slot,
+                skip,
+                kind,
+            });
         }
         let rc = self.ring_mut()?;
         let slot = rc.prepare(ring_ops_iter(xfer, batch))?;
         rc.post_slot(slot, kind, xfer.id, batch.len());
-        rc.wait_state(slot, DONE)?;
-        // BEGIN: the target holds a lease on every accepted op until END.
-        self.finish_begin(xfer, batch, slot, Skip::default())
+        Ok(Posted {
+            ops,
+            slot,
+            skip: Skip::default(),
+            kind,
+        })
+    }
+
+    /// Waits for a posted slot's `DONE`, then completes it (inline) or copies and `END`s it
+    /// (begin: the target holds a lease on every accepted op until then).
+    fn finish_posted(&mut self, xfer: &XferState, idx: &[usize], p: Posted) -> Result<()> {
+        let batch = &idx[p.ops];
+        self.ring_mut()?.wait_state(p.slot, DONE)?;
+        if p.kind == KIND_BEGIN {
+            return self.finish_begin(xfer, batch, p.slot, p.skip);
+        }
+        let skip = self.finish_inline(xfer, batch, (p.slot, p.kind), p.skip)?;
+        xfer.ops_done(
+            batch
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| !skip.get(*j))
+                .map(|(_, &i)| i),
+        );
+        Ok(())
     }
 
     /// Posts the `n` ops of `xfer` (`direct_kind`: every one leased, `n <= MAX_RING_OPS`) as
@@ -102,8 +160,12 @@ impl Worker {
     /// that many are free now), so the target checks and leases one part while the initiator
     /// copies the one before (`Worker::reap` completes them in order), else in one slot.
     pub(super) fn start_begin(&mut self, xfer: &XferState, n: usize) -> Result<Started> {
+        // `cma` ops go in one slot: their copy is one system call per slot, and the kernel
+        // moves a call of 1,024 spans faster than eight of 128; the target's leasing, which
+        // parts would overlap with the copies, costs little beside a kernel copy.
+        let all_cma = (0..n).all(|i| xfer.path(i) == Path::Cma);
         let rc = self.ring_mut()?;
-        let chunk = begin_chunk(n);
+        let chunk = if all_cma { n } else { begin_chunk(n) };
         let chunk = if chunk < n && rc.free_ahead(n.div_ceil(chunk)) {
             chunk
         } else {
@@ -165,12 +227,15 @@ impl Worker {
     /// local region and the same remote region, in the same direction, share one local lease and
     /// one mapping look-up (a batch of small ops costs its copies, not per-op bookkeeping).
     /// Returns the ops copied and the error that broke the connection, if one did.
-    fn copy_runs(
+    pub(super) fn copy_runs(
         &self,
         xfer: &XferState,
         batch: &[usize],
         skip: &Skip,
     ) -> (Vec<usize>, Option<Error>) {
+        if let Some(r) = self.copy_runs_cma(xfer, batch, skip) {
+            return r;
+        }
         let mut done = Vec::with_capacity(batch.len());
         let mut j = 0;
         while j < batch.len() {

@@ -1,7 +1,8 @@
 //! The socket path of the shm transport: a transfer the ring does not carry (`Worker::run`:
 //! `ShmBegin`, the copies, `ShmEnd`), the notification, and the copies themselves — once through
 //! the mapped remote region (`copy_direct`), GPU to GPU through a CUDA IPC mapping
-//! (`copy_ipc`), or twice through the bounce buffer (`copy_staged`).
+//! (`copy_ipc`), by the kernel between the processes (`cma.rs`), or twice through the bounce
+//! buffer (`copy_staged`).
 
 use std::os::fd::AsRawFd;
 
@@ -36,18 +37,25 @@ impl Worker {
     fn run(&mut self, xfer: &XferState) -> Result<()> {
         let plans: Vec<Path> = xfer.paths().collect();
         let mut ok = vec![true; xfer.ops.len()];
-        // Map every agent-allocated remote region once.
+        // Map every agent-allocated remote region once; learn where each borrowed one reached
+        // by `cma` lies.
         for (i, op) in xfer.op_refs().enumerate() {
             let again = i > 0 && ok[i - 1] && xfer.op(i - 1).remote.id == op.remote.id;
-            if plans[i] == Path::Shm && !again && !self.maps.contains_key(&op.remote.id) {
-                if let Err(e) = self.map(op.remote.id, op.remote.key, op.remote.access.remote_write)
-                {
-                    if e.is_fatal_for_stream() {
-                        return Err(e);
-                    }
-                    xfer.chunk_done(i, 0, Err(e));
-                    ok[i] = false;
+            let (id, key, write) = (op.remote.id, op.remote.key, op.remote.access.remote_write);
+            let r = match plans[i] {
+                _ if again => Ok(()),
+                Path::Shm if !self.maps.contains_key(&id) => self.map(id, key, write),
+                Path::Cma if !self.cma_regions.contains_key(&id) => {
+                    self.resolve_cma(id, key, op.kind == OpKind::Write)
                 }
+                _ => Ok(()),
+            };
+            if let Err(e) = r {
+                if e.is_fatal_for_stream() {
+                    return Err(e);
+                }
+                xfer.chunk_done(i, 0, Err(e));
+                ok[i] = false;
             }
         }
         if self.run_ring(xfer, &plans, &ok)? {
@@ -71,10 +79,12 @@ impl Worker {
                     let gone = xfer.op(batch[j]).remote.id;
                     self.imports.remove(&gone);
                     self.maps.remove(&gone);
+                    self.cma_regions.remove(&gone);
                 }
                 xfer.chunk_done(batch[j], 0, Err(e));
             }
-            // The ipc ops move as one batched copy (`copy_ipc_ops`), the others one by one.
+            // The ipc ops move as one batched copy (`copy_ipc_ops`), the `cma` ops together in
+            // as few system calls as the kernel takes, the others one by one.
             let ipc: Vec<usize> = (0..batch.len())
                 .filter(|&j| batch_ok[j] && plans[batch[j]] == Path::Ipc)
                 .map(|j| batch[j])
@@ -83,8 +93,21 @@ impl Worker {
             if let Some(e) = fatal {
                 return Err(e);
             }
+            let cma: Vec<usize> = batch
+                .iter()
+                .zip(&batch_ok)
+                .filter(|&(&i, &ok)| ok && plans[i] == Path::Cma)
+                .map(|(&i, _)| i)
+                .collect();
+            if !cma.is_empty() {
+                let (copied, fatal) = self.copy_cma(xfer, &cma);
+                done.extend(copied);
+                if let Some(e) = fatal {
+                    return Err(e);
+                }
+            }
             for (j, &i) in batch.iter().enumerate() {
-                if !batch_ok[j] || plans[i] == Path::Ipc {
+                if !batch_ok[j] || matches!(plans[i], Path::Cma | Path::Ipc) {
                     continue;
                 }
                 if xfer.expired() {
@@ -151,7 +174,7 @@ impl Worker {
 
     /// A request on the socket, after the reply to an earlier `ShmEnd` sent without waiting
     /// (its error, if any, is logged: that transfer's bytes were in place and it completed).
-    fn request(&mut self, msg: &Msg) -> Result<Msg> {
+    pub(super) fn request(&mut self, msg: &Msg) -> Result<Msg> {
         if self.end_unread {
             self.end_unread = false;
             match self.conn.recv_frame(false)? {

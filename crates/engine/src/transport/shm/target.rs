@@ -1,7 +1,8 @@
 //! The shm transport's target half on the socket: region mappings (an fd to map, or a VMM GPU
 //! region's piece), batch begin/end with leases bounded per connection, staged chunks through
-//! the bounce buffer, notifications, and the attachment of the control ring
-//! (`ring_target.rs`, which then serves most requests).
+//! the bounce buffer, notifications, direct copies for the `cma` path (`cma.rs`: the grant and
+//! the borrowed regions' addresses), and the attachment of the control ring (`ring_target.rs`,
+//! which then serves most requests).
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -30,6 +31,8 @@ pub(crate) fn serve_target<S: Serving>(
     let served = agent.served().counters(from, "shm");
     // Declared after `held` so it is dropped first: its thread stops and releases its leases.
     let mut ring: Option<RingServer> = None;
+    // Declared after `ring`, so dropped before it: the Yama exception ends with the connection.
+    let mut cma = super::cma::CmaTarget::default();
     loop {
         trim_fds(c);
         let (msg, payload) = match c.recv_frame(true) {
@@ -175,6 +178,26 @@ pub(crate) fn serve_target<S: Serving>(
                     Arc::clone(&served),
                 )?);
                 c.send(&Msg::Ok)?;
+            }
+            Msg::ShmCmaGrant => {
+                let peer = crate::mem::peer_pid(c.raw_fd())?;
+                match cma.grant(agent.config().shm_cma, peer) {
+                    Ok(m) => c.send(&m)?,
+                    Err(e) => c.send(&Msg::Err(e))?,
+                }
+            }
+            Msg::ShmCmaRegion { region, key, write } => {
+                let r = if agent.config().shm_cma {
+                    super::cma::region_addr(reg, region, key, write)
+                } else {
+                    Err(Error::Unavailable(
+                        "this agent does not let peers copy into its memory directly".into(),
+                    ))
+                };
+                match r {
+                    Ok(m) => c.send(&m)?,
+                    Err(e) => c.send(&Msg::Err(e))?,
+                }
             }
             Msg::Bye => return Ok(()),
             m => {

@@ -84,7 +84,7 @@ impl<'s> Staging<'s> {
     }
 
     /// Counts `n` bytes landed.
-    fn count(&mut self, n: u32) {
+    pub(super) fn count(&mut self, n: u32) {
         let n = u64::from(n);
         self.landed += n;
         for c in [self.tally.rail, self.tally.xfer].into_iter().flatten() {
@@ -141,18 +141,25 @@ impl<'s> Staging<'s> {
     }
 }
 
-/// Runs one stream's share of a transfer. Returns the bytes landed and, on a connection-level
-/// error (the stream is then broken), the chunks not confirmed: those in flight, the one whose
-/// send failed and those not sent.
+/// A request in flight on a stream: one chunk (`Write`/`Read`), or a batch of them
+/// (`WriteBatch`/`ReadBatch`, `batch.rs`).
+enum Sent {
+    One(Chunk),
+    Batch(Vec<Chunk>),
+}
+
+/// Runs one stream's share of a transfer; `batch`: the target takes batch frames. Returns the
+/// bytes landed and, on a connection-level error (the stream is then broken), the chunks not
+/// confirmed: those in flight, the one whose send failed and those not sent.
 pub(super) fn run_job(
     conn: &mut Conn,
     stager: &mut Stager,
     job: &Job,
-    io_timeout: Duration,
+    (io_timeout, batch): (Duration, bool),
     tally: Tally<'_>,
 ) -> (u64, std::result::Result<(), Broke>) {
     let xfer = &job.xfer;
-    let mut inflight: VecDeque<Chunk> = VecDeque::with_capacity(WINDOW);
+    let mut inflight: VecDeque<Sent> = VecDeque::with_capacity(WINDOW);
     let mut next = 0;
     let mut st = Staging::new(stager, 0, tally);
     let res = (|| -> Result<()> {
@@ -165,26 +172,49 @@ pub(super) fn run_job(
                     xfer.chunk_done(c.op as usize, 0, Err(xfer.timeout_error()));
                     continue;
                 }
+                let n = if batch {
+                    super::batch::batchable(xfer, &job.chunks[k..])
+                } else {
+                    0
+                };
+                if n >= 2 {
+                    let sent =
+                        super::batch::send_batch(conn, xfer, &job.chunks[k..k + n], io_timeout)?;
+                    next += n;
+                    if !sent.is_empty() {
+                        inflight.push_back(Sent::Batch(sent));
+                    }
+                    continue;
+                }
                 st.prefetch(xfer, &job.chunks, k, io_timeout);
                 // `next` moves past the chunk only once its request is out: a failed send
                 // leaves it among the unconfirmed.
                 let sent = send_chunk(conn, &mut st, xfer, k, c, io_timeout)?;
                 next += 1;
                 if sent {
-                    inflight.push_back(c);
+                    inflight.push_back(Sent::One(c));
                 }
             }
-            let Some(c) = inflight.front().copied() else {
-                return Ok(());
-            };
-            recv_reply(conn, &mut st, xfer, c, io_timeout)?;
+            match inflight.front_mut() {
+                None => return Ok(()),
+                Some(Sent::One(c)) => recv_reply(conn, &mut st, xfer, *c, io_timeout)?,
+                Some(Sent::Batch(cs)) => {
+                    super::batch::recv_batch(conn, &mut st, xfer, cs, io_timeout)?
+                }
+            }
             inflight.pop_front();
         }
     })();
     // Received GPU chunks complete (or fail) with their copies, whatever happened after.
     st.land(xfer, 0);
     let res = res.map_err(|e| {
-        let mut left: Vec<Chunk> = inflight.into_iter().collect();
+        let mut left: Vec<Chunk> = Vec::new();
+        for s in inflight {
+            match s {
+                Sent::One(c) => left.push(c),
+                Sent::Batch(cs) => left.extend(cs),
+            }
+        }
         left.extend_from_slice(&job.chunks[next..]);
         (e, left)
     });

@@ -23,6 +23,9 @@
 //! not there by then (a stalled peer), and the notification, go to the stream's thread. Anything
 //! larger, or a stream with work queued, goes through the stream's thread as before.
 //!
+//! Block lists: runs of whole small ops of host memory go as one `WriteBatch`/`ReadBatch`
+//! request and one answer per stream (`batch.rs`), not a frame and a reply per op.
+//!
 //! Payloads go from the local region to the socket and from the socket into the local region without
 //! an intermediate buffer. Each chunk is confirmed by the target (`WriteAck` after the payload landed,
 //! or `ReadData`). Reissuing a chunk is safe: a write puts the same bytes at the same place, a read
@@ -41,10 +44,12 @@ use crate::transfer::XferState;
 use crate::transport::Transport;
 use crate::wire::Msg;
 
+mod batch;
 mod chunks;
 mod queue;
 mod target;
 
+pub(crate) use batch::TCP_BATCH_BIT;
 use chunks::{await_replies, fail_chunks, recv_reply, run_job, send_chunk, Broke, Staging, Tally};
 use queue::JobQueue;
 pub(crate) use target::serve_stream;
@@ -227,6 +232,8 @@ struct Net {
     control: Arc<Mutex<Conn>>,
     io_timeout: Duration,
     closed: AtomicBool,
+    /// The target takes block lists as batch frames (`batch.rs`).
+    batch: bool,
 }
 
 /// Runs transfers over a set of joined data streams on one or more rails.
@@ -386,6 +393,7 @@ impl TcpTransport {
         control: Arc<Mutex<Conn>>,
         chunk: u32,
         io_timeout: Duration,
+        batch: bool,
     ) -> Result<Self> {
         let mut workers = Vec::new();
         for (i, (rail, conn)) in streams.into_iter().enumerate() {
@@ -410,6 +418,7 @@ impl TcpTransport {
             control,
             io_timeout,
             closed: AtomicBool::new(false),
+            batch,
         });
         for w in 0..net.workers.len() {
             let n = Arc::clone(&net);
@@ -713,7 +722,7 @@ fn stream_worker(net: &Net, w: usize) {
                     Some(sent) => {
                         await_replies(conn, stager, &job.xfer, sent, net.io_timeout, tally)
                     }
-                    None => run_job(conn, stager, &job, net.io_timeout, tally),
+                    None => run_job(conn, stager, &job, (net.io_timeout, net.batch), tally),
                 };
                 match r {
                     Ok(()) if landed >= MEASURE_BYTES => {

@@ -1,6 +1,7 @@
 //! The tcp transport's target half: a data stream's requests (`Write` chunks landed in the
-//! region, GPU ones through the staging pipeline; `Read` chunks answered from it), each checked
-//! and leased through the registry, replies in request order.
+//! region, GPU ones through the staging pipeline; `Read` chunks answered from it; batches of
+//! host chunks, `batch.rs`), each checked and leased through the registry, replies in request
+//! order.
 //!
 //! GPU regions: a write's payload lands in a pinned slot, its copy to the GPU is queued and the
 //! next frame is received meanwhile; the `WriteAck` goes out once the copy is done (before the
@@ -202,6 +203,16 @@ pub(crate) fn serve_stream<S: Serving>(
                     }
                     Err(err) => op_err(c, (xfer, op, chunk), err)?,
                 }
+            }
+            Msg::WriteBatch { xfer, entries } => {
+                let b = (xfer, entries);
+                super::batch::serve_write_batch(c, reg, lease_wait, served, b, payload)?;
+            }
+            Msg::ReadBatch { xfer, entries } => {
+                if payload != 0 {
+                    return Err(Error::Protocol("payload on a ReadBatch frame".into()));
+                }
+                super::batch::serve_read_batch(c, reg, lease_wait, served, (xfer, entries))?;
             }
             Msg::Bye => return Ok(()),
             m => {
