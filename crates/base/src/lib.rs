@@ -7,6 +7,7 @@
 //! |---|---|
 //! | [`bytesize`] | byte-count parser and formatter (`1GB` = 10^9, `1GiB` = 2^30) |
 //! | [`pattern`] | seeded test pattern, its check and the poison byte |
+//! | [`shed`] | choice of whom to shed from a full table of unfinished connections (network prefixes, fairness) |
 //! | [`stats`] | median / quantile / min / max / σ of a run's samples |
 //! | [`testenv`] | test precondition (`GDX_REQUIRE_HW`), the GPU tests run on, the replay seed |
 
@@ -16,5 +17,6 @@
 
 pub mod bytesize;
 pub mod pattern;
+pub mod shed;
 pub mod stats;
 pub mod testenv;

@@ -29,6 +29,10 @@ pub struct Ctx {
     /// Address of a `gdx serve` agent for the shm/tcp cases (a loopback agent when `None`),
     /// and the name of the region it serves.
     pub peer: Option<(String, String)>,
+    /// The agent `peer` must be (`--peer etcd:NAME`: its name, instance and cluster): every
+    /// connection of the run is checked against it in its own handshake, so a record rewritten
+    /// between the lookup and a case's connect cannot redirect the bytes.
+    pub peer_expect: Option<gdx_engine::Expected>,
     /// Why the topology is missing, or other notes for the header.
     pub notes: Vec<String>,
     /// Address of a `gdx serve --rdma-listen` for the rdma cases (a loopback server in this

@@ -71,6 +71,7 @@ impl AgentCase {
         &self,
         window: u64,
         nics: &[String],
+        expect: Option<&gdx_engine::Expected>,
     ) -> Result<(Agent, Peer, RegionDesc, Option<Loopback>), BenchError> {
         let mut base = AgentConfig::from_env().map_err(BenchError::engine("GDX_* settings"))?;
         if !nics.is_empty() {
@@ -130,9 +131,11 @@ impl AgentCase {
                 )
             }
         };
-        let peer = client
-            .connect(addr.as_str())
-            .map_err(BenchError::engine(format!("connecting to {addr}")))?;
+        let peer = match (expect, lb.is_none()) {
+            (Some(e), true) => client.connect_expecting(addr.as_str(), e),
+            _ => client.connect(addr.as_str()),
+        }
+        .map_err(BenchError::engine(format!("connecting to {addr}")))?;
         let route = peer.route();
         if route.transport != self.want() {
             return Err(BenchError::WrongPath {
@@ -184,7 +187,7 @@ impl BenchCase for AgentCase {
             .saturating_mul(batch * inflight)
             .max(ROTATE_BYTES.min(params.max_size().max(1) * 64))
             .min(ROTATE_BYTES.max(params.max_size()));
-        let (client, peer, remote, lb) = self.connect(want, &ctx.nics)?;
+        let (client, peer, remote, lb) = self.connect(want, &ctx.nics, ctx.peer_expect.as_ref())?;
         let window = remote.len.min(want);
         let mut local = client
             .alloc(window, Access::LOCAL, None)

@@ -127,8 +127,10 @@ pub fn waived_groups(groups: &[WaivedGroup], style: Style) -> String {
             "{}: {}: {}{} [{} case{}]",
             g.scope,
             style.paint(33, "waived"),
-            g.reason,
-            g.fix.as_deref().map_or(String::new(), |f| format!("; {f}")),
+            gdx_topo::printable(&g.reason),
+            g.fix
+                .as_deref()
+                .map_or(String::new(), |f| format!("; {}", gdx_topo::printable(f))),
             g.cases,
             if g.cases == 1 { "" } else { "s" }
         );
@@ -152,7 +154,7 @@ pub fn case(outcome: &CaseOutcome, rows: &[&Row], style: Style) -> String {
                 s,
                 "{title}\n  {}: {}\n",
                 style.paint(33, "WAIVED"),
-                outcome.reason.as_deref().unwrap_or("")
+                gdx_topo::printable(outcome.reason.as_deref().unwrap_or(""))
             );
             return s;
         }
@@ -223,7 +225,12 @@ pub fn case(outcome: &CaseOutcome, rows: &[&Row], style: Style) -> String {
     let mut last = "";
     for (n, size) in notes {
         if n != last {
-            let _ = writeln!(s, "  note ({}): {n}", human_bytes(size));
+            let _ = writeln!(
+                s,
+                "  note ({}): {}",
+                human_bytes(size),
+                gdx_topo::printable(n)
+            );
             last = n;
         }
     }
@@ -232,7 +239,9 @@ pub fn case(outcome: &CaseOutcome, rows: &[&Row], style: Style) -> String {
             s,
             "  {}: {}",
             style.paint(31, "ERROR"),
-            outcome.reason.as_deref().unwrap_or("")
+            // A case's error quotes what a peer or a file said (a server's refusal): escaped,
+            // so it cannot drive the terminal.
+            gdx_topo::printable(outcome.reason.as_deref().unwrap_or(""))
         );
     }
     s.push('\n');
@@ -363,6 +372,24 @@ pub fn summary(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_case_quoting_a_peer_prints_its_controls_escaped() {
+        // What a server may put in its pre-auth error, as gdx bench's ERROR line quotes it.
+        let why = "peer said: max\u{1b}]0;pwned\u{7} \u{1b}[2J\u{9b}31m\u{85}";
+        let spec = crate::mock::cases()
+            .into_iter()
+            .next()
+            .map(|c| c.spec().clone())
+            .unwrap_or_else(|| panic!("no mock case"));
+        for status in [Status::Error, Status::Waived] {
+            let o = CaseOutcome::new(&spec, status, Some(why.into()), 0.0);
+            let s = case(&o, &[], Style::default());
+            assert!(!s.chars().any(|c| c.is_control() && c != '\n'), "{s:?}");
+            assert!(s.contains("\\u{1b}]0;pwned\\u{7}"), "{s}");
+            assert!(s.contains("\\u{9b}31m"), "{s}");
+        }
+    }
 
     #[test]
     fn small_figures_keep_three_significant_digits() {

@@ -47,6 +47,7 @@ enum Command {
     Cp(cmd::cp::CpArgs),
     Nccl(cmd::nccl::NcclArgs),
     Peers(cmd::peers::PeersArgs),
+    Secret(cmd::secret::SecretArgs),
     Stream(cmd::stream::StreamArgs),
     Completions(CompletionsArgs),
 }
@@ -75,6 +76,7 @@ fn main() -> ExitCode {
         Command::Cp(args) => cmd::cp::run(&args),
         Command::Nccl(args) => cmd::nccl::run(&args),
         Command::Peers(args) => cmd::peers::run(&args),
+        Command::Secret(args) => cmd::secret::run(&args),
         Command::Stream(args) => cmd::stream::run(&args),
         Command::Completions(args) => {
             // Into a buffer first: clap_complete panics on a write error (`| head`).

@@ -529,3 +529,91 @@ fn fifo_and_device_destinations_are_refused_at_once() {
         .code(2)
         .stderr(predicate::str::contains("(a character device)"));
 }
+
+/// What a hostile file may name its tensors: ESC, BEL, an OSC title, CSI as one C1 byte, NEL.
+const HOSTILE: &str = "w\u{1b}[2Jx\u{7}y\u{1b}]0;pwned\u{7}z\u{9b}31m\u{85}.";
+
+fn raw_controls(b: &[u8]) -> Vec<char> {
+    String::from_utf8_lossy(b)
+        .chars()
+        .filter(|&c| c.is_control() && c != '\n')
+        .collect()
+}
+
+#[test]
+fn foreign_text_in_a_checkpoint_reaches_the_terminal_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("ckpt\u{1b}[31m");
+    std::fs::create_dir(&sub).unwrap();
+    checkpoint(&sub, "m\u{9d}.safetensors", &[(HOSTILE, 4), ("plain", 2)]);
+    for json in [false, true] {
+        let mut args = vec![
+            "cp".to_string(),
+            "--safetensors".into(),
+            sub.display().to_string(),
+            "host".into(),
+        ];
+        if json {
+            args.push("--json".into());
+        }
+        let out = gdx().args(&args).assert().success();
+        let o = out.get_output();
+        let text = [o.stdout.as_slice(), o.stderr.as_slice()].concat();
+        assert!(
+            raw_controls(&text).is_empty(),
+            "json {json}: {:?}",
+            String::from_utf8_lossy(&text)
+        );
+        if json {
+            // The same value, escaped as JSON: the name round-trips.
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(v["files"][0]["tensors"][1]["name"], HOSTILE);
+        } else {
+            assert!(String::from_utf8_lossy(&o.stdout).contains("\\u{1b}]0;pwned\\u{7}z\\u{9b}31m"));
+        }
+    }
+    // A refusal quoting the hostile name is escaped too.
+    let p = dir.path().join("bad.safetensors");
+    let json = format!(
+        r#"{{"{}":{{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}}}"#,
+        "n\\u001b]0;x\\u0007\\u009b"
+    );
+    let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(json.as_bytes());
+    bytes.extend_from_slice(&[0u8; 8]);
+    std::fs::write(&p, bytes).unwrap();
+    let out = gdx()
+        .args(["cp", "--safetensors", &p.display().to_string(), "host"])
+        .assert()
+        .code(2);
+    let e = &out.get_output().stderr;
+    assert!(
+        raw_controls(e).is_empty(),
+        "{:?}",
+        String::from_utf8_lossy(e)
+    );
+}
+
+#[test]
+fn a_fifo_as_a_checkpoint_or_index_is_refused_without_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("f.safetensors");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    let index = dir.path().join("x.index.json");
+    std::os::unix::fs::symlink("/dev/zero", &index).unwrap();
+    for (p, what) in [(&fifo, "a FIFO"), (&index, "a character device")] {
+        gdx()
+            .args(["cp", "--safetensors", &p.display().to_string(), "host"])
+            .timeout(std::time::Duration::from_secs(60))
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(what));
+    }
+}

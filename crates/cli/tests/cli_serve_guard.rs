@@ -1,6 +1,7 @@
 //! `gdx serve` tells the operator what peers did without letting them drive the terminal
 //! (issue 42 rows 9 and 10): a peer's agent name and notification data come out with ESC
-//! escaped, and refused logins are logged on stderr (they used to vanish: no logger).
+//! escaped, and refused logins are logged on stderr with their source address (they used to
+//! vanish: no logger, and a real client's wrong secret was never seen by the agent).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
@@ -48,31 +49,17 @@ fn peer_strings_are_escaped_and_refused_logins_are_logged() {
     .unwrap();
     let peer = evil.connect(addr.as_str()).unwrap();
     peer.notify(&b"hi\x1b]0;pwned\x07"[..]).unwrap();
-    // A login with a wrong proof (what guessing the secret looks like): refused, and the
-    // refusal is logged.
-    {
-        use gdx_engine::wire::{decode_frame, encode, Hello, Msg};
-        use std::io::Write;
-        let mut s = std::net::TcpStream::connect(addr.as_str()).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let hello = Msg::Hello(Hello {
-            agent_name: "guess".into(),
-            nonce: 1,
-            ..Hello::default()
-        });
-        s.write_all(&encode(&hello, 0)).unwrap();
-        let mut buf = Vec::new();
-        let mut tmp = [0u8; 4096];
-        while !matches!(decode_frame(&buf), Ok(Some((Msg::Challenge { .. }, _, _)))) {
-            let n = s.read(&mut tmp).unwrap();
-            assert!(n > 0, "no Challenge");
-            buf.extend_from_slice(&tmp[..n]);
-        }
-        s.write_all(&encode(&Msg::Auth { mac: [0; 32] }, 0))
-            .unwrap();
-        let mut rest = Vec::new();
-        let _ = s.read_to_end(&mut rest);
-    }
+    // A real client holding the wrong secret (what guessing the secret looks like): refused,
+    // and the refusal is logged with its source address (it used to leave no trace).
+    let guess = Agent::new(AgentConfig {
+        name: "guess".into(),
+        listen: None,
+        secret: Some(Secret::generate().unwrap()),
+        ..AgentConfig::default()
+    })
+    .unwrap();
+    let e = guess.connect(addr.as_str()).expect_err("the wrong secret");
+    assert!(e.to_string().contains("different secrets"), "{e}");
     std::thread::sleep(Duration::from_millis(500));
     drop(server); // killed: its stderr ends
     let mut err = String::new();
@@ -90,8 +77,8 @@ fn peer_strings_are_escaped_and_refused_logins_are_logged() {
         "{err}"
     );
     assert!(
-        err.contains("proof is wrong"),
-        "refused login not logged: {err}"
+        err.contains("failed login from 127.0.0.1:") && err.contains("key confirmation is wrong"),
+        "refused login not logged with its source: {err}"
     );
     let _ = std::fs::remove_file(&secret_path);
 }

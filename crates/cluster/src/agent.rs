@@ -241,6 +241,10 @@ impl ClusterAgent {
     pub fn join(agent: impl Into<Arc<Agent>>, cfg: ClusterConfig) -> Result<ClusterAgent> {
         let agent: Arc<Agent> = agent.into();
         check_name("agent name", agent.name())?;
+        check_name("cluster name", &cfg.cluster)?;
+        // Proved in every handshake from now on: a caller asking for an agent of this cluster
+        // is never served by a namesake of another one holding the same secret.
+        agent.set_cluster(&cfg.cluster);
         let listen = agent.listen_addr().ok_or_else(|| {
             ClusterError::InvalidArgument(
                 "a cluster agent must listen (AgentConfig::listen)".into(),
@@ -382,6 +386,7 @@ impl ClusterAgent {
         let expect = gdx_engine::Expected {
             name: name.to_string(),
             agent_id: u128::from_str_radix(&rec.instance, 16).ok(),
+            cluster: Some(view.cluster().to_string()),
         };
         let peer = self.agent.connect_expecting(rec.listen.as_str(), &expect)?;
         let found = hex(peer.info().agent_id);

@@ -7,14 +7,18 @@
 //! [`HttpLimits::max_headers`] lines) within one deadline ([`HttpLimits::read_timeout`]), the
 //! response is written within [`HttpLimits::write_timeout`]; methods other than GET and HEAD get
 //! 405. At most [`HttpLimits::max_connections`] connections are served at once: a newcomer beyond
-//! shuts the oldest down (so half-sent requests cannot lock a health checker out).
+//! shuts one down, chosen by `gdx_base::shed` (one already answered first, then one that has
+//! sent nothing, from the network and then the address holding the most, ties to the source
+//! whose connections most often ended without a request): a flood of silent or half-sent
+//! connections from other sources cannot lock a slow health checker out, as shedding the oldest
+//! did.
 //! tiny_http, used before, had none of these bounds and served requests of all connections on
 //! one thread.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,7 +35,7 @@ pub struct HttpLimits {
     pub max_head_bytes: usize,
     /// Header lines; beyond, 431.
     pub max_headers: usize,
-    /// Connections served at once; a newcomer beyond shuts the oldest down.
+    /// Connections served at once; a newcomer beyond shuts one down (`gdx_base::shed` chooses).
     pub max_connections: usize,
 }
 
@@ -59,11 +63,26 @@ pub(crate) struct HttpHits {
     pub(crate) refused: AtomicU64,
 }
 
+/// How far an open connection got: nothing sent yet, its request being read, answered.
+const SILENT: u8 = 0;
+const SPOKE: u8 = 1;
+const ANSWERED: u8 = 2;
+
+/// One open connection: its id, source, progress and a handle to shut it down with.
+struct Open {
+    id: u64,
+    addr: Option<IpAddr>,
+    state: Arc<AtomicU8>,
+    sock: TcpStream,
+}
+
 struct Shared {
     limits: HttpLimits,
     stop: AtomicBool,
-    /// Open connections, oldest first (id, a handle to shut it down).
-    open: Mutex<(u64, VecDeque<(u64, TcpStream)>)>,
+    /// Open connections, oldest first.
+    open: Mutex<(u64, VecDeque<Open>)>,
+    /// Which sources' connections ended without a request, lately.
+    record: gdx_base::shed::Record,
     hits: Arc<HttpHits>,
 }
 
@@ -90,6 +109,7 @@ impl HttpServer {
             limits,
             stop: AtomicBool::new(false),
             open: Mutex::new((0, VecDeque::new())),
+            record: gdx_base::shed::Record::default(),
             hits,
         });
         let s = Arc::clone(&shared);
@@ -119,8 +139,8 @@ impl Drop for HttpServer {
         };
         let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
         let g = self.shared.open.lock().unwrap_or_else(|p| p.into_inner());
-        for (_, s) in &g.1 {
-            let _ = s.shutdown(Shutdown::Both);
+        for o in &g.1 {
+            let _ = o.sock.shutdown(Shutdown::Both);
         }
     }
 }
@@ -138,34 +158,67 @@ fn accept<H: Fn(&str) -> Reply + Send + Sync + 'static>(
         let Ok(handle) = conn.try_clone() else {
             continue;
         };
+        let addr = conn.peer_addr().ok().map(|a| a.ip());
+        let state = Arc::new(AtomicU8::new(SILENT));
         let id = {
             let mut g = s.open.lock().unwrap_or_else(|p| p.into_inner());
             let (next, q) = &mut *g;
             while q.len() >= s.limits.max_connections {
-                let Some((_, old)) = q.pop_front() else { break };
-                let _ = old.shutdown(Shutdown::Both);
+                let Some(old) = shed(s, q) else { break };
+                let _ = old.sock.shutdown(Shutdown::Both);
                 s.hits.evicted.fetch_add(1, Ordering::Relaxed);
-                log::debug!("gdx metrics: max_connections reached, oldest connection closed");
+                log::debug!(
+                    "gdx metrics: max_connections reached, a connection from {} closed",
+                    old.addr.map_or("?".into(), |a| a.to_string())
+                );
             }
             *next += 1;
-            q.push_back((*next, handle));
+            q.push_back(Open {
+                id: *next,
+                addr,
+                state: Arc::clone(&state),
+                sock: handle,
+            });
             *next
         };
         let (s2, h) = (Arc::clone(s), Arc::clone(handler));
         let spawned = std::thread::Builder::new()
             .name("gdx-metrics-conn".into())
             .spawn(move || {
-                serve(&s2, conn, &*h);
+                serve(&s2, conn, &state, &*h);
                 let mut g = s2.open.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(i) = g.1.iter().position(|(x, _)| *x == id) {
+                if let Some(i) = g.1.iter().position(|o| o.id == id) {
                     g.1.remove(i);
                 }
             });
         if spawned.is_err() {
             let mut g = s.open.lock().unwrap_or_else(|p| p.into_inner());
-            g.1.retain(|(x, _)| *x != id);
+            g.1.retain(|o| o.id != id);
         }
     }
+}
+
+/// Takes the connection to shed from a full table: one already answered (it only lingers),
+/// else `gdx_base::shed`'s choice.
+fn shed(s: &Shared, q: &mut VecDeque<Open>) -> Option<Open> {
+    use gdx_base::shed::{victim, Entry, Group};
+    let i = match q
+        .iter()
+        .position(|o| o.state.load(Ordering::Relaxed) == ANSWERED)
+    {
+        Some(i) => i,
+        None => {
+            let entries: Vec<Entry> = q
+                .iter()
+                .map(|o| Entry {
+                    addr: o.addr,
+                    silent: o.state.load(Ordering::Relaxed) == SILENT,
+                })
+                .collect();
+            victim(&entries, Group::Prefix, &s.record)?
+        }
+    };
+    q.remove(i)
 }
 
 /// Why a request head was refused.
@@ -175,7 +228,11 @@ enum Bad {
 }
 
 /// Reads the request head (bounded in bytes, lines and time); returns method and path.
-fn read_head(s: &Shared, c: &mut TcpStream) -> std::result::Result<(String, String), Bad> {
+fn read_head(
+    s: &Shared,
+    c: &mut TcpStream,
+    state: &AtomicU8,
+) -> std::result::Result<(String, String), Bad> {
     let l = &s.limits;
     let until = Instant::now() + l.read_timeout;
     let mut buf = vec![0u8; l.max_head_bytes];
@@ -200,7 +257,10 @@ fn read_head(s: &Shared, c: &mut TcpStream) -> std::result::Result<(String, Stri
         }
         match c.read(&mut buf[n..]) {
             Ok(0) => return Err(Bad::Gone),
-            Ok(k) => n += k,
+            Ok(k) => {
+                n += k;
+                state.store(SPOKE, Ordering::Relaxed);
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e)
                 if matches!(
@@ -228,9 +288,17 @@ fn read_head(s: &Shared, c: &mut TcpStream) -> std::result::Result<(String, Stri
     Ok((method.to_string(), path))
 }
 
-fn serve(s: &Shared, mut c: TcpStream, handler: &dyn Fn(&str) -> Reply) {
+fn serve(s: &Shared, mut c: TcpStream, state: &AtomicU8, handler: &dyn Fn(&str) -> Reply) {
     let _ = c.set_write_timeout(Some(s.limits.write_timeout));
-    let (code, ctype, body, head_only) = match read_head(s, &mut c) {
+    let head = read_head(s, &mut c, state);
+    if head.is_err() {
+        // No request came (evicted, timed out, closed) or a bad one: its source is shed first
+        // next time among sources holding as many.
+        if let Ok(a) = c.peer_addr() {
+            s.record.failed(a.ip());
+        }
+    }
+    let (code, ctype, body, head_only) = match head {
         Ok((m, path)) if m == "GET" || m == "HEAD" => {
             let (code, ctype, body) = handler(&path);
             (code, ctype, body, m == "HEAD")
@@ -273,6 +341,12 @@ fn serve(s: &Shared, mut c: TcpStream, handler: &dyn Fn(&str) -> Reply) {
     let _ = c.write_all(head.as_bytes());
     if !head_only {
         let _ = c.write_all(body.as_bytes());
+    }
+    state.store(ANSWERED, Ordering::Relaxed);
+    if code < 400 {
+        if let Ok(a) = c.peer_addr() {
+            s.record.finished(a.ip());
+        }
     }
     // Unread pipelined requests are dropped with the connection; a little of what the client
     // still sends is read first (bounded), so that closing with unread input (a TCP reset)

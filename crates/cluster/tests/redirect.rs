@@ -40,3 +40,32 @@ fn a_redirected_record_fails_naming_the_agent_reached() {
     assert!(kv_b.bytes().unwrap().iter().all(|&x| x == 0));
     drop((a, b));
 }
+
+/// Issue 54: the cluster was not part of an agent's identity. An etcd record of `a` in cluster
+/// c1 rewritten to point at agent `a` of cluster c2 (same secret, its instance id copied from
+/// etcd) was accepted, and writes went into c2's agent. The cluster is now in the identity
+/// tag, and the caller asks for its own: refused, naming the cluster reached.
+#[test]
+fn a_record_pointing_at_a_namesake_of_another_cluster_is_refused() {
+    let etcd = etcd();
+    let url = etcd.url();
+    let (a1, _kv1) = join_with_kv(&url, "c1", 30, 1 << 16);
+    let (a2, kv2) = join_with_kv(&url, "c2", 30, 1 << 16);
+    let c = join(&url, "c1", "client", 30);
+    drop(c.connect_named("a").expect("the genuine record connects"));
+    let v1 = gdx_cluster::ClusterView::connect(&gdx_cluster::EtcdOptions::new(&url), "c1").unwrap();
+    let v2 = gdx_cluster::ClusterView::connect(&gdx_cluster::EtcdOptions::new(&url), "c2").unwrap();
+    // c2's a, under c1's key: its address and instance, the same name.
+    let forged = v2.lookup("a").unwrap();
+    etcd.put("/gdx/c1/agents/a", &serde_json::to_string(&forged).unwrap())
+        .unwrap();
+    assert_eq!(v1.lookup("a").unwrap().instance, forged.instance);
+    let err = match c.connect_named("a") {
+        Ok(_) => panic!("connected to c2's a through c1's forged record"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("of cluster \"c2\""), "{err}");
+    assert!(err.contains("of cluster \"c1\""), "{err}");
+    assert!(kv2.bytes().unwrap().iter().all(|&x| x == 0));
+    drop((a1, a2));
+}

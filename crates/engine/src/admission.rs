@@ -2,39 +2,25 @@
 //!
 //! Open connections are capped in total and per address (refused beyond). Connections still in
 //! their handshake ("pending") are capped per address, per network (/24, /64; all of 127/8 is
-//! one) and in total, and when a cap is reached the **oldest** pending connection of that
-//! scope is evicted (shut down), silent ones first — the newcomer is never refused. So a peer
-//! that holds or keeps reopening silent connections only ever evicts its own, and a legitimate
-//! peer, which speaks at once, gets in.
+//! one) and in total, and when a cap is reached one pending connection of that scope is evicted
+//! (shut down) — the newcomer is never refused. The victim is chosen by `gdx_base::shed`:
+//! silent ones first, then from the network (for the total cap) or the address (for a
+//! network's cap) holding the most, ties going to the source whose connections most often ended
+//! without authenticating; age decides only inside that group. So a flood evicts its own
+//! connections, not a slow legitimate peer's, unless it comes from that peer's own network.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use gdx_base::shed::{self, Group};
+
 use crate::conn::Sock;
 use crate::limits::{LimitHits, Limits};
 
-/// The network a pending slot counts against: an IPv4 /24 (all of 127/8 for loopback, where
-/// every address is the same host), an IPv6 /64 (IPv4-mapped addresses as IPv4).
-pub(crate) fn network(a: IpAddr) -> IpAddr {
-    let v4 = match a {
-        IpAddr::V4(v4) => Some(v4),
-        IpAddr::V6(v6) => v6.to_ipv4_mapped(),
-    };
-    match (v4, a) {
-        (Some(v4), _) if v4.is_loopback() => IpAddr::from([127, 0, 0, 0]),
-        (Some(v4), _) => {
-            let o = v4.octets();
-            IpAddr::from([o[0], o[1], o[2], 0])
-        }
-        (None, IpAddr::V6(v6)) => {
-            let s = v6.segments();
-            IpAddr::from([s[0], s[1], s[2], s[3], 0, 0, 0, 0])
-        }
-        (None, IpAddr::V4(v4)) => IpAddr::V4(v4),
-    }
-}
+/// The network a pending slot counts against (`gdx_base::shed::prefix`).
+pub(crate) use gdx_base::shed::prefix as network;
 
 /// Whether bytes (or the peer's close) wait on `s`, without waiting.
 fn readable(s: &Sock) -> bool {
@@ -45,6 +31,9 @@ fn readable(s: &Sock) -> bool {
 
 /// Whether a pending connection is inside the scope whose cap was reached.
 type InScope<'a> = dyn Fn(&Pending) -> bool + 'a;
+
+/// A full scope: the bound's name, its limit, who is inside, and how they are grouped.
+type Scope<'a> = (&'static str, usize, &'a InScope<'a>, Group);
 
 /// One pending connection.
 #[derive(Debug)]
@@ -64,6 +53,8 @@ pub(crate) struct Gate {
     total: AtomicUsize,
     per_addr: Mutex<HashMap<IpAddr, usize>>,
     pending: Mutex<(u64, VecDeque<Pending>)>,
+    /// Which sources' connections ended without authenticating, lately.
+    record: shed::Record,
 }
 
 /// One admitted connection; releases its counts on drop.
@@ -87,6 +78,9 @@ impl Gate {
     ) -> Option<Slot> {
         if self.total.fetch_add(1, Ordering::SeqCst) >= l.max_connections {
             self.total.fetch_sub(1, Ordering::SeqCst);
+            if let Some(a) = addr {
+                self.record.failed(a);
+            }
             hits.hit(
                 &hits.connections,
                 &format!("max_connections ({}) open", l.max_connections),
@@ -99,6 +93,7 @@ impl Gate {
             if *n >= l.max_connections_per_addr {
                 drop(m);
                 self.total.fetch_sub(1, Ordering::SeqCst);
+                self.record.failed(a);
                 hits.hit(
                     &hits.connections_per_addr,
                     &format!(
@@ -114,24 +109,33 @@ impl Gate {
         let (next, q) = &mut *g;
         let same_addr = |p: &Pending| p.addr == addr;
         let same_net = |p: &Pending| p.addr.map(network) == addr.map(network);
-        // The narrowest scope that is full decides whom to evict.
-        let scope: Option<(&str, usize, &InScope)> =
+        // The narrowest scope that is full decides whom to evict, and how its connections are
+        // grouped: one address by age; one network by address; the whole table by network.
+        let all = |_: &Pending| true;
+        let scope: Option<Scope> =
             if q.iter().filter(|p| same_addr(p)).count() >= l.max_pending_per_addr {
-                Some(("max_pending_per_addr", l.max_pending_per_addr, &same_addr))
+                let n = l.max_pending_per_addr;
+                Some(("max_pending_per_addr", n, &same_addr, Group::One))
             } else if q.iter().filter(|p| same_net(p)).count() >= l.max_pending_per_net {
-                Some(("max_pending_per_net", l.max_pending_per_net, &same_net))
+                let n = l.max_pending_per_net;
+                Some(("max_pending_per_net", n, &same_net, Group::Address))
             } else if q.len() >= l.max_pending {
-                Some(("max_pending", l.max_pending, &|_: &Pending| true))
+                Some(("max_pending", l.max_pending, &all, Group::Prefix))
             } else {
                 None
             };
-        if let Some((bound, limit, inside)) = scope {
+        if let Some((bound, limit, inside, group)) = scope {
             // Silent: no frame read and no byte waiting (a legitimate peer sends its first
             // frame right after connecting, often before its serving thread ran).
-            let victim = q
+            let idx: Vec<usize> = (0..q.len()).filter(|&i| inside(&q[i])).collect();
+            let entries: Vec<shed::Entry> = idx
                 .iter()
-                .position(|p| inside(p) && !p.spoke && !readable(&p.sock))
-                .or_else(|| q.iter().position(inside));
+                .map(|&i| shed::Entry {
+                    addr: q[i].addr,
+                    silent: !q[i].spoke && !readable(&q[i].sock),
+                })
+                .collect();
+            let victim = shed::victim(&entries, group, &self.record).map(|j| idx[j]);
             if let Some(old) = victim.and_then(|i| q.remove(i)) {
                 old.sock.shutdown();
                 let from = old
@@ -140,9 +144,14 @@ impl Gate {
                 hits.hit(
                     &hits.evictions,
                     &format!(
-                        "{bound} ({limit}) handshakes in progress: the oldest{} one, from \
-                         {from}, evicted for a new one",
-                        if old.spoke { "" } else { " silent" }
+                        "{bound} ({limit}) handshakes in progress: a{} one from {from} \
+                         (its {} holds the most) evicted for a new one",
+                        if old.spoke { "" } else { " silent" },
+                        match group {
+                            Group::Prefix => "network",
+                            Group::Address => "address",
+                            Group::One => "address, oldest",
+                        }
                     ),
                 );
             }
@@ -180,17 +189,28 @@ impl Slot {
         }
     }
 
-    /// The connection authenticated: it no longer counts as pending.
+    /// The connection authenticated: it no longer counts as pending, and its address's record
+    /// of failed handshakes is cleared.
     pub(crate) fn authenticated(&mut self) {
         if let Some(id) = self.pending.take() {
             self.gate.forget(id);
+            if let Some(a) = self.addr {
+                self.gate.record.finished(a);
+            }
         }
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.authenticated();
+        if let Some(id) = self.pending.take() {
+            // Ended without authenticating (evicted, timed out, refused, closed): its source
+            // is shed first next time among sources holding as many.
+            self.gate.forget(id);
+            if let Some(a) = self.addr {
+                self.gate.record.failed(a);
+            }
+        }
         self.gate.total.fetch_sub(1, Ordering::SeqCst);
         if let Some(a) = self.addr {
             let mut m = self.gate.per_addr.lock().unwrap_or_else(|p| p.into_inner());
@@ -207,17 +227,6 @@ impl Drop for Slot {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn networks_group_loopback_v4_24_and_v6_64() {
-        let n = |s: &str| network(s.parse().unwrap_or_else(|e| panic!("{e}")));
-        assert_eq!(n("127.0.0.1"), n("127.9.8.7"));
-        assert_eq!(n("10.1.2.3"), n("10.1.2.200"));
-        assert_ne!(n("10.1.2.3"), n("10.1.3.3"));
-        assert_eq!(n("::ffff:10.1.2.3"), n("10.1.2.9"));
-        assert_eq!(n("2001:db8:1:2::1"), n("2001:db8:1:2:ffff::9"));
-        assert_ne!(n("2001:db8:1:2::1"), n("2001:db8:1:3::1"));
-    }
 
     fn sock() -> (Sock, std::os::unix::net::UnixStream) {
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));

@@ -85,6 +85,8 @@ pub(crate) struct AgentInner {
     /// [`Agent::register_gpu`]): with it a host region reaches a same-host peer's GPU memory
     /// through that memory's IPC handle, page-locked and copied once, instead of staged.
     pub(crate) cuda: Arc<OnceLock<LocalPeer>>,
+    /// The cluster this agent proves it belongs to ([`Agent::set_cluster`]; empty: none).
+    pub(crate) cluster: Mutex<String>,
 }
 
 impl crate::transport::Serving for AgentInner {
@@ -255,6 +257,7 @@ impl Agent {
             fabric,
             rails: Mutex::default(),
             cuda: Arc::new(OnceLock::new()),
+            cluster: Mutex::default(),
         });
         if let Ok(node) = &inner.fabric {
             let _ = inner.registry.fabric.set(Arc::clone(node));
@@ -295,6 +298,22 @@ impl Agent {
     /// The agent's random id.
     pub fn id(&self) -> u128 {
         self.inner.id
+    }
+
+    /// Sets the cluster this agent says, and proves in every handshake, it belongs to
+    /// (`gdx_cluster::ClusterAgent::join` sets it): a peer that asks for an agent of cluster
+    /// `c1` ([`Expected::cluster`](crate::Expected)) refuses a namesake of another cluster.
+    pub fn set_cluster(&self, cluster: &str) {
+        *self.inner.cluster.lock().unwrap_or_else(|p| p.into_inner()) = cluster.to_string();
+    }
+
+    /// The cluster set by [`Agent::set_cluster`] (empty: none).
+    pub fn cluster(&self) -> String {
+        self.inner
+            .cluster
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The host id peers compare to decide on shared memory.

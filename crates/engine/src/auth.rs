@@ -1,11 +1,17 @@
-//! Peer authentication: a shared secret and a mutual HMAC-SHA256 challenge–response.
+//! Peer authentication: a shared secret, proved on the control connection with SPAKE2 (a
+//! password-authenticated key exchange) and on every joining connection with an HMAC-SHA256
+//! challenge–response under the session key that exchange made.
 //!
-//! Every connection an agent accepts (control, tcp data stream, shm socket) starts with the
-//! initiator's nonce; the acceptor answers `Challenge` (its own nonce and its proof), the
-//! initiator checks that proof and answers `Auth` (its proof); only then does the acceptor say
-//! anything about its regions, map any fd or touch any memory. The control connection proves
-//! knowledge of the agent secret and derives a session key from both nonces; data streams and
-//! the shm socket prove knowledge of that session key, which binds them to the authenticated
+//! The control connection starts with the initiator's `Hello`; the acceptor answers `Pake` (its
+//! nonce and SPAKE2 message), the initiator answers `PakeAuth` (its SPAKE2 message and its key
+//! confirmation), and only once that confirmation checks does the acceptor create a session and
+//! answer `Hello`, whose identity tag is its own key confirmation. No message either side sends
+//! can be tested against guessed secrets offline: a SPAKE2 message is a random-looking group
+//! element, and a confirmation is keyed by a secret-dependent value the sender's peer can only
+//! compute for the one guess it committed to in its own message (one online guess per
+//! connection, each one logged and counted by the acceptor). Data streams and the shm socket
+//! prove knowledge of the session key (a uniformly random 256-bit value, so an HMAC
+//! challenge–response under it leaks nothing guessable), which binds them to the authenticated
 //! session (the key never crosses the wire). The labels differ per role and per connection kind,
 //! so no proof can be reflected or replayed elsewhere. See `docs/wire-protocol.md`.
 
@@ -15,6 +21,7 @@ use std::sync::Arc;
 
 use hmac::{Hmac, Mac as _};
 use sha2::Sha256;
+use spake2::{Ed25519Group, Identity, Password, Spake2};
 
 use crate::conn::Conn;
 use crate::error::{Error, Result};
@@ -23,8 +30,13 @@ use crate::wire::Msg;
 /// An HMAC-SHA256 output.
 pub(crate) type Mac = [u8; 32];
 
-/// Shortest secret accepted (bytes).
+/// Shortest secret accepted (bytes). A PAKE stops offline guessing, not online guessing: a
+/// secret this long (the 32 random hex digits of `gdx secret` hold 128 bits) survives any number
+/// of logins an attacker can make, each of which the acceptor logs and counts.
 pub const MIN_SECRET_BYTES: usize = 16;
+
+/// A SPAKE2 message (Ed25519): a side byte and a compressed point.
+pub(crate) type PakeMsg = [u8; 33];
 
 /// The shared secret peers prove they hold. `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]
@@ -45,7 +57,8 @@ impl Secret {
         let b = b.into();
         if b.len() < MIN_SECRET_BYTES {
             return Err(Error::InvalidArgument(format!(
-                "a secret needs at least {MIN_SECRET_BYTES} bytes, got {}",
+                "a secret needs at least {MIN_SECRET_BYTES} bytes, got {}; make one with \
+                 `gdx secret > FILE` (32 random hex digits)",
                 b.len()
             )));
         }
@@ -161,13 +174,124 @@ pub(crate) fn mac_eq(a: &Mac, b: &Mac) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The key a control session derives for its data streams and shm socket.
-pub(crate) fn session_key(secret: &[u8], ctx: &[u8], cn: u128, sn: u128) -> Mac {
+/// The key a control session derives from the exchange's key `k` for its data streams and shm
+/// socket (and the acceptor's identity tag).
+pub(crate) fn session_key(k: &Mac, ctx: &[u8], cn: u128, sn: u128) -> Mac {
     mac(
-        secret,
-        "gdx/3 session key",
+        k,
+        "gdx/7 session key",
         &[ctx, &cn.to_le_bytes(), &sn.to_le_bytes()],
     )
+}
+
+/// SPAKE2's identities: the two roles, so neither side's message can be reflected back to it.
+fn pake_ids() -> (Identity, Identity) {
+    (
+        Identity::new(b"gdx/7 initiator"),
+        Identity::new(b"gdx/7 acceptor"),
+    )
+}
+
+/// One side's SPAKE2 state, waiting for the other side's message.
+pub(crate) struct Pake {
+    state: Spake2<Ed25519Group>,
+    /// This side's message, for the peer.
+    pub(crate) msg: PakeMsg,
+}
+
+impl Pake {
+    /// Starts the exchange as the initiator (`initiator`) or the acceptor, from the secret.
+    ///
+    /// # Errors
+    /// [`Error::Protocol`] if the library's message has an unexpected length (a version skew).
+    pub(crate) fn start(secret: &Secret, initiator: bool) -> Result<Pake> {
+        let (a, b) = pake_ids();
+        let pw = Password::new(secret.bytes());
+        let (state, msg) = if initiator {
+            Spake2::<Ed25519Group>::start_a(&pw, &a, &b)
+        } else {
+            Spake2::<Ed25519Group>::start_b(&pw, &a, &b)
+        };
+        let msg = msg.try_into().map_err(|m: Vec<u8>| {
+            Error::Protocol(format!("SPAKE2 message of {} bytes", m.len()))
+        })?;
+        Ok(Pake { state, msg })
+    }
+
+    /// Finishes with the peer's message: the shared key, equal on both sides only when both
+    /// hold the same secret (nothing here says whether they do; the confirmations do).
+    ///
+    /// # Errors
+    /// [`Error::AuthFailed`] when the peer's message is not a valid one for its role.
+    pub(crate) fn finish(self, theirs: &PakeMsg, what: &str) -> Result<Mac> {
+        let k = self.state.finish(theirs).map_err(|e| {
+            Error::AuthFailed(format!(
+                "{what}: the peer's SPAKE2 message is invalid ({e})"
+            ))
+        })?;
+        k.try_into()
+            .map_err(|k: Vec<u8>| Error::Protocol(format!("SPAKE2 key of {} bytes", k.len())))
+    }
+}
+
+/// The initiator's key confirmation on the control connection: it holds the exchange's key.
+pub(crate) fn control_confirm(k: &Mac, ctx: &[u8], cn: u128, sn: u128) -> Mac {
+    mac(
+        k,
+        "gdx/7 control initiator",
+        &[ctx, &cn.to_le_bytes(), &sn.to_le_bytes()],
+    )
+}
+
+/// The acceptor's half of the control exchange: sends `Pake` (its nonce and SPAKE2 message),
+/// then checks the initiator's `PakeAuth`. Returns the session key; the acceptor's own key
+/// confirmation is the identity tag of its `Hello` (`session::identity_tag`), sent only after
+/// the initiator proved itself. `ctx` is the initiator's agent id (LE), `cn` its nonce.
+pub(crate) fn accept_control(c: &mut Conn, secret: &Secret, ctx: &[u8], cn: u128) -> Result<Mac> {
+    let sn = crate::mem::random_u128()?;
+    let p = Pake::start(secret, false)?;
+    c.send(&Msg::Pake {
+        nonce: sn,
+        msg: p.msg,
+    })?;
+    match c.recv_frame(false)? {
+        (Msg::PakeAuth { msg, mac: m }, 0) => {
+            let k = p.finish(&msg, "control")?;
+            if mac_eq(&m, &control_confirm(&k, ctx, cn, sn)) {
+                Ok(session_key(&k, ctx, cn, sn))
+            } else {
+                Err(Error::AuthFailed(
+                    "control: the initiator's key confirmation is wrong (it holds a different \
+                     secret)"
+                        .into(),
+                ))
+            }
+        }
+        (m, _) => Err(Error::AuthFailed(format!(
+            "control: expected PakeAuth, got frame type {}",
+            m.kind()
+        ))),
+    }
+}
+
+/// The initiator's half, once the acceptor's `Pake` arrived: finishes the exchange and sends
+/// `PakeAuth` (its message and key confirmation). Returns the session key, which the
+/// acceptor's identity tag must then prove (`peer::identity::check`).
+pub(crate) fn answer_control(
+    c: &mut Conn,
+    secret: &Secret,
+    ctx: &[u8],
+    cn: u128,
+    (sn, theirs): (u128, PakeMsg),
+) -> Result<Mac> {
+    let p = Pake::start(secret, true)?;
+    let mine = p.msg;
+    let k = p.finish(&theirs, "control")?;
+    c.send(&Msg::PakeAuth {
+        msg: mine,
+        mac: control_confirm(&k, ctx, cn, sn),
+    })?;
+    Ok(session_key(&k, ctx, cn, sn))
 }
 
 /// The acceptor's half: sends `Challenge` (fresh nonce, proof under `key`), then checks the
@@ -272,6 +396,30 @@ mod tests {
             hex,
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
+    }
+
+    #[test]
+    fn pake_agrees_only_on_the_same_secret() {
+        let s = Secret::from_bytes(b"0123456789abcdef".to_vec()).unwrap_or_else(|e| panic!("{e}"));
+        let t = Secret::from_bytes(b"0123456789abcdeg".to_vec()).unwrap_or_else(|e| panic!("{e}"));
+        let run = |x: &Secret, y: &Secret| {
+            let a = Pake::start(x, true).unwrap_or_else(|e| panic!("{e}"));
+            let b = Pake::start(y, false).unwrap_or_else(|e| panic!("{e}"));
+            let (am, bm) = (a.msg, b.msg);
+            let ka = a.finish(&bm, "t").unwrap_or_else(|e| panic!("{e}"));
+            let kb = b.finish(&am, "t").unwrap_or_else(|e| panic!("{e}"));
+            (ka, kb)
+        };
+        let (ka, kb) = run(&s, &s);
+        assert!(mac_eq(&ka, &kb));
+        let (ka, kb) = run(&s, &t);
+        assert!(!mac_eq(&ka, &kb));
+        // Two runs with one secret make different keys (fresh scalars each time).
+        assert!(!mac_eq(&run(&s, &s).0, &ka));
+        // A message reflected back (the initiator's own) is not accepted as the acceptor's.
+        let a = Pake::start(&s, true).unwrap_or_else(|e| panic!("{e}"));
+        let own = a.msg;
+        assert!(a.finish(&own, "t").is_err());
     }
 
     #[test]

@@ -91,6 +91,7 @@ pub use gpu::{
     PinnedRegion, Span, StagedTuning,
 };
 pub use limits::{LimitHits, Limits};
+pub use notes::MAX_NOTIFICATION_BYTES;
 pub use peer::{Expected, Peer, PreparedTransfer};
 pub use rails::{PeerRails, RailInfo, RailState, MAX_RAILS};
 pub use region::{

@@ -11,6 +11,25 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::limits::LimitHits;
 
+/// Largest notification a sender may send (a transfer's, or [`crate::Peer::notify`]'s): checked
+/// before anything is sent, so an oversized one is refused locally instead of making the peer
+/// close the connection.
+pub const MAX_NOTIFICATION_BYTES: usize = 64 << 10;
+
+/// Refuses a notification of `len` bytes over [`MAX_NOTIFICATION_BYTES`].
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming both sizes.
+pub(crate) fn check_size(len: usize) -> Result<()> {
+    if len > MAX_NOTIFICATION_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "notification of {len} bytes is larger than {MAX_NOTIFICATION_BYTES} \
+             (MAX_NOTIFICATION_BYTES); send bulk data as a transfer and notify with a short message"
+        )));
+    }
+    Ok(())
+}
+
 /// A small message a peer delivered after a transfer's data was in place (or sent on its own with
 /// [`crate::Peer::notify`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -89,15 +89,24 @@ impl Drop for Member {
     }
 }
 
-/// The acceptor's identity tag: its name and instance id bound to the session under the
-/// session key (the first 16 bytes of the MAC).
-pub(crate) fn identity_tag(key: &Mac, name: &str, agent_id: u128, session: u128) -> u128 {
+/// The acceptor's identity tag: its name, cluster and instance id bound to the session under
+/// the session key (the first 16 bytes of the MAC). It is also the acceptor's SPAKE2 key
+/// confirmation: only a holder of the secret can compute the session key.
+pub(crate) fn identity_tag(
+    key: &Mac,
+    name: &str,
+    cluster: &str,
+    agent_id: u128,
+    session: u128,
+) -> u128 {
     let m = mac(
         key,
-        "gdx/5 acceptor identity",
+        "gdx/7 acceptor identity",
         &[
             &(name.len() as u64).to_le_bytes(),
             name.as_bytes(),
+            &(cluster.len() as u64).to_le_bytes(),
+            cluster.as_bytes(),
             &agent_id.to_le_bytes(),
             &session.to_le_bytes(),
         ],
@@ -123,13 +132,17 @@ mod tests {
     }
 
     #[test]
-    fn the_identity_tag_binds_name_instance_and_session() {
+    fn the_identity_tag_binds_name_cluster_instance_and_session() {
         let k = [7u8; 32];
-        let t = identity_tag(&k, "a", 1, 2);
-        assert_eq!(t, identity_tag(&k, "a", 1, 2));
-        assert_ne!(t, identity_tag(&k, "b", 1, 2));
-        assert_ne!(t, identity_tag(&k, "a", 3, 2));
-        assert_ne!(t, identity_tag(&k, "a", 1, 4));
-        assert_ne!(t, identity_tag(&[8u8; 32], "a", 1, 2));
+        let t = identity_tag(&k, "a", "c1", 1, 2);
+        assert_eq!(t, identity_tag(&k, "a", "c1", 1, 2));
+        assert_ne!(t, identity_tag(&k, "b", "c1", 1, 2));
+        assert_ne!(t, identity_tag(&k, "a", "c2", 1, 2));
+        assert_ne!(t, identity_tag(&k, "a", "", 1, 2));
+        // Lengths are bound: moving bytes between name and cluster changes the tag.
+        assert_ne!(t, identity_tag(&k, "ac", "1", 1, 2));
+        assert_ne!(t, identity_tag(&k, "a", "c1", 3, 2));
+        assert_ne!(t, identity_tag(&k, "a", "c1", 1, 4));
+        assert_ne!(t, identity_tag(&[8u8; 32], "a", "c1", 1, 2));
     }
 }

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::raw::{self, closed, read_msg, send};
+use common::raw::{self, closed, pake_start, read_msg, send};
 use common::shm_raw::*;
 use common::*;
 use gdx_engine::wire::{decode_frame, encode, Hello, Msg, ShmOp, MAX_OPS_PER_BEGIN};
@@ -44,8 +44,8 @@ fn unauthenticated_client_gets_no_key_and_no_bytes() {
     send(&mut s, &Msg::GetRegion { name: "kv".into() });
     let got = frames_until_close(&mut s);
     assert!(
-        matches!(got.first(), Some(Msg::Challenge { .. })),
-        "first answer must be the challenge: {got:?}"
+        matches!(got.first(), Some(Msg::Pake { .. })),
+        "first answer must be the SPAKE2 message: {got:?}"
     );
     for m in &got {
         assert!(
@@ -72,10 +72,17 @@ fn unauthenticated_client_gets_no_key_and_no_bytes() {
             ..Hello::default()
         }),
     );
-    let Some(Msg::Challenge { .. }) = read_msg(&mut s) else {
-        panic!("no challenge")
+    let Some(Msg::Pake { .. }) = read_msg(&mut s) else {
+        panic!("no Pake")
     };
-    send(&mut s, &Msg::Auth { mac: [7u8; 32] });
+    let (_, mine) = pake_start(b"not the secret, a guess at it");
+    send(
+        &mut s,
+        &Msg::PakeAuth {
+            msg: mine,
+            mac: [7u8; 32],
+        },
+    );
     assert!(matches!(
         read_msg(&mut s),
         Some(Msg::Err(Error::AuthFailed(_)))
@@ -495,6 +502,28 @@ fn notifications_are_bounded_and_the_sender_is_told() {
 }
 
 #[test]
+fn an_oversized_notification_is_refused_locally_and_the_connection_lives() {
+    // It used to reach the peer as a frame over its limit, which closed the whole connection.
+    let target = agent("target", false);
+    let me = agent("sender", false);
+    let peer = me.connect(addr(&target)).unwrap();
+    let max = gdx_engine::MAX_NOTIFICATION_BYTES;
+    match peer.notify(vec![1; 2 << 20]) {
+        Err(Error::InvalidArgument(why)) => {
+            assert!(why.contains("MAX_NOTIFICATION_BYTES"), "{why}")
+        }
+        other => panic!("a 2 MiB notification: {other:?}"),
+    }
+    assert!(matches!(
+        peer.notify(vec![1; max + 1]),
+        Err(Error::InvalidArgument(_))
+    ));
+    peer.notify(vec![7; max]).unwrap();
+    let n = target.wait_notification(Duration::from_secs(10)).unwrap();
+    assert_eq!(n.data, vec![7; max]);
+}
+
+#[test]
 fn leases_do_not_accumulate_across_shm_begin_without_shm_end() {
     let target = with_limits(
         "target",
@@ -594,9 +623,9 @@ fn a_dripping_server_cannot_stall_connect_past_the_handshake_deadline() {
         let (mut s, _) = l.accept().unwrap();
         let _ = read_msg(&mut s); // the Hello
         let frame = encode(
-            &Msg::Challenge {
+            &Msg::Pake {
                 nonce: 1,
-                mac: [0; 32],
+                msg: [0; 33],
             },
             0,
         );

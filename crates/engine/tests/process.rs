@@ -400,6 +400,62 @@ fn stopped_shm_peer_does_not_block_submit() {
     assert!(!peer.is_alive());
 }
 
+/// A peer stopped with SIGSTOP (issue 54): its process holds its sockets open, so nothing
+/// breaks; the transfer fails by a timeout that names itself, and the ops say so. Over tcp it
+/// is the transfer's own deadline (`Timeout(500 ms)`); over shm it is the I/O timeout of the
+/// connection (`PeerLost`: no answer within the I/O timeout), which ends it before the
+/// transfer's deadline is looked at. Bounded: the deadline is 500 ms, the I/O timeout 2 s.
+fn stopped_peer_times_out(shm: bool) {
+    let _big = BIG.lock().unwrap_or_else(|p| p.into_inner());
+    let mut server = spawn_server(1 << 20, 10, None);
+    let agent = gdx_engine::Agent::new(AgentConfig {
+        io_timeout: Duration::from_secs(2),
+        ..config("client", shm)
+    })
+    .unwrap();
+    let peer = agent.connect(server.addr.as_str()).unwrap();
+    let want = if shm { Path::Shm } else { Path::Tcp };
+    assert_eq!(peer.route().transport, want, "{:?}", peer.route());
+    let remote = peer.region("serve").unwrap();
+    let src = agent.alloc(1 << 20, Access::LOCAL, None).unwrap();
+    stop(server.child.id());
+    let deadline = Duration::from_millis(500);
+    let mut t = Transfer::new();
+    t.write(&src, 0, &remote, 0, 1 << 20).timeout(deadline);
+    let h = peer.submit(t).unwrap();
+    let err = h.wait(WAIT).unwrap_err();
+    if shm {
+        assert!(
+            matches!(&err, Error::PeerLost(why) if why.contains("I/O timeout")),
+            "expected the shm connection's I/O timeout, got {err:?}"
+        );
+    } else {
+        assert!(
+            matches!(err, Error::Timeout(d) if d == deadline),
+            "expected the transfer's own deadline, got {err:?}"
+        );
+    }
+    assert!(
+        h.op_results()
+            .iter()
+            .all(|o| matches!(o.status, gdx_engine::OpStatus::Failed(_))),
+        "{:?}",
+        h.op_results()
+    );
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+}
+
+#[test]
+fn stopped_peer_fails_transfers_by_a_timeout_tcp() {
+    stopped_peer_times_out(false);
+}
+
+#[test]
+fn stopped_peer_fails_transfers_by_a_timeout_shm() {
+    stopped_peer_times_out(true);
+}
+
 /// Two network namespaces joined by a veth pair; server in one, client in the other, tcp between.
 #[test]
 #[ignore = "requires root and `ip netns` (CI runs it with --ignored --exact)"]

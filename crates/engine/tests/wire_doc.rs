@@ -25,7 +25,22 @@ fn examples() -> Vec<(&'static str, Msg)> {
                 token: 0,
                 streams: 2,
                 nonce: 0x0f0e_0d0c_0b0a_0908_0706_0504_0302_0100,
+                cluster: "c".into(),
             }),
+        ),
+        (
+            "pake",
+            Msg::Pake {
+                nonce: 0x11,
+                msg: [0x42; 33],
+            },
+        ),
+        (
+            "pakeauth",
+            Msg::PakeAuth {
+                msg: [0x41; 33],
+                mac: [0xcd; 32],
+            },
         ),
         (
             "challenge",

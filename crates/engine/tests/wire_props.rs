@@ -88,7 +88,8 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
             any::<u128>(),
             any::<u128>(),
             any::<u16>(),
-            any::<u128>()
+            any::<u128>(),
+            "[ -~]{0,30}"
         )
             .prop_map(
                 |(
@@ -102,6 +103,7 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
                     token,
                     streams,
                     nonce,
+                    cluster,
                 )| Msg::Hello(Hello {
                     agent_name,
                     agent_id,
@@ -112,7 +114,8 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
                     session,
                     token,
                     streams,
-                    nonce
+                    nonce,
+                    cluster
                 })
             ),
         (any::<u128>(), any::<u128>(), any::<u16>(), any::<u128>()).prop_map(
@@ -132,6 +135,22 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
         }),
         (any::<u128>(), any::<[u8; 32]>()).prop_map(|(nonce, mac)| Msg::Challenge { nonce, mac }),
         any::<[u8; 32]>().prop_map(|mac| Msg::Auth { mac }),
+        (any::<u128>(), proptest::collection::vec(any::<u8>(), 33)).prop_map(|(nonce, m)| {
+            Msg::Pake {
+                nonce,
+                msg: m.try_into().unwrap_or([0; 33]),
+            }
+        }),
+        (
+            proptest::collection::vec(any::<u8>(), 33),
+            any::<[u8; 32]>()
+        )
+            .prop_map(|(m, mac)| {
+                Msg::PakeAuth {
+                    msg: m.try_into().unwrap_or([0; 33]),
+                    mac,
+                }
+            }),
         (any::<u32>(), any::<u32>())
             .prop_map(|(slots, slot_bytes)| Msg::ShmRing { slots, slot_bytes }),
         (any::<u64>(), any::<u128>(), "[ -~]{0,30}").prop_map(|(region, key, device)| {

@@ -21,6 +21,38 @@ fn empty_and_non_nccl_text_warn_that_nothing_was_found() {
     }
 }
 
+/// 8 MiB of channel lines between distinct rank pairs (issue 54: every connection's scope
+/// scanned all connections, 86 s for this input). The per-rank facts are now gathered once,
+/// so this finishes in about the time it takes to parse; the assertions check the counts, and
+/// that the facts drawn from the lines (hosts, bus ids) are still the first ones printed.
+#[test]
+fn many_distinct_rank_pairs_are_classified_in_one_pass() {
+    let mut text = String::new();
+    let mut n = 0u32;
+    while text.len() < 8 << 20 {
+        let host = if n.is_multiple_of(2) {
+            "hostA"
+        } else {
+            "hostB"
+        };
+        text.push_str(&format!(
+            "{host}:1:2 [0] NCCL INFO Channel 00/0 : {n}[{:x}000] -> {}[1a000] via P2P/IPC\n",
+            0x10 + n % 200,
+            n + 1
+        ));
+        n += 1;
+    }
+    let log = parse_text("big.log", &text);
+    assert_eq!(log.connections.len(), n as usize);
+    let classes = log.pair_classes();
+    let pairs: usize = classes.iter().map(|c| c.pairs).sum();
+    assert_eq!(pairs, n as usize);
+    // Rank 1 is the receiving end of line 0 (hostA) and the sending end of line 1 (hostB):
+    // the first line printed wins, as before.
+    assert_eq!(log.rank_host(1).as_deref(), Some("hostA"));
+    assert_eq!(log.rank_bus_id(0).as_deref(), Some("10000"));
+}
+
 #[test]
 fn a_log_cut_at_every_byte_still_parses_its_complete_lines() {
     let full = parse_text("full", FIXTURE);

@@ -14,11 +14,16 @@ use crate::errors::to_py;
 /// Longest stretch without a signal check (the issue allows 100 ms).
 pub(crate) const SLICE: Duration = Duration::from_millis(50);
 
-/// Seconds from Python (`None` = `default`) as a `Duration`; negative or NaN is refused.
+/// Longest timeout taken as given (about 31 years: forever, for a process); larger ones are
+/// clamped to it, so `now + timeout` cannot overflow (`wait(timeout=1e19)` used to panic).
+pub(crate) const MAX_TIMEOUT_S: f64 = 1e9;
+
+/// Seconds from Python (`None` = `default`) as a `Duration`, clamped to [`MAX_TIMEOUT_S`];
+/// negative, NaN or infinite is refused with `gdx.Error`.
 pub(crate) fn seconds(t: Option<f64>, default: Duration) -> PyResult<Duration> {
     match t {
         None => Ok(default),
-        Some(s) if s.is_finite() && s >= 0.0 => Ok(Duration::from_secs_f64(s)),
+        Some(s) if s.is_finite() && s >= 0.0 => Ok(Duration::from_secs_f64(s.min(MAX_TIMEOUT_S))),
         Some(s) => Err(crate::errors::err(format!(
             "timeout must be a finite number of seconds >= 0, not {s}"
         ))),

@@ -146,6 +146,8 @@ def test_bad_arguments_are_gdx_errors(agent):
         agent.register(bytearray())
     with pytest.raises(gdx.Error, match="timeout"):
         agent.wait_notification(timeout=-1)
+    with pytest.raises(gdx.Error, match="timeout"):
+        agent.wait_notification(timeout=float("inf"))
     keep = agent.register(bytearray(16), name="x")  # noqa: F841 (must stay open)
     second = bytearray(16)
     with pytest.raises(gdx.Error, match="already published"):
@@ -177,3 +179,15 @@ def test_ctrl_c_interrupts_a_transfer_wait(agent, peer):
     finally:
         t.join()
     assert not h.done()  # interrupting the wait does not cancel or fail the transfer
+
+
+def test_huge_timeouts_are_clamped_not_a_panic(agent, peer):
+    # `now + 1e19 s` overflowed a deadline: pyo3's PanicException instead of a gdx answer.
+    p = agent.connect(peer.address, timeout=1e19)
+    rd = p.region("kv")
+    src = agent.register(np.full(4096, 0x5A, np.uint8), access="none")
+    p.write([(src, 0, rd, 0, 4096)]).wait(timeout=1e19)
+    back = np.zeros(4096, np.uint8)
+    dst = agent.register(back, access="none")
+    p.read([(dst, 0, rd, 0, 4096)]).wait(timeout=1e300)
+    assert (back == 0x5A).all()

@@ -5,7 +5,10 @@ GPU (skipped and counted elsewhere). No test asserts a speed.
 """
 
 import json
+import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -85,7 +88,10 @@ T = lambda dtype, shape, b, e: {"dtype": dtype, "shape": shape, "data_offsets": 
 HOSTILE = [
     ("overlap", {"a": T("F32", [2], 0, 8), "b": T("F32", [2], 4, 12)}, 12, None, "overlap"),
     ("past-end", {"a": T("F32", [4], 0, 16)}, 8, None, "run past the end of the data"),
-    ("huge-count", {"a": T("F32", [2**32, 2**32], 0, 16)}, 16, None, "more bytes than fit in 64 bits"),
+    ("huge-count", {"a": T("F32", [2**32, 2**32], 0, 16)}, 16, None, "too large for an array"),
+    # No byte, but numpy cannot make the shape: BadCheckpoint, not numpy's ValueError.
+    ("zero-by-huge", {"a": T("F32", [0, 2**64 - 1], 0, 0)}, 0, None, "too large for an array"),
+    ("100-dims", {"a": T("F32", [1] * 100, 0, 4)}, 4, None, "100 dimensions, more than the 32"),
     ("huge-header", {}, 0, struct.pack("<Q", 2**62), "exceeds the 100000000-byte limit"),
     ("header-past-end", {}, 0, struct.pack("<Q", 4096), "runs past the end of the"),
     ("bad-json", b'{"a": {"dtype": "F32",', 0, None, "not valid JSON"),
@@ -176,6 +182,39 @@ def test_gpu_loads_equal_safetensors_torch(tmp_path):
     back = stt.load_file(str(tmp_path / "g.safetensors"))
     for k in want:
         assert torch.equal(back[k], want[k]), k
+
+
+def _load_in_child(path, timeout=30):
+    """Loads `path` in a child process, bounded in time: a hang is a failed test, not a hung run."""
+    code = (
+        "import sys, gdx\n"
+        "try:\n"
+        "    gdx.load_safetensors(sys.argv[1])\n"
+        "except gdx.Error as e:\n"
+        "    print(type(e).__name__ + ': ' + str(e)); sys.exit(3)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=timeout)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_files_that_are_not_files_are_refused_without_hanging(tmp_path):
+    # A FIFO as the checkpoint, as a shard, and as the index; an index that is a symlink to
+    # /dev/zero (it used to read until memory ran out).
+    os.mkfifo(tmp_path / "fifo.safetensors")
+    rc, out = _load_in_child(tmp_path / "fifo.safetensors")
+    assert rc == 3 and "a FIFO" in out, out
+    shards = tmp_path / "sharded"
+    shards.mkdir()
+    os.mkfifo(shards / "s1.safetensors")
+    (shards / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "s1.safetensors"}}))
+    rc, out = _load_in_child(shards)
+    assert rc == 3 and "a FIFO" in out, out
+    os.mkfifo(tmp_path / "fifo.index.json")
+    rc, out = _load_in_child(tmp_path / "fifo.index.json")
+    assert rc == 3 and "a FIFO" in out, out
+    os.symlink("/dev/zero", tmp_path / "zero.index.json")
+    rc, out = _load_in_child(tmp_path / "zero.index.json")
+    assert rc == 3 and "a character device" in out, out
 
 
 def test_names_select_tensors_by_glob_on_every_shard(tmp_path):

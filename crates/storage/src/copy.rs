@@ -140,27 +140,11 @@ pub fn copy(req: &CopyRequest, opts: &CopyOptions) -> Result<CopyOutcome, Storag
 /// allocation. Only regular files and block devices are sources: a FIFO or a character
 /// device has no size to check, and opening a FIFO blocks until a writer appears.
 pub fn source_len(path: &Path, skip: u64, length: Option<u64>) -> Result<u64, StorageError> {
-    use std::io::{Seek, SeekFrom};
-    use std::os::unix::fs::FileTypeExt;
-    let open_err = |source| StorageError::Open {
-        path: path.to_path_buf(),
-        purpose: "reading",
-        source,
-    };
-    let kind = std::fs::metadata(path).map_err(open_err)?.file_type();
-    if !(kind.is_file() || kind.is_block_device()) {
-        return Err(StorageError::NotAFile {
-            path: path.to_path_buf(),
-            kind: crate::fileio::not_a_file_kind(kind),
-        });
-    }
-    let mut f = std::fs::File::open(path).map_err(open_err)?;
-    // A block device's size is where its end is, not its metadata length.
-    let size = if kind.is_block_device() {
-        f.seek(SeekFrom::End(0)).map_err(open_err)?
-    } else {
-        f.metadata().map_err(open_err)?.len()
-    };
+    // Checked on the descriptor, opened without blocking (a FIFO swapped in after a stat would
+    // hang a blocking open); a block device's size is where its end is.
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    let (_f, size) = crate::fileio::open_checked(path, &o, "reading", true)?;
     let len = length.unwrap_or(size.saturating_sub(skip));
     match skip.checked_add(len) {
         Some(end) if end <= size => Ok(len),

@@ -73,41 +73,17 @@ impl FileIo {
         opts: OpenOptions,
         purpose: &'static str,
     ) -> Result<FileIo, StorageError> {
-        let open_err = |source| StorageError::Open {
-            path: path.to_path_buf(),
-            purpose,
-            source,
-        };
         // O_NONBLOCK: a FIFO swapped in after the caller's checks fails to open (no reader) or
-        // opens at once, and is then refused below, instead of blocking the open; regular
-        // files and block devices ignore the flag.
-        let mut nb = opts.clone();
-        nb.custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
-        let buffered = nb.open(path).map_err(open_err)?;
-        let meta = buffered.metadata().map_err(open_err)?;
-        let ft = meta.file_type();
-        let size_at_open = if ft.is_file() {
-            meta.len()
-        } else if ft.is_block_device() {
-            (&buffered)
-                .seek(SeekFrom::End(0))
-                .map_err(|source| StorageError::File {
-                    call: "lseek(SEEK_END)",
-                    path: path.to_path_buf(),
-                    source,
-                })?
-        } else {
-            return Err(StorageError::NotAFile {
-                path: path.to_path_buf(),
-                kind: not_a_file_kind(ft),
-            });
-        };
+        // opens at once, and is then refused, instead of blocking the open.
+        let (buffered, size_at_open) = open_checked(path, &opts, purpose, true)?;
         let fs = fs_name(&buffered);
         let mut refused = None;
         let direct_file = if direct {
             let mut dopts = opts.clone();
+            // `create` is for the path; the reopen reaches the file already open.
+            dopts.create(false);
             dopts.custom_flags(o_direct());
-            match dopts.open(path) {
+            match reopen(&buffered, &dopts) {
                 Ok(f) => Some(f),
                 Err(e) => {
                     refused = Some(format!(
@@ -412,6 +388,64 @@ pub(crate) fn fs_name(file: &File) -> &'static str {
         0x9FA0 => "proc",
         _ => "an unrecognised file system",
     }
+}
+
+/// Opens `path` with `opts` without ever blocking on what it turns out to be, and checks the
+/// type on the descriptor (never on the path, which can be swapped after a check): a regular
+/// file, or a block device when `block_ok`. A FIFO (even one swapped in after the caller's
+/// checks), a socket, a character device (`/dev/zero` behind a symlink) or a folder is
+/// [`StorageError::NotAFile`]. Returns the descriptor, still non-blocking (regular files and
+/// block devices ignore the flag), and its size.
+pub(crate) fn open_checked(
+    path: &Path,
+    opts: &OpenOptions,
+    purpose: &'static str,
+    block_ok: bool,
+) -> Result<(File, u64), StorageError> {
+    let open_err = |source| StorageError::Open {
+        path: path.to_path_buf(),
+        purpose,
+        source,
+    };
+    let mut nb = opts.clone();
+    nb.custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
+    let f = nb.open(path).map_err(open_err)?;
+    let meta = f.metadata().map_err(open_err)?;
+    let ft = meta.file_type();
+    let size = if ft.is_file() {
+        meta.len()
+    } else if ft.is_block_device() && block_ok {
+        (&f).seek(SeekFrom::End(0))
+            .map_err(|source| StorageError::File {
+                call: "lseek(SEEK_END)",
+                path: path.to_path_buf(),
+                source,
+            })?
+    } else {
+        return Err(StorageError::NotAFile {
+            path: path.to_path_buf(),
+            kind: not_a_file_kind(ft),
+        });
+    };
+    Ok((f, size))
+}
+
+/// A regular file opened for reading ([`open_checked`]), for inputs that must be files
+/// (checkpoint headers, indexes).
+pub(crate) fn open_regular(
+    path: &Path,
+    purpose: &'static str,
+) -> Result<(File, u64), StorageError> {
+    let mut o = OpenOptions::new();
+    o.read(true);
+    open_checked(path, &o, purpose, false)
+}
+
+/// The same open file again, through `/proc/self/fd` (with `opts`' flags, `O_DIRECT` say):
+/// never a path lookup, so nothing swapped in at `path` since `f` was opened is reached.
+pub(crate) fn reopen(f: &File, opts: &OpenOptions) -> std::io::Result<File> {
+    use std::os::fd::AsRawFd;
+    opts.open(format!("/proc/self/fd/{}", f.as_raw_fd()))
 }
 
 /// What a path that is neither a regular file nor a block device is, for

@@ -43,19 +43,28 @@ fn open(path: &Path, write: bool) -> Result<(File, String), StorageError> {
         opts.read(true);
     }
     let purpose = if write { "writing" } else { "reading" };
+    // Opened without blocking and its type checked on the descriptor first (a FIFO swapped in
+    // after the caller's checks would hang a blocking open); O_DIRECT is then asked of that
+    // same file through /proc/self/fd, never of the path again.
+    let (checked, _) = crate::fileio::open_checked(path, &opts, purpose, true)?;
     let mut direct = opts.clone();
+    direct.create(false);
     direct.custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32);
-    match direct.open(path) {
+    match crate::fileio::reopen(&checked, &direct) {
         Ok(f) => {
             let fs = fs_name(&f);
             Ok((f, format!("O_DIRECT descriptor on {fs}")))
         }
         Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
-            let f = opts.open(path).map_err(|source| StorageError::Open {
-                path: path.to_path_buf(),
-                purpose,
-                source,
-            })?;
+            // cuFile wants a blocking descriptor: the same file, reopened without O_NONBLOCK.
+            let mut plain = opts.clone();
+            plain.create(false);
+            let f =
+                crate::fileio::reopen(&checked, &plain).map_err(|source| StorageError::Open {
+                    path: path.to_path_buf(),
+                    purpose,
+                    source,
+                })?;
             let fs = fs_name(&f);
             Ok((
                 f,

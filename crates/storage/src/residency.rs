@@ -22,7 +22,6 @@ use crate::plan::{plan, CufileStatus, MemoryEnd};
 use crate::{FileRange, PathChoice, StorageError, StoragePath};
 use gdx_base::bytesize::human_bytes;
 use std::fs::File;
-use std::io::{Seek, SeekFrom};
 use std::os::fd::AsFd;
 use std::path::Path;
 
@@ -119,19 +118,10 @@ pub fn residency(path: &Path, offset: u64, len: Option<u64>) -> Result<Residency
 }
 
 fn open_sized(path: &Path) -> Result<(File, u64), StorageError> {
-    let open_err = |source| StorageError::Open {
-        path: path.to_path_buf(),
-        purpose: "reading",
-        source,
-    };
-    let mut file = File::open(path).map_err(open_err)?;
-    let meta = file.metadata().map_err(open_err)?;
-    let size = if meta.is_file() {
-        meta.len()
-    } else {
-        file.seek(SeekFrom::End(0)).map_err(open_err)?
-    };
-    Ok((file, size))
+    // Never blocks on a FIFO; a regular file or a block device, checked on the descriptor.
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    crate::fileio::open_checked(path, &o, "reading", true)
 }
 
 /// A read's plan: the path, why, and the residency map that splits a `file-staged` read.

@@ -235,7 +235,7 @@ impl Cli<'_> {
 
     fn export(&self, report: &Report) {
         for e in self.exporter.after_case(report) {
-            eprintln!("gdx: warning: {}", e.chain());
+            eprintln!("gdx: warning: {}", gdx_topo::printable(&e.chain()));
         }
     }
 }
@@ -345,7 +345,7 @@ pub(crate) fn dry_run_start(
     color: ColorWhen,
 ) -> Result<Option<ExitCode>> {
     if let Some(v) = json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!("{}", super::output::json_pretty(&v)?);
         return Ok(Some(ExitCode::SUCCESS));
     }
     let style = Style {
@@ -405,7 +405,11 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     }
     let mut ctx = if args.mock { Ctx::mock() } else { Ctx::live() };
     let peer = match &args.peer {
-        Some(p) => Some(args.peer_cluster.resolve(p)?),
+        Some(p) => {
+            let (addr, expect) = args.peer_cluster.resolve(p)?;
+            ctx.peer_expect = expect;
+            Some(addr)
+        }
         None => None,
     };
     if let Some(p) = &peer {
@@ -553,7 +557,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     let report = gdx_bench::run(&cases, &ctx, &params, hdr, &mut obs);
     obs.clear();
     if args.json {
-        println!("{}", report.to_json()?);
+        println!("{}", super::output::json_safe(&report.to_json()?));
     } else if args.csv {
         print!("{}", report.to_csv());
     }

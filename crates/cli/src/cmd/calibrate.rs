@@ -105,7 +105,7 @@ fn show(args: &CalibrateArgs, given: Option<&Path>) -> Result<ExitCode> {
     if args.json {
         let v: serde_json::Value = serde_json::from_str(&text)
             .with_context(|| format!("{} is not JSON", file.display()))?;
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!("{}", super::output::json_pretty(&v)?);
     } else if !args.quiet {
         let detail = calibrate::detail_of(&text);
         print!("{}", calibrate::show(&cal, detail.as_ref()));

@@ -124,10 +124,11 @@ pub struct PeerLookupArgs {
 }
 
 impl PeerLookupArgs {
-    /// `peer` itself, or for `etcd:AGENT` the address that agent published.
-    pub fn resolve(&self, peer: &str) -> Result<String> {
+    /// `peer` itself, or for `etcd:AGENT` the address that agent published and the agent every
+    /// later connection must reach (its name, cluster, and the instance the check proved).
+    pub fn resolve(&self, peer: &str) -> Result<(String, Option<gdx_engine::Expected>)> {
         let Some(name) = peer.strip_prefix("etcd:") else {
-            return Ok(peer.to_string());
+            return Ok((peer.to_string(), None));
         };
         let opts = self
             .etcd
@@ -151,15 +152,19 @@ impl PeerLookupArgs {
             ..gdx_engine::AgentConfig::from_env().context("reading GDX_* settings")?
         })
         .context("starting an agent to check the peer")?;
-        let expect = gdx_engine::Expected {
+        let mut expect = gdx_engine::Expected {
             name: name.to_string(),
             agent_id: u128::from_str_radix(&rec.instance, 16).ok(),
+            cluster: Some(cluster.to_string()),
         };
         let peer = probe
             .connect_expecting(rec.listen.as_str(), &expect)
             .with_context(|| format!("--peer etcd:{}", gdx_topo::printable(name)))?;
+        // Every connection of the run must reach this same proved instance: a record rewritten
+        // (or an agent restarted) after this check is refused in that connection's handshake.
+        expect.agent_id = Some(peer.info().agent_id);
         peer.close();
-        Ok(rec.listen)
+        Ok((rec.listen, Some(expect)))
     }
 }
 

@@ -333,7 +333,7 @@ fn render(src: &Loc, dst: &Loc, done: &CopyOutcome, args: &CpArgs) -> Result<Exi
                 "path": c.fabric_path(),
             })).collect::<Vec<_>>(),
         });
-        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+        writeln!(out, "{}", super::output::json_pretty(&v)?)?;
     } else {
         let rate = match r.gbps() {
             Some(g) => format!("{g:.2} GB/s"),

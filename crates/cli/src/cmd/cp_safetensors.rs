@@ -80,8 +80,8 @@ pub fn run(args: &CpArgs, src: &Loc, dst: &Loc, opts: CopyOptions) -> Result<Exi
                 let e = anyhow::Error::new(e);
                 eprintln!(
                     "gdx: error: {} -> {dst}: {}",
-                    file.display(),
-                    error_chain(&e)
+                    gdx_topo::printable(&file.display().to_string()),
+                    gdx_topo::printable_text(&error_chain(&e))
                 );
                 return Ok(ExitCode::from(1));
             }
@@ -126,7 +126,7 @@ fn render(
                 })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         });
-        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+        writeln!(out, "{}", super::output::json_pretty(&v)?)?;
     } else if !args.quiet || failed {
         let tensors: usize = files.iter().map(|(_, h)| h.tensors.len()).sum();
         let rate = gbps.map_or("no bytes to time".into(), |g| format!("{g:.2} GB/s"));
@@ -142,8 +142,15 @@ fn render(
         )?;
         for ((f, h), o) in files.iter().zip(outcomes) {
             let r = &o.report;
-            writeln!(out, "  file     {}", f.display())?;
-            writeln!(out, "    path   {}: {}", r.path, r.reason)?;
+            // File and tensor names came from the file (or its index): escaped.
+            let file = gdx_topo::printable(&f.display().to_string());
+            writeln!(out, "  file     {file}")?;
+            writeln!(
+                out,
+                "    path   {}: {}",
+                r.path,
+                gdx_topo::printable(&r.reason)
+            )?;
             if let Some(v) = o.verified() {
                 writeln!(out, "    verify {}", if v { "ok" } else { "FAILED" })?;
             }
@@ -157,7 +164,7 @@ fn render(
                 writeln!(
                     out,
                     "    {:<40} {:<8} {:<20} {:>12} {:>12}",
-                    t.name,
+                    gdx_topo::printable(&t.name),
                     t.dtype.name(),
                     shape,
                     t.begin,

@@ -10,6 +10,7 @@ pub mod logger;
 pub mod nccl;
 pub mod output;
 pub mod peers;
+pub mod secret;
 pub mod serve;
 pub mod stream;
 pub mod topo;

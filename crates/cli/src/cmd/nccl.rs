@@ -204,7 +204,7 @@ fn env(args: &EnvArgs) -> Result<ExitCode> {
     });
     let mut out = std::io::stdout().lock();
     if args.json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&advice)?)?;
+        writeln!(out, "{}", super::output::json_pretty(&advice)?)?;
     } else {
         let text = gdx_nccl::env::render_shell(&advice);
         if args.out.quiet {
@@ -330,7 +330,7 @@ fn run_collectives(args: &RunArgs) -> Result<ExitCode> {
             "pair_classes": report.log.pair_classes(),
             "judged": &judged,
         });
-        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        writeln!(out, "{}", super::output::json_pretty(&doc)?)?;
     } else {
         out.write_all(render_run(&report).as_bytes())?;
         // Quiet: the table alone (the log's explanation is what `gdx nccl explain` prints).

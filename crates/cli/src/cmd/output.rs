@@ -38,6 +38,27 @@ pub fn paint(on: bool, code: &str, text: &str) -> String {
     }
 }
 
+/// JSON text as a terminal may get it: serde_json escapes only U+0000–U+001F, so DEL and the
+/// C1 controls (U+007F–U+009F: 8-bit CSI and OSC to some terminals) in strings that came from a
+/// peer, etcd, a file or a log are escaped as `\u00XX` too. The JSON value is the same (those
+/// characters can only occur inside strings, where the escape means the character).
+pub fn json_safe(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if ('\u{7f}'..='\u{9f}').contains(&c) {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `serde_json::to_string_pretty`, then [`json_safe`]: every JSON document gdx prints.
+pub fn json_pretty<T: serde::Serialize + ?Sized>(v: &T) -> serde_json::Result<String> {
+    serde_json::to_string_pretty(v).map(|t| json_safe(&t))
+}
+
 /// The error and its causes on one line, each cause once. Library errors often carry their
 /// source's text in their own message (`thiserror`'s `"{0}"`) *and* expose it as `source()`;
 /// printing `{:#}` then says "No such file or directory (os error 2)" twice. A cause whose text
@@ -99,4 +120,23 @@ pub fn paint_verdicts(on: bool, text: &str) -> String {
         .collect::<Vec<_>>()
         .join("\n")
         + if text.ends_with('\n') { "\n" } else { "" }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_escapes_c1_and_del_and_means_the_same() {
+        let v = serde_json::json!({"name": "a\u{1b}]0;x\u{7}b\u{9b}31m\u{85}\u{7f}é"});
+        let text = json_pretty(&v).unwrap_or_default();
+        assert!(
+            !text
+                .chars()
+                .any(|c| c.is_control() && c != '\n' && c != ' '),
+            "{text:?}"
+        );
+        let back: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        assert_eq!(back, v);
+    }
 }

@@ -42,6 +42,12 @@ fn short(id: &str) -> &str {
     id.get(..8).unwrap_or(id)
 }
 
+/// Every field of the table and the event lines came from etcd, which anyone who can write
+/// the cluster's keys controls: escaped before it reaches the terminal.
+fn esc(s: &str) -> String {
+    gdx_topo::printable(s)
+}
+
 fn table(list: &[AgentListing]) -> String {
     let mut rows = vec![[
         "NAME".to_string(),
@@ -59,13 +65,20 @@ fn table(list: &[AgentListing]) -> String {
         let regions: Vec<String> = l
             .regions
             .iter()
-            .map(|r| format!("{}({} B, {})", r.name, r.len, r.location))
+            .map(|r| {
+                format!(
+                    "{}({} B, {})",
+                    esc(&r.name),
+                    r.len,
+                    esc(&r.location.to_string())
+                )
+            })
             .collect();
         rows.push([
-            a.name.clone(),
-            format!("{} ({})", a.hostname, short(&a.host_id)),
-            a.listen.clone(),
-            a.transports.join(","),
+            esc(&a.name),
+            format!("{} ({})", esc(&a.hostname), esc(short(&a.host_id))),
+            esc(&a.listen),
+            esc(&a.transports.join(",")),
             a.gpus.len().to_string(),
             a.nics.len().to_string(),
             if regions.is_empty() {
@@ -78,7 +91,7 @@ fn table(list: &[AgentListing]) -> String {
             } else {
                 "expired".into()
             },
-            a.instance.clone(),
+            esc(&a.instance),
         ]);
     }
     let mut widths = [0usize; 9];
@@ -110,22 +123,23 @@ fn event_line(e: &AgentEvent, json: bool) -> String {
             AgentEvent::EtcdLost(why) => serde_json::json!({"event": "etcd_lost", "reason": why}),
             AgentEvent::EtcdBack => serde_json::json!({"event": "etcd_back"}),
         };
-        return v.to_string();
+        return super::output::json_safe(&v.to_string());
     }
     match e {
         AgentEvent::Joined(a) => format!(
             "+ joined {} on {} ({}) instance {} transports {}",
-            a.name,
-            a.listen,
-            a.hostname,
-            a.instance,
-            a.transports.join(",")
+            esc(&a.name),
+            esc(&a.listen),
+            esc(&a.hostname),
+            esc(&a.instance),
+            esc(&a.transports.join(","))
         ),
         AgentEvent::Left { name, instance } => format!(
-            "- left   {name} instance {} (lease expired or revoked)",
-            instance.as_deref().unwrap_or("?")
+            "- left   {} instance {} (lease expired or revoked)",
+            esc(name),
+            esc(instance.as_deref().unwrap_or("?"))
         ),
-        AgentEvent::EtcdLost(why) => format!("! etcd lost: {why} (retrying)"),
+        AgentEvent::EtcdLost(why) => format!("! etcd lost: {} (retrying)", esc(why)),
         AgentEvent::EtcdBack => "! etcd back".to_string(),
     }
 }
@@ -143,15 +157,17 @@ pub fn run(args: &PeersArgs) -> Result<ExitCode> {
     if args.json {
         println!(
             "{}",
-            serde_json::json!({"cluster": args.cluster, "agents": list})
+            super::output::json_safe(
+                &serde_json::json!({"cluster": args.cluster, "agents": list}).to_string()
+            )
         );
     } else if args.out.quiet {
         // Quiet: the agent names alone, one per line (for scripts).
         for a in &list {
-            println!("{}", a.agent.name);
+            println!("{}", esc(&a.agent.name));
         }
     } else if list.is_empty() {
-        println!("no agents in cluster {:?}", args.cluster);
+        println!("no agents in cluster {:?}", esc(&args.cluster));
     } else {
         print!("{}", table(&list));
     }
@@ -166,4 +182,64 @@ pub fn run(args: &PeersArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gdx_cluster::{AgentRecord, RegionRecord};
+
+    /// ESC, BEL, an OSC title, CSI as one C1 byte, NEL: what an etcd record may hold.
+    const HOSTILE: &str = "a\u{1b}[2Jb\u{7}c\u{1b}]0;pwned\u{7}d\u{9b}31me\u{85}f";
+
+    fn raw_controls(s: &str) -> Vec<char> {
+        s.chars().filter(|&c| c.is_control() && c != '\n').collect()
+    }
+
+    #[test]
+    fn every_field_from_etcd_is_escaped_in_the_table_and_the_events() {
+        let agent = AgentRecord {
+            name: HOSTILE.into(),
+            instance: HOSTILE.into(),
+            host_id: HOSTILE.into(),
+            hostname: HOSTILE.into(),
+            listen: HOSTILE.into(),
+            transports: vec![HOSTILE.into()],
+            gpus: vec![],
+            nics: vec![],
+            pid: 1,
+            ttl_s: 10,
+        };
+        let l = AgentListing {
+            agent: agent.clone(),
+            regions: vec![RegionRecord {
+                name: HOSTILE.into(),
+                id: 1,
+                len: 8,
+                location: gdx_engine::Location::Host,
+                access: gdx_engine::Access::READ_WRITE,
+                shareable: false,
+            }],
+            ttl_left_s: 5,
+            lease: 1,
+        };
+        let t = table(&[l]);
+        assert!(raw_controls(&t).is_empty(), "{t:?}");
+        assert!(t.contains("\\u{1b}]0;pwned\\u{7}"), "{t}");
+        assert!(t.contains("\\u{9b}31m"), "{t}");
+        for e in [
+            AgentEvent::Joined(agent),
+            AgentEvent::Left {
+                name: HOSTILE.into(),
+                instance: Some(HOSTILE.into()),
+            },
+            AgentEvent::EtcdLost(HOSTILE.into()),
+        ] {
+            for json in [false, true] {
+                let line = event_line(&e, json);
+                assert!(raw_controls(&line).is_empty(), "{line:?}");
+                assert!(line.contains("pwned"), "{line}");
+            }
+        }
+    }
 }

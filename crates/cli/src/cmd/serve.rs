@@ -34,9 +34,9 @@ use std::time::Duration;
   gdx serve --etcd http://127.0.0.1:2379 --cluster demo --agent prefill-0 --metrics 127.0.0.1:9464
                                       register in etcd (lease 10 s), /metrics and /health
 
-Security: peers prove they hold the secret (HMAC-SHA256 challenge-response) before they learn
-any region or key; bulk data is NOT encrypted. Give clients the same secret with
-GDX_SECRET_FILE=<file> (mode 600).
+Security: peers prove they hold the secret (SPAKE2: no guess can be tested offline) before they
+learn any region or key; bulk data is NOT encrypted. Make a secret with `gdx secret --out FILE`
+and give clients the same one with GDX_SECRET_FILE=<file> (mode 600).
 
 Environment: GDX_TRANSPORTS (tcp,shm), GDX_TCP_STREAMS, GDX_CHUNK_BYTES, GDX_IO_TIMEOUT_MS,
 GDX_TIMEOUT_MS, GDX_AGENT_NAME, GDX_HOST_ID, GDX_SECRET_FILE, GDX_HANDSHAKE_TIMEOUT_MS,
@@ -258,7 +258,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
             "insecure": args.insecure,
             "rdma_addr": rdma_addr.map(|a| a.to_string()),
         });
-        println!("{v}");
+        println!("{}", super::output::json_safe(&v.to_string()));
     } else {
         if args.quiet {
             println!("{}", handle.summary_line());

@@ -271,7 +271,7 @@ pub fn run(args: &StreamArgs) -> Result<ExitCode> {
             "stage_note": stage_note,
             "cpu_s_per_gb": cpu_per_gb,
         });
-        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+        writeln!(out, "{}", super::output::json_pretty(&v)?)?;
     } else {
         print_report(&mut out, &rep, stage_note, cpu_per_gb)?;
     }

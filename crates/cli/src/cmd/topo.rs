@@ -149,7 +149,7 @@ pub fn run(args: &TopoArgs) -> Result<ExitCode> {
         if args.json {
             let m = render::p2p_matrix(&topo).map_err(why)?;
             let v = serde_json::json!({"schema_version": render::SCHEMA_VERSION, "p2p": m});
-            writeln!(stdout, "{}", serde_json::to_string_pretty(&v)?)?;
+            writeln!(stdout, "{}", super::output::json_pretty(&v)?)?;
         } else {
             let text = render::render_p2p(&topo, color).map_err(why)?;
             stdout.write_all(text.as_bytes())?;
@@ -159,7 +159,7 @@ pub fn run(args: &TopoArgs) -> Result<ExitCode> {
     if args.nic_map {
         let view = gdx_topo::nicmap::nic_map_view(&topo);
         if args.json {
-            writeln!(stdout, "{}", serde_json::to_string_pretty(&view)?)?;
+            writeln!(stdout, "{}", super::output::json_pretty(&view)?)?;
         } else {
             let text = gdx_topo::nicmap::render_nic_map_shell(&topo, &view);
             stdout.write_all(text.as_bytes())?;
@@ -174,7 +174,8 @@ pub fn run(args: &TopoArgs) -> Result<ExitCode> {
     if args.json {
         let mut v = serde_json::to_value(render::json_view(&topo, &opts))?;
         v["nvmeof"] = gdx_topo::nvmeof::json(&fabric, &topo);
-        writeln!(stdout, "{}", serde_json::to_string_pretty(&v)?)?;
+        let text = super::output::json_pretty(&v)?;
+        writeln!(stdout, "{text}")?;
     } else {
         stdout.write_all(render::render_text(&topo, &opts).as_bytes())?;
         stdout.write_all(gdx_topo::nvmeof::render_text(&fabric, &topo).as_bytes())?;

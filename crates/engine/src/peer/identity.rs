@@ -11,12 +11,16 @@ use crate::session::identity_tag;
 use crate::wire::Hello;
 
 /// The agent a connect must reach ([`crate::Agent::connect_expecting`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Expected {
     /// Its agent name.
     pub name: String,
     /// Its instance (agent id), when known (etcd lists it); `None`: any instance of `name`.
     pub agent_id: Option<u128>,
+    /// Its cluster ([`crate::Agent::set_cluster`]), when the caller asked within one; `None`:
+    /// any. The acceptor's identity tag covers it, so an etcd record of cluster `c1` rewritten
+    /// to point at a namesake in `c2` (same secret) is refused.
+    pub cluster: Option<String>,
 }
 
 /// Checks the acceptor's reply `h`: its identity tag under the session `key` (authenticated
@@ -28,11 +32,12 @@ pub(super) fn check(
     addr: SocketAddr,
 ) -> Result<()> {
     if let Some(k) = key {
-        if identity_tag(k, &h.agent_name, h.agent_id, h.session) != h.token {
+        if identity_tag(k, &h.agent_name, &h.cluster, h.agent_id, h.session) != h.token {
             return Err(Error::AuthFailed(format!(
-                "the peer at {addr} authenticated, but its identity (agent {}, instance \
-                 {:032x}) is not bound to the session: the reply was altered on the way, or the \
-                 peer runs an older gdx",
+                "the peer at {addr} did not prove the secret: its identity tag (agent {}, \
+                 instance {:032x}) does not match the session key, so it holds a different \
+                 secret (check GDX_SECRET_FILE / --secret-file on both sides) or the reply was \
+                 altered on the way",
                 gdx_topo::printable(&h.agent_name),
                 h.agent_id
             )));
@@ -41,20 +46,30 @@ pub(super) fn check(
     let Some(e) = expect else { return Ok(()) };
     let name_ok = e.name == h.agent_name;
     let id_ok = e.agent_id.is_none_or(|id| id == h.agent_id);
-    if name_ok && id_ok {
+    let cluster_ok = e.cluster.as_ref().is_none_or(|c| *c == h.cluster);
+    if name_ok && id_ok && cluster_ok {
         return Ok(());
     }
-    let wanted = match e.agent_id {
-        Some(id) => format!(
-            "agent {:?} instance {id:032x}",
-            gdx_topo::printable(&e.name)
-        ),
-        None => format!("agent {:?}", gdx_topo::printable(&e.name)),
-    };
+    let mut wanted = format!("agent {:?}", gdx_topo::printable(&e.name));
+    if let Some(id) = e.agent_id {
+        wanted.push_str(&format!(" instance {id:032x}"));
+    }
+    if let Some(c) = &e.cluster {
+        wanted.push_str(&format!(" of cluster {:?}", gdx_topo::printable(c)));
+    }
     Err(Error::AuthFailed(format!(
-        "reached agent {:?} instance {:032x} at {addr}, not {wanted}: the address (an etcd \
-         record, a peer list) points at another agent; refusing it",
+        "reached agent {:?} instance {:032x} of {} at {addr}, not {wanted}: the address (an \
+         etcd record, a peer list) points at another agent; refusing it",
         gdx_topo::printable(&h.agent_name),
-        h.agent_id
+        h.agent_id,
+        cluster_words(&h.cluster),
     )))
+}
+
+fn cluster_words(c: &str) -> String {
+    if c.is_empty() {
+        "no cluster".into()
+    } else {
+        format!("cluster {:?}", gdx_topo::printable(c))
+    }
 }

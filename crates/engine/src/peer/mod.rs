@@ -316,10 +316,11 @@ fn tcp_transport(
     Ok((t, detail))
 }
 
-/// The initiator's side of the control handshake: sends `hello`, proves the secret to a
-/// peer that proved it first, and returns the peer's `Hello` with the session key (`None` in
-/// insecure mode). Each side refuses a peer whose mode differs from its own: no silent
-/// downgrade to an unauthenticated session.
+/// The initiator's side of the control handshake: sends `hello`, runs the SPAKE2 exchange and
+/// proves it holds the key, and returns the peer's `Hello` with the session key (`None` in
+/// insecure mode); the peer's own proof is its identity tag (`identity::check`). Each side
+/// refuses a peer whose mode differs from its own: no silent downgrade to an unauthenticated
+/// session.
 fn authenticate(
     agent: &AgentInner,
     control: &mut Conn,
@@ -329,12 +330,17 @@ fn authenticate(
 ) -> Result<(Hello, Option<crate::auth::Mac>)> {
     control.send(hello)?;
     let key = match (control.recv_frame(false)?, &agent.secret) {
-        ((Msg::Challenge { nonce: sn, mac }, 0), Some(secret)) => {
+        ((Msg::Pake { nonce: sn, msg }, 0), Some(secret)) => {
             let ctx = agent.id.to_le_bytes();
-            crate::auth::answer(control, secret.bytes(), "control", &ctx, nonce, (sn, mac))?;
-            Some(crate::auth::session_key(secret.bytes(), &ctx, nonce, sn))
+            Some(crate::auth::answer_control(
+                control,
+                secret,
+                &ctx,
+                nonce,
+                (sn, msg),
+            )?)
         }
-        ((Msg::Challenge { .. }, 0), None) => {
+        ((Msg::Pake { .. }, 0), None) => {
             return Err(Error::AuthFailed(format!(
                 "the peer at {addr} requires authentication and this agent is insecure \
                  (give it the peer's secret: GDX_SECRET_FILE or AgentConfig::secret)"
@@ -350,13 +356,18 @@ fn authenticate(
         ((Msg::Err(e), _), _) => return Err(e),
         ((m, _), _) => {
             return Err(Error::Protocol(format!(
-                "expected Challenge or Hello, got frame type {}",
+                "expected Pake or Hello, got frame type {}",
                 m.kind()
             )))
         }
     };
     match control.recv_frame(false)? {
         (Msg::Hello(h), 0) => Ok((h, key)),
+        (Msg::Err(Error::AuthFailed(why)), _) => Err(Error::AuthFailed(format!(
+            "the peer at {addr} refused this agent's proof ({}): the two hold different \
+             secrets; check GDX_SECRET_FILE / --secret-file on both sides",
+            gdx_topo::printable(&why)
+        ))),
         (Msg::Err(e), _) => Err(e),
         (m, _) => Err(Error::Protocol(format!(
             "expected Hello, got frame type {}",
@@ -396,6 +407,11 @@ impl Peer {
             token: 0,
             streams: cfg.tcp_streams as u16,
             nonce,
+            cluster: agent
+                .cluster
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
         };
         let (h, key) = authenticate(&agent, &mut control, &Msg::Hello(hello), nonce, addr)?;
         identity::check(&h, key.as_ref(), expect.as_ref(), addr)?;
@@ -581,10 +597,10 @@ impl Peer {
     /// # Errors
     /// [`Error::PeerLost`] if the peer does not acknowledge it.
     pub fn notify(&self, data: impl Into<Vec<u8>>) -> Result<()> {
-        match self.request(&Msg::Notify {
-            xfer: 0,
-            data: data.into(),
-        })? {
+        let data = data.into();
+        // Refused here: the peer would close the whole connection on an oversized frame.
+        crate::notes::check_size(data.len())?;
+        match self.request(&Msg::Notify { xfer: 0, data })? {
             Msg::Ok => Ok(()),
             m => Err(Error::Protocol(format!(
                 "expected Ok, got frame type {}",

@@ -1,6 +1,6 @@
-//! The acceptor's handshakes: the control connection's challenge–response under the agent
-//! secret (creating the session and its identity tag), and a joining connection's proof of the
-//! session key (making it a member the session's end shuts down).
+//! The acceptor's handshakes: the control connection's SPAKE2 exchange under the agent secret
+//! (creating the session and its identity tag), and a joining connection's proof of the session
+//! key (making it a member the session's end shuts down).
 
 use std::sync::Arc;
 
@@ -25,24 +25,30 @@ pub(super) fn check_name(agent: &AgentInner, what: &str, name: &str) -> Result<(
     Ok(())
 }
 
-/// The acceptor's side of the control handshake: the challenge–response under the agent
-/// secret (none in insecure mode), then a session that joining connections must match.
-/// Returns the session id and (insecure mode only) its token.
+/// The acceptor's side of the control handshake: the SPAKE2 exchange under the agent secret
+/// (none in insecure mode), then a session that joining connections must match.
+/// Returns the session id, its token (the identity tag; insecure mode: a random token) and the
+/// cluster the tag covers (read once, so the reply names the cluster its tag proves).
 pub(super) fn control_handshake(
     agent: &AgentInner,
     c: &mut Conn,
     h: &Hello,
-) -> Result<(u128, u128)> {
+) -> Result<(u128, u128, String)> {
     check_name(agent, "agent name", &h.agent_name)?;
+    check_name(agent, "cluster name", &h.cluster)?;
     let session = crate::mem::random_u128()?;
+    let cluster = agent
+        .cluster
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     let (token, key) = match &agent.secret {
         Some(secret) => {
             let ctx = h.agent_id.to_le_bytes();
-            let sn = auth::accept(c, secret.bytes(), "control", &ctx, h.nonce)?;
-            let key = auth::session_key(secret.bytes(), &ctx, h.nonce, sn);
-            // Authenticated mode: the token carries this agent's identity tag (joins prove the
-            // session key instead of presenting a token).
-            let tag = identity_tag(&key, &agent.cfg.name, agent.id, session);
+            let key = auth::accept_control(c, secret, &ctx, h.nonce)?;
+            // Authenticated mode: the token carries this agent's identity tag, its own key
+            // confirmation (joins prove the session key instead of presenting a token).
+            let tag = identity_tag(&key, &agent.cfg.name, &cluster, agent.id, session);
             (tag, Some(key))
         }
         None => (crate::mem::random_u128()?, None),
@@ -60,7 +66,7 @@ pub(super) fn control_handshake(
                 members: Arc::default(),
             },
         );
-    Ok((session, token))
+    Ok((session, token, cluster))
 }
 
 /// The acceptor's side of a joining connection (data stream, shm socket): it must prove it

@@ -102,11 +102,13 @@ fn first_frame(agent: &AgentInner, c: &mut Conn, slot: &Slot, accepted: std::tim
 }
 
 /// Runs `f` on a tracked connection within the handshake deadline; answers a fatal error with
-/// an `Err` frame before closing, and counts the bound it hit.
+/// an `Err` frame before closing, and counts the bound it hit. `from` names the source (an
+/// address, or the shm socket's peer uid) in the log line of a failed login.
 fn with_conn(
     agent: &AgentInner,
     mut conn: Conn,
     mut slot: Slot,
+    from: &str,
     f: impl FnOnce(&mut Conn, &mut Slot) -> Result<()>,
 ) {
     let Ok(h) = conn.shutdown_handle() else {
@@ -120,7 +122,10 @@ fn with_conn(
         if let Err(e) = f(&mut conn, &mut slot) {
             let hits = &agent.hits;
             match &e {
-                Error::AuthFailed(why) => hits.hit(&hits.auth_failures, why),
+                Error::AuthFailed(why) => hits.hit(
+                    &hits.auth_failures,
+                    &format!("failed login from {from}: {why}"),
+                ),
                 Error::LimitReached { what, .. } if what.contains("first_frame_timeout") => {
                     hits.hit(&hits.first_frame_timeouts, what)
                 }
@@ -150,9 +155,12 @@ fn authenticated(agent: &AgentInner, c: &mut Conn, slot: &mut Slot) -> Result<()
 }
 
 fn serve_tcp(agent: Arc<AgentInner>, s: TcpStream, slot: Slot) {
+    let from = s
+        .peer_addr()
+        .map_or_else(|_| "an unknown address".into(), |a| a.to_string());
     let conn = Conn::new(Sock::Tcp(s), "tcp connection");
     let accepted = std::time::Instant::now();
-    with_conn(&agent.clone(), conn, slot, |c, slot| {
+    with_conn(&agent.clone(), conn, slot, &from, |c, slot| {
         let first = c.recv_frame(false)?;
         first_frame(&agent, c, slot, accepted);
         match first {
@@ -190,7 +198,7 @@ fn serve_control(
     agent: &AgentInner,
     c: &mut Conn,
     h: Hello,
-    (session, token): (u128, u128),
+    (session, token, cluster): (u128, u128, String),
 ) -> Result<()> {
     let reply = Hello {
         agent_name: agent.cfg.name.clone(),
@@ -203,6 +211,7 @@ fn serve_control(
         token,
         streams: 0,
         nonce: 0,
+        cluster,
     };
     let from = h.agent_name.clone();
     agent.inbound.push(PeerInfo {

@@ -19,9 +19,13 @@ use crate::wire::Msg;
 const MAX_BOUNCE: usize = 256 << 20;
 
 pub(super) fn serve_shm(agent: Arc<AgentInner>, s: UnixStream, slot: Slot) {
+    let from = crate::mem::peer_uid(s.as_raw_fd()).map_or_else(
+        |_| "the shm socket".into(),
+        |u| format!("the shm socket (uid {u})"),
+    );
     let conn = Conn::new(Sock::Unix(s), "shm connection");
     let accepted = std::time::Instant::now();
-    with_conn(&agent.clone(), conn, slot, |c, slot| {
+    with_conn(&agent.clone(), conn, slot, &from, |c, slot| {
         let first = c.recv_frame(false)?;
         first_frame(&agent, c, slot, accepted);
         let (session, token, nonce) = match first {

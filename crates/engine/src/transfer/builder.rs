@@ -91,7 +91,7 @@ impl Transfer {
         self
     }
 
-    /// Delivers `msg` (≤ 64 KiB) to the peer's agent after every op's bytes are in place; see
+    /// Delivers `msg` (≤ [`crate::MAX_NOTIFICATION_BYTES`], 64 KiB) to the peer's agent after every op's bytes are in place; see
     /// [`crate::Agent::wait_notification`].
     pub fn notify(&mut self, msg: impl Into<Vec<u8>>) -> &mut Self {
         self.notify = Some(msg.into());
@@ -135,10 +135,8 @@ impl Transfer {
                 "a transfer needs at least one op".into(),
             ));
         }
-        if self.notify.as_ref().is_some_and(|n| n.len() > 64 << 10) {
-            return Err(Error::InvalidArgument(
-                "notification larger than 64 KiB".into(),
-            ));
+        if let Some(n) = self.notify.as_ref() {
+            crate::notes::check_size(n.len())?;
         }
         for op in self.op_refs() {
             if op.len == 0 {

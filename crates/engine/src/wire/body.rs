@@ -71,6 +71,11 @@ impl<'a> Reader<'a> {
             .try_into()
             .map_err(|_| Error::Malformed("mac".into()))
     }
+    fn pake(&mut self) -> Result<[u8; 33]> {
+        self.take(33)?
+            .try_into()
+            .map_err(|_| Error::Malformed("SPAKE2 message".into()))
+    }
     fn bytes(&mut self) -> Result<Vec<u8>> {
         let n = self.u32()? as usize;
         Ok(self.take(n)?.to_vec())
@@ -269,6 +274,7 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
             put_u128(o, h.token);
             put_u16(o, h.streams);
             put_u128(o, h.nonce);
+            put_str(o, &h.cluster);
         }
         Msg::Join {
             session,
@@ -451,6 +457,14 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
             o.extend_from_slice(mac);
         }
         Msg::Auth { mac } => o.extend_from_slice(mac),
+        Msg::Pake { nonce, msg } => {
+            put_u128(o, *nonce);
+            o.extend_from_slice(msg);
+        }
+        Msg::PakeAuth { msg, mac } => {
+            o.extend_from_slice(msg);
+            o.extend_from_slice(mac);
+        }
         Msg::ShmRing { slots, slot_bytes } => {
             put_u32(o, *slots);
             put_u32(o, *slot_bytes);
@@ -512,6 +526,7 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             token: r.u128()?,
             streams: r.u16()?,
             nonce: r.u128()?,
+            cluster: r.string()?,
         }),
         2 => Msg::Join {
             session: r.u128()?,
@@ -649,6 +664,14 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             mac: r.mac()?,
         },
         27 => Msg::Auth { mac: r.mac()? },
+        41 => Msg::Pake {
+            nonce: r.u128()?,
+            msg: r.pake()?,
+        },
+        42 => Msg::PakeAuth {
+            msg: r.pake()?,
+            mac: r.mac()?,
+        },
         28 => Msg::FabricConnect { addr: r.bytes()? },
         29 => Msg::FabricRegion {
             region: r.u64()?,

@@ -14,7 +14,7 @@ pub use crate::error::RemoteError;
 /// First two bytes of every frame: `"GX"`.
 pub const MAGIC: u16 = 0x4758;
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 6;
+pub const VERSION: u8 = 7;
 /// Size of the fixed frame header.
 pub const HEADER_LEN: usize = 16;
 /// Largest frame body accepted (1 MiB).
@@ -26,7 +26,7 @@ pub(crate) const MAX_STR: usize = 4096;
 /// Most ops in one `ShmBegin` (and errors in one `ShmBeginResult`); more is `Malformed`.
 pub const MAX_OPS_PER_BEGIN: usize = 8192;
 /// Highest frame type this version knows.
-pub const MAX_KIND: u8 = 40;
+pub const MAX_KIND: u8 = 42;
 
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +63,10 @@ pub struct Hello {
     /// The initiator's fresh random nonce for the challenge–response (0 in the acceptor's
     /// reply, which comes after authentication).
     pub nonce: u128,
+    /// The cluster the agent was published in (empty: none). In the acceptor's reply it is
+    /// covered by the identity tag, so a caller that asked for an agent of one cluster is never
+    /// served by a namesake of another.
+    pub cluster: String,
 }
 
 /// Most entries of one [`Msg::WriteBatch`] or [`Msg::ReadBatch`]: with the frame's head, one
@@ -299,6 +303,16 @@ pub enum Msg {
         xfer: u64,
         errors: Vec<(u32, Error)>,
     },
+    /// The acceptor's answer to a control `Hello`: its nonce and its SPAKE2 message.
+    Pake {
+        nonce: u128,
+        msg: [u8; 33],
+    },
+    /// The initiator's SPAKE2 message and its key confirmation.
+    PakeAuth {
+        msg: [u8; 33],
+        mac: [u8; 32],
+    },
 }
 
 impl Msg {
@@ -345,6 +359,8 @@ impl Msg {
             Msg::ReadBatch { .. } => 39,
             Msg::ReadBatchData { .. } => 40,
             Msg::RdmaRegionOn { .. } => 32,
+            Msg::Pake { .. } => 41,
+            Msg::PakeAuth { .. } => 42,
         }
     }
 

@@ -138,7 +138,18 @@ pub mod raw {
         pub key: [u8; 32],
     }
 
-    /// The control handshake with `secret`: Hello → Challenge (checked) → Auth → Hello.
+    /// The initiator's SPAKE2 message and state for `secret` (as docs/wire-protocol.md says).
+    pub fn pake_start(secret: &[u8]) -> (spake2::Spake2<spake2::Ed25519Group>, [u8; 33]) {
+        let (st, m) = spake2::Spake2::<spake2::Ed25519Group>::start_a(
+            &spake2::Password::new(secret),
+            &spake2::Identity::new(b"gdx/7 initiator"),
+            &spake2::Identity::new(b"gdx/7 acceptor"),
+        );
+        (st, m.try_into().unwrap())
+    }
+
+    /// The control handshake with `secret`, made by hand: Hello → Pake → PakeAuth → Hello,
+    /// the reply's identity tag checked under the session key.
     pub fn login(addr: SocketAddr, secret: &[u8]) -> Session {
         let mut c = TcpStream::connect(addr).unwrap();
         let (cn, id) = (0x1111_2222_3333_4444_5555_6666_7777_8888u128, 42u128);
@@ -151,17 +162,36 @@ pub mod raw {
                 ..Hello::default()
             }),
         );
-        let Some(Msg::Challenge { nonce: sn, mac }) = read_msg(&mut c) else {
-            panic!("no Challenge")
+        let Some(Msg::Pake { nonce: sn, msg }) = read_msg(&mut c) else {
+            panic!("no Pake")
         };
+        let (st, mine) = pake_start(secret);
+        let k: [u8; 32] = st.finish(&msg).unwrap().try_into().unwrap();
         let t = [&id.to_le_bytes()[..], &cn.to_le_bytes(), &sn.to_le_bytes()];
-        assert_eq!(mac, hmac(secret, "gdx/3 control acceptor", &t));
-        let mac = hmac(secret, "gdx/3 control initiator", &t);
-        send(&mut c, &Msg::Auth { mac });
+        let mac = hmac(&k, "gdx/7 control initiator", &t);
+        send(&mut c, &Msg::PakeAuth { msg: mine, mac });
         let Some(Msg::Hello(hello)) = read_msg(&mut c) else {
-            panic!("no Hello after Auth")
+            panic!("no Hello after PakeAuth")
         };
-        let key = hmac(secret, "gdx/3 session key", &t);
+        let key = hmac(&k, "gdx/7 session key", &t);
+        let name = hello.agent_name.as_bytes();
+        let tag = hmac(
+            &key,
+            "gdx/7 acceptor identity",
+            &[
+                &(name.len() as u64).to_le_bytes(),
+                name,
+                &(hello.cluster.len() as u64).to_le_bytes(),
+                hello.cluster.as_bytes(),
+                &hello.agent_id.to_le_bytes(),
+                &hello.session.to_le_bytes(),
+            ],
+        );
+        let tag = u128::from_le_bytes(tag[..16].try_into().unwrap());
+        assert_eq!(
+            hello.token, tag,
+            "the acceptor's identity tag (its key confirmation)"
+        );
         Session {
             control: c,
             hello,

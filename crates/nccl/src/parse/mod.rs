@@ -33,6 +33,8 @@ fn parse_into(log: &mut NcclLog, source: &str, text: &str) {
 }
 
 pub(super) fn parse_line(log: &mut NcclLog, source: &str, lineno: usize, raw: &str) {
+    // A line may add ranks or connections: answers cached before it would be stale.
+    log.forget_index();
     log.lines += 1;
     let Kind::Nccl(l) = line::split(raw) else {
         return;

@@ -115,6 +115,35 @@ pub fn tensor_bytes(name: &str, dtype: Dtype, shape: &[u64]) -> Result<u64, Stri
         })
 }
 
+/// Most dimensions a tensor may have: what every numpy can make (numpy 1.x's limit is 32), so a
+/// shape loads the same in the CLI and in Python.
+pub const MAX_DIMS: usize = 32;
+
+/// A shape every reader can hold: at most [`MAX_DIMS`] dimensions, each and the product of the
+/// non-zero ones (in bytes) within `i64::MAX` (numpy's sizes are signed: `[0, 2^64-1]` holds
+/// no byte, but no array can have that shape).
+fn check_shape(name: &str, dtype: Dtype, shape: &[u64]) -> Result<(), String> {
+    if shape.len() > MAX_DIMS {
+        return Err(format!(
+            "tensor {name:?}: {} dimensions, more than the {MAX_DIMS} an array can have",
+            shape.len()
+        ));
+    }
+    let max = i64::MAX as u64;
+    let nonzero = shape
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(dtype.size(), |n, &d| n.checked_mul(d).filter(|&n| n <= max));
+    if nonzero.is_none() {
+        return Err(format!(
+            "tensor {name:?}: shape {shape:?} of {} has dimensions too large for an array \
+             (their product exceeds 2^63 - 1 bytes)",
+            dtype.name()
+        ));
+    }
+    Ok(())
+}
+
 fn offsets(name: &str, v: Option<&Value>) -> Result<(u64, u64), String> {
     let bad = || {
         format!("tensor {name:?}: \"data_offsets\" must be [begin, end], two non-negative integers")
@@ -145,6 +174,7 @@ fn tensor(name: &str, v: &Value, data_len: u64) -> Result<TensorInfo, String> {
         .iter()
         .map(|d| d.as_u64().ok_or_else(bad_shape))
         .collect::<Result<Vec<u64>, String>>()?;
+    check_shape(name, dtype, &shape)?;
     let (begin, end) = offsets(name, obj.get("data_offsets"))?;
     if end < begin {
         return Err(format!(
@@ -336,7 +366,26 @@ mod tests {
             r#"{"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}}"#,
             16,
         );
-        assert!(r.contains("more bytes than fit in 64 bits"), "{r}");
+        assert!(r.contains("too large for an array"), "{r}");
+        // No byte, but no array can have the shape: refused, not left to numpy.
+        let r = reason(
+            r#"{"a":{"dtype":"F32","shape":[0,18446744073709551615],"data_offsets":[0,0]}}"#,
+            0,
+        );
+        assert!(r.contains("too large for an array"), "{r}");
+        let dims = vec!["1"; 100].join(",");
+        let r = reason(
+            &format!(r#"{{"a":{{"dtype":"F32","shape":[{dims}],"data_offsets":[0,4]}}}}"#),
+            4,
+        );
+        assert!(r.contains("100 dimensions, more than the 32"), "{r}");
+        let dims = vec!["1"; 32].join(",");
+        assert!(parse(
+            format!(r#"{{"a":{{"dtype":"F32","shape":[{dims}],"data_offsets":[0,4]}}}}"#)
+                .as_bytes(),
+            4
+        )
+        .is_ok());
         let r = reason(
             r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
             8,

@@ -19,7 +19,6 @@ use crate::{
 };
 use gdx_sys::cuda::DeviceBuffer;
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -47,26 +46,14 @@ fn bad(path: &Path, reason: impl Into<String>) -> StorageError {
 
 /// Read and check the header of the safetensors file `path` (no tensor byte is read).
 pub fn read_header(path: &Path) -> Result<Header, StorageError> {
-    let open_err = |source| StorageError::Open {
-        path: path.to_path_buf(),
-        purpose: "reading",
-        source,
-    };
     let read_err = |len, source| StorageError::Read {
         path: path.to_path_buf(),
         offset: 0,
         len,
         source,
     };
-    let mut f = File::open(path).map_err(open_err)?;
-    let meta = f.metadata().map_err(open_err)?;
-    if !meta.is_file() {
-        return Err(StorageError::NotAFile {
-            path: path.to_path_buf(),
-            kind: crate::fileio::not_a_file_kind(meta.file_type()),
-        });
-    }
-    let size = meta.len();
+    // Non-blocking, the type checked on the descriptor: a FIFO never hangs the reader.
+    let (mut f, size) = crate::fileio::open_regular(path, "reading")?;
     if size < 8 {
         return Err(bad(
             path,
@@ -246,12 +233,32 @@ pub fn checkpoint_files(path: &Path) -> Result<Vec<PathBuf>, StorageError> {
 /// An index's shard files (in order of first mention) and its tensor -> file map.
 type IndexMap = (Vec<PathBuf>, HashMap<String, PathBuf>);
 
+/// Largest `*.index.json` read (a real one is tens of KiB: one line per tensor).
+pub const MAX_INDEX_BYTES: u64 = 16 << 20;
+
 fn index_map(index: &Path) -> Result<IndexMap, StorageError> {
-    let text = std::fs::read_to_string(index).map_err(|source| StorageError::Open {
-        path: index.to_path_buf(),
-        purpose: "reading",
-        source,
-    })?;
+    // A regular file only (a FIFO would hang, `/dev/zero` behind a symlink never end), and
+    // at most MAX_INDEX_BYTES of it.
+    let (f, size) = crate::fileio::open_regular(index, "reading")?;
+    if size > MAX_INDEX_BYTES {
+        return Err(bad(
+            index,
+            format!("the index is {size} bytes, more than the {MAX_INDEX_BYTES}-byte limit"),
+        ));
+    }
+    let mut raw = Vec::new();
+    f.take(MAX_INDEX_BYTES + 1)
+        .read_to_end(&mut raw)
+        .map_err(|source| StorageError::Read {
+            path: index.to_path_buf(),
+            offset: 0,
+            len: size,
+            source,
+        })?;
+    if raw.len() as u64 > MAX_INDEX_BYTES {
+        return Err(bad(index, "the index grew past the size limit while read"));
+    }
+    let text = String::from_utf8(raw).map_err(|_| bad(index, "the index is not UTF-8"))?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| bad(index, format!("the index is not valid JSON ({e})")))?;
     let map = v
