@@ -67,12 +67,12 @@ impl WarmMethod {
     }
 }
 
-/// Default reader threads: three quarters of the CPUs, 4 to 16 (a 16-core host gets 12). A
-/// warm read is a CPU copy out of the page cache at a few GB/s per thread, so reaching the
-/// copy engine's ~53 GB/s takes about a dozen; past 16 the memory bus, not the threads, limits.
+/// Default reader threads: one per CPU, 4 to 16. A warm read is a CPU copy out of the page
+/// cache at a few GB/s per thread; on the 16-core H100 host 16 readers loaded 28.3/29.7 GB/s
+/// where 12 gave 24.2/27.9 and 8 gave 21.0/24.3 (same run, `scripts/device/ckpt.sh`).
 pub fn default_readers() -> usize {
     let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
-    (cpus * 3 / 4).clamp(4, 16)
+    cpus.clamp(4, 16)
 }
 
 /// How to gather.
