@@ -62,6 +62,7 @@ impl LocalPeer {
         let mut bytes = 0u64;
         // Addresses looked up once per region run (a device address is behind a lock).
         let mut last: Option<(&DeviceRegion, u64, &DeviceRegion, u64)> = None;
+        let mut planned = None;
         for (k, s) in spans.iter().enumerate() {
             check_bounds(s.dst_off, s.len, s.dst.len())?;
             check_bounds(s.src_off, s.len, s.src.len())?;
@@ -72,14 +73,19 @@ impl LocalPeer {
                     s.dst.gpu()
                 )));
             }
-            let plan = self.plan_for(Mem::Gpu(s.dst), Mem::Gpu(s.src), s.len, false)?;
-            if !matches!(plan.path, Path::Ipc | Path::P2p | Path::DeviceLocal) {
-                return Err(Error::InvalidArgument(format!(
-                    "span {k} is planned {} ({}), not a direct path a batched copy can take",
-                    plan.path, plan.reason
-                )));
+            // A block list is spans of one size between the same two regions: planned once.
+            let key = (s.dst.id(), s.src.id(), s.len);
+            if planned != Some(key) {
+                let plan = self.plan_for(Mem::Gpu(s.dst), Mem::Gpu(s.src), s.len, false)?;
+                if !matches!(plan.path, Path::Ipc | Path::P2p | Path::DeviceLocal) {
+                    return Err(Error::InvalidArgument(format!(
+                        "span {k} is planned {} ({}), not a direct path a batched copy can take",
+                        plan.path, plan.reason
+                    )));
+                }
+                path.get_or_insert(plan.path);
+                planned = Some(key);
             }
-            path.get_or_insert(plan.path);
             let (dbase, sbase) = match last {
                 Some((d, db, s2, sb)) if d.id() == s.dst.id() && s2.id() == s.src.id() => (db, sb),
                 _ => {
@@ -154,7 +160,7 @@ fn refuse_overlap(raw: &[CopySpan]) -> Result<()> {
         ends.push((s.dst, s.dst + s.len, true, k));
         ends.push((s.src, s.src + s.len, false, k));
     }
-    ends.sort_unstable_by_key(|e| (e.0, e.1));
+    ends.sort_unstable_by_key(|e| e.0);
     let (mut dsts, mut srcs) = (Reach::default(), Reach::default());
     for &(lo, hi, is_dst, k) in &ends {
         if lo == hi {

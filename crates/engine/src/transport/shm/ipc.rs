@@ -80,14 +80,20 @@ impl Worker {
                 xfer.chunk_done(i, 0, Err(xfer.timeout_error()));
                 continue;
             }
-            match self.batchable(xfer, i) {
-                Ok(Some((p, remote_at))) => {
-                    let same = peer.as_ref().is_none_or(|q| q.same(&p));
-                    if same {
-                        peer.get_or_insert(p);
-                        batched.push((i, remote_at));
-                    } else {
+            match self.batch_piece(xfer, i) {
+                Ok(Some(k)) => {
+                    // `batch_piece` took only ops from GPU memory here.
+                    let Some(dev) = xfer.op(i).local.device() else {
                         one_by_one.push(i);
+                        continue;
+                    };
+                    match &peer {
+                        None => {
+                            peer = Some(dev.peer.clone());
+                            batched.push((i, k));
+                        }
+                        Some(q) if q.same(&dev.peer) => batched.push((i, k)),
+                        Some(_) => one_by_one.push(i),
                     }
                 }
                 Ok(None) => one_by_one.push(i),
@@ -117,14 +123,21 @@ impl Worker {
     }
 
     /// Whether op `i` can join a batched copy: GPU memory on this side, under `BATCH_SPAN_MAX`,
-    /// inside one piece of the mapping. `Some((peer, k))`: piece `k` holds its remote span.
-    fn batchable(&mut self, xfer: &XferState, i: usize) -> Result<Option<(LocalPeer, u64)>> {
+    /// inside one piece of the mapping. `Some(k)`: piece `k` holds its remote span. The
+    /// mapping is looked up in place (made on the region's first op): a block list's 1,000 ops
+    /// cost 1,000 look-ups, not 1,000 copies of it.
+    fn batch_piece(&mut self, xfer: &XferState, i: usize) -> Result<Option<u64>> {
         let op = xfer.op(i);
         if op.local.device().is_none() || op.len >= BATCH_SPAN_MAX || op.len == 0 {
             return Ok(None);
         }
-        let (peer, pieces) = self.ipc_mapping(xfer, i)?;
         let Some(ipc) = op.remote.ipc.as_ref() else {
+            return Ok(None);
+        };
+        if !self.imports.contains_key(&op.remote.id) {
+            self.ipc_mapping(xfer, i)?;
+        }
+        let Some(pieces) = self.imports.get(&op.remote.id) else {
             return Ok(None);
         };
         let start = ipc.offset + op.remote_offset;
@@ -132,7 +145,7 @@ impl Worker {
         Ok(pieces
             .iter()
             .position(|(at, r)| start >= *at && end <= at + r.len())
-            .map(|k| (peer, k as u64)))
+            .map(|k| k as u64))
     }
 
     /// One batched copy of `ops` (each with the index of its mapping piece), waited for while

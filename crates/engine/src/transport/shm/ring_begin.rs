@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::ring::{ring_class, ring_ops_iter, Skip, Started};
 use super::Worker;
 use crate::error::{Error, Result};
-use crate::gpu::{copy_span, Dir};
+use crate::gpu::{copy_span, Dir, BATCH_SPAN_MAX};
 use crate::region::LeaseKind;
 use crate::ring::{
     DATA_BYTES, DONE, END, IDENTITY, INLINE_MAX, KIND_BEGIN, KIND_INLINE, MAX_RING_OPS,
@@ -163,9 +163,13 @@ impl Worker {
         // `cma` ops go in one slot: their copy is one system call per slot, and the kernel
         // moves a call of 1,024 spans faster than eight of 128; the target's leasing, which
         // parts would overlap with the copies, costs little beside a kernel copy.
-        let all_cma = (0..n).all(|i| xfer.path(i) == Path::Cma);
+        // Small `ipc` ops go in one slot too: the slot's copy is one kernel launch, and a part
+        // costs a launch and a completion wait of its own (8 parts cost a 1,000-block list
+        // more than the target's leasing they would overlap).
+        let one_slot = (0..n).all(|i| xfer.path(i) == Path::Cma)
+            || (0..n).all(|i| xfer.path(i) == Path::Ipc && xfer.ops[i].len < BATCH_SPAN_MAX);
         let rc = self.ring_mut()?;
-        let chunk = if all_cma { n } else { begin_chunk(n) };
+        let chunk = if one_slot { n } else { begin_chunk(n) };
         let chunk = if chunk < n && rc.free_ahead(n.div_ceil(chunk)) {
             chunk
         } else {
