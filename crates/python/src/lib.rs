@@ -33,6 +33,7 @@ fn _gdx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<blocks::PyBlockPool>()?;
     m.add_class::<blocks::PyBlockTransfer>()?;
     m.add_class::<peer::PyOpResult>()?;
+    m.add_class::<peer::PyOpResults>()?;
     m.add_class::<peer::PyNotification>()?;
     m.add_function(wrap_pyfunction!(region::_forge_key, m)?)?;
     m.add_function(wrap_pyfunction!(region::_forge_len, m)?)?;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gdx_engine::{
-    Notification, OpKind, OpResult, OpStatus, Peer, Status, Transfer, TransferHandle,
+    Notification, OpKind, OpResult, OpResults, OpStatus, Peer, Status, Transfer, TransferHandle,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
@@ -347,10 +347,10 @@ impl PyTransfer {
     /// first op's failure as its typed exception (PeerLost, AccessDenied, OutOfBounds,
     /// NotFound ...), Timeout if it is still running. Interruptible with Ctrl-C.
     #[pyo3(signature = (timeout=None))]
-    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Vec<PyOpResult>> {
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyOpResults> {
         let timeout = seconds(timeout, Duration::from_secs(60))?;
         let report = wait_sliced(py, timeout, |s| self.h.wait(s))?;
-        Ok(report.ops.into_iter().map(PyOpResult::from).collect())
+        Ok(PyOpResults::from(report.ops))
     }
 
     /// True once the batch ended (completed or failed); never blocks.
@@ -383,12 +383,8 @@ impl PyTransfer {
     }
 
     /// The per-op results so far (pending ops included).
-    fn results(&self) -> Vec<PyOpResult> {
-        self.h
-            .op_results()
-            .into_iter()
-            .map(PyOpResult::from)
-            .collect()
+    fn results(&self) -> PyOpResults {
+        PyOpResults::from(self.h.op_results())
     }
 
     /// The rails of the peer's connection, each with the bytes this batch moved over it, its
@@ -542,5 +538,86 @@ impl PyNotification {
             .map(|r| r.to_string())
             .unwrap_or_else(|_| "?".into());
         format!("Notification(sender={:?}, data={data})", self.n.from)
+    }
+}
+
+/// The results of a transfer's ops (what ``Transfer.wait`` and ``PreparedTransfer.run``
+/// return): a read-only sequence, one ``OpResult`` per op, made when an entry is read. A block
+/// list of 1,000 ops completes without building 1,000 objects nobody reads.
+#[pyclass(name = "OpResults", module = "gdx", frozen, sequence)]
+pub struct PyOpResults {
+    ops: Arc<OpResults>,
+}
+
+impl From<OpResults> for PyOpResults {
+    fn from(ops: OpResults) -> Self {
+        PyOpResults { ops: Arc::new(ops) }
+    }
+}
+
+#[pymethods]
+impl PyOpResults {
+    fn __len__(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// An op's result by index (negative from the end), or a list of them by slice.
+    fn __getitem__(&self, py: Python<'_>, index: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+        let n = self.ops.len();
+        if let Ok(s) = index.downcast::<pyo3::types::PySlice>() {
+            let ind = s.indices(n as isize)?;
+            let list: Vec<PyOpResult> = (0..ind.slicelength)
+                .filter_map(|k| self.ops.get((ind.start + k as isize * ind.step) as usize))
+                .map(|o| PyOpResult::from(o.clone()))
+                .collect();
+            return list.into_pyobject(py).map(|l| l.into_any().unbind());
+        }
+        let i: isize = index.extract()?;
+        let at = if i < 0 { i + n as isize } else { i };
+        match usize::try_from(at).ok().and_then(|k| self.ops.get(k)) {
+            Some(o) => Py::new(py, PyOpResult::from(o.clone())).map(|o| o.into_any()),
+            None => Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                "op {i} of a transfer of {n} op(s)"
+            ))),
+        }
+    }
+
+    fn __iter__(&self) -> PyOpResultsIter {
+        PyOpResultsIter {
+            ops: Arc::clone(&self.ops),
+            next: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        let failed = self
+            .ops
+            .iter()
+            .filter(|o| !matches!(o.status, gdx_engine::OpStatus::Completed))
+            .count();
+        format!(
+            "OpResults({} op(s), {} not completed)",
+            self.ops.len(),
+            failed
+        )
+    }
+}
+
+/// Iterates an ``OpResults``.
+#[pyclass(module = "gdx", frozen)]
+pub struct PyOpResultsIter {
+    ops: Arc<OpResults>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+#[pymethods]
+impl PyOpResultsIter {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self) -> Option<PyOpResult> {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.ops.get(i).map(|o| PyOpResult::from(o.clone()))
     }
 }

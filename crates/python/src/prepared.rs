@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 
 use crate::cuda;
 use crate::errors::PyResultExt;
-use crate::peer::{PyOpResult, PyPeer, PyTransfer};
+use crate::peer::{PyOpResults, PyPeer, PyTransfer};
 use crate::wait::{seconds, wait_sliced};
 
 /// A batch prepared once (``Peer.prepare_write``/``prepare_read``): ``post()`` starts it
@@ -70,11 +70,11 @@ impl PyPreparedTransfer {
     /// Posts and waits up to ``timeout`` seconds (default 60); returns one OpResult per op, or
     /// raises as ``Transfer.wait`` does.
     #[pyo3(signature = (timeout=None))]
-    fn run(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Vec<PyOpResult>> {
+    fn run(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyOpResults> {
         let timeout = seconds(timeout, Duration::from_secs(60))?;
         let t = self.post_now(py)?;
         let report = wait_sliced(py, timeout, |s| t.h.wait(s))?;
-        Ok(report.ops.into_iter().map(PyOpResult::from).collect())
+        Ok(PyOpResults::from(report.ops))
     }
 
     /// The path each op was planned on (``"shm"``, ``"tcp"`` ...).

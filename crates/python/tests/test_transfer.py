@@ -40,6 +40,16 @@ def test_write_batch_of_1000_then_read_back(agent, peer, tmp_path, target):
     assert all("no direct copy" in r.reason for r in results if r.path == "shm-staged"), results[0]
     assert all(r.reason for r in results)
     assert "op 999" in h.explain()
+    # The results are a sequence made on demand: indexing both ways, slices, iteration, the
+    # end named.
+    assert isinstance(results, gdx.OpResults) and "1000 op(s)" in repr(results)
+    assert results[-1].nbytes == BLOCK and results[999].path == results[-1].path
+    assert [r.nbytes for r in results[998:]] == [BLOCK, BLOCK] and results[5:2] == []
+    assert sum(1 for _ in results) == OPS and len(h.results()) == OPS
+    with pytest.raises(IndexError, match="op 1000 of a transfer of 1000"):
+        results[1000]
+    with pytest.raises(IndexError, match="op -1001"):
+        results[-1001]
     note = peer.ask("note")
     assert note["sender"] == "initiator" and bytes.fromhex(note["data"]) == b"layer-0"
 
