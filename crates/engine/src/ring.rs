@@ -5,7 +5,8 @@
 //! ring round trip instead of two socket round trips. The socket stays for set-up, fd passing,
 //! notifications and liveness.
 //!
-//! Layout: a 4 KiB header (`magic`, `doorbell`, `target_sleeping`), then `SLOTS` slots of
+//! Layout: a 4 KiB header (`magic`, `doorbell`, `target_sleeping`, the standing-lease table at
+//! `STANDING_AT`), then `SLOTS` slots of
 //! `SLOT_BYTES`. A slot: a 64-byte control block (`state`, `waiting`, `seq`, `kind`, `n_ops`,
 //! `result_len`, `xfer`), the op table (`n_ops` × `OP_BYTES`), right after it the inline data
 //! (the ops' bytes, packed in op order, from `data_at(n_ops)`), and at the slot's end a result
@@ -109,6 +110,57 @@ const SHORT_DATA_AT: usize = 56;
 const SHORT_WRITE: u32 = 1 << 8;
 const _: () = assert!(SHORT_DATA_AT + SHORT_MAX == CTRL_BYTES);
 
+/// Standing leases (the header's second KiB): the target holds a lease on one of its regions
+/// for the connection, so the initiator copies (`cma`) without a `BEGIN` round trip. Per
+/// entry: region id (two words), state, copies under way. The target writes the id, then
+/// `STANDING_OPEN`; to end it, `STANDING_CLOSED`, then it waits for `busy` 0 before it lets the
+/// region go. The initiator raises `busy`, then checks the state and id, copies, lowers
+/// `busy`: both sides' first access is sequentially consistent, so either the initiator sees
+/// the entry closed or the target sees the copy under way.
+pub(crate) const STANDING_AT: usize = 1024;
+/// Entries in the table.
+pub(crate) const STANDING_MAX: usize = 64;
+const STANDING_BYTES: usize = 16;
+const _: () = assert!(STANDING_AT + STANDING_MAX * STANDING_BYTES <= HEADER_BYTES);
+/// An entry the target holds a lease for.
+pub(crate) const STANDING_OPEN: u32 = 1;
+/// An entry the target let go of (it stays closed).
+pub(crate) const STANDING_CLOSED: u32 = 2;
+
+/// One standing-lease entry of the ring header ([`Ring::standing`]).
+pub(crate) struct Standing<'a> {
+    lo: &'a AtomicU32,
+    hi: &'a AtomicU32,
+    pub(crate) state: &'a AtomicU32,
+    pub(crate) busy: &'a AtomicU32,
+}
+
+impl Standing<'_> {
+    /// The entry's region (read after its state).
+    pub(crate) fn region(&self) -> u64 {
+        u64::from(self.lo.load(Ordering::Acquire))
+            | (u64::from(self.hi.load(Ordering::Acquire)) << 32)
+    }
+
+    /// Target side: the entry now stands for `region` (`state` is set after).
+    pub(crate) fn set_region(&self, region: u64) {
+        self.lo.store(region as u32, Ordering::Release);
+        self.hi.store((region >> 32) as u32, Ordering::Release);
+    }
+
+    /// Initiator side: starts a copy under the entry if it is open for `region`; the caller
+    /// ends it with `leave` (also when this returns false).
+    pub(crate) fn enter(&self, region: u64) -> bool {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        self.state.load(Ordering::SeqCst) == STANDING_OPEN && self.region() == region
+    }
+
+    /// Initiator side: the copy `enter` started is over.
+    pub(crate) fn leave(&self) {
+        self.busy.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// How long a waiter sleeps on the futex before it re-checks the peer.
 pub(crate) const NAP: Duration = Duration::from_millis(2);
 
@@ -192,6 +244,19 @@ impl Ring {
 
     pub(crate) fn state(&self, slot: usize) -> &AtomicU32 {
         self.word(Self::slot_at(slot))
+    }
+
+    /// Standing lease `k`'s words (`STANDING_AT`): its region id (low, high), its state
+    /// (`STANDING_OPEN` while the target holds the lease), and the initiator's copies under
+    /// way.
+    pub(crate) fn standing(&self, k: usize) -> Standing<'_> {
+        let at = STANDING_AT + (k % STANDING_MAX) * STANDING_BYTES;
+        Standing {
+            lo: self.word(at),
+            hi: self.word(at + 4),
+            state: self.word(at + 8),
+            busy: self.word(at + 12),
+        }
     }
 
     /// Non-zero while the initiator sleeps on the slot's state.

@@ -410,7 +410,7 @@ impl PyTransfer {
             ));
         }
         let b = self.h.batching();
-        if b.copies > 0 {
+        if b.copies > 0 || b.standing > 0 {
             s.push_str(&format!("batched: {b}\n"));
         }
         s.push_str(&rails_line(&self.h.rails()));

@@ -2,7 +2,7 @@
 //! the shared state ([`RegionInner`]) each registered region keeps it in.
 
 use std::fmt;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -88,6 +88,9 @@ pub(crate) struct RegionInner {
     pub(super) backing: Backing,
     pub(super) state: Mutex<LeaseState>,
     pub(super) cv: Condvar,
+    /// Transports' standing leases on this region (`Revocable`), revoked when a user lease or
+    /// retirement needs them gone.
+    pub(super) standing: Mutex<Vec<Weak<dyn Revocable>>>,
 }
 
 // SAFETY: the raw pointer of a borrowed backing is only dereferenced under a lease, and leases are
@@ -167,6 +170,14 @@ impl RegionInner {
             if st.dying {
                 return Err(Error::RegionGone { region: self.id });
             }
+            if !st.compatible(kind) && matches!(kind, LeaseKind::UserRead | LeaseKind::UserWrite) {
+                drop(st);
+                let revoked = self.revoke_standing();
+                st = self.lock();
+                if revoked {
+                    continue;
+                }
+            }
             if st.compatible(kind) {
                 match kind {
                     LeaseKind::UserRead => st.user_readers += 1,
@@ -217,10 +228,31 @@ impl RegionInner {
         Some(Ok(()))
     }
 
+    /// Registers a standing lease on this region, revoked through `r` when needed.
+    pub(crate) fn add_standing(&self, r: Weak<dyn Revocable>) {
+        let mut list = self.standing.lock().unwrap_or_else(|p| p.into_inner());
+        list.retain(|w| w.strong_count() > 0);
+        list.push(r);
+    }
+
+    /// Revokes every standing lease (call with the lease state unlocked: a revoke drops a
+    /// lease, which locks it). True when there was one.
+    fn revoke_standing(&self) -> bool {
+        let list = std::mem::take(&mut *self.standing.lock().unwrap_or_else(|p| p.into_inner()));
+        let live: Vec<Arc<dyn Revocable>> = list.iter().filter_map(Weak::upgrade).collect();
+        for r in &live {
+            r.revoke();
+        }
+        !live.is_empty()
+    }
+
     /// Refuses new leases and waits until the running ones end. Idempotent.
     pub(crate) fn retire(&self) {
         let mut st = self.lock();
         st.dying = true;
+        drop(st);
+        self.revoke_standing();
+        let mut st = self.lock();
         while !st.idle() {
             st.waiters += 1;
             st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
@@ -260,6 +292,14 @@ impl RegionInner {
         });
         Ok(())
     }
+}
+
+/// A lease a transport holds for a peer across transfers (the shm transport's standing lease,
+/// which lets the peer copy without asking per transfer). The region revokes it before a user
+/// lease it would exclude, and before it retires: `revoke` returns once the peer's copies under
+/// way ended and the lease is dropped. Idempotent.
+pub(crate) trait Revocable: Send + Sync {
+    fn revoke(&self);
 }
 
 /// A held right to touch `region`'s memory in one way; released on drop.

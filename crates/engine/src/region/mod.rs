@@ -19,7 +19,7 @@ mod registry;
 
 pub use crate::desc::{Access, Location, RegionDesc, RegionKey};
 pub use handle::{Region, RegionMut, RegionRef, RegionScope};
-pub(crate) use lease::{Lease, LeaseKind, RegionInner};
+pub(crate) use lease::{Lease, LeaseKind, RegionInner, Revocable};
 pub(crate) use registry::{check_bounds, RegionCache, Registry};
 
 #[cfg(test)]

@@ -87,6 +87,7 @@ impl Registry {
             backing,
             state: Mutex::new(LeaseState::default()),
             cv: Condvar::new(),
+            standing: Mutex::new(Vec::new()),
         });
         if let Some(n) = name {
             let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());

@@ -99,10 +99,19 @@ pub struct Batching {
     pub ops: u64,
     /// Batched copies (kernel launches) that moved them.
     pub copies: u64,
+    /// Ops copied under the target's standing lease (`cma`): no round trip to the target.
+    pub standing: u64,
 }
 
 impl std::fmt::Display for Batching {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.standing > 0 {
+            write!(
+                f,
+                "{} ops copied under the target's standing lease (no round trip to it); ",
+                self.standing
+            )?;
+        }
         if self.copies == 0 {
             return write!(f, "no batched copy: one copy per op");
         }
@@ -342,8 +351,8 @@ pub(crate) struct XferState {
     driven: AtomicBool,
     /// Bytes landed over each rail of the peer's connection (`TransferHandle::rails`).
     pub(crate) rail_bytes: [AtomicU64; crate::rails::MAX_RAILS],
-    /// Ops moved by batched copies, and the copies (`Batching`).
-    batched: [AtomicU64; 2],
+    /// Ops moved by batched copies, the copies, ops copied under a standing lease (`Batching`).
+    batched: [AtomicU64; 3],
 }
 
 /// A submitted transfer whose state is not built yet (`Transport::submit_new`): a transport
@@ -640,11 +649,17 @@ impl XferState {
         self.batched[1].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// `ops` ops of this transfer copied under the target's standing lease.
+    pub(crate) fn note_standing(&self, ops: usize) {
+        self.batched[2].fetch_add(ops as u64, Ordering::Relaxed);
+    }
+
     /// How many of the ops moved in batched copies, and in how many.
     pub(crate) fn batching(&self) -> Batching {
         Batching {
             ops: self.batched[0].load(Ordering::Relaxed),
             copies: self.batched[1].load(Ordering::Relaxed),
+            standing: self.batched[2].load(Ordering::Relaxed),
         }
     }
 

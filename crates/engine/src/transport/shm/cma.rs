@@ -14,7 +14,8 @@
 //! Per region, once: `ShmCmaRegion` gives its address in the target (only to this
 //! authenticated peer on this kernel). Per transfer: the target leases the ops (a ring `BEGIN`
 //! or `ShmBegin`), then the initiator copies each run of same-direction ops in as few calls as
-//! the kernel takes (`CMA_MAX_IOV` spans a side) and ends the batch.
+//! the kernel takes (`CMA_MAX_IOV` spans a side) and ends the batch; where the target holds a
+//! standing lease on the region (`standing.rs`), the initiator copies without asking.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -39,6 +40,8 @@ pub(super) struct CmaRegion {
     addr: u64,
     len: u64,
     writable: bool,
+    /// The ring-header entry of the target's standing lease on it (`standing.rs`), while open.
+    pub(super) standing: Option<usize>,
 }
 
 /// Asks the target for direct copies and checks with the kernel that they work (see the
@@ -259,12 +262,14 @@ impl Worker {
                 len,
                 writable,
             } => {
+                let standing = self.find_standing(id);
                 self.cma_regions.insert(
                     id,
                     CmaRegion {
                         addr,
                         len,
                         writable,
+                        standing,
                     },
                 );
                 Ok(())
@@ -402,10 +407,10 @@ impl Worker {
         };
         // SAFETY: each local span lies in a region leased above (a source for a write, a sink
         // for a read, so nothing else writes it meanwhile), bounds-checked at submit; each
-        // remote span lies in a region the peer handed out for this and leases since
-        // BEGIN/ShmBegin, checked above against its length and rights.
-        match unsafe { cross_memory_copy(pid, dir, &local, &remote) } {
-            Ok(_) => done.extend(moving),
+        // remote span lies in a region the peer leases (since BEGIN/ShmBegin, or standing),
+        // checked above against its length and rights.
+        match unsafe { copy_in_parts(pid, dir, &local, &remote) } {
+            Ok(()) => done.extend(moving),
             Err(e) if rustix::io::Errno::from_io_error(&e) == Some(rustix::io::Errno::SRCH) => {
                 return Err(Error::PeerLost(format!("pid {pid} is gone (ESRCH)")));
             }
@@ -424,9 +429,120 @@ impl Worker {
     }
 }
 
+/// Bytes a thread of a split copy gets at least (`copy_in_parts`).
+const PART_MIN_BYTES: usize = 2 << 20;
+/// Most threads one copy is split over.
+const MAX_PARTS: usize = 4;
+
+/// How many threads copy `total` bytes in `n` spans: one per `PART_MIN_BYTES`, up to the
+/// cores this process may use and `MAX_PARTS`. The kernel copies a call at one core's memcpy
+/// speed, and a KV block list (16 MB and up) has bytes enough for several.
+fn parts_for(total: usize, n: usize) -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |c| c.get()));
+    (total / PART_MIN_BYTES)
+        .min(cores)
+        .min(MAX_PARTS)
+        .min(n)
+        .max(1)
+}
+
+/// `cross_memory_copy` of span pairs (`local[i]` and `remote[i]` of one length), split by bytes
+/// over `parts_for` threads: this one and scoped others, each a call of its own.
+///
+/// # Safety
+/// As `cross_memory_copy`'s, for every span.
+unsafe fn copy_in_parts(
+    pid: u32,
+    dir: CmaDir,
+    local: &[(*mut u8, usize)],
+    remote: &[(u64, usize)],
+) -> std::io::Result<()> {
+    let total: usize = local.iter().map(|s| s.1).sum();
+    let parts = parts_for(total, local.len());
+    if parts == 1 {
+        // SAFETY: the caller's contract.
+        return unsafe { cross_memory_copy(pid, dir, local, remote) }.map(|_| ());
+    }
+    // Cut at span boundaries, each part about `total / parts` bytes.
+    let mut cuts = vec![0];
+    let mut acc = 0;
+    for (i, s) in local.iter().enumerate() {
+        acc += s.1;
+        if acc * parts >= total * cuts.len() && cuts.len() < parts && i + 1 < local.len() {
+            cuts.push(i + 1);
+        }
+    }
+    cuts.push(local.len());
+    std::thread::scope(|sc| {
+        let others: Vec<_> = cuts[1..]
+            .windows(2)
+            .map(|w| {
+                let (a, b) = (w[0], w[1]);
+                // Addresses as integers: a raw pointer does not cross threads.
+                let l: Vec<(usize, usize)> =
+                    local[a..b].iter().map(|&(p, n)| (p as usize, n)).collect();
+                let r = &remote[a..b];
+                sc.spawn(move || {
+                    let l: Vec<(*mut u8, usize)> =
+                        l.iter().map(|&(p, n)| (p as *mut u8, n)).collect();
+                    // SAFETY: a sub-list of the caller's spans, under its contract; the
+                    // parts are disjoint, and the scope ends before the caller returns.
+                    unsafe { cross_memory_copy(pid, dir, &l, r) }.map(|_| ())
+                })
+            })
+            .collect();
+        let (a, b) = (cuts[0], cuts[1]);
+        // SAFETY: as above.
+        let mine = unsafe { cross_memory_copy(pid, dir, &local[a..b], &remote[a..b]) };
+        let mut r = mine.map(|_| ());
+        for h in others {
+            let theirs = h
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("a cma copy thread panicked")));
+            r = r.and(theirs);
+        }
+        r
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copy_splits_by_bytes_only_when_each_part_gets_enough() {
+        assert_eq!(parts_for(1 << 20, 1000), 1);
+        assert_eq!(parts_for(16 << 20, 1), 1);
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        assert_eq!(parts_for(16 << 20, 1000), cores.min(MAX_PARTS));
+    }
+
+    #[test]
+    fn split_copies_move_every_span_to_its_place() {
+        // This process to itself: the kernel allows it, and both ends can be checked.
+        let src: Vec<u8> = (0..(9 << 20)).map(|i: usize| (i % 251) as u8).collect();
+        let mut dst = vec![0u8; src.len()];
+        let block = 64 << 10;
+        let n = src.len() / block;
+        // Block i goes to block n - 1 - i.
+        let local: Vec<(*mut u8, usize)> = (0..n)
+            .map(|i| (src[i * block..].as_ptr().cast_mut(), block))
+            .collect();
+        let remote: Vec<(u64, usize)> = (0..n)
+            .map(|i| (dst[(n - 1 - i) * block..].as_mut_ptr() as u64, block))
+            .collect();
+        // SAFETY: every span lies in `src` (read) or `dst` (written, not touched meanwhile),
+        // both alive for the call; the process may write its own memory.
+        unsafe { copy_in_parts(std::process::id(), CmaDir::ToPeer, &local, &remote) }.unwrap();
+        for i in 0..n {
+            let d = n - 1 - i;
+            assert!(
+                dst[d * block..(d + 1) * block] == src[i * block..(i + 1) * block],
+                "block {i}"
+            );
+        }
+    }
 
     #[test]
     fn an_eperm_names_the_policy_behind_it() {

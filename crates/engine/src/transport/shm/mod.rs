@@ -46,6 +46,7 @@ mod ring_client;
 mod ring_inline;
 mod ring_target;
 mod socket;
+mod standing;
 mod target;
 
 pub(crate) use cma::CMA_FRAMES_BIT;
@@ -280,6 +281,12 @@ impl Transport for ShmTransport {
         let Some(mut w) = self.post_here() else {
             return super::submit_built(self, n);
         };
+        // A `cma` op under a standing lease is copied by this thread (`submit`), cheaper than
+        // staging it through a slot for the target's thread.
+        if w.standing_for(&n) {
+            drop(w);
+            return super::submit_built(self, n);
+        }
         let mut done = ring::Done::new();
         let x = match w.post_early(&n, &mut done) {
             Ok(None) => {

@@ -330,6 +330,20 @@ impl Worker {
         xfer: Arc<XferState>,
         done: &mut Done,
     ) -> Option<Arc<XferState>> {
+        // Under the target's standing leases the copies run here and now (`standing.rs`).
+        match self.copy_standing(&xfer) {
+            Some(Ok(())) => {
+                done.push(xfer);
+                return None;
+            }
+            Some(Err(e)) => {
+                xfer.fail_pending(&e);
+                done.push(xfer);
+                self.break_with(e, done);
+                return None;
+            }
+            None => {}
+        }
         let r = match &self.broken {
             Some(e) => Err(e.clone()),
             None => self.post(&xfer, done),

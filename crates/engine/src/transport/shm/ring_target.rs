@@ -39,6 +39,11 @@ pub(crate) struct RingServer {
 }
 
 impl RingServer {
+    /// The ring it serves (the target writes the standing-lease entries into its header).
+    pub(crate) fn ring(&self) -> &Arc<Ring> {
+        &self.ring
+    }
+
     pub(crate) fn start<S: Serving>(
         agent: Arc<S>,
         ring: Ring,

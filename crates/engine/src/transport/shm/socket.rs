@@ -58,6 +58,11 @@ impl Worker {
                 ok[i] = false;
             }
         }
+        if ok.iter().all(|&k| k) {
+            if let Some(r) = self.copy_standing(xfer) {
+                return r;
+            }
+        }
         if self.run_ring(xfer, &plans, &ok)? {
             return Ok(());
         }

@@ -33,6 +33,9 @@ pub(crate) fn serve_target<S: Serving>(
     let mut ring: Option<RingServer> = None;
     // Declared after `ring`, so dropped before it: the Yama exception ends with the connection.
     let mut cma = super::cma::CmaTarget::default();
+    // Standing leases on borrowed regions this peer resolved (`standing.rs`); dropped (each
+    // revoked) when the connection ends.
+    let mut standing: Vec<Arc<super::standing::StandingLease>> = Vec::new();
     loop {
         trim_fds(c);
         let (msg, payload) = match c.recv_frame(true) {
@@ -195,7 +198,22 @@ pub(crate) fn serve_target<S: Serving>(
                     ))
                 };
                 match r {
-                    Ok(m) => c.send(&m)?,
+                    Ok(m) => {
+                        // Opened before the answer: the initiator looks for the entry then.
+                        if let (Some(rs), Ok(inner)) = (&ring, reg.get(region)) {
+                            let writable = matches!(m, Msg::ShmCmaAddr { writable: true, .. });
+                            if let Some(s) = super::standing::StandingLease::open(
+                                rs.ring(),
+                                standing.len(),
+                                &inner,
+                                writable,
+                                wait,
+                            ) {
+                                standing.push(s);
+                            }
+                        }
+                        c.send(&m)?
+                    }
                     Err(e) => c.send(&Msg::Err(e))?,
                 }
             }
