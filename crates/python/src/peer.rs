@@ -353,6 +353,17 @@ impl PyTransfer {
         Ok(report.ops.into_iter().map(PyOpResult::from).collect())
     }
 
+    /// Cancels the batch and returns once none of its bytes will move any more, so its
+    /// regions (and the buffers under them) may be closed or freed. Raises Cancelled when
+    /// the cancel stopped it (ops not completed fail with Cancelled, the notification is not
+    /// sent); returns the results when it had already completed, or raises its own failure.
+    /// Cancelling twice, or an ended batch, is fine. ``wait()`` afterwards says the same.
+    fn cancel(&self, py: Python<'_>) -> PyResult<Vec<PyOpResult>> {
+        let h = self.h.clone();
+        let report = py.allow_threads(move || h.cancel()).py_err()?;
+        Ok(report.ops.into_iter().map(PyOpResult::from).collect())
+    }
+
     /// True once the batch ended (completed or failed); never blocks.
     fn done(&self) -> bool {
         self.h.status() != Status::Pending

@@ -34,6 +34,9 @@ class PeerLost(Error):
 class Timeout(Error):
     """A wait ran out of time; the transfer may still be running."""
 
+class Cancelled(Error):
+    """The transfer was cancelled (``Transfer.cancel()``) before all of its ops completed."""
+
 class AccessDenied(Error):
     """Wrong key, read-only or non-readable region, or failed authentication."""
 
@@ -170,6 +173,9 @@ class Transfer:
     """A submitted batch."""
 
     def wait(self, timeout: Optional[float] = None) -> list[OpResult]: ...
+    def cancel(self) -> list[OpResult]:
+        """Stops the batch; returns once none of its bytes will move any more (raises
+        ``Cancelled`` when it stopped it)."""
     def done(self) -> bool: ...
     @property
     def status(self) -> str: ...
