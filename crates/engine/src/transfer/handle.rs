@@ -82,12 +82,13 @@ impl TransferHandle {
     /// Cancels the transfer and returns once none of its bytes will move any more: its
     /// regions may then be dropped or freed (a region dropped now does not wait for it).
     ///
-    /// What is stopped, and what still lands (`docs/engine.md`, "Cancel"): the transport
-    /// starts no further piece of the transfer (a tcp chunk, an shm ring run or copy, an rdma
-    /// piece); the pieces already started are waited for — their acknowledgements over tcp,
-    /// their copies over shm, their work completions over rdma — so a piece either landed
-    /// whole or not at all when this returns, except where the connection breaks meanwhile
-    /// (then its bytes may still land at the peer, as they would on a lost peer). Ops not
+    /// What is stopped, and what may still land (`docs/engine.md`, "Cancel, deadlines and
+    /// peers that stop"): the transport starts no further piece of the transfer (a tcp chunk,
+    /// an shm ring run or copy, an rdma piece). A copy in progress over shm and the work
+    /// requests of an rdma piece are waited for; over tcp a chunk being handed to the kernel
+    /// is finished, and the replies still due are abandoned (read and dropped later, never
+    /// written into a region), so a write chunk already sent may still land at the peer; an
+    /// shm request the peer does not answer within 100 ms closes the connection. Ops not
     /// completed fail with [`Error::Cancelled`] and the notification is not sent. A transfer
     /// queued behind others on the same connection ends when its turn comes, moving nothing.
     ///
