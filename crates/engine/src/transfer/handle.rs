@@ -100,9 +100,7 @@ impl TransferHandle {
     /// notification); the transfer's own failure if it failed first; `Ok` with the report
     /// when every op had completed before the transport saw the cancel.
     pub fn cancel(&self) -> Result<TransferReport> {
-        if !self.state.ended() {
-            self.state.cancelled.store(true, Ordering::Release);
-        }
+        self.request_cancel();
         // Every transport ends a transfer within its I/O timeout once it starts nothing more
         // of it; the wait is in spans so that no deadline computation overflows.
         const SPAN: Duration = Duration::from_secs(3600);
@@ -111,6 +109,16 @@ impl TransferHandle {
                 Err(Error::Timeout(d)) if d == SPAN && !self.state.ended() => continue,
                 r => return r,
             }
+        }
+    }
+
+    /// [`TransferHandle::cancel`] without its wait: asks the transport to stop the transfer
+    /// and returns at once. The transfer's bytes stop moving only once it ended
+    /// ([`TransferHandle::wait`], [`TransferHandle::status`]): its regions may be freed then,
+    /// not before.
+    pub fn request_cancel(&self) {
+        if !self.state.ended() {
+            self.state.cancelled.store(true, Ordering::Release);
         }
     }
 
