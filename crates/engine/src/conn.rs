@@ -382,6 +382,24 @@ impl Conn {
         }
     }
 
+    /// Waits up to `t` (at most a second) for input, without reading it: true once some is
+    /// buffered or readable (a closed socket counts). Lets a reader look up between waits
+    /// (a transfer cancelled or out of time) instead of blocking in a read for the I/O timeout.
+    pub(crate) fn wait_input(&self, t: std::time::Duration) -> bool {
+        if self.end > self.start {
+            return true;
+        }
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let t = t.min(std::time::Duration::from_secs(1));
+        let ts = Timespec {
+            tv_sec: t.as_secs() as _,
+            tv_nsec: t.subsec_nanos() as _,
+        };
+        let mut p = [PollFd::new(&self.sock, PollFlags::IN)];
+        // An interrupted poll reads as "no input yet": the caller looks up and waits again.
+        rustix::event::poll(&mut p, Some(&ts)).unwrap_or(0) > 0
+    }
+
     pub(crate) fn has_input(&self) -> bool {
         if self.end > self.start {
             return true;

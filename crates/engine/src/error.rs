@@ -27,6 +27,11 @@ pub enum Error {
     /// A wait or an operation ran out of time.
     #[error("timed out after {0:?}")]
     Timeout(Duration),
+    /// The transfer was cancelled ([`crate::TransferHandle::cancel`]) before all its ops
+    /// completed: its ops not completed by then failed with this, and its notification was
+    /// not sent. Raised locally, never sent by a target.
+    #[error("cancelled")]
+    Cancelled,
     /// The 128-bit key presented for a region does not match.
     #[error("bad key for region {region}")]
     BadKey {
@@ -267,6 +272,7 @@ impl Error {
             Error::LimitReached { .. } => 23,
             Error::Unreachable(_) => 24,
             Error::Fabric(_) | Error::FabricRefused(_) => 25,
+            Error::Cancelled => 26,
             Error::Remote(r) => r.code,
         }
     }
@@ -307,6 +313,7 @@ impl Error {
             },
             24 => Error::Unreachable(message),
             25 => Error::FabricRefused(message),
+            26 => Error::Cancelled,
             code => Error::Remote(Box::new(RemoteError {
                 code,
                 args: [a, b, c],

@@ -401,22 +401,14 @@ fn stopped_shm_peer_does_not_block_submit() {
 }
 
 /// A peer stopped with SIGSTOP (issue 54): its process holds its sockets open, so nothing
-/// breaks; the transfer fails by a timeout that names itself, and the ops say so. Over tcp it
-/// is the transfer's own deadline (`Timeout(500 ms)`); over shm it is the I/O timeout of the
-/// connection (`PeerLost`: no answer within the I/O timeout), which ends it before the
-/// transfer's deadline is looked at. Bounded: the deadline is 500 ms, the I/O timeout 2 s.
+/// breaks; the transfer fails by its own deadline (`Timeout(500 ms)`), long before the I/O
+/// timeout (5 s), and the ops say so. Over tcp the stream stops waiting for the reply at the
+/// deadline; over shm the ring wait does, and closes the connection (the peer may still act
+/// on the request when it resumes). Bounded: the deadline is 500 ms, the I/O timeout 5 s.
 fn stopped_peer_times_out(shm: bool) {
     let _big = BIG.lock().unwrap_or_else(|p| p.into_inner());
     let mut server = spawn_server(1 << 20, 10, None);
-    let agent = gdx_engine::Agent::new(AgentConfig {
-        io_timeout: Duration::from_secs(2),
-        ..config("client", shm)
-    })
-    .unwrap();
-    let peer = agent.connect(server.addr.as_str()).unwrap();
-    let want = if shm { Path::Shm } else { Path::Tcp };
-    assert_eq!(peer.route().transport, want, "{:?}", peer.route());
-    let remote = peer.region("serve").unwrap();
+    let (agent, peer, remote) = stopped_pair(&server, shm);
     let src = agent.alloc(1 << 20, Access::LOCAL, None).unwrap();
     stop(server.child.id());
     let deadline = Duration::from_millis(500);
@@ -424,26 +416,35 @@ fn stopped_peer_times_out(shm: bool) {
     t.write(&src, 0, &remote, 0, 1 << 20).timeout(deadline);
     let h = peer.submit(t).unwrap();
     let err = h.wait(WAIT).unwrap_err();
-    if shm {
-        assert!(
-            matches!(&err, Error::PeerLost(why) if why.contains("I/O timeout")),
-            "expected the shm connection's I/O timeout, got {err:?}"
-        );
-    } else {
-        assert!(
-            matches!(err, Error::Timeout(d) if d == deadline),
-            "expected the transfer's own deadline, got {err:?}"
-        );
-    }
+    assert!(
+        matches!(err, Error::Timeout(d) if d == deadline),
+        "expected the transfer's own deadline, got {err:?}"
+    );
     assert!(
         h.op_results()
             .iter()
-            .all(|o| matches!(o.status, gdx_engine::OpStatus::Failed(_))),
+            .all(|o| o.status == gdx_engine::OpStatus::Failed(Error::Timeout(deadline))),
         "{:?}",
         h.op_results()
     );
+    drop(src);
     server.child.kill().unwrap();
     server.child.wait().unwrap();
+}
+
+/// A client connected to `server` over shm or tcp with a 5 s I/O timeout, and the served
+/// region.
+fn stopped_pair(server: &Server, shm: bool) -> (gdx_engine::Agent, gdx_engine::Peer, RegionDesc) {
+    let agent = gdx_engine::Agent::new(AgentConfig {
+        io_timeout: Duration::from_secs(5),
+        ..config("client", shm)
+    })
+    .unwrap();
+    let peer = agent.connect(server.addr.as_str()).unwrap();
+    let want = if shm { Path::Shm } else { Path::Tcp };
+    assert_eq!(peer.route().transport, want, "{:?}", peer.route());
+    let remote = peer.region("serve").unwrap();
+    (agent, peer, remote)
 }
 
 #[test]
@@ -454,6 +455,45 @@ fn stopped_peer_fails_transfers_by_a_timeout_tcp() {
 #[test]
 fn stopped_peer_fails_transfers_by_a_timeout_shm() {
     stopped_peer_times_out(true);
+}
+
+/// A transfer to a peer stopped with SIGSTOP is cancelled (issue 54): the cancel returns
+/// without waiting for the I/O timeout (the transfer's deadline is a minute), the transfer
+/// says `Cancelled`, and its source region can be dropped. Over tcp the chunk already handed
+/// to the kernel is abandoned (its reply would be dropped); over shm the unanswered ring
+/// request closes the connection. The run stays bounded by the 5 s I/O timeout regardless.
+fn stopped_peer_cancel(shm: bool) {
+    let _big = BIG.lock().unwrap_or_else(|p| p.into_inner());
+    let mut server = spawn_server(1 << 20, 11, None);
+    let (agent, peer, remote) = stopped_pair(&server, shm);
+    let src = agent.alloc(1 << 20, Access::LOCAL, None).unwrap();
+    stop(server.child.id());
+    let mut t = Transfer::new();
+    t.write(&src, 0, &remote, 0, 1 << 20)
+        .timeout(Duration::from_secs(60));
+    let h = peer.submit(t).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(h.status(), Status::Pending, "the peer is stopped");
+    let err = h.cancel().unwrap_err();
+    assert_eq!(err, Error::Cancelled, "{err}");
+    assert!(matches!(h.wait(WAIT), Err(Error::Cancelled)));
+    assert!(h
+        .op_results()
+        .iter()
+        .all(|o| o.status == gdx_engine::OpStatus::Failed(Error::Cancelled)));
+    drop(src);
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+}
+
+#[test]
+fn a_transfer_to_a_stopped_peer_can_be_cancelled_tcp() {
+    stopped_peer_cancel(false);
+}
+
+#[test]
+fn a_transfer_to_a_stopped_peer_can_be_cancelled_shm() {
+    stopped_peer_cancel(true);
 }
 
 /// Two network namespaces joined by a veth pair; server in one, client in the other, tcp between.

@@ -28,6 +28,12 @@ create_exception!(
 );
 create_exception!(
     gdx,
+    Cancelled,
+    Error,
+    "The transfer was cancelled (``Transfer.cancel()``) before all of its ops completed."
+);
+create_exception!(
+    gdx,
     AccessDenied,
     Error,
     "Wrong region key, a write to a read-only region, a read of a non-readable one, or failed \
@@ -86,6 +92,7 @@ pub(crate) fn to_py(e: EngineError) -> PyErr {
     match e {
         EngineError::PeerLost(_) => PeerLost::new_err(msg),
         EngineError::Timeout(_) => Timeout::new_err(msg),
+        EngineError::Cancelled => Cancelled::new_err(msg),
         EngineError::BadKey { .. }
         | EngineError::ReadOnly { .. }
         | EngineError::NotReadable { .. }
@@ -123,6 +130,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Error", py.get_type::<Error>())?;
     m.add("PeerLost", py.get_type::<PeerLost>())?;
     m.add("Timeout", py.get_type::<Timeout>())?;
+    m.add("Cancelled", py.get_type::<Cancelled>())?;
     m.add("AccessDenied", py.get_type::<AccessDenied>())?;
     m.add("OutOfBounds", py.get_type::<OutOfBounds>())?;
     m.add("NotFound", py.get_type::<NotFound>())?;

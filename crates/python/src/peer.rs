@@ -353,6 +353,19 @@ impl PyTransfer {
         Ok(PyOpResults::from(report.ops))
     }
 
+    /// Cancels the batch and returns once none of its bytes will move any more, so its
+    /// regions (and the buffers under them) may be closed or freed. Raises Cancelled when
+    /// the cancel stopped it (ops not completed fail with Cancelled, the notification is not
+    /// sent); returns the results when it had already completed, or raises its own failure.
+    /// Cancelling twice, or an ended batch, is fine. ``wait()`` afterwards says the same.
+    /// Interruptible with Ctrl-C (the batch stays cancelled; ``wait()`` for its end).
+    fn cancel(&self, py: Python<'_>) -> PyResult<Vec<PyOpResult>> {
+        self.h.request_cancel();
+        // Every transport ends a cancelled transfer within its I/O timeout.
+        let report = wait_sliced(py, Duration::from_secs(3600), |s| self.h.wait(s))?;
+        Ok(report.ops.into_iter().map(PyOpResult::from).collect())
+    }
+
     /// True once the batch ended (completed or failed); never blocks.
     fn done(&self) -> bool {
         self.h.status() != Status::Pending

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use super::{OpResults, Status, TransferReport, XferState};
 use crate::error::{Error, Result};
 
-/// The handle [`crate::Peer::submit`] returns. Cheap to clone; dropping it does not cancel.
+/// The handle [`crate::Peer::submit`] returns. Cheap to clone; dropping it does not cancel
+/// ([`TransferHandle::cancel`] does).
 #[derive(Debug, Clone)]
 pub struct TransferHandle {
     pub(crate) state: Arc<XferState>,
@@ -76,6 +77,49 @@ impl TransferHandle {
     /// Per-op results so far (path, reason, outcome).
     pub fn op_results(&self) -> OpResults {
         self.state.results(&self.state.lock())
+    }
+
+    /// Cancels the transfer and returns once none of its bytes will move any more: its
+    /// regions may then be dropped or freed (a region dropped now does not wait for it).
+    ///
+    /// What is stopped, and what may still land (`docs/engine.md`, "Cancel, deadlines and
+    /// peers that stop"): the transport starts no further piece of the transfer (a tcp chunk,
+    /// an shm ring run or copy, an rdma piece). A copy in progress over shm and the work
+    /// requests of an rdma piece are waited for; over tcp a chunk being handed to the kernel
+    /// is finished, and the replies still due are abandoned (read and dropped later, never
+    /// written into a region), so a write chunk already sent may still land at the peer; an
+    /// shm request the peer does not answer within 100 ms closes the connection. Ops not
+    /// completed fail with [`Error::Cancelled`] and the notification is not sent. A transfer
+    /// queued behind others on the same connection ends when its turn comes, moving nothing.
+    ///
+    /// Cancelling an ended transfer changes nothing and returns its result; cancelling twice
+    /// is fine. [`TransferHandle::wait`] afterwards returns the same result.
+    ///
+    /// # Errors
+    /// [`Error::Cancelled`] when the cancel stopped at least one op (or held back the
+    /// notification); the transfer's own failure if it failed first; `Ok` with the report
+    /// when every op had completed before the transport saw the cancel.
+    pub fn cancel(&self) -> Result<TransferReport> {
+        self.request_cancel();
+        // Every transport ends a transfer within its I/O timeout once it starts nothing more
+        // of it; the wait is in spans so that no deadline computation overflows.
+        const SPAN: Duration = Duration::from_secs(3600);
+        loop {
+            match self.wait(SPAN) {
+                Err(Error::Timeout(d)) if d == SPAN && !self.state.ended() => continue,
+                r => return r,
+            }
+        }
+    }
+
+    /// [`TransferHandle::cancel`] without its wait: asks the transport to stop the transfer
+    /// and returns at once. The transfer's bytes stop moving only once it ended
+    /// ([`TransferHandle::wait`], [`TransferHandle::status`]): its regions may be freed then,
+    /// not before.
+    pub fn request_cancel(&self) {
+        if !self.state.ended() {
+            self.state.cancelled.store(true, Ordering::Release);
+        }
     }
 
     /// Waits up to `timeout` for the transfer to end.

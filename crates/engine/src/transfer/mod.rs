@@ -353,6 +353,8 @@ pub(crate) struct XferState {
     pub(crate) rail_bytes: [AtomicU64; crate::rails::MAX_RAILS],
     /// Ops moved by batched copies, the copies, ops copied under a standing lease (`Batching`).
     batched: [AtomicU64; 3],
+    /// Set by [`TransferHandle::cancel`]: the transport starts nothing more of it (`halt`).
+    cancelled: AtomicBool,
 }
 
 /// A submitted transfer whose state is not built yet (`Transport::submit_new`): a transport
@@ -431,6 +433,7 @@ impl XferState {
             driven: AtomicBool::new(false),
             rail_bytes: Default::default(),
             batched: Default::default(),
+            cancelled: AtomicBool::new(false),
         }
     }
 
@@ -665,6 +668,34 @@ impl XferState {
 
     pub(crate) fn expired(&self) -> bool {
         Clock::now() >= self.deadline
+    }
+
+    /// Why nothing more of this transfer may start, if so: it was cancelled
+    /// ([`Error::Cancelled`]) or its deadline passed ([`Error::Timeout`]). Transports ask
+    /// before each piece of work they start (a chunk, a ring run, an rdma piece) and fail
+    /// what is left with this error.
+    pub(crate) fn halt(&self) -> Option<Error> {
+        if self.cancelled.load(Ordering::Acquire) {
+            return Some(Error::Cancelled);
+        }
+        self.expired().then(|| self.timeout_error())
+    }
+
+    /// The notification to deliver now that the ops ended: none when an op failed, nor for a
+    /// cancelled transfer, which then fails with [`Error::Cancelled`] (the peer must not act
+    /// on a transfer its initiator gave up).
+    pub(crate) fn notification(&self) -> Option<Vec<u8>> {
+        let n = self.notify.as_ref()?;
+        if self.is_cancelled() {
+            self.fail_transfer(Error::Cancelled);
+            return None;
+        }
+        (!self.has_failed()).then(|| n.clone())
+    }
+
+    /// Whether [`TransferHandle::cancel`] was called on it.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
     }
 
     /// Time until the deadline (zero once it passed).

@@ -138,6 +138,7 @@ impl XferState {
         *self.ok.get_mut() = false;
         *self.elapsed_ns.get_mut() = 0;
         *self.driven.get_mut() = false;
+        *self.cancelled.get_mut() = false;
         let p = self.progress.get_mut().unwrap_or_else(|e| e.into_inner());
         refill_with(&mut p.state, ops, OpState::PENDING);
         p.errors.clear();
@@ -211,6 +212,7 @@ impl XferState {
             driven: Default::default(),
             rail_bytes: Default::default(),
             batched: Default::default(),
+            cancelled: Default::default(),
         }
     }
 }

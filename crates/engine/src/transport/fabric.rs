@@ -230,8 +230,8 @@ pub(crate) fn spawn(
 fn worker(mut w: Worker, rx: Receiver<Arc<XferState>>, alive: Arc<AtomicBool>) {
     for xfer in rx {
         for i in 0..xfer.ops.len() {
-            if xfer.expired() {
-                xfer.chunk_done(i, 0, Err(xfer.timeout_error()));
+            if let Some(e) = xfer.halt() {
+                xfer.chunk_done(i, 0, Err(e));
                 continue;
             }
             match w.run_op(&xfer, i) {

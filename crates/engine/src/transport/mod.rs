@@ -22,17 +22,16 @@ pub(crate) mod tcp;
 
 /// Ends `xfer` the way every transport does: if every op succeeded, delivers its notification
 /// over the peer's control connection (a failed delivery fails the transfer), then `finish`.
+/// A cancelled transfer's notification is not sent (`XferState::notification`).
 pub(crate) fn notify_and_finish(xfer: &XferState, control: &Mutex<crate::conn::Conn>) {
-    if !xfer.has_failed() {
-        if let Some(data) = &xfer.notify {
-            let mut c = control.lock().unwrap_or_else(|p| p.into_inner());
-            if let Err(e) = c.request(&crate::wire::Msg::Notify {
-                xfer: xfer.id,
-                data: data.clone(),
-            }) {
-                xfer.fail_pending(&e);
-                xfer.fail_transfer(e);
-            }
+    if let Some(data) = xfer.notification() {
+        let mut c = control.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = c.request(&crate::wire::Msg::Notify {
+            xfer: xfer.id,
+            data,
+        }) {
+            xfer.fail_pending(&e);
+            xfer.fail_transfer(e);
         }
     }
     xfer.finish();

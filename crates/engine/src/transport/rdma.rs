@@ -432,8 +432,8 @@ fn worker(mut w: Worker, rx: Receiver<Arc<XferState>>, alive: Arc<AtomicBool>) {
             if i < batched {
                 continue;
             }
-            if xfer.expired() {
-                xfer.chunk_done(i, 0, Err(xfer.timeout_error()));
+            if let Some(e) = xfer.halt() {
+                xfer.chunk_done(i, 0, Err(e));
                 continue;
             }
             let n = if i < solo {
@@ -588,8 +588,8 @@ impl Worker {
         let mut todo: Ranges = vec![(0, op.len)];
         let mut last: Option<Error> = None;
         while !todo.is_empty() {
-            if xfer.expired() {
-                return Err(xfer.timeout_error());
+            if let Some(e) = xfer.halt() {
+                return Err(e);
             }
             let (mut active, weights) = self.active();
             if active.is_empty() {
@@ -666,6 +666,11 @@ impl Worker {
                             }
                         }
                         for (k, &(off, n)) in pieces.iter().enumerate() {
+                            // Cancelled or out of time: nothing more is posted; the pieces
+                            // already run have completed (their completions were reaped).
+                            if let Some(e) = xfer.halt() {
+                                return Err((e, pieces[k..].to_vec()));
+                            }
                             let res = WorkItem::between(mr, lo + off, remote, ro + off, n)
                                 .map_err(rdma_err)
                                 .and_then(|item| {
@@ -706,6 +711,12 @@ impl Worker {
             let mut op_fault = None;
             for (r, res) in results {
                 if let Err((e, left)) = res {
+                    if matches!(e, Error::Cancelled | Error::Timeout(_)) && xfer.halt().is_some() {
+                        // The transfer stopped, not the rail: its queue pairs are idle and
+                        // healthy.
+                        op_fault.get_or_insert(e);
+                        continue;
+                    }
                     if region_fault(&e) {
                         // The op's fault, not the rail's: the same ranges would fail on every
                         // rail. The rail gets fresh queue pairs at once; the op fails.

@@ -2,8 +2,8 @@
 
 Every transfer says which path it took and why (``OpResult.path``/``.reason``,
 ``Transfer.explain()``). Errors are typed: ``gdx.Error`` and its subclasses ``PeerLost``,
-``Timeout``, ``AccessDenied``, ``OutOfBounds``, ``NotFound``, ``Unavailable`` and
-``StrictViolation``.
+``Timeout``, ``Cancelled``, ``AccessDenied``, ``OutOfBounds``, ``NotFound``, ``Unavailable``
+and ``StrictViolation``.
 
     import gdx, numpy as np
     a = gdx.Agent("decode", listen="127.0.0.1:0", secret=key)
@@ -27,6 +27,7 @@ from ._gdx import (
     BadCheckpoint,
     BlockPool,
     BlockTransfer,
+    Cancelled,
     Error,
     Notification,
     NotFound,
@@ -55,6 +56,7 @@ __all__ = [
     "BadCheckpoint",
     "BlockPool",
     "BlockTransfer",
+    "Cancelled",
     "Error",
     "Notification",
     "NotFound",

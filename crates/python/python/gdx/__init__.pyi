@@ -35,6 +35,9 @@ class PeerLost(Error):
 class Timeout(Error):
     """A wait ran out of time; the transfer may still be running."""
 
+class Cancelled(Error):
+    """The transfer was cancelled (``Transfer.cancel()``) before all of its ops completed."""
+
 class AccessDenied(Error):
     """Wrong key, read-only or non-readable region, or failed authentication."""
 
@@ -180,7 +183,14 @@ class Rail(TypedDict):
 class Transfer:
     """A submitted batch."""
 
+<<<<<<< HEAD
     def wait(self, timeout: Optional[float] = None) -> OpResults: ...
+=======
+    def wait(self, timeout: Optional[float] = None) -> list[OpResult]: ...
+    def cancel(self) -> list[OpResult]:
+        """Stops the batch; returns once none of its bytes will move any more (raises
+        ``Cancelled`` when it stopped it)."""
+>>>>>>> life
     def done(self) -> bool: ...
     @property
     def status(self) -> str: ...

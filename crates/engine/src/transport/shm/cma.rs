@@ -336,9 +336,9 @@ impl Worker {
             }
             let run = &ops[j..end];
             j = end;
-            if xfer.expired() {
+            if let Some(e) = xfer.halt() {
                 for &i in run {
-                    xfer.chunk_done(i, 0, Err(xfer.timeout_error()));
+                    xfer.chunk_done(i, 0, Err(e.clone()));
                 }
                 continue;
             }

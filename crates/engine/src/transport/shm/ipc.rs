@@ -76,8 +76,8 @@ impl Worker {
         let mut batched: Vec<(usize, u64)> = Vec::with_capacity(batch.len());
         let mut peer: Option<LocalPeer> = None;
         for &i in batch {
-            if xfer.expired() {
-                xfer.chunk_done(i, 0, Err(xfer.timeout_error()));
+            if let Some(e) = xfer.halt() {
+                xfer.chunk_done(i, 0, Err(e));
                 continue;
             }
             match self.batch_piece(xfer, i) {

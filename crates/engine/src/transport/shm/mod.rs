@@ -96,6 +96,9 @@ struct Worker {
     cma: crate::routing::plan::CmaGrant,
     /// The peer's borrowed host regions the `cma` path reaches, by remote region id.
     cma_regions: HashMap<u64, cma::CmaRegion>,
+    /// The transfer the worker thread is running, whose halt (cancel, deadline) ends a wait
+    /// for the peer's reply on the socket (`Worker::request`).
+    current: Option<Arc<XferState>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -203,6 +206,7 @@ impl ShmTransport {
             inflight: VecDeque::new(),
             cma: cma.clone(),
             cma_regions: HashMap::new(),
+            current: None,
         };
         let worker = Arc::new(Mutex::new(w));
         let queued = Arc::new(AtomicUsize::new(0));
@@ -376,7 +380,9 @@ fn worker_thread(
                 counted = group.len();
                 broke |= w.pipeline_guarded(&group, &mut done);
             } else {
+                w.current = Some(Arc::clone(&xfer));
                 broke |= w.run_guarded(&xfer);
+                w.current = None;
                 counted = 1;
                 done.push(xfer);
             }

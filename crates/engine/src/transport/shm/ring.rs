@@ -392,10 +392,14 @@ impl Worker {
     /// once it let go of the worker): with `block` all of them, each waited for (with the
     /// liveness checks of every ring wait), else those answered by now.
     pub(super) fn reap(&mut self, block: bool, done: &mut Done) -> Result<()> {
-        while let Some(slot) = self.inflight.front().map(|f| f.slot) {
-            let rc = self.ring_mut()?;
+        while let Some(f) = self.inflight.front() {
+            let slot = f.slot;
+            let rc = self
+                .ring
+                .as_ref()
+                .ok_or_else(|| Error::Protocol("no shm ring".into()))?;
             if block {
-                rc.wait_state(slot, DONE)?;
+                rc.wait_state(slot, DONE, Some(&f.xfer))?;
             } else if rc.ring.state(slot).load(Ordering::Acquire) != DONE {
                 break;
             }

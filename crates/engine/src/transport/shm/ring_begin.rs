@@ -101,7 +101,7 @@ impl Worker {
         while let Some(p) = posted.pop_front() {
             self.finish_posted(xfer, &idx, p)?;
         }
-        if let Some(n) = xfer.notify.clone().filter(|_| !xfer.has_failed()) {
+        if let Some(n) = xfer.notification() {
             self.send_notify(xfer, n)?;
         }
         Ok(true)
@@ -140,7 +140,7 @@ impl Worker {
     /// (begin: the target holds a lease on every accepted op until then).
     fn finish_posted(&mut self, xfer: &XferState, idx: &[usize], p: Posted) -> Result<()> {
         let batch = &idx[p.ops];
-        self.ring_mut()?.wait_state(p.slot, DONE)?;
+        self.ring_mut()?.wait_state(p.slot, DONE, Some(xfer))?;
         if p.kind == KIND_BEGIN {
             return self.finish_begin(xfer, batch, p.slot, p.skip);
         }
@@ -266,8 +266,8 @@ impl Worker {
                     xfer.chunk_done(i, 0, Err(e.clone()));
                 }
             };
-            if xfer.expired() {
-                fail_run(&xfer.timeout_error());
+            if let Some(e) = xfer.halt() {
+                fail_run(&e);
                 continue;
             }
             let Some((m, writable)) = self.maps.get(&first.remote.id) else {
@@ -295,6 +295,11 @@ impl Worker {
                 }
             };
             for &i in run {
+                // A cancel stops a run between its copies (one load: no clock read per op).
+                if xfer.is_cancelled() {
+                    xfer.chunk_done(i, 0, Err(Error::Cancelled));
+                    continue;
+                }
                 let op = xfer.op(i);
                 if let Err(e) =
                     crate::region::check_bounds(op.remote_offset, op.len, m.len() as u64)

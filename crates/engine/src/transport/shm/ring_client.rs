@@ -31,6 +31,13 @@ impl std::ops::Deref for Front {
     }
 }
 
+/// How long a ring wait goes on after its transfer halted before it gives the peer up
+/// (`RingClient::wait_state`): a running peer answers well within it, even on a loaded host.
+pub(super) const HALT_GRACE: Duration = Duration::from_millis(100);
+
+/// How often a wait on the shm socket looks whether its transfer halted.
+pub(super) const HALT_LOOK: Duration = Duration::from_millis(10);
+
 /// `RingClient::front` when nothing is in flight.
 pub(super) const NO_SLOT: u32 = u32::MAX;
 
@@ -73,8 +80,20 @@ impl RingClient {
         }
     }
 
-    /// Waits until `slot` is in state `want`.
-    pub(super) fn wait_state(&self, slot: usize, want: u32) -> Result<()> {
+    /// Waits until `slot` is in state `want`, for the transfer `owner` when the slot holds
+    /// one's request.
+    ///
+    /// A transfer that halts while its request is unanswered (cancelled, or past its deadline:
+    /// a stopped peer) ends then, not at the I/O timeout: its ops fail with the halt's error
+    /// and the wait fails with `PeerLost`, which closes the connection, since the peer may
+    /// still act on the request (lease the regions, take an inline slot's bytes) when it
+    /// resumes. A peer that answers within `HALT_GRACE` of the halt keeps the connection.
+    pub(super) fn wait_state(
+        &self,
+        slot: usize,
+        want: u32,
+        owner: Option<&XferState>,
+    ) -> Result<()> {
         let st = self.ring.state(slot);
         if ring::spin_until(crate::spin::RING_SLOT_SPIN, || {
             st.load(Ordering::Acquire) == want
@@ -82,6 +101,8 @@ impl RingClient {
             return Ok(());
         }
         let deadline = Instant::now() + self.wait;
+        // When the owner was first seen halted.
+        let mut halted: Option<Instant> = None;
         loop {
             self.ring.waiting(slot).store(1, Ordering::SeqCst);
             let cur = st.load(Ordering::SeqCst);
@@ -102,6 +123,19 @@ impl RingClient {
                     "no answer on the shm ring within the I/O timeout ({} ms)",
                     self.wait.as_millis()
                 )));
+            }
+            if let Some(x) = owner {
+                if let Some(e) = x.halt() {
+                    let since = *halted.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= HALT_GRACE {
+                        x.fail_pending(&e);
+                        return Err(Error::PeerLost(format!(
+                            "the shm peer did not answer transfer {} before it ended ({e}); the \
+                             connection is closed, since the peer may still act on the request",
+                            x.id
+                        )));
+                    }
+                }
             }
         }
     }
@@ -138,7 +172,7 @@ impl RingClient {
     fn take_slot(&mut self) -> Result<usize> {
         let slot = self.seq as usize % ring::SLOTS;
         if !std::mem::take(&mut self.consumed[slot]) {
-            self.wait_state(slot, FREE)?;
+            self.wait_state(slot, FREE, None)?;
         }
         Ok(slot)
     }

@@ -115,8 +115,8 @@ impl Worker {
                 if !batch_ok[j] || matches!(plans[i], Path::Cma | Path::Ipc) {
                     continue;
                 }
-                if xfer.expired() {
-                    xfer.chunk_done(i, 0, Err(xfer.timeout_error()));
+                if let Some(e) = xfer.halt() {
+                    xfer.chunk_done(i, 0, Err(e));
                     continue;
                 }
                 let r = match plans[i] {
@@ -130,11 +130,7 @@ impl Worker {
                 }
             }
             let last = batch.last() == idx.last();
-            let notify = if last && !xfer.has_failed() {
-                xfer.notify.clone()
-            } else {
-                None
-            };
+            let notify = if last { xfer.notification() } else { None };
             if notify.is_none() {
                 // The bytes are in place once the copies above were waited for; the target's
                 // reply only says its leases ended. It is read before the next request on this
@@ -196,7 +192,48 @@ impl Worker {
                 }
             }
         }
-        self.conn.request(msg)
+        match self.current.clone() {
+            None => self.conn.request(msg),
+            Some(x) => {
+                self.conn.send(msg)?;
+                self.reply_or_halt(&x)?;
+                match self.conn.recv_frame(false)? {
+                    (Msg::Err(e), _) => Err(e),
+                    (_, p) if p > 0 => Err(Error::Protocol("unexpected payload on a reply".into())),
+                    (m, _) => Ok(m),
+                }
+            }
+        }
+    }
+
+    /// Waits for the reply to a request made for `x`, until the I/O timeout, or until `x`
+    /// halted (cancelled, past its deadline) and the peer stayed silent for `HALT_GRACE`
+    /// more: then `x`'s ops fail with the halt's error and the wait fails with `PeerLost`,
+    /// which closes the connection (the peer may still act on the request when it resumes).
+    fn reply_or_halt(&self, x: &XferState) -> Result<()> {
+        let until = std::time::Instant::now() + self.wait;
+        let mut halted: Option<std::time::Instant> = None;
+        loop {
+            if self.conn.wait_input(super::ring_client::HALT_LOOK) {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= until {
+                return Err(Error::PeerLost(
+                    "shm connection: no answer within the I/O timeout".into(),
+                ));
+            }
+            if let Some(e) = x.halt() {
+                let since = *halted.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= super::ring_client::HALT_GRACE {
+                    x.fail_pending(&e);
+                    return Err(Error::PeerLost(format!(
+                        "the shm peer did not answer transfer {} before it ended ({e}); the \
+                         connection is closed, since the peer may still act on the request",
+                        x.id
+                    )));
+                }
+            }
+        }
     }
 
     /// Delivers the notification of a transfer that ran on the ring (its bytes are in place).

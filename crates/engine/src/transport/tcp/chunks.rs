@@ -25,19 +25,80 @@ pub(super) fn fail_chunks(xfer: &XferState, chunks: &[Chunk], e: &Error) {
 /// rail, or failed).
 pub(super) type Broke = (Error, Vec<Chunk>);
 
+/// How often a stream waiting for a reply looks whether its transfer was cancelled or ran
+/// out of time.
+const HALT_LOOK: Duration = Duration::from_millis(10);
+
+/// Waits for the next reply on `conn`: `Ok(true)` once input is there, `Ok(false)` when
+/// `xfer` halted first (cancelled, or past its deadline: `XferState::halt`), an error when
+/// nothing came within the I/O timeout.
+fn reply_or_halt(conn: &mut Conn, xfer: &XferState, io_timeout: Duration) -> Result<bool> {
+    if conn.poll_input() {
+        return Ok(true);
+    }
+    let until = std::time::Instant::now() + io_timeout;
+    loop {
+        if xfer.halt().is_some() {
+            return Ok(false);
+        }
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(Error::PeerLost(format!(
+                "no reply on the tcp data stream within the I/O timeout ({} ms)",
+                io_timeout.as_millis()
+            )));
+        }
+        if conn.wait_input(left.min(HALT_LOOK)) {
+            return Ok(true);
+        }
+    }
+}
+
+/// The replies a halted transfer left in flight are abandoned: each of `chunks` fails with
+/// the halt's error, and `stale` counts the `replies` frames to read and drop (payloads
+/// included, never written into a region) before the stream's next request.
+fn abandon(xfer: &XferState, chunks: &[Chunk], replies: usize, stale: &mut usize) {
+    let e = xfer.halt().unwrap_or(Error::Cancelled);
+    fail_chunks(xfer, chunks, &e);
+    *stale += replies;
+}
+
+/// Reads and drops the `stale` replies an abandoned transfer left on the stream (waiting for
+/// each up to the I/O timeout: a peer that never answers breaks the stream then).
+pub(super) fn drain_stale(conn: &mut Conn, stale: &mut usize) -> Result<()> {
+    while *stale > 0 {
+        let (m, payload) = conn.recv_frame(false)?;
+        if let Msg::Err(e) = m {
+            return Err(e);
+        }
+        conn.discard_payload(payload as usize)?;
+        *stale -= 1;
+    }
+    Ok(())
+}
+
 /// Receives the replies of chunks the submitting thread sent (host memory only). Returns the
-/// bytes landed and, on a connection-level error, the chunks not yet confirmed.
+/// bytes landed and, on a connection-level error, the chunks not yet confirmed. When the
+/// transfer halts first, the replies still due are abandoned (`stale`).
 pub(super) fn await_replies(
     conn: &mut Conn,
     stager: &mut Stager,
-    xfer: &XferState,
-    sent: &[Chunk],
+    (xfer, sent): (&XferState, &[Chunk]),
     io_timeout: Duration,
     tally: Tally<'_>,
+    stale: &mut usize,
 ) -> (u64, std::result::Result<(), Broke>) {
     let mut st = Staging::new(stager, 0, tally);
     for (k, &c) in sent.iter().enumerate() {
-        if let Err(e) = recv_reply(conn, &mut st, xfer, c, io_timeout) {
+        let r = match reply_or_halt(conn, xfer, io_timeout) {
+            Ok(false) => {
+                abandon(xfer, &sent[k..], sent.len() - k, stale);
+                break;
+            }
+            Ok(true) => recv_reply(conn, &mut st, xfer, c, io_timeout),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
             return (st.landed, Err((e, sent[k..].to_vec())));
         }
     }
@@ -150,13 +211,16 @@ enum Sent {
 
 /// Runs one stream's share of a transfer; `batch`: the target takes batch frames. Returns the
 /// bytes landed and, on a connection-level error (the stream is then broken), the chunks not
-/// confirmed: those in flight, the one whose send failed and those not sent.
+/// confirmed: those in flight, the one whose send failed and those not sent. When the
+/// transfer halts (cancelled, out of time), nothing more is sent and the replies still due
+/// are abandoned (`stale`): the job ends without waiting for them.
 pub(super) fn run_job(
     conn: &mut Conn,
     stager: &mut Stager,
     job: &Job,
     (io_timeout, batch): (Duration, bool),
     tally: Tally<'_>,
+    stale: &mut usize,
 ) -> (u64, std::result::Result<(), Broke>) {
     let xfer = &job.xfer;
     let mut inflight: VecDeque<Sent> = VecDeque::with_capacity(WINDOW);
@@ -167,9 +231,9 @@ pub(super) fn run_job(
             while inflight.len() < WINDOW && next < job.chunks.len() {
                 let c = job.chunks[next];
                 let k = next;
-                if xfer.expired() {
+                if let Some(e) = xfer.halt() {
                     next += 1;
-                    xfer.chunk_done(c.op as usize, 0, Err(xfer.timeout_error()));
+                    xfer.chunk_done(c.op as usize, 0, Err(e));
                     continue;
                 }
                 let n = if batch {
@@ -194,6 +258,21 @@ pub(super) fn run_job(
                 if sent {
                     inflight.push_back(Sent::One(c));
                 }
+            }
+            if !inflight.is_empty() && !reply_or_halt(conn, xfer, io_timeout)? {
+                let mut left: Vec<Chunk> = Vec::new();
+                for s in inflight.drain(..) {
+                    match s {
+                        Sent::One(c) => left.push(c),
+                        Sent::Batch(cs) => left.extend(cs),
+                    }
+                    *stale += 1;
+                }
+                // Chunks the full window kept back were never sent: they fail alike.
+                left.extend_from_slice(&job.chunks[next..]);
+                next = job.chunks.len();
+                abandon(xfer, &left, 0, stale);
+                return Ok(());
             }
             match inflight.front_mut() {
                 None => return Ok(()),

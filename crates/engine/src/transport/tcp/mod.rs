@@ -50,7 +50,9 @@ mod queue;
 mod target;
 
 pub(crate) use batch::TCP_BATCH_BIT;
-use chunks::{await_replies, fail_chunks, recv_reply, run_job, send_chunk, Broke, Staging, Tally};
+use chunks::{
+    await_replies, drain_stale, fail_chunks, recv_reply, run_job, send_chunk, Broke, Staging, Tally,
+};
 use queue::JobQueue;
 pub(crate) use target::serve_stream;
 
@@ -106,6 +108,9 @@ struct Stream {
     stager: Stager,
     /// Why the stream is unusable, once it is.
     broken: Option<Error>,
+    /// Replies of abandoned chunks (their transfer halted) still to read and drop before the
+    /// stream's next request (`chunks::drain_stale`).
+    stale: usize,
 }
 
 impl std::fmt::Debug for Stream {
@@ -297,8 +302,8 @@ impl Net {
         if chunks.is_empty() {
             return;
         }
-        if job.xfer.expired() {
-            fail_chunks(&job.xfer, &chunks, &job.xfer.timeout_error());
+        if let Some(halt) = job.xfer.halt() {
+            fail_chunks(&job.xfer, &chunks, &halt);
             return;
         }
         let target = self.pick(false).into_iter().min_by_key(|&w| {
@@ -404,6 +409,7 @@ impl TcpTransport {
                     conn,
                     stager: Stager::default(),
                     broken: None,
+                    stale: 0,
                 }),
                 queued: AtomicUsize::new(0),
                 broken: AtomicBool::new(false),
@@ -473,7 +479,7 @@ impl TcpTransport {
             };
             // Re-checked under the lock: the stream's thread holds it for a whole job and
             // lowers the count after, so nothing of an earlier job is still in flight.
-            if wk.queued.load(Ordering::SeqCst) != 0 || st.broken.is_some() {
+            if wk.queued.load(Ordering::SeqCst) != 0 || st.broken.is_some() || st.stale != 0 {
                 continue;
             }
             xfer.set_chunks(counts);
@@ -565,9 +571,8 @@ fn send_all(
     let mut staging = Staging::new(stager, job.chunks.len(), tally);
     while let Some(&c) = job.chunks.get(*next) {
         let k = *next;
-        if job.xfer.expired() {
-            job.xfer
-                .chunk_done(c.op as usize, 0, Err(job.xfer.timeout_error()));
+        if let Some(e) = job.xfer.halt() {
+            job.xfer.chunk_done(c.op as usize, 0, Err(e));
         } else if send_chunk(conn, &mut staging, &job.xfer, k, c, wait)? {
             sent.push(c);
         }
@@ -716,13 +721,36 @@ fn stream_worker(net: &Net, w: usize) {
                 broke = Some((e.clone(), left));
             } else {
                 let t0 = Instant::now();
-                let Stream { conn, stager, .. } = &mut *st;
+                let Stream {
+                    conn,
+                    stager,
+                    stale,
+                    ..
+                } = &mut *st;
                 let tally = net.tally(w, &job.xfer);
-                let (landed, r) = match &job.sent {
-                    Some(sent) => {
-                        await_replies(conn, stager, &job.xfer, sent, net.io_timeout, tally)
+                let (landed, r) = match drain_stale(conn, stale) {
+                    Err(e) => {
+                        let left = job.sent.clone().unwrap_or_else(|| job.chunks.clone());
+                        (0, Err((e, left)))
                     }
-                    None => run_job(conn, stager, &job, (net.io_timeout, net.batch), tally),
+                    Ok(()) => match &job.sent {
+                        Some(sent) => await_replies(
+                            conn,
+                            stager,
+                            (&job.xfer, sent),
+                            net.io_timeout,
+                            tally,
+                            stale,
+                        ),
+                        None => run_job(
+                            conn,
+                            stager,
+                            &job,
+                            (net.io_timeout, net.batch),
+                            tally,
+                            stale,
+                        ),
+                    },
                 };
                 match r {
                     Ok(()) if landed >= MEASURE_BYTES => {
