@@ -12,7 +12,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
-use gdx_bench::timer::wall;
+use gdx_base::clock::wall;
 use std::io::{BufRead, Write};
 use std::time::Duration;
 

@@ -12,7 +12,7 @@ use gdx_base::pattern::fill_pattern;
 use crate::floors::NearFloor;
 use crate::report::Row;
 use crate::stats::median;
-use crate::timer::wall;
+use gdx_base::clock::wall;
 
 /// Least bytes per transfer a batch row carries a copy reference for: below this a transfer is
 /// a round trip, not a copy, and is judged by its latency.

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::case::PathKind;
 use crate::report::Row;
 use crate::stats::median;
-use crate::timer::wall;
+use gdx_base::clock::wall;
 
 /// How far apart the floor measured beside a row and the run's floor may be before the row's
 /// line says the floor moved.

@@ -16,8 +16,8 @@ use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived, ROTATE_BYT
 use crate::error::{BenchError, Mismatch};
 use crate::report::Row;
 use crate::stats::{fill_row, CpuClock};
-use crate::timer;
 use crate::Ctx;
+use gdx_base::clock;
 
 #[path = "host_agent.rs"]
 mod agent;
@@ -64,7 +64,7 @@ pub(crate) fn wall_loop_between(
     while warmed < u64::from(params.warmup.max(1))
         || (warmed < warm.ops && began.elapsed() < warm.at_most)
     {
-        let (done, d) = timer::wall(|| op(0));
+        let (done, d) = clock::wall(|| op(0));
         done?;
         est = est.min(d);
         warmed += 1;
@@ -76,7 +76,7 @@ pub(crate) fn wall_loop_between(
     let mut excluded = Duration::ZERO;
     for i in 0..iters {
         excluded += between(i);
-        let (done, d) = timer::wall(|| op(i));
+        let (done, d) = clock::wall(|| op(i));
         done?;
         samples.push(d);
     }

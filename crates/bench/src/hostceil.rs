@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::timer::{wall_span, Span};
+use gdx_base::clock::{wall_span, Span};
 
 /// Working sets measured (source bytes; the destination is as large).
 pub const WORKING_SETS: [u64; 3] = [256 << 10, 8 << 20, 256 << 20];

@@ -30,6 +30,7 @@ pub mod context;
 pub mod facts;
 pub mod finding;
 pub mod live;
+pub mod measure;
 pub mod probe;
 pub mod probe_fabric;
 pub mod probe_rdma;

@@ -10,13 +10,12 @@
 
 use crate::context::{Context, GpuRef};
 use crate::DoctorError;
-use gdx_bench::Timer;
+use gdx_sys::timer::Timer;
 use serde::Serialize;
 use std::time::Duration;
 
-/// One end of a timed copy: the bench's own type (`gdx_bench::probe::Loc`), which the probes
-/// run through.
-pub use gdx_bench::probe::Loc;
+/// One end of a timed copy ([`crate::measure::Loc`]).
+pub use crate::measure::Loc;
 
 /// What a backend measured for one copy direction.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,7 +41,7 @@ pub enum RegMethod {
 }
 
 /// The part of the probes that needs CUDA and verbs. Implemented by [`crate::live::SystemProbe`]
-/// (gdx-bench's measurements and `gdx-sys`'s registration).
+/// ([`crate::measure`]'s measurements and `gdx-sys`'s registration).
 pub trait ProbeBackend {
     /// Allocate `bytes` at `from` and at `to`, fill `from` with a seeded pattern, enable peer
     /// access where both are GPUs, copy once to warm up, then `reps` timed copies, and

@@ -17,7 +17,7 @@
 
 use crate::error::NcclError;
 use crate::model::NcclLog;
-use gdx_bench::timer::wall;
+use gdx_base::clock::wall;
 use gdx_sys::cuda::{Context, Cuda, DeviceBuffer, Stream};
 use gdx_sys::nccl::{self as sys, Collective};
 use serde::Serialize;

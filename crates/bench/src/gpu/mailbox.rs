@@ -32,8 +32,8 @@ use crate::error::BenchError;
 use crate::host::{compare, fill_wall_row, wall_loop, Timed};
 use crate::report::{Row, Status};
 use crate::stats::CpuClock;
-use crate::timer::wall;
 use crate::Ctx;
+use gdx_base::clock::wall;
 
 /// What a microsecond case runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

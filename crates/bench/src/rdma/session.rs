@@ -19,7 +19,7 @@ use gdx_topo::sysfs::RootFs;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use crate::timer::wall;
+use gdx_base::clock::wall;
 
 /// Seed of the client's host pattern.
 const CLIENT_SEED: u8 = 1;

@@ -1,22 +1,25 @@
-//! The one timer of gdx: every measured span in gdx-bench, in its examples and in gdx-doctor's
-//! probes is a [`Timer`] sample, so "how long did it take" is read one way everywhere.
+//! The one timer of gdx: every measured span that is read either on the host's clock or on
+//! the device's, chosen at run time, is a [`Timer`] sample (gdx-bench's cases and examples,
+//! gdx-doctor's probes), so "how long did it take" is read one way everywhere.
 //!
 //! A timer is one of two clocks:
 //!
-//! - **Wall** ([`Timer::wall`], or [`wall`] for a closure): the host's monotonic clock. It is
-//!   what a caller waits for: enqueue, synchronisation and wake-ups included.
+//! - **Wall** ([`Timer::wall`]): the host's monotonic clock, the same clock as
+//!   `gdx_base::clock::wall` (which times a closure and needs no vendor library). It is what a
+//!   caller waits for: enqueue, synchronisation and wake-ups included.
 //! - **Events** ([`Timer::events`]): a pair of CUDA timing events per stream, recorded at
 //!   [`Timer::start`] and [`Timer::stop`]; [`Timer::read`] synchronises the streams and gives
 //!   the slowest stream's span. The device's own clock (about 0.5 µs resolution): enqueue cost
-//!   is left out when the streams are held between start and stop (see `gpu::timing`).
+//!   is left out when the streams are held between start and stop ([`Stream::hold`]).
 //!
-//! Either way a sample is a [`Duration`]; the median, quantiles and σ of samples are
-//! [`gdx_base::stats`]'s, the bandwidth model is `gdx_topo::bandwidth`'s. Deadlines and budgets
-//! (how long to keep trying) are not measurements and keep [`Instant`].
+//! It lives here, beside the events it records, so that crates which only time (gdx-nccl,
+//! gdx-doctor) need not depend on gdx-bench. Either way a sample is a [`Duration`]; the median,
+//! quantiles and σ of samples are `gdx_base::stats`'s, the bandwidth model is
+//! `gdx_topo::bandwidth`'s. Deadlines and budgets are not measurements and keep [`Instant`].
 
 use std::time::{Duration, Instant};
 
-use gdx_sys::cuda::{CudaError, Event, Stream};
+use crate::cuda::{CudaError, Event, Stream};
 
 /// A clock that times one span at a time: host wall time or CUDA events on streams.
 #[derive(Debug)]
@@ -35,45 +38,6 @@ enum Clock<'s> {
         /// (start, end) per stream, in `streams`' order.
         pairs: Vec<(Event, Event)>,
     },
-}
-
-/// A wall-clock span with its ends, for spans of several threads that are joined on one clock
-/// (the earliest start to the latest end).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Span {
-    /// When it began.
-    pub start: Instant,
-    /// When it ended.
-    pub end: Instant,
-}
-
-impl Span {
-    /// Its length.
-    pub fn len(&self) -> Duration {
-        self.end.saturating_duration_since(self.start)
-    }
-
-    /// The span from the earliest start to the latest end of `spans`; `None` when empty.
-    pub fn cover(spans: impl IntoIterator<Item = Span>) -> Option<Span> {
-        spans.into_iter().reduce(|a, b| Span {
-            start: a.start.min(b.start),
-            end: a.end.max(b.end),
-        })
-    }
-}
-
-/// Time `f` on the host's monotonic clock.
-pub fn wall<T>(f: impl FnOnce() -> T) -> (T, Duration) {
-    let (v, s) = wall_span(f);
-    (v, s.len())
-}
-
-/// Time `f` on the host's monotonic clock, keeping the span's ends.
-pub fn wall_span<T>(f: impl FnOnce() -> T) -> (T, Span) {
-    let start = Instant::now();
-    let v = f();
-    let end = Instant::now();
-    (v, Span { start, end })
 }
 
 impl Timer<'static> {
@@ -183,18 +147,6 @@ impl<'s> Timer<'s> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn wall_spans_are_ordered_and_cover_their_parts() {
-        let (v, a) = wall_span(|| 7);
-        assert_eq!(v, 7);
-        let (_, b) = wall_span(|| ());
-        assert!(a.end <= b.start);
-        let c = Span::cover([b, a]).unwrap();
-        assert_eq!((c.start, c.end), (a.start, b.end));
-        assert!(c.len() >= a.len());
-        assert_eq!(Span::cover([]), None);
-    }
 
     #[test]
     fn a_wall_timer_reads_zero_before_start_and_holds_its_stop() {
