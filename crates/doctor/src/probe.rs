@@ -126,7 +126,7 @@ pub struct CopyProbe {
     pub gbps: Option<f64>,
     /// The link's one-direction ceiling in GB/s, when known.
     pub ceiling_gbps: Option<f64>,
-    /// What the ceiling is (`NV18 x 26.56 GB/s`, `PCIe Gen5 x16`).
+    /// What the ceiling is (`NV18 x 26.56 GB/s`, `PCIe Gen5 x16 (GPU0)`).
     pub ceiling_basis: Option<String>,
     /// Bytes verified at the destination.
     pub verified: bool,
@@ -254,7 +254,7 @@ pub fn run(ctx: &Context, backend: &dyn ProbeBackend, plan: &ProbePlan) -> Probe
         }
         let (fname, tname) = (endpoint_name(from, &gpus), endpoint_name(to, &gpus));
         let (ceiling_gbps, ceiling_basis) = match ctx.ceiling(&fname, &tname) {
-            Some((c, b)) => (Some(c), Some(b)),
+            Some(c) => (Some(c.gbps), Some(c.basis)),
             None => (None, None),
         };
         let mut p = CopyProbe {

@@ -20,6 +20,7 @@ use crate::model::NcclLog;
 use gdx_base::clock::wall;
 use gdx_sys::cuda::{Context, Cuda, DeviceBuffer, Stream};
 use gdx_sys::nccl::{self as sys, Collective};
+use gdx_topo::ceiling::Ceiling;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -134,15 +135,6 @@ pub struct Row {
     pub algbw_gbps: f64,
     /// GB/s.
     pub busbw_gbps: f64,
-}
-
-/// The ceiling busbw is compared with.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Ceiling {
-    /// GB/s.
-    pub gbps: f64,
-    /// What it is: `NV18 × 26.56 GB/s between GPU0 and GPU1`.
-    pub basis: String,
 }
 
 /// A completed run.
@@ -398,8 +390,8 @@ fn debug_files(dir: &Path) -> Result<Vec<PathBuf>, NcclError> {
     Ok(v)
 }
 
-/// The busbw ceiling: the slowest link between consecutive ranks (NVLink count × per-link
-/// rate, else the slower PCIe link); none with one rank.
+/// The busbw ceiling: the slowest of topo's GPU-pair ceilings between consecutive ranks;
+/// none with one rank.
 fn ceiling(
     topo: Option<&gdx_topo::Topology>,
     ctxs: &[Context],
@@ -421,58 +413,40 @@ fn ceiling(
             .and_then(|b| b.parse::<gdx_topo::PciAddr>().ok())
             .and_then(|b| topo.by_bdf(b))
     };
-    let mut best: Option<Ceiling> = None;
+    // (ceiling, the pair it is between)
+    let mut best: Option<(Ceiling, String)> = None;
     for w in ctxs.windows(2) {
         let (Some(a), Some(b)) = (dev_of(&w[0]), dev_of(&w[1])) else {
             return (None, "a GPU is not in the topology: no ceiling".into());
         };
-        let c = match topo.path_class(a, b) {
-            gdx_topo::PathClass::Nv(links) => {
-                let cc = a.gpu.as_ref().and_then(|g| g.compute_capability.as_deref());
-                let (per, _) = gdx_topo::bandwidth::nvlink_gbps_per_link(cc);
-                Ceiling {
-                    gbps: f64::from(links) * per,
-                    basis: format!(
-                        "NV{links} × {per:.2} GB/s between {} and {}",
-                        a.label, b.label
-                    ),
-                }
-            }
-            class => {
-                let link =
-                    |d: &gdx_topo::Device| d.link.max.raw_gbps().or(d.link.current.raw_gbps());
-                let Some(g) = link(a).into_iter().chain(link(b)).reduce(f64::min) else {
-                    return (
-                        None,
-                        format!(
-                            "{}↔{} is {class} with unknown PCIe links: no ceiling",
-                            a.label, b.label
-                        ),
-                    );
-                };
-                Ceiling {
-                    gbps: g,
-                    basis: format!("PCIe ({class}) between {} and {}", a.label, b.label),
-                }
-            }
+        let Some(c) = gdx_topo::ceiling::gpu_pair(topo, a, b, None) else {
+            return (
+                None,
+                format!(
+                    "{}↔{} is {} with unknown PCIe links: no ceiling",
+                    a.label,
+                    b.label,
+                    topo.path_class(a, b)
+                ),
+            );
         };
-        if best.as_ref().is_none_or(|x| c.gbps < x.gbps) {
-            best = Some(c);
+        if best.as_ref().is_none_or(|(x, _)| c.gbps < x.gbps) {
+            best = Some((c, format!("{}↔{}", a.label, b.label)));
         }
     }
-    let Some(c) = best else {
+    let Some((c, pair)) = best else {
         return (None, "no ceiling".into());
     };
     let large: Vec<&Row> = rows.iter().filter(|r| r.bytes >= 256 << 20).collect();
     let note = match large.iter().map(|r| r.busbw_gbps).reduce(f64::max) {
         Some(b) => format!(
-            "best busbw at ≥ 256 MiB: {b:.1} GB/s = {:.0} % of {:.1} GB/s ({})",
+            "best busbw at ≥ 256 MiB: {b:.1} GB/s = {:.0} % of {:.1} GB/s ({}, {pair})",
             b / c.gbps * 100.0,
             c.gbps,
             c.basis
         ),
         None => format!(
-            "ceiling {:.1} GB/s ({}); run sizes ≥ 256 MiB to compare",
+            "ceiling {:.1} GB/s ({}, {pair}); run sizes ≥ 256 MiB to compare",
             c.gbps, c.basis
         ),
     };

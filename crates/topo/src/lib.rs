@@ -12,6 +12,7 @@
 
 pub mod bandwidth;
 pub mod capture;
+pub mod ceiling;
 pub mod dcb;
 pub mod enrich;
 mod error;

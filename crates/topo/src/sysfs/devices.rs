@@ -8,6 +8,7 @@
 //! that every crate reads `sys/bus/pci` and `sys/class/infiniband` through one layer.
 
 use super::files::FileError;
+use super::parse;
 use super::rootfs::RootFs;
 use crate::model::{Link, PciAddr};
 
@@ -174,12 +175,6 @@ pub fn bridges_between(a: &Chain, b: &Chain) -> Vec<PciAddr> {
     out
 }
 
-/// Parse a sysfs link speed: `16.0 GT/s PCIe`, `8 GT/s`, `2.5 GT/s`; `None` for `Unknown`.
-pub fn parse_speed(s: &str) -> Option<f64> {
-    let v: f64 = s.split_whitespace().next()?.parse().ok()?;
-    (v > 0.0).then_some(v)
-}
-
 /// Raw and parsed link values of a device.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LinkRead {
@@ -191,9 +186,15 @@ pub struct LinkRead {
     pub evidence: Vec<String>,
 }
 
-/// Read `current_link_speed/width` and `max_link_speed/width`.
+/// Read `current_link_speed/width` and `max_link_speed/width` of the device at `bdf`.
 pub fn read_link(fs: &RootFs, bdf: PciAddr) -> LinkRead {
-    let dir = dev_dir(bdf);
+    link_at(fs, &dev_dir(bdf))
+}
+
+/// Read `current_link_speed/width` and `max_link_speed/width` in the in-root folder `dir` (a
+/// PCI function's, e.g. one found walking up from a block device), with the parsers the
+/// topology reads every device with.
+pub fn link_at(fs: &RootFs, dir: &str) -> LinkRead {
     let mut ev = Vec::new();
     let mut get = |f: &str| {
         let rel = format!("{dir}/{f}");
@@ -203,10 +204,12 @@ pub fn read_link(fs: &RootFs, bdf: PciAddr) -> LinkRead {
         }
         v
     };
-    let cs = get("current_link_speed").and_then(|s| parse_speed(&s));
-    let cw = get("current_link_width").and_then(|s| s.parse().ok());
-    let ms = get("max_link_speed").and_then(|s| parse_speed(&s));
-    let mw = get("max_link_width").and_then(|s| s.parse().ok());
+    let speed = |s: Option<String>| s.and_then(|s| parse::link_speed(&s)).flatten();
+    let width = |s: Option<String>| s.and_then(|s| parse::link_width(&s));
+    let cs = speed(get("current_link_speed"));
+    let cw = width(get("current_link_width"));
+    let ms = speed(get("max_link_speed"));
+    let mw = width(get("max_link_width"));
     LinkRead {
         current: Link {
             speed_gts: cs,
@@ -323,17 +326,4 @@ pub fn rdma_devices(fs: &RootFs) -> Vec<RdmaDev> {
             }
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn speeds_parse() {
-        assert_eq!(parse_speed("16.0 GT/s PCIe"), Some(16.0));
-        assert_eq!(parse_speed("2.5 GT/s"), Some(2.5));
-        assert_eq!(parse_speed("Unknown"), None);
-        assert_eq!(parse_speed(""), None);
-    }
 }
