@@ -123,9 +123,7 @@ pub(crate) fn fill_wall_row(row: &mut Row, bytes: f64, t: &Timed) {
 /// Largest size a host row is judged against a latency floor at (and warmed up for).
 const NEAR_MAX: u64 = 64 << 10;
 
-/// Marks a row whose p50 is one window of transfers, not one transfer (the latency floors
-/// are not set beside it).
-pub const WINDOW_NOTE: &str = "window of transfers";
+pub use crate::report::WINDOW_NOTE;
 
 /// Marks a row measured with prepared transfers (`--prepared`).
 pub const PREPARED_NOTE: &str = "prepared transfers";

@@ -39,6 +39,7 @@ pub mod plot;
 pub mod rdma;
 pub mod render;
 pub mod report;
+pub mod spec;
 pub mod stats;
 
 pub use case::{
