@@ -86,8 +86,13 @@ pub enum TopoError {
     #[error("NVML not available: {0}")]
     NoNvml(String),
     /// A CPU mask (NCCL's `affinity`) with a group that is not a 32-bit hex number.
-    #[error("group {0:?} is not a 32-bit hex number (expected a mask like 0000ffff,ffffffff)")]
-    CpuMask(String),
+    #[error("group {group:?} is not a 32-bit hex number (expected a mask like 0000ffff,ffffffff)")]
+    CpuMask {
+        /// The group as written.
+        group: String,
+        /// Its place from the right (group 0 holds CPUs 0-31).
+        index: usize,
+    },
     /// A file gdx writes into a capture (`gdx/env.json`) is malformed.
     #[error("capture file {path}: {message} (re-capture the machine with `gdx topo --capture`)")]
     CaptureFile {

@@ -100,12 +100,16 @@ pub enum ChainError {
     /// `sys/bus/pci/devices/<bdf>` does not resolve inside the root.
     #[error("{shown} does not resolve into sys/devices, so the bridges above it are unknown")]
     Unresolved {
+        /// The device.
+        bdf: PciAddr,
         /// The link as shown to the user.
         shown: String,
     },
     /// The real path has no host bridge folder.
     #[error("{shown}: no pciDDDD:BB component in its path")]
     NoHostBridge {
+        /// The device.
+        bdf: PciAddr,
         /// The link as shown to the user.
         shown: String,
     },
@@ -129,14 +133,20 @@ pub fn chain(fs: &RootFs, bdf: PciAddr) -> Result<Chain, ChainError> {
     let shown = || fs.show(&rel);
     let real = fs
         .canonical_rel(&rel)
-        .ok_or_else(|| ChainError::Unresolved { shown: shown() })?;
+        .ok_or_else(|| ChainError::Unresolved {
+            bdf,
+            shown: shown(),
+        })?;
     let mut comps = real
         .components()
         .filter_map(|c| c.as_os_str().to_str())
         .skip_while(|c| !c.starts_with("pci"));
     let host_bridge = comps
         .next()
-        .ok_or_else(|| ChainError::NoHostBridge { shown: shown() })?
+        .ok_or_else(|| ChainError::NoHostBridge {
+            bdf,
+            shown: shown(),
+        })?
         .to_string();
     let mut addrs: Vec<PciAddr> = comps.filter_map(|c| c.parse().ok()).collect();
     if addrs.last() != Some(&bdf) {
