@@ -8,8 +8,8 @@
 use gdx_base::pattern::fill_pattern;
 
 use crate::report::{NearFloor, Row};
-use crate::stats::median;
 use gdx_base::clock::wall;
+use gdx_base::stats::median;
 
 /// Least bytes per transfer a batch row carries a copy reference for: below this a transfer is
 /// a round trip, not a copy, and is judged by its latency.

@@ -21,8 +21,8 @@ use std::sync::Arc;
 
 use crate::case::PathKind;
 use crate::report::Row;
-use crate::stats::median;
 use gdx_base::clock::wall;
+use gdx_base::stats::median;
 
 /// How far apart the floor measured beside a row and the run's floor may be before the row's
 /// line says the floor moved.

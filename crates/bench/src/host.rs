@@ -14,10 +14,11 @@ use gdx_base::pattern::fill_pattern;
 
 use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived, ROTATE_BYTES};
 use crate::error::{BenchError, Mismatch};
+use crate::figures::fill_row;
 use crate::report::Row;
-use crate::stats::{fill_row, CpuClock};
 use crate::Ctx;
 use gdx_base::clock;
+use gdx_sys::timer::CpuClock;
 
 #[path = "host_agent.rs"]
 mod agent;

@@ -28,6 +28,7 @@ pub mod ctx;
 pub mod error;
 pub mod export;
 pub mod fabric;
+pub mod figures;
 pub mod file;
 pub mod floors;
 pub mod gpu;
@@ -40,7 +41,6 @@ pub mod rdma;
 pub mod render;
 pub mod report;
 pub mod spec;
-pub mod stats;
 
 pub use case::{
     default_sizes, BenchCase, CaseSpec, Cause, End, Params, PathKind, Waived, ROTATE_BYTES,

@@ -9,8 +9,8 @@ use std::time::Duration;
 use crate::case::{BenchCase, CaseSpec, Cause, End, Params, PathKind, Waived};
 use crate::ctx::gpu_missing;
 use crate::error::BenchError;
+use crate::figures::fill_row;
 use crate::report::Row;
-use crate::stats::fill_row;
 use crate::Ctx;
 
 /// The ceiling mock rows are judged against, GB/s (set by [`Ctx::mock`]).

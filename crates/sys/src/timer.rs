@@ -12,6 +12,8 @@
 //!   the slowest stream's span. The device's own clock (about 0.5 µs resolution): enqueue cost
 //!   is left out when the streams are held between start and stop ([`Stream::hold`]).
 //!
+//! [`CpuClock`] is the process's CPU time (user + system), for CPU seconds per GB moved.
+//!
 //! It lives here, beside the events it records, so that crates which only time (gdx-nccl,
 //! gdx-doctor) need not depend on gdx-bench. Either way a sample is a [`Duration`]; the median,
 //! quantiles and σ of samples are `gdx_base::stats`'s, the bandwidth model is
@@ -144,6 +146,32 @@ impl<'s> Timer<'s> {
     }
 }
 
+/// Process CPU time (user + system, all threads) at one moment.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuClock(Option<Duration>);
+
+impl CpuClock {
+    /// Read the clock now (`getrusage(RUSAGE_SELF)`); unreadable gives a clock that yields
+    /// no figure.
+    pub fn now() -> CpuClock {
+        CpuClock(crate::os::process_cpu_time().ok())
+    }
+
+    /// The clock as if `by` less CPU time had passed since it was read (time spent on work
+    /// the figure leaves out).
+    pub fn shifted(self, by: Duration) -> CpuClock {
+        CpuClock(self.0.map(|t| t + by))
+    }
+
+    /// CPU seconds per GB (1e9 bytes) for `bytes` moved since `self`.
+    pub fn per_gb_since(self, bytes: f64) -> Option<f64> {
+        let (Some(a), Some(b)) = (self.0, CpuClock::now().0) else {
+            return None;
+        };
+        (bytes > 0.0).then(|| b.saturating_sub(a).as_secs_f64() / (bytes / 1e9))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,5 +196,16 @@ mod tests {
     #[test]
     fn a_device_timer_needs_a_stream() {
         assert!(Timer::events(&[]).is_err());
+    }
+
+    #[test]
+    fn cpu_clock_reads() {
+        let c = CpuClock::now();
+        let mut x = 0u64;
+        for i in 0..1_000_000u64 {
+            x = x.wrapping_add(i * i);
+        }
+        std::hint::black_box(x);
+        assert!(c.per_gb_since(1e9).is_some());
     }
 }

@@ -21,8 +21,8 @@ use gdx_sys::cuda::{CudaError, Stream};
 
 use crate::case::Params;
 use crate::error::BenchError;
-use crate::stats::CpuClock;
 use gdx_base::clock;
+use gdx_sys::timer::CpuClock;
 use gdx_sys::timer::Timer;
 
 /// How long one timed batch should last on the device.

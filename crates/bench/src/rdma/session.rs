@@ -8,7 +8,7 @@
 //! operations (fewer for large sizes when `max_bytes_per_sample` is set), each sample one
 //! batch posted and waited for ([`Link::run`]); then as many single operations each timed
 //! from post to completion (latency: one round trip, not perftest's half). The summary is the
-//! bench framework's ([`crate::stats::fill_row`]). Host buffers hold a seeded pattern and are
+//! bench framework's ([`crate::figures::fill_row`]). Host buffers hold a seeded pattern and are
 //! checked at the end (GPU buffers are not checked).
 
 use super::proto::{recv, send, BenchMem, BenchOp, Control, Msg, TcpControl, BENCH_VERSION};

@@ -10,12 +10,12 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use gdx_base::bytesize::ByteSize;
-use gdx_bench::stats::CpuClock;
 use gdx_engine::{Agent, AgentConfig};
 use gdx_stream::{
     BackPressure, Checksum, FileSink, FileSource, NullSink, PeerSink, PeerSource, Pipeline,
     PipelineConfig, Progress, Sink, Source, StreamReport, Synthetic,
 };
+use gdx_sys::timer::CpuClock;
 use serde_json::json;
 
 use super::args::{parse_duration, parse_rate_arg, parse_size};
