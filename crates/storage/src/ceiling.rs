@@ -7,6 +7,7 @@
 //! as unknown, with the reason, never guessed. Throughput per lane comes from topo's one
 //! bandwidth model ([`gdx_topo::bandwidth::pcie_gbps`]).
 
+use crate::error::LinkGap;
 use crate::StorageError;
 use gdx_topo::sysfs::devices::{block_dev, dev_dir, link_at};
 use gdx_topo::sysfs::RootFs;
@@ -45,11 +46,9 @@ pub fn gpu_link(root: &Path, bus_id: &str) -> Result<Link, StorageError> {
         Err(source) => return Err(StorageError::BusId { id, source }),
     };
     let dir = dev_dir(bdf);
-    link_in(&fs, Path::new(&dir)).ok_or_else(|| {
-        StorageError::LinkUnknown(format!(
-            "no PCIe link speed for GPU {id} in {}",
-            fs.show(&dir)
-        ))
+    link_in(&fs, Path::new(&dir)).ok_or_else(|| StorageError::LinkUnknown {
+        why: LinkGap::NoSpeed { dir: fs.show(&dir) },
+        device: id,
     })
 }
 
@@ -70,16 +69,17 @@ pub fn disk_link(root: &Path, file: &Path) -> Result<(String, Link), StorageErro
     };
     let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
     if major == 0 {
-        return Err(StorageError::LinkUnknown(format!(
-            "{} is on a file system without a block device (device {major}:{minor}, e.g. tmpfs or overlayfs)",
-            file.display()
-        )));
+        return Err(StorageError::LinkUnknown {
+            device: file.display().to_string(),
+            why: LinkGap::NoBlockDevice { major, minor },
+        });
     }
     let fs = RootFs::new(root);
     let link = block_dev(major, minor);
-    let dir = fs
-        .resolve(&link)
-        .ok_or_else(|| StorageError::LinkUnknown(format!("{}: not found", fs.show(&link))))?;
+    let dir = fs.resolve(&link).ok_or_else(|| StorageError::LinkUnknown {
+        device: fs.show(&link),
+        why: LinkGap::NotFound,
+    })?;
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -93,19 +93,22 @@ pub fn disk_link(root: &Path, file: &Path) -> Result<(String, Link), StorageErro
         if d.file_name()
             .is_some_and(|n| n.to_string_lossy().starts_with("virtio"))
         {
-            return Err(StorageError::LinkUnknown(format!(
-                "{name} is a virtio disk: its link speed says nothing about the storage behind it"
-            )));
+            return Err(StorageError::LinkUnknown {
+                device: name,
+                why: LinkGap::Virtio,
+            });
         }
         if let Some(l) = link_in(&fs, &d) {
             return Ok((name, l));
         }
         at = d.parent().map(Path::to_path_buf);
     }
-    Err(StorageError::LinkUnknown(format!(
-        "{name}: no PCIe link found above {}",
-        fs.show(&dir.to_string_lossy())
-    )))
+    Err(StorageError::LinkUnknown {
+        device: name,
+        why: LinkGap::NoneAbove {
+            dir: fs.show(&dir.to_string_lossy()),
+        },
+    })
 }
 
 /// A link lookup serialised as before errors were typed: `{"Ok": link}` or `{"Err": "why"}`.
@@ -273,7 +276,7 @@ mod tests {
         let c = CopyCeiling::from_links(Ok(("nvme0n1".into(), gen4x4)), Some(Ok(gen5)));
         assert_eq!(c.bound, Some("disk"));
         assert!((c.gbps.unwrap() - gen4x4.raw_gbps().unwrap()).abs() < 1e-9);
-        let c = CopyCeiling::from_links(Err(unknown("vda is a virtio disk")), Some(Ok(gen5)));
+        let c = CopyCeiling::from_links(Err(unknown("vda", LinkGap::Virtio)), Some(Ok(gen5)));
         assert_eq!(c.bound, Some("pcie"));
         assert!(
             c.describe()
@@ -281,17 +284,32 @@ mod tests {
             "{}",
             c.describe()
         );
-        let c = CopyCeiling::from_links(Err(unknown("tmpfs")), None);
+        let c = CopyCeiling::from_links(
+            Err(unknown(
+                "/tmp/x",
+                LinkGap::NoBlockDevice {
+                    major: 0,
+                    minor: 42,
+                },
+            )),
+            None,
+        );
         // Serialised as it was when the reasons were strings.
         let v = serde_json::to_value(&c).unwrap();
-        assert_eq!(v["disk"], serde_json::json!({"Err": "tmpfs"}));
+        assert_eq!(
+            v["disk"],
+            serde_json::json!({"Err": "/tmp/x is on a file system without a block device (device 0:42, e.g. tmpfs or overlayfs)"})
+        );
         assert_eq!(v["gpu"], serde_json::Value::Null);
         assert_eq!(c.gbps, None);
         assert!(c.describe().starts_with("unknown; "));
     }
 
-    fn unknown(why: &str) -> Arc<StorageError> {
-        Arc::new(StorageError::LinkUnknown(why.into()))
+    fn unknown(device: &str, why: LinkGap) -> Arc<StorageError> {
+        Arc::new(StorageError::LinkUnknown {
+            device: device.into(),
+            why,
+        })
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub mod vendor;
 pub mod xml;
 
 pub use capture::{capture, read_captured_env, CapturedEnv};
-pub use error::TopoError;
+pub use error::{NvmlGap, TopoError};
 pub use model::*;
 pub use nicmap::{nic_map, rank_nics, Memory, NicMap, RankedNic};
 pub use path::{legend, PathClass};
