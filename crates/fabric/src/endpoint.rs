@@ -229,7 +229,7 @@ impl Endpoint {
         let handle = std::thread::Builder::new()
             .name("gdx-fabric-progress".into())
             .spawn(move || progress_loop(&s))
-            .map_err(|e| FabricError::Closed(format!("progress thread: {e}")))?;
+            .map_err(FabricError::ProgressThread)?;
         Ok(Endpoint {
             shared,
             info: pinfo,

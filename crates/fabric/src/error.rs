@@ -117,9 +117,13 @@ pub enum FabricError {
         /// How long it waited.
         waited_ms: u128,
     },
-    /// The endpoint was closed, or is broken after an earlier failure.
+    /// The endpoint's progress thread could not be started.
+    #[error("endpoint closed: progress thread: {0}")]
+    ProgressThread(#[source] std::io::Error),
+    /// An error of gdx-sys's libfabric layer this crate has no variant of yet
+    /// (`LibfabricError` is non-exhaustive).
     #[error("endpoint closed: {0}")]
-    Closed(String),
+    Sys(#[source] LibfabricError),
 }
 
 impl From<LibfabricError> for FabricError {
@@ -155,8 +159,8 @@ impl From<LibfabricError> for FabricError {
                 code: ffi::FI_EINVAL as i32,
                 message: e.to_string(),
             },
-            // LibfabricError is non-exhaustive: a later variant keeps its text.
-            e => FabricError::Closed(e.to_string()),
+            // LibfabricError is non-exhaustive: a later variant is kept whole.
+            e => FabricError::Sys(e),
         }
     }
 }
