@@ -197,9 +197,7 @@ pub fn run(
     topology: Option<&gdx_topo::Topology>,
 ) -> Result<RunOutcome, NcclError> {
     if params.sizes.is_empty() || params.ops.is_empty() || params.iters == 0 {
-        return Err(NcclError::InvalidRun(
-            "need at least one size, one collective and one timed iteration".into(),
-        ));
+        return Err(NcclError::EmptyRun);
     }
     let cuda = match Cuda::load() {
         Ok(c) => c,
@@ -252,7 +250,7 @@ pub fn run(
     let mut ctxs = Vec::new();
     let mut gpus = Vec::new();
     for i in 0..n {
-        let ctx = cuda.context(i).map_err(run_err)?;
+        let ctx = cuda.context(i).map_err(cuda_err)?;
         let d = ctx.device();
         gpus.push(format!(
             "GPU{i} {} {}",
@@ -294,19 +292,23 @@ fn waived(reason: String) -> RunOutcome {
     RunOutcome::Waived { reason }
 }
 
-fn run_err(e: impl std::fmt::Display) -> NcclError {
-    NcclError::InvalidRun(format!("the run failed: {e}"))
+fn cuda_err(e: gdx_sys::cuda::CudaError) -> NcclError {
+    NcclError::RunCuda(e)
+}
+
+fn nccl_err(e: gdx_sys::nccl::NcclError) -> NcclError {
+    NcclError::RunNccl(e)
 }
 
 type Measured = (Vec<Row>, Vec<String>);
 
 fn measure(nccl: &sys::Nccl, ctxs: &[Context], p: &RunParams) -> Result<Measured, NcclError> {
-    let comms = nccl.init_all(ctxs).map_err(run_err)?;
+    let comms = nccl.init_all(ctxs).map_err(nccl_err)?;
     let streams: Vec<Stream> = ctxs
         .iter()
         .map(Stream::new)
         .collect::<Result<_, _>>()
-        .map_err(run_err)?;
+        .map_err(cuda_err)?;
     let n = comms.len() as u32;
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
@@ -325,15 +327,15 @@ fn measure(nccl: &sys::Nccl, ctxs: &[Context], p: &RunParams) -> Result<Measured
             let mut send = Vec::new();
             let mut recv = Vec::new();
             for (ctx, st) in ctxs.iter().zip(&streams) {
-                let mut s = DeviceBuffer::new(ctx, s_el * el).map_err(run_err)?;
+                let mut s = DeviceBuffer::new(ctx, s_el * el).map_err(cuda_err)?;
                 let len = s.len();
-                st.memset(&mut s, 0, len, 0).map_err(run_err)?;
+                st.memset(&mut s, 0, len, 0).map_err(cuda_err)?;
                 send.push(s);
-                recv.push(DeviceBuffer::new(ctx, r_el * el).map_err(run_err)?);
+                recv.push(DeviceBuffer::new(ctx, r_el * el).map_err(cuda_err)?);
             }
             for _ in 0..p.warmup {
                 sys::launch(&comms, op.collective(), count, &send, &mut recv, &streams)
-                    .map_err(run_err)?;
+                    .map_err(nccl_err)?;
             }
             sync(&streams)?;
             // Wall time over all iterations, as nccl-tests measures (the launches are enqueued
@@ -341,7 +343,7 @@ fn measure(nccl: &sys::Nccl, ctxs: &[Context], p: &RunParams) -> Result<Measured
             let (done, took) = wall(|| -> Result<(), NcclError> {
                 for _ in 0..p.iters {
                     sys::launch(&comms, op.collective(), count, &send, &mut recv, &streams)
-                        .map_err(run_err)?;
+                        .map_err(nccl_err)?;
                 }
                 sync(&streams)
             });
@@ -368,7 +370,7 @@ fn measure(nccl: &sys::Nccl, ctxs: &[Context], p: &RunParams) -> Result<Measured
 
 fn sync(streams: &[Stream]) -> Result<(), NcclError> {
     for s in streams {
-        s.synchronize().map_err(run_err)?;
+        s.synchronize().map_err(cuda_err)?;
     }
     Ok(())
 }
