@@ -53,17 +53,14 @@ fn rail_rows(
 }
 
 /// Prepares the transfer of each of `positions` rotation positions once (`--prepared`); the
-/// row's failure text when one cannot be.
+/// position that could not be, with the engine's error.
 fn prepare_positions(
     peer: &Peer,
     positions: u64,
     build: impl Fn(u64) -> Transfer,
-) -> Result<Vec<PreparedTransfer>, String> {
+) -> Result<Vec<PreparedTransfer>, (u64, gdx_engine::Error)> {
     (0..positions)
-        .map(|j| {
-            peer.prepare(build(j))
-                .map_err(|e| format!("preparing transfer {j}: {e}"))
-        })
+        .map(|j| peer.prepare(build(j)).map_err(|e| (j, e)))
         .collect()
 }
 
@@ -312,7 +309,10 @@ impl AgentCase {
         if params.prepared {
             match prepare_positions(peer, positions, |j| build(local, j)) {
                 Ok(p) => prepared = p,
-                Err(why) => return Ok(Row::failed(&self.spec, size, why)),
+                Err((j, e)) => {
+                    let why = format!("preparing transfer {j}: {e}");
+                    return Ok(Row::failed(&self.spec, size, why));
+                }
             }
         }
         let rails_before = peer.rails();
