@@ -2,9 +2,9 @@
 # Puts what the GPU machine needs to use libfabric without it installed there into .devbin/fabric/
 # (or DEST): Debian's libfabric.so.1 and the libraries it links that the GPU machine may lack
 # (lib/), and fi_info (bin/). About 2.7 MB, so it fits the 64 MiB carry beside .devbin/gdx and
-# the test binaries of scripts/device/prepare.sh. scripts/device/fabric.sh links in only the
-# libraries the system lacks (never shadowing its rdma-core). Then, through the device tool:
-#   carry [".devbin"], command: bash scripts/device/fabric.sh
+# the test binaries of `scripts/device/prepare.sh bins` (`prepare.sh fabric` runs this). The
+# `fabric` stage links in only the libraries the system lacks (never shadowing its rdma-core).
+# Then, through the device tool: carry [".devbin"], command: bash scripts/device/run.sh fabric
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${1:-.devbin/fabric}

@@ -1,6 +1,6 @@
 """Copy the test binaries that `cargo test --no-run --message-format=json` (on stdin) built into
 .devbin/tests, printing each name: the executable's own name (hash included), or with --by-target
-`<package>-<target>` (the names scripts/device/session.sh runs)."""
+`<package>-<target>` (the names scripts/device/run.sh's stages look for)."""
 import json
 import os
 import shutil

@@ -26,9 +26,14 @@ pub enum SizeError {
     /// Empty input.
     #[error("empty size: give a byte count such as 4096, 64KiB or 1GB")]
     Empty,
-    /// The number part is not a number.
-    #[error("'{0}' is not a byte count (e.g. 4096, 64KiB, 1.5GB)")]
-    NotANumber(String),
+    /// The input is not a size of the kind asked for; `problem` says how.
+    #[error("'{input}' {problem}")]
+    Invalid {
+        /// The whole input.
+        input: String,
+        /// What is wrong with it.
+        problem: SizeProblem,
+    },
     /// The suffix is not one of the units above.
     #[error("'{input}' has an unknown unit '{unit}' (use B, KB/MB/GB/TB = 10^3.., KiB/MiB/GiB/TiB = 2^10..)")]
     UnknownUnit {
@@ -37,15 +42,6 @@ pub enum SizeError {
         /// The unit part.
         unit: String,
     },
-    /// A fraction that does not come out at a whole number of bytes.
-    #[error("'{0}' is not a whole number of bytes")]
-    Fraction(String),
-    /// Larger than `u64::MAX` bytes.
-    #[error("'{0}' is too large (the limit is 2^64 - 1 bytes)")]
-    TooLarge(String),
-    /// A rate without its `/s` (`--rate 40GB/s`).
-    #[error("'{0}' is not a rate: give bytes per second such as 40GB/s, 500MiB/s or 409.6MB/s")]
-    NotARate(String),
     /// A malformed list or range item (`--size 8:1GiB:x2`).
     #[error("invalid size list item '{item}': {why}")]
     List {
@@ -54,6 +50,32 @@ pub enum SizeError {
         /// What is wrong with it.
         why: String,
     },
+}
+
+/// How an input fails to be a size ([`SizeError::Invalid`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SizeProblem {
+    /// The number part is not a number.
+    #[error("is not a byte count (e.g. 4096, 64KiB, 1.5GB)")]
+    NotANumber,
+    /// A fraction that does not come out at a whole number of bytes.
+    #[error("is not a whole number of bytes")]
+    Fraction,
+    /// Larger than `u64::MAX` bytes.
+    #[error("is too large (the limit is 2^64 - 1 bytes)")]
+    TooLarge,
+    /// A rate without its `/s` (`--rate 40GB/s`), or a rate of zero.
+    #[error("is not a rate: give bytes per second such as 40GB/s, 500MiB/s or 409.6MB/s")]
+    NotARate,
+}
+
+impl SizeError {
+    fn invalid(input: &str, problem: SizeProblem) -> SizeError {
+        SizeError::Invalid {
+            input: input.to_string(),
+            problem,
+        }
+    }
 }
 
 /// A byte count. `Display` writes the shortest exact form (`4KiB`, `1GB`, `1000B`), so a printed
@@ -120,9 +142,9 @@ impl FromStr for ByteSize {
         };
         let all_digits = |x: &str| x.bytes().all(|b| b.is_ascii_digit());
         if (int.is_empty() && frac.is_empty()) || !all_digits(int) || !all_digits(frac) {
-            return Err(SizeError::NotANumber(s.to_string()));
+            return Err(SizeError::invalid(s, SizeProblem::NotANumber));
         }
-        let too_large = || SizeError::TooLarge(s.to_string());
+        let too_large = || SizeError::invalid(s, SizeProblem::TooLarge);
         // Exact: value = (int * 10^f + frac) * factor / 10^f, all in u128.
         let digits = format!("{int}{frac}");
         let digits = digits.trim_start_matches('0');
@@ -134,7 +156,7 @@ impl FromStr for ByteSize {
         } else {
             digits
                 .parse()
-                .map_err(|_| SizeError::NotANumber(s.to_string()))?
+                .map_err(|_| SizeError::invalid(s, SizeProblem::NotANumber))?
         };
         let scale = 10u128
             .checked_pow(u32::try_from(frac.len()).map_err(|_| too_large())?)
@@ -143,7 +165,7 @@ impl FromStr for ByteSize {
             .checked_mul(u128::from(factor))
             .ok_or_else(too_large)?;
         if scaled % scale != 0 {
-            return Err(SizeError::Fraction(s.to_string()));
+            return Err(SizeError::invalid(s, SizeProblem::Fraction));
         }
         u64::try_from(scaled / scale)
             .map(ByteSize)
@@ -204,9 +226,9 @@ pub fn parse_rate(s: &str) -> Result<u64, SizeError> {
     let size = t
         .strip_suffix("/s")
         .or_else(|| t.strip_suffix("/S"))
-        .ok_or_else(|| SizeError::NotARate(s.to_string()))?;
+        .ok_or_else(|| SizeError::invalid(s, SizeProblem::NotARate))?;
     match ByteSize::parse(size)? {
-        0 => Err(SizeError::NotARate(s.to_string())),
+        0 => Err(SizeError::invalid(s, SizeProblem::NotARate)),
         n => Ok(n),
     }
 }
@@ -302,15 +324,24 @@ mod tests {
         );
         assert!(matches!(
             ByteSize::parse("18446744073709551616"),
-            Err(SizeError::TooLarge(_))
+            Err(SizeError::Invalid {
+                problem: SizeProblem::TooLarge,
+                ..
+            })
         ));
         assert!(matches!(
             ByteSize::parse("99999999999T"),
-            Err(SizeError::TooLarge(_))
+            Err(SizeError::Invalid {
+                problem: SizeProblem::TooLarge,
+                ..
+            })
         ));
         assert!(matches!(
             ByteSize::parse("0.3B"),
-            Err(SizeError::Fraction(_))
+            Err(SizeError::Invalid {
+                problem: SizeProblem::Fraction,
+                ..
+            })
         ));
         assert!(matches!(
             ByteSize::parse("12Q"),
@@ -319,11 +350,17 @@ mod tests {
         assert!(matches!(ByteSize::parse(""), Err(SizeError::Empty)));
         assert!(matches!(
             ByteSize::parse("1.2.3"),
-            Err(SizeError::NotANumber(_))
+            Err(SizeError::Invalid {
+                problem: SizeProblem::NotANumber,
+                ..
+            })
         ));
         assert!(matches!(
             ByteSize::parse("."),
-            Err(SizeError::NotANumber(_))
+            Err(SizeError::Invalid {
+                problem: SizeProblem::NotANumber,
+                ..
+            })
         ));
         assert!(matches!(
             ByteSize::parse("-1"),
@@ -353,15 +390,30 @@ mod tests {
         assert_eq!(parse_rate("500MiB/s"), Ok(500 << 20));
         assert_eq!(parse_rate("409.6MB/s"), Ok(409_600_000));
         assert_eq!(parse_rate(" 1kb/S "), Ok(1000));
-        assert!(matches!(parse_rate("40GB"), Err(SizeError::NotARate(_))));
-        assert!(matches!(parse_rate("0GB/s"), Err(SizeError::NotARate(_))));
+        assert!(matches!(
+            parse_rate("40GB"),
+            Err(SizeError::Invalid {
+                problem: SizeProblem::NotARate,
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse_rate("0GB/s"),
+            Err(SizeError::Invalid {
+                problem: SizeProblem::NotARate,
+                ..
+            })
+        ));
         assert!(matches!(
             parse_rate("fastGB/s"),
             Err(SizeError::UnknownUnit { .. })
         ));
         assert!(matches!(
             parse_rate("1.2.3GB/s"),
-            Err(SizeError::NotANumber(_))
+            Err(SizeError::Invalid {
+                problem: SizeProblem::NotANumber,
+                ..
+            })
         ));
     }
 

@@ -5,6 +5,7 @@
 //!
 //! | module | the one … |
 //! |---|---|
+//! | [`clock`] | host wall clock: a closure's time, spans joined across threads |
 //! | [`bytesize`] | byte-count parser and formatter (`1GB` = 10^9, `1GiB` = 2^30) |
 //! | [`pattern`] | seeded test pattern, its check and the poison byte |
 //! | [`shed`] | choice of whom to shed from a full table of unfinished connections (network prefixes, fairness) |
@@ -16,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bytesize;
+pub mod clock;
 pub mod pattern;
 pub mod shed;
 pub mod stats;

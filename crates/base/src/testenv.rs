@@ -17,19 +17,29 @@
 /// The variable that turns an unmet precondition into a failure.
 pub const REQUIRE_HW: &str = "GDX_REQUIRE_HW";
 
-/// What to do about a precondition, given whether it holds and whether `GDX_REQUIRE_HW=1`:
-/// `Ok(None)` run the test, `Ok(Some(message))` skip it, `Err(message)` fail it.
-fn decide(what: &str, holds: bool, required: bool) -> Result<Option<String>, String> {
+/// What a test does about its precondition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Verdict {
+    /// It holds: run.
+    Run,
+    /// It does not: skip, printing this.
+    Skip(String),
+    /// It does not and `GDX_REQUIRE_HW=1`: fail with this.
+    Fail(String),
+}
+
+/// What to do about a precondition, given whether it holds and whether `GDX_REQUIRE_HW=1`.
+fn decide(what: &str, holds: bool, required: bool) -> Verdict {
     match (holds, required) {
-        (true, _) => Ok(None),
-        (false, true) => Err(format!(
+        (true, _) => Verdict::Run,
+        (false, true) => Verdict::Fail(format!(
             "this test needs {what}, which this machine lacks ({REQUIRE_HW}=1: failing instead \
              of skipping)"
         )),
-        (false, false) => Ok(Some(format!(
+        (false, false) => Verdict::Skip(format!(
             "skipped: this test needs {what}, which this machine lacks ({REQUIRE_HW}=1 makes this \
              a failure)"
-        ))),
+        )),
     }
 }
 
@@ -40,12 +50,12 @@ fn decide(what: &str, holds: bool, required: bool) -> Result<Option<String>, Str
 pub fn precondition(what: &str, holds: bool) -> bool {
     let required = std::env::var(REQUIRE_HW).is_ok_and(|v| v == "1");
     match decide(what, holds, required) {
-        Ok(None) => true,
-        Ok(Some(skip)) => {
+        Verdict::Run => true,
+        Verdict::Skip(skip) => {
             eprintln!("{skip}");
             false
         }
-        Err(fail) => panic!("{fail}"),
+        Verdict::Fail(fail) => panic!("{fail}"),
     }
 }
 
@@ -75,18 +85,22 @@ mod tests {
 
     #[test]
     fn a_met_precondition_runs_the_test_either_way() {
-        assert_eq!(decide("a GPU", true, false), Ok(None));
-        assert_eq!(decide("a GPU", true, true), Ok(None));
+        assert_eq!(decide("a GPU", true, false), Verdict::Run);
+        assert_eq!(decide("a GPU", true, true), Verdict::Run);
     }
 
     #[test]
     fn an_unmet_one_skips_with_the_reason_or_fails_when_required() {
-        let skip = decide("an RDMA device", false, false).unwrap().unwrap();
+        let Verdict::Skip(skip) = decide("an RDMA device", false, false) else {
+            panic!("not a skip")
+        };
         assert!(
             skip.starts_with("skipped: this test needs an RDMA device"),
             "{skip}"
         );
-        let fail = decide("an RDMA device", false, true).unwrap_err();
+        let Verdict::Fail(fail) = decide("an RDMA device", false, true) else {
+            panic!("not a failure")
+        };
         assert!(fail.contains("GDX_REQUIRE_HW=1"), "{fail}");
     }
 

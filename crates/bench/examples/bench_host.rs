@@ -12,7 +12,7 @@
 
 mod common;
 
-use gdx_bench::timer::wall;
+use gdx_base::clock::wall;
 use gdx_engine::{Access, Agent, AgentConfig, Error, Path, Secret, Transfer, Transports};
 use std::io::Read;
 use std::time::Duration;

@@ -13,7 +13,7 @@
 
 mod common;
 
-use gdx_bench::timer::wall;
+use gdx_base::clock::wall;
 use gdx_engine::{Access, Agent, AgentConfig, Error, Path, Transfer, Transports};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

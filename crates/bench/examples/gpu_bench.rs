@@ -1,4 +1,4 @@
-//! The gdx side of `scripts/device/gpu-engine-bench.sh`: GPU0→GPU1 p2p at 8 MiB / 64 MiB /
+//! The gdx side of the `engine` stage of `scripts/device/run.sh`: GPU0→GPU1 p2p at 8 MiB / 64 MiB /
 //! 1 GiB, both directions at once, ipc across two processes, staged (forced, chunk size tuned
 //! first), pool memory with access granted, and the 8-byte copy latency. One JSON object per
 //! line on stdout: `{"key": ..., "value": ..., "unit": ...}`; GB/s = 1e9 B/s; bandwidths are the
@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
-use gdx_bench::timer::wall;
+use gdx_base::clock::wall;
 use std::io::{BufRead, Write};
 
 use gdx_engine::{Calibration, DeviceRegion, LocalPeer, Mem, Path, Policy};

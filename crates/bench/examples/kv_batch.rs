@@ -17,7 +17,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
-use gdx_bench::timer::wall;
+use gdx_base::clock::wall;
 use gdx_engine::{Access, Agent, AgentConfig, Error, Secret, Transfer};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

@@ -3,18 +3,18 @@
 //! GPU→host read) against the copy engine (`cuMemcpy*Async` + `cuStreamSynchronize`) at each
 //! size, and stream-ordered signalling (kernel done → host sees it) against
 //! `cuStreamSynchronize`. Prints one line per figure: `name size p50_us p99_us`. Every figure is
-//! a sample of gdx-bench's one timer (host wall clock); the floor is [`gdx_bench::gpu::floor`]'s.
+//! a sample of gdx-sys's one timer (host wall clock); the floor is [`gdx_bench::gpu::floor`]'s.
 //!
 //! `cargo run --release -p gdx-bench --example mailbox_latency -- [samples]` (GPU `GDX_TEST_GPU`).
 
+use gdx_base::clock::wall;
 use gdx_base::stats::Summary;
 use gdx_bench::gpu::floor;
-use gdx_bench::timer::wall;
-use gdx_bench::Timer;
 use gdx_sys::cuda::{
     Cuda, DeviceBuffer, FloorStep, KernelArgs, LaunchDims, Mailbox, MailboxConfig, Module,
     PinnedHostBuffer, Signal, Stream,
 };
+use gdx_sys::timer::Timer;
 use std::time::Duration;
 
 fn report(name: &str, size: usize, v: &[Duration]) {

@@ -1,4 +1,4 @@
-//! GPU regions through a `Peer` (run by `scripts/device/peer-gpu-bench.sh`): for each path,
+//! GPU regions through a `Peer` (the `peer` stage of `scripts/device/run.sh`): for each path,
 //! the gdx figure and its reference measured in the same run.
 //!
 //! - `tcp-staged`: GPU0 → GPU1 of another agent over loopback tcp (pinned slots pipelined on
@@ -12,7 +12,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
-use gdx_bench::timer::wall;
+use gdx_base::clock::wall;
 use std::io::{BufRead, Write};
 use std::time::Duration;
 

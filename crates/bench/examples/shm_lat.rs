@@ -6,8 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // an example, not library code
 
 use gdx_base::stats::{median, quantile};
-use gdx_bench::Timer;
 use gdx_engine::{Access, Agent, AgentConfig, Transfer, Transports};
+use gdx_sys::timer::Timer;
 use std::time::Duration;
 
 fn main() {

@@ -3,9 +3,9 @@
 //!
 //! | path | ceiling |
 //! |---|---|
-//! | host ↔ GPU (pinned, pageable) | the GPU's PCIe link: generation × width after encoding ([`gdx_topo::Link::raw_gbps`]) |
-//! | GPU ↔ GPU (p2p, ipc) | NVLink count × per-link rate (by compute capability), else the slower PCIe link |
-//! | GPU → host → GPU (staged) | the slower of the two GPUs' PCIe links |
+//! | host ↔ GPU (pinned, pageable) | the GPU's PCIe link ([`gdx_topo::ceiling::pcie`]) |
+//! | GPU ↔ GPU (p2p, ipc) | NVLink count × per-link rate, else the slower PCIe link ([`gdx_topo::ceiling::gpu_pair`]) |
+//! | GPU → host → GPU (staged) | the slower of the two GPUs' PCIe links ([`gdx_topo::ceiling::slower_pcie`]) |
 //! | host ↔ host (shm, tcp loopback, memcpy) | the best host `memcpy` over working sets and thread counts, measured once per run ([`crate::hostceil`]) |
 //! | tcp to a remote peer | the fastest NIC's link rate |
 //! | rdma | the fastest RDMA port's rate |
@@ -15,8 +15,8 @@
 //! likely cause ("GPU0↔GPU1 is SYS; expect ≤ ..."). A figure above [`OVER_CEILING_PCT`] % is
 //! never shown as a plain percentage: the row says the ceiling is wrong for it.
 
-// NVLink per-link rates come from topo's bandwidth model, the one in the tree.
-use gdx_topo::bandwidth::nvlink_gbps_per_link;
+// Device and GPU-pair ceilings are topo's, the one rule in the tree.
+use gdx_topo::ceiling::{self as topo_ceiling, Ceiling};
 use gdx_topo::{Device, PathClass, Topology};
 
 use crate::case::{CaseSpec, End, PathKind};
@@ -34,85 +34,54 @@ pub const OVER_CEILING_PCT: f64 = 105.0;
 /// Smaller transfers are dominated by latency and are not judged against the ceiling.
 pub const JUDGE_MIN_BYTES: u64 = 16 << 20;
 
-/// A path's ceiling and what it is based on.
+/// A path's ceiling: the figure and its label (topo's [`Ceiling`]), the class of the path
+/// between its ends, and for host paths the measured host ceiling by size.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Ceiling {
-    /// GB/s (1e9 B/s), one direction unless the case is bidirectional.
-    pub gbps: f64,
-    /// `NV18 x 26.56 GB/s`, `PCIe Gen5 x16 (GPU0)`.
-    pub basis: String,
+pub struct PathCeiling {
+    /// GB/s (one direction unless the case is bidirectional), label and caveat.
+    pub hw: Ceiling,
     /// The path class between the ends, when both are devices.
     pub class: Option<PathClass>,
-    /// A known reason the path is below its hardware (e.g. a downtrained link).
-    pub caveat: Option<String>,
     /// Host paths: the measured host ceiling, which picks the figure by transfer size.
     pub host: Option<HostCeiling>,
+}
+
+impl PathCeiling {
+    fn plain(gbps: f64, basis: String) -> PathCeiling {
+        PathCeiling {
+            hw: Ceiling {
+                gbps,
+                basis,
+                caveat: None,
+            },
+            class: None,
+            host: None,
+        }
+    }
 }
 
 fn gpu<'t>(topo: &'t Topology, end: &End) -> Option<&'t Device> {
     topo.device(&end.topo_label()?)
 }
 
-/// The PCIe ceiling of one device: its maximum link (its current one when the maximum is
-/// unknown), with a caveat when it runs below the maximum.
-fn pcie(dev: &Device) -> Option<(f64, String, Option<String>)> {
-    let max = dev.link.max;
-    let cur = dev.link.current;
-    let link = if max.raw_gbps().is_some() { max } else { cur };
-    let g = link.raw_gbps()?;
-    let gen = link
-        .generation()
-        .map(|g| format!("Gen{g}"))
-        .unwrap_or_else(|| format!("{} GT/s", link.speed_gts.unwrap_or(0.0)));
-    let basis = format!("PCIe {gen} x{} ({})", link.width.unwrap_or(0), dev.label);
-    let caveat = match (cur.raw_gbps(), max.raw_gbps()) {
-        (Some(c), Some(m)) if c + 0.01 < m => Some(format!(
-            "{}'s link runs at {:.1} GT/s x{} now, below its maximum {:.1} GT/s x{} (downtrained, or idle power saving)",
-            dev.label,
-            cur.speed_gts.unwrap_or(0.0),
-            cur.width.unwrap_or(0),
-            max.speed_gts.unwrap_or(0.0),
-            max.width.unwrap_or(0)
-        )),
-        _ => None,
-    };
-    Some((g, basis, caveat))
-}
-
-fn class_name(c: PathClass) -> String {
-    match c {
-        PathClass::X => "X".into(),
-        PathClass::Nv(n) => format!("NV{n}"),
-        PathClass::Pix => "PIX".into(),
-        PathClass::Pxb => "PXB".into(),
-        PathClass::Phb => "PHB".into(),
-        PathClass::Node => "NODE".into(),
-        PathClass::Sys => "SYS".into(),
-    }
-}
-
 /// The ceiling of `spec` on this machine, if the topology (or the memcpy baseline) gives one.
-pub fn ceiling(ctx: &Ctx, spec: &CaseSpec) -> Option<Ceiling> {
+pub fn ceiling(ctx: &Ctx, spec: &CaseSpec) -> Option<PathCeiling> {
     // A fabric row is judged as tcp (loopback providers) or rdma (a NIC provider).
     let one = match (
         crate::fabric::judged_as(ctx, spec.path),
         &spec.src,
         &spec.dst,
     ) {
-        (PathKind::Mock, _, _) => ctx.mock_ceiling_gbps.map(|g| Ceiling {
-            gbps: g,
-            basis: "mock ceiling".into(),
-            class: None,
-            caveat: None,
-            host: None,
-        }),
+        (PathKind::Mock, _, _) => ctx
+            .mock_ceiling_gbps
+            .map(|g| PathCeiling::plain(g, "mock ceiling".into())),
         (PathKind::Memcpy | PathKind::Shm | PathKind::Tcp, End::Host, End::Host) => {
-            ctx.host_ceiling().map(|h| Ceiling {
-                gbps: h.dram_gbps,
-                basis: "host memcpy best, 256 MiB buffers (DRAM)".into(),
-                class: None,
-                caveat: None,
+            ctx.host_ceiling().map(|h| PathCeiling {
                 host: Some(h.clone()),
+                ..PathCeiling::plain(
+                    h.dram_gbps,
+                    "host memcpy best, 256 MiB buffers (DRAM)".into(),
+                )
             })
         }
         (PathKind::Tcp | PathKind::Shm, _, End::Remote(_)) => {
@@ -121,13 +90,10 @@ pub fn ceiling(ctx: &Ctx, spec: &CaseSpec) -> Option<Ceiling> {
                 .nics()
                 .filter_map(|n| Some((n, n.nic.as_ref()?.speed_mbps?)))
                 .max_by_key(|(_, s)| *s)?;
-            Some(Ceiling {
-                gbps: best.1 as f64 / 8000.0,
-                basis: format!("{} {} Gb/s", best.0.label, best.1 / 1000),
-                class: None,
-                caveat: None,
-                host: None,
-            })
+            Some(PathCeiling::plain(
+                best.1 as f64 / 8000.0,
+                format!("{} {} Gb/s", best.0.label, best.1 / 1000),
+            ))
         }
         (PathKind::Rdma, _, _) => {
             let topo = ctx.topo.as_ref()?;
@@ -144,67 +110,45 @@ pub fn ceiling(ctx: &Ctx, spec: &CaseSpec) -> Option<Ceiling> {
                     Some((n, rate))
                 })
                 .max_by(|a, b| a.1.total_cmp(&b.1))?;
-            Some(Ceiling {
-                gbps: best.1 / 8.0,
-                basis: format!("{} RDMA port {:.0} Gb/s", best.0.label, best.1),
-                class: None,
-                caveat: None,
-                host: None,
-            })
+            Some(PathCeiling::plain(
+                best.1 / 8.0,
+                format!("{} RDMA port {:.0} Gb/s", best.0.label, best.1),
+            ))
         }
         (PathKind::PinnedCe | PathKind::PageableCe, a, b) => {
             let topo = ctx.topo.as_ref()?;
             let g = gpu(topo, a).or_else(|| gpu(topo, b))?;
-            let (gbps, basis, caveat) = pcie(g)?;
-            Some(Ceiling {
-                gbps,
-                basis,
+            Some(PathCeiling {
+                hw: topo_ceiling::pcie(g)?,
                 class: None,
-                caveat,
                 host: None,
             })
         }
         (PathKind::P2p | PathKind::Ipc | PathKind::Staged, a, b) => {
             let topo = ctx.topo.as_ref()?;
             let (da, db) = (gpu(topo, a)?, gpu(topo, b)?);
-            let class = topo.path_class(da, db);
-            let links = topo.nvlinks_between(da, db);
-            if links > 0 && spec.path != PathKind::Staged {
-                let cc = da.gpu.as_ref().and_then(|g| g.compute_capability.clone());
-                let (per, guess) = nvlink_gbps_per_link(cc.as_deref());
-                Some(Ceiling {
-                    gbps: f64::from(links) * per,
-                    basis: format!(
-                        "NV{links} x {per:.2} GB/s{}",
-                        if guess { ", per-link rate assumed" } else { "" }
-                    ),
-                    class: Some(class),
-                    caveat: None,
-                    host: None,
-                })
+            let hw = if spec.path == PathKind::Staged {
+                let mut c = topo_ceiling::slower_pcie(da, db)?;
+                c.basis = format!("{}, through host memory", c.basis);
+                c
             } else {
-                let (ga, ba, ca) = pcie(da)?;
-                let (gb, bb, cb) = pcie(db)?;
-                let (gbps, basis) = if ga <= gb { (ga, ba) } else { (gb, bb) };
-                Some(Ceiling {
-                    gbps,
-                    basis: if spec.path == PathKind::Staged {
-                        format!("{basis}, through host memory")
-                    } else {
-                        format!("{basis}, {}", class_name(class))
-                    },
-                    class: Some(class),
-                    caveat: ca.or(cb),
-                    host: None,
-                })
-            }
+                topo_ceiling::gpu_pair(topo, da, db, None)?
+            };
+            Some(PathCeiling {
+                hw,
+                class: Some(topo.path_class(da, db)),
+                host: None,
+            })
         }
         _ => None,
     }?;
     Some(if spec.bidir {
-        Ceiling {
-            gbps: one.gbps * 2.0,
-            basis: format!("2 x {}", one.basis),
+        PathCeiling {
+            hw: Ceiling {
+                gbps: one.hw.gbps * 2.0,
+                basis: format!("2 x {}", one.hw.basis),
+                caveat: one.hw.caveat.clone(),
+            },
             ..one
         }
     } else {
@@ -213,8 +157,8 @@ pub fn ceiling(ctx: &Ctx, spec: &CaseSpec) -> Option<Ceiling> {
 }
 
 /// The likely cause of a figure far below the ceiling of `spec`.
-fn likely_cause(spec: &CaseSpec, c: &Ceiling, row: &Row) -> String {
-    if let Some(cav) = &c.caveat {
+fn likely_cause(spec: &CaseSpec, c: &PathCeiling, row: &Row) -> String {
+    if let Some(cav) = &c.hw.caveat {
         return cav.clone();
     }
     let (a, b) = (
@@ -231,10 +175,9 @@ fn likely_cause(spec: &CaseSpec, c: &Ceiling, row: &Row) -> String {
         PathKind::P2p | PathKind::Ipc => match c.class {
             Some(PathClass::Nv(_)) => "peer copies below the NVLink rate: is peer access enabled, and are both buffers cuMemAlloc (not stream-ordered pool) memory?".into(),
             Some(cl) => format!(
-                "{a}→{b} is {}: the copy crosses {}; expect ≤ {:.1} GB/s",
-                class_name(cl),
+                "{a}→{b} is {cl}: the copy crosses {}; expect ≤ {:.1} GB/s",
                 cl.meaning(),
-                c.gbps
+                c.hw.gbps
             ),
             None => "no topology class known".into(),
         },
@@ -250,11 +193,11 @@ fn likely_cause(spec: &CaseSpec, c: &Ceiling, row: &Row) -> String {
 }
 
 /// Fill `row`'s ceiling fields from `c`, and flag a large transfer far below it.
-pub fn apply(spec: &CaseSpec, c: Option<&Ceiling>, row: &mut Row) {
+pub fn apply(spec: &CaseSpec, c: Option<&PathCeiling>, row: &mut Row) {
     let Some(c) = c else { return };
     let (gbps, basis) = match &c.host {
         Some(h) => h.for_size(row.size_bytes),
-        None => (c.gbps, c.basis.clone()),
+        None => (c.hw.gbps, c.hw.basis.clone()),
     };
     if gbps <= 0.0 {
         return;
@@ -290,13 +233,7 @@ mod tests {
             End::Host,
             End::Gpu(0),
         );
-        let c = Ceiling {
-            gbps: 63.0,
-            basis: "PCIe Gen5 x16 (GPU0)".into(),
-            class: None,
-            caveat: None,
-            host: None,
-        };
+        let c = PathCeiling::plain(63.0, "PCIe Gen5 x16 (GPU0)".into());
         let mut row = Row::new(&spec, 1 << 30);
         row.bw_gbps = Some(14.0);
         apply(&spec, Some(&c), &mut row);
@@ -329,12 +266,9 @@ mod tests {
         );
         let mut h = HostCeiling::fixed(10.0);
         h.cache_gbps = 40.0;
-        let c = Ceiling {
-            gbps: 10.0,
-            basis: String::new(),
-            class: None,
-            caveat: None,
+        let c = PathCeiling {
             host: Some(h),
+            ..PathCeiling::plain(10.0, String::new())
         };
         let mut small = Row::new(&spec, 4096);
         small.bw_gbps = Some(30.0);

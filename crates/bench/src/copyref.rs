@@ -5,14 +5,11 @@
 //! seconds earlier or later may have caught a VM in another phase: on the 2-vCPU CI-class VM
 //! one measured the same 4 MiB copy at 21.8 and at 31.1 GB/s within a minute.
 
-use serde::{Deserialize, Serialize};
-
 use gdx_base::pattern::fill_pattern;
 
-use crate::floors::NearFloor;
-use crate::report::Row;
-use crate::stats::median;
-use crate::timer::wall;
+use crate::report::{NearFloor, Row};
+use gdx_base::clock::wall;
+use gdx_base::stats::median;
 
 /// Least bytes per transfer a batch row carries a copy reference for: below this a transfer is
 /// a round trip, not a copy, and is judged by its latency.
@@ -59,23 +56,7 @@ impl CopyRef {
     }
 }
 
-/// A batch row against the memcpy of the same bytes measured between its blocks.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NearCopy {
-    /// Bytes per transfer (and per reference copy).
-    pub bytes: u64,
-    /// Median of the copy blocks' p50 bandwidth, GB/s.
-    pub copy_gbps: f64,
-    /// Median over the blocks of (the block's bandwidth / its copy block's): the row's
-    /// fraction of memcpy.
-    pub ratio: f64,
-    /// Smallest block ratio.
-    pub ratio_min: f64,
-    /// Largest block ratio.
-    pub ratio_max: f64,
-    /// Blocks paired.
-    pub blocks: u32,
-}
+pub use crate::report::NearCopy;
 
 /// Pairs copy blocks (µs per copy of `bytes`) with the row's blocks of transfer times, as the
 /// floors are (a block with too few samples, or no copy, is left out).

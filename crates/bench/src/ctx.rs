@@ -17,6 +17,9 @@ use crate::hostceil::HostCeiling;
 pub const CUDA_FIX: &str = "install the NVIDIA driver (it provides libcuda.so.1), or put its \
 directory on LD_LIBRARY_PATH; `gdx doctor` checks it";
 
+/// The ceiling the mock backend's rows are judged against, GB/s (`mock::CEILING_GBPS`).
+pub const MOCK_CEILING_GBPS: f64 = 50.0;
+
 /// The run's view of the machine.
 #[derive(Debug, Default)]
 pub struct Ctx {
@@ -113,18 +116,18 @@ impl Ctx {
             .as_ref()
     }
 
-    /// The deterministic mock backend (see [`crate::mock`]).
+    /// The deterministic mock backend (the mock cases of `mock.rs`).
     pub fn mock() -> Ctx {
         let ctx = Ctx {
             mock: true,
-            mock_ceiling_gbps: Some(crate::mock::CEILING_GBPS),
+            mock_ceiling_gbps: Some(MOCK_CEILING_GBPS),
             notes: vec!["mock backend: figures are synthetic".into()],
             mock_gpus: Some(2),
             ..Ctx::without_devices()
         };
         let _ = ctx
             .host_ceiling
-            .set(Some(HostCeiling::fixed(crate::mock::CEILING_GBPS)));
+            .set(Some(HostCeiling::fixed(MOCK_CEILING_GBPS)));
         ctx
     }
 

@@ -19,12 +19,10 @@ use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use crate::case::PathKind;
 use crate::report::Row;
-use crate::stats::median;
-use crate::timer::wall;
+use gdx_base::clock::wall;
+use gdx_base::stats::median;
 
 /// How far apart the floor measured beside a row and the run's floor may be before the row's
 /// line says the floor moved.
@@ -35,18 +33,7 @@ pub const ROUND_TRIPS: usize = 20_000;
 /// Untimed round trips before the run-wide floors (and warm-up transfers of small host rows).
 pub(crate) const WARMUP: usize = 2_000;
 
-/// The floors of one run, p50 round trip in µs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LatencyFloors {
-    /// Shared-memory flag round trip.
-    pub shm_flag_us: f64,
-    /// Unix-socket 8-byte round trip.
-    pub unix_us: Option<f64>,
-    /// TCP loopback 8-byte round trip (`TCP_NODELAY`).
-    pub tcp_us: Option<f64>,
-    /// How they were measured, in words.
-    pub method: String,
-}
+pub use crate::report::{LatencyFloors, NearFloor};
 
 impl LatencyFloors {
     /// Measures all three (about a second on an idle machine).
@@ -84,7 +71,7 @@ impl LatencyFloors {
             // A p50 of a whole window (`--batch`/`--window`) is not one round trip.
             if r.note
                 .as_deref()
-                .is_some_and(|n| n.contains(crate::host::WINDOW_NOTE))
+                .is_some_and(|n| n.contains(crate::report::WINDOW_NOTE))
             {
                 continue;
             }
@@ -252,27 +239,6 @@ pub const BLOCK_TRIPS: usize = 300;
 /// The pause before a floor block: longer than the engine's target spins after its last
 /// request (200 µs), so the floor's two threads do not share the cores with it.
 const QUIET: std::time::Duration = std::time::Duration::from_micros(400);
-
-/// A floor measured beside one host latency row, interleaved with it: before each block of
-/// [`BLOCK_OPS`] transfers, [`BLOCK_TRIPS`] round trips of the row's floor (the shm flag for
-/// shm rows, tcp loopback for tcp rows). Each block's p50 is judged against the floor block
-/// measured just before it, so a figure and its reference share the machine's state: on a
-/// small VM the two vCPUs may sit on one physical core's hyperthreads, on two cores, or on
-/// one time-shared CPU, and the run-wide floor (measured once, at the start) may have been
-/// taken in another of those states than the row.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NearFloor {
-    /// Median of the floor blocks' p50s, µs.
-    pub floor_us: f64,
-    /// Median over the blocks of (block p50 / its floor block's p50).
-    pub ratio: f64,
-    /// Smallest and largest block ratio.
-    pub ratio_min: f64,
-    /// Largest block ratio.
-    pub ratio_max: f64,
-    /// Blocks paired.
-    pub blocks: u32,
-}
 
 /// Which floor a row is judged against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,10 +14,11 @@ use gdx_base::pattern::fill_pattern;
 
 use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived, ROTATE_BYTES};
 use crate::error::{BenchError, Mismatch};
+use crate::figures::fill_row;
 use crate::report::Row;
-use crate::stats::{fill_row, CpuClock};
-use crate::timer;
 use crate::Ctx;
+use gdx_base::clock;
+use gdx_sys::timer::CpuClock;
 
 #[path = "host_agent.rs"]
 mod agent;
@@ -64,7 +65,7 @@ pub(crate) fn wall_loop_between(
     while warmed < u64::from(params.warmup.max(1))
         || (warmed < warm.ops && began.elapsed() < warm.at_most)
     {
-        let (done, d) = timer::wall(|| op(0));
+        let (done, d) = clock::wall(|| op(0));
         done?;
         est = est.min(d);
         warmed += 1;
@@ -76,7 +77,7 @@ pub(crate) fn wall_loop_between(
     let mut excluded = Duration::ZERO;
     for i in 0..iters {
         excluded += between(i);
-        let (done, d) = timer::wall(|| op(i));
+        let (done, d) = clock::wall(|| op(i));
         done?;
         samples.push(d);
     }
@@ -123,9 +124,7 @@ pub(crate) fn fill_wall_row(row: &mut Row, bytes: f64, t: &Timed) {
 /// Largest size a host row is judged against a latency floor at (and warmed up for).
 const NEAR_MAX: u64 = 64 << 10;
 
-/// Marks a row whose p50 is one window of transfers, not one transfer (the latency floors
-/// are not set beside it).
-pub const WINDOW_NOTE: &str = "window of transfers";
+pub use crate::report::WINDOW_NOTE;
 
 /// Marks a row measured with prepared transfers (`--prepared`).
 pub const PREPARED_NOTE: &str = "prepared transfers";

@@ -19,9 +19,7 @@
 use std::sync::Barrier;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-use crate::timer::{wall_span, Span};
+use gdx_base::clock::{wall_span, Span};
 
 /// Working sets measured (source bytes; the destination is as large).
 pub const WORKING_SETS: [u64; 3] = [256 << 10, 8 << 20, 256 << 20];
@@ -39,29 +37,7 @@ const BATCH_BYTES: u64 = 64 << 20;
 /// Most threads tried (more only adds noise on a shared machine).
 const MAX_THREADS: usize = 8;
 
-/// One measured point.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CeilingPoint {
-    /// Source bytes, split over the threads.
-    pub working_set_bytes: u64,
-    /// Threads copying at once.
-    pub threads: usize,
-    /// Best batch, GB/s (1e9 B/s) of bytes copied.
-    pub gbps: f64,
-}
-
-/// The host ceiling of one run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HostCeiling {
-    /// The method, in words (printed in the header).
-    pub method: String,
-    /// Best figure with a 256 MiB working set, GB/s: the ceiling of rows ≥ [`DRAM_FROM_BYTES`].
-    pub dram_gbps: f64,
-    /// Best figure of every point, GB/s: the ceiling of smaller rows.
-    pub cache_gbps: f64,
-    /// Every point measured.
-    pub points: Vec<CeilingPoint>,
-}
+pub use crate::report::{CeilingPoint, HostCeiling};
 
 impl HostCeiling {
     /// A fixed ceiling (the mock backend).

@@ -28,6 +28,7 @@ pub mod ctx;
 pub mod error;
 pub mod export;
 pub mod fabric;
+pub mod figures;
 pub mod file;
 pub mod floors;
 pub mod gpu;
@@ -36,12 +37,10 @@ pub mod host;
 pub mod hostceil;
 pub mod mock;
 pub mod plot;
-pub mod probe;
 pub mod rdma;
 pub mod render;
 pub mod report;
-pub mod stats;
-pub mod timer;
+pub mod spec;
 
 pub use case::{
     default_sizes, BenchCase, CaseSpec, Cause, End, Params, PathKind, Waived, ROTATE_BYTES,
@@ -50,7 +49,6 @@ pub use ctx::{gpu_missing, Ctx};
 pub use error::{BenchError, Mismatch};
 pub use export::Exporter;
 pub use report::{CaseOutcome, Header, Method, Report, Row, Status, WaivedGroup, SCHEMA_VERSION};
-pub use timer::Timer;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -228,7 +226,7 @@ pub fn run(
     for (i, (case, waived)) in todo.into_iter().enumerate() {
         let spec = case.spec();
         obs.case_started(spec, i, total);
-        let mut timer = Timer::wall();
+        let mut timer = gdx_sys::timer::Timer::wall();
         let _ = timer.start(); // a wall clock cannot fail
         let outcome = match waived {
             Some(w) => CaseOutcome::new(spec, Status::Waived, Some(w.reason), 0.0),

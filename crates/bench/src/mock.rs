@@ -9,12 +9,12 @@ use std::time::Duration;
 use crate::case::{BenchCase, CaseSpec, Cause, End, Params, PathKind, Waived};
 use crate::ctx::gpu_missing;
 use crate::error::BenchError;
+use crate::figures::fill_row;
 use crate::report::Row;
-use crate::stats::fill_row;
 use crate::Ctx;
 
-/// The ceiling mock rows are judged against, GB/s.
-pub const CEILING_GBPS: f64 = 50.0;
+/// The ceiling mock rows are judged against, GB/s (set by [`Ctx::mock`]).
+pub use crate::ctx::MOCK_CEILING_GBPS as CEILING_GBPS;
 
 /// What a mock case does.
 #[derive(Debug, Clone, Copy)]

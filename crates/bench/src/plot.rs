@@ -232,7 +232,7 @@ pub fn latency_svg(sorted_s: &[f64], title: &str) -> Result<String, BenchError> 
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });
         for (q, name) in [(0.5, "p50"), (0.99, "p99"), (0.999, "p99.9")] {
-            let Some(x) = crate::stats::quantile(&us, q) else {
+            let Some(x) = gdx_base::stats::quantile(&us, q) else {
                 continue;
             };
             let y = 1.0 - q;

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::case::{CaseSpec, End, PathKind};
+use crate::spec::{CaseSpec, End, PathKind};
 
 /// The version of the JSON shape; bumped on any incompatible change.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -77,12 +77,12 @@ pub struct Row {
     /// Host latency rows: the floor measured interleaved with the row's samples, and the
     /// row against it ([`crate::floors::NearFloor`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub floor_near: Option<crate::floors::NearFloor>,
+    pub floor_near: Option<NearFloor>,
     /// Batch rows of at least [`crate::copyref::MIN_BYTES`] per transfer: a single-thread
     /// memcpy of the same bytes measured interleaved with the row's samples, and the row
     /// against it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub copy_near: Option<crate::copyref::NearCopy>,
+    pub copy_near: Option<NearCopy>,
     /// RDMA rows: what the local port's loss and congestion counters (`hw_counters`,
     /// `counters`) did during the row's operations, each moving counter named.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -290,10 +290,10 @@ pub struct Header {
     pub notes: Vec<String>,
     /// The host ceiling and how it was measured, when host cases ran.
     #[serde(default)]
-    pub host_ceiling: Option<crate::hostceil::HostCeiling>,
+    pub host_ceiling: Option<HostCeiling>,
     /// The host latency floors of this run, when host cases ran.
     #[serde(default)]
-    pub latency_floors: Option<crate::floors::LatencyFloors>,
+    pub latency_floors: Option<LatencyFloors>,
 }
 
 /// A whole run.
@@ -434,6 +434,89 @@ fn csv_field(s: &str) -> String {
         s.to_string()
     }
 }
+
+// The measured references a row or header carries (their producers: `floors.rs`,
+// `copyref.rs`, `hostceil.rs`, which re-export them).
+
+/// One measured point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CeilingPoint {
+    /// Source bytes, split over the threads.
+    pub working_set_bytes: u64,
+    /// Threads copying at once.
+    pub threads: usize,
+    /// Best batch, GB/s (1e9 B/s) of bytes copied.
+    pub gbps: f64,
+}
+
+/// The host ceiling of one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostCeiling {
+    /// The method, in words (printed in the header).
+    pub method: String,
+    /// Best figure with a 256 MiB working set, GB/s: the ceiling of rows of 16 MiB or more (`hostceil::DRAM_FROM_BYTES`).
+    pub dram_gbps: f64,
+    /// Best figure of every point, GB/s: the ceiling of smaller rows.
+    pub cache_gbps: f64,
+    /// Every point measured.
+    pub points: Vec<CeilingPoint>,
+}
+
+/// A batch row against the memcpy of the same bytes measured between its blocks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NearCopy {
+    /// Bytes per transfer (and per reference copy).
+    pub bytes: u64,
+    /// Median of the copy blocks' p50 bandwidth, GB/s.
+    pub copy_gbps: f64,
+    /// Median over the blocks of (the block's bandwidth / its copy block's): the row's
+    /// fraction of memcpy.
+    pub ratio: f64,
+    /// Smallest block ratio.
+    pub ratio_min: f64,
+    /// Largest block ratio.
+    pub ratio_max: f64,
+    /// Blocks paired.
+    pub blocks: u32,
+}
+
+/// The floors of one run, p50 round trip in µs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LatencyFloors {
+    /// Shared-memory flag round trip.
+    pub shm_flag_us: f64,
+    /// Unix-socket 8-byte round trip.
+    pub unix_us: Option<f64>,
+    /// TCP loopback 8-byte round trip (`TCP_NODELAY`).
+    pub tcp_us: Option<f64>,
+    /// How they were measured, in words.
+    pub method: String,
+}
+
+/// A floor measured beside one host latency row, interleaved with it: before each block of
+/// `floors::BLOCK_OPS` transfers, `floors::BLOCK_TRIPS` round trips of the row's floor (the shm flag for
+/// shm rows, tcp loopback for tcp rows). Each block's p50 is judged against the floor block
+/// measured just before it, so a figure and its reference share the machine's state: on a
+/// small VM the two vCPUs may sit on one physical core's hyperthreads, on two cores, or on
+/// one time-shared CPU, and the run-wide floor (measured once, at the start) may have been
+/// taken in another of those states than the row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NearFloor {
+    /// Median of the floor blocks' p50s, µs.
+    pub floor_us: f64,
+    /// Median over the blocks of (block p50 / its floor block's p50).
+    pub ratio: f64,
+    /// Smallest and largest block ratio.
+    pub ratio_min: f64,
+    /// Largest block ratio.
+    pub ratio_max: f64,
+    /// Blocks paired.
+    pub blocks: u32,
+}
+
+/// Marks a row whose p50 is one window of transfers, not one transfer (the latency floors
+/// are not set beside it).
+pub const WINDOW_NOTE: &str = "window of transfers";
 
 #[cfg(test)]
 mod tests {

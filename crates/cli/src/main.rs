@@ -73,7 +73,11 @@ fn main() -> ExitCode {
         Command::Serve(args) => cmd::serve::run(&args),
         Command::Bench(args) => cmd::bench::run(&args),
         Command::Calibrate(args) => cmd::calibrate::run(&args),
-        Command::Cp(args) => cmd::cp::run(&args),
+        // `gdx cp --bench` is `gdx bench` now: cp translates its flags, bench runs.
+        Command::Cp(args) => match args.bench_alias() {
+            Some(argv) => cmd::bench::run_argv(&argv),
+            None => cmd::cp::run(&args),
+        },
         Command::Nccl(args) => cmd::nccl::run(&args),
         Command::Peers(args) => cmd::peers::run(&args),
         Command::Secret(args) => cmd::secret::run(&args),

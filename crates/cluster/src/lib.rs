@@ -34,6 +34,7 @@ mod http;
 pub mod metrics;
 mod record;
 mod registration;
+#[cfg(feature = "test-support")]
 pub mod test_support;
 mod view;
 

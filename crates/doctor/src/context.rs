@@ -9,6 +9,7 @@
 use crate::facts::Gathered;
 use crate::probe::ProbeState;
 use crate::DoctorError;
+use gdx_topo::ceiling::{self, Ceiling};
 use gdx_topo::sysfs::devices::{self as pci, PciFn, RdmaDev};
 use gdx_topo::sysfs::RootFs;
 use gdx_topo::{Device, PathClass, PciAddr, Topology};
@@ -306,52 +307,26 @@ impl Context {
         known.then(|| topo.nvlinks_between(da, db))
     }
 
-    /// One-direction bandwidth of one NVLink of this GPU, GB/s, and whether it is assumed.
-    fn nvlink_gbps(&self, bdf: PciAddr) -> (f64, bool) {
-        if let Some(v) = self
-            .live
-            .as_ref()
-            .ok()
-            .and_then(|l| l.nvml_device(bdf))
-            .and_then(|d| d.nvlink_gbps_per_link)
-        {
-            return (v, false);
-        }
-        let cc = self
-            .topo_device(bdf)
-            .and_then(|d| d.gpu.as_ref())
-            .and_then(|g| g.compute_capability.clone());
-        gdx_topo::bandwidth::nvlink_gbps_per_link(cc.as_deref())
-    }
-
-    fn pcie_max(&self, bdf: PciAddr) -> Option<(f64, String)> {
-        let l = pci::read_link(&self.fs, bdf).max;
-        let g = l.raw_gbps()?;
-        let gen = l
-            .generation()
-            .map(|g| format!("Gen{g}"))
-            .unwrap_or_else(|| format!("{} GT/s", l.speed_gts.unwrap_or(0.0)));
-        Some((g, format!("PCIe {gen} x{}", l.width.unwrap_or(0))))
-    }
-
-    /// The one-direction ceiling between two probe endpoints (GPU labels or `host`), GB/s,
-    /// with what it is based on.
-    pub fn ceiling(&self, from: &str, to: &str) -> Option<(f64, String)> {
-        let gpu = |l: &str| self.gpus.iter().find(|g| g.label == l).map(|g| g.bdf);
+    /// The one-direction ceiling between two probe endpoints (GPU labels or `host`): topo's
+    /// PCIe ceiling of the GPU, or topo's GPU-pair ceiling (NVLinks at NVML's per-link rate
+    /// when NVML gives one).
+    pub fn ceiling(&self, from: &str, to: &str) -> Option<Ceiling> {
+        let topo = self.topo.as_ref().ok()?;
+        let gpu = |l: &str| {
+            let g = self.gpus.iter().find(|g| g.label == l)?;
+            Some((g.bdf, topo.by_bdf(g.bdf)?))
+        };
         match (gpu(from), gpu(to)) {
-            (Some(g), None) | (None, Some(g)) => self.pcie_max(g),
-            (Some(a), Some(b)) => match self.nvlinks_between(a, b) {
-                Some(n) if n > 0 => {
-                    let (per, assumed) = self.nvlink_gbps(a);
-                    let note = if assumed { ", assumed" } else { "" };
-                    Some((f64::from(n) * per, format!("NV{n} x {per:.2} GB/s{note}")))
-                }
-                _ => {
-                    let (ca, ba) = self.pcie_max(a)?;
-                    let (cb, bb) = self.pcie_max(b)?;
-                    Some(if ca <= cb { (ca, ba) } else { (cb, bb) })
-                }
-            },
+            (Some((_, g)), None) | (None, Some((_, g))) => ceiling::pcie(g),
+            (Some((bdf, a)), Some((_, b))) => {
+                let measured = self
+                    .live
+                    .as_ref()
+                    .ok()
+                    .and_then(|l| l.nvml_device(bdf))
+                    .and_then(|d| d.nvlink_gbps_per_link);
+                ceiling::gpu_pair(topo, a, b, measured)
+            }
             (None, None) => None,
         }
     }

@@ -30,6 +30,7 @@ pub mod context;
 pub mod facts;
 pub mod finding;
 pub mod live;
+pub mod measure;
 pub mod probe;
 pub mod probe_fabric;
 pub mod probe_rdma;
@@ -114,9 +115,17 @@ pub enum DoctorError {
         #[source]
         source: gdx_fabric::FabricError,
     },
-    /// The fabric probe's bytes or buffers were wrong (what, where).
+    /// A buffer of the fabric probe could not be written or read.
     #[error("{0}")]
-    FabricProbe(String),
+    FabricBuffer(&'static str),
+    /// After the fabric probe's `fi_write` or `fi_read` the bytes were not the pattern.
+    #[error("after {op}: {mismatch}")]
+    FabricMismatch {
+        /// `fi_write` or `fi_read`.
+        op: &'static str,
+        /// The first byte that differs.
+        mismatch: gdx_base::pattern::Mismatch,
+    },
     /// The probe backend has no mailbox (the mailbox probe is then left out).
     #[error("this probe backend has no mailbox")]
     NoMailbox,

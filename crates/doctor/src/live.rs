@@ -2,8 +2,8 @@
 //! is `/`. Each method loads its library through gdx-sys's cached loader; nothing here panics
 //! when a library is missing.
 //!
-//! [`SystemProbe`] is the probe backend over gdx-bench's probe measurements
-//! (`gdx_bench::probe::timed_copy`, `mailbox_round_trips`: timed with gdx-bench's one timer) and
+//! [`SystemProbe`] is the probe backend over the probe measurements
+//! ([`crate::measure::timed_copy`], [`crate::measure::mailbox_round_trips`]) and
 //! `gdx_sys::verbs::register_gpu_memory`.
 //!
 //! Not yet covered by gdx-sys, so reported as `None`/unknown (checks then rely on sysfs):
@@ -25,7 +25,7 @@ pub struct SystemProbe;
 
 impl ProbeBackend for SystemProbe {
     fn copy(&self, from: Loc, to: Loc, bytes: u64, reps: u32) -> Result<CopySamples, DoctorError> {
-        use gdx_bench::probe::timed_copy;
+        use crate::measure::timed_copy;
         let cuda = gdx_sys::cuda::Cuda::load()?;
         let len = usize::try_from(bytes).map_err(|_| DoctorError::TooLarge(bytes))?;
         let t = timed_copy(&cuda, from, to, len, reps)?;
@@ -43,7 +43,7 @@ impl ProbeBackend for SystemProbe {
 
     fn mailbox(&self, gpu: u32, reps: u32) -> Result<Vec<std::time::Duration>, DoctorError> {
         let cuda = gdx_sys::cuda::Cuda::load()?;
-        let t = gdx_bench::probe::mailbox_round_trips(&cuda, gpu, reps)?;
+        let t = crate::measure::mailbox_round_trips(&cuda, gpu, reps)?;
         match t.mismatch {
             Some((round, wrote, read)) => Err(DoctorError::MailboxMismatch { round, wrote, read }),
             None => Ok(t.samples),

@@ -10,13 +10,12 @@
 
 use crate::context::{Context, GpuRef};
 use crate::DoctorError;
-use gdx_bench::Timer;
+use gdx_sys::timer::Timer;
 use serde::Serialize;
 use std::time::Duration;
 
-/// One end of a timed copy: the bench's own type (`gdx_bench::probe::Loc`), which the probes
-/// run through.
-pub use gdx_bench::probe::Loc;
+/// One end of a timed copy ([`crate::measure::Loc`]).
+pub use crate::measure::Loc;
 
 /// What a backend measured for one copy direction.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,7 +41,7 @@ pub enum RegMethod {
 }
 
 /// The part of the probes that needs CUDA and verbs. Implemented by [`crate::live::SystemProbe`]
-/// (gdx-bench's measurements and `gdx-sys`'s registration).
+/// ([`crate::measure`]'s measurements and `gdx-sys`'s registration).
 pub trait ProbeBackend {
     /// Allocate `bytes` at `from` and at `to`, fill `from` with a seeded pattern, enable peer
     /// access where both are GPUs, copy once to warm up, then `reps` timed copies, and
@@ -127,7 +126,7 @@ pub struct CopyProbe {
     pub gbps: Option<f64>,
     /// The link's one-direction ceiling in GB/s, when known.
     pub ceiling_gbps: Option<f64>,
-    /// What the ceiling is (`NV18 x 26.56 GB/s`, `PCIe Gen5 x16`).
+    /// What the ceiling is (`NV18 x 26.56 GB/s`, `PCIe Gen5 x16 (GPU0)`).
     pub ceiling_basis: Option<String>,
     /// Bytes verified at the destination.
     pub verified: bool,
@@ -255,7 +254,7 @@ pub fn run(ctx: &Context, backend: &dyn ProbeBackend, plan: &ProbePlan) -> Probe
         }
         let (fname, tname) = (endpoint_name(from, &gpus), endpoint_name(to, &gpus));
         let (ceiling_gbps, ceiling_basis) = match ctx.ceiling(&fname, &tname) {
-            Some((c, b)) => (Some(c), Some(b)),
+            Some(c) => (Some(c.gbps), Some(c.basis)),
             None => (None, None),
         };
         let mut p = CopyProbe {

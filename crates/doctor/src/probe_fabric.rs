@@ -53,12 +53,6 @@ pub enum FabricProbeState {
 /// The seed of the probe's pattern.
 const SEED: u64 = 0x6764_785f_6661_6272; // "gdx_fabr"
 
-/// The first offset where `got` differs from the probe's pattern (gdx-base's one pattern, seed
-/// [`SEED`]), as text.
-fn mismatch(got: &[u8]) -> Option<String> {
-    find_mismatch(got, SEED).map(|m| m.to_string())
-}
-
 /// Runs the probe over the provider `provider` names (`None`: automatic). `NotRun` when
 /// libfabric or the provider is missing; `Ran` with [`FabricProbe::error`] when a step failed.
 pub fn run(provider: Option<String>) -> FabricProbeState {
@@ -97,9 +91,7 @@ fn exercise(a: &Endpoint, b: &Endpoint, out: &mut FabricProbe) -> Result<(), Doc
     let src_mem = Memory::alloc(n + 1);
     let data = pattern(n, SEED);
     if !src_mem.write_at(1, &data) {
-        return Err(DoctorError::FabricProbe(
-            "the source buffer is too small".into(),
-        ));
+        return Err(DoctorError::FabricBuffer("the source buffer is too small"));
     }
     let src = a
         .register(src_mem)
@@ -130,23 +122,25 @@ fn exercise(a: &Endpoint, b: &Endpoint, out: &mut FabricProbe) -> Result<(), Doc
         .map_err(step(format!("fi_write of {n} bytes")))?;
     let mut got = vec![0u8; n];
     if !dst.memory().read_at(1, &mut got) {
-        return Err(DoctorError::FabricProbe(
-            "reading the destination buffer".into(),
-        ));
+        return Err(DoctorError::FabricBuffer("reading the destination buffer"));
     }
-    if let Some(m) = mismatch(&got) {
-        return Err(DoctorError::FabricProbe(format!("after fi_write: {m}")));
+    if let Some(mismatch) = find_mismatch(&got, SEED) {
+        return Err(DoctorError::FabricMismatch {
+            op: "fi_write",
+            mismatch,
+        });
     }
     out.write_verified = true;
     a.run(&[op(RmaKind::Read, &back)], TIMEOUT)
         .map_err(step(format!("fi_read of {n} bytes")))?;
     if !back.memory().read_at(1, &mut got) {
-        return Err(DoctorError::FabricProbe(
-            "reading the read-back buffer".into(),
-        ));
+        return Err(DoctorError::FabricBuffer("reading the read-back buffer"));
     }
-    if let Some(m) = mismatch(&got) {
-        return Err(DoctorError::FabricProbe(format!("after fi_read: {m}")));
+    if let Some(mismatch) = find_mismatch(&got, SEED) {
+        return Err(DoctorError::FabricMismatch {
+            op: "fi_read",
+            mismatch,
+        });
     }
     out.read_verified = true;
     Ok(())
@@ -159,9 +153,17 @@ mod tests {
     #[test]
     fn the_pattern_catches_a_shift() {
         let good = pattern(4096, SEED);
-        assert_eq!(mismatch(&good), None);
+        assert_eq!(find_mismatch(&good, SEED), None);
         let shifted = &pattern(4097, SEED)[1..];
-        assert!(mismatch(shifted).unwrap().starts_with("byte 0: expected"));
+        let e = DoctorError::FabricMismatch {
+            op: "fi_write",
+            mismatch: find_mismatch(shifted, SEED).unwrap(),
+        };
+        assert!(
+            e.to_string()
+                .starts_with("after fi_write: byte 0: expected"),
+            "{e}"
+        );
     }
 
     /// The tcp provider (127.0.0.1 only) on this machine: written, read back, verified.

@@ -79,7 +79,7 @@ pub fn run_on(device: &str) -> RdmaProbe {
         .map(|&p| read_port_counters(&sysfs, device, p))
         .collect();
     if let Err(e) = exercise(device, &mut out) {
-        out.error = Some(e);
+        out.error = Some(e.to_string());
     }
     out.counters = before
         .iter()
@@ -88,12 +88,32 @@ pub fn run_on(device: &str) -> RdmaProbe {
     out
 }
 
-fn step(what: &'static str) -> impl FnOnce(RdmaError) -> String {
-    move |e| format!("{what}: {e}")
+/// Why the probe's transfers did not verify.
+#[derive(Debug, thiserror::Error)]
+enum ProbeFailure {
+    /// A step of the bring-up or a transfer failed.
+    #[error("{step}: {source}")]
+    Step {
+        /// What was being done.
+        step: &'static str,
+        /// The verbs error.
+        #[source]
+        source: RdmaError,
+    },
+    /// The WRITE completed but the target's bytes are not the source's.
+    #[error("after RDMA WRITE the target does not hold the source's bytes")]
+    WriteNotVerified,
+    /// The READ completed but this side's bytes are not the remote's.
+    #[error("after RDMA READ this side does not hold the remote bytes")]
+    ReadNotVerified,
+}
+
+fn step(step: &'static str) -> impl FnOnce(RdmaError) -> ProbeFailure {
+    move |source| ProbeFailure::Step { step, source }
 }
 
 /// WRITE seed 1 → a buffer of seed 2, verify; READ a buffer of seed 3 into one of seed 4, verify.
-fn exercise(device: &str, out: &mut RdmaProbe) -> Result<(), String> {
+fn exercise(device: &str, out: &mut RdmaProbe) -> Result<(), ProbeFailure> {
     let len = PROBE_BYTES;
     let cfg = EndpointConfig::default();
     let open = |seed| Side::open(LinkMem::Host, len, seed, Some(device), &cfg, 1);
@@ -111,7 +131,7 @@ fn exercise(device: &str, out: &mut RdmaProbe) -> Result<(), String> {
         .run(RdmaOp::Write, &region, len as u64, 1, TIMEOUT)
         .map_err(step("RDMA WRITE of 1 MiB"))?;
     if target.checksum(len) != Some(pattern_checksum(len, 1)) {
-        return Err("after RDMA WRITE the target does not hold the source's bytes".into());
+        return Err(ProbeFailure::WriteNotVerified);
     }
     out.write_verified = true;
 
@@ -129,7 +149,7 @@ fn exercise(device: &str, out: &mut RdmaProbe) -> Result<(), String> {
         .run(RdmaOp::Read, &region, len as u64, 1, TIMEOUT)
         .map_err(step("RDMA READ of 1 MiB"))?;
     if reader.checksum(len) != Some(pattern_checksum(len, 3)) {
-        return Err("after RDMA READ this side does not hold the remote bytes".into());
+        return Err(ProbeFailure::ReadNotVerified);
     }
     out.read_verified = true;
     Ok(())

@@ -98,7 +98,10 @@ fn completion_error(err: i32, prov_errno: i32, errno_prov: bool, text: String) -
     let mut e = err as u32;
     if errno_prov && (e == ffi::FI_ECANCELED || e == ffi::FI_EIO) && prov_errno > 0 {
         if prov_errno == libc::ENOENT {
-            return FabricError::RemoteAccess(text);
+            return FabricError::RemoteAccess {
+                code: prov_errno,
+                text,
+            };
         }
         e = prov_errno as u32;
     }
@@ -115,7 +118,10 @@ fn completion_error(err: i32, prov_errno: i32, errno_prov: bool, text: String) -
     ]
     .contains(&e)
     {
-        FabricError::PeerLost(text)
+        FabricError::PeerLost {
+            code: Some(e as i32),
+            text,
+        }
     } else if [
         ffi::FI_EACCES,
         ffi::FI_EPERM,
@@ -126,9 +132,16 @@ fn completion_error(err: i32, prov_errno: i32, errno_prov: bool, text: String) -
     ]
     .contains(&e)
     {
-        FabricError::RemoteAccess(text)
+        FabricError::RemoteAccess {
+            code: e as i32,
+            text,
+        }
     } else {
-        FabricError::Completion(text)
+        FabricError::Completion {
+            code: err,
+            prov_errno,
+            text,
+        }
     }
 }
 
@@ -216,7 +229,7 @@ impl Endpoint {
         let handle = std::thread::Builder::new()
             .name("gdx-fabric-progress".into())
             .spawn(move || progress_loop(&s))
-            .map_err(|e| FabricError::Closed(format!("progress thread: {e}")))?;
+            .map_err(FabricError::ProgressThread)?;
         Ok(Endpoint {
             shared,
             info: pinfo,
@@ -365,9 +378,12 @@ impl Endpoint {
         posted?;
         match err {
             Some(e) => Err(e),
-            None if dead => Err(FabricError::PeerLost(format!(
-                "the peer's own channel reports it gone; {pending} operation(s) outstanding"
-            ))),
+            None if dead => Err(FabricError::PeerLost {
+                code: None,
+                text: format!(
+                    "the peer's own channel reports it gone; {pending} operation(s) outstanding"
+                ),
+            }),
             None => Err(FabricError::Timeout {
                 pending: pending + unposted,
                 posted: ops.len(),
@@ -593,25 +609,25 @@ mod tests {
         let c = ffi::FI_ECANCELED as i32;
         assert!(matches!(
             completion_error(c, libc::ENOENT, true, t()),
-            FabricError::RemoteAccess(_)
+            FabricError::RemoteAccess { .. }
         ));
         assert!(matches!(
             completion_error(c, libc::ENOTCONN, true, t()),
-            FabricError::PeerLost(_)
+            FabricError::PeerLost { .. }
         ));
         assert!(matches!(
             completion_error(c, libc::ECONNRESET, true, t()),
-            FabricError::PeerLost(_)
+            FabricError::PeerLost { .. }
         ));
         // Another provider's prov_errno is not an errno: ECANCELED stays a plain completion error.
         assert!(matches!(
             completion_error(c, libc::ENOENT, false, t()),
-            FabricError::Completion(_)
+            FabricError::Completion { .. }
         ));
         let k = ffi::FI_EKEYREJECTED as i32;
         assert!(matches!(
             completion_error(k, 0, false, t()),
-            FabricError::RemoteAccess(_)
+            FabricError::RemoteAccess { .. }
         ));
     }
 }

@@ -79,14 +79,33 @@ pub enum FabricError {
     },
     /// The remote side refused the access (the provider reported a protection or key error
     /// in the completion): wrong key, out-of-range address, or a registration that is gone.
-    #[error("remote access refused by the provider: {0}")]
-    RemoteAccess(String),
+    #[error("remote access refused by the provider: {text}")]
+    RemoteAccess {
+        /// The completion's error code (`FI_E*`, or the errno the provider put in
+        /// `prov_errno`).
+        code: i32,
+        /// The provider's text for it.
+        text: String,
+    },
     /// The peer went away (connection refused/reset, or the provider reports it unreachable).
-    #[error("peer lost: {0}")]
-    PeerLost(String),
+    #[error("peer lost: {text}")]
+    PeerLost {
+        /// The completion's error code (`FI_E*` or errno); `None` when the peer's own channel
+        /// said it is gone.
+        code: Option<i32>,
+        /// The provider's text, or what was outstanding.
+        text: String,
+    },
     /// A completion carried an error not covered above.
-    #[error("completion error: {0}")]
-    Completion(String),
+    #[error("completion error: {text}")]
+    Completion {
+        /// The completion's error code (`FI_E*`).
+        code: i32,
+        /// The provider's own code (`prov_errno`).
+        prov_errno: i32,
+        /// The provider's text for it.
+        text: String,
+    },
     /// Posted operations did not complete within the deadline; the endpoint keeps them
     /// parked until they complete or the endpoint closes.
     #[error("{pending} of {posted} operation(s) not complete after {waited_ms} ms")]
@@ -98,9 +117,13 @@ pub enum FabricError {
         /// How long it waited.
         waited_ms: u128,
     },
-    /// The endpoint was closed, or is broken after an earlier failure.
+    /// The endpoint's progress thread could not be started.
+    #[error("endpoint closed: progress thread: {0}")]
+    ProgressThread(#[source] std::io::Error),
+    /// An error of gdx-sys's libfabric layer this crate has no variant of yet
+    /// (`LibfabricError` is non-exhaustive).
     #[error("endpoint closed: {0}")]
-    Closed(String),
+    Sys(#[source] LibfabricError),
 }
 
 impl From<LibfabricError> for FabricError {
@@ -136,8 +159,8 @@ impl From<LibfabricError> for FabricError {
                 code: ffi::FI_EINVAL as i32,
                 message: e.to_string(),
             },
-            // LibfabricError is non-exhaustive: a later variant keeps its text.
-            e => FabricError::Closed(e.to_string()),
+            // LibfabricError is non-exhaustive: a later variant is kept whole.
+            e => FabricError::Sys(e),
         }
     }
 }

@@ -77,7 +77,7 @@ fn shm_write_read_unaligned_and_wrong_key() {
     assert!(
         matches!(
             e,
-            FabricError::Timeout { .. } | FabricError::RemoteAccess(_)
+            FabricError::Timeout { .. } | FabricError::RemoteAccess { .. }
         ),
         "{e}"
     );

@@ -33,7 +33,15 @@ pub enum NcclError {
         #[source]
         source: std::io::Error,
     },
-    /// A run was asked for with impossible parameters.
-    #[error("invalid run parameters: {0}")]
-    InvalidRun(String),
+    /// A run was asked for with no size, no collective or no timed iteration.
+    #[error(
+        "invalid run parameters: need at least one size, one collective and one timed iteration"
+    )]
+    EmptyRun,
+    /// A CUDA call of the run failed.
+    #[error("invalid run parameters: the run failed: {0}")]
+    RunCuda(#[source] gdx_sys::cuda::CudaError),
+    /// An NCCL call of the run failed.
+    #[error("invalid run parameters: the run failed: {0}")]
+    RunNccl(#[source] gdx_sys::nccl::NcclError),
 }

@@ -17,9 +17,10 @@
 
 use crate::error::NcclError;
 use crate::model::NcclLog;
-use gdx_bench::timer::wall;
+use gdx_base::clock::wall;
 use gdx_sys::cuda::{Context, Cuda, DeviceBuffer, Stream};
 use gdx_sys::nccl::{self as sys, Collective};
+use gdx_topo::ceiling::Ceiling;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -136,15 +137,6 @@ pub struct Row {
     pub busbw_gbps: f64,
 }
 
-/// The ceiling busbw is compared with.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Ceiling {
-    /// GB/s.
-    pub gbps: f64,
-    /// What it is: `NV18 × 26.56 GB/s between GPU0 and GPU1`.
-    pub basis: String,
-}
-
 /// A completed run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RunReport {
@@ -205,9 +197,7 @@ pub fn run(
     topology: Option<&gdx_topo::Topology>,
 ) -> Result<RunOutcome, NcclError> {
     if params.sizes.is_empty() || params.ops.is_empty() || params.iters == 0 {
-        return Err(NcclError::InvalidRun(
-            "need at least one size, one collective and one timed iteration".into(),
-        ));
+        return Err(NcclError::EmptyRun);
     }
     let cuda = match Cuda::load() {
         Ok(c) => c,
@@ -260,7 +250,7 @@ pub fn run(
     let mut ctxs = Vec::new();
     let mut gpus = Vec::new();
     for i in 0..n {
-        let ctx = cuda.context(i).map_err(run_err)?;
+        let ctx = cuda.context(i).map_err(cuda_err)?;
         let d = ctx.device();
         gpus.push(format!(
             "GPU{i} {} {}",
@@ -302,19 +292,23 @@ fn waived(reason: String) -> RunOutcome {
     RunOutcome::Waived { reason }
 }
 
-fn run_err(e: impl std::fmt::Display) -> NcclError {
-    NcclError::InvalidRun(format!("the run failed: {e}"))
+fn cuda_err(e: gdx_sys::cuda::CudaError) -> NcclError {
+    NcclError::RunCuda(e)
+}
+
+fn nccl_err(e: gdx_sys::nccl::NcclError) -> NcclError {
+    NcclError::RunNccl(e)
 }
 
 type Measured = (Vec<Row>, Vec<String>);
 
 fn measure(nccl: &sys::Nccl, ctxs: &[Context], p: &RunParams) -> Result<Measured, NcclError> {
-    let comms = nccl.init_all(ctxs).map_err(run_err)?;
+    let comms = nccl.init_all(ctxs).map_err(nccl_err)?;
     let streams: Vec<Stream> = ctxs
         .iter()
         .map(Stream::new)
         .collect::<Result<_, _>>()
-        .map_err(run_err)?;
+        .map_err(cuda_err)?;
     let n = comms.len() as u32;
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
@@ -333,15 +327,15 @@ fn measure(nccl: &sys::Nccl, ctxs: &[Context], p: &RunParams) -> Result<Measured
             let mut send = Vec::new();
             let mut recv = Vec::new();
             for (ctx, st) in ctxs.iter().zip(&streams) {
-                let mut s = DeviceBuffer::new(ctx, s_el * el).map_err(run_err)?;
+                let mut s = DeviceBuffer::new(ctx, s_el * el).map_err(cuda_err)?;
                 let len = s.len();
-                st.memset(&mut s, 0, len, 0).map_err(run_err)?;
+                st.memset(&mut s, 0, len, 0).map_err(cuda_err)?;
                 send.push(s);
-                recv.push(DeviceBuffer::new(ctx, r_el * el).map_err(run_err)?);
+                recv.push(DeviceBuffer::new(ctx, r_el * el).map_err(cuda_err)?);
             }
             for _ in 0..p.warmup {
                 sys::launch(&comms, op.collective(), count, &send, &mut recv, &streams)
-                    .map_err(run_err)?;
+                    .map_err(nccl_err)?;
             }
             sync(&streams)?;
             // Wall time over all iterations, as nccl-tests measures (the launches are enqueued
@@ -349,7 +343,7 @@ fn measure(nccl: &sys::Nccl, ctxs: &[Context], p: &RunParams) -> Result<Measured
             let (done, took) = wall(|| -> Result<(), NcclError> {
                 for _ in 0..p.iters {
                     sys::launch(&comms, op.collective(), count, &send, &mut recv, &streams)
-                        .map_err(run_err)?;
+                        .map_err(nccl_err)?;
                 }
                 sync(&streams)
             });
@@ -376,7 +370,7 @@ fn measure(nccl: &sys::Nccl, ctxs: &[Context], p: &RunParams) -> Result<Measured
 
 fn sync(streams: &[Stream]) -> Result<(), NcclError> {
     for s in streams {
-        s.synchronize().map_err(run_err)?;
+        s.synchronize().map_err(cuda_err)?;
     }
     Ok(())
 }
@@ -398,8 +392,8 @@ fn debug_files(dir: &Path) -> Result<Vec<PathBuf>, NcclError> {
     Ok(v)
 }
 
-/// The busbw ceiling: the slowest link between consecutive ranks (NVLink count × per-link
-/// rate, else the slower PCIe link); none with one rank.
+/// The busbw ceiling: the slowest of topo's GPU-pair ceilings between consecutive ranks;
+/// none with one rank.
 fn ceiling(
     topo: Option<&gdx_topo::Topology>,
     ctxs: &[Context],
@@ -421,58 +415,40 @@ fn ceiling(
             .and_then(|b| b.parse::<gdx_topo::PciAddr>().ok())
             .and_then(|b| topo.by_bdf(b))
     };
-    let mut best: Option<Ceiling> = None;
+    // (ceiling, the pair it is between)
+    let mut best: Option<(Ceiling, String)> = None;
     for w in ctxs.windows(2) {
         let (Some(a), Some(b)) = (dev_of(&w[0]), dev_of(&w[1])) else {
             return (None, "a GPU is not in the topology: no ceiling".into());
         };
-        let c = match topo.path_class(a, b) {
-            gdx_topo::PathClass::Nv(links) => {
-                let cc = a.gpu.as_ref().and_then(|g| g.compute_capability.as_deref());
-                let (per, _) = gdx_topo::bandwidth::nvlink_gbps_per_link(cc);
-                Ceiling {
-                    gbps: f64::from(links) * per,
-                    basis: format!(
-                        "NV{links} × {per:.2} GB/s between {} and {}",
-                        a.label, b.label
-                    ),
-                }
-            }
-            class => {
-                let link =
-                    |d: &gdx_topo::Device| d.link.max.raw_gbps().or(d.link.current.raw_gbps());
-                let Some(g) = link(a).into_iter().chain(link(b)).reduce(f64::min) else {
-                    return (
-                        None,
-                        format!(
-                            "{}↔{} is {class} with unknown PCIe links: no ceiling",
-                            a.label, b.label
-                        ),
-                    );
-                };
-                Ceiling {
-                    gbps: g,
-                    basis: format!("PCIe ({class}) between {} and {}", a.label, b.label),
-                }
-            }
+        let Some(c) = gdx_topo::ceiling::gpu_pair(topo, a, b, None) else {
+            return (
+                None,
+                format!(
+                    "{}↔{} is {} with unknown PCIe links: no ceiling",
+                    a.label,
+                    b.label,
+                    topo.path_class(a, b)
+                ),
+            );
         };
-        if best.as_ref().is_none_or(|x| c.gbps < x.gbps) {
-            best = Some(c);
+        if best.as_ref().is_none_or(|(x, _)| c.gbps < x.gbps) {
+            best = Some((c, format!("{}↔{}", a.label, b.label)));
         }
     }
-    let Some(c) = best else {
+    let Some((c, pair)) = best else {
         return (None, "no ceiling".into());
     };
     let large: Vec<&Row> = rows.iter().filter(|r| r.bytes >= 256 << 20).collect();
     let note = match large.iter().map(|r| r.busbw_gbps).reduce(f64::max) {
         Some(b) => format!(
-            "best busbw at ≥ 256 MiB: {b:.1} GB/s = {:.0} % of {:.1} GB/s ({})",
+            "best busbw at ≥ 256 MiB: {b:.1} GB/s = {:.0} % of {:.1} GB/s ({}, {pair})",
             b / c.gbps * 100.0,
             c.gbps,
             c.basis
         ),
         None => format!(
-            "ceiling {:.1} GB/s ({}); run sizes ≥ 256 MiB to compare",
+            "ceiling {:.1} GB/s ({}, {pair}); run sizes ≥ 256 MiB to compare",
             c.gbps, c.basis
         ),
     };

@@ -147,8 +147,10 @@ impl Table {
         self.per_qp.get(&qp_num).copied().unwrap_or(0)
     }
 
-    pub(crate) fn broken(&self, qp_nums: &[u32]) -> Option<String> {
-        qp_nums.iter().find_map(|q| self.broken.get(q).cloned())
+    pub(crate) fn broken(&self, qp_nums: &[u32]) -> Option<(u32, String)> {
+        qp_nums
+            .iter()
+            .find_map(|q| Some((*q, self.broken.get(q)?.clone())))
     }
 
     pub(crate) fn mark_broken(&mut self, qp_num: u32, why: String) {
@@ -454,7 +456,7 @@ mod tests {
                 (e.len, e.remote_addr, e.rkey, e.vendor_err),
                 (4096, 0x1000, 0x77, 0x81)
             );
-            assert!(t.broken(&[3]).is_some(), "{code}");
+            assert_eq!(t.broken(&[3]).map(|(q, _)| q), Some(3), "{code}");
         }
     }
 

@@ -110,8 +110,13 @@ pub enum RdmaError {
     #[error("cannot connect to the peer: {0}")]
     Mismatch(String),
     /// The queue pairs are in the error state after a failure; reconnect.
-    #[error("the connection failed earlier and its queue pairs are in the error state: {0}")]
-    Broken(String),
+    #[error("the connection failed earlier and its queue pairs are in the error state: {why}")]
+    Broken {
+        /// The queue pair whose completion failed first.
+        qp_num: u32,
+        /// That completion's error.
+        why: String,
+    },
     /// A value outside what the call accepts.
     #[error("{0}")]
     InvalidArgument(String),

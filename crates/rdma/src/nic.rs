@@ -78,11 +78,17 @@ pub enum NicError {
     #[error("the topology has no RDMA NIC")]
     NoRdmaNic,
     /// RDMA NICs exist, but no port is active.
-    #[error("no RDMA NIC has an active port ({0})")]
-    NoActivePort(String),
+    #[error("no RDMA NIC has an active port ({} listed, every port down)", nics.join(", "))]
+    NoActivePort {
+        /// The RDMA NICs listed.
+        nics: Vec<String>,
+    },
     /// The GPU is not in the topology.
-    #[error("{0} is not in the topology")]
-    NoSuchGpu(String),
+    #[error("{gpu} is not in the topology")]
+    NoSuchGpu {
+        /// The GPU asked for.
+        gpu: GpuRef,
+    },
 }
 
 fn active_ports(d: &Device) -> Option<Vec<u32>> {
@@ -141,10 +147,7 @@ pub fn choose_nics(topo: &Topology, place: &MemPlace) -> Result<NicChoice, NicEr
             .iter()
             .filter_map(|(d, _)| d.nic.as_ref().and_then(|n| n.rdma_name.clone()))
             .collect();
-        return Err(NicError::NoActivePort(format!(
-            "{} listed, every port down",
-            all.join(", ")
-        )));
+        return Err(NicError::NoActivePort { nics: all });
     }
     match place {
         MemPlace::Gpu(g) => {
@@ -153,7 +156,7 @@ pub fn choose_nics(topo: &Topology, place: &MemPlace) -> Result<NicChoice, NicEr
                 GpuRef::Label(l) => topo.device(l),
             }
             .filter(|d| d.kind == DeviceKind::Gpu)
-            .ok_or_else(|| NicError::NoSuchGpu(g.to_string()))?;
+            .ok_or_else(|| NicError::NoSuchGpu { gpu: g.clone() })?;
             let classed: Vec<(&Device, Vec<u32>, PathClass)> = usable
                 .into_iter()
                 .map(|(d, p)| {

@@ -125,7 +125,7 @@ fn missing_gpu_and_missing_rdma_are_named() {
     let (_d, t) = machine(false);
     assert!(matches!(
         choose_nics(&t, &gpu("GPU9")),
-        Err(NicError::NoSuchGpu(_))
+        Err(NicError::NoSuchGpu { .. })
     ));
 
     let dir = tempfile::tempdir().unwrap();
@@ -147,7 +147,7 @@ fn missing_gpu_and_missing_rdma_are_named() {
     f.rdma(&n, "mlx5_0", &[RdmaPort::infiniband(1).down()]);
     let all_down = gdx_topo::from_root(dir.path()).unwrap();
     let e = choose_nics(&all_down, &MemPlace::Host { numa: None }).unwrap_err();
-    assert!(matches!(e, NicError::NoActivePort(_)), "{e:?}");
+    assert!(matches!(e, NicError::NoActivePort { .. }), "{e:?}");
     assert!(e.to_string().contains("mlx5_0"), "{e}");
 }
 

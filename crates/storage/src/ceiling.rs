@@ -7,65 +7,23 @@
 //! as unknown, with the reason, never guessed. Throughput per lane comes from topo's one
 //! bandwidth model ([`gdx_topo::bandwidth::pcie_gbps`]).
 
+use crate::error::LinkGap;
 use crate::StorageError;
-use gdx_topo::sysfs::devices::{block_dev, dev_dir};
+use gdx_topo::sysfs::devices::{block_dev, dev_dir, link_at};
 use gdx_topo::sysfs::RootFs;
-use gdx_topo::PciAddr;
+use gdx_topo::{Link, PciAddr};
 use serde::{Serialize, Serializer};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// A PCIe link.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct PciLink {
-    /// Transfer rate per lane, GT/s.
-    pub gts: f64,
-    /// Lanes.
-    pub width: u32,
-}
-
-impl PciLink {
-    /// Parse sysfs's `current_link_speed` (`32.0 GT/s PCIe`) and `current_link_width` (`16`).
-    pub fn parse(speed: &str, width: &str) -> Option<PciLink> {
-        let gts: f64 = speed.split_whitespace().next()?.parse().ok()?;
-        let width: u32 = width.trim().parse().ok()?;
-        (gts > 0.0 && width > 0).then_some(PciLink { gts, width })
-    }
-
-    /// Data rate in GB/s (1e9 bytes per second), one direction, after line encoding.
-    pub fn gbps(&self) -> f64 {
-        gdx_topo::bandwidth::pcie_gbps(self.gts, self.width)
-    }
-
-    /// PCIe generation, from the rate.
-    pub fn generation(&self) -> Option<u32> {
-        gdx_topo::bandwidth::pcie_generation(self.gts)
-    }
-}
-
-impl std::fmt::Display for PciLink {
-    /// `PCIe Gen5 x16 (63.02 GB/s)`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.generation() {
-            Some(g) => write!(f, "PCIe Gen{g} x{} ({:.2} GB/s)", self.width, self.gbps()),
-            None => write!(
-                f,
-                "PCIe {} GT/s x{} ({:.2} GB/s)",
-                self.gts,
-                self.width,
-                self.gbps()
-            ),
-        }
-    }
-}
-
 /// The link of the PCI function in the in-root sysfs folder `dir` (read through topo's sysfs
 /// layer, so a captured root's links never lead to this machine's files).
-fn link_in(fs: &RootFs, dir: &Path) -> Option<PciLink> {
-    let speed = fs.read_text(dir.join("current_link_speed")).ok()?;
-    let width = fs.read_text(dir.join("current_link_width")).ok()?;
-    PciLink::parse(&speed, &width)
+/// Its current link, when both its speed and its width are known and not zero.
+fn link_in(fs: &RootFs, dir: &Path) -> Option<Link> {
+    let l = link_at(fs, &dir.to_string_lossy()).current;
+    let known = l.speed_gts.is_some_and(|g| g > 0.0) && l.width.is_some_and(|w| w > 0);
+    known.then_some(l)
 }
 
 /// The PCIe link of the GPU at `bus_id` (CUDA's `0000:06:00.0` or NVML's `00000000:06:00.0`)
@@ -74,7 +32,7 @@ fn link_in(fs: &RootFs, dir: &Path) -> Option<PciLink> {
 /// # Errors
 /// [`StorageError::BusId`] for a bus id that is not a PCI address,
 /// [`StorageError::LinkUnknown`] when sysfs shows no link speed for it.
-pub fn gpu_link(root: &Path, bus_id: &str) -> Result<PciLink, StorageError> {
+pub fn gpu_link(root: &Path, bus_id: &str) -> Result<Link, StorageError> {
     let id = bus_id.trim().to_ascii_lowercase();
     let id = match id.split_once(':') {
         Some((domain, rest)) if domain.len() > 4 => {
@@ -88,11 +46,9 @@ pub fn gpu_link(root: &Path, bus_id: &str) -> Result<PciLink, StorageError> {
         Err(source) => return Err(StorageError::BusId { id, source }),
     };
     let dir = dev_dir(bdf);
-    link_in(&fs, Path::new(&dir)).ok_or_else(|| {
-        StorageError::LinkUnknown(format!(
-            "no PCIe link speed for GPU {id} in {}",
-            fs.show(&dir)
-        ))
+    link_in(&fs, Path::new(&dir)).ok_or_else(|| StorageError::LinkUnknown {
+        why: LinkGap::NoSpeed { dir: fs.show(&dir) },
+        device: id,
     })
 }
 
@@ -101,7 +57,7 @@ pub fn gpu_link(root: &Path, bus_id: &str) -> Result<PciLink, StorageError> {
 /// # Errors
 /// [`StorageError::Stat`] when the file cannot be looked at, [`StorageError::LinkUnknown`]
 /// when its disk has no PCIe link to find (tmpfs, virtio, none above it in sysfs).
-pub fn disk_link(root: &Path, file: &Path) -> Result<(String, PciLink), StorageError> {
+pub fn disk_link(root: &Path, file: &Path) -> Result<(String, Link), StorageError> {
     let meta = std::fs::metadata(file).map_err(|source| StorageError::Stat {
         path: file.to_path_buf(),
         source,
@@ -113,16 +69,17 @@ pub fn disk_link(root: &Path, file: &Path) -> Result<(String, PciLink), StorageE
     };
     let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
     if major == 0 {
-        return Err(StorageError::LinkUnknown(format!(
-            "{} is on a file system without a block device (device {major}:{minor}, e.g. tmpfs or overlayfs)",
-            file.display()
-        )));
+        return Err(StorageError::LinkUnknown {
+            device: file.display().to_string(),
+            why: LinkGap::NoBlockDevice { major, minor },
+        });
     }
     let fs = RootFs::new(root);
     let link = block_dev(major, minor);
-    let dir = fs
-        .resolve(&link)
-        .ok_or_else(|| StorageError::LinkUnknown(format!("{}: not found", fs.show(&link))))?;
+    let dir = fs.resolve(&link).ok_or_else(|| StorageError::LinkUnknown {
+        device: fs.show(&link),
+        why: LinkGap::NotFound,
+    })?;
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -136,24 +93,27 @@ pub fn disk_link(root: &Path, file: &Path) -> Result<(String, PciLink), StorageE
         if d.file_name()
             .is_some_and(|n| n.to_string_lossy().starts_with("virtio"))
         {
-            return Err(StorageError::LinkUnknown(format!(
-                "{name} is a virtio disk: its link speed says nothing about the storage behind it"
-            )));
+            return Err(StorageError::LinkUnknown {
+                device: name,
+                why: LinkGap::Virtio,
+            });
         }
         if let Some(l) = link_in(&fs, &d) {
             return Ok((name, l));
         }
         at = d.parent().map(Path::to_path_buf);
     }
-    Err(StorageError::LinkUnknown(format!(
-        "{name}: no PCIe link found above {}",
-        fs.show(&dir.to_string_lossy())
-    )))
+    Err(StorageError::LinkUnknown {
+        device: name,
+        why: LinkGap::NoneAbove {
+            dir: fs.show(&dir.to_string_lossy()),
+        },
+    })
 }
 
 /// A link lookup serialised as before errors were typed: `{"Ok": link}` or `{"Err": "why"}`.
 fn disk_as_text<S: Serializer>(
-    r: &Result<(String, PciLink), Arc<StorageError>>,
+    r: &Result<(String, Link), Arc<StorageError>>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
     r.as_ref().map_err(|e| e.to_string()).serialize(s)
@@ -161,7 +121,7 @@ fn disk_as_text<S: Serializer>(
 
 /// [`disk_as_text`] for the GPU's link.
 fn gpu_as_text<S: Serializer>(
-    r: &Option<Result<PciLink, Arc<StorageError>>>,
+    r: &Option<Result<Link, Arc<StorageError>>>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
     r.as_ref()
@@ -169,25 +129,27 @@ fn gpu_as_text<S: Serializer>(
         .serialize(s)
 }
 
-/// The ceiling of a copy between `file` and, when given, the GPU at `gpu_bus_id`.
+/// The ceiling of a copy between `file` and, when given, the GPU at `gpu_bus_id`: the lower
+/// of two links, each known or with why not (not a [`gdx_topo::ceiling::Ceiling`], which is
+/// one known figure).
 #[derive(Debug, Clone, Serialize)]
-pub struct Ceiling {
+pub struct CopyCeiling {
     /// The lower of the known links, GB/s; `None` when neither is known.
     pub gbps: Option<f64>,
     /// Which bounds it: `disk` or `pcie`; `None` when unknown.
     pub bound: Option<&'static str>,
     /// The disk's link, or why it is unknown (shared, so that the ceiling stays cloneable).
     #[serde(serialize_with = "disk_as_text")]
-    pub disk: Result<(String, PciLink), Arc<StorageError>>,
+    pub disk: Result<(String, Link), Arc<StorageError>>,
     /// The GPU's link, or why it is unknown; `None` for host-memory copies.
     #[serde(serialize_with = "gpu_as_text")]
-    pub gpu: Option<Result<PciLink, Arc<StorageError>>>,
+    pub gpu: Option<Result<Link, Arc<StorageError>>>,
 }
 
-impl Ceiling {
+impl CopyCeiling {
     /// Look both links up on this machine.
-    pub fn find(file: &Path, gpu_bus_id: Option<&str>) -> Ceiling {
-        Ceiling::from_links(
+    pub fn find(file: &Path, gpu_bus_id: Option<&str>) -> CopyCeiling {
+        CopyCeiling::from_links(
             disk_link(Path::new("/"), file).map_err(Arc::new),
             gpu_bus_id.map(|id| gpu_link(Path::new("/"), id).map_err(Arc::new)),
         )
@@ -195,14 +157,14 @@ impl Ceiling {
 
     /// The ceiling from the two links.
     pub fn from_links(
-        disk: Result<(String, PciLink), Arc<StorageError>>,
-        gpu: Option<Result<PciLink, Arc<StorageError>>>,
-    ) -> Ceiling {
-        let d = disk.as_ref().ok().map(|(_, l)| l.gbps());
+        disk: Result<(String, Link), Arc<StorageError>>,
+        gpu: Option<Result<Link, Arc<StorageError>>>,
+    ) -> CopyCeiling {
+        let d = disk.as_ref().ok().and_then(|(_, l)| l.raw_gbps());
         let g = gpu
             .as_ref()
             .and_then(|g| g.as_ref().ok())
-            .map(PciLink::gbps);
+            .and_then(Link::raw_gbps);
         let (gbps, bound) = match (d, g) {
             (Some(d), Some(g)) if d <= g => (Some(d), Some("disk")),
             (Some(_), Some(g)) => (Some(g), Some("pcie")),
@@ -210,7 +172,7 @@ impl Ceiling {
             (None, Some(g)) => (Some(g), Some("pcie")),
             (None, None) => (None, None),
         };
-        Ceiling {
+        CopyCeiling {
             gbps,
             bound,
             disk,
@@ -244,16 +206,28 @@ impl Ceiling {
 mod tests {
     use super::*;
 
+    fn link(gts: f64, width: u32) -> Link {
+        Link {
+            speed_gts: Some(gts),
+            width: Some(width),
+        }
+    }
+
     #[test]
-    fn links_parse_and_convert() {
-        let l = PciLink::parse("32.0 GT/s PCIe\n", "16\n").unwrap();
-        assert_eq!(l.generation(), Some(5));
-        assert!((l.gbps() - 63.015).abs() < 0.01, "{}", l.gbps());
-        assert_eq!(l.to_string(), "PCIe Gen5 x16 (63.02 GB/s)");
-        let l = PciLink::parse("5.0 GT/s PCIe", "4").unwrap();
-        assert!((l.gbps() - 2.0).abs() < 1e-9);
-        assert!(PciLink::parse("Unknown", "16").is_none());
-        assert!(PciLink::parse("8.0 GT/s", "0").is_none());
+    fn unknown_or_zero_links_are_no_links() {
+        let root = tempfile::tempdir().unwrap();
+        let dev = root.path().join("sys/bus/pci/devices/0000:06:00.0");
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::write(dev.join("current_link_speed"), "Unknown\n").unwrap();
+        std::fs::write(dev.join("current_link_width"), "16\n").unwrap();
+        assert!(gpu_link(root.path(), "0000:06:00.0").is_err());
+        std::fs::write(dev.join("current_link_speed"), "5.0 GT/s PCIe\n").unwrap();
+        std::fs::write(dev.join("current_link_width"), "0\n").unwrap();
+        assert!(gpu_link(root.path(), "0000:06:00.0").is_err());
+        std::fs::write(dev.join("current_link_width"), "4\n").unwrap();
+        let l = gpu_link(root.path(), "0000:06:00.0").unwrap();
+        assert!((l.raw_gbps().unwrap() - 2.0).abs() < 1e-9);
+        assert_eq!(l.to_string(), "PCIe Gen2 x4 (2.00 GB/s)");
     }
 
     #[test]
@@ -263,7 +237,10 @@ mod tests {
         std::fs::create_dir_all(&dev).unwrap();
         std::fs::write(dev.join("current_link_speed"), "32.0 GT/s PCIe\n").unwrap();
         std::fs::write(dev.join("current_link_width"), "16\n").unwrap();
-        assert_eq!(gpu_link(root.path(), "00000000:06:00.0").unwrap().width, 16);
+        assert_eq!(
+            gpu_link(root.path(), "00000000:06:00.0").unwrap().width,
+            Some(16)
+        );
         assert_eq!(
             gpu_link(root.path(), "0000:06:00.0").unwrap().generation(),
             Some(5)
@@ -289,24 +266,17 @@ mod tests {
         )
         .unwrap();
         let l = gpu_link(root.path(), "0000:66:00.0").unwrap();
-        assert_eq!((l.generation(), l.width), (Some(4), 8));
+        assert_eq!((l.generation(), l.width), (Some(4), Some(8)));
         assert!(gpu_link(root.path(), "not-a-bdf").is_err());
     }
 
     #[test]
     fn the_lower_link_bounds_and_unknowns_are_said() {
-        let gen5 = PciLink {
-            gts: 32.0,
-            width: 16,
-        };
-        let gen4x4 = PciLink {
-            gts: 16.0,
-            width: 4,
-        };
-        let c = Ceiling::from_links(Ok(("nvme0n1".into(), gen4x4)), Some(Ok(gen5)));
+        let (gen5, gen4x4) = (link(32.0, 16), link(16.0, 4));
+        let c = CopyCeiling::from_links(Ok(("nvme0n1".into(), gen4x4)), Some(Ok(gen5)));
         assert_eq!(c.bound, Some("disk"));
-        assert!((c.gbps.unwrap() - gen4x4.gbps()).abs() < 1e-9);
-        let c = Ceiling::from_links(Err(unknown("vda is a virtio disk")), Some(Ok(gen5)));
+        assert!((c.gbps.unwrap() - gen4x4.raw_gbps().unwrap()).abs() < 1e-9);
+        let c = CopyCeiling::from_links(Err(unknown("vda", LinkGap::Virtio)), Some(Ok(gen5)));
         assert_eq!(c.bound, Some("pcie"));
         assert!(
             c.describe()
@@ -314,17 +284,32 @@ mod tests {
             "{}",
             c.describe()
         );
-        let c = Ceiling::from_links(Err(unknown("tmpfs")), None);
+        let c = CopyCeiling::from_links(
+            Err(unknown(
+                "/tmp/x",
+                LinkGap::NoBlockDevice {
+                    major: 0,
+                    minor: 42,
+                },
+            )),
+            None,
+        );
         // Serialised as it was when the reasons were strings.
         let v = serde_json::to_value(&c).unwrap();
-        assert_eq!(v["disk"], serde_json::json!({"Err": "tmpfs"}));
+        assert_eq!(
+            v["disk"],
+            serde_json::json!({"Err": "/tmp/x is on a file system without a block device (device 0:42, e.g. tmpfs or overlayfs)"})
+        );
         assert_eq!(v["gpu"], serde_json::Value::Null);
         assert_eq!(c.gbps, None);
         assert!(c.describe().starts_with("unknown; "));
     }
 
-    fn unknown(why: &str) -> Arc<StorageError> {
-        Arc::new(StorageError::LinkUnknown(why.into()))
+    fn unknown(device: &str, why: LinkGap) -> Arc<StorageError> {
+        Arc::new(StorageError::LinkUnknown {
+            device: device.into(),
+            why,
+        })
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! starts empty: it is filled with gdx-base's seeded pattern first, so [`CopyRequest::length`]
 //! is required for it.
 
-use crate::ceiling::Ceiling;
+use crate::ceiling::CopyCeiling;
 use crate::{
     checksum_bytes, checksum_file, checksum_gpu, copy_file_to_gpu, copy_file_to_host,
     copy_gpu_to_file, copy_host_to_file, Checksum, CopyOptions, CopyReport, FileRange,
@@ -69,7 +69,7 @@ pub struct CopyOutcome {
     /// What the copy did.
     pub report: CopyReport,
     /// The lower of the disk's and the GPU's links.
-    pub ceiling: Ceiling,
+    pub ceiling: CopyCeiling,
     /// (source, destination) checksums, with [`CopyRequest::verify`].
     pub verify: Option<(Checksum, Checksum)>,
 }
@@ -256,7 +256,7 @@ fn outcome(
 ) -> CopyOutcome {
     CopyOutcome {
         report,
-        ceiling: Ceiling::find(path, ctx.and_then(gpu_bus).as_deref()),
+        ceiling: CopyCeiling::find(path, ctx.and_then(gpu_bus).as_deref()),
         verify,
     }
 }

@@ -145,8 +145,13 @@ pub enum StorageError {
     },
     /// A PCIe link (the disk's or the GPU's) is not known: the reason, with the device and
     /// the sysfs path looked at. The ceiling is then unknown, never guessed.
-    #[error("{0}")]
-    LinkUnknown(String),
+    #[error("{}", why.text(device))]
+    LinkUnknown {
+        /// The GPU's bus id, the disk's name, or the file.
+        device: String,
+        /// Why its link is not known.
+        why: LinkGap,
+    },
     /// `stat` of a file failed (for its disk's link).
     #[error("{}: {source}", path.display())]
     Stat {
@@ -209,6 +214,50 @@ pub enum StorageError {
         #[source]
         source: Box<StorageError>,
     },
+}
+
+/// Why a PCIe link is not known ([`StorageError::LinkUnknown`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LinkGap {
+    /// The GPU's sysfs folder shows no link speed.
+    NoSpeed {
+        /// The folder, as shown.
+        dir: String,
+    },
+    /// The file is on a file system without a block device.
+    NoBlockDevice {
+        /// Device major number.
+        major: u32,
+        /// Device minor number.
+        minor: u32,
+    },
+    /// The block device's sysfs link does not resolve.
+    NotFound,
+    /// A virtio disk: its link says nothing about the storage.
+    Virtio,
+    /// No PCI function with a link above the block device.
+    NoneAbove {
+        /// The block device's folder, as shown.
+        dir: String,
+    },
+}
+
+impl LinkGap {
+    /// The sentence for `device`.
+    pub fn text(&self, device: &str) -> String {
+        match self {
+            LinkGap::NoSpeed { dir } => format!("no PCIe link speed for GPU {device} in {dir}"),
+            LinkGap::NoBlockDevice { major, minor } => format!(
+                "{device} is on a file system without a block device (device {major}:{minor}, e.g. tmpfs or overlayfs)"
+            ),
+            LinkGap::NotFound => format!("{device}: not found"),
+            LinkGap::Virtio => format!(
+                "{device} is a virtio disk: its link speed says nothing about the storage behind it"
+            ),
+            LinkGap::NoneAbove { dir } => format!("{device}: no PCIe link found above {dir}"),
+        }
+    }
 }
 
 impl StorageError {

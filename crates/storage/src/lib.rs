@@ -46,7 +46,7 @@ mod verify;
 
 pub use align::ALIGN;
 pub use copy::{copy, source_len, CopyOutcome, CopyRequest, Location, PartialFile};
-pub use error::StorageError;
+pub use error::{LinkGap, StorageError};
 pub use gather::{
     default_readers, gather_to_gpu, release_pinned_cache, FileOutcome, GatherOptions, GatherRange,
     GatherReport, WarmMethod, PINNED_KEEP_BYTES,

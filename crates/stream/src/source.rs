@@ -8,6 +8,8 @@
 //! still used its sequence number, so every drop is a gap the sink can see.
 
 use std::path::PathBuf;
+
+use gdx_base::pattern::{fill_pattern, pattern};
 use std::time::{Duration, Instant};
 
 use gdx_storage::{copy_file_to_host, source_len, CopyOptions, FileRange};
@@ -86,7 +88,8 @@ impl<S: Source + ?Sized> Source for Box<S> {
 /// A sensor stand-in: a frame of `frame` bytes every `frame / rate` seconds (as fast as the
 /// pipeline takes them without a rate), each stamped with its sequence number and the time it
 /// was produced. Bytes: `seq` and `!seq` (little-endian) in the first 16, then
-/// [`Synthetic::pattern`]; the pattern is written once per slot, the header per frame — a
+/// gdx-base's test pattern of [`SYNTHETIC_SEED`] (the one pattern every gdx tool checks
+/// with); the pattern is written once per slot, the header per frame — a
 /// DAQ card's DMA does not cost the host CPU either. [`Synthetic::expected`] rebuilds a frame for
 /// checking.
 #[derive(Debug, Clone)]
@@ -97,6 +100,9 @@ pub struct Synthetic {
     next_seq: u64,
     start: Option<Instant>,
 }
+
+/// The seed of every synthetic frame's pattern (from offset 16 on): gdx-base's probe seed.
+pub const SYNTHETIC_SEED: u64 = gdx_base::pattern::SEED;
 
 /// Pacing: closer than this to a frame's due time the source spins instead of sleeping
 /// (a sleep overshoots by tens of microseconds; 100k frames/s is one frame per 10 µs).
@@ -130,14 +136,9 @@ impl Synthetic {
         })
     }
 
-    /// The constant byte at offset `i` of every synthetic frame (from offset 16 on).
-    pub fn pattern(i: usize) -> u8 {
-        (i.wrapping_mul(31).wrapping_add(7) % 251) as u8
-    }
-
     /// Frame `seq` of `len` bytes, as the source writes it (for checking results).
     pub fn expected(seq: u64, len: usize) -> Vec<u8> {
-        let mut v: Vec<u8> = (0..len).map(Self::pattern).collect();
+        let mut v = pattern(len, SYNTHETIC_SEED);
         write_header(&mut v, seq);
         v
     }
@@ -194,9 +195,7 @@ impl Source for Synthetic {
         if let Some(s) = slot {
             let buf = &mut s.buf[..info.len];
             if s.first_use {
-                for (i, b) in buf.iter_mut().enumerate() {
-                    *b = Self::pattern(i);
-                }
+                fill_pattern(buf, SYNTHETIC_SEED);
             }
             write_header(buf, info.seq);
         }

@@ -15,6 +15,9 @@
 //! [`libraries`] summarises the first five for the headers of `gdx topo` and `gdx doctor`
 //! (libfabric is reported by gdx-fabric's `library`, with its providers).
 //!
+//! [`timer`] is the one timer that reads either the host's clock or CUDA events on streams
+//! (chosen at run time), beside the events it records.
+//!
 //! [`os`] holds the few POSIX calls rustix (the workspace's syscall crate) lacks. What every
 //! crate shares and that needs no vendor library (byte sizes, the test pattern, statistics,
 //! test preconditions) is gdx-base's.
@@ -61,6 +64,7 @@ pub mod fabric;
 pub mod nccl;
 pub mod nvml;
 pub mod os;
+pub mod timer;
 pub mod verbs;
 
 /// A vendor library that could not be used.

@@ -83,11 +83,19 @@ pub enum TopoError {
     #[error("{0}")]
     Nvml(#[source] gdx_sys::Unavailable),
     /// A view that needs NVML's facts (the P2P matrix) on a topology that has none.
-    #[error("NVML not available: {0}")]
-    NoNvml(String),
+    #[error("NVML not available: {why}")]
+    NoNvml {
+        /// Why the topology has none.
+        why: NvmlGap,
+    },
     /// A CPU mask (NCCL's `affinity`) with a group that is not a 32-bit hex number.
-    #[error("group {0:?} is not a 32-bit hex number (expected a mask like 0000ffff,ffffffff)")]
-    CpuMask(String),
+    #[error("group {group:?} is not a 32-bit hex number (expected a mask like 0000ffff,ffffffff)")]
+    CpuMask {
+        /// The group as written.
+        group: String,
+        /// Its place from the right (group 0 holds CPUs 0-31).
+        index: usize,
+    },
     /// A file gdx writes into a capture (`gdx/env.json`) is malformed.
     #[error("capture file {path}: {message} (re-capture the machine with `gdx topo --capture`)")]
     CaptureFile {
@@ -104,6 +112,36 @@ impl TopoError {
         TopoError::Io {
             path: path.into(),
             source,
+        }
+    }
+}
+
+/// Why a topology carries no NVML facts ([`TopoError::NoNvml`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NvmlGap {
+    /// Read from an NCCL topology file, which has no P2P status.
+    NcclXml,
+    /// The live machine, where NVML was not used: the topology's note says why, when it has one.
+    NotUsed {
+        /// NVML's failure, from the topology's notes.
+        reason: Option<String>,
+    },
+    /// A capture without `gdx/nvml.json`.
+    NotCaptured,
+}
+
+impl std::fmt::Display for NvmlGap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NvmlGap::NcclXml => f.write_str(
+                "an NCCL topology file carries no P2P status; run `gdx topo --p2p` on the machine",
+            ),
+            NvmlGap::NotUsed { reason: Some(r) } => f.write_str(r),
+            NvmlGap::NotUsed { reason: None } => f.write_str("NVML was not used"),
+            NvmlGap::NotCaptured => f.write_str(
+                "the capture holds no NVML facts (gdx/nvml.json); capture on a machine where NVML loads",
+            ),
         }
     }
 }

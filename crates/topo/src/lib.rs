@@ -12,6 +12,7 @@
 
 pub mod bandwidth;
 pub mod capture;
+pub mod ceiling;
 pub mod dcb;
 pub mod enrich;
 mod error;
@@ -27,7 +28,7 @@ pub mod vendor;
 pub mod xml;
 
 pub use capture::{capture, read_captured_env, CapturedEnv};
-pub use error::TopoError;
+pub use error::{NvmlGap, TopoError};
 pub use model::*;
 pub use nicmap::{nic_map, rank_nics, Memory, NicMap, RankedNic};
 pub use path::{legend, PathClass};

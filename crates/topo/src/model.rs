@@ -121,6 +121,26 @@ impl Link {
     pub fn raw_gbps(&self) -> Option<f64> {
         Some(crate::bandwidth::pcie_gbps(self.speed_gts?, self.width?))
     }
+
+    /// `PCIe Gen5 x16`, or `PCIe 2.7 GT/s x16` for a rate of no known generation.
+    pub fn name(&self) -> String {
+        let gen = self
+            .generation()
+            .map(|g| format!("Gen{g}"))
+            .unwrap_or_else(|| format!("{} GT/s", self.speed_gts.unwrap_or(0.0)));
+        format!("PCIe {gen} x{}", self.width.unwrap_or(0))
+    }
+}
+
+impl std::fmt::Display for Link {
+    /// `PCIe Gen5 x16 (63.02 GB/s)`; the rate is left out when speed or width is unknown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())?;
+        match self.raw_gbps() {
+            Some(g) => write!(f, " ({g:.2} GB/s)"),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Current and maximum PCIe link of a device (a device link below max is "downtrained",

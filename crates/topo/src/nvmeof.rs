@@ -272,7 +272,42 @@ pub struct CmId {
     pub dst_port: Option<u32>,
 }
 
-type CmIds = (Result<Vec<CmId>, String>, String);
+/// Why the CM ids could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CmIdError {
+    /// `rdma -j` gave JSON that is not an array.
+    #[error("cm_id JSON is not an array")]
+    NotAnArray,
+    /// The text is neither of `rdma`'s forms.
+    #[error("neither rdma's JSON nor its text form")]
+    Unrecognised,
+    /// A capture without the CM id file.
+    #[error("{} is not in the capture", path.display())]
+    NotInCapture {
+        /// The file, as shown (inside the capture).
+        path: std::path::PathBuf,
+    },
+    /// The `rdma` tool ran and failed.
+    #[error("{command} failed: {stderr}")]
+    ToolFailed {
+        /// The command line.
+        command: &'static str,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+    /// The `rdma` tool could not be started.
+    #[error("{command}: {source} (iproute2's rdma tool)")]
+    NoTool {
+        /// The command line.
+        command: &'static str,
+        /// The spawn error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+type CmIds = (Result<Vec<CmId>, CmIdError>, String);
 
 /// The CM ids and where they were read: a capture's [`CM_ID_PATH`], else `rdma -j res show
 /// cm_id` on this machine.
@@ -281,24 +316,30 @@ fn cm_ids(fs: &RootFs) -> CmIds {
         return (parse_cm_ids(&t), fs.show(CM_ID_PATH));
     }
     if !crate::sysfs::rootfs::is_host_root(fs.root()) {
+        let path = fs.show(CM_ID_PATH);
         return (
-            Err(format!("{} is not in the capture", fs.show(CM_ID_PATH))),
-            fs.show(CM_ID_PATH),
+            Err(CmIdError::NotInCapture {
+                path: path.clone().into(),
+            }),
+            path,
         );
     }
-    let how = "rdma -j res show cm_id".to_string();
+    const COMMAND: &str = "rdma -j res show cm_id";
     let r = match std::process::Command::new("rdma")
         .args(["-j", "res", "show", "cm_id"])
         .output()
     {
         Ok(o) if o.status.success() => parse_cm_ids(&String::from_utf8_lossy(&o.stdout)),
-        Ok(o) => Err(format!(
-            "{how} failed: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Err(e) => Err(format!("{how}: {e} (iproute2's rdma tool)")),
+        Ok(o) => Err(CmIdError::ToolFailed {
+            command: COMMAND,
+            stderr: String::from_utf8_lossy(&o.stderr).trim().to_string(),
+        }),
+        Err(source) => Err(CmIdError::NoTool {
+            command: COMMAND,
+            source,
+        }),
     };
-    (r, how)
+    (r, COMMAND.to_string())
 }
 
 /// Live `rdma -j res show cm_id` output as a capture stores it (`None` when the tool fails).
@@ -316,9 +357,9 @@ pub fn capture_cm_ids() -> Option<String> {
 /// (`nvme_rdma`; the text form brackets kernel owners), `dst-addr` as `address:port`), or its
 /// text form (`link rxe0/1 ... comm [nvme_rdma] ...
 /// dst-addr 198.51.100.2:4420`).
-pub fn parse_cm_ids(text: &str) -> Result<Vec<CmId>, String> {
+pub fn parse_cm_ids(text: &str) -> Result<Vec<CmId>, CmIdError> {
     if let Ok(v) = serde_json::from_str::<serde_json::Value>(text) {
-        let arr = v.as_array().ok_or("cm_id JSON is not an array")?;
+        let arr = v.as_array().ok_or(CmIdError::NotAnArray)?;
         return Ok(arr
             .iter()
             .filter_map(|o| {
@@ -360,7 +401,7 @@ pub fn parse_cm_ids(text: &str) -> Result<Vec<CmId>, String> {
         });
     }
     if out.is_empty() && !text.trim().is_empty() {
-        return Err("neither rdma's JSON nor its text form".into());
+        return Err(CmIdError::Unrecognised);
     }
     Ok(out)
 }
@@ -449,7 +490,7 @@ fn carrier(fs: &RootFs, c: &Controller, cm: &CmIds, routes: &[Route]) -> Carrier
                         .push(format!("{}: no nvme cm_id to {addr}", cm.1));
                 }
             }
-            Err(e) => k.evidence.push(e.clone()),
+            Err(e) => k.evidence.push(e.to_string()),
         }
     }
     if let Ok(ip) = addr.parse::<Ipv4Addr>() {

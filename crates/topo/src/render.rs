@@ -7,6 +7,7 @@
 //! named in a note. The NUMA column is [`Topology::numa_affinity`] in the matrix and in the
 //! device table alike. Names from the machine are shown through [`printable`].
 
+use crate::error::NvmlGap;
 use crate::model::{Device, DeviceKind, Link, LinkStatus, Source, Topology};
 use crate::sysfs::archive::printable;
 use crate::xml::NO_NVLINK_FACTS;
@@ -497,22 +498,17 @@ pub fn p2p_matrix(
 ) -> Result<BTreeMap<String, BTreeMap<String, String>>, TopoError> {
     if !topo.nvml_enriched {
         let why = match &topo.source {
-            Source::NcclXml(_) => {
-                "an NCCL topology file carries no P2P status; run `gdx topo --p2p` on the machine"
-                    .to_string()
-            }
-            Source::Sysfs(r) if r == "/" => topo
-                .notes
-                .iter()
-                .find_map(|n| n.strip_prefix("NVML not used: "))
-                .map_or_else(|| "NVML was not used".to_string(), |w| w.to_string()),
-            Source::Sysfs(_) => {
-                "the capture holds no NVML facts (gdx/nvml.json); capture on a machine where \
-                 NVML loads"
-                    .to_string()
-            }
+            Source::NcclXml(_) => NvmlGap::NcclXml,
+            Source::Sysfs(r) if r == "/" => NvmlGap::NotUsed {
+                reason: topo
+                    .notes
+                    .iter()
+                    .find_map(|n| n.strip_prefix("NVML not used: "))
+                    .map(str::to_string),
+            },
+            Source::Sysfs(_) => NvmlGap::NotCaptured,
         };
-        return Err(TopoError::NoNvml(why));
+        return Err(TopoError::NoNvml { why });
     }
     let gpus: Vec<&Device> = topo.gpus().collect();
     let mut m = BTreeMap::new();

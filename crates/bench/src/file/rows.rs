@@ -11,7 +11,7 @@
 //! GPU row is verified against the pattern's checksum, and the first of each GPU → file row by
 //! reading the file back. One row's error never stops the others.
 //!
-//! Timing: the baselines are timed with the one [`crate::timer`] (wall clock, `read()`/`write()`
+//! Timing: the baselines are timed with gdx-base's wall clock ([`gdx_base::clock`], `read()`/`write()`
 //! and the copy inside). A gdx-storage path's sample is the mover's own account of its I/O
 //! ([`gdx_storage::CopyReport::elapsed`]: first I/O to last byte landed), which leaves out
 //! opening the cuFile driver and registering buffers: timed from outside, each `gds` sample
@@ -27,7 +27,7 @@ use gdx_storage::{
 use gdx_sys::cuda::{Context, Cuda, CudaError, DeviceBuffer, PinnedHostBuffer, Stream};
 use std::path::PathBuf;
 
-use crate::timer::wall;
+use gdx_base::clock::wall;
 
 /// What to measure.
 #[derive(Debug, Clone)]

@@ -17,9 +17,9 @@ use gdx_sys::cuda::{Context, Cuda, CudaError, DeviceBuffer, PinnedHostBuffer, St
 use super::timing::{event_batches, latency, EventTimed, OpCounter};
 use crate::case::{CaseSpec, Params, ROTATE_BYTES};
 use crate::error::{BenchError, Mismatch};
+use crate::figures::fill_row;
 use crate::host::{compare, fill_wall_row, slots, touched, wall_loop};
 use crate::report::Row;
-use crate::stats::fill_row;
 use crate::Ctx;
 
 /// The seed of each case's source pattern.

@@ -14,7 +14,7 @@ use gdx_sys::cuda::{Context, FloorStep, Module, PingPong};
 use std::time::{Duration, Instant};
 
 use crate::error::BenchError;
-use crate::timer::Timer;
+use gdx_sys::timer::Timer;
 
 /// How long one answer may take before the run is called lost (also the kernel's watchdog).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
@@ -41,7 +41,7 @@ pub fn round_trips(
     let mut timer = Timer::wall();
     let mut result = Ok(());
     for n in 1..=(warm + rounds) as u64 {
-        // A deadline, not a measurement: it keeps `Instant` (see `crate::timer`).
+        // A deadline, not a measurement: it keeps `Instant` (see `gdx_sys::timer`).
         let deadline = Instant::now() + ANSWER_TIMEOUT;
         timer.start()?;
         pp.ping(n);

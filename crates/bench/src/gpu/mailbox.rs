@@ -31,9 +31,9 @@ use crate::case::{CaseSpec, Params};
 use crate::error::BenchError;
 use crate::host::{compare, fill_wall_row, wall_loop, Timed};
 use crate::report::{Row, Status};
-use crate::stats::CpuClock;
-use crate::timer::wall;
 use crate::Ctx;
+use gdx_base::clock::wall;
+use gdx_sys::timer::CpuClock;
 
 /// What a microsecond case runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,7 +191,7 @@ impl Floor {
                 .iter()
                 .map(|d| d.as_secs_f64() * 1e6)
                 .collect();
-            Ok(crate::stats::Summary::of(&us).map_or(f64::NAN, |s| s.median))
+            Ok(gdx_base::stats::Summary::of(&us).map_or(f64::NAN, |s| s.median))
         };
         Ok(Floor {
             bare_us: p50(FloorStep::Bare)?,

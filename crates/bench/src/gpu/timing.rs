@@ -21,8 +21,9 @@ use gdx_sys::cuda::{CudaError, Stream};
 
 use crate::case::Params;
 use crate::error::BenchError;
-use crate::stats::CpuClock;
-use crate::timer::{self, Timer};
+use gdx_base::clock;
+use gdx_sys::timer::CpuClock;
+use gdx_sys::timer::Timer;
 
 /// How long one timed batch should last on the device.
 pub const BATCH_TARGET: Duration = Duration::from_micros(200);
@@ -137,7 +138,7 @@ pub fn latency<E: Into<BenchError>>(
     enqueue: &mut dyn FnMut(u64) -> Result<(), E>,
 ) -> Result<Vec<Duration>, BenchError> {
     let mut one = || -> Result<Duration, BenchError> {
-        let (done, d) = timer::wall(|| -> Result<(), BenchError> {
+        let (done, d) = clock::wall(|| -> Result<(), BenchError> {
             enqueue(ops.take()).map_err(Into::into)?;
             for s in streams {
                 s.synchronize().map_err(cuda)?;

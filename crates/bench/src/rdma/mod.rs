@@ -29,8 +29,8 @@ pub use session::{run_client, run_loopback, serve, serve_on, RdmaParams, RdmaRun
 
 use crate::case::{BenchCase, CaseSpec, End, Params, PathKind, Waived};
 use crate::error::BenchError;
+use crate::figures::fill_row;
 use crate::report::Row;
-use crate::stats::fill_row;
 use crate::Ctx;
 use gdx_rdma::RdmaError;
 

@@ -8,7 +8,7 @@
 //! operations (fewer for large sizes when `max_bytes_per_sample` is set), each sample one
 //! batch posted and waited for ([`Link::run`]); then as many single operations each timed
 //! from post to completion (latency: one round trip, not perftest's half). The summary is the
-//! bench framework's ([`crate::stats::fill_row`]). Host buffers hold a seeded pattern and are
+//! bench framework's ([`crate::figures::fill_row`]). Host buffers hold a seeded pattern and are
 //! checked at the end (GPU buffers are not checked).
 
 use super::proto::{recv, send, BenchMem, BenchOp, Control, Msg, TcpControl, BENCH_VERSION};
@@ -19,7 +19,7 @@ use gdx_topo::sysfs::RootFs;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use crate::timer::wall;
+use gdx_base::clock::wall;
 
 /// Seed of the client's host pattern.
 const CLIENT_SEED: u8 = 1;

@@ -21,12 +21,23 @@ use gdx_bench::{
     CaseOutcome, CaseSpec, Ctx, Exporter, Observer, Params, Report, Row, WaivedGroup,
 };
 
-mod parse;
-
-pub use parse::{
-    color_on, parse_duration, parse_pair, parse_pct, parse_provider, parse_sizes, sizes_help,
-    ColorWhen, SizeList,
+use super::args::{
+    parse_duration, parse_nic_list, parse_pair, parse_pct, parse_provider, parse_sizes, sizes_help,
+    SizeList,
 };
+use super::output::ColorWhen;
+
+/// Run `gdx bench` from a command line another command translated to it (`gdx cp --bench`).
+pub fn run_argv(argv: &[String]) -> Result<ExitCode> {
+    use clap::Parser as _;
+    #[derive(clap::Parser)]
+    struct Alias {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+    let alias = Alias::try_parse_from(argv).context("translating gdx cp --bench")?;
+    run(&alias.bench)
+}
 
 /// Measure every data path at every size and judge it against the hardware's ceiling.
 ///
@@ -116,7 +127,7 @@ pub struct BenchArgs {
     /// rail, and every RDMA device with an active port): tcp `LOCAL_IP` or
     /// `LOCAL_IP=REMOTE_IP[:PORT]` each, rdma device names (`rxe0,rxe1`); transfers from 1 MiB
     /// are striped over them by measured throughput, and each row's JSON carries its `rails`.
-    #[arg(long, value_name = "A,B", value_parser = super::serve::parse_nic_list)]
+    #[arg(long, value_name = "A,B", value_parser = parse_nic_list)]
     nics: Option<String>,
 
     /// libfabric provider for the fabric cases (`tcp`, `shm`, `efa`, `verbs`, ...; default:
@@ -349,7 +360,7 @@ pub(crate) fn dry_run_start(
         return Ok(Some(ExitCode::SUCCESS));
     }
     let style = Style {
-        color: color_on(color),
+        color: color.enabled(),
     };
     print!("{}", render::waived_groups(groups, style));
     Ok(None)
@@ -387,22 +398,24 @@ fn dry_run(args: &BenchArgs, cases: &[Box<dyn BenchCase>], ctx: &Ctx) -> Result<
     Ok(ExitCode::SUCCESS)
 }
 
-/// Run `gdx bench`.
-pub fn run(args: &BenchArgs) -> Result<ExitCode> {
-    if let Some(spec) = &args.ipc_child {
-        // The second process of the ipc cases: its protocol is its stdout line and exit code.
-        return Ok(match gdx_bench::gpu::ipc::child_main(spec) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!(
-                    "gdx bench {}: {}",
-                    gdx_bench::gpu::ipc::CHILD_FLAG,
-                    e.chain()
-                );
-                ExitCode::from(2)
-            }
-        });
+/// The second process of the ipc cases: its protocol is its stdout line and exit code.
+fn ipc_child(spec: &str) -> ExitCode {
+    match gdx_bench::gpu::ipc::child_main(spec) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!(
+                "gdx bench {}: {}",
+                gdx_bench::gpu::ipc::CHILD_FLAG,
+                e.chain()
+            );
+            ExitCode::from(2)
+        }
     }
+}
+
+/// The context the cases read: the mock or this machine, with the peers, devices, scratch
+/// folder, provider and NICs the flags name.
+fn context(args: &BenchArgs) -> Result<Ctx> {
     let mut ctx = if args.mock { Ctx::mock() } else { Ctx::live() };
     let peer = match &args.peer {
         Some(p) => {
@@ -422,14 +435,19 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     if let Some(n) = &args.nics {
         ctx.nics = gdx_engine::parse_nics(n);
     }
-    let cases = all_cases(&ctx);
-    if args.list {
-        print!("{}", list(&cases, &ctx));
-        return Ok(ExitCode::SUCCESS);
-    }
+    Ok(ctx)
+}
+
+/// The cases `--path`/`--pair` select, with the comparison rows and method notes they bring;
+/// refuses flag combinations that cannot run.
+fn choose(
+    args: &BenchArgs,
+    ctx: &mut Ctx,
+    cases: Vec<Box<dyn BenchCase>>,
+) -> Result<Vec<Box<dyn BenchCase>>> {
     let mut cases = select(cases, &args.paths)?;
     if let Some((a, b)) = args.pair {
-        check_pair(&ctx, a, b)?;
+        check_pair(ctx, a, b)?;
         cases = filter_pair(cases, a, b);
     }
     if cases.is_empty() {
@@ -440,8 +458,8 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         .any(|c| c.spec().path == gdx_bench::PathKind::Fabric)
     {
         // gdx's own tcp transport in the same run: what the fabric rows are read against.
-        cases = gdx_bench::fabric::with_tcp_comparison(cases, all_cases(&ctx));
-        ctx.notes.push(gdx_bench::fabric::header_note(&ctx));
+        cases = gdx_bench::fabric::with_tcp_comparison(cases, all_cases(ctx));
+        ctx.notes.push(gdx_bench::fabric::header_note(ctx));
     } else if let Some(p) = &args.provider {
         bail!("--provider {p} applies to the fabric cases only: add --path fabric");
     }
@@ -470,15 +488,12 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             args.max_samples
         );
     }
-    if args.dry_run {
-        return dry_run(args, &cases, &ctx);
-    }
-    if let Some(p) = &args.plot {
-        if !matches!(p.extension().and_then(|e| e.to_str()), Some("svg" | "png")) {
-            bail!("--plot {}: the file must end in .svg or .png", p.display());
-        }
-    }
-    let drop_pct = match (args.fail_on_drop, args.drop_below) {
+    Ok(cases)
+}
+
+/// `--fail-on-drop`'s percentage (or the deprecated `--drop-below`'s, said so).
+fn drop_pct(args: &BenchArgs) -> f64 {
+    match (args.fail_on_drop, args.drop_below) {
         (Some(p), _) => p,
         (None, Some(r)) => {
             eprintln!(
@@ -488,24 +503,24 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             (1.0 - r) * 100.0
         }
         (None, None) => compare::DEFAULT_DROP_PCT,
-    };
-    let old = match &args.compare {
+    }
+}
+
+/// The `--compare` report, read.
+fn compared_with(args: &BenchArgs) -> Result<Option<Report>> {
+    Ok(match &args.compare {
         Some(p) => {
             let text =
                 std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             Some(Report::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?)
         }
         None => None,
-    };
-    let exporter = Exporter {
-        json: args.export_json.clone(),
-        csv: args.export_csv.clone(),
-        markdown: args.export_md.clone(),
-        plot: args.plot.clone(),
-    };
-    // Create the export files now, so a bad path fails before any measuring.
-    exporter.create()?;
-    let params = Params {
+    })
+}
+
+/// The measurement protocol the flags give.
+fn params(args: &BenchArgs) -> Params {
+    Params {
         sizes: args.size.0.clone(),
         warmup: args.warmup,
         duration: args.duration,
@@ -517,7 +532,106 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         batch: args.batch,
         window: args.window,
         prepared: args.prepared,
+    }
+}
+
+/// After the run: the comparison, the summary, and the exit code (1 for a failed case, or a
+/// drop past `--fail-on-drop`).
+fn conclude(
+    args: &BenchArgs,
+    report: &Report,
+    old: Option<&Report>,
+    drop_pct: f64,
+    stdout_taken: bool,
+    style: Style,
+) -> ExitCode {
+    let out_or_err = |s: String| {
+        if stdout_taken {
+            eprint!("{s}");
+        } else {
+            print!("{s}");
+        }
     };
+    if args.quiet && !stdout_taken {
+        // The groups were not streamed with the tables.
+        print!("{}", render::waived_groups(&report.waived, style));
+    }
+    let mut dropped = 0;
+    let mut compared = 0;
+    if let Some(old) = old {
+        let name = args
+            .compare
+            .as_deref()
+            .map_or(String::new(), |p| p.display().to_string());
+        let cmp = compare::compare(report, old, drop_pct);
+        dropped = cmp.iter().filter(|c| c.dropped).count();
+        compared = cmp.len();
+        out_or_err(compare::render(&cmp, &name, drop_pct, style));
+    }
+    if stdout_taken {
+        if !args.quiet {
+            eprint!("{}", render::summary_table(report, style));
+        }
+    } else {
+        print!("{}", render::summary_table(report, style));
+    }
+    let old_name = args
+        .compare
+        .as_deref()
+        .map_or(String::new(), |p| p.display().to_string());
+    if old.is_some() && compared == 0 {
+        // A gate that compared nothing has no evidence to pass on.
+        eprintln!(
+            "gdx: warning: no figure of this run matches one in {old_name} (other cases or sizes, or all below the noise floor): nothing was compared"
+        );
+        if args.fail_on_drop.is_some() {
+            return ExitCode::from(1);
+        }
+    }
+    if dropped > 0 && args.fail_on_drop.is_some() {
+        eprintln!(
+            "gdx: {dropped} figure(s) dropped by more than {drop_pct}% against {old_name} (--fail-on-drop)"
+        );
+        return ExitCode::from(1);
+    }
+    if report.has_failures() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Run `gdx bench`.
+pub fn run(args: &BenchArgs) -> Result<ExitCode> {
+    if let Some(spec) = &args.ipc_child {
+        return Ok(ipc_child(spec));
+    }
+    let mut ctx = context(args)?;
+    let cases = all_cases(&ctx);
+    if args.list {
+        print!("{}", list(&cases, &ctx));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let cases = choose(args, &mut ctx, cases)?;
+    if args.dry_run {
+        return dry_run(args, &cases, &ctx);
+    }
+    if let Some(p) = &args.plot {
+        if !matches!(p.extension().and_then(|e| e.to_str()), Some("svg" | "png")) {
+            bail!("--plot {}: the file must end in .svg or .png", p.display());
+        }
+    }
+    let drop_pct = drop_pct(args);
+    let old = compared_with(args)?;
+    let exporter = Exporter {
+        json: args.export_json.clone(),
+        csv: args.export_csv.clone(),
+        markdown: args.export_md.clone(),
+        plot: args.plot.clone(),
+    };
+    // Create the export files now, so a bad path fails before any measuring.
+    exporter.create()?;
+    let params = params(args);
     let uses_gpu = cases.iter().any(|c| {
         let s = c.spec();
         matches!(s.src, gdx_bench::End::Gpu(_)) || matches!(s.dst, gdx_bench::End::Gpu(_))
@@ -539,7 +653,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     };
     let stdout_taken = args.json || args.csv || exporter.stdout_taken();
     let style = Style {
-        color: !stdout_taken && color_on(args.color),
+        color: !stdout_taken && args.color.enabled(),
     };
     if !stdout_taken && !args.quiet {
         print!("{}", render::header(&hdr));
@@ -565,58 +679,12 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     if let Err(e) = exporter.finish_plot(&report) {
         eprintln!("gdx: warning: no plot: {}", e.chain());
     }
-    let out_or_err = |s: String| {
-        if stdout_taken {
-            eprint!("{s}");
-        } else {
-            print!("{s}");
-        }
-    };
-    if args.quiet && !stdout_taken {
-        // The groups were not streamed with the tables.
-        print!("{}", render::waived_groups(&report.waived, style));
-    }
-    let mut dropped = 0;
-    let mut compared = 0;
-    if let Some(old) = &old {
-        let name = args
-            .compare
-            .as_deref()
-            .map_or(String::new(), |p| p.display().to_string());
-        let cmp = compare::compare(&report, old, drop_pct);
-        dropped = cmp.iter().filter(|c| c.dropped).count();
-        compared = cmp.len();
-        out_or_err(compare::render(&cmp, &name, drop_pct, style));
-    }
-    if stdout_taken {
-        if !args.quiet {
-            eprint!("{}", render::summary_table(&report, style));
-        }
-    } else {
-        print!("{}", render::summary_table(&report, style));
-    }
-    let old_name = args
-        .compare
-        .as_deref()
-        .map_or(String::new(), |p| p.display().to_string());
-    if old.is_some() && compared == 0 {
-        // A gate that compared nothing has no evidence to pass on.
-        eprintln!(
-            "gdx: warning: no figure of this run matches one in {old_name} (other cases or sizes, or all below the noise floor): nothing was compared"
-        );
-        if args.fail_on_drop.is_some() {
-            return Ok(ExitCode::from(1));
-        }
-    }
-    if dropped > 0 && args.fail_on_drop.is_some() {
-        eprintln!(
-            "gdx: {dropped} figure(s) dropped by more than {drop_pct}% against {old_name} (--fail-on-drop)"
-        );
-        return Ok(ExitCode::from(1));
-    }
-    Ok(if report.has_failures() {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(conclude(
+        args,
+        &report,
+        old.as_ref(),
+        drop_pct,
+        stdout_taken,
+        style,
+    ))
 }

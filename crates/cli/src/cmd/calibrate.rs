@@ -13,7 +13,8 @@ use gdx_bench::render::{self, Style};
 use gdx_bench::{calibrate, header, plan, BenchCase, CaseSpec, Ctx, Observer, Params, Row};
 use gdx_engine::{Calibration, CALIBRATION_ENV};
 
-use super::bench::{color_on, parse_duration, parse_sizes, sizes_help, ColorWhen, SizeList};
+use super::args::{parse_duration, parse_sizes, sizes_help, SizeList};
+use super::output::ColorWhen;
 
 /// Measure the crossover sizes between the paths available here and write a calibration
 /// file for the planner (`GDX_CALIBRATION=FILE`).
@@ -189,7 +190,7 @@ pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
     let json = calibrate::to_json(&outcome)?;
     std::fs::write(&file, &json).with_context(|| format!("writing {}", file.display()))?;
     let style = Style {
-        color: color_on(args.color) && std::io::stderr().is_terminal(),
+        color: args.color.enabled() && std::io::stderr().is_terminal(),
     };
     // Waivers are warnings here (stderr): each shared reason once, then the others.
     for line in render::waived_groups(&outcome.report.waived, style).lines() {

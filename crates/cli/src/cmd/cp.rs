@@ -201,9 +201,6 @@ fn parse_size(s: &str) -> Result<u64, gdx_base::bytesize::SizeError> {
 
 /// Run `gdx cp`.
 pub fn run(args: &CpArgs) -> Result<ExitCode> {
-    if let Some(file) = &args.bench {
-        return bench_alias(args, file);
-    }
     let (Some(src), Some(dst)) = (&args.src, &args.dst) else {
         bail!("SRC and DST are required (or --bench FILE)");
     };
@@ -423,49 +420,46 @@ impl Bar {
     }
 }
 
-/// `gdx cp --bench FILE` is `gdx bench --path file` now: one benchmark framework and one JSON
-/// schema. The old flags are translated, the translation is printed, and bench runs.
-fn bench_alias(args: &CpArgs, file: &std::path::Path) -> Result<ExitCode> {
-    use clap::Parser as _;
-    #[derive(clap::Parser)]
-    struct Alias {
-        #[command(flatten)]
-        bench: super::bench::BenchArgs,
+impl CpArgs {
+    /// `gdx cp --bench FILE` is `gdx bench --path file` now: one benchmark framework and one
+    /// JSON schema. With `--bench`, the `gdx bench` command line the old flags translate to
+    /// (printed, then run by `main`); `None` for a copy.
+    pub fn bench_alias(&self) -> Option<Vec<String>> {
+        let file = self.bench.as_ref()?;
+        let dir = match file.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let g = self.gpu;
+        let mut argv: Vec<String> = [
+            "bench".to_string(),
+            "--path".into(),
+            format!("file_to_host,file_to_gpu{g}_,gpu{g}_to_file"),
+            "--file-dir".into(),
+            dir.display().to_string(),
+            "--size".into(),
+            self.size.to_string(),
+            "--min-samples".into(),
+            self.samples.to_string(),
+        ]
+        .into();
+        if self.json {
+            argv.push("--json".into());
+        }
+        if self.quiet {
+            argv.push("-q".into());
+        }
+        if let Some(p) = &self.export_json {
+            argv.push("--export-json".into());
+            argv.push(p.display().to_string());
+        }
+        eprintln!(
+            "gdx cp: note: --bench is now `gdx {}` (scratch files go in {}; this alias will be removed)",
+            argv.join(" "),
+            dir.display()
+        );
+        Some(argv)
     }
-    let dir = match file.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let g = args.gpu;
-    let mut argv: Vec<String> = [
-        "bench".to_string(),
-        "--path".into(),
-        format!("file_to_host,file_to_gpu{g}_,gpu{g}_to_file"),
-        "--file-dir".into(),
-        dir.display().to_string(),
-        "--size".into(),
-        args.size.to_string(),
-        "--min-samples".into(),
-        args.samples.to_string(),
-    ]
-    .into();
-    if args.json {
-        argv.push("--json".into());
-    }
-    if args.quiet {
-        argv.push("-q".into());
-    }
-    if let Some(p) = &args.export_json {
-        argv.push("--export-json".into());
-        argv.push(p.display().to_string());
-    }
-    eprintln!(
-        "gdx cp: note: --bench is now `gdx {}` (scratch files go in {}; this alias will be removed)",
-        argv.join(" "),
-        dir.display()
-    );
-    let alias = Alias::try_parse_from(&argv).context("translating gdx cp --bench")?;
-    super::bench::run(&alias.bench)
 }
 
 #[cfg(test)]

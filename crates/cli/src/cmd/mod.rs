@@ -1,4 +1,5 @@
 //! One module per subcommand.
+pub mod args;
 pub mod bench;
 pub mod calibrate;
 pub mod cluster;

@@ -19,12 +19,19 @@ pub enum ColorWhen {
 impl ColorWhen {
     /// Whether to colour text written to stdout.
     pub fn enabled(self) -> bool {
+        self.enabled_for(std::io::stdout().is_terminal())
+    }
+
+    /// Whether to colour text written to stderr (warnings).
+    pub fn enabled_on_stderr(self) -> bool {
+        self.enabled_for(std::io::stderr().is_terminal())
+    }
+
+    fn enabled_for(self, terminal: bool) -> bool {
         match self {
             ColorWhen::Always => true,
             ColorWhen::Never => false,
-            ColorWhen::Auto => {
-                std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
-            }
+            ColorWhen::Auto => terminal && std::env::var_os("NO_COLOR").is_none(),
         }
     }
 }

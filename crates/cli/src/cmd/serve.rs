@@ -9,6 +9,7 @@
 //! bench protocol, one client at a time) on its own port: the engine's wire protocol and the
 //! RDMA bench's control messages do not share a socket.
 
+use super::args::{parse_listen, parse_nic_list, parse_size};
 use super::output::{paint, ColorWhen};
 use anyhow::{Context, Result};
 use clap::Args;
@@ -114,19 +115,6 @@ pub struct ServeArgs {
     cluster: super::cluster::ServeClusterArgs,
 }
 
-/// A `--nics` list: `A,B`, at most `gdx_engine::MAX_RAILS` entries (split with
-/// `gdx_engine::parse_nics` where used).
-pub(crate) fn parse_nic_list(s: &str) -> std::result::Result<String, String> {
-    let v = gdx_engine::parse_nics(s);
-    if v.is_empty() {
-        return Err("expected NIC,NIC... (local addresses or devices)".into());
-    }
-    if v.len() > gdx_engine::MAX_RAILS {
-        return Err(format!("at most {} rails", gdx_engine::MAX_RAILS));
-    }
-    Ok(s.to_string())
-}
-
 /// Wait limit of each step of an RDMA bench client.
 const RDMA_STEP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -156,27 +144,6 @@ fn spawn_rdma(listener: TcpListener, device: Option<String>) -> Result<()> {
         })
         .context("starting the RDMA bench listener")?;
     Ok(())
-}
-
-/// `--listen` forms (see [`gdx_engine::parse_listen`]).
-fn parse_listen(s: &str) -> Result<SocketAddr, String> {
-    gdx_engine::parse_listen(s).map_err(|e| e.wire_message())
-}
-
-/// Sizes the one gdx way ([`gdx_base::bytesize`]: `1GB` = 10^9, `1GiB` = 2^30).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    gdx_base::bytesize::ByteSize::parse(s).map_err(|e| e.to_string())
-}
-
-/// `--color` for stderr warnings: `auto` asks whether stderr is a terminal.
-fn color_on(when: ColorWhen) -> bool {
-    match when {
-        ColorWhen::Auto => {
-            std::io::IsTerminal::is_terminal(&std::io::stderr())
-                && std::env::var_os("NO_COLOR").is_none()
-        }
-        other => other.enabled(),
-    }
 }
 
 /// Run `gdx serve`.
@@ -234,7 +201,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         eprintln!(
             "gdx serve: {}: --insecure: no authentication; anyone who can reach {} gets the \
              region key and its bytes",
-            paint(color_on(args.color), "1;31", "WARNING"),
+            paint(args.color.enabled_on_stderr(), "1;31", "WARNING"),
             handle.addr()
         );
     }
@@ -288,39 +255,4 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     // SIGINT/SIGTERM with --etcd: leave the cluster now rather than when the lease expires.
     cluster.leave();
     Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn listen_forms() {
-        use super::parse_listen;
-        assert_eq!(parse_listen("7447").unwrap().to_string(), "127.0.0.1:7447");
-        assert_eq!(parse_listen(":7447").unwrap().to_string(), "0.0.0.0:7447");
-        assert_eq!(
-            parse_listen("10.0.0.1:80").unwrap().to_string(),
-            "10.0.0.1:80"
-        );
-        assert_eq!(
-            parse_listen("[::1]:7447").unwrap().to_string(),
-            "[::1]:7447"
-        );
-        assert_eq!(parse_listen("localhost:7447").unwrap().port(), 7447);
-        for bad in ["", ":", "70000", "host", "::1:7447", "[::1]", "a:b"] {
-            assert!(parse_listen(bad).is_err(), "{bad:?} accepted");
-        }
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("1.5GB"), Ok(1_500_000_000));
-        assert!(parse_size("12XB").is_err());
-        assert!(parse_size("").is_err());
-        assert!(parse_size("0.5").is_err());
-    }
 }

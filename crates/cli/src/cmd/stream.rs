@@ -9,24 +9,16 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
-use gdx_base::bytesize::{parse_rate, ByteSize};
-use gdx_bench::stats::CpuClock;
+use gdx_base::bytesize::ByteSize;
 use gdx_engine::{Agent, AgentConfig};
 use gdx_stream::{
     BackPressure, Checksum, FileSink, FileSource, NullSink, PeerSink, PeerSource, Pipeline,
     PipelineConfig, Progress, Sink, Source, StreamReport, Synthetic,
 };
+use gdx_sys::timer::CpuClock;
 use serde_json::json;
 
-use super::bench::parse_duration;
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    ByteSize::parse(s).map_err(|e| e.to_string())
-}
-
-fn parse_rate_arg(s: &str) -> Result<u64, String> {
-    parse_rate(s).map_err(|e| e.to_string())
-}
+use super::args::{parse_duration, parse_rate_arg, parse_size};
 
 /// Stream frames from a source through a ring of slots and a processing kernel to a sink, and
 /// measure it: sustained GB/s, frames/s, end-to-end latency per frame (source stamp → result

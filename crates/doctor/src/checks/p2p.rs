@@ -15,34 +15,32 @@ pub struct P2p;
 /// Below this fraction of the link ceiling a verified copy is flagged as a silent slow path.
 pub const SLOW_FRACTION: f64 = 0.5;
 
-fn check_pair(ctx: &Context, a: &GpuRef, b: &GpuRef) -> Finding {
-    let id = "p2p";
-    let subject = pair(&a.label, &b.label);
-    let live = ctx.live().ok();
-    let nvl = ctx.nvlinks_between(a.bdf, b.bdf);
-    let over = match nvl {
-        Some(n) if n > 0 => format!("NV{n}"),
-        _ => ctx
-            .class_between(a.bdf, b.bdf)
-            .map(|c| format!("PCIe {c}"))
-            .unwrap_or_else(|| "PCIe".into()),
-    };
-    let mut ev = Vec::new();
-    let mut problems: Vec<(Status, String)> = Vec::new();
-    let mut known = false;
+/// What the sources said about one pair.
+#[derive(Default)]
+struct Seen {
+    /// Evidence lines.
+    ev: Vec<String>,
+    /// Each problem with its status.
+    problems: Vec<(Status, String)>,
+    /// Whether any source said anything.
+    known: bool,
+    /// Probe figures, `394.0 GB/s GPU0->GPU1`.
+    measured: Vec<String>,
+}
 
-    // CUDA can-access-peer, both directions.
-    if let Some(l) = live {
+/// CUDA can-access-peer, both directions.
+fn cuda_peer(ctx: &Context, a: &GpuRef, b: &GpuRef, seen: &mut Seen) {
+    if let Ok(l) = ctx.live() {
         if let (Some(da), Some(db)) = (l.cuda_device(a.bdf), l.cuda_device(b.bdf)) {
             for (x, y, lx, ly) in [(da, db, &a.label, &b.label), (db, da, &b.label, &a.label)] {
                 if let Some((_, ok)) = x.can_access_peer.iter().find(|(o, _)| *o == y.ordinal) {
-                    known = true;
-                    ev.push(format!(
+                    seen.known = true;
+                    seen.ev.push(format!(
                         "cuDeviceCanAccessPeer({lx}, {ly}) = {}",
                         u8::from(*ok)
                     ));
                     if !ok {
-                        problems.push((
+                        seen.problems.push((
                             Status::Fail,
                             format!("CUDA reports {lx} cannot access {ly}"),
                         ));
@@ -51,7 +49,11 @@ fn check_pair(ctx: &Context, a: &GpuRef, b: &GpuRef) -> Finding {
             }
         }
     }
-    // NVML status: live first, else a captured snapshot in the topology.
+}
+
+/// NVML's P2P read status: live first, else a captured snapshot in the topology.
+fn nvml_status(ctx: &Context, a: &GpuRef, b: &GpuRef, nvlinked: bool, seen: &mut Seen) {
+    let live = ctx.live().ok();
     let nvml = live.and_then(|l| l.nvml_device(a.bdf));
     let read = nvml
         .and_then(|d| d.p2p.iter().find(|p| p.peer == b.bdf))
@@ -64,7 +66,7 @@ fn check_pair(ctx: &Context, a: &GpuRef, b: &GpuRef) -> Finding {
             .iter()
             .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k} {v}")))
             .collect();
-            ev.push(format!(
+            seen.ev.push(format!(
                 "nvmlDeviceGetP2PStatus({}, {}): {}",
                 a.label,
                 b.label,
@@ -82,7 +84,7 @@ fn check_pair(ctx: &Context, a: &GpuRef, b: &GpuRef) -> Finding {
                 .find(|(p, _)| *p == b.bdf)?
                 .1
                 .clone();
-            ev.push(format!(
+            seen.ev.push(format!(
                 "NVML snapshot: P2P read {}->{} {s}",
                 a.label, b.label
             ));
@@ -90,58 +92,88 @@ fn check_pair(ctx: &Context, a: &GpuRef, b: &GpuRef) -> Finding {
         })
         .flatten();
     if let Some(r) = read {
-        known = true;
+        seen.known = true;
         if r != "OK" {
-            let msg = if nvl.is_some_and(|n| n > 0) {
+            let msg = if nvlinked {
                 format!("NVML P2P status {r} between NVLink-connected GPUs: probably a hardware issue, NCCL will refuse to run")
             } else {
                 format!(
                     "NVML P2P status {r}: P2P unsupported, traffic is staged through host memory"
                 )
             };
-            problems.push((Status::Fail, msg));
+            seen.problems.push((Status::Fail, msg));
         }
     }
-    // NVLinks down on either GPU.
+}
+
+/// NVLinks down on either GPU.
+fn nvlinks_down(ctx: &Context, a: &GpuRef, b: &GpuRef, seen: &mut Seen) {
     for g in [a, b] {
-        if let Some(d) = live.and_then(|l| l.nvml_device(g.bdf)) {
+        if let Some(d) = ctx.live().ok().and_then(|l| l.nvml_device(g.bdf)) {
             if !d.nvlinks_down.is_empty() {
-                known = true;
-                ev.push(format!(
+                seen.known = true;
+                seen.ev.push(format!(
                     "{}: NVLinks down: {:?} ({} up)",
                     g.label, d.nvlinks_down, d.nvlinks_active
                 ));
-                problems.push((
+                seen.problems.push((
                     Status::Warn,
                     format!("{} has {} NVLink(s) down", g.label, d.nvlinks_down.len()),
                 ));
             }
         }
     }
-    // Probe measurements, both directions.
-    let mut measured = Vec::new();
+}
+
+/// The probe's copies, both directions.
+fn probe_copies(ctx: &Context, a: &GpuRef, b: &GpuRef, seen: &mut Seen) {
     if let ProbeState::Ran(r) = ctx.probes() {
         for (x, y) in [(a, b), (b, a)] {
             if let Some(c) = r.copy(&x.label, &y.label) {
-                known = true;
-                ev.push(format!("probe: {}", c.describe()));
+                seen.known = true;
+                seen.ev.push(format!("probe: {}", c.describe()));
                 if c.error.is_some() || !c.verified {
-                    problems.push((
+                    seen.problems.push((
                         Status::Fail,
                         format!("probe copy {} -> {} failed", x.label, y.label),
                     ));
                 } else if c.fraction().is_some_and(|f| f < SLOW_FRACTION) {
-                    problems.push((
+                    seen.problems.push((
                         Status::Warn,
                         format!("probe copy {} -> {} reached only {:.0}% of the link ceiling: a silent slow path", x.label, y.label, c.fraction().unwrap_or(0.0) * 100.0),
                     ));
                 }
                 if let Some(g) = c.gbps {
-                    measured.push(format!("{g:.1} GB/s {}->{}", x.label, y.label));
+                    seen.measured
+                        .push(format!("{g:.1} GB/s {}->{}", x.label, y.label));
                 }
             }
         }
     }
+}
+
+fn check_pair(ctx: &Context, a: &GpuRef, b: &GpuRef) -> Finding {
+    let id = "p2p";
+    let subject = pair(&a.label, &b.label);
+    let nvl = ctx.nvlinks_between(a.bdf, b.bdf);
+    let over = match nvl {
+        Some(n) if n > 0 => format!("NV{n}"),
+        _ => ctx
+            .class_between(a.bdf, b.bdf)
+            .map(|c| format!("PCIe {c}"))
+            .unwrap_or_else(|| "PCIe".into()),
+    };
+    let mut seen = Seen::default();
+    cuda_peer(ctx, a, b, &mut seen);
+    nvml_status(ctx, a, b, nvl.is_some_and(|n| n > 0), &mut seen);
+    nvlinks_down(ctx, a, b, &mut seen);
+    probe_copies(ctx, a, b, &mut seen);
+    let Seen {
+        ev,
+        problems,
+        known,
+        measured,
+    } = seen;
     if !known {
         return Finding::skip(
             id,

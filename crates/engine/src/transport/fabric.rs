@@ -44,7 +44,7 @@ use crate::wire::Msg;
 
 fn fabric_err(e: FabricError) -> Error {
     match e {
-        FabricError::PeerLost(s) => Error::PeerLost(format!("fabric: {s}")),
+        FabricError::PeerLost { text, .. } => Error::PeerLost(format!("fabric: {text}")),
         other => Error::Fabric(Arc::new(other)),
     }
 }

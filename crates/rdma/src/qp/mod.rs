@@ -368,8 +368,8 @@ impl Qp {
 
     fn post(&mut self, op: RdmaOp, items: &[WorkItem<'_>]) -> Result<Ticket, RdmaError> {
         let qp_nums: Vec<u32> = self.qps.iter().map(verbs::QueuePair::qp_num).collect();
-        if let Some(why) = self.cq.shared.lock().broken(&qp_nums) {
-            return Err(RdmaError::Broken(why));
+        if let Some((qp_num, why)) = self.cq.shared.lock().broken(&qp_nums) {
+            return Err(RdmaError::Broken { qp_num, why });
         }
         let lkeys = items
             .iter()

@@ -69,7 +69,7 @@ impl WarmMethod {
 
 /// Default reader threads: one per CPU, 4 to 16. A warm read is a CPU copy out of the page
 /// cache at a few GB/s per thread; on the 16-core H100 host 16 readers loaded 28.3/29.7 GB/s
-/// where 12 gave 24.2/27.9 and 8 gave 21.0/24.3 (same run, `scripts/device/ckpt.sh`).
+/// where 12 gave 24.2/27.9 and 8 gave 21.0/24.3 (same run, the `ckpt` stage of `scripts/device/run.sh`).
 pub fn default_readers() -> usize {
     let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
     cpus.clamp(4, 16)

@@ -8,6 +8,8 @@
 //! overlaps between tensors. [`encode`] writes a header the same rules accept.
 
 use serde_json::{Map, Value};
+
+pub use super::header_error::{EntryProblem, HeaderError};
 use std::collections::BTreeMap;
 
 /// The largest header accepted (safetensors' own limit): a longer length prefix is refused
@@ -103,15 +105,15 @@ impl TensorInfo {
 pub type Parsed = (Vec<TensorInfo>, BTreeMap<String, String>);
 
 /// The bytes `shape` of `dtype` needs, or why it cannot be counted.
-pub fn tensor_bytes(name: &str, dtype: Dtype, shape: &[u64]) -> Result<u64, String> {
+pub fn tensor_bytes(name: &str, dtype: Dtype, shape: &[u64]) -> Result<u64, HeaderError> {
     shape
         .iter()
         .try_fold(dtype.size(), |n, &d| n.checked_mul(d))
-        .ok_or_else(|| {
-            format!(
-                "tensor {name:?}: shape {shape:?} of {} has more bytes than fit in 64 bits",
-                dtype.name()
-            )
+        .ok_or_else(|| HeaderError::ShapeTooLarge {
+            tensor: name.to_string(),
+            dtype: dtype.name(),
+            shape: shape.to_vec(),
+            signed: false,
         })
 }
 
@@ -122,12 +124,13 @@ pub const MAX_DIMS: usize = 32;
 /// A shape every reader can hold: at most [`MAX_DIMS`] dimensions, each and the product of the
 /// non-zero ones (in bytes) within `i64::MAX` (numpy's sizes are signed: `[0, 2^64-1]` holds
 /// no byte, but no array can have that shape).
-fn check_shape(name: &str, dtype: Dtype, shape: &[u64]) -> Result<(), String> {
+fn check_shape(name: &str, dtype: Dtype, shape: &[u64]) -> Result<(), HeaderError> {
     if shape.len() > MAX_DIMS {
-        return Err(format!(
-            "tensor {name:?}: {} dimensions, more than the {MAX_DIMS} an array can have",
-            shape.len()
-        ));
+        return Err(HeaderError::TooManyDims {
+            tensor: name.to_string(),
+            dims: shape.len(),
+            limit: MAX_DIMS,
+        });
     }
     let max = i64::MAX as u64;
     let nonzero = shape
@@ -135,19 +138,26 @@ fn check_shape(name: &str, dtype: Dtype, shape: &[u64]) -> Result<(), String> {
         .filter(|&&d| d != 0)
         .try_fold(dtype.size(), |n, &d| n.checked_mul(d).filter(|&n| n <= max));
     if nonzero.is_none() {
-        return Err(format!(
-            "tensor {name:?}: shape {shape:?} of {} has dimensions too large for an array \
-             (their product exceeds 2^63 - 1 bytes)",
-            dtype.name()
-        ));
+        return Err(HeaderError::ShapeTooLarge {
+            tensor: name.to_string(),
+            dtype: dtype.name(),
+            shape: shape.to_vec(),
+            signed: true,
+        });
     }
     Ok(())
 }
 
-fn offsets(name: &str, v: Option<&Value>) -> Result<(u64, u64), String> {
-    let bad = || {
-        format!("tensor {name:?}: \"data_offsets\" must be [begin, end], two non-negative integers")
-    };
+/// The error for `name`'s entry.
+fn bad_entry(name: &str, problem: EntryProblem) -> HeaderError {
+    HeaderError::Entry {
+        tensor: name.to_string(),
+        problem,
+    }
+}
+
+fn offsets(name: &str, v: Option<&Value>) -> Result<(u64, u64), HeaderError> {
+    let bad = || bad_entry(name, EntryProblem::BadOffsets);
     let arr = v.and_then(Value::as_array).ok_or_else(bad)?;
     match arr.as_slice() {
         [b, e] => Ok((b.as_u64().ok_or_else(bad)?, e.as_u64().ok_or_else(bad)?)),
@@ -155,45 +165,53 @@ fn offsets(name: &str, v: Option<&Value>) -> Result<(u64, u64), String> {
     }
 }
 
-fn tensor(name: &str, v: &Value, data_len: u64) -> Result<TensorInfo, String> {
+fn tensor(name: &str, v: &Value, data_len: u64) -> Result<TensorInfo, HeaderError> {
     let obj = v
         .as_object()
-        .ok_or_else(|| format!("tensor {name:?}: its entry is not a JSON object"))?;
+        .ok_or_else(|| bad_entry(name, EntryProblem::NotAnObject))?;
     let dtype_name = obj
         .get("dtype")
         .and_then(Value::as_str)
-        .ok_or_else(|| format!("tensor {name:?}: no \"dtype\" string"))?;
-    let dtype = Dtype::parse(dtype_name)
-        .ok_or_else(|| format!("tensor {name:?}: unknown dtype {dtype_name:?}"))?;
-    let bad_shape =
-        || format!("tensor {name:?}: \"shape\" must be a list of non-negative integers");
+        .ok_or_else(|| bad_entry(name, EntryProblem::NoDtype))?;
+    let dtype = Dtype::parse(dtype_name).ok_or_else(|| HeaderError::UnknownDtype {
+        tensor: name.to_string(),
+        dtype: dtype_name.to_string(),
+    })?;
+    let bad_shape = || bad_entry(name, EntryProblem::BadShape);
     let shape = obj
         .get("shape")
         .and_then(Value::as_array)
         .ok_or_else(bad_shape)?
         .iter()
         .map(|d| d.as_u64().ok_or_else(bad_shape))
-        .collect::<Result<Vec<u64>, String>>()?;
+        .collect::<Result<Vec<u64>, HeaderError>>()?;
     check_shape(name, dtype, &shape)?;
     let (begin, end) = offsets(name, obj.get("data_offsets"))?;
     if end < begin {
-        return Err(format!(
-            "tensor {name:?}: data_offsets [{begin}, {end}] end before they begin"
-        ));
+        return Err(HeaderError::OffsetsReversed {
+            tensor: name.to_string(),
+            begin,
+            end,
+        });
     }
     if end > data_len {
-        return Err(format!(
-            "tensor {name:?}: data_offsets [{begin}, {end}] run past the end of the data \
-             ({data_len} bytes after the header)"
-        ));
+        return Err(HeaderError::PastEnd {
+            tensor: name.to_string(),
+            begin,
+            end,
+            data_len,
+        });
     }
     let need = tensor_bytes(name, dtype, &shape)?;
     if need != end - begin {
-        return Err(format!(
-            "tensor {name:?}: {dtype_name} {shape:?} needs {need} bytes but data_offsets \
-             [{begin}, {end}] give {}",
-            end - begin
-        ));
+        return Err(HeaderError::SizeMismatch {
+            tensor: name.to_string(),
+            dtype: dtype_name.to_string(),
+            shape,
+            need,
+            begin,
+            end,
+        });
     }
     Ok(TensorInfo {
         name: name.to_string(),
@@ -204,8 +222,8 @@ fn tensor(name: &str, v: &Value, data_len: u64) -> Result<TensorInfo, String> {
     })
 }
 
-fn metadata(v: &Value) -> Result<BTreeMap<String, String>, String> {
-    let bad = || "\"__metadata__\" must be an object of strings".to_string();
+fn metadata(v: &Value) -> Result<BTreeMap<String, String>, HeaderError> {
+    let bad = || HeaderError::BadMetadata;
     v.as_object()
         .ok_or_else(bad)?
         .iter()
@@ -215,13 +233,10 @@ fn metadata(v: &Value) -> Result<BTreeMap<String, String>, String> {
 
 /// Parse and check the header's JSON against a data section of `data_len` bytes (see the
 /// module docs); the error is the reason, naming the tensor.
-pub fn parse(json: &[u8], data_len: u64) -> Result<Parsed, String> {
-    let text = std::str::from_utf8(json).map_err(|e| format!("the header is not UTF-8 ({e})"))?;
-    let value: Value =
-        serde_json::from_str(text).map_err(|e| format!("the header is not valid JSON ({e})"))?;
-    let obj = value
-        .as_object()
-        .ok_or_else(|| "the header is not a JSON object".to_string())?;
+pub fn parse(json: &[u8], data_len: u64) -> Result<Parsed, HeaderError> {
+    let text = std::str::from_utf8(json)?;
+    let value: Value = serde_json::from_str(text).map_err(HeaderError::NotJson)?;
+    let obj = value.as_object().ok_or(HeaderError::NotAnObject)?;
     let mut meta = BTreeMap::new();
     let mut tensors = Vec::with_capacity(obj.len());
     for (name, v) in obj {
@@ -235,10 +250,12 @@ pub fn parse(json: &[u8], data_len: u64) -> Result<Parsed, String> {
     for w in tensors.windows(2) {
         let (a, b) = (&w[0], &w[1]);
         if b.begin < a.end {
-            return Err(format!(
-                "tensors {:?} [{}, {}] and {:?} [{}, {}] overlap",
-                a.name, a.begin, a.end, b.name, b.begin, b.end
-            ));
+            return Err(HeaderError::Overlap {
+                a: a.name.clone(),
+                a_span: (a.begin, a.end),
+                b: b.name.clone(),
+                b_span: (b.begin, b.end),
+            });
         }
     }
     Ok((tensors, meta))
@@ -264,7 +281,7 @@ pub fn encode(
     tensors: &[TensorSpec],
     order: &[usize],
     metadata: &BTreeMap<String, String>,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, HeaderError> {
     let mut obj = Map::new();
     if !metadata.is_empty() {
         let m = metadata
@@ -277,19 +294,19 @@ pub fn encode(
     for &i in order {
         let t = tensors
             .get(i)
-            .ok_or_else(|| format!("tensor index {i} out of range"))?;
+            .ok_or(HeaderError::IndexOutOfRange { index: i })?;
         if t.name == "__metadata__" {
-            return Err("\"__metadata__\" is reserved and cannot name a tensor".into());
+            return Err(HeaderError::ReservedName);
         }
         let need = tensor_bytes(&t.name, t.dtype, &t.shape)?;
         if need != t.len {
-            return Err(format!(
-                "tensor {:?}: {} {:?} needs {need} bytes but {} were given",
-                t.name,
-                t.dtype.name(),
-                t.shape,
-                t.len
-            ));
+            return Err(HeaderError::LenMismatch {
+                tensor: t.name.clone(),
+                dtype: t.dtype.name(),
+                shape: t.shape.clone(),
+                need,
+                given: t.len,
+            });
         }
         let entry = serde_json::json!({
             "dtype": t.dtype.name(),
@@ -297,11 +314,11 @@ pub fn encode(
             "data_offsets": [at, at + t.len],
         });
         if obj.insert(t.name.clone(), entry).is_some() {
-            return Err(format!("tensor {:?} is given twice", t.name));
+            return Err(bad_entry(&t.name, EntryProblem::GivenTwice));
         }
         at += t.len;
     }
-    let mut json = serde_json::to_vec(&Value::Object(obj)).map_err(|e| e.to_string())?;
+    let mut json = serde_json::to_vec(&Value::Object(obj)).map_err(HeaderError::Encode)?;
     while (json.len() + 8) % 8 != 0 {
         json.push(b' ');
     }
@@ -329,7 +346,7 @@ mod tests {
     use super::*;
 
     fn reason(json: &str, data_len: u64) -> String {
-        parse(json.as_bytes(), data_len).unwrap_err()
+        parse(json.as_bytes(), data_len).unwrap_err().to_string()
     }
 
     #[test]
@@ -417,7 +434,10 @@ mod tests {
         assert!(reason("{\"a\":", 0).contains("not valid JSON"));
         assert!(reason("[1]", 0).contains("not a JSON object"));
         assert!(reason(r#"{"__metadata__":{"k":1}}"#, 0).contains("object of strings"));
-        assert!(parse(&[0xff, 0xfe], 0).unwrap_err().contains("not UTF-8"));
+        assert!(parse(&[0xff, 0xfe], 0)
+            .unwrap_err()
+            .to_string()
+            .contains("not UTF-8"));
     }
 
     #[test]
@@ -450,6 +470,20 @@ mod tests {
         let mut bad = specs.clone();
         bad[0].len = 5;
         let e = encode(&bad, &[0], &meta).unwrap_err();
-        assert!(e.contains("needs 6 bytes but 5 were given"), "{e}");
+        assert!(
+            matches!(
+                e,
+                HeaderError::LenMismatch {
+                    need: 6,
+                    given: 5,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("needs 6 bytes but 5 were given"),
+            "{e}"
+        );
     }
 }

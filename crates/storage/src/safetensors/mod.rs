@@ -10,6 +10,7 @@
 //! with `O_DIRECT` or cuFile, one partly cached split page by page; the report says which.
 
 pub mod header;
+mod header_error;
 
 pub use header::{Dtype, TensorInfo, TensorSpec, MAX_HEADER_BYTES};
 
@@ -78,7 +79,8 @@ pub fn read_header(path: &Path) -> Result<Header, StorageError> {
     let mut json = vec![0u8; n as usize];
     f.read_exact(&mut json).map_err(|e| read_err(n, e))?;
     let data_len = size - 8 - n;
-    let (tensors, metadata) = header::parse(&json, data_len).map_err(|r| bad(path, r))?;
+    let (tensors, metadata) =
+        header::parse(&json, data_len).map_err(|r| bad(path, r.to_string()))?;
     Ok(Header {
         tensors,
         metadata,
@@ -146,7 +148,7 @@ pub fn save(
         )));
     }
     let order = header::aligned_order(tensors);
-    let head = header::encode(tensors, &order, metadata).map_err(|r| bad(path, r))?;
+    let head = header::encode(tensors, &order, metadata).map_err(|r| bad(path, r.to_string()))?;
     let mut parts: Vec<&[u8]> = vec![&head];
     parts.extend(order.iter().map(|&i| data[i]));
     let opts = CopyOptions {
@@ -187,7 +189,7 @@ pub fn save_from_gpu(
         )));
     }
     let order = header::aligned_order(tensors);
-    let head = header::encode(tensors, &order, metadata).map_err(|r| bad(path, r))?;
+    let head = header::encode(tensors, &order, metadata).map_err(|r| bad(path, r.to_string()))?;
     let mut parts = vec![crate::Part::Host(&head)];
     parts.extend(order.iter().map(|&i| data[i]));
     let opts = CopyOptions {

@@ -73,6 +73,8 @@ pub enum CudaError {
     /// time); see `mailbox`.
     #[error("mailbox: {what}")]
     Mailbox {
+        /// The GPU (CUDA ordinal) whose mailbox it is.
+        gpu: u32,
         /// What happened.
         what: String,
     },

@@ -137,8 +137,11 @@ impl fmt::Debug for Mailbox {
     }
 }
 
-fn mailbox_err(what: impl Into<String>) -> CudaError {
-    CudaError::Mailbox { what: what.into() }
+fn mailbox_err(gpu: u32, what: impl Into<String>) -> CudaError {
+    CudaError::Mailbox {
+        gpu,
+        what: what.into(),
+    }
 }
 
 impl Mailbox {
@@ -180,7 +183,12 @@ impl Mailbox {
             every,
             "gdx-mailbox-heartbeat",
         )
-        .map_err(|e| mailbox_err(format!("cannot start the heartbeat thread: {e}")))?;
+        .map_err(|e| {
+            mailbox_err(
+                ctx.ordinal(),
+                format!("cannot start the heartbeat thread: {e}"),
+            )
+        })?;
         let mailbox = Mailbox {
             ctx: ctx.clone(),
             config,
@@ -222,20 +230,23 @@ impl Mailbox {
             match mailbox.state() {
                 KernelState::Running => break,
                 s if s.exited() => {
-                    return Err(mailbox_err(format!(
-                        "the service kernel exited at start: {s:?}"
-                    )))
+                    return Err(mailbox_err(
+                        ctx.ordinal(),
+                        format!("the service kernel exited at start: {s:?}"),
+                    ))
                 }
                 _ => {}
             }
             if mailbox.stream.is_idle()? {
                 return Err(mailbox_err(
+                    ctx.ordinal(),
                     "the service kernel finished without reporting in".to_string(),
                 ));
             }
             if start.elapsed() > Duration::from_secs(10) {
                 // Not resident (the GPU is full of other work): give up; Drop stops it.
                 return Err(mailbox_err(
+                    ctx.ordinal(),
                     "the service kernel did not start within 10 s (no free SM?)".to_string(),
                 ));
             }
@@ -434,15 +445,16 @@ impl Mailbox {
     fn slot_words(&self, base: usize) -> Result<&[std::sync::atomic::AtomicU64], CudaError> {
         self.ring
             .word_range(base, l::SLOT_WORDS)
-            .ok_or_else(|| mailbox_err("ring slot out of range (a bug)"))
+            .ok_or_else(|| mailbox_err(self.ctx.ordinal(), "ring slot out of range (a bug)"))
     }
 
     /// The next sequence number, once its slot's previous write is done.
     fn take_slot(&self, host: &mut HostSide) -> Result<u64, CudaError> {
         if let Some(why) = &host.broken {
-            return Err(mailbox_err(format!(
-                "unusable after an earlier failure: {why}"
-            )));
+            return Err(mailbox_err(
+                self.ctx.ordinal(),
+                format!("unusable after an earlier failure: {why}"),
+            ));
         }
         let seq = host.next;
         let slot = self.slot_of(seq);
@@ -488,13 +500,16 @@ impl Mailbox {
                     if ready() {
                         return Ok(());
                     }
-                    return Err(mailbox_err(self.exit_text(s)));
+                    return Err(mailbox_err(self.ctx.ordinal(), self.exit_text(s)));
                 }
                 if waited > self.config.op_timeout {
-                    return Err(mailbox_err(format!(
-                        "an op was not served within {:?} (kernel state {s:?})",
-                        self.config.op_timeout
-                    )));
+                    return Err(mailbox_err(
+                        self.ctx.ordinal(),
+                        format!(
+                            "an op was not served within {:?} (kernel state {s:?})",
+                            self.config.op_timeout
+                        ),
+                    ));
                 }
             }
             std::thread::yield_now();
@@ -574,10 +589,13 @@ impl Mailbox {
     pub fn stop(mut self) -> Result<StopReport, CudaError> {
         let report = self.shutdown();
         if !report.kernel_gone {
-            return Err(mailbox_err(format!(
-                "the service kernel did not exit within 10 s of the stop word (state {:?})",
-                report.state
-            )));
+            return Err(mailbox_err(
+                self.ctx.ordinal(),
+                format!(
+                    "the service kernel did not exit within 10 s of the stop word (state {:?})",
+                    report.state
+                ),
+            ));
         }
         Ok(report)
     }

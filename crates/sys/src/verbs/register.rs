@@ -43,9 +43,29 @@ impl fmt::Display for RegMethod {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RegisterError {
-    /// libibverbs could not be used, or lists no device of that name.
-    #[error("{0}")]
-    NoDevice(String),
+    /// libibverbs could not be used.
+    #[error(transparent)]
+    Unavailable(#[from] crate::Unavailable),
+    /// libibverbs could not list its devices.
+    #[error("ibv_get_device_list failed while looking for {device}: {detail}")]
+    DeviceList {
+        /// The device looked for.
+        device: String,
+        /// The failure, as text.
+        detail: String,
+    },
+    /// libibverbs lists no device of that name.
+    #[error("no RDMA device {device}; libibverbs lists {}", if listed.is_empty() {
+        "none".to_string()
+    } else {
+        listed.join(", ")
+    })]
+    NoDevice {
+        /// The device looked for.
+        device: String,
+        /// The devices libibverbs lists.
+        listed: Vec<String>,
+    },
     /// A verbs call failed; `detail` is its errno text.
     #[error(
         "failed to register {len} bytes of GPU {gpu} memory with {device} ({method}): {call} \
@@ -111,7 +131,7 @@ pub fn register_gpu_memory<'a>(
     method: RegMethod,
     buffer: &'a DeviceBuffer,
 ) -> Result<GpuRegistration<'a>, RegisterError> {
-    super::probe().map_err(|u| RegisterError::NoDevice(u.to_string()))?;
+    super::probe()?;
     let verbs_err = |call: &'static str, detail: String| RegisterError::Verbs {
         call,
         device: rdma_device.to_string(),
@@ -120,22 +140,15 @@ pub fn register_gpu_memory<'a>(
         method,
         detail,
     };
-    let list = DeviceList::new().map_err(|e| {
-        RegisterError::NoDevice(format!(
-            "ibv_get_device_list failed while looking for {rdma_device}: {}",
-            chain_text(&e)
-        ))
+    let list = DeviceList::new().map_err(|e| RegisterError::DeviceList {
+        device: rdma_device.to_string(),
+        detail: chain_text(&e),
     })?;
     let Some(dev) = list.iter().find(|d| d.name() == rdma_device) else {
-        let names: Vec<String> = list.iter().map(|d| d.name()).collect();
-        return Err(RegisterError::NoDevice(format!(
-            "no RDMA device {rdma_device}; libibverbs lists {}",
-            if names.is_empty() {
-                "none".to_string()
-            } else {
-                names.join(", ")
-            }
-        )));
+        return Err(RegisterError::NoDevice {
+            device: rdma_device.to_string(),
+            listed: list.iter().map(|d| d.name()).collect(),
+        });
     };
     let ctx = dev
         .open()

@@ -8,6 +8,7 @@
 //! that every crate reads `sys/bus/pci` and `sys/class/infiniband` through one layer.
 
 use super::files::FileError;
+use super::parse;
 use super::rootfs::RootFs;
 use crate::model::{Link, PciAddr};
 
@@ -99,12 +100,16 @@ pub enum ChainError {
     /// `sys/bus/pci/devices/<bdf>` does not resolve inside the root.
     #[error("{shown} does not resolve into sys/devices, so the bridges above it are unknown")]
     Unresolved {
+        /// The device.
+        bdf: PciAddr,
         /// The link as shown to the user.
         shown: String,
     },
     /// The real path has no host bridge folder.
     #[error("{shown}: no pciDDDD:BB component in its path")]
     NoHostBridge {
+        /// The device.
+        bdf: PciAddr,
         /// The link as shown to the user.
         shown: String,
     },
@@ -128,14 +133,20 @@ pub fn chain(fs: &RootFs, bdf: PciAddr) -> Result<Chain, ChainError> {
     let shown = || fs.show(&rel);
     let real = fs
         .canonical_rel(&rel)
-        .ok_or_else(|| ChainError::Unresolved { shown: shown() })?;
+        .ok_or_else(|| ChainError::Unresolved {
+            bdf,
+            shown: shown(),
+        })?;
     let mut comps = real
         .components()
         .filter_map(|c| c.as_os_str().to_str())
         .skip_while(|c| !c.starts_with("pci"));
     let host_bridge = comps
         .next()
-        .ok_or_else(|| ChainError::NoHostBridge { shown: shown() })?
+        .ok_or_else(|| ChainError::NoHostBridge {
+            bdf,
+            shown: shown(),
+        })?
         .to_string();
     let mut addrs: Vec<PciAddr> = comps.filter_map(|c| c.parse().ok()).collect();
     if addrs.last() != Some(&bdf) {
@@ -174,12 +185,6 @@ pub fn bridges_between(a: &Chain, b: &Chain) -> Vec<PciAddr> {
     out
 }
 
-/// Parse a sysfs link speed: `16.0 GT/s PCIe`, `8 GT/s`, `2.5 GT/s`; `None` for `Unknown`.
-pub fn parse_speed(s: &str) -> Option<f64> {
-    let v: f64 = s.split_whitespace().next()?.parse().ok()?;
-    (v > 0.0).then_some(v)
-}
-
 /// Raw and parsed link values of a device.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LinkRead {
@@ -191,9 +196,15 @@ pub struct LinkRead {
     pub evidence: Vec<String>,
 }
 
-/// Read `current_link_speed/width` and `max_link_speed/width`.
+/// Read `current_link_speed/width` and `max_link_speed/width` of the device at `bdf`.
 pub fn read_link(fs: &RootFs, bdf: PciAddr) -> LinkRead {
-    let dir = dev_dir(bdf);
+    link_at(fs, &dev_dir(bdf))
+}
+
+/// Read `current_link_speed/width` and `max_link_speed/width` in the in-root folder `dir` (a
+/// PCI function's, e.g. one found walking up from a block device), with the parsers the
+/// topology reads every device with.
+pub fn link_at(fs: &RootFs, dir: &str) -> LinkRead {
     let mut ev = Vec::new();
     let mut get = |f: &str| {
         let rel = format!("{dir}/{f}");
@@ -203,10 +214,12 @@ pub fn read_link(fs: &RootFs, bdf: PciAddr) -> LinkRead {
         }
         v
     };
-    let cs = get("current_link_speed").and_then(|s| parse_speed(&s));
-    let cw = get("current_link_width").and_then(|s| s.parse().ok());
-    let ms = get("max_link_speed").and_then(|s| parse_speed(&s));
-    let mw = get("max_link_width").and_then(|s| s.parse().ok());
+    let speed = |s: Option<String>| s.and_then(|s| parse::link_speed(&s)).flatten();
+    let width = |s: Option<String>| s.and_then(|s| parse::link_width(&s));
+    let cs = speed(get("current_link_speed"));
+    let cw = width(get("current_link_width"));
+    let ms = speed(get("max_link_speed"));
+    let mw = width(get("max_link_width"));
     LinkRead {
         current: Link {
             speed_gts: cs,
@@ -323,17 +336,4 @@ pub fn rdma_devices(fs: &RootFs) -> Vec<RdmaDev> {
             }
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn speeds_parse() {
-        assert_eq!(parse_speed("16.0 GT/s PCIe"), Some(16.0));
-        assert_eq!(parse_speed("2.5 GT/s"), Some(2.5));
-        assert_eq!(parse_speed("Unknown"), None);
-        assert_eq!(parse_speed(""), None);
-    }
 }

@@ -19,9 +19,15 @@ pub(super) fn mask_to_list(mask: &str) -> Result<String, TopoError> {
     for (i, group) in mask.rsplit(',').enumerate() {
         let g = group.trim();
         if g.is_empty() || g.len() > 8 || !g.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(TopoError::CpuMask(g.to_string()));
+            return Err(TopoError::CpuMask {
+                group: g.to_string(),
+                index: i,
+            });
         }
-        let bits = u32::from_str_radix(g, 16).map_err(|_| TopoError::CpuMask(g.to_string()))?;
+        let bits = u32::from_str_radix(g, 16).map_err(|_| TopoError::CpuMask {
+            group: g.to_string(),
+            index: i,
+        })?;
         let base = 32 * i as u64;
         for b in 0..32u64 {
             if bits & (1 << b) == 0 {

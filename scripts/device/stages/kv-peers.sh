@@ -4,14 +4,14 @@
 # gdx moving KV blocks and single buffers between two processes on one GPU, bytes checked).
 #
 # Prepared here (the GPU machine has no network and no Rust), then carried:
-#   bash scripts/device/prepare-peers.sh --with-gdx     # .peers/kv (~22 MB) and .peers/gdx
-#   run(carry=[".peers"], command="bash scripts/device/kv-peers.sh")
-# Usage there: kv-peers.sh [--gdx-wheel WHL] [--peers DIR] [kv_peers.py options: --quick,
+#   bash scripts/device/prepare.sh peers wheel          # .peers/kv (~22 MB) and .peers/gdx
+#   run(carry=[".peers"], command="bash scripts/device/run.sh peers")
+# The `peers` stage: run.sh peers -- [--gdx-wheel WHL] [--peers DIR] [kv_peers.py options: --quick,
 #   --only ROWS, --iters N, --seed S, --timeout SECONDS]
 # WHL defaults to the one .peers/gdx/gdx-*.whl, DIR to .peers/kv. Results: $OUT/kv-peers.md (the
 # tables and the acceptance lines), $OUT/kv-peers.json (every row and the run's header),
 # $OUT/kv-peers.txt (the console), $OUT/logs/LIB.log (each library's pair).
-. "$(dirname "$0")/env.sh"
+. "$(dirname "$0")/../env.sh"
 PEERS=.peers/kv
 GDX_WHEEL=
 while (($#)); do
@@ -25,7 +25,7 @@ if [[ -z $GDX_WHEEL ]]; then
   GDX_WHEEL=$(ls .peers/gdx/gdx-*.whl 2>/dev/null | head -1)
 fi
 if ! ls "$PEERS"/*.whl >/dev/null 2>&1; then
-  echo "kv-peers: no wheels in $PEERS: run scripts/device/prepare-peers.sh here and carry .peers" >&2
+  echo "kv-peers: no wheels in $PEERS: run \`scripts/device/prepare.sh peers wheel\` here and carry .peers" >&2
   exit 2
 fi
 SITE=$(mktemp -d /tmp/kv-peers-site.XXXXXX)
@@ -63,5 +63,5 @@ fi
 export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 log "kv-peers: $(nvidia-smi -L 2>/dev/null | head -1); wheels: $(cd "$(dirname "${wheels[0]}")" && ls -- *.whl | tr '\n' ' ')${GDX_WHEEL:+ + $(basename "$GDX_WHEEL")}"
-python3 "$(dirname "$0")/kv_peers.py" --out "$OUT" "$@" 2>&1 | tee "$OUT/kv-peers.txt"
+python3 "$(dirname "$0")/../kv_peers.py" --out "$OUT" "$@" 2>&1 | tee "$OUT/kv-peers.txt"
 exit "${PIPESTATUS[0]}"

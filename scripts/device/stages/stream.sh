@@ -9,8 +9,8 @@
 # file matching pipeline_gpu* is taken).
 # Writes to $OUT: log.txt (summary), tests.txt, ceiling.json/.txt, stream-4MiB.json/.err,
 # stream-4KiB.json/.err, stream-4KiB-latency.svg, stream-4MiB-latency.svg.
-# Usage there: bash scripts/device/stream.sh   (GPU: GDX_TEST_GPU, default 0)
-. "$(dirname "$0")/env.sh"
+# The `stream` stage: bash scripts/device/run.sh stream   (GPU: GDX_TEST_GPU, default 0)
+. "$(dirname "$0")/../env.sh"
 GDX=${GDX:-.devbin/gdx}
 G=${GDX_TEST_GPU:-0}
 export GDX_TEST_GPU=$G

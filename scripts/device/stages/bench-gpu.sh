@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # gdx bench (every GPU path, 8 B … 1 GiB) and gdx calibrate on the GPU machine, in under
-# 3 minutes. Needs .devbin/gdx built here by scripts/device/prepare.sh (carried to the device).
+# 3 minutes. Needs .devbin/gdx built here by `scripts/device/prepare.sh bins` (carried).
 # Writes to $OUT: h200x2.json, h200x2.csv, h200x2.svg (the sweep), bench.txt (the printed
 # tables), bench.err (stderr), calibration.json + calibrate.txt (gdx calibrate), log.txt.
-# Usage there: bash scripts/device/bench-gpu.sh
-. "$(dirname "$0")/env.sh"
+# The `bench` stage: bash scripts/device/run.sh bench
+. "$(dirname "$0")/../env.sh"
 GDX=${GDX:-.devbin/gdx}
 
 log "date: $(date -u +%FT%TZ) host: $(hostname) kernel: $(uname -r)"

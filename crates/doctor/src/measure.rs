@@ -1,7 +1,8 @@
-//! The measurements behind gdx-doctor's active probes, timed with the one [`Timer`]: a
-//! pattern-verified copy between two places ([`timed_copy`]) and mailbox round trips
-//! ([`mailbox_round_trips`]). The doctor decides what to probe and judges the figures; the
-//! bytes are moved and timed here, as every `gdx bench` case times them.
+//! The measurements behind the active probes, timed with gdx-sys's one [`Timer`] and
+//! gdx-base's wall clock: a pattern-verified copy between two places ([`timed_copy`]) and
+//! mailbox round trips ([`mailbox_round_trips`]). [`crate::probe`] decides what to probe and
+//! judges the figures; the bytes are moved and timed here, with the clocks every `gdx bench`
+//! case times with.
 //!
 //! Copy protocol (nvbandwidth's, in small):
 //! 1. Allocate both ends (`cuMemAlloc_v2` and pinned memory, never the stream-ordered pool,
@@ -21,7 +22,8 @@ use gdx_sys::cuda::{
     Cuda, CudaError, DeviceBuffer, Mailbox, MailboxConfig, PinnedHostBuffer, Stream,
 };
 
-use crate::timer::{wall, Timer};
+use gdx_base::clock::wall;
+use gdx_sys::timer::Timer;
 
 /// The seed the copy probe fills its source with (gdx-base's one probe seed).
 pub use gdx_base::pattern::SEED;

@@ -2,8 +2,8 @@
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Storage <-> GPU on the GPU machine (no Rust there): gdx-storage's GPU tests, `gdx cp` file <-> GPU
 # over each path with --verify, and the storage benchmark (every path against read() + cudaMemcpy).
-# Binaries come from .devbin/, built here by: PKGS="-p gdx-storage -p gdx-sys -p gdx" bash scripts/device/prepare.sh
-# Usage there: bash scripts/device/storage-gpu.sh          (about 2 minutes at most; results in $OUT)
+# Binaries come from .devbin/, built here by: PKGS="-p gdx-storage -p gdx-sys -p gdx" bash scripts/device/prepare.sh bins
+# The `storage` stage: bash scripts/device/run.sh storage    (about 2 minutes at most; results in $OUT)
 #   $OUT/storage-summary.txt   what ran, each exit status, the test result lines
 #   $OUT/storage-env.txt       nvidia-fs / cuFile / file system facts
 #   $OUT/storage-tests.txt     full test output (GPU tests included)

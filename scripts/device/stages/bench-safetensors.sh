@@ -5,14 +5,14 @@
 # (scripts/device/bench_safetensors.py says what each row is).
 #
 # Built here (no Rust there), then carried:
-#   PKGS="-p gdx" bash scripts/device/prepare.sh              # .devbin/gdx (release)
+#   PKGS="-p gdx" bash scripts/device/prepare.sh bins         # .devbin/gdx (release)
 #   GDX_PY_WHEEL_ONLY=1 bash scripts/test-python.sh           # target/wheels/gdx-*.whl (abi3)
-#   run(carry=[".devbin", "target/wheels"], command="bash scripts/device/bench-safetensors.sh")
+#   run(carry=[".devbin", "target/wheels"], command="bash scripts/device/run.sh safetensors")
 # The GPU machine has torch and safetensors; the wheel is unpacked beside $OUT, not installed.
 # Results: $OUT/bench-safetensors.txt (the table) and $OUT/bench-safetensors.jsonl (one row a line).
 # GDX_BENCH_DIR: the scratch folder (default /tmp/gdx-st-bench; it must be on a disk, not tmpfs,
 # for the cold rows to mean anything). Extra arguments go to bench_safetensors.py (--reps N ...).
-. "$(dirname "$0")/env.sh"
+. "$(dirname "$0")/../env.sh"
 BIN=${BIN:-.devbin}
 DIR=${GDX_BENCH_DIR:-/tmp/gdx-st-bench}
 PYLIB=$(mktemp -d /tmp/gdx-pylib.XXXX)
@@ -32,7 +32,7 @@ if python3 -c 'import pytest' 2>/dev/null; then
 else
   log "test_safetensors.py: not run (no pytest here)"
 fi
-PYTHONPATH="$PYLIB${PYTHONPATH:+:$PYTHONPATH}" python3 "$(dirname "$0")/bench_safetensors.py" \
+PYTHONPATH="$PYLIB${PYTHONPATH:+:$PYTHONPATH}" python3 "$(dirname "$0")/../bench_safetensors.py" \
   --gdx "$BIN/gdx" --dir "$DIR" --out "$OUT" "$@" 2>&1 | tee "$OUT/bench-safetensors.txt"
 rc=${PIPESTATUS[0]}
 rm -rf "$PYLIB"

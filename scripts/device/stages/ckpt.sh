@@ -7,15 +7,15 @@
 # round trip. ckpt.py says what each row is; every loaded byte is checked.
 #
 # Prepared here (nothing is built or downloaded there):
-#   bash scripts/device/prepare-ckpt.sh --gdx    # .peers/ckpt/*.whl (peers), .peers/gdx/gdx-*.whl
-#   run(carry=[".peers"], command="bash scripts/device/ckpt.sh")          # the full run
-#   run(carry=[".peers"], command="bash scripts/device/ckpt.sh --quick")  # a smoke run (~2 min)
-# Extra arguments go to ckpt.py (--rows "gdx,InstantTensor BUFFERED" runs only those load rows).
+#   bash scripts/device/prepare.sh ckpt wheel    # .peers/ckpt/*.whl (peers), .peers/gdx/gdx-*.whl
+#   run(carry=[".peers"], command="bash scripts/device/run.sh ckpt")             # the full run
+#   run(carry=[".peers"], command="bash scripts/device/run.sh ckpt -- --quick")  # a smoke run (~2 min)
+# Arguments after `--` go to ckpt.py (--rows "gdx,InstantTensor BUFFERED" runs only those load rows).
 # Results: $OUT/ckpt.md (tables and checks), $OUT/ckpt.json (every figure), $OUT/ckpt-log.txt,
 # $OUT/ckpt-tests.txt (the Python checkpoint tests on this GPU, run first).
 # GDX_BENCH_DIR: the scratch folder (default /tmp/gdx-ckpt; on a disk, not tmpfs, for the cold
 # rows to mean anything). Needs root for drop_caches (the GPU machine gives it).
-. "$(dirname "$0")/env.sh"
+. "$(dirname "$0")/../env.sh"
 DIR=${GDX_BENCH_DIR:-/tmp/gdx-ckpt}
 SITE=$(mktemp -d /tmp/ckpt-site.XXXX)
 gdx_wheel=$(ls .peers/gdx/gdx-*.whl 2>/dev/null | head -1)
@@ -39,7 +39,7 @@ else
   log "checkpoint tests: not run (no pytest here)"
 fi
 rm -rf "$DIR" && mkdir -p "$DIR"
-timeout 500 python3 "$(dirname "$0")/ckpt.py" --dir "$DIR" --out "$OUT" "$@" 2>&1 | tee "$OUT/ckpt-log.txt"
+timeout 500 python3 "$(dirname "$0")/../ckpt.py" --dir "$DIR" --out "$OUT" "$@" 2>&1 | tee "$OUT/ckpt-log.txt"
 rc=${PIPESTATUS[0]}
 rm -rf "$DIR" "$SITE"
 exit "$rc"

@@ -1,12 +1,12 @@
-//! GPU tests of the doctor's probe measurements (`gdx_bench::probe`): every direction's bytes
-//! arrive intact and each timed copy gives a sample. All need a GPU: `cargo test -p gdx-bench
+//! GPU tests of the doctor's probe measurements (`gdx_doctor::measure`): every direction's bytes
+//! arrive intact and each timed copy gives a sample. All need a GPU: `cargo test -p gdx-doctor
 //! --test probe_gpu -- --ignored` (the GPU is `GDX_TEST_GPU`, default 0; peer pairs are added
 //! when a second GPU is there, and the test says so when it is not). No test asserts a speed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
 use gdx_base::testenv::test_gpu;
-use gdx_bench::probe::{mailbox_round_trips, timed_copy, Loc};
+use gdx_doctor::measure::{mailbox_round_trips, timed_copy, Loc};
 use gdx_sys::cuda::Cuda;
 
 /// The other GPU for the peer pairs, or `None` (printed).

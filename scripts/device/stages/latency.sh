@@ -7,7 +7,7 @@
 # older gdx binary>, the large transfers (and one block of each small figure) also run with
 # it, alternating with the new one (the small and window figures too, three pairs each), so
 # "unchanged" and "better" are judged within one run (about 90 s more).
-. "$(dirname "$0")/env.sh"
+. "$(dirname "$0")/../env.sh"
 LOG="$OUT/latency-log.txt"
 GDX=${GDX:-.devbin/gdx}
 GDX_OLD=${GDX_OLD:-}

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # gdx engine benchmark on the GPU machine, with its references measured in the same run:
 # torch (scripts/device/torch_ref.py), raw CUDA (scripts/device/ref_p2p.cu, built here with nvcc),
-# and gdx (gdx-bench's gpu_bench example, prebuilt into .devbin-gpu/). Prints a table of ratios and writes
+# and gdx (gdx-bench's gpu_bench example, prebuilt into .devbin/). Prints a table of ratios and writes
 # "$OUT"/engine-bench.txt and "$OUT"/engine-bench.json. Runs in about 1-2 minutes.
-#   usage: scripts/device/gpu-engine-bench.sh [BIN_DIR]   (default .devbin-gpu)
+#   the `engine` stage: bash scripts/device/run.sh engine   (BIN_DIR, the first argument: .devbin)
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-BIN=${1:-.devbin-gpu}; OUT=${OUT:-/tmp/gdx-engine-bench}; mkdir -p "$OUT"
-HERE=$(cd "$(dirname "$0")" && pwd); W=$(mktemp -d)
+BIN=${1:-.devbin}; OUT=${OUT:-/tmp/gdx-engine-bench}; mkdir -p "$OUT"
+HERE=$(cd "$(dirname "$0")/.." && pwd); W=$(mktemp -d)
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 echo "== raw CUDA reference" >&2
 if "$NVCC" -O2 -o "$W/ref_p2p" "$HERE/ref_p2p.cu" 2> "$W/nvcc.err"; then

@@ -1,22 +1,27 @@
-//! The one timer of gdx: every measured span in gdx-bench, in its examples and in gdx-doctor's
-//! probes is a [`Timer`] sample, so "how long did it take" is read one way everywhere.
+//! The one timer of gdx: every measured span that is read either on the host's clock or on
+//! the device's, chosen at run time, is a [`Timer`] sample (gdx-bench's cases and examples,
+//! gdx-doctor's probes), so "how long did it take" is read one way everywhere.
 //!
 //! A timer is one of two clocks:
 //!
-//! - **Wall** ([`Timer::wall`], or [`wall`] for a closure): the host's monotonic clock. It is
-//!   what a caller waits for: enqueue, synchronisation and wake-ups included.
+//! - **Wall** ([`Timer::wall`]): the host's monotonic clock, the same clock as
+//!   `gdx_base::clock::wall` (which times a closure and needs no vendor library). It is what a
+//!   caller waits for: enqueue, synchronisation and wake-ups included.
 //! - **Events** ([`Timer::events`]): a pair of CUDA timing events per stream, recorded at
 //!   [`Timer::start`] and [`Timer::stop`]; [`Timer::read`] synchronises the streams and gives
 //!   the slowest stream's span. The device's own clock (about 0.5 µs resolution): enqueue cost
-//!   is left out when the streams are held between start and stop (see `gpu::timing`).
+//!   is left out when the streams are held between start and stop ([`Stream::hold`]).
 //!
-//! Either way a sample is a [`Duration`]; the median, quantiles and σ of samples are
-//! [`gdx_base::stats`]'s, the bandwidth model is `gdx_topo::bandwidth`'s. Deadlines and budgets
-//! (how long to keep trying) are not measurements and keep [`Instant`].
+//! [`CpuClock`] is the process's CPU time (user + system), for CPU seconds per GB moved.
+//!
+//! It lives here, beside the events it records, so that crates which only time (gdx-nccl,
+//! gdx-doctor) need not depend on gdx-bench. Either way a sample is a [`Duration`]; the median,
+//! quantiles and σ of samples are `gdx_base::stats`'s, the bandwidth model is
+//! `gdx_topo::bandwidth`'s. Deadlines and budgets are not measurements and keep [`Instant`].
 
 use std::time::{Duration, Instant};
 
-use gdx_sys::cuda::{CudaError, Event, Stream};
+use crate::cuda::{CudaError, Event, Stream};
 
 /// A clock that times one span at a time: host wall time or CUDA events on streams.
 #[derive(Debug)]
@@ -35,45 +40,6 @@ enum Clock<'s> {
         /// (start, end) per stream, in `streams`' order.
         pairs: Vec<(Event, Event)>,
     },
-}
-
-/// A wall-clock span with its ends, for spans of several threads that are joined on one clock
-/// (the earliest start to the latest end).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Span {
-    /// When it began.
-    pub start: Instant,
-    /// When it ended.
-    pub end: Instant,
-}
-
-impl Span {
-    /// Its length.
-    pub fn len(&self) -> Duration {
-        self.end.saturating_duration_since(self.start)
-    }
-
-    /// The span from the earliest start to the latest end of `spans`; `None` when empty.
-    pub fn cover(spans: impl IntoIterator<Item = Span>) -> Option<Span> {
-        spans.into_iter().reduce(|a, b| Span {
-            start: a.start.min(b.start),
-            end: a.end.max(b.end),
-        })
-    }
-}
-
-/// Time `f` on the host's monotonic clock.
-pub fn wall<T>(f: impl FnOnce() -> T) -> (T, Duration) {
-    let (v, s) = wall_span(f);
-    (v, s.len())
-}
-
-/// Time `f` on the host's monotonic clock, keeping the span's ends.
-pub fn wall_span<T>(f: impl FnOnce() -> T) -> (T, Span) {
-    let start = Instant::now();
-    let v = f();
-    let end = Instant::now();
-    (v, Span { start, end })
 }
 
 impl Timer<'static> {
@@ -180,21 +146,35 @@ impl<'s> Timer<'s> {
     }
 }
 
+/// Process CPU time (user + system, all threads) at one moment.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuClock(Option<Duration>);
+
+impl CpuClock {
+    /// Read the clock now (`getrusage(RUSAGE_SELF)`); unreadable gives a clock that yields
+    /// no figure.
+    pub fn now() -> CpuClock {
+        CpuClock(crate::os::process_cpu_time().ok())
+    }
+
+    /// The clock as if `by` less CPU time had passed since it was read (time spent on work
+    /// the figure leaves out).
+    pub fn shifted(self, by: Duration) -> CpuClock {
+        CpuClock(self.0.map(|t| t + by))
+    }
+
+    /// CPU seconds per GB (1e9 bytes) for `bytes` moved since `self`.
+    pub fn per_gb_since(self, bytes: f64) -> Option<f64> {
+        let (Some(a), Some(b)) = (self.0, CpuClock::now().0) else {
+            return None;
+        };
+        (bytes > 0.0).then(|| b.saturating_sub(a).as_secs_f64() / (bytes / 1e9))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn wall_spans_are_ordered_and_cover_their_parts() {
-        let (v, a) = wall_span(|| 7);
-        assert_eq!(v, 7);
-        let (_, b) = wall_span(|| ());
-        assert!(a.end <= b.start);
-        let c = Span::cover([b, a]).unwrap();
-        assert_eq!((c.start, c.end), (a.start, b.end));
-        assert!(c.len() >= a.len());
-        assert_eq!(Span::cover([]), None);
-    }
 
     #[test]
     fn a_wall_timer_reads_zero_before_start_and_holds_its_stop() {
@@ -216,5 +196,16 @@ mod tests {
     #[test]
     fn a_device_timer_needs_a_stream() {
         assert!(Timer::events(&[]).is_err());
+    }
+
+    #[test]
+    fn cpu_clock_reads() {
+        let c = CpuClock::now();
+        let mut x = 0u64;
+        for i in 0..1_000_000u64 {
+            x = x.wrapping_add(i * i);
+        }
+        std::hint::black_box(x);
+        assert!(c.per_gb_since(1e9).is_some());
     }
 }

@@ -3,12 +3,12 @@
 # minutes: the libfabric providers there (fi_info and gdx's own listing, with FI_HMEM per
 # provider), `gdx topo` (EFA marking), the probe-fabric probe, and `gdx bench --path fabric`
 # host <-> host and GPU memory (or the reason FI_HMEM is not offered) beside gdx's tcp transport.
-# Needs .devbin/gdx (scripts/device/prepare.sh) and .devbin/fabric (scripts/fabric-gpu-pack.sh):
-#   carry [".devbin"], command: bash scripts/device/fabric.sh
+# Needs .devbin/gdx and .devbin/fabric (`scripts/device/prepare.sh bins fabric`):
+#   carry [".devbin"], command: bash scripts/device/run.sh fabric
 # Everything lands under $OUT; summary.txt first.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/gdx-fabric-out}
 mkdir -p "$OUT"
 GDX=${GDX:-$PWD/.devbin/gdx}

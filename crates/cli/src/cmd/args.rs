@@ -1,10 +1,13 @@
-//! `gdx bench` / `gdx calibrate` argument values: sizes (the one gdx rule, through
-//! `gdx_base::bytesize`), durations, GPU pairs, percentages and `--color`.
+//! Argument values the commands share, parsed one way: sizes and size lists (the one gdx rule,
+//! through `gdx_base::bytesize`), rates, durations, GPU pairs, percentages, `--listen`
+//! addresses, NIC lists and libfabric provider names. It sits below the commands: a command
+//! takes its parsers from here, never from another command.
 
-use std::io::IsTerminal;
 use std::time::Duration;
 
-use gdx_base::bytesize::{parse_size_list, ByteSize, SIZE_HELP};
+use std::net::SocketAddr;
+
+use gdx_base::bytesize::{parse_rate, parse_size_list, ByteSize, SIZE_HELP};
 
 /// Parsed `--size`.
 #[derive(Debug, Clone)]
@@ -63,28 +66,6 @@ pub fn parse_pct(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-/// `--color WHEN` (doctor's spelling; an enum keeps the argument structs small).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ColorWhen {
-    /// Only when stdout is a terminal and NO_COLOR is unset.
-    Auto,
-    /// Always.
-    Always,
-    /// Never.
-    Never,
-}
-
-/// `--color` → colour on or off (auto: stdout is a terminal and NO_COLOR unset).
-pub fn color_on(when: ColorWhen) -> bool {
-    match when {
-        ColorWhen::Always => true,
-        ColorWhen::Never => false,
-        ColorWhen::Auto => {
-            std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
-        }
-    }
-}
-
 /// Parse `200ms`, `1s`, `0.5` (seconds), `500us`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
@@ -122,6 +103,34 @@ pub fn parse_pair(s: &str) -> Result<(u32, u32), String> {
         return Err(format!("invalid pair {s:?}: the two GPUs must differ"));
     }
     Ok((a, b))
+}
+
+/// One size (`4096`, `64MiB`, `1.5GB`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    ByteSize::parse(s).map_err(|e| e.to_string())
+}
+
+/// A rate in bytes per second (`40GB/s`).
+pub fn parse_rate_arg(s: &str) -> Result<u64, String> {
+    parse_rate(s).map_err(|e| e.to_string())
+}
+
+/// `--listen` forms (see [`gdx_engine::parse_listen`]).
+pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    gdx_engine::parse_listen(s).map_err(|e| e.wire_message())
+}
+
+/// A `--nics` list: `A,B`, at most `gdx_engine::MAX_RAILS` entries (split with
+/// `gdx_engine::parse_nics` where used).
+pub fn parse_nic_list(s: &str) -> Result<String, String> {
+    let v = gdx_engine::parse_nics(s);
+    if v.is_empty() {
+        return Err("expected NIC,NIC... (local addresses or devices)".into());
+    }
+    if v.len() > gdx_engine::MAX_RAILS {
+        return Err(format!("at most {} rails", gdx_engine::MAX_RAILS));
+    }
+    Ok(s.to_string())
 }
 
 #[cfg(test)]
@@ -170,5 +179,34 @@ mod tests {
             .unwrap_err()
             .contains("provider name"));
         assert!(parse_provider("").is_err());
+    }
+
+    #[test]
+    fn listen_forms() {
+        assert_eq!(parse_listen("7447").unwrap().to_string(), "127.0.0.1:7447");
+        assert_eq!(parse_listen(":7447").unwrap().to_string(), "0.0.0.0:7447");
+        assert_eq!(
+            parse_listen("10.0.0.1:80").unwrap().to_string(),
+            "10.0.0.1:80"
+        );
+        assert_eq!(
+            parse_listen("[::1]:7447").unwrap().to_string(),
+            "[::1]:7447"
+        );
+        assert_eq!(parse_listen("localhost:7447").unwrap().port(), 7447);
+        for bad in ["", ":", "70000", "host", "::1:7447", "[::1]", "a:b"] {
+            assert!(parse_listen(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("1.5GB"), Ok(1_500_000_000));
+        assert!(parse_size("12XB").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("0.5").is_err());
     }
 }
