@@ -54,6 +54,7 @@
 
 mod admission;
 mod agent;
+mod agent_state;
 mod auth;
 mod blocks;
 mod config;
@@ -81,7 +82,8 @@ mod transfer;
 mod transport;
 pub mod wire;
 
-pub use agent::{Agent, Notification, PeerInfo};
+pub use agent::Agent;
+pub use agent_state::PeerInfo;
 pub use auth::{Secret, MIN_SECRET_BYTES};
 pub use blocks::{BlockList, BlockPool, BlockTransfer};
 pub use config::{parse_listen, parse_nics, AgentConfig, Transports};
@@ -91,6 +93,7 @@ pub use gpu::{
     PinnedRegion, Span, StagedTuning,
 };
 pub use limits::{LimitHits, Limits};
+pub use notes::Notification;
 pub use notes::MAX_NOTIFICATION_BYTES;
 pub use peer::{Expected, Peer, PreparedTransfer};
 pub use rails::{PeerRails, RailInfo, RailState, MAX_RAILS};

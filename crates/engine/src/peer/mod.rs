@@ -8,7 +8,7 @@
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
 
-use crate::agent::{AgentInner, PeerInfo};
+use crate::agent_state::{AgentInner, PeerInfo};
 use crate::config::Transports;
 use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};

@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
-use crate::agent::{AgentInner, Session};
+use crate::agent_state::AgentInner;
 use crate::auth;
 use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::region::RegionKey;
+use crate::session::Session;
 use crate::session::{identity_tag, Member};
 use crate::wire::Hello;
 

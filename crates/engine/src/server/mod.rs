@@ -19,10 +19,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::admission::Slot;
-use crate::agent::{AgentInner, Notification, PeerInfo};
+use crate::agent_state::{AgentInner, PeerInfo};
 use crate::config::Transports;
 use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
+use crate::notes::Notification;
 use crate::transport::Serving;
 use crate::wire::{Hello, Msg};
 

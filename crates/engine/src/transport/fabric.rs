@@ -36,7 +36,7 @@ use gdx_fabric::{
 use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::gpu::AgentGpu;
-use crate::region::{LeaseKind, RegionInner, RegionKey, Registry};
+use crate::region::{LeaseKind, NicRegistrations, RegionInner, RegionKey, Registry};
 use crate::routing::plan::FabricMem;
 use crate::transfer::{OpKind, XferState};
 use crate::transport::SerialQueue;
@@ -59,6 +59,17 @@ pub(crate) struct FabricNode {
 impl std::fmt::Debug for FabricNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.describe())
+    }
+}
+
+impl NicRegistrations for FabricNode {
+    /// Closes a region's registration: called when the region is removed, before its memory
+    /// can go.
+    fn forget(&self, region: u64) {
+        self.regs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&region);
     }
 }
 
@@ -142,15 +153,6 @@ impl FabricNode {
         let m = self.ep.register(mem).map_err(fabric_err)?;
         regs.insert(r.id, m.clone());
         Ok(m)
-    }
-
-    /// Closes a region's registration: called when the region is removed, before its memory
-    /// can go.
-    pub(crate) fn forget(&self, region: u64) {
-        self.regs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&region);
     }
 
     /// The target's answer to `FabricRegion`: checks key and access, registers, says where.

@@ -38,7 +38,7 @@ use gdx_rdma::{
 use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::rails::Rails;
-use crate::region::{LeaseKind, RegionInner, RegionKey, Registry};
+use crate::region::{LeaseKind, NicRegistrations, RegionInner, RegionKey, Registry};
 use crate::transfer::{OpKind, XferState};
 use crate::transport::tcp::{MEASURE_BYTES, SPLIT_BYTES};
 use crate::transport::{SerialQueue, Transport};
@@ -67,6 +67,23 @@ pub(crate) struct RdmaNode {
 impl std::fmt::Debug for RdmaNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.describe())
+    }
+}
+
+impl NicRegistrations for RdmaNode {
+    /// Drops a region's registration and invalidates its range: called when the region is
+    /// removed, so the NIC stops touching the memory before it is freed.
+    fn forget(&self, region: u64) {
+        for (i, ep) in self.eps.iter().enumerate() {
+            let h = self
+                .regs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&(i, region));
+            if let Some(h) = h {
+                ep.invalidate(&h.range);
+            }
+        }
     }
 }
 
@@ -215,21 +232,6 @@ impl RdmaNode {
         }
         regs.insert((ep, r.id), Arc::clone(&h));
         Ok(h)
-    }
-
-    /// Drops a region's registration and invalidates its range: called when the region is
-    /// removed, so the NIC stops touching the memory before it is freed.
-    pub(crate) fn forget(&self, region: u64) {
-        for (i, ep) in self.eps.iter().enumerate() {
-            let h = self
-                .regs
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&(i, region));
-            if let Some(h) = h {
-                ep.invalidate(&h.range);
-            }
-        }
     }
 
     /// The target's answer to `RdmaRegion` (default device) and `RdmaRegionOn` (`device`):
