@@ -1,25 +1,57 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! The engine's modules import each other in no cycle larger than [`MAX_CYCLE`] files: a new
+//! The engine's modules import each other in no cycle larger than [`MAX_CYCLE`] modules: a new
 //! cycle (a module below the façade reaching back up, docs/architecture.md) fails here, naming
-//! the files and the references that close it.
+//! the modules and the references that close it.
 //!
-//! A file's imports are the `crate::…` and `super::…` paths in its code (comments and
-//! `#[cfg(test)] mod tests` blocks left out), each resolved to the longest module path that is a
-//! file of the crate.
+//! A module's imports are the paths in its code (comments, `#[cfg(test)] mod tests` blocks and
+//! `tests.rs` files left out): `crate::…`, `super::…` and `self::…` paths, bare paths that start
+//! at a child module (`use handshake::…`) or at a name the module imported, in `use` trees and in
+//! expressions alike. Each resolves through modules and through `use` re-exports (`crate::Error`
+//! is `error`, `crate::transport::Serving` is `transport::serving`) to the module that defines
+//! the item.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// The largest strongly connected set of files allowed. Today's is the façade itself (agent,
-/// peer, server and the notification queue they share).
-const MAX_CYCLE: usize = 4;
+/// The largest strongly connected set of modules allowed: a parent and a child that name each
+/// other (the parent re-exports the child's types, the child reads the parent's).
+const MAX_CYCLE: usize = 2;
+
+/// Cycles of more than [`MAX_CYCLE`] that remain, each named by one of its modules, with its
+/// largest size and why it is not yet cut. A cycle not listed, or grown past its size, fails.
+const REMAINING: &[(&str, usize, &str)] = &[
+    (
+        "transfer::spare",
+        6,
+        "transfer/mod.rs defines the values its children share (`OpKind`, `Clock`, `XferState`) \
+         and drives them; stats.rs counts by `OpKind` and transfer/mod.rs feeds it",
+    ),
+    (
+        "transport::shm::ring",
+        5,
+        "the shm initiator's files share `Worker`, defined in transport/shm/mod.rs, which \
+         drives them",
+    ),
+    (
+        "gpu::batch",
+        3,
+        "gpu/mod.rs defines `Gpu`, which its batch and exec children use and whose methods call \
+         them",
+    ),
+    (
+        "transport::tcp::batch",
+        3,
+        "transport/tcp/mod.rs defines `Chunk`, which its batch and chunks children use and \
+         whose driver calls them",
+    ),
+];
 
 fn modules(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
         if p.is_dir() {
             modules(root, &p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
+        } else if p.extension().is_some_and(|x| x == "rs") && !p.ends_with("tests.rs") {
             let rel = p.strip_prefix(root).unwrap().with_extension("");
             let mut name = rel.to_string_lossy().replace('/', "::");
             if name == "lib" {
@@ -33,73 +65,253 @@ fn modules(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
     }
 }
 
-/// The code of a file without comments and without its unit-test module.
+/// The code of a file without comments, string literals and its unit-test module.
 fn code(src: &str) -> String {
     let src = src
         .split("#[cfg(test)]\nmod tests")
         .next()
         .unwrap_or_default();
-    src.lines()
+    let src = src
+        .lines()
         .map(|l| l.split("//").next().unwrap_or_default())
         .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// Paths that follow `prefix` in `src`: `crate::a::b` → `a::b`; `crate::{a, b::c}` → `a`, `b`.
-fn paths_after(src: &str, prefix: &str) -> Vec<String> {
-    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
-    let mut out = Vec::new();
-    for (i, _) in src.match_indices(prefix) {
-        if i > 0 && src[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
-            continue;
+        .join("\n");
+    let mut out = String::with_capacity(src.len());
+    let mut in_str = false;
+    let mut prev = ' ';
+    for c in src.chars() {
+        if c == '"' && prev != '\\' && prev != '\'' {
+            in_str = !in_str;
+            out.push('"');
+        } else if !in_str {
+            out.push(c);
         }
-        let rest = &src[i + prefix.len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let group = group.split('}').next().unwrap_or_default();
-            for item in group.split(',') {
-                let item = item.trim();
-                let name: String = item.chars().take_while(|&c| ident(c)).collect();
-                if !name.is_empty() {
-                    out.push(name.trim_end_matches(':').to_string());
-                }
-            }
-        } else {
-            let name: String = rest.chars().take_while(|&c| ident(c)).collect();
-            out.push(name.trim_end_matches(':').to_string());
-        }
+        prev = if prev == '\\' && c == '\\' { ' ' } else { c };
     }
     out
 }
 
-fn resolve(mods: &BTreeMap<String, String>, path: &str) -> Option<String> {
-    let parts: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
-    (1..=parts.len())
-        .rev()
-        .map(|k| parts[..k].join("::"))
-        .find(|m| mods.contains_key(m))
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
 }
 
-fn graph() -> BTreeMap<String, BTreeSet<String>> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut mods = BTreeMap::new();
-    modules(&root, &root, &mut mods);
-    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (m, src) in &mods {
-        let src = code(src);
-        let parent = m.rsplit_once("::").map_or("", |(p, _)| p);
-        let mut targets: Vec<String> = paths_after(&src, "crate::");
-        targets.extend(paths_after(&src, "super::").into_iter().map(|p| {
-            if parent.is_empty() {
-                p
-            } else {
-                format!("{parent}::{p}")
+/// A `use` tree expanded: `a::{b, c::d as e, self}` → (`b`, `a::b`), (`e`, `a::c::d`), (`a`, `a`).
+fn use_tree(prefix: &str, tree: &str, out: &mut Vec<(String, String)>) {
+    let tree = tree.trim();
+    let join = |p: &str| -> String {
+        match (prefix.is_empty(), p.is_empty()) {
+            (true, _) => p.to_string(),
+            (_, true) => prefix.to_string(),
+            _ => format!("{prefix}::{p}"),
+        }
+    };
+    if let Some(open) = tree.find('{') {
+        let head = tree[..open].trim().trim_end_matches("::");
+        let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+        let mut depth = 0;
+        let mut start = 0;
+        for (i, c) in inner.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    use_tree(&join(head), &inner[start..i], out);
+                    start = i + 1;
+                }
+                _ => {}
             }
-        }));
-        let set = edges.entry(m.clone()).or_default();
-        for t in targets {
-            if let Some(t) = resolve(&mods, &t) {
+        }
+        use_tree(&join(head), &inner[start..], out);
+        return;
+    }
+    if tree.is_empty() || tree.ends_with('*') {
+        return;
+    }
+    let (path, alias) = match tree.split_once(" as ") {
+        Some((p, a)) => (p.trim(), a.trim().to_string()),
+        None => (tree, String::new()),
+    };
+    let (path, alias) = if path == "self" {
+        (prefix.to_string(), alias)
+    } else {
+        (join(path), alias)
+    };
+    let alias = if alias.is_empty() {
+        path.rsplit("::").next().unwrap_or_default().to_string()
+    } else {
+        alias
+    };
+    out.push((alias, path));
+}
+
+/// The `use` items of a module's code: (name in scope, path as written, whether it is a
+/// re-export: `pub use`).
+fn uses(src: &str) -> Vec<(String, String, bool)> {
+    let mut out = Vec::new();
+    for (i, _) in src.match_indices("use ") {
+        if i > 0 && !src[..i].ends_with(|c: char| c.is_whitespace() || c == ')' || c == ';') {
+            continue;
+        }
+        let line_start = src[..i].rfind('\n').map_or(0, |k| k + 1);
+        let export = src[line_start..i].trim_start().starts_with("pub");
+        let rest = &src[i + 4..];
+        let tree = rest.split(';').next().unwrap_or_default();
+        let mut items = Vec::new();
+        use_tree("", &tree.replace('\n', " "), &mut items);
+        out.extend(items.into_iter().map(|(n, p)| (n, p, export)));
+    }
+    out
+}
+
+/// Paths written in expressions and types (outside `use` items): every `a::b::c` whose first
+/// segment is not preceded by `::` or an identifier character.
+fn expr_paths(src: &str) -> Vec<String> {
+    let mut rest = src;
+    let mut code = String::new();
+    while let Some(i) = rest.find("use ") {
+        let item = i == 0 || rest[..i].ends_with(|c: char| c.is_whitespace() || c == ')');
+        let end = if item {
+            rest[i..].find(';').map_or(rest.len(), |e| i + e)
+        } else {
+            i + 4
+        };
+        code.push_str(&rest[..if item { i } else { end }]);
+        rest = &rest[end..];
+    }
+    code.push_str(rest);
+    let src = code.as_str();
+    let mut out = Vec::new();
+    for (i, _) in src.match_indices("::") {
+        let head_start = src[..i].rfind(|c: char| !is_ident(c)).map_or(0, |k| k + 1);
+        if head_start == i || src[..head_start].ends_with(':') {
+            continue;
+        }
+        let rest = &src[head_start..];
+        let path: String = rest
+            .chars()
+            .take_while(|&c| is_ident(c) || c == ':')
+            .collect();
+        out.push(path.trim_end_matches(':').to_string());
+    }
+    out
+}
+
+/// The engine's modules, each with its code and its `use` names (name → absolute path).
+struct Crate {
+    code: BTreeMap<String, String>,
+    names: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+fn parent(m: &str) -> &str {
+    m.rsplit_once("::").map_or("", |(p, _)| p)
+}
+
+fn child(m: &str, c: &str) -> String {
+    if m.is_empty() {
+        c.to_string()
+    } else {
+        format!("{m}::{c}")
+    }
+}
+
+impl Crate {
+    fn load() -> Crate {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = BTreeMap::new();
+        modules(&root, &root, &mut files);
+        let code: BTreeMap<String, String> =
+            files.into_iter().map(|(m, s)| (m, code(&s))).collect();
+        let mut krate = Crate {
+            code,
+            names: BTreeMap::new(),
+        };
+        let mut names = BTreeMap::new();
+        for (m, src) in &krate.code {
+            let mut map = BTreeMap::new();
+            for (alias, path, _) in uses(src) {
+                if let Some(abs) = krate.absolute(m, &path, &BTreeMap::new()) {
+                    map.insert(alias, abs);
+                }
+            }
+            names.insert(m.clone(), map);
+        }
+        krate.names = names;
+        krate
+    }
+
+    /// `path` as written in module `m`, made absolute; `None` when it leaves the crate
+    /// (another crate, std) or starts at a local name.
+    fn absolute(&self, m: &str, path: &str, imported: &BTreeMap<String, String>) -> Option<String> {
+        let mut segs = path.split("::").filter(|s| !s.is_empty());
+        let first = segs.next()?;
+        let rest: Vec<&str> = segs.collect();
+        let mut base = match first {
+            "crate" => String::new(),
+            "self" => m.to_string(),
+            "super" => parent(m).to_string(),
+            c if self.code.contains_key(&child(m, c)) => child(m, c),
+            c => imported.get(c)?.clone(),
+        };
+        let mut rest = rest.as_slice();
+        while let Some((&"super", tail)) = rest.split_first() {
+            base = parent(&base).to_string();
+            rest = tail;
+        }
+        Some(rest.iter().fold(base, |b, s| child(&b, s)))
+    }
+
+    /// The module that defines what absolute `path` names, through modules and re-exports.
+    fn resolve(&self, path: &str, depth: usize) -> Option<String> {
+        let segs: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
+        let mut cur = String::new();
+        for (i, s) in segs.iter().enumerate() {
+            let next = child(&cur, s);
+            if self.code.contains_key(&next) {
+                cur = next;
+                continue;
+            }
+            if let Some(target) = self.names.get(&cur).and_then(|n| n.get(*s)) {
+                if depth < 16 && target != path {
+                    let full = segs[i + 1..]
+                        .iter()
+                        .fold(target.clone(), |b, s| child(&b, s));
+                    return self.resolve(&full, depth + 1);
+                }
+            }
+            break;
+        }
+        Some(cur)
+    }
+}
+
+/// Every module's imports: module → (imported module → the first path, as written, that
+/// imports it).
+fn graph() -> BTreeMap<String, BTreeMap<String, String>> {
+    let krate = Crate::load();
+    let mut edges: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for (m, src) in &krate.code {
+        let imported = &krate.names[m];
+        // A re-export (`pub use`) is resolved through, not counted: its users import the
+        // module that defines the item. A module imported as a namespace (`use crate::region;`)
+        // counts where a path through it names an item.
+        let mut paths: Vec<String> = uses(src)
+            .into_iter()
+            .filter(|(_, _, export)| !export)
+            .filter(|(_, p, _)| {
+                let abs = krate.absolute(m, p, imported);
+                !abs.is_some_and(|a| krate.code.contains_key(&a) || a.is_empty())
+            })
+            .map(|(_, p, _)| p)
+            .collect();
+        paths.extend(expr_paths(src));
+        let out = edges.entry(m.clone()).or_default();
+        for p in paths {
+            let target = krate
+                .absolute(m, &p, imported)
+                .and_then(|abs| krate.resolve(&abs, 0));
+            if let Some(t) = target {
                 if &t != m && !t.is_empty() {
-                    set.insert(t);
+                    out.entry(t).or_insert(p);
                 }
             }
         }
@@ -108,22 +320,22 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
 }
 
 /// Strongly connected components (Tarjan), largest first.
-fn cycles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
-    struct T<'a> {
-        e: &'a BTreeMap<String, BTreeSet<String>>,
+fn cycles<V>(edges: &BTreeMap<String, BTreeMap<String, V>>) -> Vec<Vec<String>> {
+    struct T<'a, V> {
+        e: &'a BTreeMap<String, BTreeMap<String, V>>,
         index: BTreeMap<&'a str, usize>,
         low: BTreeMap<&'a str, usize>,
         stack: Vec<&'a str>,
         on: BTreeSet<&'a str>,
         out: Vec<Vec<String>>,
     }
-    fn visit<'a>(t: &mut T<'a>, v: &'a str) {
+    fn visit<'a, V>(t: &mut T<'a, V>, v: &'a str) {
         let i = t.index.len();
         t.index.insert(v, i);
         t.low.insert(v, i);
         t.stack.push(v);
         t.on.insert(v);
-        for w in t.e.get(v).into_iter().flatten() {
+        for w in t.e.get(v).into_iter().flat_map(|m| m.keys()) {
             let w = w.as_str();
             if !t.index.contains_key(w) {
                 visit(t, w);
@@ -165,42 +377,68 @@ fn cycles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
 }
 
 #[test]
-fn no_import_cycle_among_engine_modules_exceeds_the_facade() {
+fn no_import_cycle_among_engine_modules_exceeds_a_parent_and_child() {
     let edges = graph();
-    assert!(edges.len() > 40, "found only {} engine files", edges.len());
+    assert!(
+        edges.len() > 40,
+        "found only {} engine modules",
+        edges.len()
+    );
     let all = cycles(&edges);
-    let big = &all[0];
-    println!("largest cycle: {big:?}");
-    let inside: BTreeSet<&String> = big.iter().collect();
-    let links: Vec<String> = big
+    let report: Vec<String> = all
         .iter()
-        .flat_map(|m| {
-            edges[m]
+        .filter(|c| c.len() > MAX_CYCLE)
+        .filter(|c| {
+            let known = REMAINING.iter().find(|(m, _, _)| c.iter().any(|x| x == m));
+            if let Some((m, _, why)) = known {
+                println!("a cycle of {} remains at {m}: {why}", c.len());
+            }
+            known.is_none_or(|(_, size, _)| c.len() > *size)
+        })
+        .map(|c| {
+            let links: Vec<String> = c
                 .iter()
-                .filter(|t| inside.contains(t))
-                .map(move |t| format!("{m} -> {t}"))
+                .flat_map(|m| {
+                    edges[m]
+                        .iter()
+                        .filter(|(t, _)| c.contains(t))
+                        .map(move |(t, why)| format!("{m} -> {t} ({why})"))
+                })
+                .collect();
+            format!("a cycle of {}:\n  {}", c.len(), links.join("\n  "))
         })
         .collect();
     assert!(
-        big.len() <= MAX_CYCLE,
-        "engine files importing each other in a cycle of {} (at most {MAX_CYCLE}): {}",
-        big.len(),
-        links.join(", ")
+        report.is_empty(),
+        "engine modules importing each other in a cycle of more than {MAX_CYCLE}:\n{}",
+        report.join("\n")
     );
 }
 
 #[test]
 fn the_cycle_finder_sees_a_cycle() {
-    let mut e: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut e: BTreeMap<String, BTreeMap<String, ()>> = BTreeMap::new();
     for (a, b) in [("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")] {
-        e.entry(a.into()).or_default().insert(b.into());
+        e.entry(a.into()).or_default().insert(b.into(), ());
         e.entry(b.into()).or_default();
     }
     let c = cycles(&e);
     assert_eq!(c[0].len(), 3);
+    let mut t = Vec::new();
+    use_tree("", "crate::{a::{b, c as d}, e::{self, f}}", &mut t);
+    let t: Vec<String> = t.iter().map(|(n, p)| format!("{n}={p}")).collect();
     assert_eq!(
-        paths_after("use crate::{a::b, c};\nlet x = crate::d::e;", "crate::"),
-        ["a::b", "c", "d::e"]
+        t,
+        [
+            "b=crate::a::b",
+            "d=crate::a::c",
+            "e=crate::e",
+            "f=crate::e::f"
+        ]
+    );
+    assert_eq!(
+        expr_paths("x = crate::d::e(); y: gdx_base::stats::M; handshake::run()"),
+        ["crate::d::e", "gdx_base::stats::M", "handshake::run"]
     );
 }
 
