@@ -197,7 +197,7 @@ fn prefill(s: Shape) -> Result<(), Error> {
     let mut next = || -> Result<String, Error> {
         lines
             .next()
-            .ok_or_else(|| Error::PeerLost("decode process ended".into()))?
+            .ok_or_else(|| Error::peer_lost("decode process ended"))?
             .map_err(|e| Error::os("read", e))
     };
     let result = (|| -> Result<(), Error> {

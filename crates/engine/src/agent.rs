@@ -514,14 +514,17 @@ impl Agent {
             loop {
                 match TcpStream::connect_timeout(&a, self.inner.cfg.io_timeout) {
                     Ok(s) => match Peer::handshake(Arc::clone(&self.inner), s, a, expect.clone()) {
-                        Err(Error::PeerLost(why)) if tries < 2 => {
+                        Err(Error::PeerLost { reason: why, .. }) if tries < 2 => {
                             log::info!("gdx: handshake with {a} cut ({why}); trying again");
                             tries += 1;
                         }
                         other => return other,
                     },
                     Err(e) => {
-                        last = Error::Unreachable(format!("{a}: {e}"));
+                        last = Error::Unreachable {
+                            addr: a.to_string(),
+                            why: e.to_string(),
+                        };
                         break;
                     }
                 }

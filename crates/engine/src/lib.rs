@@ -87,7 +87,7 @@ pub use agent_state::PeerInfo;
 pub use auth::{Secret, MIN_SECRET_BYTES};
 pub use blocks::{BlockList, BlockPool, BlockTransfer};
 pub use config::{parse_listen, parse_nics, AgentConfig, Transports};
-pub use error::{Error, Result};
+pub use error::{AuthFailure, Error, Result};
 pub use gpu::{
     DeviceOrigin, DeviceRegion, IpcDesc, IpcStats, LocalPeer, LocalTransfer, Mem, Ordering,
     PinnedRegion, Span, StagedTuning,

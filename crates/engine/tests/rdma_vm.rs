@@ -306,9 +306,15 @@ fn kill_9_of_the_peer_mid_transfer_fails_within_the_timeout() {
                 .submit(t)
                 .and_then(|h| h.wait(timeout))
                 .expect_err("a write to a killed peer cannot succeed");
-            assert!(matches!(e, Error::PeerLost(_) | Error::Rdma(_)), "{e:?}");
+            assert!(
+                matches!(e, Error::PeerLost { .. } | Error::Rdma(_)),
+                "{e:?}"
+            );
         }
-        Err(e) => assert!(matches!(e, Error::PeerLost(_) | Error::Rdma(_)), "{e:?}"),
+        Err(e) => assert!(
+            matches!(e, Error::PeerLost { .. } | Error::Rdma(_)),
+            "{e:?}"
+        ),
     }
     assert!(killed.elapsed() < timeout, "took {:?}", killed.elapsed());
     drop(server);

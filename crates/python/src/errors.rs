@@ -84,18 +84,18 @@ pub(crate) fn storage_to_py(e: gdx_storage::StorageError) -> PyErr {
 pub(crate) fn to_py(e: EngineError) -> PyErr {
     let msg = e.to_string();
     match e {
-        EngineError::PeerLost(_) => PeerLost::new_err(msg),
+        EngineError::PeerLost { .. } => PeerLost::new_err(msg),
         EngineError::Timeout(_) => Timeout::new_err(msg),
         EngineError::BadKey { .. }
         | EngineError::ReadOnly { .. }
         | EngineError::NotReadable { .. }
-        | EngineError::AuthFailed(_) => AccessDenied::new_err(msg),
+        | EngineError::AuthFailed { .. } => AccessDenied::new_err(msg),
         EngineError::OutOfBounds { .. } => OutOfBounds::new_err(msg),
         EngineError::NoSuchRegion { .. }
-        | EngineError::NoSuchName(_)
+        | EngineError::NoSuchName { .. }
         | EngineError::RegionGone { .. } => NotFound::new_err(msg),
         EngineError::Unavailable(_) => Unavailable::new_err(msg),
-        EngineError::Strict(_) => StrictViolation::new_err(msg),
+        EngineError::Strict { .. } => StrictViolation::new_err(msg),
         _ => Error::new_err(msg),
     }
 }

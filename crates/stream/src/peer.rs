@@ -146,7 +146,7 @@ impl Source for PeerSource {
                     .back(Duration::from_secs(10))
                     .and_then(|p| p.notify(END_ACK.to_vec()))
                 {
-                    Ok(()) | Err(Error::PeerLost(_)) => Ok(Arrival::End),
+                    Ok(()) | Err(Error::PeerLost { .. }) => Ok(Arrival::End),
                     Err(e) => Err(e),
                 }
             }

@@ -141,7 +141,9 @@ impl Registry {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(name)
-            .ok_or_else(|| Error::NoSuchName(name.to_string()))?;
+            .ok_or_else(|| Error::NoSuchName {
+                name: name.to_string(),
+            })?;
         Ok(self.get(id)?.desc())
     }
 

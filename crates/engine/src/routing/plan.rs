@@ -105,21 +105,26 @@ fn plan_fabric(
         format!("provider {p} does not offer FI_HMEM")
     };
     if let Some(b) = remote_gpu {
-        return Err(Error::FabricRefused(format!(
-            "{r}; the peer's GPU{b} cannot be reached over fabric: {why}, and the peer's GPU \
+        return Err(Error::refused(
+            Path::Fabric,
+            None,
+            format!(
+                "{r}; the peer's GPU{b} cannot be reached over fabric: {why}, and the peer's GPU \
              memory cannot be staged over one-sided RMA (the target takes no step in which to \
              copy between a bounce buffer and its GPU); connect with GDX_TRANSPORTS=tcp,shm to \
              stage it over tcp"
-        )));
+            ),
+        ));
     }
     let staged = format!(
         "staged: {r}; {ends} copied through a registered host bounce buffer, chunk by chunk \
          (GPU-to-host copy then fi_write; fi_read then host-to-GPU copy; not pipelined) ({why})"
     );
     if strict && local_gpu.is_some() {
-        return Err(Error::Strict(format!(
-            "strict mode refuses the fabric staged fallback: {staged}"
-        )));
+        return Err(Error::strict(
+            Path::FabricStaged,
+            format!("strict mode refuses the fabric staged fallback: {staged}"),
+        ));
     }
     Ok(Plan {
         path: Path::FabricStaged,
@@ -187,7 +192,7 @@ pub(crate) fn plan_op(
         && remote_gpu.is_some()
         && !matches!(plan.path, Path::Ipc | Path::Gdr)
     {
-        return Err(Error::Strict(plan.reason.to_string()));
+        return Err(Error::strict(plan.path, plan.reason.to_string()));
     }
     Ok(plan)
 }
@@ -364,7 +369,7 @@ mod tests {
             "{p}"
         );
         match plan(&mem(false, false), Some(0), None, "GPU0 here", true) {
-            Err(Error::Strict(why)) => {
+            Err(Error::Strict { reason: why, .. }) => {
                 assert!(why.contains("refuses the fabric staged fallback"), "{why}")
             }
             other => panic!("strict let the staged fallback through: {other:?}"),
@@ -382,7 +387,7 @@ mod tests {
         );
         assert!(matches!(
             plan(&mem(true, false), Some(1), None, "GPU1 here", true),
-            Err(Error::Strict(_))
+            Err(Error::Strict { .. })
         ));
     }
 
@@ -414,7 +419,7 @@ mod tests {
                 (Some(0), "GPU0 here and the peer's GPU3"),
             ] {
                 match plan(&m, l, Some(3), ends, strict) {
-                    Err(Error::FabricRefused(why)) => {
+                    Err(Error::Refused { reason: why, .. }) => {
                         assert!(why.contains("the peer's GPU3"), "{why}");
                         assert!(why.contains("GDX_TRANSPORTS=tcp,shm"), "{why}");
                     }

@@ -123,7 +123,7 @@ fn with_conn(
         if let Err(e) = f(&mut conn, &mut slot) {
             let hits = &agent.hits;
             match &e {
-                Error::AuthFailed(why) => hits.hit(
+                Error::AuthFailed { why, .. } => hits.hit(
                     &hits.auth_failures,
                     &format!("failed login from {from}: {why}"),
                 ),
@@ -138,7 +138,7 @@ fn with_conn(
                 }
                 _ => {}
             }
-            if !matches!(e, Error::PeerLost(_)) {
+            if !matches!(e, Error::PeerLost { .. }) {
                 log::debug!("closing connection: {e}");
                 let _ = conn.send(&Msg::Err(e));
             }

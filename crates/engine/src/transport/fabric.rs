@@ -37,14 +37,14 @@ use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::gpu::AgentGpu;
 use crate::region::{LeaseKind, NicRegistrations, RegionInner, RegionKey, Registry};
-use crate::routing::plan::FabricMem;
+use crate::routing::plan::{FabricMem, Path};
 use crate::transfer::{OpKind, XferState};
 use crate::transport::SerialQueue;
 use crate::wire::Msg;
 
 fn fabric_err(e: FabricError) -> Error {
     match e {
-        FabricError::PeerLost(s) => Error::PeerLost(format!("fabric: {s}")),
+        FabricError::PeerLost(s) => Error::peer_lost(format!("fabric: {s}")),
         other => Error::Fabric(Arc::new(other)),
     }
 }
@@ -119,14 +119,18 @@ impl FabricNode {
         }
         if let Some(dev) = r.device() {
             if !self.ep.registers_hmem() {
-                return Err(Error::FabricRefused(format!(
-                    "region {} is GPU memory ({}); provider {} does not offer FI_HMEM, and a \
+                return Err(Error::refused(
+                    Path::Fabric,
+                    Some(r.id),
+                    format!(
+                        "region {} is GPU memory ({}); provider {} does not offer FI_HMEM, and a \
                      target's GPU memory cannot be staged over one-sided RMA; connect with \
                      GDX_TRANSPORTS=tcp,shm to stage it over tcp",
-                    r.id,
-                    r.location,
-                    self.ep.provider().provider
-                )));
+                        r.id,
+                        r.location,
+                        self.ep.provider().provider
+                    ),
+                ));
             }
             let len = usize::try_from(r.len).map_err(|_| {
                 Error::InvalidArgument(format!("region {} is too large to register", r.id))
@@ -239,7 +243,7 @@ fn worker(mut w: Worker, rx: Receiver<Arc<XferState>>, alive: Arc<AtomicBool>) {
             match w.run_op(&xfer, i) {
                 Ok(()) => xfer.chunk_done(i, xfer.ops[i].len, Ok(())),
                 Err(e) => {
-                    if matches!(e, Error::PeerLost(_)) {
+                    if matches!(e, Error::PeerLost { .. }) {
                         alive.store(false, Ordering::SeqCst);
                     }
                     xfer.chunk_done(i, 0, Err(e));

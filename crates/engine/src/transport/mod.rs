@@ -115,7 +115,7 @@ impl SerialQueue {
             None => Some(xfer),
         };
         if let Some(x) = rejected {
-            x.fail_pending(&Error::PeerLost("peer connection closed".into()));
+            x.fail_pending(&Error::peer_lost("peer connection closed"));
             x.finish();
         }
     }

@@ -39,6 +39,7 @@ use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::rails::Rails;
 use crate::region::{LeaseKind, NicRegistrations, RegionInner, RegionKey, Registry};
+use crate::routing::path::Path;
 use crate::transfer::{OpKind, XferState};
 use crate::transport::tcp::{MEASURE_BYTES, SPLIT_BYTES};
 use crate::transport::{SerialQueue, Transport};
@@ -91,7 +92,7 @@ impl RdmaNode {
     /// The first RDMA device whose endpoint opens (or `GDX_IB_DEVICE`), or why there is none:
     /// [`Error::Rdma`] with the verbs error (no device, or the one device failed),
     /// [`Error::InvalidArgument`] for a `GDX_IB_DEVICE` that names no device,
-    /// [`Error::RdmaRefused`] naming each device when several failed.
+    /// [`Error::Refused`] naming each device when several failed.
     pub(crate) fn open() -> Result<RdmaNode> {
         let devices = gdx_rdma::discover().map_err(rdma_err)?;
         let want = std::env::var("GDX_IB_DEVICE")
@@ -137,10 +138,11 @@ impl RdmaNode {
             // Several: one error cannot hold them all as sources; name each.
             _ => {
                 let each: Vec<String> = why.iter().map(|(d, e)| format!("{d}: {e}")).collect();
-                Err(Error::RdmaRefused(format!(
-                    "no RDMA device port opened: {}",
-                    each.join("; ")
-                )))
+                Err(Error::refused(
+                    Path::Rdma,
+                    None,
+                    format!("no RDMA device port opened: {}", each.join("; ")),
+                ))
             }
         }
     }
@@ -221,14 +223,18 @@ impl RdmaNode {
         };
         let h = self.eps[ep].register(&mem).map_err(rdma_err)?;
         if h.handle.mechanism() == Mechanism::Staged {
-            return Err(Error::RdmaRefused(format!(
-                "region {} ({}) has no GPUDirect RDMA registration on {} (tried: {:?}); \
+            return Err(Error::refused(
+                Path::Rdma,
+                Some(r.id),
+                format!(
+                    "region {} ({}) has no GPUDirect RDMA registration on {} (tried: {:?}); \
                  connect with GDX_TRANSPORTS=tcp,shm to stage it over tcp",
-                r.id,
-                r.location,
-                self.eps[ep].device(),
-                h.handle.attempts()
-            )));
+                    r.id,
+                    r.location,
+                    self.eps[ep].device(),
+                    h.handle.attempts()
+                ),
+            ));
         }
         regs.insert((ep, r.id), Arc::clone(&h));
         Ok(h)
@@ -259,7 +265,11 @@ impl RdmaNode {
         }
         let h = self.register(ep, &r)?;
         let remote = h.handle.remote_region(id).ok_or_else(|| {
-            Error::RdmaRefused(format!("region {id} has no rkey (it is not registered)"))
+            Error::refused(
+                Path::Rdma,
+                Some(id),
+                format!("region {id} has no rkey (it is not registered)"),
+            )
         })?;
         Ok(Msg::RdmaRegionInfo {
             addr: remote.addr,
@@ -452,7 +462,7 @@ fn worker(mut w: Worker, rx: Receiver<Arc<XferState>>, alive: Arc<AtomicBool>) {
             }
             let r = w.run_op(&xfer, i);
             if let Err(e) = &r {
-                if matches!(e, Error::PeerLost(_)) && !w.stats.any_active() {
+                if matches!(e, Error::PeerLost { .. }) && !w.stats.any_active() {
                     alive.store(false, Ordering::SeqCst);
                 }
             }
@@ -598,7 +608,7 @@ impl Worker {
                 return Err(match last {
                     // One rail: its own error, as before rails.
                     Some(e) if self.rails.len() == 1 => e,
-                    _ => Error::PeerLost(format!(
+                    _ => Error::peer_lost(format!(
                         "no rail left (paused ones are re-probed): {}",
                         self.stats.causes()
                     )),

@@ -407,7 +407,7 @@ impl Worker {
         match unsafe { cross_memory_copy(pid, dir, &local, &remote) } {
             Ok(_) => done.extend(moving),
             Err(e) if rustix::io::Errno::from_io_error(&e) == Some(rustix::io::Errno::SRCH) => {
-                return Err(Error::PeerLost(format!("pid {pid} is gone (ESRCH)")));
+                return Err(Error::peer_lost(format!("pid {pid} is gone (ESRCH)")));
             }
             Err(e) => {
                 let call = match dir {

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::conn::{Conn, Sock};
-use crate::error::{Error, Result};
+use crate::error::{AuthFailure, Error, Result};
 use crate::mem::Mapping;
 use crate::transfer::{Drive, NewTransfer, XferState};
 use crate::transport::{SerialQueue, Transport};
@@ -128,9 +128,10 @@ impl ShmTransport {
         // Whoever holds that abstract name must run as us (or an allowed user).
         let uid = crate::mem::peer_uid(s.as_raw_fd())?;
         if uid != crate::mem::my_uid() && !cfg.shm_allowed_uids.contains(&uid) {
-            return Err(Error::AuthFailed(format!(
-                "the shm socket {socket_name} belongs to uid {uid}, not ours"
-            )));
+            return Err(Error::auth(
+                AuthFailure::User,
+                format!("the shm socket {socket_name} belongs to uid {uid}, not ours"),
+            ));
         }
         let mut conn = Conn::new(Sock::Unix(s), "shm connection");
         conn.set_timeout(Some(io_timeout))?;

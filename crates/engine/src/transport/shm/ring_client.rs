@@ -93,12 +93,12 @@ impl RingClient {
                 return Ok(());
             }
             if hung_up(self.sock_fd) {
-                return Err(Error::PeerLost(
-                    "the shm peer closed its connection while a ring request was pending".into(),
+                return Err(Error::peer_lost(
+                    "the shm peer closed its connection while a ring request was pending",
                 ));
             }
             if Instant::now() >= deadline {
-                return Err(Error::PeerLost(format!(
+                return Err(Error::peer_lost(format!(
                     "no answer on the shm ring within the I/O timeout ({} ms)",
                     self.wait.as_millis()
                 )));

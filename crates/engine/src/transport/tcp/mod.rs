@@ -172,7 +172,7 @@ impl Joiner {
         let left = until.saturating_duration_since(Instant::now());
         let s = connect_from(end.bind, end.to, left.min(self.io_timeout)).map_err(|e| {
             let from = end.bind.map(|b| format!(" from {b}")).unwrap_or_default();
-            Error::PeerLost(format!("data stream {stream}{from} to {}: {e}", end.to))
+            Error::peer_lost(format!("data stream {stream}{from} to {}: {e}", end.to))
         })?;
         let mut c = Conn::new(Sock::Tcp(s), "tcp data stream");
         c.set_timeout(Some(self.io_timeout))?;
@@ -280,7 +280,7 @@ impl Net {
         if self.rails.len() == 1 {
             return e.clone();
         }
-        Error::PeerLost(format!("no rail left: {}", self.rails.causes()))
+        Error::peer_lost(format!("no rail left: {}", self.rails.causes()))
     }
 
     /// Stream `w` broke with `e`: it stays broken (until its thread re-probes the rail) and its
@@ -333,7 +333,7 @@ impl Net {
         worker.queued.fetch_add(1, Ordering::SeqCst);
         if let Err(job) = worker.jobs.push(job, true) {
             worker.queued.fetch_sub(1, Ordering::SeqCst);
-            let e = Error::PeerLost("peer connection closed".into());
+            let e = Error::peer_lost("peer connection closed");
             fail_chunks(&job.xfer, job.sent.as_deref().unwrap_or(&job.chunks), &e);
             group_done(&job);
         }
@@ -540,7 +540,7 @@ impl TcpTransport {
             drop(st);
             if let Some(job) = rejected {
                 wk.queued.fetch_sub(1, Ordering::SeqCst);
-                let e = Error::PeerLost("peer connection closed".into());
+                let e = Error::peer_lost("peer connection closed");
                 fail_chunks(&job.xfer, job.sent.as_deref().unwrap_or(&[]), &e);
                 group_done(&job);
             }
@@ -589,7 +589,7 @@ impl Transport for TcpTransport {
                 .workers
                 .first()
                 .and_then(|w| w.stream.lock().ok().and_then(|s| s.broken.clone()))
-                .unwrap_or_else(|| Error::PeerLost("no data stream left".into()));
+                .unwrap_or_else(|| Error::peer_lost("no data stream left"));
             xfer.fail_pending(&net.no_rail_left(&first));
             xfer.finish();
             return;
