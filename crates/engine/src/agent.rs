@@ -26,6 +26,7 @@ use crate::notes::NoteQueue;
 use crate::notes::Notification;
 use crate::peer::Peer;
 use crate::region::{Access, Region, RegionScope, Registry};
+use crate::routing::path::Path;
 use crate::stats::StatsSnapshot;
 use crate::transport::fabric::FabricNode;
 use crate::transport::rdma::RdmaNode;
@@ -100,14 +101,16 @@ impl Agent {
         let rdma = if cfg.transports.rdma {
             RdmaNode::open().map(Arc::new)
         } else {
-            Err(Error::Unavailable(
+            Err(Error::unavailable(
+                Path::Rdma,
                 "rdma disabled on this agent (GDX_TRANSPORTS)".to_string(),
             ))
         };
         let fabric = if cfg.transports.fabric {
             FabricNode::open(cfg.fabric_provider.clone()).map(Arc::new)
         } else {
-            Err(Error::Unavailable(
+            Err(Error::unavailable(
+                Path::Fabric,
                 "fabric not enabled on this agent (GDX_TRANSPORTS does not name it)".to_string(),
             ))
         };

@@ -120,9 +120,15 @@ pub enum Error {
         /// Why it is refused (out of range, given twice).
         why: String,
     },
-    /// The requested path or transport is not available (with the reason).
-    #[error("unavailable: {0}")]
-    Unavailable(String),
+    /// The requested path, transport or library is not available (with the reason).
+    #[error("unavailable: {why}")]
+    Unavailable {
+        /// The path that cannot run (`rdma`, `fabric`, `ipc`, `cma`, `gds` ...), when the
+        /// refusal is about one; `None` for what no single path needs (CUDA itself, a GPU).
+        path: Option<Path>,
+        /// What is missing, and why.
+        why: String,
+    },
     /// A CUDA driver call failed. (Boxed, like the other large causes, so that an `Error`, and
     /// every `Result` and op status that holds one, stays a few words long.)
     #[error("{0}")]
@@ -301,6 +307,14 @@ impl Error {
         }
     }
 
+    /// [`Error::Unavailable`] for `path` (`None`: not about one path).
+    pub fn unavailable(path: impl Into<Option<Path>>, why: impl Into<String>) -> Self {
+        Error::Unavailable {
+            path: path.into(),
+            why: why.into(),
+        }
+    }
+
     /// [`Error::Refused`] on `path` (rdma or fabric), about `region` if any.
     pub(crate) fn refused(path: Path, region: Option<u64>, reason: impl Into<String>) -> Self {
         Error::Refused {
@@ -329,7 +343,7 @@ impl Error {
             Error::Protocol(_) => 14,
             Error::RegionGone { .. } => 15,
             Error::InvalidArgument(_) | Error::BadBlock { .. } => 16,
-            Error::Unavailable(_) => 17,
+            Error::Unavailable { .. } => 17,
             Error::Os { .. } | Error::Storage(_) => 18,
             Error::Cuda(_) => 19,
             Error::Strict { .. } => 20,
@@ -374,7 +388,10 @@ impl Error {
             14 => Error::Protocol(message),
             15 => Error::RegionGone { region: a },
             16 => Error::InvalidArgument(message),
-            17 => Error::Unavailable(message),
+            17 => Error::Unavailable {
+                path: opt(a, b).and_then(|i| Path::ALL.get(i as usize).copied()),
+                why: message,
+            },
             20 => Error::Strict {
                 path: opt(a, b).and_then(|i| Path::ALL.get(i as usize).copied()),
                 reason: message,
@@ -435,7 +452,9 @@ impl Error {
             Error::UnknownFrame(k) => (u64::from(*k), 0, 0),
             Error::LimitReached { limit, .. } => (*limit, 0, 0),
             Error::PeerLost { errno, .. } => some(errno.map(|e| e as u64)),
-            Error::Strict { path, .. } => some(path.map(|p| p.index() as u64)),
+            Error::Strict { path, .. } | Error::Unavailable { path, .. } => {
+                some(path.map(|p| p.index() as u64))
+            }
             Error::Refused { region, .. } => some(*region),
             Error::AuthFailed { kind, .. } => (kind.code(), 0, 0),
             _ => (0, 0, 0),
@@ -452,7 +471,7 @@ impl Error {
             | Error::Malformed(s)
             | Error::Protocol(s)
             | Error::InvalidArgument(s)
-            | Error::Unavailable(s)
+            | Error::Unavailable { why: s, .. }
             | Error::Strict { reason: s, .. }
             | Error::Refused { reason: s, .. }
             | Error::AuthFailed { why: s, .. } => s.clone(),
@@ -558,6 +577,8 @@ mod tests {
             Error::peer_lost("control connection closed"),
             Error::strict(Path::Staged, "staged: no peer access"),
             Error::strict(None, "the copy could not use GDS"),
+            Error::unavailable(Path::Cma, "GDX_SHM_CMA=0"),
+            Error::unavailable(None, "the CUDA driver reports no GPU"),
             Error::refused(Path::Fabric, Some(3), "no FI_HMEM"),
             Error::refused(Path::Rdma, None, "no RDMA device port opened"),
             Error::auth(AuthFailure::Mode, "the peer runs without authentication"),
@@ -609,6 +630,19 @@ impl AuthFailure {
         AuthFailure::User,
         AuthFailure::Other,
     ];
+
+    /// Its name: `proof`, `mode`, `wrong-agent`, `session`, `sequence`, `user`, `other`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthFailure::Proof => "proof",
+            AuthFailure::Mode => "mode",
+            AuthFailure::WrongAgent => "wrong-agent",
+            AuthFailure::Session => "session",
+            AuthFailure::Sequence => "sequence",
+            AuthFailure::User => "user",
+            AuthFailure::Other => "other",
+        }
+    }
 
     /// Its number on the wire.
     fn code(self) -> u64 {

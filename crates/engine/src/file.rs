@@ -42,7 +42,7 @@ impl From<StorageError> for Error {
 pub(crate) fn storage_err(e: StorageError) -> Error {
     match e {
         StorageError::PathUnavailable { path, reason } => {
-            Error::Unavailable(format!("{path}: {reason}"))
+            Error::unavailable(path_of(path), format!("{path}: {reason}"))
         }
         e @ (StorageError::InvalidOption(_)
         | StorageError::OutOfBounds { .. }
@@ -318,7 +318,7 @@ mod tests {
             reason: "no cuFile".into(),
         });
         assert!(
-            matches!(&e, Error::Unavailable(m) if m == "gds: no cuFile"),
+            matches!(&e, Error::Unavailable { path: Some(Path::Gds), why: m } if m == "gds: no cuFile"),
             "{e:?}"
         );
         let e = storage_err(StorageError::InvalidOption("bad chunk".into()));

@@ -215,7 +215,7 @@ pub fn reason_label(e: &Error) -> &'static str {
         // A peer's OS failure arrives in its wire form (its cause stays there).
         Error::Remote(r) if r.code == 18 => "os",
         Error::Remote(r) if r.code == 19 => "cuda",
-        Error::Unavailable(_) => "unavailable",
+        Error::Unavailable { .. } => "unavailable",
         Error::InvalidArgument(_) => "invalid_argument",
         _ => "protocol",
     }

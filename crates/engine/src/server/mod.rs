@@ -24,6 +24,7 @@ use crate::config::Transports;
 use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
 use crate::notes::Notification;
+use crate::routing::path::Path;
 use crate::transport::Serving;
 use crate::wire::{Hello, Msg};
 
@@ -254,7 +255,7 @@ fn serve_control(
                     let r = agent
                         .rdma
                         .as_ref()
-                        .map_err(|why| Error::Unavailable(format!("rdma: {why}")))
+                        .map_err(|why| Error::unavailable(Path::Rdma, format!("rdma: {why}")))
                         .and_then(|node| node.accept(&data));
                     match r {
                         Ok((qp, mine)) => {
@@ -287,7 +288,7 @@ fn serve_control(
                     let r = agent
                         .rdma
                         .as_ref()
-                        .map_err(|why| Error::Unavailable(format!("rdma: {why}")))
+                        .map_err(|why| Error::unavailable(Path::Rdma, format!("rdma: {why}")))
                         .and_then(|node| {
                             node.expose(&agent.registry, region, key, device.as_deref())
                         });
@@ -304,7 +305,7 @@ fn serve_control(
                     let r = agent
                         .rdma
                         .as_ref()
-                        .map_err(|why| Error::Unavailable(format!("rdma: {why}")))
+                        .map_err(|why| Error::unavailable(Path::Rdma, format!("rdma: {why}")))
                         .and_then(|node| node.expose(&agent.registry, region, key, Some(&device)));
                     match r {
                         Ok(m) => c.send(&m)?,
@@ -315,7 +316,7 @@ fn serve_control(
                     let r = agent
                         .fabric
                         .as_ref()
-                        .map_err(|why| Error::Unavailable(format!("fabric: {why}")))
+                        .map_err(|why| Error::unavailable(Path::Fabric, format!("fabric: {why}")))
                         .and_then(|node| node.accept(&addr));
                     match r {
                         Ok(mine) => c.send(&Msg::FabricConnect { addr: mine })?,
@@ -326,7 +327,7 @@ fn serve_control(
                     let r = agent
                         .fabric
                         .as_ref()
-                        .map_err(|why| Error::Unavailable(format!("fabric: {why}")))
+                        .map_err(|why| Error::unavailable(Path::Fabric, format!("fabric: {why}")))
                         .and_then(|node| node.expose(&agent.registry, region, key));
                     match r {
                         Ok(m) => c.send(&m)?,

@@ -252,7 +252,7 @@ impl RdmaNode {
         let ep = match device {
             None => 0,
             Some(d) => self.endpoint(d).ok_or_else(|| {
-                Error::Unavailable(format!("rdma: no endpoint on device {d} here"))
+                Error::unavailable(Path::Rdma, format!("rdma: no endpoint on device {d} here"))
             })?,
         };
         let r = reg.get(id)?;
@@ -299,11 +299,10 @@ impl RdmaNode {
         let e = &self.eps[ep];
         let state = e.port_state();
         if state != "ACTIVE" && state != "unknown" {
-            return Err(Error::Unavailable(format!(
-                "rdma: {} port {} is {state}",
-                e.device(),
-                e.port().number
-            )));
+            return Err(Error::unavailable(
+                Path::Rdma,
+                format!("rdma: {} port {} is {state}", e.device(), e.port().number),
+            ));
         }
         let cq = e.completion_queue(CQ_ENTRIES).map_err(rdma_err)?;
         let prepared = e.prepare(&cq, QPS_PER_PEER).map_err(rdma_err)?;
@@ -707,7 +706,7 @@ impl Worker {
                 hs.into_iter()
                     .map(|(r, ranges, h)| {
                         let res = h.join().unwrap_or_else(|_| {
-                            let e = Error::Unavailable("rdma rail thread panicked".into());
+                            let e = Error::unavailable(Path::Rdma, "rdma rail thread panicked");
                             Err((e, ranges))
                         });
                         (r, res)

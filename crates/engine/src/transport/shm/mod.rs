@@ -139,7 +139,7 @@ impl ShmTransport {
         let bounce = Mapping::memfd(BOUNCE_BYTES, "bounce")?;
         let fd = bounce
             .fd()
-            .ok_or_else(|| Error::Unavailable("bounce buffer has no fd".into()))?;
+            .ok_or_else(|| Error::unavailable(None, "bounce buffer has no fd"))?;
         let nonce = crate::mem::random_u128()?;
         conn.send_with_fd(
             &Msg::ShmJoin {
@@ -167,7 +167,7 @@ impl ShmTransport {
         let r = crate::ring::Ring::create()?;
         let rfd = r
             .fd()
-            .ok_or_else(|| Error::Unavailable("shm ring has no fd".into()))?;
+            .ok_or_else(|| Error::unavailable(None, "shm ring has no fd"))?;
         conn.send_with_fd(
             &Msg::ShmRing {
                 slots: crate::ring::SLOTS as u32,

@@ -286,7 +286,10 @@ impl Worker {
         let op = xfer.op(i);
         let (peer, pieces) = self.ipc_mapping(xfer, i)?;
         let ipc = op.remote.ipc.as_ref().ok_or_else(|| {
-            Error::Unavailable(format!("remote region {} has no IPC handle", op.remote.id))
+            Error::unavailable(
+                Path::Ipc,
+                format!("remote region {} has no IPC handle", op.remote.id),
+            )
         })?;
         let kind = match op.kind {
             OpKind::Write => LeaseKind::Source,

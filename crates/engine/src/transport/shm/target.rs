@@ -14,6 +14,7 @@ use crate::gpu::{copy_span, Dir};
 use crate::mem::Mapping;
 use crate::notes::Notification;
 use crate::region::{Lease, Registry};
+use crate::routing::path::Path;
 use crate::transport::Serving;
 use crate::wire::Msg;
 
@@ -190,8 +191,9 @@ pub(crate) fn serve_target<S: Serving>(
                 let r = if agent.config().shm_cma {
                     super::cma::region_addr(reg, region, key, write)
                 } else {
-                    Err(Error::Unavailable(
-                        "this agent does not let peers copy into its memory directly".into(),
+                    Err(Error::unavailable(
+                        Path::Cma,
+                        "this agent does not let peers copy into its memory directly",
                     ))
                 };
                 match r {
@@ -238,7 +240,7 @@ fn map_fd_for(
     }
     let fd = r
         .fd()
-        .ok_or_else(|| Error::Unavailable(format!("region {id} is not shareable")))?;
+        .ok_or_else(|| Error::unavailable(Path::Shm, format!("region {id} is not shareable")))?;
     let flags = if writable {
         rustix::fs::OFlags::RDWR
     } else {

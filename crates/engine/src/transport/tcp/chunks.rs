@@ -12,6 +12,7 @@ use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::gpu::{Stager, Ticket, DEPTH};
 use crate::region::{Lease, LeaseKind};
+use crate::routing::path::Path;
 use crate::transfer::{OpKind, XferState};
 use crate::wire::Msg;
 
@@ -245,10 +246,10 @@ pub(super) fn send_chunk(
             if op.local.device().is_some() {
                 let staged = match st.ahead.front() {
                     Some((j, t, _)) if *j == k => Ok(*t),
-                    _ => Err(Error::Unavailable(format!(
-                        "GPU chunk {} of op {} could not be staged",
-                        c.idx, c.op
-                    ))),
+                    _ => Err(Error::unavailable(
+                        Path::TcpStaged,
+                        format!("GPU chunk {} of op {} could not be staged", c.idx, c.op),
+                    )),
                 };
                 let bytes = staged.and_then(|t| st.stager.bytes(t));
                 let sent = match bytes {
