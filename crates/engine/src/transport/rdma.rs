@@ -421,6 +421,31 @@ type Ranges = Vec<(u64, u64)>;
 /// A rail's run of its ranges: done, or failed with the error and the pieces not finished.
 type RailRun = std::result::Result<(), (Error, Ranges)>;
 
+/// Each pending range split over the active rails by their weights: (rail, offset, length).
+fn spread(todo: &Ranges, active: &[usize], weights: &[f64]) -> Vec<(usize, u64, u64)> {
+    let mut plan = Vec::new();
+    for &(off, len) in todo {
+        for (r, o, n) in split(len, active, weights) {
+            plan.push((r, off + o, n));
+        }
+    }
+    plan
+}
+
+/// A rail's ranges cut into pieces of at most `PIECE` bytes, each waited for on its own.
+fn pieces(ranges: &Ranges) -> Ranges {
+    let mut pieces = Vec::new();
+    for &(off, n) in ranges {
+        let mut o = 0;
+        while o < n {
+            let len = (n - o).min(PIECE);
+            pieces.push((off + o, len));
+            o += len;
+        }
+    }
+    pieces
+}
+
 /// Largest piece a rail runs at a time: its wait is for progress, and what goes again on
 /// another rail when the rail fails is what it had not finished, in pieces of this size.
 const PIECE: u64 = 8 << 20;
@@ -621,13 +646,7 @@ impl Worker {
                 active = vec![b];
                 weights = vec![1.0];
             }
-            // Each pending range is split over the active rails.
-            let mut plan: Vec<(usize, u64, u64)> = Vec::new();
-            for &(off, len) in &todo {
-                for (r, o, n) in split(len, &active, &weights) {
-                    plan.push((r, off + o, n));
-                }
-            }
+            let plan = spread(&todo, &active, &weights);
             // What each rail needs, asked before the rails run (the control connection is
             // one): the remote region and this side's registration on the rail's device.
             let mut per_rail: Vec<(usize, Ranges, MrHandle, RemoteRegion)> = Vec::new();
@@ -667,15 +686,7 @@ impl Worker {
                     let mut run = move || {
                         let t0 = std::time::Instant::now();
                         let mut done = 0u64;
-                        let mut pieces: Ranges = Vec::new();
-                        for &(off, n) in ranges {
-                            let mut o = 0;
-                            while o < n {
-                                let len = (n - o).min(PIECE);
-                                pieces.push((off + o, len));
-                                o += len;
-                            }
-                        }
+                        let pieces = pieces(ranges);
                         for (k, &(off, n)) in pieces.iter().enumerate() {
                             let res = WorkItem::between(mr, lo + off, remote, ro + off, n)
                                 .map_err(rdma_err)
@@ -745,7 +756,24 @@ impl Worker {
 
 #[cfg(test)]
 mod tests {
-    use super::split;
+    use super::{pieces, split, spread, PIECE};
+
+    #[test]
+    fn pieces_cover_each_range_in_order_in_pieces_of_at_most_piece_bytes() {
+        let ranges = vec![(100, 2 * PIECE + 5), (1 << 40, 3)];
+        let p = pieces(&ranges);
+        assert_eq!(
+            p,
+            vec![
+                (100, PIECE),
+                (100 + PIECE, PIECE),
+                (100 + 2 * PIECE, 5),
+                (1 << 40, 3)
+            ]
+        );
+        let plan = spread(&ranges, &[0], &[1.0]);
+        assert_eq!(plan.iter().map(|x| x.2).sum::<u64>(), 2 * PIECE + 8);
+    }
 
     #[test]
     fn split_follows_the_weights_in_whole_pages_and_covers_every_byte() {
