@@ -251,89 +251,11 @@ fn serve_control(
                         Err(e) => c.send(&Msg::Err(e))?,
                     }
                 }
-                Msg::RdmaConnect { data } => {
-                    let r = agent
-                        .rdma
-                        .as_ref()
-                        .map_err(|why| Error::unavailable(Path::Rdma, format!("rdma: {why}")))
-                        .and_then(|node| node.accept(&data));
-                    match r {
-                        Ok((qp, mine)) => {
-                            agent
-                                .rdma_qps
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .entry(session)
-                                .or_default()
-                                .push(qp);
-                            c.send(&Msg::RdmaConnect { data: mine })?;
-                        }
-                        Err(e) => c.send(&Msg::Err(e))?,
-                    }
-                }
-                Msg::RdmaRegion {
-                    region,
-                    key,
-                    write: _,
-                } => {
-                    // On the device of this session's queue pairs (the initiator's one rail),
-                    // which need not be this agent's default one.
-                    let device = agent
-                        .rdma_qps
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .get(&session)
-                        .and_then(|v| v.first())
-                        .map(|qp| qp.local().device.clone());
-                    let r = agent
-                        .rdma
-                        .as_ref()
-                        .map_err(|why| Error::unavailable(Path::Rdma, format!("rdma: {why}")))
-                        .and_then(|node| {
-                            node.expose(&agent.registry, region, key, device.as_deref())
-                        });
-                    match r {
-                        Ok(m) => c.send(&m)?,
-                        Err(e) => c.send(&Msg::Err(e))?,
-                    }
-                }
-                Msg::RdmaRegionOn {
-                    region,
-                    key,
-                    device,
-                } => {
-                    let r = agent
-                        .rdma
-                        .as_ref()
-                        .map_err(|why| Error::unavailable(Path::Rdma, format!("rdma: {why}")))
-                        .and_then(|node| node.expose(&agent.registry, region, key, Some(&device)));
-                    match r {
-                        Ok(m) => c.send(&m)?,
-                        Err(e) => c.send(&Msg::Err(e))?,
-                    }
-                }
-                Msg::FabricConnect { addr } => {
-                    let r = agent
-                        .fabric
-                        .as_ref()
-                        .map_err(|why| Error::unavailable(Path::Fabric, format!("fabric: {why}")))
-                        .and_then(|node| node.accept(&addr));
-                    match r {
-                        Ok(mine) => c.send(&Msg::FabricConnect { addr: mine })?,
-                        Err(e) => c.send(&Msg::Err(e))?,
-                    }
-                }
-                Msg::FabricRegion { region, key } => {
-                    let r = agent
-                        .fabric
-                        .as_ref()
-                        .map_err(|why| Error::unavailable(Path::Fabric, format!("fabric: {why}")))
-                        .and_then(|node| node.expose(&agent.registry, region, key));
-                    match r {
-                        Ok(m) => c.send(&m)?,
-                        Err(e) => c.send(&Msg::Err(e))?,
-                    }
-                }
+                m @ (Msg::RdmaConnect { .. }
+                | Msg::RdmaRegion { .. }
+                | Msg::RdmaRegionOn { .. }
+                | Msg::FabricConnect { .. }
+                | Msg::FabricRegion { .. }) => c.send(&nic_reply(agent, session, m))?,
                 Msg::Bye => return Ok(()),
                 m => {
                     return Err(Error::Protocol(format!(
@@ -344,8 +266,14 @@ fn serve_control(
             }
         }
     })();
-    // The session ends with its control connection, however that ended: its data streams and
-    // shm connections (and with them the ring thread and its leases) are shut down now.
+    end_session(agent, session, &from);
+    r
+}
+
+/// The session ends with its control connection, however that ended: its data streams and shm
+/// connections (and with them the ring thread and its leases) are shut down now, and its queue
+/// pairs dropped.
+fn end_session(agent: &AgentInner, session: u128, from: &str) {
     let ended = agent
         .sessions
         .lock()
@@ -362,7 +290,71 @@ fn serve_control(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&session);
-    r
+}
+
+/// The reply to an rdma or fabric set-up frame on session `session`'s control connection: the
+/// node's answer, or the error that refused it.
+fn nic_reply(agent: &AgentInner, session: u128, msg: Msg) -> Msg {
+    let rdma = || {
+        agent
+            .rdma
+            .as_ref()
+            .map_err(|why| Error::unavailable(Path::Rdma, format!("rdma: {why}")))
+    };
+    let fabric = || {
+        agent
+            .fabric
+            .as_ref()
+            .map_err(|why| Error::unavailable(Path::Fabric, format!("fabric: {why}")))
+    };
+    let r = match msg {
+        Msg::RdmaConnect { data } => {
+            rdma()
+                .and_then(|node| node.accept(&data))
+                .map(|(qp, mine)| {
+                    agent
+                        .rdma_qps
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry(session)
+                        .or_default()
+                        .push(qp);
+                    Msg::RdmaConnect { data: mine }
+                })
+        }
+        Msg::RdmaRegion {
+            region,
+            key,
+            write: _,
+        } => {
+            // On the device of this session's queue pairs (the initiator's one rail), which
+            // need not be this agent's default one.
+            let device = agent
+                .rdma_qps
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&session)
+                .and_then(|v| v.first())
+                .map(|qp| qp.local().device.clone());
+            rdma().and_then(|node| node.expose(&agent.registry, region, key, device.as_deref()))
+        }
+        Msg::RdmaRegionOn {
+            region,
+            key,
+            device,
+        } => rdma().and_then(|node| node.expose(&agent.registry, region, key, Some(&device))),
+        Msg::FabricConnect { addr } => fabric()
+            .and_then(|node| node.accept(&addr))
+            .map(|mine| Msg::FabricConnect { addr: mine }),
+        Msg::FabricRegion { region, key } => {
+            fabric().and_then(|node| node.expose(&agent.registry, region, key))
+        }
+        m => Err(Error::Protocol(format!(
+            "frame type {} is no rdma or fabric set-up frame",
+            m.kind()
+        ))),
+    };
+    r.unwrap_or_else(Msg::Err)
 }
 
 mod handshake;
