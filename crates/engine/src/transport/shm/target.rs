@@ -6,6 +6,7 @@
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::ring_target::RingServer;
 use crate::conn::{trim_fds, Conn};
@@ -13,10 +14,11 @@ use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
 use crate::mem::Mapping;
 use crate::notes::Notification;
-use crate::region::{Lease, Registry};
+use crate::region::{Lease, RegionKey, Registry};
 use crate::routing::path::Path;
+use crate::served::Counters;
 use crate::transport::Serving;
-use crate::wire::Msg;
+use crate::wire::{Msg, ShmOp};
 
 /// Serves an authenticated shm connection (its bounce buffer mapped) until it ends: `from` is
 /// the peer's name.
@@ -65,38 +67,7 @@ pub(crate) fn serve_target<S: Serving>(
                 Err(e) => c.send(&Msg::Err(e))?,
             },
             Msg::ShmBegin { xfer: _, ops } => {
-                let max = agent.config().limits.max_leases_per_conn;
-                let mut errors = Vec::new();
-                let mut refused = 0usize;
-                for (i, op) in ops.iter().enumerate() {
-                    if held.len() >= max {
-                        refused += 1;
-                        errors.push((
-                            i as u32,
-                            Error::LimitReached {
-                                what: "leases held by this shm connection (ShmBegin without \
-                                       ShmEnd) reached max_leases_per_conn"
-                                    .into(),
-                                limit: max as u64,
-                            },
-                        ));
-                        continue;
-                    }
-                    match reg.check_remote(op.region, op.key, op.offset, op.len, op.write, wait) {
-                        Ok(l) => {
-                            // Granted: the initiator copies through its mapping now.
-                            served.add(op.write, op.len);
-                            held.push(l)
-                        }
-                        Err(e) => errors.push((i as u32, e)),
-                    }
-                }
-                if refused > 0 {
-                    agent.hits().hit(
-                        &agent.hits().leases,
-                        &format!("{refused} ShmBegin op(s) refused: max_leases_per_conn ({max})"),
-                    );
-                }
+                let errors = begin(&**agent, &mut held, &served, &ops);
                 c.send(&Msg::ShmBeginResult { errors })?;
             }
             Msg::ShmStaged {
@@ -108,26 +79,7 @@ pub(crate) fn serve_target<S: Serving>(
                 offset,
                 len,
             } => {
-                if len > bounce.len() as u64 {
-                    c.send(&Msg::Err(Error::FrameTooLarge {
-                        len,
-                        limit: bounce.len() as u64,
-                    }))?;
-                    continue;
-                }
-                let dir = if write {
-                    Dir::IntoRegion
-                } else {
-                    Dir::OutOfRegion
-                };
-                let r = reg
-                    .check_remote(region, key, offset, len, write, wait)
-                    .and_then(|lease| {
-                        // SAFETY: both spans are len bytes of live memory (bounce: len <=
-                        // bounce.len(); region: bounds-checked under the lease); they are
-                        // distinct allocations, so they do not overlap.
-                        unsafe { copy_span(&lease, offset, bounce.ptr(), len as usize, dir) }
-                    });
+                let r = staged(reg, wait, bounce, (write, region, key, offset, len));
                 match r {
                     Ok(()) => {
                         served.add(write, len);
@@ -210,6 +162,79 @@ pub(crate) fn serve_target<S: Serving>(
             }
         }
     }
+}
+
+/// Takes a lease on each op of a `ShmBegin` that passes the checks, into `held` (at most
+/// `max_leases_per_conn` held per connection), counting the granted bytes: the initiator then
+/// copies through its mapping. Returns the refused ops with why.
+fn begin<S: Serving>(
+    agent: &S,
+    held: &mut Vec<Lease>,
+    served: &Counters,
+    ops: &[ShmOp],
+) -> Vec<(u32, Error)> {
+    let reg = agent.registry();
+    let wait = agent.config().io_timeout;
+    let max = agent.config().limits.max_leases_per_conn;
+    let mut errors = Vec::new();
+    let mut refused = 0usize;
+    for (i, op) in ops.iter().enumerate() {
+        if held.len() >= max {
+            refused += 1;
+            errors.push((
+                i as u32,
+                Error::LimitReached {
+                    what: "leases held by this shm connection (ShmBegin without ShmEnd) \
+                           reached max_leases_per_conn"
+                        .into(),
+                    limit: max as u64,
+                },
+            ));
+            continue;
+        }
+        match reg.check_remote(op.region, op.key, op.offset, op.len, op.write, wait) {
+            Ok(l) => {
+                served.add(op.write, op.len);
+                held.push(l)
+            }
+            Err(e) => errors.push((i as u32, e)),
+        }
+    }
+    if refused > 0 {
+        agent.hits().hit(
+            &agent.hits().leases,
+            &format!("{refused} ShmBegin op(s) refused: max_leases_per_conn ({max})"),
+        );
+    }
+    errors
+}
+
+/// A `ShmStaged` op: copies `len` bytes between the bounce buffer and the region, into it
+/// (`write`) or out of it, under a lease.
+fn staged(
+    reg: &Registry,
+    wait: Duration,
+    bounce: &Mapping,
+    (write, region, key, offset, len): (bool, u64, RegionKey, u64, u64),
+) -> Result<()> {
+    if len > bounce.len() as u64 {
+        return Err(Error::FrameTooLarge {
+            len,
+            limit: bounce.len() as u64,
+        });
+    }
+    let dir = if write {
+        Dir::IntoRegion
+    } else {
+        Dir::OutOfRegion
+    };
+    reg.check_remote(region, key, offset, len, write, wait)
+        .and_then(|lease| {
+            // SAFETY: both spans are len bytes of live memory (bounce: len <= bounce.len();
+            // region: bounds-checked under the lease); they are distinct allocations, so they
+            // do not overlap.
+            unsafe { copy_span(&lease, offset, bounce.ptr(), len as usize, dir) }
+        })
 }
 
 /// Checks a mapping request and returns an fd to pass: the region's memfd when peers may write, a
