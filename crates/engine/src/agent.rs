@@ -14,16 +14,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use crate::accepted::Queue;
 use crate::admission::Gate;
 use crate::agent_state::{AgentInner, PeerInfo};
 use crate::auth::Secret;
 use crate::config::{boot_host_id, AgentConfig};
 use crate::error::{Error, Result};
 use crate::gpu::{AgentGpu, DeviceOrigin, DeviceRegion, LocalPeer};
-use crate::inbound::Queue;
 use crate::limits::LimitHits;
-use crate::notes::NoteQueue;
-use crate::notes::Notification;
+use crate::notifications::Notification;
+use crate::notifications::NotificationQueue;
 use crate::peer::Peer;
 use crate::region::{Access, Region, RegionScope, Registry};
 use crate::routing::path::Path;
@@ -114,7 +114,7 @@ impl Agent {
                 "fabric not enabled on this agent (GDX_TRANSPORTS does not name it)".to_string(),
             ))
         };
-        let notes = NoteQueue::new(
+        let notifications = NotificationQueue::new(
             cfg.limits.max_queued_notifications,
             cfg.limits.max_queued_notification_bytes,
         );
@@ -126,11 +126,11 @@ impl Agent {
             listen_addr,
             shm_name,
             sessions: Mutex::new(HashMap::new()),
-            notes,
+            notifications,
             secret,
             gate: Arc::new(Gate::default()),
             hits: LimitHits::default(),
-            inbound: Queue::default(),
+            accepted: Queue::default(),
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
             shutdown: AtomicBool::new(false),
@@ -138,7 +138,7 @@ impl Agent {
             rdma,
             rdma_qps: Mutex::new(HashMap::new()),
             stats: Arc::default(),
-            served: crate::served::Served::default(),
+            served: crate::target_stats::Served::default(),
             fabric,
             rails: Mutex::default(),
             cuda: Arc::new(OnceLock::new()),
@@ -541,12 +541,12 @@ impl Agent {
     /// # Errors
     /// [`Error::Timeout`] if none arrives in time.
     pub fn wait_notification(&self, timeout: Duration) -> Result<Notification> {
-        self.inner.notes.pop(timeout)
+        self.inner.notifications.pop(timeout)
     }
 
     /// The next notification if one is queued.
     pub fn try_notification(&self) -> Option<Notification> {
-        self.inner.notes.try_pop()
+        self.inner.notifications.try_pop()
     }
 
     /// Waits up to `timeout` for the next peer to connect in, and says who it is.
@@ -554,7 +554,7 @@ impl Agent {
     /// # Errors
     /// [`Error::Timeout`] if no peer connects in time.
     pub fn accept(&self, timeout: Duration) -> Result<PeerInfo> {
-        self.inner.inbound.pop(timeout)
+        self.inner.accepted.pop(timeout)
     }
 }
 

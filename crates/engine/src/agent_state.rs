@@ -8,15 +8,15 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::accepted::Queue;
 use crate::admission::Gate;
 use crate::auth::Secret;
 use crate::config::{AgentConfig, Transports};
 use crate::conn::Sock;
 use crate::error::Result;
 use crate::gpu::LocalPeer;
-use crate::inbound::Queue;
 use crate::limits::LimitHits;
-use crate::notes::{NoteQueue, Notification};
+use crate::notifications::{Notification, NotificationQueue};
 use crate::region::Registry;
 use crate::session::Session;
 use crate::stats::Stats;
@@ -49,12 +49,12 @@ pub(crate) struct AgentInner {
     pub(crate) shm_name: Option<String>,
     /// session id → what data streams and shm connections joining it must prove.
     pub(crate) sessions: Mutex<HashMap<u128, Session>>,
-    pub(crate) notes: NoteQueue,
+    pub(crate) notifications: NotificationQueue,
     /// The secret peers prove they hold; `None` only in insecure mode.
     pub(crate) secret: Option<Secret>,
     pub(crate) gate: Arc<Gate>,
     pub(crate) hits: LimitHits,
-    pub(crate) inbound: Queue<PeerInfo>,
+    pub(crate) accepted: Queue<PeerInfo>,
     pub(crate) conns: Mutex<HashMap<u64, Sock>>,
     pub(crate) next_conn: AtomicU64,
     pub(crate) shutdown: AtomicBool,
@@ -67,7 +67,7 @@ pub(crate) struct AgentInner {
     /// What this agent moved ([`Agent::stats`]).
     pub(crate) stats: Arc<Stats>,
     /// What peers moved through this agent ([`Agent::served`]).
-    pub(crate) served: crate::served::Served,
+    pub(crate) served: crate::target_stats::Served,
     /// The libfabric endpoint, or why this agent does not offer fabric.
     pub(crate) fabric: Result<Arc<FabricNode>>,
     /// The rails of outbound peer connections ([`Agent::rails`]): peer name, address, rails
@@ -81,7 +81,7 @@ pub(crate) struct AgentInner {
     pub(crate) cluster: Mutex<String>,
 }
 
-impl crate::transport::Serving for AgentInner {
+impl crate::transport::AgentView for AgentInner {
     fn registry(&self) -> &Registry {
         &self.registry
     }
@@ -91,11 +91,12 @@ impl crate::transport::Serving for AgentInner {
     fn hits(&self) -> &LimitHits {
         &self.hits
     }
-    fn served(&self) -> &crate::served::Served {
+    fn served(&self) -> &crate::target_stats::Served {
         &self.served
     }
     fn deliver(&self, n: Notification) -> Result<()> {
-        self.notes.push(n, self.cfg.io_timeout / 2, &self.hits)
+        self.notifications
+            .push(n, self.cfg.io_timeout / 2, &self.hits)
     }
 }
 

@@ -52,6 +52,7 @@
 #![deny(missing_docs)]
 // Lints: [workspace.lints] in the root Cargo.toml (unsafe contracts, no unwrap/expect/panic).
 
+mod accepted;
 mod admission;
 mod agent;
 mod agent_state;
@@ -63,21 +64,20 @@ mod desc;
 mod error;
 pub mod file;
 mod gpu;
-mod inbound;
 mod limits;
 mod mem;
-mod notes;
+mod notifications;
 mod peer;
 mod rails;
 mod region;
-mod ring;
 mod routing;
 pub mod serve;
-mod served;
 mod server;
 mod session;
+mod shm_ring;
 mod spin;
 mod stats;
+mod target_stats;
 mod transfer;
 mod transport;
 pub mod wire;
@@ -93,8 +93,8 @@ pub use gpu::{
     PinnedRegion, Span, StagedTuning,
 };
 pub use limits::{LimitHits, Limits};
-pub use notes::Notification;
-pub use notes::MAX_NOTIFICATION_BYTES;
+pub use notifications::Notification;
+pub use notifications::MAX_NOTIFICATION_BYTES;
 pub use peer::{Expected, Peer, PreparedTransfer};
 pub use rails::{PeerRails, RailInfo, RailState, MAX_RAILS};
 pub use region::{
@@ -106,9 +106,9 @@ pub use routing::calibration::{
 pub use routing::plan::{Path, PeerRoute, Plan};
 pub use routing::planner;
 pub use routing::planner::Policy;
-pub use served::ServedStat;
 pub use spin::{current_cpu, leave_cpu};
 pub use stats::{reason_label, LatencyStat, PathStat, StatsSnapshot, LATENCY_BOUNDS_S};
+pub use target_stats::ServedStat;
 pub use transfer::{
     Batching, OpKind, OpResult, OpResults, OpResultsIter, OpStatus, Status, Transfer,
     TransferHandle, TransferReport,

@@ -610,7 +610,7 @@ impl Peer {
     pub fn notify(&self, data: impl Into<Vec<u8>>) -> Result<()> {
         let data = data.into();
         // Refused here: the peer would close the whole connection on an oversized frame.
-        crate::notes::check_size(data.len())?;
+        crate::notifications::check_size(data.len())?;
         match self.request(&Msg::Notify { xfer: 0, data })? {
             Msg::Ok => Ok(()),
             m => Err(Error::Protocol(format!(

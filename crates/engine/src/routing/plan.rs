@@ -305,7 +305,7 @@ fn plan_shm(
                      travels inline in the control ring instead",
                     r.trim_start_matches("shm: "),
                     gdx_sys::os::CMA_MAX_IOV,
-                    crate::ring::INLINE_MAX >> 10
+                    crate::shm_ring::INLINE_MAX >> 10
                 )
                 .into(),
             },

@@ -7,7 +7,7 @@
 //! and the control connection itself: region look-ups, notifications, and the rdma and fabric
 //! connection set-up (their nodes' `accept` and `expose`). Once a data stream or shm connection
 //! is authenticated it is handed to its transport's target half (`transport::tcp::serve_stream`,
-//! `transport::shm::serve_target`) with the agent seen through `transport::Serving`.
+//! `transport::shm::serve_target`) with the agent seen through `transport::AgentView`.
 //!
 //! Every op is checked by `Registry::check_remote` (id, key, access, bounds) before memory is
 //! touched. Decode errors and protocol violations close the connection after an `Err` frame.
@@ -23,9 +23,9 @@ use crate::agent_state::{AgentInner, PeerInfo};
 use crate::config::Transports;
 use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
-use crate::notes::Notification;
+use crate::notifications::Notification;
 use crate::routing::path::Path;
-use crate::transport::Serving;
+use crate::transport::AgentView;
 use crate::wire::{Hello, Msg};
 
 /// Largest frame body accepted before a connection authenticated (a `Hello` with the longest
@@ -216,7 +216,7 @@ fn serve_control(
         cluster,
     };
     let from = h.agent_name.clone();
-    agent.inbound.push(PeerInfo {
+    agent.accepted.push(PeerInfo {
         name: h.agent_name,
         agent_id: h.agent_id,
         host_id: h.host_id,

@@ -252,7 +252,7 @@ pub enum Msg {
         mr_key: u64,
     },
     /// Shm: attaches the control ring (its memfd travels with the frame); `slots` and
-    /// `slot_bytes` must match the target's layout (`ring.rs`).
+    /// `slot_bytes` must match the target's layout (`shm_ring.rs`).
     ShmRing {
         slots: u32,
         slot_bytes: u32,

@@ -164,14 +164,14 @@ impl ShmTransport {
         }
         conn.end_handshake(io_timeout)?;
         // The control ring: attached once, before any transfer.
-        let r = crate::ring::Ring::create()?;
+        let r = crate::shm_ring::Ring::create()?;
         let rfd = r
             .fd()
             .ok_or_else(|| Error::unavailable(None, "shm ring has no fd"))?;
         conn.send_with_fd(
             &Msg::ShmRing {
-                slots: crate::ring::SLOTS as u32,
-                slot_bytes: crate::ring::SLOT_BYTES as u32,
+                slots: crate::shm_ring::SLOTS as u32,
+                slot_bytes: crate::shm_ring::SLOT_BYTES as u32,
             },
             rfd,
         )?;

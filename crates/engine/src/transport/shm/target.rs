@@ -13,16 +13,16 @@ use crate::conn::{trim_fds, Conn};
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
 use crate::mem::Mapping;
-use crate::notes::Notification;
+use crate::notifications::Notification;
 use crate::region::{Lease, RegionKey, Registry};
 use crate::routing::path::Path;
-use crate::served::Counters;
-use crate::transport::Serving;
+use crate::target_stats::Counters;
+use crate::transport::AgentView;
 use crate::wire::{Msg, ShmOp};
 
 /// Serves an authenticated shm connection (its bounce buffer mapped) until it ends: `from` is
 /// the peer's name.
-pub(crate) fn serve_target<S: Serving>(
+pub(crate) fn serve_target<S: AgentView>(
     agent: &Arc<S>,
     c: &mut Conn,
     bounce: &Mapping,
@@ -113,16 +113,16 @@ pub(crate) fn serve_target<S: Serving>(
                 if ring.is_some() {
                     return Err(Error::Protocol("a second ShmRing on one connection".into()));
                 }
-                if slots as usize != crate::ring::SLOTS
-                    || slot_bytes as usize != crate::ring::SLOT_BYTES
+                if slots as usize != crate::shm_ring::SLOTS
+                    || slot_bytes as usize != crate::shm_ring::SLOT_BYTES
                 {
                     return Err(Error::Protocol(format!(
                         "shm ring of {slots} x {slot_bytes} B, expected {} x {} B",
-                        crate::ring::SLOTS,
-                        crate::ring::SLOT_BYTES
+                        crate::shm_ring::SLOTS,
+                        crate::shm_ring::SLOT_BYTES
                     )));
                 }
-                let r = crate::ring::Ring::attach(fd.as_raw_fd())?;
+                let r = crate::shm_ring::Ring::attach(fd.as_raw_fd())?;
                 drop(fd);
                 ring = Some(RingServer::start(
                     Arc::clone(agent),
@@ -167,7 +167,7 @@ pub(crate) fn serve_target<S: Serving>(
 /// Takes a lease on each op of a `ShmBegin` that passes the checks, into `held` (at most
 /// `max_leases_per_conn` held per connection), counting the granted bytes: the initiator then
 /// copies through its mapping. Returns the refused ops with why.
-fn begin<S: Serving>(
+fn begin<S: AgentView>(
     agent: &S,
     held: &mut Vec<Lease>,
     served: &Counters,

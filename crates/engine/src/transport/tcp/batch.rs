@@ -15,7 +15,7 @@ use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::region::{Lease, LeaseKind, Registry};
 use crate::routing::plan::Path;
-use crate::served::Counters;
+use crate::target_stats::Counters;
 use crate::transfer::{OpKind, XferState};
 use crate::wire::{BatchEntry, Msg, MAX_BATCH_ENTRIES};
 

@@ -509,7 +509,7 @@ impl TcpTransport {
                 let until = Instant::now() + crate::spin::TCP_SUBMIT_SPIN;
                 while got < sent.len() {
                     let left = until.saturating_duration_since(Instant::now());
-                    if left.is_zero() || !crate::ring::spin_until(left, || conn.poll_input()) {
+                    if left.is_zero() || !crate::shm_ring::spin_until(left, || conn.poll_input()) {
                         break;
                     }
                     if let Err(e) =

@@ -17,8 +17,8 @@ use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::gpu::{Stager, Ticket, DEPTH};
 use crate::region::{Lease, RegionKey, Registry};
-use crate::served::Counters;
-use crate::transport::Serving;
+use crate::target_stats::Counters;
+use crate::transport::AgentView;
 use crate::wire::Msg;
 
 /// A GPU write whose host-to-device copy is queued: acknowledged once the copy is done.
@@ -60,7 +60,7 @@ fn land(c: &mut Conn, stager: &Stager, q: &mut VecDeque<Landing>, keep: usize) -
 /// Serves an authenticated tcp data stream until it ends: writes land in the region (GPU ones
 /// through the staging pipeline, acknowledged in request order), reads are answered from it;
 /// `served` counts what moved.
-pub(crate) fn serve_stream<S: Serving>(
+pub(crate) fn serve_stream<S: AgentView>(
     agent: &S,
     c: &mut Conn,
     served: &Arc<Counters>,
