@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use super::chunks::Staging;
-use super::Chunk;
+use super::job::Chunk;
 use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::region::{Lease, LeaseKind, Registry};

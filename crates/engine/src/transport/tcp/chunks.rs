@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::{Chunk, Job, WINDOW};
+use super::job::{Chunk, Job, WINDOW};
 use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::gpu::{Stager, Ticket, DEPTH};

@@ -46,16 +46,15 @@ use crate::wire::Msg;
 
 mod batch;
 mod chunks;
+mod job;
 mod queue;
 mod target;
 
 pub(crate) use batch::TCP_BATCH_BIT;
 use chunks::{await_replies, fail_chunks, recv_reply, run_job, send_chunk, Broke, Staging, Tally};
+use job::{Chunk, Group, Job, WINDOW};
 use queue::JobQueue;
 pub(crate) use target::serve_stream;
-
-/// Chunks in flight per stream before waiting for a confirmation.
-const WINDOW: usize = 16;
 
 /// Largest transfer (all its bytes) the submitting thread writes itself. Far below a socket's
 /// buffer, so on an idle stream the write never waits for the peer, even a stalled one.
@@ -73,32 +72,6 @@ const MIN_SLICE: u64 = 256 << 10;
 
 /// Smallest job whose duration is taken as a throughput sample (below, latency dominates).
 pub(crate) const MEASURE_BYTES: u64 = 1 << 20;
-
-#[derive(Debug, Clone, Copy)]
-struct Chunk {
-    op: u32,
-    idx: u32,
-    /// Offset of the chunk inside its op.
-    off: u64,
-    len: u32,
-}
-
-/// Completion bookkeeping shared by the streams running one transfer.
-#[derive(Debug)]
-struct Group {
-    left: AtomicUsize,
-    control: Arc<Mutex<Conn>>,
-}
-
-#[derive(Debug)]
-struct Job {
-    xfer: Arc<XferState>,
-    chunks: Vec<Chunk>,
-    group: Arc<Group>,
-    /// Chunks the submitting thread already sent (in order, all of `chunks` that were sent):
-    /// the stream's thread only receives their replies.
-    sent: Option<Vec<Chunk>>,
-}
 
 /// One data stream's connection and what its users share.
 struct Stream {
