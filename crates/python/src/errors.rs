@@ -188,5 +188,22 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Unavailable", py.get_type::<Unavailable>())?;
     m.add("StrictViolation", py.get_type::<StrictViolation>())?;
     m.add("BadCheckpoint", py.get_type::<BadCheckpoint>())?;
+    // The fields `to_py` sets, `None` on the class: every instance has them, set or not.
+    let fields: [(&Bound<'_, pyo3::types::PyType>, &[&str]); 5] = [
+        (&py.get_type::<PeerLost>(), &["errno"]),
+        (&py.get_type::<AccessDenied>(), &["kind", "region"]),
+        (&py.get_type::<NotFound>(), &["name", "region"]),
+        (&py.get_type::<Unavailable>(), &["path"]),
+        (&py.get_type::<StrictViolation>(), &["path"]),
+    ];
+    for (class, names) in fields {
+        for name in names {
+            class.setattr(*name, py.None())?;
+        }
+    }
+    let base = py.get_type::<Error>();
+    for name in ["path", "region", "addr"] {
+        base.setattr(name, py.None())?;
+    }
     Ok(())
 }

@@ -26,6 +26,10 @@ def test_hierarchy():
     ):
         assert issubclass(cls, gdx.Error) and cls is not gdx.Error
     assert issubclass(gdx.Error, Exception)
+    # The typed fields exist on every instance, None when not set.
+    e = gdx.PeerLost("x")
+    assert e.errno is None and e.region is None and e.path is None
+    assert gdx.AccessDenied("x").kind is None
 
 
 def test_wrong_region_name_is_not_found(agent, peer):
