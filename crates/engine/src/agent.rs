@@ -10,13 +10,13 @@ use std::marker::PhantomData;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixListener;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::accepted::Queue;
 use crate::admission::Gate;
-use crate::agent_state::{AgentInner, PeerInfo};
+use crate::agent_state::{AgentInner, Conns, PeerInfo};
 use crate::auth::Secret;
 use crate::config::{boot_host_id, AgentConfig};
 use crate::error::{Error, Result};
@@ -131,8 +131,7 @@ impl Agent {
             gate: Arc::new(Gate::default()),
             hits: LimitHits::default(),
             accepted: Queue::default(),
-            conns: Mutex::new(HashMap::new()),
-            next_conn: AtomicU64::new(1),
+            conns: Conns::default(),
             shutdown: AtomicBool::new(false),
             strict: AtomicBool::new(crate::routing::planner::strict_from_env()?),
             rdma,
@@ -575,14 +574,6 @@ impl Drop for Agent {
                 let _ = std::os::unix::net::UnixStream::connect_addr(&addr);
             }
         }
-        for (_, s) in self
-            .inner
-            .conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain()
-        {
-            s.shutdown();
-        }
+        self.inner.conns.shutdown_all();
     }
 }

@@ -55,8 +55,7 @@ pub(crate) struct AgentInner {
     pub(crate) gate: Arc<Gate>,
     pub(crate) hits: LimitHits,
     pub(crate) accepted: Queue<PeerInfo>,
-    pub(crate) conns: Mutex<HashMap<u64, Sock>>,
-    pub(crate) next_conn: AtomicU64,
+    pub(crate) conns: Conns,
     pub(crate) shutdown: AtomicBool,
     /// Strict mode for GPU regions ([`Agent::set_strict`]; `GDX_STRICT` at start).
     pub(crate) strict: AtomicBool,
@@ -100,19 +99,47 @@ impl crate::transport::AgentView for AgentInner {
     }
 }
 
+/// The inbound sockets open now, so that dropping the agent can shut them down.
+#[derive(Debug)]
+pub(crate) struct Conns {
+    open: Mutex<HashMap<u64, Sock>>,
+    next: AtomicU64,
+}
+
+impl Default for Conns {
+    fn default() -> Self {
+        Conns {
+            open: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+        }
+    }
+}
+
+impl Conns {
+    /// Shuts every tracked socket down and forgets it.
+    pub(crate) fn shutdown_all(&self) {
+        for (_, s) in self.open.lock().unwrap_or_else(|p| p.into_inner()).drain() {
+            s.shutdown();
+        }
+    }
+}
+
 impl AgentInner {
     /// Remembers an inbound socket so that dropping the agent can shut it down.
     pub(crate) fn track(&self, s: Sock) -> u64 {
-        let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let id = self.conns.next.fetch_add(1, Ordering::Relaxed);
         self.conns
+            .open
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, s);
         id
     }
 
+    /// Forgets socket `id` (its connection ended).
     pub(crate) fn untrack(&self, id: u64) {
         self.conns
+            .open
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);

@@ -436,6 +436,56 @@ fn the_cycle_finder_sees_a_cycle() {
     );
 }
 
+/// Paths resolve from where they are written, through child modules and re-exports.
+#[test]
+fn paths_resolve_through_children_ancestors_and_re_exports() {
+    let mut code = BTreeMap::new();
+    for m in [
+        "",
+        "server",
+        "server::handshake",
+        "agent_state",
+        "error",
+        "region",
+    ] {
+        code.insert(m.to_string(), String::new());
+    }
+    let mut krate = Crate {
+        code,
+        names: BTreeMap::new(),
+    };
+    // region/mod.rs: `pub use crate::error::Error;`
+    let reexport = [("Error".to_string(), "error::Error".to_string())];
+    krate
+        .names
+        .insert("region".into(), reexport.into_iter().collect());
+    let none = BTreeMap::new();
+    let abs = |m: &str, p: &str| krate.absolute(m, p, &none);
+    // A bare path from a child module (`use handshake::check_name;` in server/mod.rs).
+    assert_eq!(
+        abs("server", "handshake::check_name").unwrap(),
+        "server::handshake::check_name"
+    );
+    assert_eq!(
+        abs("server::handshake", "super::super::agent_state::X").unwrap(),
+        "agent_state::X"
+    );
+    assert_eq!(
+        abs("server", "self::handshake").unwrap(),
+        "server::handshake"
+    );
+    // Another crate, or a name the module did not import: not an engine path.
+    assert_eq!(abs("server", "gdx_rdma::Qp"), None);
+    assert_eq!(
+        krate.resolve("server::handshake::check_name", 0).unwrap(),
+        "server::handshake"
+    );
+    assert_eq!(
+        krate.resolve("region::Error::PeerLost", 0).unwrap(),
+        "error"
+    );
+}
+
 /// docs/architecture.md names every crate of the workspace and every engine folder, and
 /// nothing that is not there.
 #[test]
