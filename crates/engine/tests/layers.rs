@@ -53,28 +53,86 @@ fn modules(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
     }
 }
 
-/// The code of a file without comments, string literals and its unit-test module.
+/// The code of a file without comments, string and char literals, and its unit-test module:
+/// what is left holds only the paths the code names.
 fn code(src: &str) -> String {
     let src = src
         .split("#[cfg(test)]\nmod tests")
         .next()
         .unwrap_or_default();
-    let src = src
-        .lines()
-        .map(|l| l.split("//").next().unwrap_or_default())
-        .collect::<Vec<_>>()
-        .join("\n");
+    let c: Vec<char> = src.chars().collect();
     let mut out = String::with_capacity(src.len());
-    let mut in_str = false;
-    let mut prev = ' ';
-    for c in src.chars() {
-        if c == '"' && prev != '\\' && prev != '\'' {
-            in_str = !in_str;
-            out.push('"');
-        } else if !in_str {
-            out.push(c);
+    let mut i = 0;
+    while i < c.len() {
+        let next = c.get(i + 1).copied();
+        match c[i] {
+            '/' if next == Some('/') => {
+                while i < c.len() && c[i] != '\n' {
+                    i += 1;
+                }
+            }
+            '/' if next == Some('*') => {
+                let mut depth = 0;
+                while i < c.len() {
+                    if c[i] == '/' && c.get(i + 1) == Some(&'*') {
+                        depth += 1;
+                        i += 1;
+                    } else if c[i] == '*' && c.get(i + 1) == Some(&'/') {
+                        depth -= 1;
+                        i += 1;
+                        if depth == 0 {
+                            i += 1;
+                            break;
+                        }
+                    }
+                    i += 1;
+                }
+            }
+            // A raw string: r"..." or r#"..."#, closed by the same number of #.
+            'r' if (next == Some('"') || next == Some('#')) && (i == 0 || !is_ident(c[i - 1])) => {
+                let mut j = i + 1;
+                while c.get(j) == Some(&'#') {
+                    j += 1;
+                }
+                let hashes = j - i - 1;
+                if c.get(j) != Some(&'"') {
+                    out.push('r');
+                    i += 1;
+                    continue;
+                }
+                j += 1;
+                while j < c.len() {
+                    if c[j] == '"' && (0..hashes).all(|k| c.get(j + 1 + k) == Some(&'#')) {
+                        j += 1 + hashes;
+                        break;
+                    }
+                    j += 1;
+                }
+                out.push_str("\"\"");
+                i = j;
+            }
+            '"' => {
+                i += 1;
+                while i < c.len() && c[i] != '"' {
+                    i += if c[i] == '\\' { 2 } else { 1 };
+                }
+                out.push_str("\"\"");
+                i += 1;
+            }
+            // A char literal ('x', '\n', '\''), not a lifetime ('a).
+            '\'' if next == Some('\\') || c.get(i + 2) == Some(&'\'') => {
+                i += 1;
+                while i < c.len() && c[i] != '\'' {
+                    i += if c[i] == '\\' { 2 } else { 1 };
+                }
+                out.push_str("' '");
+                i += 1;
+            }
+            ch => {
+                out.push(ch);
+                i += 1;
+            }
         }
-        prev = if prev == '\\' && c == '\\' { ' ' } else { c };
     }
     out
 }
@@ -430,6 +488,10 @@ fn the_cycle_finder_sees_a_cycle() {
             "f=crate::e::f"
         ]
     );
+    let stripped = code(
+        "let u = \"http://x\"; crate::a::B; // crate::c::D\n'\\''; r#\"crate::e\"#; crate::f::G",
+    );
+    assert_eq!(expr_paths(&stripped), ["crate::a::B", "crate::f::G"]);
     assert_eq!(
         expr_paths("x = crate::d::e(); y: gdx_base::stats::M; handshake::run()"),
         ["crate::d::e", "gdx_base::stats::M", "handshake::run"]
