@@ -23,8 +23,10 @@ const REMAINING: &[(&str, usize, &str)] = &[
     (
         "transport::shm::ring",
         5,
-        "the shm initiator's files share `Worker`, defined in transport/shm/mod.rs, which \
-         drives them",
+        "`Worker`, the shm connection's state (transport/shm/mod.rs), is one type whose \
+         methods are split over ring.rs, ring_inline.rs, cma.rs (impl Worker blocks) and which \
+         holds their types (RingClient, Inflight, CmaRegion); cutting it means giving each part \
+         its own state",
     ),
     (
         "gpu::batch",
