@@ -83,7 +83,8 @@ impl fmt::Display for Path {
 impl Path {
     /// How many paths there are.
     pub(crate) const COUNT: usize = 19;
-    /// Every path, in declaration order (`ALL[p.index()] == p`).
+    /// Every path, in declaration order (`ALL[p.index()] == p`). The index travels in a wire
+    /// error (`Strict`, `Unavailable`: docs/wire-protocol.md), so a new path goes at the end.
     pub(crate) const ALL: [Path; Path::COUNT] = [
         Path::Tcp,
         Path::Shm,
