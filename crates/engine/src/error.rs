@@ -621,14 +621,16 @@ pub enum AuthFailure {
 }
 
 impl AuthFailure {
+    /// By wire number: 0 is `Other`, so an error from a build that sends no kind reads as
+    /// unknown rather than as a named check.
     const ALL: [AuthFailure; 7] = [
+        AuthFailure::Other,
         AuthFailure::Proof,
         AuthFailure::Mode,
         AuthFailure::WrongAgent,
         AuthFailure::Session,
         AuthFailure::Sequence,
         AuthFailure::User,
-        AuthFailure::Other,
     ];
 
     /// Its name: `proof`, `mode`, `wrong-agent`, `session`, `sequence`, `user`, `other`.
@@ -646,7 +648,7 @@ impl AuthFailure {
 
     /// Its number on the wire.
     fn code(self) -> u64 {
-        Self::ALL.iter().position(|k| *k == self).unwrap_or(6) as u64
+        Self::ALL.iter().position(|k| *k == self).unwrap_or(0) as u64
     }
 
     fn from_code(c: u64) -> Self {
