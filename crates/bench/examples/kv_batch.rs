@@ -123,7 +123,7 @@ fn decode(s: Shape) -> Result<(), Error> {
         "{}",
         agent
             .listen_addr()
-            .ok_or_else(|| Error::Unavailable("not listening".into()))?
+            .ok_or_else(|| Error::unavailable(None, "not listening"))?
     );
     for _ in 0..s.layers * (s.iters + s.warmup) {
         let n = agent.wait_notification(WAIT)?;
@@ -192,12 +192,12 @@ fn prefill(s: Shape) -> Result<(), Error> {
     let out = child
         .stdout
         .take()
-        .ok_or_else(|| Error::Unavailable("child stdout".into()))?;
+        .ok_or_else(|| Error::unavailable(None, "child stdout"))?;
     let mut lines = BufReader::new(out).lines();
     let mut next = || -> Result<String, Error> {
         lines
             .next()
-            .ok_or_else(|| Error::PeerLost("decode process ended".into()))?
+            .ok_or_else(|| Error::peer_lost("decode process ended"))?
             .map_err(|e| Error::os("read", e))
     };
     let result = (|| -> Result<(), Error> {

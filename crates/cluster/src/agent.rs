@@ -102,15 +102,18 @@ impl NamedTransfer {
     }
 
     /// Waits up to `timeout`; a failure caused by the peer's lease ending is
-    /// `Error::PeerLost("lease expired: ...")`.
+    /// `Error::PeerLost` whose reason starts `lease expired: `.
     ///
     /// # Errors
     /// As [`TransferHandle::wait`].
     pub fn wait(&self, timeout: Duration) -> gdx_engine::Result<TransferReport> {
         match self.handle.wait(timeout) {
-            Err(gdx_engine::Error::PeerLost(m)) => match self.peer.lost() {
-                Some(r) => Err(gdx_engine::Error::PeerLost(format!("{r} ({m})"))),
-                None => Err(gdx_engine::Error::PeerLost(m)),
+            Err(gdx_engine::Error::PeerLost { reason, errno }) => match self.peer.lost() {
+                Some(r) => Err(gdx_engine::Error::PeerLost {
+                    reason: format!("{r} ({reason})"),
+                    errno,
+                }),
+                None => Err(gdx_engine::Error::PeerLost { reason, errno }),
             },
             r => r,
         }
@@ -140,7 +143,7 @@ impl NamedPeer {
 
     fn check(&self) -> gdx_engine::Result<()> {
         match self.inner.lost() {
-            Some(r) => Err(gdx_engine::Error::PeerLost(format!(
+            Some(r) => Err(gdx_engine::Error::peer_lost(format!(
                 "{r}: agent {} instance {}",
                 self.inner.name, self.inner.instance
             ))),

@@ -169,7 +169,7 @@ fn kill_9_drops_keys_within_ttl_and_fails_in_flight_transfer() {
     child.signal(rustix::process::Signal::KILL);
     let killed = std::time::Instant::now();
     match x.wait(Duration::from_secs(60)) {
-        Err(Error::PeerLost(_)) => {}
+        Err(Error::PeerLost { .. }) => {}
         r => panic!("expected PeerLost, got {r:?}"),
     }
     let view = ClusterView::connect(&EtcdOptions::new(&url), "c3").expect("view");
@@ -193,7 +193,7 @@ fn lease_expiry_fails_in_flight_transfer_with_peer_lost() {
     // A stopped process keeps its sockets open: only the lease says it is gone.
     let x = stalled_write(&b, "stuck", &child);
     match x.wait(Duration::from_secs(60)) {
-        Err(Error::PeerLost(m)) => assert!(m.starts_with(LEASE_EXPIRED), "{m}"),
+        Err(Error::PeerLost { reason: m, .. }) => assert!(m.starts_with(LEASE_EXPIRED), "{m}"),
         r => panic!("expected PeerLost(lease expired), got {r:?}"),
     }
     child.signal(rustix::process::Signal::KILL);
@@ -225,8 +225,8 @@ fn restart_same_name_new_instance_old_descriptors_refused() {
     let src = b.agent().alloc(4096, Access::LOCAL, None).expect("src");
     let mut t = Transfer::new();
     t.write(&src, 0, &old, 0, 4096);
-    assert!(matches!(p1.submit(t), Err(Error::PeerLost(_))));
-    assert!(matches!(p1.region("kv"), Err(Error::PeerLost(_))));
+    assert!(matches!(p1.submit(t), Err(Error::PeerLost { .. })));
+    assert!(matches!(p1.region("kv"), Err(Error::PeerLost { .. })));
     // The new instance refuses the old descriptor (its key died with the old process).
     let p2 = b.connect_named("worker").expect("connect 2");
     assert_eq!(p2.instance(), second.instance);

@@ -45,7 +45,7 @@ fn main() -> Result<(), Error> {
             let out = child
                 .stdout
                 .take()
-                .ok_or_else(|| Error::Unavailable("child stdout".into()))?;
+                .ok_or_else(|| Error::unavailable(None, "child stdout"))?;
             let mut addr = String::new();
             BufReader::new(out)
                 .read_line(&mut addr)
@@ -82,7 +82,7 @@ fn serve() -> Result<(), Error> {
         client
             .listen
             .as_deref()
-            .ok_or_else(|| Error::Unavailable("client does not listen".into()))?,
+            .ok_or_else(|| Error::unavailable(None, "client does not listen"))?,
     )?;
     back.notify("pong")?;
     std::thread::sleep(Duration::from_secs(1)); // let the client read before we exit

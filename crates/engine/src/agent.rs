@@ -10,143 +10,26 @@ use std::marker::PhantomData;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixListener;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use crate::accepted::Queue;
 use crate::admission::Gate;
+use crate::agent_state::{AgentInner, Conns, PeerInfo};
 use crate::auth::Secret;
-use crate::config::{boot_host_id, AgentConfig, Transports};
-use crate::conn::Sock;
+use crate::config::{boot_host_id, AgentConfig};
 use crate::error::{Error, Result};
 use crate::gpu::{AgentGpu, DeviceOrigin, DeviceRegion, LocalPeer};
-use crate::inbound::Queue;
 use crate::limits::LimitHits;
-use crate::notes::NoteQueue;
-pub use crate::notes::Notification;
+use crate::notifications::Notification;
+use crate::notifications::NotificationQueue;
 use crate::peer::Peer;
 use crate::region::{Access, Region, RegionScope, Registry};
-pub(crate) use crate::session::Session;
-use crate::stats::{Stats, StatsSnapshot};
+use crate::routing::path::Path;
+use crate::stats::StatsSnapshot;
 use crate::transport::fabric::FabricNode;
 use crate::transport::rdma::RdmaNode;
-
-/// What a peer said about itself in the handshake.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerInfo {
-    /// Agent name.
-    pub name: String,
-    /// Agent id (random per process).
-    pub agent_id: u128,
-    /// Host id (kernel boot id unless overridden).
-    pub host_id: u128,
-    /// Transports the peer offers.
-    pub transports: Transports,
-    /// Where the peer accepts connections, if it listens.
-    pub listen: Option<String>,
-}
-
-/// State shared by the agent handle, its server threads and its peers.
-#[derive(Debug)]
-pub(crate) struct AgentInner {
-    pub(crate) cfg: AgentConfig,
-    pub(crate) id: u128,
-    pub(crate) host_id: u128,
-    pub(crate) registry: Arc<Registry>,
-    pub(crate) listen_addr: Option<SocketAddr>,
-    pub(crate) shm_name: Option<String>,
-    /// session id → what data streams and shm connections joining it must prove.
-    pub(crate) sessions: Mutex<HashMap<u128, Session>>,
-    pub(crate) notes: NoteQueue,
-    /// The secret peers prove they hold; `None` only in insecure mode.
-    pub(crate) secret: Option<Secret>,
-    pub(crate) gate: Arc<Gate>,
-    pub(crate) hits: LimitHits,
-    pub(crate) inbound: Queue<PeerInfo>,
-    conns: Mutex<HashMap<u64, Sock>>,
-    next_conn: AtomicU64,
-    pub(crate) shutdown: AtomicBool,
-    /// Strict mode for GPU regions ([`Agent::set_strict`]; `GDX_STRICT` at start).
-    pub(crate) strict: AtomicBool,
-    /// The RDMA endpoint, or why this agent does not offer rdma.
-    pub(crate) rdma: Result<Arc<RdmaNode>>,
-    /// Queue pairs of inbound rdma connections, per control session.
-    pub(crate) rdma_qps: Mutex<HashMap<u128, Vec<gdx_rdma::Qp>>>,
-    /// What this agent moved ([`Agent::stats`]).
-    pub(crate) stats: Arc<Stats>,
-    /// What peers moved through this agent ([`Agent::served`]).
-    pub(crate) served: crate::served::Served,
-    /// The libfabric endpoint, or why this agent does not offer fabric.
-    pub(crate) fabric: Result<Arc<FabricNode>>,
-    /// The rails of outbound peer connections ([`Agent::rails`]): peer name, address, rails
-    /// (gone once the peer is dropped).
-    pub(crate) rails: Mutex<Vec<(String, String, std::sync::Weak<crate::rails::Rails>)>>,
-    /// This process's CUDA, once known ([`Agent::use_cuda`], or the first
-    /// [`Agent::register_gpu`]): with it a host region reaches a same-host peer's GPU memory
-    /// through that memory's IPC handle, page-locked and copied once, instead of staged.
-    pub(crate) cuda: Arc<OnceLock<LocalPeer>>,
-    /// The cluster this agent proves it belongs to ([`Agent::set_cluster`]; empty: none).
-    pub(crate) cluster: Mutex<String>,
-}
-
-impl crate::transport::Serving for AgentInner {
-    fn registry(&self) -> &Registry {
-        &self.registry
-    }
-    fn config(&self) -> &AgentConfig {
-        &self.cfg
-    }
-    fn hits(&self) -> &LimitHits {
-        &self.hits
-    }
-    fn served(&self) -> &crate::served::Served {
-        &self.served
-    }
-    fn deliver(&self, n: Notification) -> Result<()> {
-        self.notes.push(n, self.cfg.io_timeout / 2, &self.hits)
-    }
-}
-
-impl AgentInner {
-    /// Remembers an inbound socket so that dropping the agent can shut it down.
-    pub(crate) fn track(&self, s: Sock) -> u64 {
-        let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
-        self.conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, s);
-        id
-    }
-
-    pub(crate) fn untrack(&self, id: u64) {
-        self.conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
-    }
-
-    /// The transports this agent offers in its `Hello`: the configured ones, less rdma when no
-    /// RDMA device port opened.
-    pub(crate) fn offered(&self) -> u32 {
-        let mut t = self.cfg.transports;
-        t.rdma &= self.rdma.is_ok();
-        t.fabric &= self.fabric.is_ok();
-        // An shm target of this build understands the cma frames (it may still decline them).
-        let cma = if t.shm {
-            crate::transport::shm::CMA_FRAMES_BIT
-        } else {
-            0
-        };
-        // Its data streams understand the batch frames.
-        t.bits() | cma | crate::transport::tcp::TCP_BATCH_BIT
-    }
-
-    /// The session `session`, if it exists.
-    pub(crate) fn session(&self, session: u128) -> Option<Session> {
-        let s = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        s.get(&session).cloned()
-    }
-}
 
 /// One per process: registers memory, serves peers, connects to peers.
 ///
@@ -218,18 +101,20 @@ impl Agent {
         let rdma = if cfg.transports.rdma {
             RdmaNode::open().map(Arc::new)
         } else {
-            Err(Error::Unavailable(
+            Err(Error::unavailable(
+                Path::Rdma,
                 "rdma disabled on this agent (GDX_TRANSPORTS)".to_string(),
             ))
         };
         let fabric = if cfg.transports.fabric {
             FabricNode::open(cfg.fabric_provider.clone()).map(Arc::new)
         } else {
-            Err(Error::Unavailable(
+            Err(Error::unavailable(
+                Path::Fabric,
                 "fabric not enabled on this agent (GDX_TRANSPORTS does not name it)".to_string(),
             ))
         };
-        let notes = NoteQueue::new(
+        let notifications = NotificationQueue::new(
             cfg.limits.max_queued_notifications,
             cfg.limits.max_queued_notification_bytes,
         );
@@ -241,29 +126,28 @@ impl Agent {
             listen_addr,
             shm_name,
             sessions: Mutex::new(HashMap::new()),
-            notes,
+            notifications,
             secret,
             gate: Arc::new(Gate::default()),
             hits: LimitHits::default(),
-            inbound: Queue::default(),
-            conns: Mutex::new(HashMap::new()),
-            next_conn: AtomicU64::new(1),
+            accepted: Queue::default(),
+            conns: Conns::default(),
             shutdown: AtomicBool::new(false),
             strict: AtomicBool::new(crate::routing::planner::strict_from_env()?),
             rdma,
             rdma_qps: Mutex::new(HashMap::new()),
             stats: Arc::default(),
-            served: crate::served::Served::default(),
+            served: crate::target_stats::Served::default(),
             fabric,
             rails: Mutex::default(),
             cuda: Arc::new(OnceLock::new()),
             cluster: Mutex::default(),
         });
         if let Ok(node) = &inner.fabric {
-            let _ = inner.registry.fabric.set(Arc::clone(node));
+            inner.registry.attach(Arc::clone(node) as _);
         }
         if let Ok(node) = &inner.rdma {
-            let _ = inner.registry.rdma.set(Arc::clone(node));
+            inner.registry.attach(Arc::clone(node) as _);
         }
         if let Some(l) = tcp {
             let a = Arc::clone(&inner);
@@ -632,14 +516,17 @@ impl Agent {
             loop {
                 match TcpStream::connect_timeout(&a, self.inner.cfg.io_timeout) {
                     Ok(s) => match Peer::handshake(Arc::clone(&self.inner), s, a, expect.clone()) {
-                        Err(Error::PeerLost(why)) if tries < 2 => {
+                        Err(Error::PeerLost { reason: why, .. }) if tries < 2 => {
                             log::info!("gdx: handshake with {a} cut ({why}); trying again");
                             tries += 1;
                         }
                         other => return other,
                     },
                     Err(e) => {
-                        last = Error::Unreachable(format!("{a}: {e}"));
+                        last = Error::Unreachable {
+                            addr: a.to_string(),
+                            why: e.to_string(),
+                        };
                         break;
                     }
                 }
@@ -653,12 +540,12 @@ impl Agent {
     /// # Errors
     /// [`Error::Timeout`] if none arrives in time.
     pub fn wait_notification(&self, timeout: Duration) -> Result<Notification> {
-        self.inner.notes.pop(timeout)
+        self.inner.notifications.pop(timeout)
     }
 
     /// The next notification if one is queued.
     pub fn try_notification(&self) -> Option<Notification> {
-        self.inner.notes.try_pop()
+        self.inner.notifications.try_pop()
     }
 
     /// Waits up to `timeout` for the next peer to connect in, and says who it is.
@@ -666,7 +553,7 @@ impl Agent {
     /// # Errors
     /// [`Error::Timeout`] if no peer connects in time.
     pub fn accept(&self, timeout: Duration) -> Result<PeerInfo> {
-        self.inner.inbound.pop(timeout)
+        self.inner.accepted.pop(timeout)
     }
 }
 
@@ -687,14 +574,6 @@ impl Drop for Agent {
                 let _ = std::os::unix::net::UnixStream::connect_addr(&addr);
             }
         }
-        for (_, s) in self
-            .inner
-            .conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain()
-        {
-            s.shutdown();
-        }
+        self.inner.conns.shutdown_all();
     }
 }

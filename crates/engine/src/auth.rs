@@ -24,7 +24,7 @@ use sha2::Sha256;
 use spake2::{Ed25519Group, Identity, Password, Spake2};
 
 use crate::conn::Conn;
-use crate::error::{Error, Result};
+use crate::error::{AuthFailure, Error, Result};
 use crate::wire::Msg;
 
 /// An HMAC-SHA256 output.
@@ -225,9 +225,10 @@ impl Pake {
     /// [`Error::AuthFailed`] when the peer's message is not a valid one for its role.
     pub(crate) fn finish(self, theirs: &PakeMsg, what: &str) -> Result<Mac> {
         let k = self.state.finish(theirs).map_err(|e| {
-            Error::AuthFailed(format!(
-                "{what}: the peer's SPAKE2 message is invalid ({e})"
-            ))
+            Error::auth(
+                AuthFailure::Proof,
+                format!("{what}: the peer's SPAKE2 message is invalid ({e})"),
+            )
         })?;
         k.try_into()
             .map_err(|k: Vec<u8>| Error::Protocol(format!("SPAKE2 key of {} bytes", k.len())))
@@ -260,17 +261,17 @@ pub(crate) fn accept_control(c: &mut Conn, secret: &Secret, ctx: &[u8], cn: u128
             if mac_eq(&m, &control_confirm(&k, ctx, cn, sn)) {
                 Ok(session_key(&k, ctx, cn, sn))
             } else {
-                Err(Error::AuthFailed(
+                Err(Error::auth(
+                    AuthFailure::Proof,
                     "control: the initiator's key confirmation is wrong (it holds a different \
-                     secret)"
-                        .into(),
+                     secret)",
                 ))
             }
         }
-        (m, _) => Err(Error::AuthFailed(format!(
-            "control: expected PakeAuth, got frame type {}",
-            m.kind()
-        ))),
+        (m, _) => Err(Error::auth(
+            AuthFailure::Sequence,
+            format!("control: expected PakeAuth, got frame type {}", m.kind()),
+        )),
     }
 }
 
@@ -309,15 +310,18 @@ pub(crate) fn accept(c: &mut Conn, key: &[u8], what: &str, ctx: &[u8], cn: u128)
             if mac_eq(&m, &mac(key, &format!("gdx/3 {what} initiator"), &t)) {
                 Ok(sn)
             } else {
-                Err(Error::AuthFailed(format!(
+                Err(Error::auth(
+                    AuthFailure::Proof,
+                    format!(
                     "{what}: the initiator's proof is wrong (it does not hold this agent's secret)"
-                )))
+                ),
+                ))
             }
         }
-        (m, _) => Err(Error::AuthFailed(format!(
-            "{what}: expected Auth, got frame type {}",
-            m.kind()
-        ))),
+        (m, _) => Err(Error::auth(
+            AuthFailure::Sequence,
+            format!("{what}: expected Auth, got frame type {}", m.kind()),
+        )),
     }
 }
 
@@ -333,10 +337,13 @@ pub(crate) fn answer(
 ) -> Result<()> {
     let t = [ctx, &cn.to_le_bytes()[..], &sn.to_le_bytes()[..]];
     if !mac_eq(&their, &mac(key, &format!("gdx/3 {what} acceptor"), &t)) {
-        return Err(Error::AuthFailed(format!(
-            "{what}: the peer's proof is wrong (it holds a different secret: check \
+        return Err(Error::auth(
+            AuthFailure::Proof,
+            format!(
+                "{what}: the peer's proof is wrong (it holds a different secret: check \
              GDX_SECRET_FILE / --secret-file on both sides)"
-        )));
+            ),
+        ));
     }
     c.send(&Msg::Auth {
         mac: mac(key, &format!("gdx/3 {what} initiator"), &t),

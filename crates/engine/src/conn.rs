@@ -146,7 +146,7 @@ impl Conn {
             e.kind(),
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
         ) {
-            Error::PeerLost(format!("{what}: no answer within the I/O timeout"))
+            Error::peer_lost(format!("{what}: no answer within the I/O timeout"))
         } else {
             Error::from_peer_io(what, e)
         }

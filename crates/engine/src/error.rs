@@ -13,6 +13,8 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::routing::path::Path;
+
 /// Result alias used throughout the engine.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -22,8 +24,15 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// The connection to the peer broke (reset, EOF, no answer within the I/O timeout); the bytes of
     /// any op not yet acknowledged did not provably arrive.
-    #[error("peer lost: {0}")]
-    PeerLost(String),
+    #[error("peer lost: {reason}")]
+    PeerLost {
+        /// What broke, and when.
+        reason: String,
+        /// The OS error number when the loss came from a socket call (`ECONNRESET`, `EPIPE`,
+        /// `ETIMEDOUT`), so a reset can be told from a silent peer; `None` otherwise (EOF, a
+        /// thread that ended).
+        errno: Option<i32>,
+    },
     /// A wait or an operation ran out of time.
     #[error("timed out after {0:?}")]
     Timeout(Duration),
@@ -45,8 +54,11 @@ pub enum Error {
         region: u64,
     },
     /// No region is published under this name.
-    #[error("no region named {0:?}")]
-    NoSuchName(String),
+    #[error("no region named {name:?}")]
+    NoSuchName {
+        /// The name asked for.
+        name: String,
+    },
     /// `offset + len` lies outside the region.
     #[error("out of bounds: offset {offset} + len {len} > region length {region_len}")]
     OutOfBounds {
@@ -113,45 +125,73 @@ pub enum Error {
         /// Why it is refused (out of range, given twice).
         why: String,
     },
-    /// The requested path or transport is not available (with the reason).
-    #[error("unavailable: {0}")]
-    Unavailable(String),
+    /// The requested path, transport or library is not available (with the reason).
+    #[error("unavailable: {why}")]
+    Unavailable {
+        /// The path that cannot run (`rdma`, `fabric`, `ipc`, `cma`, `gds` ...), when the
+        /// refusal is about one; `None` for what no single path needs (CUDA itself, a GPU).
+        path: Option<Path>,
+        /// What is missing, and why.
+        why: String,
+    },
     /// A CUDA driver call failed. (Boxed, like the other large causes, so that an `Error`, and
     /// every `Result` and op status that holds one, stays a few words long.)
     #[error("{0}")]
     Cuda(#[source] Box<gdx_sys::cuda::CudaError>),
     /// Strict mode refused a plan that leaves the direct path; the message is the plan's reason.
-    #[error("strict mode: {0}")]
-    Strict(String),
+    #[error("strict mode: {reason}")]
+    Strict {
+        /// The fallback path refused (`staged`, `fabric-staged`, `file-staged` ...), when one
+        /// was planned; `None` when the direct path failed while running.
+        path: Option<Path>,
+        /// Why the direct path was not taken.
+        reason: String,
+    },
     /// An RDMA verbs step failed here (registration, connection, a work completion error by
     /// name: remote access, retry exceeded, local protection, flushed ...); the verbs error is
     /// the source.
     #[error("rdma: {0}")]
     Rdma(#[source] Box<gdx_rdma::RdmaError>),
-    /// RDMA cannot serve what was asked, for a reason the engine found (a staged registration,
-    /// a region without an rkey), or the peer's RDMA failure as it arrived over the wire (its
-    /// cause stays on the peer). Same wire code as [`Error::Rdma`].
-    #[error("rdma: {0}")]
-    RdmaRefused(String),
+    /// RDMA or fabric cannot serve what was asked, for a reason the engine found (a staged
+    /// registration, a region without an rkey, GPU memory without FI_HMEM), or the peer's RDMA
+    /// or fabric failure as it arrived over the wire (its cause stays on the peer). Same wire
+    /// code as [`Error::Rdma`] (path `rdma`) or [`Error::Fabric`] (path `fabric`).
+    #[error("{path}: {reason}")]
+    Refused {
+        /// [`Path::Rdma`] or [`Path::Fabric`].
+        path: Path,
+        /// The region refused, when the refusal is about one.
+        region: Option<u64>,
+        /// Why.
+        reason: String,
+    },
     /// A libfabric step failed (provider choice, registration, address exchange, a completion
     /// error by name: refused access, cancelled, ...); gdx-fabric's error is the source (shared,
     /// so that the error stays cloneable).
     #[error("fabric: {0}")]
     Fabric(#[source] Arc<gdx_fabric::FabricError>),
-    /// The fabric path cannot serve what was asked, for a reason the engine found (GPU memory
-    /// without FI_HMEM registration), or the peer's fabric failure as it arrived over the wire.
-    /// Same wire code as [`Error::Fabric`].
-    #[error("fabric: {0}")]
-    FabricRefused(String),
     /// The peer did not prove it holds this agent's secret, or this side refused the peer's
     /// authentication mode (one side `insecure`, the other not). Nothing was shared.
-    #[error("authentication failed: {0}")]
-    AuthFailed(String),
+    #[error("authentication failed: {why}")]
+    AuthFailed {
+        /// Which check failed.
+        kind: AuthFailure,
+        /// The check's account, with the remedy.
+        why: String,
+    },
     /// Nothing answered the connect: refused (no agent listens at that address), no route, or no
     /// answer within the I/O timeout. Unlike [`Error::PeerLost`], no connection ever existed and
-    /// nothing was sent; the message is `ADDR: why`.
-    #[error("cannot reach {0} (is a gdx agent listening there? `gdx serve --listen` starts one)")]
-    Unreachable(String),
+    /// nothing was sent.
+    #[error(
+        "cannot reach {addr}: {why} (is a gdx agent listening there? `gdx serve --listen` starts \
+         one)"
+    )]
+    Unreachable {
+        /// The address tried.
+        addr: String,
+        /// Why it did not answer (the connect's error).
+        why: String,
+    },
     /// A configured bound was hit (connections, names, queued notifications, leases, handshake
     /// or idle deadline); `what` names the bound and its setting.
     #[error("limit reached: {what} (limit {limit})")]
@@ -241,17 +281,62 @@ impl Error {
     /// Maps an I/O error on a peer connection: timeouts and broken connections become
     /// [`Error::PeerLost`], since the peer did not answer.
     pub(crate) fn from_peer_io(what: &str, err: io::Error) -> Self {
-        Error::PeerLost(format!("{what}: {err}"))
+        Error::PeerLost {
+            errno: err.raw_os_error(),
+            reason: format!("{what}: {err}"),
+        }
+    }
+
+    /// [`Error::PeerLost`] without an OS error (EOF, a thread that ended, a peer that went
+    /// silent).
+    pub fn peer_lost(reason: impl Into<String>) -> Self {
+        Error::PeerLost {
+            reason: reason.into(),
+            errno: None,
+        }
+    }
+
+    /// [`Error::AuthFailed`] of `kind`.
+    pub(crate) fn auth(kind: AuthFailure, why: impl Into<String>) -> Self {
+        Error::AuthFailed {
+            kind,
+            why: why.into(),
+        }
+    }
+
+    /// [`Error::Strict`] refusing `path` (`None`: no fallback was planned).
+    pub(crate) fn strict(path: impl Into<Option<Path>>, reason: impl Into<String>) -> Self {
+        Error::Strict {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// [`Error::Unavailable`] for `path` (`None`: not about one path).
+    pub fn unavailable(path: impl Into<Option<Path>>, why: impl Into<String>) -> Self {
+        Error::Unavailable {
+            path: path.into(),
+            why: why.into(),
+        }
+    }
+
+    /// [`Error::Refused`] on `path` (rdma or fabric), about `region` if any.
+    pub(crate) fn refused(path: Path, region: Option<u64>, reason: impl Into<String>) -> Self {
+        Error::Refused {
+            path,
+            region,
+            reason: reason.into(),
+        }
     }
 
     /// The code this error travels as on the wire (see `docs/wire-protocol.md`).
     pub fn code(&self) -> u16 {
         match self {
-            Error::PeerLost(_) => 1,
+            Error::PeerLost { .. } => 1,
             Error::Timeout(_) => 2,
             Error::BadKey { .. } => 3,
             Error::NoSuchRegion { .. } => 4,
-            Error::NoSuchName(_) => 5,
+            Error::NoSuchName { .. } => 5,
             Error::OutOfBounds { .. } => 6,
             Error::ReadOnly { .. } => 7,
             Error::NotReadable { .. } => 8,
@@ -263,15 +348,16 @@ impl Error {
             Error::Protocol(_) => 14,
             Error::RegionGone { .. } => 15,
             Error::InvalidArgument(_) | Error::BadBlock { .. } => 16,
-            Error::Unavailable(_) => 17,
+            Error::Unavailable { .. } => 17,
             Error::Os { .. } | Error::Storage(_) => 18,
             Error::Cuda(_) => 19,
-            Error::Strict(_) => 20,
-            Error::Rdma(_) | Error::RdmaRefused(_) => 21,
-            Error::AuthFailed(_) => 22,
+            Error::Strict { .. } => 20,
+            Error::Rdma(_) => 21,
+            Error::Refused { path, .. } if *path == Path::Rdma => 21,
+            Error::AuthFailed { .. } => 22,
             Error::LimitReached { .. } => 23,
-            Error::Unreachable(_) => 24,
-            Error::Fabric(_) | Error::FabricRefused(_) => 25,
+            Error::Unreachable { .. } => 24,
+            Error::Fabric(_) | Error::Refused { .. } => 25,
             Error::Cancelled => 26,
             Error::Remote(r) => r.code,
         }
@@ -280,14 +366,19 @@ impl Error {
     /// Rebuilds an error from its wire code, the numeric argument and the message the peer sent.
     /// Codes carrying structured data keep it (`region`, offsets); codes whose local variant
     /// holds a source (an OS call, CUDA) and unknown codes become [`Error::Remote`]; an RDMA
-    /// failure becomes [`Error::RdmaRefused`] with the peer's text.
+    /// or fabric failure becomes [`Error::Refused`] with the peer's text.
     pub fn from_wire(code: u16, a: u64, b: u64, c: u64, message: String) -> Self {
+        // A present `Option<u64>` travels as its value in one number and 1 in the next.
+        let opt = |v: u64, present: u64| (present == 1).then_some(v);
         match code {
-            1 => Error::PeerLost(message),
+            1 => Error::PeerLost {
+                reason: message,
+                errno: opt(a, b).and_then(|e| i32::try_from(e).ok()),
+            },
             2 => Error::Timeout(Duration::from_millis(a)),
             3 => Error::BadKey { region: a },
             4 => Error::NoSuchRegion { region: a },
-            5 => Error::NoSuchName(message),
+            5 => Error::NoSuchName { name: message },
             6 => Error::OutOfBounds {
                 offset: a,
                 len: b,
@@ -303,16 +394,40 @@ impl Error {
             14 => Error::Protocol(message),
             15 => Error::RegionGone { region: a },
             16 => Error::InvalidArgument(message),
-            17 => Error::Unavailable(message),
-            20 => Error::Strict(message),
-            21 => Error::RdmaRefused(message),
-            22 => Error::AuthFailed(message),
+            17 => Error::Unavailable {
+                path: opt(a, b).and_then(|i| Path::ALL.get(i as usize).copied()),
+                why: message,
+            },
+            20 => Error::Strict {
+                path: opt(a, b).and_then(|i| Path::ALL.get(i as usize).copied()),
+                reason: message,
+            },
+            21 => Error::Refused {
+                path: Path::Rdma,
+                region: opt(a, b),
+                reason: message,
+            },
+            22 => Error::AuthFailed {
+                kind: AuthFailure::from_code(a),
+                why: message,
+            },
             23 => Error::LimitReached {
                 what: message,
                 limit: a,
             },
-            24 => Error::Unreachable(message),
-            25 => Error::FabricRefused(message),
+            24 => {
+                // An address holds no ": " (host:port, [v6]:port), so the first one ends it.
+                let (addr, why) = message.split_once(": ").unwrap_or((&message, ""));
+                Error::Unreachable {
+                    addr: addr.to_string(),
+                    why: why.to_string(),
+                }
+            }
+            25 => Error::Refused {
+                path: Path::Fabric,
+                region: opt(a, b),
+                reason: message,
+            },
             26 => Error::Cancelled,
             code => Error::Remote(Box::new(RemoteError {
                 code,
@@ -324,6 +439,7 @@ impl Error {
 
     /// The numeric arguments that travel with [`Error::code`] (see [`Error::from_wire`]).
     pub fn wire_args(&self) -> (u64, u64, u64) {
+        let some = |v: Option<u64>| v.map_or((0, 0, 0), |v| (v, 1, 0));
         match self {
             Error::Timeout(d) => (d.as_millis() as u64, 0, 0),
             Error::Remote(r) => (r.args[0], r.args[1], r.args[2]),
@@ -342,26 +458,31 @@ impl Error {
             Error::BadMagic(m) => (u64::from(*m), 0, 0),
             Error::UnknownFrame(k) => (u64::from(*k), 0, 0),
             Error::LimitReached { limit, .. } => (*limit, 0, 0),
+            Error::PeerLost { errno, .. } => some(errno.map(|e| e as u64)),
+            Error::Strict { path, .. } | Error::Unavailable { path, .. } => {
+                some(path.map(|p| p.index() as u64))
+            }
+            Error::Refused { region, .. } => some(*region),
+            Error::AuthFailed { kind, .. } => (kind.code(), 0, 0),
             _ => (0, 0, 0),
         }
     }
 
     /// The text that travels with [`Error::code`]: the inner string for string-carrying variants
     /// (so they round-trip), the source's text for [`Error::Rdma`] (it arrives as
-    /// [`Error::RdmaRefused`], which adds the `rdma: ` again), the display text otherwise.
+    /// [`Error::Refused`], which adds the `rdma: ` again), the display text otherwise.
     pub fn wire_message(&self) -> String {
         match self {
-            Error::PeerLost(s)
-            | Error::NoSuchName(s)
+            Error::PeerLost { reason: s, .. }
+            | Error::NoSuchName { name: s }
             | Error::Malformed(s)
             | Error::Protocol(s)
             | Error::InvalidArgument(s)
-            | Error::Unavailable(s)
-            | Error::Strict(s)
-            | Error::RdmaRefused(s)
-            | Error::AuthFailed(s)
-            | Error::Unreachable(s)
-            | Error::FabricRefused(s) => s.clone(),
+            | Error::Unavailable { why: s, .. }
+            | Error::Strict { reason: s, .. }
+            | Error::Refused { reason: s, .. }
+            | Error::AuthFailed { why: s, .. } => s.clone(),
+            Error::Unreachable { addr, why } => format!("{addr}: {why}"),
             Error::LimitReached { what, .. } => what.clone(),
             Error::Rdma(source) => source.to_string(),
             Error::Fabric(source) => source.to_string(),
@@ -375,14 +496,14 @@ impl Error {
     pub(crate) fn is_fatal_for_stream(&self) -> bool {
         matches!(
             self,
-            Error::PeerLost(_)
+            Error::PeerLost { .. }
                 | Error::FrameTooLarge { .. }
                 | Error::UnknownVersion(_)
                 | Error::BadMagic(_)
                 | Error::UnknownFrame(_)
                 | Error::Malformed(_)
                 | Error::Protocol(_)
-                | Error::AuthFailed(_)
+                | Error::AuthFailed { .. }
         )
     }
 }
@@ -429,7 +550,16 @@ mod tests {
         let local = Error::from(gdx_rdma::RdmaError::Mismatch("mtu 1024 vs 4096".into()));
         assert!(local.source().is_some());
         let back = Error::from(RemoteError::from(&local));
-        assert!(matches!(back, Error::RdmaRefused(_)), "{back:?}");
+        assert!(
+            matches!(
+                back,
+                Error::Refused {
+                    path: Path::Rdma,
+                    ..
+                }
+            ),
+            "{back:?}"
+        );
         assert_eq!(back.to_string(), local.to_string());
         assert_eq!(back.code(), 21);
     }
@@ -447,6 +577,23 @@ mod tests {
                 what: "max_leases (GDX_MAX_LEASES)".into(),
                 limit: 4,
             },
+            Error::PeerLost {
+                reason: "data stream: connection reset".into(),
+                errno: Some(104),
+            },
+            Error::peer_lost("control connection closed"),
+            Error::strict(Path::Staged, "staged: no peer access"),
+            Error::strict(None, "the copy could not use GDS"),
+            Error::unavailable(Path::Cma, "GDX_SHM_CMA=0"),
+            Error::unavailable(None, "the CUDA driver reports no GPU"),
+            Error::refused(Path::Fabric, Some(3), "no FI_HMEM"),
+            Error::refused(Path::Rdma, None, "no RDMA device port opened"),
+            Error::auth(AuthFailure::Mode, "the peer runs without authentication"),
+            Error::Unreachable {
+                addr: "[::1]:7447".into(),
+                why: "Connection refused (os error 111)".into(),
+            },
+            Error::NoSuchName { name: "kv".into() },
             Error::Remote(Box::new(RemoteError {
                 code: 900,
                 args: [1, 2, 3],
@@ -456,6 +603,66 @@ mod tests {
             let back = Error::from(RemoteError::from(&e));
             assert_eq!(format!("{back:?}"), format!("{e:?}"));
         }
+    }
+}
+
+/// Which authentication check failed ([`Error::AuthFailed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AuthFailure {
+    /// A proof was wrong or invalid: the two sides hold different secrets (or the exchange
+    /// was altered on the way).
+    Proof,
+    /// One side runs without authentication (insecure) and the other does not.
+    Mode,
+    /// The agent reached is not the one expected (another name, instance or cluster).
+    WrongAgent,
+    /// A data stream or shm connection named a session that does not exist, or a wrong token.
+    Session,
+    /// The peer sent a frame the authentication exchange does not allow at that step.
+    Sequence,
+    /// The shm socket belongs to a user this agent does not accept.
+    User,
+    /// A check this build does not know (from a newer peer).
+    Other,
+}
+
+impl AuthFailure {
+    /// By wire number: 0 is `Other`, so an error from a build that sends no kind reads as
+    /// unknown rather than as a named check.
+    const ALL: [AuthFailure; 7] = [
+        AuthFailure::Other,
+        AuthFailure::Proof,
+        AuthFailure::Mode,
+        AuthFailure::WrongAgent,
+        AuthFailure::Session,
+        AuthFailure::Sequence,
+        AuthFailure::User,
+    ];
+
+    /// Its name: `proof`, `mode`, `wrong-agent`, `session`, `sequence`, `user`, `other`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthFailure::Proof => "proof",
+            AuthFailure::Mode => "mode",
+            AuthFailure::WrongAgent => "wrong-agent",
+            AuthFailure::Session => "session",
+            AuthFailure::Sequence => "sequence",
+            AuthFailure::User => "user",
+            AuthFailure::Other => "other",
+        }
+    }
+
+    /// Its number on the wire.
+    fn code(self) -> u64 {
+        Self::ALL.iter().position(|k| *k == self).unwrap_or(0) as u64
+    }
+
+    fn from_code(c: u64) -> Self {
+        Self::ALL
+            .get(c as usize)
+            .copied()
+            .unwrap_or(AuthFailure::Other)
     }
 }
 

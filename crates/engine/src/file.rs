@@ -42,7 +42,7 @@ impl From<StorageError> for Error {
 pub(crate) fn storage_err(e: StorageError) -> Error {
     match e {
         StorageError::PathUnavailable { path, reason } => {
-            Error::Unavailable(format!("{path}: {reason}"))
+            Error::unavailable(path_of(path), format!("{path}: {reason}"))
         }
         e @ (StorageError::InvalidOption(_)
         | StorageError::OutOfBounds { .. }
@@ -106,10 +106,13 @@ fn decide(
     let p = gdx_storage::plan(opts.path, end, status).map_err(storage_err)?;
     let true_gds = matches!(status, CufileStatus::Available(CufileMode::Gds { .. }));
     if policy.strict && true_gds && opts.path == FilePath::Auto && p.path != StoragePath::Gds {
-        return Err(Error::Strict(format!(
-            "cuFile runs true GPUDirect Storage but the plan is {}: {}",
-            p.path, p.reason
-        )));
+        return Err(Error::strict(
+            path_of(p.path),
+            format!(
+                "cuFile runs true GPUDirect Storage but the plan is {}: {}",
+                p.path, p.reason
+            ),
+        ));
     }
     let must_gds = policy.strict && true_gds && p.path == StoragePath::Gds;
     let mut opts = opts.clone();
@@ -136,17 +139,21 @@ pub(crate) fn finish(
     let rep = match got {
         Ok(r) => r,
         Err(e) if fp.must_gds => {
-            return Err(Error::Strict(format!(
-                "cuFile runs true GPUDirect Storage but the copy could not use it: {e}"
-            )))
+            return Err(Error::strict(
+                None,
+                format!("cuFile runs true GPUDirect Storage but the copy could not use it: {e}"),
+            ))
         }
         Err(e) => return Err(storage_err(e)),
     };
     if fp.must_gds && rep.path != StoragePath::Gds {
-        return Err(Error::Strict(format!(
-            "cuFile runs true GPUDirect Storage but the copy ran {}: {}",
-            rep.path, rep.reason
-        )));
+        return Err(Error::strict(
+            path_of(rep.path),
+            format!(
+                "cuFile runs true GPUDirect Storage but the copy ran {}: {}",
+                rep.path, rep.reason
+            ),
+        ));
     }
     Ok((
         Plan {
@@ -278,7 +285,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            matches!(&e, Error::Strict(m) if m.contains("cuFileHandleRegister")),
+            matches!(&e, Error::Strict { reason: m, .. } if m.contains("cuFileHandleRegister")),
             "{e:?}"
         );
         let staged = gdx_storage::CopyReport {
@@ -290,7 +297,7 @@ mod tests {
             split: None,
         };
         let e = finish(&fp, Ok(staged.clone()), Location::Gpu(0)).unwrap_err();
-        assert!(matches!(e, Error::Strict(_)), "{e:?}");
+        assert!(matches!(e, Error::Strict { .. }), "{e:?}");
         // Not strict: the report's path is the plan.
         let lax = decide(
             Location::Gpu(0),
@@ -311,7 +318,7 @@ mod tests {
             reason: "no cuFile".into(),
         });
         assert!(
-            matches!(&e, Error::Unavailable(m) if m == "gds: no cuFile"),
+            matches!(&e, Error::Unavailable { path: Some(Path::Gds), why: m } if m == "gds: no cuFile"),
             "{e:?}"
         );
         let e = storage_err(StorageError::InvalidOption("bad chunk".into()));

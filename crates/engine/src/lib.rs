@@ -52,8 +52,10 @@
 #![deny(missing_docs)]
 // Lints: [workspace.lints] in the root Cargo.toml (unsafe contracts, no unwrap/expect/panic).
 
+mod accepted;
 mod admission;
 mod agent;
+mod agent_state;
 mod auth;
 mod blocks;
 mod config;
@@ -62,36 +64,37 @@ mod desc;
 mod error;
 pub mod file;
 mod gpu;
-mod inbound;
 mod limits;
 mod mem;
-mod notes;
+mod notifications;
 mod peer;
 mod rails;
 mod region;
-mod ring;
 mod routing;
 pub mod serve;
-mod served;
 mod server;
 mod session;
+mod shm_ring;
 mod spin;
 mod stats;
+mod target_stats;
 mod transfer;
 mod transport;
 pub mod wire;
 
-pub use agent::{Agent, Notification, PeerInfo};
+pub use agent::Agent;
+pub use agent_state::PeerInfo;
 pub use auth::{Secret, MIN_SECRET_BYTES};
 pub use blocks::{BlockList, BlockPool, BlockTransfer};
 pub use config::{parse_listen, parse_nics, AgentConfig, Transports};
-pub use error::{Error, Result};
+pub use error::{AuthFailure, Error, Result};
 pub use gpu::{
     DeviceOrigin, DeviceRegion, IpcDesc, IpcStats, LocalPeer, LocalTransfer, Mem, Ordering,
     PinnedRegion, Span, StagedTuning,
 };
 pub use limits::{LimitHits, Limits};
-pub use notes::MAX_NOTIFICATION_BYTES;
+pub use notifications::Notification;
+pub use notifications::MAX_NOTIFICATION_BYTES;
 pub use peer::{Expected, Peer, PreparedTransfer};
 pub use rails::{PeerRails, RailInfo, RailState, MAX_RAILS};
 pub use region::{
@@ -103,9 +106,9 @@ pub use routing::calibration::{
 pub use routing::plan::{Path, PeerRoute, Plan};
 pub use routing::planner;
 pub use routing::planner::Policy;
-pub use served::ServedStat;
 pub use spin::{current_cpu, leave_cpu};
 pub use stats::{reason_label, LatencyStat, PathStat, StatsSnapshot, LATENCY_BOUNDS_S};
+pub use target_stats::ServedStat;
 pub use transfer::{
     Batching, OpKind, OpResult, OpResults, OpResultsIter, OpStatus, Status, Transfer,
     TransferHandle, TransferReport,

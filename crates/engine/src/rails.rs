@@ -323,7 +323,7 @@ mod tests {
     #[test]
     fn pause_backs_off_and_resume_clears_the_cause() {
         let r = two();
-        r.pause(1, &Error::PeerLost("reset".into()));
+        r.pause(1, &Error::peer_lost("reset"));
         assert!(!r.is_active(1));
         assert!(!r.probe_due(1), "the first backoff has not passed");
         let s = r.snapshot(None);
@@ -331,7 +331,7 @@ mod tests {
         assert!(s[1].cause.as_deref().unwrap().contains("reset"));
         assert_eq!(s[1].errors, 1);
         assert_eq!(r.best(), Some(0));
-        r.probe_failed(1, &Error::PeerLost("refused".into()));
+        r.probe_failed(1, &Error::peer_lost("refused"));
         assert!(r.snapshot(None)[1]
             .cause
             .as_deref()

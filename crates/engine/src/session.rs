@@ -56,8 +56,8 @@ impl Members {
     pub(crate) fn join(self: &Arc<Self>, sock: Sock) -> Result<Member> {
         let mut g = self.socks.lock().unwrap_or_else(|p| p.into_inner());
         let Some((next, m)) = g.as_mut() else {
-            return Err(Error::PeerLost(
-                "join: the control session ended; connect again".into(),
+            return Err(Error::peer_lost(
+                "join: the control session ended; connect again",
             ));
         };
         *next += 1;

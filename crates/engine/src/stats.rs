@@ -193,26 +193,29 @@ thread_local! {
 /// A stable label for an error (Prometheus label values must not carry free text).
 pub fn reason_label(e: &Error) -> &'static str {
     match e {
-        Error::PeerLost(_) => "peer_lost",
-        Error::Unreachable(_) => "unreachable",
+        Error::PeerLost { .. } => "peer_lost",
+        Error::Unreachable { .. } => "unreachable",
         Error::Timeout(_) => "timeout",
         Error::BadKey { .. } => "bad_key",
         Error::NoSuchRegion { .. } => "no_such_region",
-        Error::NoSuchName(_) => "no_such_name",
+        Error::NoSuchName { .. } => "no_such_name",
         Error::OutOfBounds { .. } => "out_of_bounds",
         Error::ReadOnly { .. } => "read_only",
         Error::NotReadable { .. } => "not_readable",
         Error::RegionGone { .. } => "region_gone",
-        Error::Strict(_) => "strict",
-        Error::Rdma(_) | Error::RdmaRefused(_) => "rdma",
-        Error::AuthFailed(_) => "auth_failed",
+        Error::Strict { .. } => "strict",
+        Error::Rdma(_)
+        | Error::Refused {
+            path: Path::Rdma, ..
+        } => "rdma",
+        Error::AuthFailed { .. } => "auth_failed",
         Error::LimitReached { .. } => "limit_reached",
         Error::Cuda(_) => "cuda",
         Error::Os { .. } | Error::Storage(_) => "os",
         // A peer's OS failure arrives in its wire form (its cause stays there).
         Error::Remote(r) if r.code == 18 => "os",
         Error::Remote(r) if r.code == 19 => "cuda",
-        Error::Unavailable(_) => "unavailable",
+        Error::Unavailable { .. } => "unavailable",
         Error::InvalidArgument(_) => "invalid_argument",
         _ => "protocol",
     }

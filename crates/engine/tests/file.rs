@@ -61,7 +61,7 @@ fn host_region_to_file_range_and_back() {
         ..FileOptions::default()
     };
     let e = dst.copy_from_file(0, &range, &gds).unwrap_err();
-    assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
+    assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
     let e = dst
         .copy_from_file(6, &range, &FileOptions::default())
         .unwrap_err();

@@ -158,7 +158,7 @@ fn two_gpus_strict_mode_refuses_forced_staged_with_the_reason() {
     let e = peer.transfer(&dst, 0, &src, 0, 4096).unwrap_err();
     let msg = e.to_string();
     eprintln!("{msg}");
-    assert!(matches!(e, Error::Strict(_)));
+    assert!(matches!(e, Error::Strict { .. }));
     assert!(
         msg.contains("forced by policy") && msg.contains("p2p GPU0→GPU1"),
         "{msg}"

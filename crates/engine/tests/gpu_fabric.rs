@@ -84,7 +84,9 @@ fn gpu_memory_over_fabric_is_staged_with_the_reason_and_strict_refuses_it() {
     let mut t = Transfer::new();
     t.write(&local, 0, &remote, 0, 4096);
     match peer.submit(t) {
-        Err(Error::Strict(why)) => assert!(why.contains("fabric staged fallback"), "{why}"),
+        Err(Error::Strict { reason: why, .. }) => {
+            assert!(why.contains("fabric staged fallback"), "{why}")
+        }
         other => panic!("strict mode let a staged fabric op run: {other:?}"),
     }
     assert!(
@@ -102,7 +104,11 @@ fn gpu_memory_over_fabric_is_staged_with_the_reason_and_strict_refuses_it() {
     let mut t = Transfer::new();
     t.write(&host, 0, &peer.region("g").unwrap(), 0, 4096);
     match peer.submit(t) {
-        Err(Error::FabricRefused(why)) => {
+        Err(Error::Refused {
+            path: Path::Fabric,
+            reason: why,
+            ..
+        }) => {
             assert!(why.contains("GDX_TRANSPORTS=tcp,shm"), "{why}")
         }
         other => panic!("the peer's GPU memory over fabric was not refused: {other:?}"),

@@ -185,7 +185,7 @@ fn strict_mode_refuses_gpu_regions_staged_over_tcp() {
     let mut t = Transfer::new();
     t.write(&local, 0, &desc, 0, 4096);
     match peer.submit(t) {
-        Err(Error::Strict(why)) => assert!(why.contains("staged"), "{why}"),
+        Err(Error::Strict { reason: why, .. }) => assert!(why.contains("staged"), "{why}"),
         other => panic!("strict mode let a staged GPU op run: {other:?}"),
     }
     me.set_strict(false);
@@ -279,7 +279,9 @@ fn pool_memory_has_no_ipc_handle_and_strict_refuses_staging_it() {
     let mut t = Transfer::new();
     t.write(&local, 0, &desc, 0, 1 << 20);
     match peer.submit(t) {
-        Err(Error::Strict(why)) => assert!(why.contains("no CUDA IPC handle"), "{why}"),
+        Err(Error::Strict { reason: why, .. }) => {
+            assert!(why.contains("no CUDA IPC handle"), "{why}")
+        }
         other => panic!("{other:?}"),
     }
 }

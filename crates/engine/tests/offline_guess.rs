@@ -13,7 +13,7 @@ use common::raw::{closed, hmac, pake_start, read_msg, send};
 use common::shm_raw::addr;
 use common::*;
 use gdx_engine::wire::{Hello, Msg};
-use gdx_engine::{Agent, AgentConfig, Error, Secret};
+use gdx_engine::{Agent, AgentConfig, AuthFailure, Error, Secret};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -104,7 +104,7 @@ fn a_wrong_proof_gets_no_hello_and_each_guess_is_counted() {
             },
         );
         match read_msg(&mut s) {
-            Some(Msg::Err(Error::AuthFailed(why))) => {
+            Some(Msg::Err(Error::AuthFailed { why, .. })) => {
                 assert!(why.contains("key confirmation is wrong"), "{why}")
             }
             other => panic!("a wrong guess was answered {other:?}"),
@@ -129,7 +129,7 @@ fn a_real_client_with_the_wrong_secret_is_refused_on_both_sides_and_counted() {
     .unwrap();
     let e = me.connect(addr(&t)).expect_err("the wrong secret");
     assert!(
-        matches!(&e, Error::AuthFailed(why) if why.contains("different secrets")),
+        matches!(&e, Error::AuthFailed { kind: AuthFailure::Proof, why } if why.contains("different secrets")),
         "{e}"
     );
     assert_eq!(t.limit_hits().auth_failures.load(Relaxed), 1);
@@ -188,7 +188,7 @@ fn an_impostor_acceptor_learns_one_guess_at_most_and_is_refused() {
     .unwrap();
     let e = me.connect(at).expect_err("an impostor");
     assert!(
-        matches!(&e, Error::AuthFailed(why) if why.contains("did not prove the secret")),
+        matches!(&e, Error::AuthFailed { kind: AuthFailure::Proof, why } if why.contains("did not prove the secret")),
         "{e}"
     );
     assert!(server.join().unwrap(), "the client kept the connection");

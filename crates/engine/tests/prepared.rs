@@ -157,7 +157,7 @@ fn a_freed_region_fails_the_next_post_and_a_closed_peer_the_post() {
         );
         peer.close();
         assert!(
-            matches!(p.post(), Err(Error::PeerLost(_))),
+            matches!(p.post(), Err(Error::PeerLost { .. })),
             "shm {shm}: a post on a closed peer"
         );
     }

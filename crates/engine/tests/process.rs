@@ -268,7 +268,7 @@ fn kill_mid_transfer(shm: bool) {
     let killed_at = killed_at.expect("failure before the kill");
     let took = killed_at.elapsed();
     assert!(
-        matches!(err, Error::PeerLost(_)),
+        matches!(err, Error::PeerLost { .. }),
         "expected PeerLost, got {err:?}"
     );
     assert!(took < timeout, "PeerLost took {took:?}");
@@ -277,7 +277,7 @@ fn kill_mid_transfer(shm: bool) {
     assert!(matches!(
         h.status(),
         Status::Failed {
-            reason: Error::PeerLost(_)
+            reason: Error::PeerLost { .. }
         }
     ));
     assert!(h
@@ -386,12 +386,15 @@ fn stopped_shm_peer_does_not_block_submit() {
     for h in [&stalled, &behind] {
         let err = h.wait(WAIT).unwrap_err();
         assert!(
-            matches!(err, Error::PeerLost(_)),
+            matches!(err, Error::PeerLost { .. }),
             "expected PeerLost, got {err:?}"
         );
         for o in h.op_results() {
             assert!(
-                matches!(o.status, gdx_engine::OpStatus::Failed(Error::PeerLost(_))),
+                matches!(
+                    o.status,
+                    gdx_engine::OpStatus::Failed(Error::PeerLost { .. })
+                ),
                 "{:?}",
                 o.status
             );

@@ -86,7 +86,7 @@ fn data_stream_without_token_is_refused() {
         },
         0,
     );
-    expect_rejection(&bytes, |e| matches!(e, Error::AuthFailed(_)));
+    expect_rejection(&bytes, |e| matches!(e, Error::AuthFailed { .. }));
 }
 
 /// Joins a real session by hand, then sends raw Write frames.
@@ -282,7 +282,7 @@ fn reconnect_after_close() {
     let src = init.alloc(16, Access::LOCAL, None).unwrap();
     let mut t = gdx_engine::Transfer::new();
     t.write(&src, 0, &remote, 0, 16);
-    assert!(matches!(peer.submit(t), Err(Error::PeerLost(_))));
+    assert!(matches!(peer.submit(t), Err(Error::PeerLost { .. })));
     let peer = peer.reconnect().unwrap();
     let mut t = gdx_engine::Transfer::new();
     t.write(&src, 0, &remote, 0, 16);

@@ -75,7 +75,10 @@ fn without_a_device_routes_say_why_rdma_was_not_used() {
 fn disabled_rdma_is_named_as_disabled() {
     let me = far_agent("me", false);
     let err = me.rdma_status().unwrap_err();
-    assert!(matches!(err, gdx_engine::Error::Unavailable(_)), "{err:?}");
+    assert!(
+        matches!(err, gdx_engine::Error::Unavailable { .. }),
+        "{err:?}"
+    );
     let why = err.to_string();
     assert!(why.contains("disabled"), "{why}");
     let target = far_agent("target", true);
@@ -124,7 +127,10 @@ fn rdma_requests_to_an_agent_without_rdma_are_refused_by_name() {
     ))
     .unwrap();
     match read_reply(&mut c) {
-        Some(Msg::Err(Error::Unavailable(m))) => assert!(m.starts_with("rdma: "), "{m}"),
+        Some(Msg::Err(Error::Unavailable {
+            path: Some(Path::Rdma),
+            why: m,
+        })) => assert!(m.starts_with("rdma: "), "{m}"),
         other => panic!("{other:?}"),
     }
     let d = rw.desc();
@@ -139,7 +145,7 @@ fn rdma_requests_to_an_agent_without_rdma_are_refused_by_name() {
     .unwrap();
     assert!(matches!(
         read_reply(&mut c),
-        Some(Msg::Err(Error::Unavailable(_)))
+        Some(Msg::Err(Error::Unavailable { .. }))
     ));
     // The control connection is still in service.
     c.write_all(&encode(&Msg::GetRegion { name: "rw".into() }, 0))

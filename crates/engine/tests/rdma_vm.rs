@@ -332,9 +332,15 @@ fn kill_9_of_the_peer_mid_transfer_fails_within_the_timeout() {
                 .submit(t)
                 .and_then(|h| h.wait(timeout))
                 .expect_err("a write to a killed peer cannot succeed");
-            assert!(matches!(e, Error::PeerLost(_) | Error::Rdma(_)), "{e:?}");
+            assert!(
+                matches!(e, Error::PeerLost { .. } | Error::Rdma(_)),
+                "{e:?}"
+            );
         }
-        Err(e) => assert!(matches!(e, Error::PeerLost(_) | Error::Rdma(_)), "{e:?}"),
+        Err(e) => assert!(
+            matches!(e, Error::PeerLost { .. } | Error::Rdma(_)),
+            "{e:?}"
+        ),
     }
     assert!(killed.elapsed() < timeout, "took {:?}", killed.elapsed());
     drop(server);
@@ -407,14 +413,17 @@ fn a_peer_restarted_on_the_same_address_over_rdma() {
     match h.wait(Duration::from_secs(60)) {
         // The whole write may have landed before the kill took effect.
         Ok(_) => {}
-        Err(e) => assert!(matches!(e, Error::PeerLost(_) | Error::Rdma(_)), "{e:?}"),
+        Err(e) => assert!(
+            matches!(e, Error::PeerLost { .. } | Error::Rdma(_)),
+            "{e:?}"
+        ),
     }
     // The old peer stays failed: never a silent success against the new process.
     let mut t = Transfer::new();
     t.write(&src, 0, &remote, 0, 4096).notify("to the old one");
     let again = peer.submit(t).and_then(|h| h.wait(Duration::from_secs(60)));
     assert!(
-        matches!(again, Err(Error::PeerLost(_) | Error::Rdma(_))),
+        matches!(again, Err(Error::PeerLost { .. } | Error::Rdma(_))),
         "a transfer on the old peer after the restart: {again:?}"
     );
     let expect = gdx_engine::Expected {
@@ -423,7 +432,9 @@ fn a_peer_restarted_on_the_same_address_over_rdma() {
         cluster: None,
     };
     match me.connect_expecting(new.addr.as_str(), &expect) {
-        Err(Error::AuthFailed(why)) => assert!(why.contains(&format!("{old_id:032x}")), "{why}"),
+        Err(Error::AuthFailed { why, .. }) => {
+            assert!(why.contains(&format!("{old_id:032x}")), "{why}")
+        }
         other => panic!("a connect expecting the old instance: {:?}", other.err()),
     }
     let peer2 = me.connect(new.addr.as_str()).unwrap();
@@ -473,7 +484,7 @@ fn a_stopped_peer_over_rdma_fails_what_needs_it_by_the_timeout() {
     let t0 = Instant::now();
     let err = h.wait(WAIT).unwrap_err();
     assert!(
-        matches!(&err, Error::PeerLost(why) if why.contains("timeout") || why.contains("timed out")),
+        matches!(&err, Error::PeerLost { reason: why, .. } if why.contains("timeout") || why.contains("timed out")),
         "the notification to a stopped peer: {err:?}"
     );
     eprintln!(

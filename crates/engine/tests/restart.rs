@@ -73,7 +73,7 @@ fn restart(shm: bool) {
     assert_ne!(t2.id(), old_id);
     // Over shm the 4 MiB write may have finished before the restart; over tcp it cannot have.
     match h.wait(Duration::from_secs(20)) {
-        Err(Error::PeerLost(why)) => assert!(!why.is_empty()),
+        Err(Error::PeerLost { reason: why, .. }) => assert!(!why.is_empty()),
         Ok(_) if shm => {}
         other => panic!("the transfer in flight to the restarted peer: {other:?}"),
     }
@@ -81,7 +81,7 @@ fn restart(shm: bool) {
         assert!(matches!(
             h.status(),
             Status::Failed {
-                reason: Error::PeerLost(_)
+                reason: Error::PeerLost { .. }
             }
         ));
     }
@@ -91,7 +91,7 @@ fn restart(shm: bool) {
     t.write(&src, 0, &remote, 0, 4096);
     let again = peer.submit(t).and_then(|h| h.wait(Duration::from_secs(20)));
     assert!(
-        matches!(again, Err(Error::PeerLost(_))),
+        matches!(again, Err(Error::PeerLost { .. })),
         "a transfer on the old peer after the restart: {again:?}"
     );
     if let Some(r) = &relay {
@@ -104,7 +104,7 @@ fn restart(shm: bool) {
         cluster: None,
     };
     match me.connect_expecting(via, &expect) {
-        Err(Error::AuthFailed(why)) => {
+        Err(Error::AuthFailed { why, .. }) => {
             assert!(why.contains(&format!("{:032x}", t2.id())), "{why}");
             assert!(why.contains(&format!("{old_id:032x}")), "{why}");
         }

@@ -248,7 +248,7 @@ fn small_transfers_in_flight_complete_when_polled_or_overtaken() {
 }
 
 fn named(e: &Error) -> bool {
-    matches!(e, Error::PeerLost(_) | Error::Timeout(_))
+    matches!(e, Error::PeerLost { .. } | Error::Timeout(_))
 }
 
 /// A fresh ring server, an agent of this process (transfers time out after 20 s) connected to

@@ -142,7 +142,7 @@ fn settles_to(fds: usize, threads: usize) -> (usize, usize) {
 }
 
 fn named(e: &Error) -> bool {
-    matches!(e, Error::PeerLost(_) | Error::Timeout(_))
+    matches!(e, Error::PeerLost { .. } | Error::Timeout(_))
 }
 
 struct Killer(Arc<Mutex<Child>>);

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use gdx_engine::wire::{decode_frame, encode, Hello, Msg, ShmOp};
+use gdx_engine::wire::{decode_frame, encode, tag, Hello, Msg, ShmOp};
 use gdx_engine::{Access, Error, IpcDesc, Location, RegionDesc, RegionKey};
 
 const DOC: &str = include_str!("../../../docs/wire-protocol.md");
@@ -276,4 +276,33 @@ fn fuzz_seed_corpus_is_current() {
         assert_eq!(b, encode(m, 0), "seed {name} is stale");
         assert!(matches!(decode_frame(&b), Ok(Some(_))), "seed {name}");
     }
+}
+
+/// The "Messages" table of docs/wire-protocol.md numbers every frame as `wire::tag` does, and
+/// names no frame the table lacks.
+#[test]
+fn doc_message_table_matches_the_tag_table() {
+    let start = DOC.find("## Messages").expect("a Messages section");
+    let end = start
+        + DOC[start..]
+            .find("\n## Authentication")
+            .expect("a next section");
+    let rows: Vec<(String, u8)> = DOC[start..end]
+        .lines()
+        .filter_map(|l| {
+            let mut cells = l.split('|').map(str::trim).skip(1);
+            let n = cells.next()?.parse::<u8>().ok()?;
+            Some((cells.next()?.to_string(), n))
+        })
+        .collect();
+    let table: Vec<(String, u8)> = tag::ALL.iter().map(|(f, n)| (f.to_string(), *n)).collect();
+    let mut rows_sorted = rows.clone();
+    rows_sorted.sort_by_key(|r| r.1);
+    let mut table_sorted = table.clone();
+    table_sorted.sort_by_key(|r| r.1);
+    assert_eq!(
+        rows_sorted, table_sorted,
+        "docs/wire-protocol.md vs wire::tag::ALL"
+    );
+    assert_eq!(table_sorted.last().map(|r| r.1), Some(tag::MAX));
 }

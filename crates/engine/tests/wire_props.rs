@@ -57,7 +57,8 @@ fn arb_desc() -> impl Strategy<Value = RegionDesc> {
 
 fn arb_err() -> impl Strategy<Value = Error> {
     prop_oneof![
-        "[ -~]{0,40}".prop_map(Error::PeerLost),
+        ("[ -~]{0,40}", proptest::option::of(0..i32::MAX))
+            .prop_map(|(reason, errno)| Error::PeerLost { reason, errno }),
         any::<u64>().prop_map(|region| Error::BadKey { region }),
         any::<u64>().prop_map(|region| Error::NoSuchRegion { region }),
         (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(offset, len, region_len)| {

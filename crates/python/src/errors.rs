@@ -86,25 +86,84 @@ pub(crate) fn storage_to_py(e: gdx_storage::StorageError) -> PyErr {
     }
 }
 
-/// The Python exception for an engine error.
+/// The Python exception for an engine error. The exception also carries the error's fields a
+/// caller matches on, as attributes: `errno` on `PeerLost`; `path` (a path name or `None`) on
+/// `StrictViolation` and `Unavailable` and on the rdma/fabric refusals; `kind` (`"proof"`,
+/// `"mode"`, `"wrong-agent"`, `"session"`, `"sequence"`, `"user"`) on an authentication
+/// failure's `AccessDenied`; `region` where an error names one; `name` on `NotFound` for a
+/// name; `addr` on an unreachable address.
 pub(crate) fn to_py(e: EngineError) -> PyErr {
     let msg = e.to_string();
-    match e {
-        EngineError::PeerLost(_) => PeerLost::new_err(msg),
-        EngineError::Timeout(_) => Timeout::new_err(msg),
-        EngineError::Cancelled => Cancelled::new_err(msg),
-        EngineError::BadKey { .. }
-        | EngineError::ReadOnly { .. }
-        | EngineError::NotReadable { .. }
-        | EngineError::AuthFailed(_) => AccessDenied::new_err(msg),
-        EngineError::OutOfBounds { .. } => OutOfBounds::new_err(msg),
-        EngineError::NoSuchRegion { .. }
-        | EngineError::NoSuchName(_)
-        | EngineError::RegionGone { .. } => NotFound::new_err(msg),
-        EngineError::Unavailable(_) => Unavailable::new_err(msg),
-        EngineError::Strict(_) => StrictViolation::new_err(msg),
-        _ => Error::new_err(msg),
+    let path_name = |p: &Option<gdx_engine::Path>| p.map(|p| p.to_string());
+    let (err, attrs): (PyErr, Vec<(&str, Attr)>) = match e {
+        EngineError::PeerLost { errno, .. } => (
+            PeerLost::new_err(msg),
+            vec![("errno", Attr::Int(errno.map(i64::from)))],
+        ),
+        EngineError::Timeout(_) => (Timeout::new_err(msg), vec![]),
+        EngineError::Cancelled => (Cancelled::new_err(msg), vec![]),
+        EngineError::BadKey { region }
+        | EngineError::ReadOnly { region }
+        | EngineError::NotReadable { region } => (
+            AccessDenied::new_err(msg),
+            vec![("region", Attr::Int(i64::try_from(region).ok()))],
+        ),
+        EngineError::AuthFailed { kind, .. } => (
+            AccessDenied::new_err(msg),
+            vec![("kind", Attr::Str(Some(kind.as_str().to_string())))],
+        ),
+        EngineError::OutOfBounds { .. } => (OutOfBounds::new_err(msg), vec![]),
+        EngineError::NoSuchRegion { region } | EngineError::RegionGone { region } => (
+            NotFound::new_err(msg),
+            vec![("region", Attr::Int(i64::try_from(region).ok()))],
+        ),
+        EngineError::NoSuchName { name } => (
+            NotFound::new_err(msg),
+            vec![("name", Attr::Str(Some(name)))],
+        ),
+        EngineError::Unavailable { path, .. } => (
+            Unavailable::new_err(msg),
+            vec![("path", Attr::Str(path_name(&path)))],
+        ),
+        EngineError::Strict { path, .. } => (
+            StrictViolation::new_err(msg),
+            vec![("path", Attr::Str(path_name(&path)))],
+        ),
+        EngineError::Refused { path, region, .. } => (
+            Error::new_err(msg),
+            vec![
+                ("path", Attr::Str(Some(path.to_string()))),
+                (
+                    "region",
+                    Attr::Int(region.and_then(|r| i64::try_from(r).ok())),
+                ),
+            ],
+        ),
+        EngineError::Unreachable { addr, .. } => {
+            (Error::new_err(msg), vec![("addr", Attr::Str(Some(addr)))])
+        }
+        _ => (Error::new_err(msg), vec![]),
+    };
+    if !attrs.is_empty() {
+        Python::with_gil(|py| {
+            let value = err.value(py);
+            for (name, attr) in attrs {
+                // Setting an attribute on a fresh exception instance does not fail; if it
+                // did, the exception would still carry its class and message.
+                let _ = match attr {
+                    Attr::Int(v) => value.setattr(name, v),
+                    Attr::Str(v) => value.setattr(name, v),
+                };
+            }
+        });
     }
+    err
+}
+
+/// An attribute value set on an exception.
+enum Attr {
+    Int(Option<i64>),
+    Str(Option<String>),
 }
 
 /// Converts an engine `Result` at the binding's edge, through [`to_py`].
@@ -137,5 +196,22 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Unavailable", py.get_type::<Unavailable>())?;
     m.add("StrictViolation", py.get_type::<StrictViolation>())?;
     m.add("BadCheckpoint", py.get_type::<BadCheckpoint>())?;
+    // The fields `to_py` sets, `None` on the class: every instance has them, set or not.
+    let fields: [(&Bound<'_, pyo3::types::PyType>, &[&str]); 5] = [
+        (&py.get_type::<PeerLost>(), &["errno"]),
+        (&py.get_type::<AccessDenied>(), &["kind", "region"]),
+        (&py.get_type::<NotFound>(), &["name", "region"]),
+        (&py.get_type::<Unavailable>(), &["path"]),
+        (&py.get_type::<StrictViolation>(), &["path"]),
+    ];
+    for (class, names) in fields {
+        for name in names {
+            class.setattr(*name, py.None())?;
+        }
+    }
+    let base = py.get_type::<Error>();
+    for name in ["path", "region", "addr"] {
+        base.setattr(name, py.None())?;
+    }
     Ok(())
 }

@@ -359,11 +359,11 @@ impl PyTransfer {
     /// sent); returns the results when it had already completed, or raises its own failure.
     /// Cancelling twice, or an ended batch, is fine. ``wait()`` afterwards says the same.
     /// Interruptible with Ctrl-C (the batch stays cancelled; ``wait()`` for its end).
-    fn cancel(&self, py: Python<'_>) -> PyResult<Vec<PyOpResult>> {
+    fn cancel(&self, py: Python<'_>) -> PyResult<PyOpResults> {
         self.h.request_cancel();
         // Every transport ends a cancelled transfer within its I/O timeout.
         let report = wait_sliced(py, Duration::from_secs(3600), |s| self.h.wait(s))?;
-        Ok(report.ops.into_iter().map(PyOpResult::from).collect())
+        Ok(PyOpResults::from(report.ops))
     }
 
     /// True once the batch ended (completed or failed); never blocks.

@@ -26,12 +26,17 @@ def test_hierarchy():
     ):
         assert issubclass(cls, gdx.Error) and cls is not gdx.Error
     assert issubclass(gdx.Error, Exception)
+    # The typed fields exist on every instance, None when not set.
+    e = gdx.PeerLost("x")
+    assert e.errno is None and e.region is None and e.path is None
+    assert gdx.AccessDenied("x").kind is None
 
 
 def test_wrong_region_name_is_not_found(agent, peer):
     p = agent.connect(peer.address, timeout=10)
-    with pytest.raises(gdx.NotFound, match="nope"):
+    with pytest.raises(gdx.NotFound, match="nope") as ei:
         p.region("nope")
+    assert ei.value.name == "nope"
 
 
 def test_out_of_bounds_checked_locally_and_by_the_target(agent, peer):
@@ -55,8 +60,9 @@ def test_read_only_region_refuses_writes(agent, peer):
     ro = p.region("ro")
     assert ro.access == "r"
     src = agent.register(np.ones(4096, np.uint8), access="none")
-    with pytest.raises(gdx.AccessDenied, match="read-only"):
+    with pytest.raises(gdx.AccessDenied, match="read-only") as ei:
         p.write([(src, 0, ro, 0, 4096)]).wait(timeout=10)
+    assert isinstance(ei.value.region, int), vars(ei.value)
     # Reading it is allowed, and gives the pattern the peer put there.
     back = np.zeros(4096, np.uint8)
     dst = agent.register(back, access="none")
@@ -84,8 +90,9 @@ def test_read_into_read_only_memory_is_refused(agent, peer):
 
 def test_wrong_secret_is_access_denied(peer):
     with gdx.Agent("intruder", secret=secrets.token_bytes(32)) as a:
-        with pytest.raises(gdx.AccessDenied):
+        with pytest.raises(gdx.AccessDenied) as ei:
             a.connect(peer.address, timeout=10)
+    assert ei.value.kind == "proof", ei.value
 
 
 def test_missing_secret_is_access_denied(peer):
@@ -113,8 +120,10 @@ def test_peer_stopped_then_killed_mid_wait(agent, peer):
     finally:
         killer.join()
     assert h.done() and h.status.startswith("failed")
-    with pytest.raises(gdx.PeerLost):
+    with pytest.raises(gdx.PeerLost) as ei:
         h.raise_for_status()
+    # The OS error number when a socket call saw the loss, else None.
+    assert ei.value.errno is None or isinstance(ei.value.errno, int), ei.value.errno
 
 
 def test_unavailable_names_the_library():

@@ -142,13 +142,16 @@ impl GpuStage {
 /// to run without it.
 pub(super) fn context_for(gpu: u32) -> Result<Context> {
     let cuda = Cuda::load().map_err(|e| {
-        Error::Unavailable(format!(
-            "--gpu {gpu}: no CUDA driver ({e}); run without --gpu for the host-only pipeline"
-        ))
+        Error::unavailable(
+            None,
+            format!(
+                "--gpu {gpu}: no CUDA driver ({e}); run without --gpu for the host-only pipeline"
+            ),
+        )
     })?;
     let count = cuda.device_count()?;
     if gpu >= count {
-        return Err(Error::Unavailable(format!(
+        return Err(Error::unavailable(None, format!(
             "--gpu {gpu}: GPU{gpu} is not present (this machine has {count} GPU{}); run without --gpu for the host-only pipeline",
             if count == 1 { "" } else { "s" }
         )));
@@ -250,7 +253,9 @@ impl Stage for GpuStage {
                 if since.elapsed() < STALL {
                     return Ok(None);
                 }
-                return Err(Error::Unavailable(format!(
+                return Err(Error::unavailable(
+                    None,
+                    format!(
                     "GPU{}: frame ticket {ticket} has been in flight for {:.1} s and its stream \
                      is still busy (signal word {}, {} frames in flight, {} submitted): the \
                      copy or the checksum kernel does not finish",
@@ -259,15 +264,19 @@ impl Stage for GpuStage {
                     self.signal.value(),
                     self.inflight.len(),
                     self.submitted
-                )));
+                ),
+                ));
             }
-            return Err(Error::Unavailable(format!(
-                "GPU{}: the stream finished its queued work but the signal for frame ticket \
+            return Err(Error::unavailable(
+                None,
+                format!(
+                    "GPU{}: the stream finished its queued work but the signal for frame ticket \
                  {ticket} never arrived (signal word {}): stream memory operations did not \
                  land in mapped host memory",
-                self.gpu,
-                self.signal.value()
-            )));
+                    self.gpu,
+                    self.signal.value()
+                ),
+            ));
         }
         self.inflight.pop_front();
         if let Some((steps, _)) = &mut self.profile {
@@ -279,7 +288,7 @@ impl Stage for GpuStage {
             self.out
                 .word(k)
                 .map(|w| w.load(std::sync::atomic::Ordering::Acquire))
-                .ok_or_else(|| Error::Unavailable("GPU result word out of range".into()))
+                .ok_or_else(|| Error::unavailable(None, "GPU result word out of range"))
         };
         Ok(Some(Output([word(2 * i)?, word(2 * i + 1)?])))
     }

@@ -88,7 +88,7 @@ impl std::fmt::Debug for ServiceStage {
 }
 
 fn stage_err(gpu: u32, what: String) -> Error {
-    Error::Unavailable(format!("GPU{gpu} stream service kernel: {what}"))
+    Error::unavailable(None, format!("GPU{gpu} stream service kernel: {what}"))
 }
 
 impl ServiceStage {

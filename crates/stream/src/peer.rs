@@ -84,16 +84,19 @@ impl PeerSource {
         if self.back.is_none() {
             let info: PeerInfo = self.agent.accept(wait)?;
             let addr = info.listen.ok_or_else(|| {
-                Error::Unavailable(format!(
-                    "peer source: the writer {:?} does not listen, so it cannot get credits",
-                    info.name
-                ))
+                Error::unavailable(
+                    None,
+                    format!(
+                        "peer source: the writer {:?} does not listen, so it cannot get credits",
+                        info.name
+                    ),
+                )
             })?;
             self.back = Some(self.agent.connect(addr.as_str())?);
         }
         self.back
             .as_ref()
-            .ok_or_else(|| Error::Unavailable("peer source: no writer".into()))
+            .ok_or_else(|| Error::unavailable(None, "peer source: no writer"))
     }
 }
 
@@ -146,7 +149,7 @@ impl Source for PeerSource {
                     .back(Duration::from_secs(10))
                     .and_then(|p| p.notify(END_ACK.to_vec()))
                 {
-                    Ok(()) | Err(Error::PeerLost(_)) => Ok(Arrival::End),
+                    Ok(()) | Err(Error::PeerLost { .. }) => Ok(Arrival::End),
                     Err(e) => Err(e),
                 }
             }

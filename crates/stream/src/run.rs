@@ -83,9 +83,10 @@ fn recv_spin<T>(rx: &Receiver<T>) -> Option<T> {
 
 fn stage_error(stage: &str, name: &str, seq: u64, e: &Error) -> Error {
     // One message shape for every stage so a log line says which part died and where.
-    Error::Unavailable(format!(
-        "stream stopped: {stage} '{name}' failed at frame {seq}: {e}"
-    ))
+    Error::unavailable(
+        None,
+        format!("stream stopped: {stage} '{name}' failed at frame {seq}: {e}"),
+    )
 }
 
 pub(super) fn run(
@@ -120,7 +121,7 @@ pub(super) fn run(
         };
         free_tx
             .send(slot)
-            .map_err(|_| Error::Unavailable("slot ring closed while filling".into()))?;
+            .map_err(|_| Error::unavailable(None, "slot ring closed while filling"))?;
     }
     let shared = Shared::default();
     let mut recorder = LatencyRecorder::new(cfg.latency_samples);
@@ -161,11 +162,11 @@ pub(super) fn run(
         }
         // A panicking stage thread is a bug; report it as a failure, not a success.
         let stop = src.join().unwrap_or_else(|_| {
-            sh.fail(Error::Unavailable("stream source thread panicked".into()));
+            sh.fail(Error::unavailable(None, "stream source thread panicked"));
             StopReason::SourceEnd
         });
         let gaps = snk.join().unwrap_or_else(|_| {
-            sh.fail(Error::Unavailable("stream sink thread panicked".into()));
+            sh.fail(Error::unavailable(None, "stream sink thread panicked"));
             0
         });
         (stop, gaps)

@@ -251,7 +251,7 @@ impl Sink for Dies {
     }
     fn deliver(&mut self, r: &FrameResult) -> Result<()> {
         if r.seq >= self.ok {
-            return Err(Error::PeerLost("the consumer went away".into()));
+            return Err(Error::peer_lost("the consumer went away"));
         }
         Ok(())
     }

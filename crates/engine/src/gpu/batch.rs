@@ -130,7 +130,10 @@ impl LocalPeer {
             *slot = Some(BatchCopy::new(&module, 1024)?);
         }
         let Some(batch) = slot.as_mut() else {
-            return Err(Error::Unavailable("the batched copy kernel".to_string()));
+            return Err(Error::unavailable(
+                None,
+                "the batched copy kernel".to_string(),
+            ));
         };
         // SAFETY: every span was bounds-checked against a live region of this process (its
         // own memory or a mapping of another process's), on GPUs the planner found directly

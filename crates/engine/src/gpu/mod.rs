@@ -100,10 +100,11 @@ impl LocalPeer {
     /// Load CUDA and open the local peer with `policy` and `calibration`. Contexts are
     /// created when a GPU is first used. [`Error::Unavailable`] without a CUDA driver or GPU.
     pub fn open(policy: Policy, calibration: Calibration) -> Result<LocalPeer> {
-        let cuda = Cuda::load().map_err(|e| Error::Unavailable(e.to_string()))?;
+        let cuda = Cuda::load().map_err(|e| Error::unavailable(None, e.to_string()))?;
         let count = cuda.device_count()?;
         if count == 0 {
-            return Err(Error::Unavailable(
+            return Err(Error::unavailable(
+                None,
                 "the CUDA driver reports no GPU".to_string(),
             ));
         }

@@ -116,7 +116,7 @@ impl DeviceRegion {
     /// [`Error::Unavailable`] with the reason.
     pub fn peer_mapped(&self, ordinal: u32) -> Result<()> {
         match self.not_peer_mapped(ordinal) {
-            Some(why) => Err(Error::Unavailable(why.to_string())),
+            Some(why) => Err(Error::unavailable(None, why.to_string())),
             None => Ok(()),
         }
     }

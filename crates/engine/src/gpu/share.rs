@@ -17,6 +17,7 @@ use gdx_sys::cuda::{DeviceBuffer, Sharing};
 use super::region::{self, DeviceOrigin, DeviceRegion, IpcDesc};
 use super::{to_usize, LocalPeer};
 use crate::error::{Error, Result};
+use crate::routing::path::Path;
 
 /// Mappings of other processes' GPU memory ([`LocalPeer::ipc_stats`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -125,10 +126,11 @@ impl LocalPeer {
                     ..self.ipc_desc(region)?
                 })
             }
-            Sharing::Unshareable(why) => Err(Error::Unavailable(why)),
-            other => Err(Error::Unavailable(format!(
-                "the driver describes the memory as {other:?}, which gdx cannot export"
-            ))),
+            Sharing::Unshareable(why) => Err(Error::unavailable(Path::Ipc, why)),
+            other => Err(Error::unavailable(
+                Path::Ipc,
+                format!("the driver describes the memory as {other:?}, which gdx cannot export"),
+            )),
         }
     }
 
@@ -315,10 +317,13 @@ impl LocalPeer {
     ) -> Result<DeviceRegion> {
         let here = format!("{:032x}", crate::config::boot_host_id());
         if desc.host_id != here {
-            return Err(Error::Unavailable(format!(
-                "ipc needs one host: the region is on host {} and this is {here}",
-                desc.host_id
-            )));
+            return Err(Error::unavailable(
+                Path::Ipc,
+                format!(
+                    "ipc needs one host: the region is on host {} and this is {here}",
+                    desc.host_id
+                ),
+            ));
         }
         if desc
             .offset
@@ -352,10 +357,10 @@ impl LocalPeer {
                     .is_ok_and(|b| b.eq_ignore_ascii_case(&desc.pci_bus_id))
             })
             .ok_or_else(|| {
-                Error::Unavailable(format!(
-                    "GPU {} is not visible to this process",
-                    desc.pci_bus_id
-                ))
+                Error::unavailable(
+                    Path::Ipc,
+                    format!("GPU {} is not visible to this process", desc.pci_bus_id),
+                )
             })?;
         let g = self.gpu(gpu)?;
         let buf = open(&g.ctx)?;

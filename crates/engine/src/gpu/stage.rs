@@ -130,7 +130,7 @@ impl Stager {
         let (lane, i) = self.take_slot(dev, true, len)?;
         let buf = lane.slots[i]
             .as_mut()
-            .ok_or_else(|| Error::Unavailable("staging slot missing".into()))?
+            .ok_or_else(|| Error::unavailable(None, "staging slot missing"))?
             .as_mut_slice()?;
         Ok((
             Ticket {
@@ -147,7 +147,7 @@ impl Stager {
         let lane = self.lane(t)?;
         let slot = lane.slots[t.slot]
             .as_ref()
-            .ok_or_else(|| Error::Unavailable("staging slot missing".into()))?;
+            .ok_or_else(|| Error::unavailable(None, "staging slot missing"))?;
         let mut buf = dev.region.inner.lock();
         lane.stream.copy(
             Dst::Device(&mut buf),
@@ -171,7 +171,7 @@ impl Stager {
         let (lane, i) = self.take_slot(dev, false, len)?;
         let slot = lane.slots[i]
             .as_mut()
-            .ok_or_else(|| Error::Unavailable("staging slot missing".into()))?;
+            .ok_or_else(|| Error::unavailable(None, "staging slot missing"))?;
         let buf = dev.region.inner.lock();
         lane.stream.copy(
             Dst::Host(slot),
@@ -194,20 +194,19 @@ impl Stager {
 
     /// Waits for a [`Stager::queue_from_device`] copy and returns the staged bytes.
     pub(crate) fn bytes(&self, t: Ticket) -> Result<&[u8]> {
-        let lane = self
-            .lanes
-            .get(&t.lane)
-            .ok_or_else(|| Error::Unavailable(format!("no staging lane for GPU {}", t.lane.0)))?;
+        let lane = self.lanes.get(&t.lane).ok_or_else(|| {
+            Error::unavailable(None, format!("no staging lane for GPU {}", t.lane.0))
+        })?;
         let slot = lane.slots[t.slot]
             .as_ref()
-            .ok_or_else(|| Error::Unavailable("staging slot missing".into()))?;
+            .ok_or_else(|| Error::unavailable(None, "staging slot missing"))?;
         Ok(&slot.as_slice()?[..t.len])
     }
 
     fn lane(&mut self, t: Ticket) -> Result<&mut Lane> {
-        self.lanes
-            .get_mut(&t.lane)
-            .ok_or_else(|| Error::Unavailable(format!("no staging lane for GPU {}", t.lane.0)))
+        self.lanes.get_mut(&t.lane).ok_or_else(|| {
+            Error::unavailable(None, format!("no staging lane for GPU {}", t.lane.0))
+        })
     }
 }
 

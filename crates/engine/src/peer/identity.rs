@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 
 use crate::auth::Mac;
-use crate::error::{Error, Result};
+use crate::error::{AuthFailure, Error, Result};
 use crate::session::identity_tag;
 use crate::wire::Hello;
 
@@ -33,14 +33,17 @@ pub(super) fn check(
 ) -> Result<()> {
     if let Some(k) = key {
         if identity_tag(k, &h.agent_name, &h.cluster, h.agent_id, h.session) != h.token {
-            return Err(Error::AuthFailed(format!(
-                "the peer at {addr} did not prove the secret: its identity tag (agent {}, \
+            return Err(Error::auth(
+                AuthFailure::Proof,
+                format!(
+                    "the peer at {addr} did not prove the secret: its identity tag (agent {}, \
                  instance {:032x}) does not match the session key, so it holds a different \
                  secret (check GDX_SECRET_FILE / --secret-file on both sides) or the reply was \
                  altered on the way",
-                gdx_topo::printable(&h.agent_name),
-                h.agent_id
-            )));
+                    gdx_topo::printable(&h.agent_name),
+                    h.agent_id
+                ),
+            ));
         }
     }
     let Some(e) = expect else { return Ok(()) };
@@ -57,13 +60,16 @@ pub(super) fn check(
     if let Some(c) = &e.cluster {
         wanted.push_str(&format!(" of cluster {:?}", gdx_topo::printable(c)));
     }
-    Err(Error::AuthFailed(format!(
-        "reached agent {:?} instance {:032x} of {} at {addr}, not {wanted}: the address (an \
+    Err(Error::auth(
+        AuthFailure::WrongAgent,
+        format!(
+            "reached agent {:?} instance {:032x} of {} at {addr}, not {wanted}: the address (an \
          etcd record, a peer list) points at another agent; refusing it",
-        gdx_topo::printable(&h.agent_name),
-        h.agent_id,
-        cluster_words(&h.cluster),
-    )))
+            gdx_topo::printable(&h.agent_name),
+            h.agent_id,
+            cluster_words(&h.cluster),
+        ),
+    ))
 }
 
 fn cluster_words(c: &str) -> String {

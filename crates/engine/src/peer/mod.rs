@@ -8,10 +8,10 @@
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
 
-use crate::agent::{AgentInner, PeerInfo};
+use crate::agent_state::{AgentInner, PeerInfo};
 use crate::config::Transports;
 use crate::conn::{Conn, Sock};
-use crate::error::{Error, Result};
+use crate::error::{AuthFailure, Error, Result};
 use crate::rails::Rails;
 use crate::region::RegionDesc;
 use crate::routing::plan::{CmaGrant, FabricMem, Path, PeerRoute};
@@ -263,7 +263,9 @@ fn tcp_transport(
             let mut tries = 0;
             let c = loop {
                 match joiner.join(r, i, until) {
-                    Err(Error::PeerLost(_)) if tries < 3 && std::time::Instant::now() < until => {
+                    Err(Error::PeerLost { .. })
+                        if tries < 3 && std::time::Instant::now() < until =>
+                    {
                         tries += 1
                     }
                     other => break other?,
@@ -341,16 +343,22 @@ fn authenticate(
             )?)
         }
         ((Msg::Pake { .. }, 0), None) => {
-            return Err(Error::AuthFailed(format!(
-                "the peer at {addr} requires authentication and this agent is insecure \
+            return Err(Error::auth(
+                AuthFailure::Mode,
+                format!(
+                    "the peer at {addr} requires authentication and this agent is insecure \
                  (give it the peer's secret: GDX_SECRET_FILE or AgentConfig::secret)"
-            )))
+                ),
+            ))
         }
         ((Msg::Hello(_), 0), Some(_)) => {
-            return Err(Error::AuthFailed(format!(
-                "the peer at {addr} runs without authentication (insecure); refusing it \
+            return Err(Error::auth(
+                AuthFailure::Mode,
+                format!(
+                    "the peer at {addr} runs without authentication (insecure); refusing it \
                  (make this agent insecure too, on a network you trust)"
-            )))
+                ),
+            ))
         }
         ((Msg::Hello(h), 0), None) => return Ok((h, None)),
         ((Msg::Err(e), _), _) => return Err(e),
@@ -363,11 +371,14 @@ fn authenticate(
     };
     match control.recv_frame(false)? {
         (Msg::Hello(h), 0) => Ok((h, key)),
-        (Msg::Err(Error::AuthFailed(why)), _) => Err(Error::AuthFailed(format!(
-            "the peer at {addr} refused this agent's proof ({}): the two hold different \
+        (Msg::Err(Error::AuthFailed { why, kind }), _) => Err(Error::auth(
+            kind,
+            format!(
+                "the peer at {addr} refused this agent's proof ({}): the two hold different \
              secrets; check GDX_SECRET_FILE / --secret-file on both sides",
-            gdx_topo::printable(&why)
-        ))),
+                gdx_topo::printable(&why)
+            ),
+        )),
         (Msg::Err(e), _) => Err(e),
         (m, _) => Err(Error::Protocol(format!(
             "expected Hello, got frame type {}",
@@ -599,7 +610,7 @@ impl Peer {
     pub fn notify(&self, data: impl Into<Vec<u8>>) -> Result<()> {
         let data = data.into();
         // Refused here: the peer would close the whole connection on an oversized frame.
-        crate::notes::check_size(data.len())?;
+        crate::notifications::check_size(data.len())?;
         match self.request(&Msg::Notify { xfer: 0, data })? {
             Msg::Ok => Ok(()),
             m => Err(Error::Protocol(format!(
@@ -659,7 +670,7 @@ impl Peer {
         if self.is_alive() {
             return Ok(());
         }
-        Err(Error::PeerLost(format!(
+        Err(Error::peer_lost(format!(
             "connection to {} broke earlier; reconnect",
             self.inner.addr
         )))
@@ -671,7 +682,10 @@ impl Peer {
     /// As [`crate::Agent::connect`].
     pub fn reconnect(&self) -> Result<Peer> {
         let s = TcpStream::connect_timeout(&self.inner.addr, self.inner.agent.cfg.io_timeout)
-            .map_err(|e| Error::Unreachable(format!("{}: {e}", self.inner.addr)))?;
+            .map_err(|e| Error::Unreachable {
+                addr: self.inner.addr.to_string(),
+                why: e.to_string(),
+            })?;
         Peer::handshake(
             Arc::clone(&self.inner.agent),
             s,

@@ -20,7 +20,22 @@ mod registry;
 pub use crate::desc::{Access, Location, RegionDesc, RegionKey};
 pub use handle::{Region, RegionMut, RegionRef, RegionScope};
 pub(crate) use lease::{Lease, LeaseKind, RegionInner, Revocable};
-pub(crate) use registry::{check_bounds, RegionCache, Registry};
+pub(crate) use registry::{NicRegistrations, RegionCache, Registry};
+
+use crate::error::{Error, Result};
+
+/// Checks `offset + len` against a region length (a value check, below the registry, so GPU
+/// memory and files check their bounds without reaching the registry).
+pub(crate) fn check_bounds(offset: u64, len: u64, region_len: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= region_len => Ok(()),
+        _ => Err(Error::OutOfBounds {
+            offset,
+            len,
+            region_len,
+        }),
+    }
+}
 
 #[cfg(test)]
 mod tests;

@@ -9,19 +9,7 @@ use crate::error::{Error, Result};
 use crate::mem::Mapping;
 
 use super::lease::{Backing, Lease, LeaseKind, LeaseState, RegionInner};
-use super::{Access, Location, RegionDesc, RegionKey};
-
-/// Checks `offset + len` against a region length.
-pub(crate) fn check_bounds(offset: u64, len: u64, region_len: u64) -> Result<()> {
-    match offset.checked_add(len) {
-        Some(end) if end <= region_len => Ok(()),
-        _ => Err(Error::OutOfBounds {
-            offset,
-            len,
-            region_len,
-        }),
-    }
-}
+use super::{check_bounds, Access, Location, RegionDesc, RegionKey};
 
 /// The lease a remote op takes: `write` puts bytes into the region.
 fn remote_kind(write: bool) -> LeaseKind {
@@ -32,13 +20,21 @@ fn remote_kind(write: bool) -> LeaseKind {
     }
 }
 
+/// A NIC backend that registers regions' memory with its device (the rdma and fabric
+/// transports). The registry knows its backends only through this, so a new backend attaches
+/// itself ([`Registry::attach`]) without the registry naming it.
+pub(crate) trait NicRegistrations: Send + Sync + std::fmt::Debug {
+    /// Drops region `region`'s registration: called when the region is removed, before its
+    /// memory can go, so the NIC never touches freed memory.
+    fn forget(&self, region: u64);
+}
+
 /// The agent's table of registered regions.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
-    /// The agent's RDMA side, told when a region goes so it deregisters it first.
-    pub(crate) rdma: std::sync::OnceLock<Arc<crate::transport::rdma::RdmaNode>>,
-    /// The agent's fabric side, told likewise (it closes the region's MR).
-    pub(crate) fabric: std::sync::OnceLock<Arc<crate::transport::fabric::FabricNode>>,
+    /// The NIC backends holding registrations of region memory, told when a region goes so they
+    /// deregister it first.
+    nics: Mutex<Vec<Arc<dyn NicRegistrations>>>,
     next_id: AtomicU64,
     regions: Mutex<HashMap<u64, Arc<RegionInner>>>,
     names: Mutex<HashMap<String, u64>>,
@@ -64,6 +60,14 @@ impl RegionCache {
 }
 
 impl Registry {
+    /// Tells `nic` of every region removed from now on.
+    pub(crate) fn attach(&self, nic: Arc<dyn NicRegistrations>) {
+        self.nics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(nic);
+    }
+
     fn insert(
         &self,
         backing: Backing,
@@ -107,11 +111,9 @@ impl Registry {
 
     pub(super) fn remove(&self, inner: &RegionInner) {
         self.removals.fetch_add(1, Ordering::SeqCst);
-        if let Some(node) = self.rdma.get() {
-            node.forget(inner.id);
-        }
-        if let Some(node) = self.fabric.get() {
-            node.forget(inner.id);
+        let nics = self.nics.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for nic in nics {
+            nic.forget(inner.id);
         }
         self.regions
             .lock()
@@ -140,7 +142,9 @@ impl Registry {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(name)
-            .ok_or_else(|| Error::NoSuchName(name.to_string()))?;
+            .ok_or_else(|| Error::NoSuchName {
+                name: name.to_string(),
+            })?;
         Ok(self.get(id)?.desc())
     }
 

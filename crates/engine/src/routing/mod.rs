@@ -1,7 +1,8 @@
 //! Routing: which path each op takes, and why, in one place.
 //!
-//! - [`plan`]: the path vocabulary ([`plan::Path`]), a [`plan::Plan`] (a path and its reason),
-//!   the peer-level choice ([`plan::PeerRoute`]: shm or tcp, rails) and the per-op rules for a
+//! - [`path`]: the path vocabulary ([`path::Path`]) and a [`path::Plan`] (a path and its
+//!   reason), values below everything that plans.
+//! - [`plan`]: the peer-level choice ([`plan::PeerRoute`]: shm or tcp, rails) and the per-op rules for a
 //!   remote region.
 //! - [`planner`]: the same-process planner (GPU ↔ GPU, host ↔ GPU, imported regions) and the
 //!   [`planner::Policy`] (forced paths, strict mode).
@@ -11,5 +12,6 @@
 
 pub(crate) mod cache;
 pub(crate) mod calibration;
+pub(crate) mod path;
 pub(crate) mod plan;
 pub mod planner;

@@ -200,10 +200,13 @@ fn plan_mailbox(
             human_bytes(limit)
         );
         if policy.strict {
-            return Err(Error::Strict(format!(
-                "{why}; strict mode refuses the copy engine here (drop the ordering, or stop \
+            return Err(Error::strict(
+                over,
+                format!(
+                    "{why}; strict mode refuses the copy engine here (drop the ordering, or stop \
                  the mailbox)"
-            )));
+                ),
+            ));
         }
         return Ok(MailboxChoice::Pass(format!("; {why}")));
     }
@@ -316,7 +319,7 @@ pub fn plan_local_with(
             let staged = |why: String| -> Result<Plan> {
                 let reason = format!("staged: {why}");
                 if policy.strict && direct_expected {
-                    return Err(Error::Strict(format!(
+                    return Err(Error::strict(Path::Staged, format!(
                         "{reason}; strict mode refuses to leave the direct path \
                          ({direct_path} GPU{a}→GPU{b} {class})"
                     )));

@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
-use crate::agent::{AgentInner, Session};
+use crate::agent_state::AgentInner;
 use crate::auth;
 use crate::conn::Conn;
-use crate::error::{Error, Result};
+use crate::error::{AuthFailure, Error, Result};
 use crate::region::RegionKey;
+use crate::session::Session;
 use crate::session::{identity_tag, Member};
 use crate::wire::Hello;
 
@@ -82,14 +83,17 @@ pub(super) fn join_handshake(
 ) -> Result<(Session, Member)> {
     let s = agent
         .session(session)
-        .ok_or_else(|| Error::AuthFailed(format!("{what}: unknown session")))?;
+        .ok_or_else(|| Error::auth(AuthFailure::Session, format!("{what}: unknown session")))?;
     match &s.key {
         Some(k) => {
             auth::accept(c, k, what, ctx, nonce)?;
         }
         None => {
             if !RegionKey(s.token).ct_eq(&RegionKey(token)) {
-                return Err(Error::AuthFailed(format!("{what}: bad session token")));
+                return Err(Error::auth(
+                    AuthFailure::Session,
+                    format!("{what}: bad session token"),
+                ));
             }
         }
     }

@@ -7,7 +7,7 @@
 //! and the control connection itself: region look-ups, notifications, and the rdma and fabric
 //! connection set-up (their nodes' `accept` and `expose`). Once a data stream or shm connection
 //! is authenticated it is handed to its transport's target half (`transport::tcp::serve_stream`,
-//! `transport::shm::serve_target`) with the agent seen through `transport::Serving`.
+//! `transport::shm::serve_target`) with the agent seen through `transport::AgentView`.
 //!
 //! Every op is checked by `Registry::check_remote` (id, key, access, bounds) before memory is
 //! touched. Decode errors and protocol violations close the connection after an `Err` frame.
@@ -19,11 +19,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::admission::Slot;
-use crate::agent::{AgentInner, Notification, PeerInfo};
+use crate::agent_state::{AgentInner, PeerInfo};
 use crate::config::Transports;
 use crate::conn::{Conn, Sock};
 use crate::error::{Error, Result};
-use crate::transport::Serving;
+use crate::notifications::Notification;
+use crate::routing::path::Path;
+use crate::transport::AgentView;
 use crate::wire::{Hello, Msg};
 
 /// Largest frame body accepted before a connection authenticated (a `Hello` with the longest
@@ -122,7 +124,7 @@ fn with_conn(
         if let Err(e) = f(&mut conn, &mut slot) {
             let hits = &agent.hits;
             match &e {
-                Error::AuthFailed(why) => hits.hit(
+                Error::AuthFailed { why, .. } => hits.hit(
                     &hits.auth_failures,
                     &format!("failed login from {from}: {why}"),
                 ),
@@ -137,7 +139,7 @@ fn with_conn(
                 }
                 _ => {}
             }
-            if !matches!(e, Error::PeerLost(_)) {
+            if !matches!(e, Error::PeerLost { .. }) {
                 log::debug!("closing connection: {e}");
                 let _ = conn.send(&Msg::Err(e));
             }
@@ -214,7 +216,7 @@ fn serve_control(
         cluster,
     };
     let from = h.agent_name.clone();
-    agent.inbound.push(PeerInfo {
+    agent.accepted.push(PeerInfo {
         name: h.agent_name,
         agent_id: h.agent_id,
         host_id: h.host_id,
@@ -249,89 +251,11 @@ fn serve_control(
                         Err(e) => c.send(&Msg::Err(e))?,
                     }
                 }
-                Msg::RdmaConnect { data } => {
-                    let r = agent
-                        .rdma
-                        .as_ref()
-                        .map_err(|why| Error::Unavailable(format!("rdma: {why}")))
-                        .and_then(|node| node.accept(&data));
-                    match r {
-                        Ok((qp, mine)) => {
-                            agent
-                                .rdma_qps
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .entry(session)
-                                .or_default()
-                                .push(qp);
-                            c.send(&Msg::RdmaConnect { data: mine })?;
-                        }
-                        Err(e) => c.send(&Msg::Err(e))?,
-                    }
-                }
-                Msg::RdmaRegion {
-                    region,
-                    key,
-                    write: _,
-                } => {
-                    // On the device of this session's queue pairs (the initiator's one rail),
-                    // which need not be this agent's default one.
-                    let device = agent
-                        .rdma_qps
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .get(&session)
-                        .and_then(|v| v.first())
-                        .map(|qp| qp.local().device.clone());
-                    let r = agent
-                        .rdma
-                        .as_ref()
-                        .map_err(|why| Error::Unavailable(format!("rdma: {why}")))
-                        .and_then(|node| {
-                            node.expose(&agent.registry, region, key, device.as_deref())
-                        });
-                    match r {
-                        Ok(m) => c.send(&m)?,
-                        Err(e) => c.send(&Msg::Err(e))?,
-                    }
-                }
-                Msg::RdmaRegionOn {
-                    region,
-                    key,
-                    device,
-                } => {
-                    let r = agent
-                        .rdma
-                        .as_ref()
-                        .map_err(|why| Error::Unavailable(format!("rdma: {why}")))
-                        .and_then(|node| node.expose(&agent.registry, region, key, Some(&device)));
-                    match r {
-                        Ok(m) => c.send(&m)?,
-                        Err(e) => c.send(&Msg::Err(e))?,
-                    }
-                }
-                Msg::FabricConnect { addr } => {
-                    let r = agent
-                        .fabric
-                        .as_ref()
-                        .map_err(|why| Error::Unavailable(format!("fabric: {why}")))
-                        .and_then(|node| node.accept(&addr));
-                    match r {
-                        Ok(mine) => c.send(&Msg::FabricConnect { addr: mine })?,
-                        Err(e) => c.send(&Msg::Err(e))?,
-                    }
-                }
-                Msg::FabricRegion { region, key } => {
-                    let r = agent
-                        .fabric
-                        .as_ref()
-                        .map_err(|why| Error::Unavailable(format!("fabric: {why}")))
-                        .and_then(|node| node.expose(&agent.registry, region, key));
-                    match r {
-                        Ok(m) => c.send(&m)?,
-                        Err(e) => c.send(&Msg::Err(e))?,
-                    }
-                }
+                m @ (Msg::RdmaConnect { .. }
+                | Msg::RdmaRegion { .. }
+                | Msg::RdmaRegionOn { .. }
+                | Msg::FabricConnect { .. }
+                | Msg::FabricRegion { .. }) => c.send(&nic_reply(agent, session, m))?,
                 Msg::Bye => return Ok(()),
                 m => {
                     return Err(Error::Protocol(format!(
@@ -342,8 +266,14 @@ fn serve_control(
             }
         }
     })();
-    // The session ends with its control connection, however that ended: its data streams and
-    // shm connections (and with them the ring thread and its leases) are shut down now.
+    end_session(agent, session, &from);
+    r
+}
+
+/// The session ends with its control connection, however that ended: its data streams and shm
+/// connections (and with them the ring thread and its leases) are shut down now, and its queue
+/// pairs dropped.
+fn end_session(agent: &AgentInner, session: u128, from: &str) {
     let ended = agent
         .sessions
         .lock()
@@ -360,7 +290,71 @@ fn serve_control(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&session);
-    r
+}
+
+/// The reply to an rdma or fabric set-up frame on session `session`'s control connection: the
+/// node's answer, or the error that refused it.
+fn nic_reply(agent: &AgentInner, session: u128, msg: Msg) -> Msg {
+    let rdma = || {
+        agent
+            .rdma
+            .as_ref()
+            .map_err(|why| Error::unavailable(Path::Rdma, format!("rdma: {why}")))
+    };
+    let fabric = || {
+        agent
+            .fabric
+            .as_ref()
+            .map_err(|why| Error::unavailable(Path::Fabric, format!("fabric: {why}")))
+    };
+    let r = match msg {
+        Msg::RdmaConnect { data } => {
+            rdma()
+                .and_then(|node| node.accept(&data))
+                .map(|(qp, mine)| {
+                    agent
+                        .rdma_qps
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry(session)
+                        .or_default()
+                        .push(qp);
+                    Msg::RdmaConnect { data: mine }
+                })
+        }
+        Msg::RdmaRegion {
+            region,
+            key,
+            write: _,
+        } => {
+            // On the device of this session's queue pairs (the initiator's one rail), which
+            // need not be this agent's default one.
+            let device = agent
+                .rdma_qps
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&session)
+                .and_then(|v| v.first())
+                .map(|qp| qp.local().device.clone());
+            rdma().and_then(|node| node.expose(&agent.registry, region, key, device.as_deref()))
+        }
+        Msg::RdmaRegionOn {
+            region,
+            key,
+            device,
+        } => rdma().and_then(|node| node.expose(&agent.registry, region, key, Some(&device))),
+        Msg::FabricConnect { addr } => fabric()
+            .and_then(|node| node.accept(&addr))
+            .map(|mine| Msg::FabricConnect { addr: mine }),
+        Msg::FabricRegion { region, key } => {
+            fabric().and_then(|node| node.expose(&agent.registry, region, key))
+        }
+        m => Err(Error::Protocol(format!(
+            "frame type {} is no rdma or fabric set-up frame",
+            m.kind()
+        ))),
+    };
+    r.unwrap_or_else(Msg::Err)
 }
 
 mod handshake;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::{authenticated, first_frame, join_handshake, with_conn};
 use crate::admission::Slot;
-use crate::agent::AgentInner;
+use crate::agent_state::AgentInner;
 use crate::conn::{Conn, Sock};
 use crate::error::Error;
 use crate::mem::Mapping;

@@ -136,7 +136,7 @@ impl Transfer {
             ));
         }
         if let Some(n) = self.notify.as_ref() {
-            crate::notes::check_size(n.len())?;
+            crate::notifications::check_size(n.len())?;
         }
         for op in self.op_refs() {
             if op.len == 0 {

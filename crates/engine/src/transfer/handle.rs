@@ -132,7 +132,7 @@ impl TransferHandle {
         // condition variable's sleep and wake-up, which would cost more than the round trip.
         let spin = crate::spin::TRANSFER_WAIT_SPIN.min(timeout);
         let drive = self.state.drive();
-        let ended = crate::ring::spin_until(spin, || {
+        let ended = crate::shm_ring::spin_until(spin, || {
             if let Some(d) = drive {
                 d.poll();
             }

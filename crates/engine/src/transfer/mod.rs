@@ -36,8 +36,6 @@ use std::time::Duration;
 /// The clock of transfer start, end and deadline (raw ticks: `clock.rs`).
 type Clock = clock::Tick;
 
-use serde::Serialize;
-
 use crate::error::{Error, Result};
 
 mod builder;
@@ -46,6 +44,7 @@ mod handle;
 mod ops;
 mod runs;
 mod spare;
+mod status;
 
 use crate::stats::Stats;
 pub use builder::Transfer;
@@ -54,41 +53,8 @@ pub(crate) use ops::{Op, OpRef, Regions};
 pub(crate) use runs::Plans;
 pub use runs::{OpResult, OpResults, OpResultsIter};
 pub(crate) use spare::rearm;
-
-/// Direction of an op, seen from the initiator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OpKind {
-    /// Local region → remote region.
-    Write,
-    /// Remote region → local region.
-    Read,
-}
-
-/// Where a transfer stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Status {
-    /// Still running.
-    Pending,
-    /// Every op completed and the notification (if any) was delivered.
-    Completed,
-    /// At least one op failed; `reason` is the first error seen.
-    Failed {
-        /// The first error.
-        reason: Error,
-    },
-}
-
-/// The outcome of one op.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OpStatus {
-    /// Not finished yet.
-    Pending,
-    /// The bytes are in place.
-    Completed,
-    /// The op failed; its bytes may be partly written.
-    Failed(Error),
-}
+pub(crate) use status::Outcome;
+pub use status::{OpKind, OpStatus, Status};
 
 /// How a transfer's ops became copies: `ops` of them moved in `copies` batched copies (one
 /// kernel launch each, `gdx_copy_batch`), the rest one copy per op. A block list of 1,000
@@ -164,14 +130,6 @@ impl OpState {
     }
 }
 
-/// An op's outcome, borrowed from the progress state (`Stats::record`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Outcome<'a> {
-    Pending,
-    Completed,
-    Failed(&'a Error),
-}
-
 #[derive(Debug)]
 struct Progress {
     /// Each op's outcome so far (its plan is the transfer's, outside the lock).
@@ -229,28 +187,6 @@ impl Progress {
                 Some(e) => Outcome::Failed(e),
                 None => Outcome::Pending,
             },
-        }
-    }
-}
-
-impl Outcome<'_> {
-    /// The public form (the error cloned).
-    fn status(self) -> OpStatus {
-        match self {
-            Outcome::Pending => OpStatus::Pending,
-            Outcome::Completed => OpStatus::Completed,
-            Outcome::Failed(e) => OpStatus::Failed(e.clone()),
-        }
-    }
-
-    /// Whether this is `st` (without building the public form).
-    fn is(self, st: &OpStatus) -> bool {
-        match (self, st) {
-            (Outcome::Pending, OpStatus::Pending) | (Outcome::Completed, OpStatus::Completed) => {
-                true
-            }
-            (Outcome::Failed(a), OpStatus::Failed(b)) => a == b,
-            _ => false,
         }
     }
 }

@@ -36,15 +36,15 @@ use gdx_fabric::{
 use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::gpu::AgentGpu;
-use crate::region::{LeaseKind, RegionInner, RegionKey, Registry};
-use crate::routing::plan::FabricMem;
+use crate::region::{LeaseKind, NicRegistrations, RegionInner, RegionKey, Registry};
+use crate::routing::plan::{FabricMem, Path};
 use crate::transfer::{OpKind, XferState};
 use crate::transport::SerialQueue;
 use crate::wire::Msg;
 
 fn fabric_err(e: FabricError) -> Error {
     match e {
-        FabricError::PeerLost { text, .. } => Error::PeerLost(format!("fabric: {text}")),
+        FabricError::PeerLost { text, .. } => Error::peer_lost(format!("fabric: {text}")),
         other => Error::Fabric(Arc::new(other)),
     }
 }
@@ -59,6 +59,17 @@ pub(crate) struct FabricNode {
 impl std::fmt::Debug for FabricNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.describe())
+    }
+}
+
+impl NicRegistrations for FabricNode {
+    /// Closes a region's registration: called when the region is removed, before its memory
+    /// can go.
+    fn forget(&self, region: u64) {
+        self.regs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&region);
     }
 }
 
@@ -108,14 +119,18 @@ impl FabricNode {
         }
         if let Some(dev) = r.device() {
             if !self.ep.registers_hmem() {
-                return Err(Error::FabricRefused(format!(
-                    "region {} is GPU memory ({}); provider {} does not offer FI_HMEM, and a \
+                return Err(Error::refused(
+                    Path::Fabric,
+                    Some(r.id),
+                    format!(
+                        "region {} is GPU memory ({}); provider {} does not offer FI_HMEM, and a \
                      target's GPU memory cannot be staged over one-sided RMA; connect with \
                      GDX_TRANSPORTS=tcp,shm to stage it over tcp",
-                    r.id,
-                    r.location,
-                    self.ep.provider().provider
-                )));
+                        r.id,
+                        r.location,
+                        self.ep.provider().provider
+                    ),
+                ));
             }
             let len = usize::try_from(r.len).map_err(|_| {
                 Error::InvalidArgument(format!("region {} is too large to register", r.id))
@@ -142,15 +157,6 @@ impl FabricNode {
         let m = self.ep.register(mem).map_err(fabric_err)?;
         regs.insert(r.id, m.clone());
         Ok(m)
-    }
-
-    /// Closes a region's registration: called when the region is removed, before its memory
-    /// can go.
-    pub(crate) fn forget(&self, region: u64) {
-        self.regs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&region);
     }
 
     /// The target's answer to `FabricRegion`: checks key and access, registers, says where.
@@ -237,7 +243,7 @@ fn worker(mut w: Worker, rx: Receiver<Arc<XferState>>, alive: Arc<AtomicBool>) {
             match w.run_op(&xfer, i) {
                 Ok(()) => xfer.chunk_done(i, xfer.ops[i].len, Ok(())),
                 Err(e) => {
-                    if matches!(e, Error::PeerLost(_)) {
+                    if matches!(e, Error::PeerLost { .. }) {
                         alive.store(false, Ordering::SeqCst);
                     }
                     xfer.chunk_done(i, 0, Err(e));

@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex};
 use crate::error::{Error, Result};
 use crate::transfer::XferState;
 
-pub(crate) use serving::Serving;
+pub(crate) use agent_view::AgentView;
 
+mod agent_view;
 pub(crate) mod fabric;
 pub(crate) mod rdma;
-mod serving;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
@@ -114,7 +114,7 @@ impl SerialQueue {
             None => Some(xfer),
         };
         if let Some(x) = rejected {
-            x.fail_pending(&Error::PeerLost("peer connection closed".into()));
+            x.fail_pending(&Error::peer_lost("peer connection closed"));
             x.finish();
         }
     }

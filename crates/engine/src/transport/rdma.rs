@@ -38,7 +38,8 @@ use gdx_rdma::{
 use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::rails::Rails;
-use crate::region::{LeaseKind, RegionInner, RegionKey, Registry};
+use crate::region::{LeaseKind, NicRegistrations, RegionInner, RegionKey, Registry};
+use crate::routing::path::Path;
 use crate::transfer::{OpKind, XferState};
 use crate::transport::tcp::{MEASURE_BYTES, SPLIT_BYTES};
 use crate::transport::{SerialQueue, Transport};
@@ -70,11 +71,28 @@ impl std::fmt::Debug for RdmaNode {
     }
 }
 
+impl NicRegistrations for RdmaNode {
+    /// Drops a region's registration and invalidates its range: called when the region is
+    /// removed, so the NIC stops touching the memory before it is freed.
+    fn forget(&self, region: u64) {
+        for (i, ep) in self.eps.iter().enumerate() {
+            let h = self
+                .regs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&(i, region));
+            if let Some(h) = h {
+                ep.invalidate(&h.range);
+            }
+        }
+    }
+}
+
 impl RdmaNode {
     /// The first RDMA device whose endpoint opens (or `GDX_IB_DEVICE`), or why there is none:
     /// [`Error::Rdma`] with the verbs error (no device, or the one device failed),
     /// [`Error::InvalidArgument`] for a `GDX_IB_DEVICE` that names no device,
-    /// [`Error::RdmaRefused`] naming each device when several failed.
+    /// [`Error::Refused`] naming each device when several failed.
     pub(crate) fn open() -> Result<RdmaNode> {
         let devices = gdx_rdma::discover().map_err(rdma_err)?;
         let want = std::env::var("GDX_IB_DEVICE")
@@ -120,10 +138,11 @@ impl RdmaNode {
             // Several: one error cannot hold them all as sources; name each.
             _ => {
                 let each: Vec<String> = why.iter().map(|(d, e)| format!("{d}: {e}")).collect();
-                Err(Error::RdmaRefused(format!(
-                    "no RDMA device port opened: {}",
-                    each.join("; ")
-                )))
+                Err(Error::refused(
+                    Path::Rdma,
+                    None,
+                    format!("no RDMA device port opened: {}", each.join("; ")),
+                ))
             }
         }
     }
@@ -204,32 +223,21 @@ impl RdmaNode {
         };
         let h = self.eps[ep].register(&mem).map_err(rdma_err)?;
         if h.handle.mechanism() == Mechanism::Staged {
-            return Err(Error::RdmaRefused(format!(
-                "region {} ({}) has no GPUDirect RDMA registration on {} (tried: {:?}); \
+            return Err(Error::refused(
+                Path::Rdma,
+                Some(r.id),
+                format!(
+                    "region {} ({}) has no GPUDirect RDMA registration on {} (tried: {:?}); \
                  connect with GDX_TRANSPORTS=tcp,shm to stage it over tcp",
-                r.id,
-                r.location,
-                self.eps[ep].device(),
-                h.handle.attempts()
-            )));
+                    r.id,
+                    r.location,
+                    self.eps[ep].device(),
+                    h.handle.attempts()
+                ),
+            ));
         }
         regs.insert((ep, r.id), Arc::clone(&h));
         Ok(h)
-    }
-
-    /// Drops a region's registration and invalidates its range: called when the region is
-    /// removed, so the NIC stops touching the memory before it is freed.
-    pub(crate) fn forget(&self, region: u64) {
-        for (i, ep) in self.eps.iter().enumerate() {
-            let h = self
-                .regs
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&(i, region));
-            if let Some(h) = h {
-                ep.invalidate(&h.range);
-            }
-        }
     }
 
     /// The target's answer to `RdmaRegion` (default device) and `RdmaRegionOn` (`device`):
@@ -244,7 +252,7 @@ impl RdmaNode {
         let ep = match device {
             None => 0,
             Some(d) => self.endpoint(d).ok_or_else(|| {
-                Error::Unavailable(format!("rdma: no endpoint on device {d} here"))
+                Error::unavailable(Path::Rdma, format!("rdma: no endpoint on device {d} here"))
             })?,
         };
         let r = reg.get(id)?;
@@ -257,7 +265,11 @@ impl RdmaNode {
         }
         let h = self.register(ep, &r)?;
         let remote = h.handle.remote_region(id).ok_or_else(|| {
-            Error::RdmaRefused(format!("region {id} has no rkey (it is not registered)"))
+            Error::refused(
+                Path::Rdma,
+                Some(id),
+                format!("region {id} has no rkey (it is not registered)"),
+            )
         })?;
         Ok(Msg::RdmaRegionInfo {
             addr: remote.addr,
@@ -287,11 +299,10 @@ impl RdmaNode {
         let e = &self.eps[ep];
         let state = e.port_state();
         if state != "ACTIVE" && state != "unknown" {
-            return Err(Error::Unavailable(format!(
-                "rdma: {} port {} is {state}",
-                e.device(),
-                e.port().number
-            )));
+            return Err(Error::unavailable(
+                Path::Rdma,
+                format!("rdma: {} port {} is {state}", e.device(), e.port().number),
+            ));
         }
         let cq = e.completion_queue(CQ_ENTRIES).map_err(rdma_err)?;
         let prepared = e.prepare(&cq, QPS_PER_PEER).map_err(rdma_err)?;
@@ -410,6 +421,31 @@ type Ranges = Vec<(u64, u64)>;
 /// A rail's run of its ranges: done, or failed with the error and the pieces not finished.
 type RailRun = std::result::Result<(), (Error, Ranges)>;
 
+/// Each pending range split over the active rails by their weights: (rail, offset, length).
+fn spread(todo: &Ranges, active: &[usize], weights: &[f64]) -> Vec<(usize, u64, u64)> {
+    let mut plan = Vec::new();
+    for &(off, len) in todo {
+        for (r, o, n) in split(len, active, weights) {
+            plan.push((r, off + o, n));
+        }
+    }
+    plan
+}
+
+/// A rail's ranges cut into pieces of at most `PIECE` bytes, each waited for on its own.
+fn pieces(ranges: &Ranges) -> Ranges {
+    let mut pieces = Vec::new();
+    for &(off, n) in ranges {
+        let mut o = 0;
+        while o < n {
+            let len = (n - o).min(PIECE);
+            pieces.push((off + o, len));
+            o += len;
+        }
+    }
+    pieces
+}
+
 /// Largest piece a rail runs at a time: its wait is for progress, and what goes again on
 /// another rail when the rail fails is what it had not finished, in pieces of this size.
 const PIECE: u64 = 8 << 20;
@@ -450,7 +486,7 @@ fn worker(mut w: Worker, rx: Receiver<Arc<XferState>>, alive: Arc<AtomicBool>) {
             }
             let r = w.run_op(&xfer, i);
             if let Err(e) = &r {
-                if matches!(e, Error::PeerLost(_)) && !w.stats.any_active() {
+                if matches!(e, Error::PeerLost { .. }) && !w.stats.any_active() {
                     alive.store(false, Ordering::SeqCst);
                 }
             }
@@ -596,7 +632,7 @@ impl Worker {
                 return Err(match last {
                     // One rail: its own error, as before rails.
                     Some(e) if self.rails.len() == 1 => e,
-                    _ => Error::PeerLost(format!(
+                    _ => Error::peer_lost(format!(
                         "no rail left (paused ones are re-probed): {}",
                         self.stats.causes()
                     )),
@@ -610,13 +646,7 @@ impl Worker {
                 active = vec![b];
                 weights = vec![1.0];
             }
-            // Each pending range is split over the active rails.
-            let mut plan: Vec<(usize, u64, u64)> = Vec::new();
-            for &(off, len) in &todo {
-                for (r, o, n) in split(len, &active, &weights) {
-                    plan.push((r, off + o, n));
-                }
-            }
+            let plan = spread(&todo, &active, &weights);
             // What each rail needs, asked before the rails run (the control connection is
             // one): the remote region and this side's registration on the rail's device.
             let mut per_rail: Vec<(usize, Ranges, MrHandle, RemoteRegion)> = Vec::new();
@@ -656,15 +686,7 @@ impl Worker {
                     let mut run = move || {
                         let t0 = std::time::Instant::now();
                         let mut done = 0u64;
-                        let mut pieces: Ranges = Vec::new();
-                        for &(off, n) in ranges {
-                            let mut o = 0;
-                            while o < n {
-                                let len = (n - o).min(PIECE);
-                                pieces.push((off + o, len));
-                                o += len;
-                            }
-                        }
+                        let pieces = pieces(ranges);
                         for (k, &(off, n)) in pieces.iter().enumerate() {
                             // Cancelled or out of time: nothing more is posted; the pieces
                             // already run have completed (their completions were reaped).
@@ -700,7 +722,7 @@ impl Worker {
                 hs.into_iter()
                     .map(|(r, ranges, h)| {
                         let res = h.join().unwrap_or_else(|_| {
-                            let e = Error::Unavailable("rdma rail thread panicked".into());
+                            let e = Error::unavailable(Path::Rdma, "rdma rail thread panicked");
                             Err((e, ranges))
                         });
                         (r, res)
@@ -745,7 +767,24 @@ impl Worker {
 
 #[cfg(test)]
 mod tests {
-    use super::split;
+    use super::{pieces, split, spread, PIECE};
+
+    #[test]
+    fn pieces_cover_each_range_in_order_in_pieces_of_at_most_piece_bytes() {
+        let ranges = vec![(100, 2 * PIECE + 5), (1 << 40, 3)];
+        let p = pieces(&ranges);
+        assert_eq!(
+            p,
+            vec![
+                (100, PIECE),
+                (100 + PIECE, PIECE),
+                (100 + 2 * PIECE, 5),
+                (1 << 40, 3)
+            ]
+        );
+        let plan = spread(&ranges, &[0], &[1.0]);
+        assert_eq!(plan.iter().map(|x| x.2).sum::<u64>(), 2 * PIECE + 8);
+    }
 
     #[test]
     fn split_follows_the_weights_in_whole_pages_and_covers_every_byte() {

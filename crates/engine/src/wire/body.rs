@@ -3,7 +3,7 @@
 //! than the bytes left, so a hostile body cannot make it allocate.
 
 use super::{
-    BatchEntry, Hello, Msg, RemoteError, ShmOp, MAX_BATCH_ENTRIES, MAX_OPS_PER_BEGIN, MAX_STR,
+    tag, BatchEntry, Hello, Msg, RemoteError, ShmOp, MAX_BATCH_ENTRIES, MAX_OPS_PER_BEGIN, MAX_STR,
 };
 use crate::error::{Error, Result};
 use crate::region::{Access, Location, RegionDesc, RegionKey};
@@ -261,7 +261,57 @@ fn get_err(r: &mut Reader<'_>) -> Result<Error> {
     }))
 }
 
+/// Encodes `msg`'s body (its frame header is the caller's), by family; each family's
+/// encoder matches only its own frames, and the wire_props round trip covers every one.
 pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
+    match msg {
+        Msg::Hello(_)
+        | Msg::Join { .. }
+        | Msg::Ok
+        | Msg::ListRegions
+        | Msg::Bye
+        | Msg::Err(_)
+        | Msg::GetRegion { .. }
+        | Msg::Region(_)
+        | Msg::Regions(_)
+        | Msg::Notify { .. }
+        | Msg::Challenge { .. }
+        | Msg::Auth { .. }
+        | Msg::Pake { .. }
+        | Msg::PakeAuth { .. } => put_session(o, msg),
+        Msg::Write { .. }
+        | Msg::WriteAck { .. }
+        | Msg::ReadData { .. }
+        | Msg::Read { .. }
+        | Msg::OpErr { .. }
+        | Msg::WriteBatch { .. }
+        | Msg::ReadBatch { .. }
+        | Msg::WriteBatchAck { .. }
+        | Msg::ReadBatchData { .. } => put_data(o, msg),
+        Msg::ShmJoin { .. }
+        | Msg::ShmMap { .. }
+        | Msg::ShmMapped { .. }
+        | Msg::ShmBegin { .. }
+        | Msg::ShmBeginResult { .. }
+        | Msg::ShmStaged { .. }
+        | Msg::ShmEnd { .. }
+        | Msg::ShmRing { .. }
+        | Msg::ShmCmaGrant
+        | Msg::ShmCmaProbe { .. }
+        | Msg::ShmCmaRegion { .. }
+        | Msg::ShmCmaAddr { .. } => put_shm(o, msg),
+        Msg::RdmaConnect { .. }
+        | Msg::FabricConnect { .. }
+        | Msg::FabricRegion { .. }
+        | Msg::FabricRegionInfo { .. }
+        | Msg::RdmaRegionOn { .. }
+        | Msg::RdmaRegion { .. }
+        | Msg::RdmaRegionInfo { .. } => put_nic(o, msg),
+    }
+}
+
+/// Encodes the control connection's frames: handshake, authentication, regions, notifications, errors.
+fn put_session(o: &mut Vec<u8>, msg: &Msg) {
     match msg {
         Msg::Hello(h) => {
             put_str(o, &h.agent_name);
@@ -295,6 +345,31 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
             put_u32(o, ds.len() as u32);
             ds.iter().for_each(|d| put_desc(o, d));
         }
+        Msg::Notify { xfer, data } => {
+            put_u64(o, *xfer);
+            put_bytes(o, data);
+        }
+        Msg::Challenge { nonce, mac } => {
+            put_u128(o, *nonce);
+            o.extend_from_slice(mac);
+        }
+        Msg::Auth { mac } => o.extend_from_slice(mac),
+        Msg::Pake { nonce, msg } => {
+            put_u128(o, *nonce);
+            o.extend_from_slice(msg);
+        }
+        Msg::PakeAuth { msg, mac } => {
+            o.extend_from_slice(msg);
+            o.extend_from_slice(mac);
+        }
+        // put_body routes only these frames here.
+        _ => {}
+    }
+}
+
+/// Encodes a tcp data stream's frames: single ops and batches, with their acks.
+fn put_data(o: &mut Vec<u8>, msg: &Msg) {
+    match msg {
         Msg::Write {
             xfer,
             op,
@@ -343,10 +418,34 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
             put_u32(o, *chunk);
             put_err(o, err);
         }
-        Msg::Notify { xfer, data } => {
+        Msg::WriteBatch { xfer, entries } | Msg::ReadBatch { xfer, entries } => {
             put_u64(o, *xfer);
-            put_bytes(o, data);
+            put_u32(o, entries.len() as u32);
+            for e in entries {
+                put_u32(o, e.op);
+                put_u32(o, e.chunk);
+                put_u64(o, e.region);
+                put_u128(o, e.key.0);
+                put_u64(o, e.offset);
+                put_u32(o, e.len);
+            }
         }
+        Msg::WriteBatchAck { xfer, errors } | Msg::ReadBatchData { xfer, errors } => {
+            put_u64(o, *xfer);
+            put_u32(o, errors.len() as u32);
+            for (i, e) in errors {
+                put_u32(o, *i);
+                put_err(o, e);
+            }
+        }
+        // put_body routes only these frames here.
+        _ => {}
+    }
+}
+
+/// Encodes the shm connection's frames: join, mapping, begin/staged/end, the ring, cma.
+fn put_shm(o: &mut Vec<u8>, msg: &Msg) {
+    match msg {
         Msg::ShmJoin {
             session,
             token,
@@ -416,6 +515,37 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
                 None => o.push(0),
             }
         }
+        Msg::ShmRing { slots, slot_bytes } => {
+            put_u32(o, *slots);
+            put_u32(o, *slot_bytes);
+        }
+        Msg::ShmCmaGrant => {}
+        Msg::ShmCmaProbe { addr, value } => {
+            put_u64(o, *addr);
+            put_u128(o, *value);
+        }
+        Msg::ShmCmaRegion { region, key, write } => {
+            put_u64(o, *region);
+            put_u128(o, key.0);
+            o.push(u8::from(*write));
+        }
+        Msg::ShmCmaAddr {
+            addr,
+            len,
+            writable,
+        } => {
+            put_u64(o, *addr);
+            put_u64(o, *len);
+            o.push(u8::from(*writable));
+        }
+        // put_body routes only these frames here.
+        _ => {}
+    }
+}
+
+/// Encodes the rdma and fabric set-up frames: connection data and region registrations.
+fn put_nic(o: &mut Vec<u8>, msg: &Msg) {
+    match msg {
         Msg::RdmaConnect { data } => put_bytes(o, data),
         Msg::FabricConnect { addr } => put_bytes(o, addr),
         Msg::FabricRegion { region, key } => {
@@ -452,62 +582,8 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
             put_u32(o, *rkey);
             put_str(o, mechanism);
         }
-        Msg::Challenge { nonce, mac } => {
-            put_u128(o, *nonce);
-            o.extend_from_slice(mac);
-        }
-        Msg::Auth { mac } => o.extend_from_slice(mac),
-        Msg::Pake { nonce, msg } => {
-            put_u128(o, *nonce);
-            o.extend_from_slice(msg);
-        }
-        Msg::PakeAuth { msg, mac } => {
-            o.extend_from_slice(msg);
-            o.extend_from_slice(mac);
-        }
-        Msg::ShmRing { slots, slot_bytes } => {
-            put_u32(o, *slots);
-            put_u32(o, *slot_bytes);
-        }
-        Msg::WriteBatch { xfer, entries } | Msg::ReadBatch { xfer, entries } => {
-            put_u64(o, *xfer);
-            put_u32(o, entries.len() as u32);
-            for e in entries {
-                put_u32(o, e.op);
-                put_u32(o, e.chunk);
-                put_u64(o, e.region);
-                put_u128(o, e.key.0);
-                put_u64(o, e.offset);
-                put_u32(o, e.len);
-            }
-        }
-        Msg::WriteBatchAck { xfer, errors } | Msg::ReadBatchData { xfer, errors } => {
-            put_u64(o, *xfer);
-            put_u32(o, errors.len() as u32);
-            for (i, e) in errors {
-                put_u32(o, *i);
-                put_err(o, e);
-            }
-        }
-        Msg::ShmCmaGrant => {}
-        Msg::ShmCmaProbe { addr, value } => {
-            put_u64(o, *addr);
-            put_u128(o, *value);
-        }
-        Msg::ShmCmaRegion { region, key, write } => {
-            put_u64(o, *region);
-            put_u128(o, key.0);
-            o.push(u8::from(*write));
-        }
-        Msg::ShmCmaAddr {
-            addr,
-            len,
-            writable,
-        } => {
-            put_u64(o, *addr);
-            put_u64(o, *len);
-            o.push(u8::from(*writable));
-        }
+        // put_body routes only these frames here.
+        _ => {}
     }
 }
 
@@ -515,7 +591,58 @@ pub(super) fn put_body(o: &mut Vec<u8>, msg: &Msg) {
 pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
     let mut r = Reader::new(body);
     let msg = match kind {
-        1 => Msg::Hello(Hello {
+        tag::HELLO
+        | tag::JOIN
+        | tag::OK
+        | tag::LIST_REGIONS
+        | tag::BYE
+        | tag::ERR
+        | tag::GET_REGION
+        | tag::REGION
+        | tag::REGIONS
+        | tag::NOTIFY
+        | tag::CHALLENGE
+        | tag::AUTH
+        | tag::PAKE
+        | tag::PAKE_AUTH => decode_session(kind, &mut r)?,
+        tag::WRITE
+        | tag::WRITE_ACK
+        | tag::READ_DATA
+        | tag::READ
+        | tag::OP_ERR
+        | tag::WRITE_BATCH
+        | tag::READ_BATCH
+        | tag::WRITE_BATCH_ACK
+        | tag::READ_BATCH_DATA => decode_data(kind, &mut r)?,
+        tag::SHM_JOIN
+        | tag::SHM_MAP
+        | tag::SHM_MAPPED
+        | tag::SHM_BEGIN
+        | tag::SHM_BEGIN_RESULT
+        | tag::SHM_STAGED
+        | tag::SHM_END
+        | tag::SHM_RING
+        | tag::SHM_CMA_GRANT
+        | tag::SHM_CMA_PROBE
+        | tag::SHM_CMA_REGION
+        | tag::SHM_CMA_ADDR => decode_shm(kind, &mut r)?,
+        tag::RDMA_CONNECT
+        | tag::FABRIC_CONNECT
+        | tag::FABRIC_REGION
+        | tag::FABRIC_REGION_INFO
+        | tag::RDMA_REGION_ON
+        | tag::RDMA_REGION
+        | tag::RDMA_REGION_INFO => decode_nic(kind, &mut r)?,
+        k => return Err(Error::UnknownFrame(k)),
+    };
+    r.finish()?;
+    Ok(msg)
+}
+
+/// Decodes the control connection's frames: handshake, authentication, regions, notifications, errors.
+fn decode_session(kind: u8, r: &mut Reader<'_>) -> Result<Msg> {
+    Ok(match kind {
+        tag::HELLO => Msg::Hello(Hello {
             agent_name: r.string()?,
             agent_id: r.u128()?,
             host_id: r.u128()?,
@@ -528,26 +655,51 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             nonce: r.u128()?,
             cluster: r.string()?,
         }),
-        2 => Msg::Join {
+        tag::JOIN => Msg::Join {
             session: r.u128()?,
             token: r.u128()?,
             stream: r.u16()?,
             nonce: r.u128()?,
         },
-        3 => Msg::Ok,
-        4 => Msg::Err(get_err(&mut r)?),
-        5 => Msg::GetRegion { name: r.string()? },
-        6 => Msg::Region(get_desc(&mut r)?),
-        7 => Msg::ListRegions,
-        8 => {
+        tag::OK => Msg::Ok,
+        tag::ERR => Msg::Err(get_err(r)?),
+        tag::GET_REGION => Msg::GetRegion { name: r.string()? },
+        tag::REGION => Msg::Region(get_desc(r)?),
+        tag::LIST_REGIONS => Msg::ListRegions,
+        tag::REGIONS => {
             let n = r.count(39)?;
             let mut v = Vec::with_capacity(n);
             for _ in 0..n {
-                v.push(get_desc(&mut r)?);
+                v.push(get_desc(r)?);
             }
             Msg::Regions(v)
         }
-        9 => Msg::Write {
+        tag::NOTIFY => Msg::Notify {
+            xfer: r.u64()?,
+            data: r.bytes()?,
+        },
+        tag::BYE => Msg::Bye,
+        tag::CHALLENGE => Msg::Challenge {
+            nonce: r.u128()?,
+            mac: r.mac()?,
+        },
+        tag::AUTH => Msg::Auth { mac: r.mac()? },
+        tag::PAKE => Msg::Pake {
+            nonce: r.u128()?,
+            msg: r.pake()?,
+        },
+        tag::PAKE_AUTH => Msg::PakeAuth {
+            msg: r.pake()?,
+            mac: r.mac()?,
+        },
+        k => return Err(Error::UnknownFrame(k)),
+    })
+}
+
+/// Decodes a tcp data stream's frames: single ops and batches, with their acks.
+fn decode_data(kind: u8, r: &mut Reader<'_>) -> Result<Msg> {
+    Ok(match kind {
+        tag::WRITE => Msg::Write {
             xfer: r.u64()?,
             op: r.u32()?,
             chunk: r.u32()?,
@@ -555,12 +707,12 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             key: RegionKey(r.u128()?),
             offset: r.u64()?,
         },
-        10 => Msg::WriteAck {
+        tag::WRITE_ACK => Msg::WriteAck {
             xfer: r.u64()?,
             op: r.u32()?,
             chunk: r.u32()?,
         },
-        11 => Msg::Read {
+        tag::READ => Msg::Read {
             xfer: r.u64()?,
             op: r.u32()?,
             chunk: r.u32()?,
@@ -569,37 +721,83 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             offset: r.u64()?,
             len: r.u32()?,
         },
-        12 => Msg::ReadData {
+        tag::READ_DATA => Msg::ReadData {
             xfer: r.u64()?,
             op: r.u32()?,
             chunk: r.u32()?,
         },
-        13 => Msg::OpErr {
+        tag::OP_ERR => Msg::OpErr {
             xfer: r.u64()?,
             op: r.u32()?,
             chunk: r.u32()?,
-            err: get_err(&mut r)?,
+            err: get_err(r)?,
         },
-        14 => Msg::Notify {
-            xfer: r.u64()?,
-            data: r.bytes()?,
-        },
-        15 => Msg::ShmJoin {
+        tag::WRITE_BATCH | tag::READ_BATCH => {
+            let xfer = r.u64()?;
+            let n = r.count(44)?;
+            if n > MAX_BATCH_ENTRIES {
+                return Err(Error::Malformed(format!(
+                    "a batch of {n} entries > {MAX_BATCH_ENTRIES}"
+                )));
+            }
+            let mut entries = Vec::with_capacity(n);
+            for _ in 0..n {
+                entries.push(BatchEntry {
+                    op: r.u32()?,
+                    chunk: r.u32()?,
+                    region: r.u64()?,
+                    key: RegionKey(r.u128()?),
+                    offset: r.u64()?,
+                    len: r.u32()?,
+                });
+            }
+            if kind == tag::WRITE_BATCH {
+                Msg::WriteBatch { xfer, entries }
+            } else {
+                Msg::ReadBatch { xfer, entries }
+            }
+        }
+        tag::WRITE_BATCH_ACK | tag::READ_BATCH_DATA => {
+            let xfer = r.u64()?;
+            let n = r.count(32)?;
+            if n > MAX_BATCH_ENTRIES {
+                return Err(Error::Malformed(format!(
+                    "a batch answer with {n} errors > {MAX_BATCH_ENTRIES}"
+                )));
+            }
+            let mut errors = Vec::with_capacity(n);
+            for _ in 0..n {
+                errors.push((r.u32()?, get_err(r)?));
+            }
+            if kind == tag::WRITE_BATCH_ACK {
+                Msg::WriteBatchAck { xfer, errors }
+            } else {
+                Msg::ReadBatchData { xfer, errors }
+            }
+        }
+        k => return Err(Error::UnknownFrame(k)),
+    })
+}
+
+/// Decodes the shm connection's frames: join, mapping, begin/staged/end, the ring, cma.
+fn decode_shm(kind: u8, r: &mut Reader<'_>) -> Result<Msg> {
+    Ok(match kind {
+        tag::SHM_JOIN => Msg::ShmJoin {
             session: r.u128()?,
             token: r.u128()?,
             nonce: r.u128()?,
         },
-        16 => Msg::ShmMap {
+        tag::SHM_MAP => Msg::ShmMap {
             region: r.u64()?,
             key: RegionKey(r.u128()?),
             write: r.bool()?,
             piece: r.u32()?,
         },
-        17 => Msg::ShmMapped {
+        tag::SHM_MAPPED => Msg::ShmMapped {
             len: r.u64()?,
             writable: r.bool()?,
         },
-        18 => {
+        tag::SHM_BEGIN => {
             let xfer = r.u64()?;
             let n = r.count(41)?;
             if n > MAX_OPS_PER_BEGIN {
@@ -619,7 +817,7 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             }
             Msg::ShmBegin { xfer, ops }
         }
-        19 => {
+        tag::SHM_BEGIN_RESULT => {
             let n = r.count(32)?;
             if n > MAX_OPS_PER_BEGIN {
                 return Err(Error::Malformed(format!(
@@ -628,11 +826,11 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             }
             let mut errors = Vec::with_capacity(n);
             for _ in 0..n {
-                errors.push((r.u32()?, get_err(&mut r)?));
+                errors.push((r.u32()?, get_err(r)?));
             }
             Msg::ShmBeginResult { errors }
         }
-        20 => Msg::ShmStaged {
+        tag::SHM_STAGED => Msg::ShmStaged {
             xfer: r.u64()?,
             op: r.u32()?,
             write: r.bool()?,
@@ -641,116 +839,64 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Msg> {
             offset: r.u64()?,
             len: r.u64()?,
         },
-        21 => {
+        tag::SHM_END => {
             let xfer = r.u64()?;
             let notify = if r.bool()? { Some(r.bytes()?) } else { None };
             Msg::ShmEnd { xfer, notify }
         }
-        22 => Msg::Bye,
-        23 => Msg::RdmaConnect { data: r.bytes()? },
-        24 => Msg::RdmaRegion {
-            region: r.u64()?,
-            key: RegionKey(r.u128()?),
-            write: r.bool()?,
-        },
-        25 => Msg::RdmaRegionInfo {
-            addr: r.u64()?,
-            len: r.u64()?,
-            rkey: r.u32()?,
-            mechanism: r.string()?,
-        },
-        26 => Msg::Challenge {
-            nonce: r.u128()?,
-            mac: r.mac()?,
-        },
-        27 => Msg::Auth { mac: r.mac()? },
-        41 => Msg::Pake {
-            nonce: r.u128()?,
-            msg: r.pake()?,
-        },
-        42 => Msg::PakeAuth {
-            msg: r.pake()?,
-            mac: r.mac()?,
-        },
-        28 => Msg::FabricConnect { addr: r.bytes()? },
-        29 => Msg::FabricRegion {
-            region: r.u64()?,
-            key: RegionKey(r.u128()?),
-        },
-        30 => Msg::FabricRegionInfo {
-            addr: r.u64()?,
-            len: r.u64()?,
-            mr_key: r.u64()?,
-        },
-        32 => Msg::RdmaRegionOn {
-            region: r.u64()?,
-            key: RegionKey(r.u128()?),
-            device: r.string()?,
-        },
-        31 => Msg::ShmRing {
+        tag::SHM_RING => Msg::ShmRing {
             slots: r.u32()?,
             slot_bytes: r.u32()?,
         },
-        37 | 39 => {
-            let xfer = r.u64()?;
-            let n = r.count(44)?;
-            if n > MAX_BATCH_ENTRIES {
-                return Err(Error::Malformed(format!(
-                    "a batch of {n} entries > {MAX_BATCH_ENTRIES}"
-                )));
-            }
-            let mut entries = Vec::with_capacity(n);
-            for _ in 0..n {
-                entries.push(BatchEntry {
-                    op: r.u32()?,
-                    chunk: r.u32()?,
-                    region: r.u64()?,
-                    key: RegionKey(r.u128()?),
-                    offset: r.u64()?,
-                    len: r.u32()?,
-                });
-            }
-            if kind == 37 {
-                Msg::WriteBatch { xfer, entries }
-            } else {
-                Msg::ReadBatch { xfer, entries }
-            }
-        }
-        38 | 40 => {
-            let xfer = r.u64()?;
-            let n = r.count(32)?;
-            if n > MAX_BATCH_ENTRIES {
-                return Err(Error::Malformed(format!(
-                    "a batch answer with {n} errors > {MAX_BATCH_ENTRIES}"
-                )));
-            }
-            let mut errors = Vec::with_capacity(n);
-            for _ in 0..n {
-                errors.push((r.u32()?, get_err(&mut r)?));
-            }
-            if kind == 38 {
-                Msg::WriteBatchAck { xfer, errors }
-            } else {
-                Msg::ReadBatchData { xfer, errors }
-            }
-        }
-        33 => Msg::ShmCmaGrant,
-        34 => Msg::ShmCmaProbe {
+        tag::SHM_CMA_GRANT => Msg::ShmCmaGrant,
+        tag::SHM_CMA_PROBE => Msg::ShmCmaProbe {
             addr: r.u64()?,
             value: r.u128()?,
         },
-        35 => Msg::ShmCmaRegion {
+        tag::SHM_CMA_REGION => Msg::ShmCmaRegion {
             region: r.u64()?,
             key: RegionKey(r.u128()?),
             write: r.bool()?,
         },
-        36 => Msg::ShmCmaAddr {
+        tag::SHM_CMA_ADDR => Msg::ShmCmaAddr {
             addr: r.u64()?,
             len: r.u64()?,
             writable: r.bool()?,
         },
         k => return Err(Error::UnknownFrame(k)),
-    };
-    r.finish()?;
-    Ok(msg)
+    })
+}
+
+/// Decodes the rdma and fabric set-up frames: connection data and region registrations.
+fn decode_nic(kind: u8, r: &mut Reader<'_>) -> Result<Msg> {
+    Ok(match kind {
+        tag::RDMA_CONNECT => Msg::RdmaConnect { data: r.bytes()? },
+        tag::RDMA_REGION => Msg::RdmaRegion {
+            region: r.u64()?,
+            key: RegionKey(r.u128()?),
+            write: r.bool()?,
+        },
+        tag::RDMA_REGION_INFO => Msg::RdmaRegionInfo {
+            addr: r.u64()?,
+            len: r.u64()?,
+            rkey: r.u32()?,
+            mechanism: r.string()?,
+        },
+        tag::FABRIC_CONNECT => Msg::FabricConnect { addr: r.bytes()? },
+        tag::FABRIC_REGION => Msg::FabricRegion {
+            region: r.u64()?,
+            key: RegionKey(r.u128()?),
+        },
+        tag::FABRIC_REGION_INFO => Msg::FabricRegionInfo {
+            addr: r.u64()?,
+            len: r.u64()?,
+            mr_key: r.u64()?,
+        },
+        tag::RDMA_REGION_ON => Msg::RdmaRegionOn {
+            region: r.u64()?,
+            key: RegionKey(r.u128()?),
+            device: r.string()?,
+        },
+        k => return Err(Error::UnknownFrame(k)),
+    })
 }

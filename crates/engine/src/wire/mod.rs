@@ -26,7 +26,7 @@ pub(crate) const MAX_STR: usize = 4096;
 /// Most ops in one `ShmBegin` (and errors in one `ShmBeginResult`); more is `Malformed`.
 pub const MAX_OPS_PER_BEGIN: usize = 8192;
 /// Highest frame type this version knows.
-pub const MAX_KIND: u8 = 42;
+pub const MAX_KIND: u8 = tag::MAX;
 
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,7 +252,7 @@ pub enum Msg {
         mr_key: u64,
     },
     /// Shm: attaches the control ring (its memfd travels with the frame); `slots` and
-    /// `slot_bytes` must match the target's layout (`ring.rs`).
+    /// `slot_bytes` must match the target's layout (`shm_ring.rs`).
     ShmRing {
         slots: u32,
         slot_bytes: u32,
@@ -319,54 +319,54 @@ impl Msg {
     /// The frame type number.
     pub fn kind(&self) -> u8 {
         match self {
-            Msg::Hello(_) => 1,
-            Msg::Join { .. } => 2,
-            Msg::Ok => 3,
-            Msg::Err(_) => 4,
-            Msg::GetRegion { .. } => 5,
-            Msg::Region(_) => 6,
-            Msg::ListRegions => 7,
-            Msg::Regions(_) => 8,
-            Msg::Write { .. } => 9,
-            Msg::WriteAck { .. } => 10,
-            Msg::Read { .. } => 11,
-            Msg::ReadData { .. } => 12,
-            Msg::OpErr { .. } => 13,
-            Msg::Notify { .. } => 14,
-            Msg::ShmJoin { .. } => 15,
-            Msg::ShmMap { .. } => 16,
-            Msg::ShmMapped { .. } => 17,
-            Msg::ShmBegin { .. } => 18,
-            Msg::ShmBeginResult { .. } => 19,
-            Msg::ShmStaged { .. } => 20,
-            Msg::ShmEnd { .. } => 21,
-            Msg::Bye => 22,
-            Msg::RdmaConnect { .. } => 23,
-            Msg::RdmaRegion { .. } => 24,
-            Msg::RdmaRegionInfo { .. } => 25,
-            Msg::Challenge { .. } => 26,
-            Msg::Auth { .. } => 27,
-            Msg::FabricConnect { .. } => 28,
-            Msg::FabricRegion { .. } => 29,
-            Msg::FabricRegionInfo { .. } => 30,
-            Msg::ShmRing { .. } => 31,
-            Msg::ShmCmaGrant => 33,
-            Msg::ShmCmaProbe { .. } => 34,
-            Msg::ShmCmaRegion { .. } => 35,
-            Msg::ShmCmaAddr { .. } => 36,
-            Msg::WriteBatch { .. } => 37,
-            Msg::WriteBatchAck { .. } => 38,
-            Msg::ReadBatch { .. } => 39,
-            Msg::ReadBatchData { .. } => 40,
-            Msg::RdmaRegionOn { .. } => 32,
-            Msg::Pake { .. } => 41,
-            Msg::PakeAuth { .. } => 42,
+            Msg::Hello(_) => tag::HELLO,
+            Msg::Join { .. } => tag::JOIN,
+            Msg::Ok => tag::OK,
+            Msg::Err(_) => tag::ERR,
+            Msg::GetRegion { .. } => tag::GET_REGION,
+            Msg::Region(_) => tag::REGION,
+            Msg::ListRegions => tag::LIST_REGIONS,
+            Msg::Regions(_) => tag::REGIONS,
+            Msg::Write { .. } => tag::WRITE,
+            Msg::WriteAck { .. } => tag::WRITE_ACK,
+            Msg::Read { .. } => tag::READ,
+            Msg::ReadData { .. } => tag::READ_DATA,
+            Msg::OpErr { .. } => tag::OP_ERR,
+            Msg::Notify { .. } => tag::NOTIFY,
+            Msg::ShmJoin { .. } => tag::SHM_JOIN,
+            Msg::ShmMap { .. } => tag::SHM_MAP,
+            Msg::ShmMapped { .. } => tag::SHM_MAPPED,
+            Msg::ShmBegin { .. } => tag::SHM_BEGIN,
+            Msg::ShmBeginResult { .. } => tag::SHM_BEGIN_RESULT,
+            Msg::ShmStaged { .. } => tag::SHM_STAGED,
+            Msg::ShmEnd { .. } => tag::SHM_END,
+            Msg::Bye => tag::BYE,
+            Msg::RdmaConnect { .. } => tag::RDMA_CONNECT,
+            Msg::RdmaRegion { .. } => tag::RDMA_REGION,
+            Msg::RdmaRegionInfo { .. } => tag::RDMA_REGION_INFO,
+            Msg::Challenge { .. } => tag::CHALLENGE,
+            Msg::Auth { .. } => tag::AUTH,
+            Msg::FabricConnect { .. } => tag::FABRIC_CONNECT,
+            Msg::FabricRegion { .. } => tag::FABRIC_REGION,
+            Msg::FabricRegionInfo { .. } => tag::FABRIC_REGION_INFO,
+            Msg::ShmRing { .. } => tag::SHM_RING,
+            Msg::ShmCmaGrant => tag::SHM_CMA_GRANT,
+            Msg::ShmCmaProbe { .. } => tag::SHM_CMA_PROBE,
+            Msg::ShmCmaRegion { .. } => tag::SHM_CMA_REGION,
+            Msg::ShmCmaAddr { .. } => tag::SHM_CMA_ADDR,
+            Msg::WriteBatch { .. } => tag::WRITE_BATCH,
+            Msg::WriteBatchAck { .. } => tag::WRITE_BATCH_ACK,
+            Msg::ReadBatch { .. } => tag::READ_BATCH,
+            Msg::ReadBatchData { .. } => tag::READ_BATCH_DATA,
+            Msg::RdmaRegionOn { .. } => tag::RDMA_REGION_ON,
+            Msg::Pake { .. } => tag::PAKE,
+            Msg::PakeAuth { .. } => tag::PAKE_AUTH,
         }
     }
 
     /// Whether a frame of this type may carry a payload.
     fn allows_payload(kind: u8) -> bool {
-        matches!(kind, 9 | 12 | 37 | 40)
+        tag::WITH_PAYLOAD.contains(&kind)
     }
 }
 
@@ -438,6 +438,7 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Msg, u32, usize)>> {
 }
 
 mod body;
+pub mod tag;
 
 pub use body::decode_body;
 use body::put_body;

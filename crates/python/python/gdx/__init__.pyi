@@ -28,9 +28,17 @@ Op = Tuple["Region", int, "RemoteRegion", int, int]
 
 class Error(Exception):
     """Base class of every error gdx raises."""
+    path: Optional[str]
+    """An rdma or fabric refusal: the path (``"rdma"``, ``"fabric"``); else None."""
+    region: Optional[int]
+    """The region an error names, when it names one."""
+    addr: Optional[str]
+    """An address nothing answered at (connect); else None."""
 
 class PeerLost(Error):
     """The connection to the peer broke."""
+    errno: Optional[int]
+    """The OS error number when a socket call saw the loss (ECONNRESET, EPIPE ...); else None."""
 
 class Timeout(Error):
     """A wait ran out of time; the transfer may still be running."""
@@ -40,18 +48,27 @@ class Cancelled(Error):
 
 class AccessDenied(Error):
     """Wrong key, read-only or non-readable region, or failed authentication."""
+    kind: Optional[str]
+    """Failed authentication: which check (``"proof"``, ``"mode"``, ``"wrong-agent"``,
+    ``"session"``, ``"sequence"``, ``"user"``); else None."""
 
 class OutOfBounds(Error):
     """offset + length lies outside the region."""
 
 class NotFound(Error):
     """No region with this name or id."""
+    name: Optional[str]
+    """The name asked for, when asked by name."""
 
 class Unavailable(Error):
     """A library, device or transport is missing (the message names it)."""
+    path: Optional[str]
+    """The path that cannot run (``"rdma"``, ``"ipc"``, ``"cma"``, ``"gds"`` ...), if one."""
 
 class StrictViolation(Error):
     """Strict mode refused a plan that leaves the direct path."""
+    path: Optional[str]
+    """The fallback path refused (``"staged"``, ``"fabric-staged"`` ...), if one was planned."""
 
 class BadCheckpoint(Error):
     """A safetensors header (or index) gdx refuses; nothing was loaded."""
@@ -183,14 +200,10 @@ class Rail(TypedDict):
 class Transfer:
     """A submitted batch."""
 
-<<<<<<< HEAD
     def wait(self, timeout: Optional[float] = None) -> OpResults: ...
-=======
-    def wait(self, timeout: Optional[float] = None) -> list[OpResult]: ...
-    def cancel(self) -> list[OpResult]:
+    def cancel(self) -> OpResults:
         """Stops the batch; returns once none of its bytes will move any more (raises
         ``Cancelled`` when it stopped it)."""
->>>>>>> life
     def done(self) -> bool: ...
     @property
     def status(self) -> str: ...

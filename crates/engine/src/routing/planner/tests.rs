@@ -51,7 +51,7 @@ fn strict_mode_refuses_a_forced_staged_copy_with_the_reason() {
         ..Policy::default()
     };
     let e = plan_local(&f, &policy, &Calibration::default()).unwrap_err();
-    let Error::Strict(msg) = &e else {
+    let Error::Strict { reason: msg, .. } = &e else {
         panic!("{e:?}")
     };
     assert!(
@@ -82,7 +82,7 @@ fn a_topology_that_promises_p2p_the_driver_refuses_fails_in_strict_mode() {
     );
     assert!(matches!(
         plan_local(&f, &Policy::strict(), &Calibration::default()),
-        Err(Error::Strict(_))
+        Err(Error::Strict { .. })
     ));
 }
 
@@ -306,5 +306,5 @@ fn stream_ordered_ops_leave_the_mailbox_and_strict_mode_refuses() {
     assert_eq!(p.path, Path::HostToGpu);
     assert!(p.reason.contains("ordered with a stream"), "{}", p.reason);
     let e = plan_local_with(&host_gpu(8, true), &Policy::strict(), &cal, Some(&m)).unwrap_err();
-    assert!(matches!(e, Error::Strict(_)), "{e}");
+    assert!(matches!(e, Error::Strict { .. }), "{e}");
 }

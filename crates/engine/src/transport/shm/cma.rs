@@ -157,10 +157,10 @@ impl CmaTarget {
     /// with the probe, or declines (`Unavailable`, saying why) when `allowed` is off.
     pub(super) fn grant(&mut self, allowed: bool, peer: u32) -> Result<Msg> {
         if !allowed {
-            return Err(Error::Unavailable(
+            return Err(Error::unavailable(
+                Path::Cma,
                 "this agent does not let peers copy into its memory directly (GDX_SHM_CMA=0 / \
-                 AgentConfig::shm_cma)"
-                    .into(),
+                 AgentConfig::shm_cma)",
             ));
         }
         if self.ptracer.is_none() && ptrace_scope() == Some(1) && peer != 0 {
@@ -412,7 +412,7 @@ impl Worker {
         match unsafe { copy_in_parts(pid, dir, &local, &remote) } {
             Ok(()) => done.extend(moving),
             Err(e) if rustix::io::Errno::from_io_error(&e) == Some(rustix::io::Errno::SRCH) => {
-                return Err(Error::PeerLost(format!("pid {pid} is gone (ESRCH)")));
+                return Err(Error::peer_lost(format!("pid {pid} is gone (ESRCH)")));
             }
             Err(e) => {
                 let call = match dir {
@@ -572,7 +572,10 @@ mod tests {
     fn a_declining_target_says_how_to_turn_it_on() {
         let mut t = CmaTarget::default();
         match t.grant(false, 1) {
-            Err(Error::Unavailable(why)) => assert!(why.contains("GDX_SHM_CMA"), "{why}"),
+            Err(Error::Unavailable {
+                path: Some(Path::Cma),
+                why,
+            }) => assert!(why.contains("GDX_SHM_CMA"), "{why}"),
             other => panic!("{other:?}"),
         }
         // Allowed: the probe holds the value it names, at the address it names.

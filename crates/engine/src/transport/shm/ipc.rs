@@ -11,6 +11,7 @@ use super::Worker;
 use crate::error::{Error, Result};
 use crate::gpu::{DeviceRegion, LocalPeer, Span, BATCH_SPAN_MAX};
 use crate::region::{Lease, LeaseKind};
+use crate::routing::path::Path;
 use crate::transfer::{OpKind, XferState};
 
 /// A mapped allocation: its pieces, each at its offset into the allocation.
@@ -29,13 +30,17 @@ impl Worker {
         let peer = match op.local.device() {
             Some(dev) => dev.peer.clone(),
             None => self.cuda.get().cloned().ok_or_else(|| {
-                Error::Unavailable(
-                    "an ipc op from host memory needs this process's CUDA (Agent::use_cuda)".into(),
+                Error::unavailable(
+                    Path::Ipc,
+                    "an ipc op from host memory needs this process's CUDA (Agent::use_cuda)",
                 )
             })?,
         };
         let ipc = op.remote.ipc.as_ref().ok_or_else(|| {
-            Error::Unavailable(format!("remote region {} has no IPC handle", op.remote.id))
+            Error::unavailable(
+                Path::Ipc,
+                format!("remote region {} has no IPC handle", op.remote.id),
+            )
         })?;
         if let Some(r) = self.imports.get(&op.remote.id) {
             return Ok((peer, r.clone()));
@@ -170,9 +175,10 @@ impl Worker {
                 v.insert(op.local.lease(kind, self.wait)?);
             }
             let (Some(dev), Some(ipc)) = (op.local.device(), op.remote.ipc.as_ref()) else {
-                return Err(Error::Unavailable(format!(
-                    "op {i} lost its GPU memory or IPC handle"
-                )));
+                return Err(Error::unavailable(
+                    Path::Ipc,
+                    format!("op {i} lost its GPU memory or IPC handle"),
+                ));
             };
             let Some((at, remote)) = self
                 .imports

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::conn::{Conn, Sock};
-use crate::error::{Error, Result};
+use crate::error::{AuthFailure, Error, Result};
 use crate::mem::Mapping;
 use crate::transfer::{Drive, NewTransfer, XferState};
 use crate::transport::{SerialQueue, Transport};
@@ -132,9 +132,10 @@ impl ShmTransport {
         // Whoever holds that abstract name must run as us (or an allowed user).
         let uid = crate::mem::peer_uid(s.as_raw_fd())?;
         if uid != crate::mem::my_uid() && !cfg.shm_allowed_uids.contains(&uid) {
-            return Err(Error::AuthFailed(format!(
-                "the shm socket {socket_name} belongs to uid {uid}, not ours"
-            )));
+            return Err(Error::auth(
+                AuthFailure::User,
+                format!("the shm socket {socket_name} belongs to uid {uid}, not ours"),
+            ));
         }
         let mut conn = Conn::new(Sock::Unix(s), "shm connection");
         conn.set_timeout(Some(io_timeout))?;
@@ -142,7 +143,7 @@ impl ShmTransport {
         let bounce = Mapping::memfd(BOUNCE_BYTES, "bounce")?;
         let fd = bounce
             .fd()
-            .ok_or_else(|| Error::Unavailable("bounce buffer has no fd".into()))?;
+            .ok_or_else(|| Error::unavailable(None, "bounce buffer has no fd"))?;
         let nonce = crate::mem::random_u128()?;
         conn.send_with_fd(
             &Msg::ShmJoin {
@@ -167,14 +168,14 @@ impl ShmTransport {
         }
         conn.end_handshake(io_timeout)?;
         // The control ring: attached once, before any transfer.
-        let r = crate::ring::Ring::create()?;
+        let r = crate::shm_ring::Ring::create()?;
         let rfd = r
             .fd()
-            .ok_or_else(|| Error::Unavailable("shm ring has no fd".into()))?;
+            .ok_or_else(|| Error::unavailable(None, "shm ring has no fd"))?;
         conn.send_with_fd(
             &Msg::ShmRing {
-                slots: crate::ring::SLOTS as u32,
-                slot_bytes: crate::ring::SLOT_BYTES as u32,
+                slots: crate::shm_ring::SLOTS as u32,
+                slot_bytes: crate::shm_ring::SLOT_BYTES as u32,
             },
             rfd,
         )?;

@@ -1,4 +1,4 @@
-//! The initiator's side of the shm control ring (layout and states: `ring.rs`).
+//! The initiator's side of the shm control ring (layout and states: `shm_ring.rs`).
 //!
 //! A transfer whose ops all fit the ring runs without the socket: small ops (≤ `INLINE_MAX`)
 //! travel inline, and the target copies them between the slot and its region under a lease, so
@@ -30,8 +30,8 @@ pub(super) use super::ring_client::{Done, Driver, RingClient, Skip};
 use super::ring_inline::STAGE_MAX;
 use super::Worker;
 use crate::error::{Error, Result};
-use crate::ring::{self, DONE, INLINE_MAX, KIND_BEGIN, KIND_INLINE, MAX_RING_OPS};
 use crate::routing::plan::Path;
+use crate::shm_ring::{self, DONE, INLINE_MAX, KIND_BEGIN, KIND_INLINE, MAX_RING_OPS};
 use crate::transfer::{NewTransfer, OpKind, OpRef, XferState};
 use crate::wire::ShmOp;
 
@@ -71,7 +71,7 @@ pub(super) fn posts_inline(xfer: &XferState) -> bool {
 }
 
 /// Most queued small transfers the worker posts before it awaits the first answer.
-pub(super) const PIPELINE: usize = ring::SLOTS / 2;
+pub(super) const PIPELINE: usize = shm_ring::SLOTS / 2;
 
 /// A slot `post_early` posted for a transfer whose state is not built yet.
 #[derive(Debug)]
@@ -209,7 +209,7 @@ impl Worker {
             return Ok(true);
         }
         let mut err = None;
-        ring::spin_until(crate::spin::SHM_SUBMIT_SPIN, || {
+        shm_ring::spin_until(crate::spin::SHM_SUBMIT_SPIN, || {
             if let Err(e) = self.reap(false, done) {
                 err = Some(e);
                 return true;
@@ -296,7 +296,7 @@ impl Worker {
     /// `in_flight` then keeps it.
     fn start_slot(&mut self, xfer: &XferState, kind: u32) -> Result<Started> {
         // `may_post`: at most MAX_RING_OPS ops.
-        let batch = &ring::IDENTITY[..xfer.ops.len().min(MAX_RING_OPS)];
+        let batch = &shm_ring::IDENTITY[..xfer.ops.len().min(MAX_RING_OPS)];
         if kind == KIND_BEGIN {
             return self.start_begin(xfer, batch.len());
         }
@@ -407,7 +407,7 @@ impl Worker {
                 break;
             };
             self.mark_front();
-            let batch = &ring::IDENTITY[f.ops.clone()];
+            let batch = &shm_ring::IDENTITY[f.ops.clone()];
             // An inline slot in flight holds its whole transfer (`may_post`, `pipeline_guarded`):
             // its ops complete with the transfer's end. A `BEGIN` transfer may go on in the
             // slots after this one (`start_begin`): it ends with its last.
@@ -422,7 +422,7 @@ impl Worker {
             let n = f.xfer.ops.len().min(MAX_RING_OPS);
             match r {
                 Ok(None) if f.ops.end < n => {
-                    f.slot = (f.slot + 1) % ring::SLOTS;
+                    f.slot = (f.slot + 1) % shm_ring::SLOTS;
                     f.ops = f.ops.end..(f.ops.end + f.chunk).min(n);
                     self.inflight.push_front(f);
                     self.mark_front();

@@ -11,10 +11,10 @@ use super::Worker;
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir, BATCH_SPAN_MAX};
 use crate::region::LeaseKind;
-use crate::ring::{
+use crate::routing::plan::Path;
+use crate::shm_ring::{
     DATA_BYTES, DONE, END, IDENTITY, INLINE_MAX, KIND_BEGIN, KIND_INLINE, MAX_RING_OPS,
 };
-use crate::routing::plan::Path;
 use crate::transfer::{OpKind, XferState};
 
 /// Inline slots `run_ring` keeps posted ahead of the one it completes.

@@ -1,4 +1,4 @@
-//! The initiator's handle on its shm control ring (layout and states: `ring.rs`): slots taken
+//! The initiator's handle on its shm control ring (layout and states: `shm_ring.rs`): slots taken
 //! in sequence, requests written and published, the doorbell rung only when the target may be
 //! asleep, and the wait for a slot's answer with the liveness checks; and what waiters use to
 //! complete transfers in flight (`Driver`, `Done`). `ring.rs` runs transfers through it.
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::Worker;
 use crate::error::{Error, Result};
-use crate::ring::{self, Ring, DONE, FREE, NAP, POSTED};
+use crate::shm_ring::{self, Ring, DONE, FREE, NAP, POSTED};
 use crate::transfer::clock::{Span, Tick};
 use crate::transfer::{Drive, XferState};
 use crate::transport::SerialQueue;
@@ -52,7 +52,7 @@ pub(super) struct RingClient {
     /// Inline slots whose `DONE` this side has read: free to reuse as they are. The initiator
     /// does not write `FREE` into them, which would take the slot's line back from the target's
     /// core once more per request (and stall this core's next atomic until it had).
-    consumed: [bool; ring::SLOTS],
+    consumed: [bool; shm_ring::SLOTS],
     /// The shm socket, watched for hang-up while waiting.
     sock_fd: RawFd,
     wait: Duration,
@@ -64,7 +64,7 @@ pub(super) struct RingClient {
 
 /// A post this soon after the previous one skips the doorbell check (`RingClient::publish`):
 /// half the target's spin before it may sleep.
-const QUIET: Duration = Duration::from_micros(ring::TARGET_SPIN.as_micros() as u64 / 2);
+const QUIET: Duration = Duration::from_micros(shm_ring::TARGET_SPIN.as_micros() as u64 / 2);
 
 impl RingClient {
     pub(super) fn new(ring: Ring, sock_fd: RawFd, wait: Duration) -> Self {
@@ -72,7 +72,7 @@ impl RingClient {
             ring: Arc::new(ring),
             front: Arc::new(Front(AtomicU32::new(NO_SLOT))),
             seq: 0,
-            consumed: [false; ring::SLOTS],
+            consumed: [false; shm_ring::SLOTS],
             sock_fd,
             wait,
             last_post: None,
@@ -95,7 +95,7 @@ impl RingClient {
         owner: Option<&XferState>,
     ) -> Result<()> {
         let st = self.ring.state(slot);
-        if ring::spin_until(crate::spin::RING_SLOT_SPIN, || {
+        if shm_ring::spin_until(crate::spin::RING_SLOT_SPIN, || {
             st.load(Ordering::Acquire) == want
         }) {
             return Ok(());
@@ -107,19 +107,19 @@ impl RingClient {
             self.ring.waiting(slot).store(1, Ordering::SeqCst);
             let cur = st.load(Ordering::SeqCst);
             if cur != want {
-                ring::futex_wait(st, cur, NAP);
+                shm_ring::futex_wait(st, cur, NAP);
             }
             self.ring.waiting(slot).store(0, Ordering::SeqCst);
             if st.load(Ordering::Acquire) == want {
                 return Ok(());
             }
             if hung_up(self.sock_fd) {
-                return Err(Error::PeerLost(
-                    "the shm peer closed its connection while a ring request was pending".into(),
+                return Err(Error::peer_lost(
+                    "the shm peer closed its connection while a ring request was pending",
                 ));
             }
             if Instant::now() >= deadline {
-                return Err(Error::PeerLost(format!(
+                return Err(Error::peer_lost(format!(
                     "no answer on the shm ring within the I/O timeout ({} ms)",
                     self.wait.as_millis()
                 )));
@@ -129,7 +129,7 @@ impl RingClient {
                     let since = *halted.get_or_insert_with(Instant::now);
                     if since.elapsed() >= HALT_GRACE {
                         x.fail_pending(&e);
-                        return Err(Error::PeerLost(format!(
+                        return Err(Error::peer_lost(format!(
                             "the shm peer did not answer transfer {} before it ended ({e}); the \
                              connection is closed, since the peer may still act on the request",
                             x.id
@@ -142,16 +142,16 @@ impl RingClient {
 
     /// Whether the next `k` slots are free now (taking them would not wait).
     pub(super) fn free_ahead(&self, k: usize) -> bool {
-        k <= ring::SLOTS
+        k <= shm_ring::SLOTS
             && (0..k).all(|j| {
-                let slot = self.seq.wrapping_add(j as u32) as usize % ring::SLOTS;
+                let slot = self.seq.wrapping_add(j as u32) as usize % shm_ring::SLOTS;
                 self.consumed[slot] || self.ring.state(slot).load(Ordering::Acquire) == FREE
             })
     }
 
     /// Whether the next slot is free now (taking it would not wait).
     pub(super) fn next_is_free(&self) -> bool {
-        let slot = self.seq as usize % ring::SLOTS;
+        let slot = self.seq as usize % shm_ring::SLOTS;
         self.consumed[slot] || self.ring.state(slot).load(Ordering::Acquire) == FREE
     }
 
@@ -170,7 +170,7 @@ impl RingClient {
 
     /// Takes the next slot, waiting until the target freed it.
     fn take_slot(&mut self) -> Result<usize> {
-        let slot = self.seq as usize % ring::SLOTS;
+        let slot = self.seq as usize % shm_ring::SLOTS;
         if !std::mem::take(&mut self.consumed[slot]) {
             self.wait_state(slot, FREE, None)?;
         }
@@ -178,7 +178,7 @@ impl RingClient {
     }
 
     /// Takes the next slot (waiting until the target freed it), writes a short request for
-    /// `op` into it (`ring::KIND_SHORT`: with `data`, a write's bytes) and posts it.
+    /// `op` into it (`shm_ring::KIND_SHORT`: with `data`, a write's bytes) and posts it.
     pub(super) fn post_short(&mut self, op: &ShmOp, data: &[u8]) -> Result<usize> {
         let slot = self.take_slot()?;
         self.ring.write_short(slot, self.seq, op, data);
@@ -217,7 +217,7 @@ impl RingClient {
         // sees it sleeping (and the bump changes the value it sleeps on, or the wake finds it).
         if self.ring.target_sleeping().load(Ordering::SeqCst) != 0 {
             self.ring.doorbell().fetch_add(1, Ordering::SeqCst);
-            ring::futex_wake(self.ring.doorbell());
+            shm_ring::futex_wake(self.ring.doorbell());
         }
     }
 }

@@ -7,7 +7,7 @@ use super::Worker;
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
 use crate::region::LeaseKind;
-use crate::ring::{KIND_INLINE, KIND_SHORT, SHORT_MAX};
+use crate::shm_ring::{KIND_INLINE, KIND_SHORT, SHORT_MAX};
 use crate::transfer::{OpKind, OpRef, XferState};
 
 /// Largest one-op write staged on the stack before its slot is written (`stage_op`).

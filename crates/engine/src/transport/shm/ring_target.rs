@@ -17,12 +17,12 @@ use crate::conn::Sock;
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
 use crate::region::{Lease, RegionCache};
-use crate::ring::{self, Ring, DONE, END, FREE, KIND_BEGIN, POSTED, SLOTS};
-use crate::served::Counters;
-use crate::transport::Serving;
+use crate::shm_ring::{self, Ring, DONE, END, FREE, KIND_BEGIN, POSTED, SLOTS};
+use crate::target_stats::Counters;
+use crate::transport::AgentView;
 
 /// How long the ring thread spins after its last request before it sleeps on the doorbell.
-const SPIN: Duration = ring::TARGET_SPIN;
+const SPIN: Duration = shm_ring::TARGET_SPIN;
 /// Longest sleep between checks of the stop flag.
 const SLEEP: Duration = Duration::from_millis(100);
 /// Requests served between two updates of the last-active stamp while the ring stays busy.
@@ -44,7 +44,7 @@ impl RingServer {
         &self.ring
     }
 
-    pub(crate) fn start<S: Serving>(
+    pub(crate) fn start<S: AgentView>(
         agent: Arc<S>,
         ring: Ring,
         sock: Sock,
@@ -84,14 +84,14 @@ impl Drop for RingServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         self.ring.doorbell().fetch_add(1, Ordering::SeqCst);
-        ring::futex_wake(self.ring.doorbell());
+        shm_ring::futex_wake(self.ring.doorbell());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
-fn serve<S: Serving>(
+fn serve<S: AgentView>(
     agent: &S,
     ring: &Ring,
     stop: &AtomicBool,
@@ -111,7 +111,7 @@ fn serve<S: Serving>(
     // (`spin::CoreWatch`).
     let mut core = crate::spin::CoreWatch::default();
     let mut served_since_stamp = 0u32;
-    let mut req = ring::Request::default();
+    let mut req = shm_ring::Request::default();
     let mut regions = RegionCache::default();
     while !stop.load(Ordering::Relaxed) {
         let mut worked = false;
@@ -193,7 +193,7 @@ fn serve<S: Serving>(
                 .enumerate()
                 .any(|(i, h)| h.is_some() && ring.state(i).load(Ordering::SeqCst) == END);
         if !due {
-            ring::futex_wait(ring.doorbell(), bell, SLEEP);
+            shm_ring::futex_wait(ring.doorbell(), bell, SLEEP);
         }
         ring.target_sleeping().store(0, Ordering::SeqCst);
         idle_since = Some(Instant::now());
@@ -203,7 +203,7 @@ fn serve<S: Serving>(
 
 /// Counts the request's ops that were served (not skipped, not refused): inline ones were
 /// copied, `BEGIN` ones were granted for the initiator's own copy.
-fn count_served(served: &Counters, req: &ring::Request, errors: &[(u32, Error)]) {
+fn count_served(served: &Counters, req: &shm_ring::Request, errors: &[(u32, Error)]) {
     for (i, op) in req.ops.iter().enumerate() {
         let refused = errors.iter().any(|(j, _)| *j as usize == i);
         if !refused && !req.skip.get(i).copied().unwrap_or(false) {
@@ -216,17 +216,17 @@ fn count_served(served: &Counters, req: &ring::Request, errors: &[(u32, Error)])
 fn set_state(ring: &Ring, slot: usize, state: u32) {
     ring.state(slot).store(state, Ordering::SeqCst);
     if ring.waiting(slot).load(Ordering::SeqCst) != 0 {
-        ring::futex_wake(ring.state(slot));
+        shm_ring::futex_wake(ring.state(slot));
     }
 }
 
 /// Checks (and for inline requests copies) every op; returns the per-op errors and, for `BEGIN`,
 /// the leases to hold until `END`.
-fn run_request<S: Serving>(
+fn run_request<S: AgentView>(
     agent: &S,
     ring: &Ring,
     s: usize,
-    req: &ring::Request,
+    req: &shm_ring::Request,
     regions: &mut RegionCache,
     max: usize,
     held: usize,
@@ -293,9 +293,9 @@ fn run_request<S: Serving>(
 /// A `BEGIN` request: one look-up and one lease per run of consecutive ops on the same region
 /// (same key, same direction), checked over the span the run covers; a run whose span fails is
 /// checked op by op, so every op still gets its own verdict. The leases are held until `END`.
-fn begin_request<S: Serving>(
+fn begin_request<S: AgentView>(
     agent: &S,
-    req: &ring::Request,
+    req: &shm_ring::Request,
     max: usize,
     held: usize,
 ) -> (Vec<(u32, Error)>, Vec<Lease>) {

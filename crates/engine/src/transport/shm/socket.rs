@@ -218,15 +218,15 @@ impl Worker {
                 return Ok(());
             }
             if std::time::Instant::now() >= until {
-                return Err(Error::PeerLost(
-                    "shm connection: no answer within the I/O timeout".into(),
+                return Err(Error::peer_lost(
+                    "shm connection: no answer within the I/O timeout",
                 ));
             }
             if let Some(e) = x.halt() {
                 let since = *halted.get_or_insert_with(std::time::Instant::now);
                 if since.elapsed() >= super::ring_client::HALT_GRACE {
                     x.fail_pending(&e);
-                    return Err(Error::PeerLost(format!(
+                    return Err(Error::peer_lost(format!(
                         "the shm peer did not answer transfer {} before it ended ({e}); the \
                          connection is closed, since the peer may still act on the request",
                         x.id
@@ -328,7 +328,10 @@ impl Worker {
         let op = xfer.op(i);
         let (peer, pieces) = self.ipc_mapping(xfer, i)?;
         let ipc = op.remote.ipc.as_ref().ok_or_else(|| {
-            Error::Unavailable(format!("remote region {} has no IPC handle", op.remote.id))
+            Error::unavailable(
+                Path::Ipc,
+                format!("remote region {} has no IPC handle", op.remote.id),
+            )
         })?;
         let kind = match op.kind {
             OpKind::Write => LeaseKind::Source,

@@ -24,8 +24,8 @@ use super::Worker;
 use crate::error::Result;
 use crate::region::RegionKey;
 use crate::region::{Lease, LeaseKind, RegionInner, Revocable};
-use crate::ring::{Ring, STANDING_CLOSED, STANDING_MAX, STANDING_OPEN};
 use crate::routing::plan::Path;
+use crate::shm_ring::{Ring, STANDING_CLOSED, STANDING_MAX, STANDING_OPEN};
 use crate::transfer::{OpKind, XferState};
 
 /// Target side: the lease behind one open entry of the ring header.

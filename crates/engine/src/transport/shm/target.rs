@@ -6,20 +6,23 @@
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::ring_target::RingServer;
 use crate::conn::{trim_fds, Conn};
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
 use crate::mem::Mapping;
-use crate::notes::Notification;
-use crate::region::{Lease, Registry};
-use crate::transport::Serving;
-use crate::wire::Msg;
+use crate::notifications::Notification;
+use crate::region::{Lease, RegionKey, Registry};
+use crate::routing::path::Path;
+use crate::target_stats::Counters;
+use crate::transport::AgentView;
+use crate::wire::{Msg, ShmOp};
 
 /// Serves an authenticated shm connection (its bounce buffer mapped) until it ends: `from` is
 /// the peer's name.
-pub(crate) fn serve_target<S: Serving>(
+pub(crate) fn serve_target<S: AgentView>(
     agent: &Arc<S>,
     c: &mut Conn,
     bounce: &Mapping,
@@ -67,38 +70,7 @@ pub(crate) fn serve_target<S: Serving>(
                 Err(e) => c.send(&Msg::Err(e))?,
             },
             Msg::ShmBegin { xfer: _, ops } => {
-                let max = agent.config().limits.max_leases_per_conn;
-                let mut errors = Vec::new();
-                let mut refused = 0usize;
-                for (i, op) in ops.iter().enumerate() {
-                    if held.len() >= max {
-                        refused += 1;
-                        errors.push((
-                            i as u32,
-                            Error::LimitReached {
-                                what: "leases held by this shm connection (ShmBegin without \
-                                       ShmEnd) reached max_leases_per_conn"
-                                    .into(),
-                                limit: max as u64,
-                            },
-                        ));
-                        continue;
-                    }
-                    match reg.check_remote(op.region, op.key, op.offset, op.len, op.write, wait) {
-                        Ok(l) => {
-                            // Granted: the initiator copies through its mapping now.
-                            served.add(op.write, op.len);
-                            held.push(l)
-                        }
-                        Err(e) => errors.push((i as u32, e)),
-                    }
-                }
-                if refused > 0 {
-                    agent.hits().hit(
-                        &agent.hits().leases,
-                        &format!("{refused} ShmBegin op(s) refused: max_leases_per_conn ({max})"),
-                    );
-                }
+                let errors = begin(&**agent, &mut held, &served, &ops);
                 c.send(&Msg::ShmBeginResult { errors })?;
             }
             Msg::ShmStaged {
@@ -110,26 +82,7 @@ pub(crate) fn serve_target<S: Serving>(
                 offset,
                 len,
             } => {
-                if len > bounce.len() as u64 {
-                    c.send(&Msg::Err(Error::FrameTooLarge {
-                        len,
-                        limit: bounce.len() as u64,
-                    }))?;
-                    continue;
-                }
-                let dir = if write {
-                    Dir::IntoRegion
-                } else {
-                    Dir::OutOfRegion
-                };
-                let r = reg
-                    .check_remote(region, key, offset, len, write, wait)
-                    .and_then(|lease| {
-                        // SAFETY: both spans are len bytes of live memory (bounce: len <=
-                        // bounce.len(); region: bounds-checked under the lease); they are
-                        // distinct allocations, so they do not overlap.
-                        unsafe { copy_span(&lease, offset, bounce.ptr(), len as usize, dir) }
-                    });
+                let r = staged(reg, wait, bounce, (write, region, key, offset, len));
                 match r {
                     Ok(()) => {
                         served.add(write, len);
@@ -163,16 +116,16 @@ pub(crate) fn serve_target<S: Serving>(
                 if ring.is_some() {
                     return Err(Error::Protocol("a second ShmRing on one connection".into()));
                 }
-                if slots as usize != crate::ring::SLOTS
-                    || slot_bytes as usize != crate::ring::SLOT_BYTES
+                if slots as usize != crate::shm_ring::SLOTS
+                    || slot_bytes as usize != crate::shm_ring::SLOT_BYTES
                 {
                     return Err(Error::Protocol(format!(
                         "shm ring of {slots} x {slot_bytes} B, expected {} x {} B",
-                        crate::ring::SLOTS,
-                        crate::ring::SLOT_BYTES
+                        crate::shm_ring::SLOTS,
+                        crate::shm_ring::SLOT_BYTES
                     )));
                 }
-                let r = crate::ring::Ring::attach(fd.as_raw_fd())?;
+                let r = crate::shm_ring::Ring::attach(fd.as_raw_fd())?;
                 drop(fd);
                 ring = Some(RingServer::start(
                     Arc::clone(agent),
@@ -193,8 +146,9 @@ pub(crate) fn serve_target<S: Serving>(
                 let r = if agent.config().shm_cma {
                     super::cma::region_addr(reg, region, key, write)
                 } else {
-                    Err(Error::Unavailable(
-                        "this agent does not let peers copy into its memory directly".into(),
+                    Err(Error::unavailable(
+                        Path::Cma,
+                        "this agent does not let peers copy into its memory directly",
                     ))
                 };
                 match r {
@@ -228,6 +182,79 @@ pub(crate) fn serve_target<S: Serving>(
     }
 }
 
+/// Takes a lease on each op of a `ShmBegin` that passes the checks, into `held` (at most
+/// `max_leases_per_conn` held per connection), counting the granted bytes: the initiator then
+/// copies through its mapping. Returns the refused ops with why.
+fn begin<S: AgentView>(
+    agent: &S,
+    held: &mut Vec<Lease>,
+    served: &Counters,
+    ops: &[ShmOp],
+) -> Vec<(u32, Error)> {
+    let reg = agent.registry();
+    let wait = agent.config().io_timeout;
+    let max = agent.config().limits.max_leases_per_conn;
+    let mut errors = Vec::new();
+    let mut refused = 0usize;
+    for (i, op) in ops.iter().enumerate() {
+        if held.len() >= max {
+            refused += 1;
+            errors.push((
+                i as u32,
+                Error::LimitReached {
+                    what: "leases held by this shm connection (ShmBegin without ShmEnd) \
+                           reached max_leases_per_conn"
+                        .into(),
+                    limit: max as u64,
+                },
+            ));
+            continue;
+        }
+        match reg.check_remote(op.region, op.key, op.offset, op.len, op.write, wait) {
+            Ok(l) => {
+                served.add(op.write, op.len);
+                held.push(l)
+            }
+            Err(e) => errors.push((i as u32, e)),
+        }
+    }
+    if refused > 0 {
+        agent.hits().hit(
+            &agent.hits().leases,
+            &format!("{refused} ShmBegin op(s) refused: max_leases_per_conn ({max})"),
+        );
+    }
+    errors
+}
+
+/// A `ShmStaged` op: copies `len` bytes between the bounce buffer and the region, into it
+/// (`write`) or out of it, under a lease.
+fn staged(
+    reg: &Registry,
+    wait: Duration,
+    bounce: &Mapping,
+    (write, region, key, offset, len): (bool, u64, RegionKey, u64, u64),
+) -> Result<()> {
+    if len > bounce.len() as u64 {
+        return Err(Error::FrameTooLarge {
+            len,
+            limit: bounce.len() as u64,
+        });
+    }
+    let dir = if write {
+        Dir::IntoRegion
+    } else {
+        Dir::OutOfRegion
+    };
+    reg.check_remote(region, key, offset, len, write, wait)
+        .and_then(|lease| {
+            // SAFETY: both spans are len bytes of live memory (bounce: len <= bounce.len();
+            // region: bounds-checked under the lease); they are distinct allocations, so they
+            // do not overlap.
+            unsafe { copy_span(&lease, offset, bounce.ptr(), len as usize, dir) }
+        })
+}
+
 /// Checks a mapping request and returns an fd to pass: the region's memfd when peers may write, a
 /// read-only reopening of it otherwise (so a peer's writable mapping fails).
 fn map_fd_for(
@@ -256,7 +283,7 @@ fn map_fd_for(
     }
     let fd = r
         .fd()
-        .ok_or_else(|| Error::Unavailable(format!("region {id} is not shareable")))?;
+        .ok_or_else(|| Error::unavailable(Path::Shm, format!("region {id} is not shareable")))?;
     let flags = if writable {
         rustix::fs::OFlags::RDWR
     } else {

@@ -10,12 +10,12 @@
 use std::time::Duration;
 
 use super::chunks::Staging;
-use super::Chunk;
+use super::job::Chunk;
 use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::region::{Lease, LeaseKind, Registry};
 use crate::routing::plan::Path;
-use crate::served::Counters;
+use crate::target_stats::Counters;
 use crate::transfer::{OpKind, XferState};
 use crate::wire::{BatchEntry, Msg, MAX_BATCH_ENTRIES};
 

@@ -7,11 +7,12 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::{Chunk, Job, WINDOW};
+use super::job::{Chunk, Job, WINDOW};
 use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::gpu::{Stager, Ticket, DEPTH};
 use crate::region::{Lease, LeaseKind};
+use crate::routing::path::Path;
 use crate::transfer::{OpKind, XferState};
 use crate::wire::Msg;
 
@@ -43,7 +44,7 @@ fn reply_or_halt(conn: &mut Conn, xfer: &XferState, io_timeout: Duration) -> Res
         }
         let left = until.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
-            return Err(Error::PeerLost(format!(
+            return Err(Error::peer_lost(format!(
                 "no reply on the tcp data stream within the I/O timeout ({} ms)",
                 io_timeout.as_millis()
             )));
@@ -324,10 +325,10 @@ pub(super) fn send_chunk(
             if op.local.device().is_some() {
                 let staged = match st.ahead.front() {
                     Some((j, t, _)) if *j == k => Ok(*t),
-                    _ => Err(Error::Unavailable(format!(
-                        "GPU chunk {} of op {} could not be staged",
-                        c.idx, c.op
-                    ))),
+                    _ => Err(Error::unavailable(
+                        Path::TcpStaged,
+                        format!("GPU chunk {} of op {} could not be staged", c.idx, c.op),
+                    )),
                 };
                 let bytes = staged.and_then(|t| st.stager.bytes(t));
                 let sent = match bytes {

@@ -46,6 +46,7 @@ use crate::wire::Msg;
 
 mod batch;
 mod chunks;
+mod job;
 mod queue;
 mod target;
 
@@ -53,11 +54,9 @@ pub(crate) use batch::TCP_BATCH_BIT;
 use chunks::{
     await_replies, drain_stale, fail_chunks, recv_reply, run_job, send_chunk, Broke, Staging, Tally,
 };
+use job::{Chunk, Group, Job, WINDOW};
 use queue::JobQueue;
 pub(crate) use target::serve_stream;
-
-/// Chunks in flight per stream before waiting for a confirmation.
-const WINDOW: usize = 16;
 
 /// Largest transfer (all its bytes) the submitting thread writes itself. Far below a socket's
 /// buffer, so on an idle stream the write never waits for the peer, even a stalled one.
@@ -75,32 +74,6 @@ const MIN_SLICE: u64 = 256 << 10;
 
 /// Smallest job whose duration is taken as a throughput sample (below, latency dominates).
 pub(crate) const MEASURE_BYTES: u64 = 1 << 20;
-
-#[derive(Debug, Clone, Copy)]
-struct Chunk {
-    op: u32,
-    idx: u32,
-    /// Offset of the chunk inside its op.
-    off: u64,
-    len: u32,
-}
-
-/// Completion bookkeeping shared by the streams running one transfer.
-#[derive(Debug)]
-struct Group {
-    left: AtomicUsize,
-    control: Arc<Mutex<Conn>>,
-}
-
-#[derive(Debug)]
-struct Job {
-    xfer: Arc<XferState>,
-    chunks: Vec<Chunk>,
-    group: Arc<Group>,
-    /// Chunks the submitting thread already sent (in order, all of `chunks` that were sent):
-    /// the stream's thread only receives their replies.
-    sent: Option<Vec<Chunk>>,
-}
 
 /// One data stream's connection and what its users share.
 struct Stream {
@@ -177,7 +150,7 @@ impl Joiner {
         let left = until.saturating_duration_since(Instant::now());
         let s = connect_from(end.bind, end.to, left.min(self.io_timeout)).map_err(|e| {
             let from = end.bind.map(|b| format!(" from {b}")).unwrap_or_default();
-            Error::PeerLost(format!("data stream {stream}{from} to {}: {e}", end.to))
+            Error::peer_lost(format!("data stream {stream}{from} to {}: {e}", end.to))
         })?;
         let mut c = Conn::new(Sock::Tcp(s), "tcp data stream");
         c.set_timeout(Some(self.io_timeout))?;
@@ -285,7 +258,7 @@ impl Net {
         if self.rails.len() == 1 {
             return e.clone();
         }
-        Error::PeerLost(format!("no rail left: {}", self.rails.causes()))
+        Error::peer_lost(format!("no rail left: {}", self.rails.causes()))
     }
 
     /// Stream `w` broke with `e`: it stays broken (until its thread re-probes the rail) and its
@@ -338,7 +311,7 @@ impl Net {
         worker.queued.fetch_add(1, Ordering::SeqCst);
         if let Err(job) = worker.jobs.push(job, true) {
             worker.queued.fetch_sub(1, Ordering::SeqCst);
-            let e = Error::PeerLost("peer connection closed".into());
+            let e = Error::peer_lost("peer connection closed");
             fail_chunks(&job.xfer, job.sent.as_deref().unwrap_or(&job.chunks), &e);
             group_done(&job);
         }
@@ -515,7 +488,7 @@ impl TcpTransport {
                 let until = Instant::now() + crate::spin::TCP_SUBMIT_SPIN;
                 while got < sent.len() {
                     let left = until.saturating_duration_since(Instant::now());
-                    if left.is_zero() || !crate::ring::spin_until(left, || conn.poll_input()) {
+                    if left.is_zero() || !crate::shm_ring::spin_until(left, || conn.poll_input()) {
                         break;
                     }
                     if let Err(e) =
@@ -546,7 +519,7 @@ impl TcpTransport {
             drop(st);
             if let Some(job) = rejected {
                 wk.queued.fetch_sub(1, Ordering::SeqCst);
-                let e = Error::PeerLost("peer connection closed".into());
+                let e = Error::peer_lost("peer connection closed");
                 fail_chunks(&job.xfer, job.sent.as_deref().unwrap_or(&[]), &e);
                 group_done(&job);
             }
@@ -594,7 +567,7 @@ impl Transport for TcpTransport {
                 .workers
                 .first()
                 .and_then(|w| w.stream.lock().ok().and_then(|s| s.broken.clone()))
-                .unwrap_or_else(|| Error::PeerLost("no data stream left".into()));
+                .unwrap_or_else(|| Error::peer_lost("no data stream left"));
             xfer.fail_pending(&net.no_rail_left(&first));
             xfer.finish();
             return;

@@ -11,13 +11,14 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::gpu::{Stager, Ticket, DEPTH};
-use crate::region::{Lease, Registry};
-use crate::served::Counters;
-use crate::transport::Serving;
+use crate::region::{Lease, RegionKey, Registry};
+use crate::target_stats::Counters;
+use crate::transport::AgentView;
 use crate::wire::Msg;
 
 /// A GPU write whose host-to-device copy is queued: acknowledged once the copy is done.
@@ -59,7 +60,7 @@ fn land(c: &mut Conn, stager: &Stager, q: &mut VecDeque<Landing>, keep: usize) -
 /// Serves an authenticated tcp data stream until it ends: writes land in the region (GPU ones
 /// through the staging pipeline, acknowledged in request order), reads are answered from it;
 /// `served` counts what moved.
-pub(crate) fn serve_stream<S: Serving>(
+pub(crate) fn serve_stream<S: AgentView>(
     agent: &S,
     c: &mut Conn,
     served: &Arc<Counters>,
@@ -153,56 +154,16 @@ pub(crate) fn serve_stream<S: Serving>(
                 if payload != 0 {
                     return Err(Error::Protocol("payload on a Read frame".into()));
                 }
-                if len > crate::wire::MAX_PAYLOAD {
-                    let err = Error::FrameTooLarge {
-                        len: len.into(),
-                        limit: crate::wire::MAX_PAYLOAD.into(),
-                    };
-                    op_err(c, (xfer, op, chunk), err)?;
-                    continue;
-                }
-                let staged = |lease: &Lease, stager: &mut Stager| -> Result<Option<Ticket>> {
-                    match lease.device() {
-                        Some(dev) => stager
-                            .queue_from_device(dev, offset, len as usize)
-                            .map(Some),
-                        None => Ok(None),
-                    }
-                };
-                let r = reg
-                    .check_remote(region, key, offset, u64::from(len), false, lease_wait)
-                    .and_then(|lease| Ok((staged(&lease, &mut stager)?, lease)));
-                match r {
-                    Ok((Some(t), _lease)) => match stager.bytes(t) {
-                        Ok(bytes) => {
-                            // Counted before the bytes leave: the initiator may finish (and
-                            // read the counters) as soon as they arrive.
-                            served.add(false, u64::from(len));
-                            // SAFETY: `bytes` is the staged copy, `len` bytes of a live pinned
-                            // slot.
-                            unsafe {
-                                c.send_with_payload(
-                                    &Msg::ReadData { xfer, op, chunk },
-                                    bytes.as_ptr(),
-                                    len,
-                                )?
-                            };
-                        }
-                        Err(err) => op_err(c, (xfer, op, chunk), err)?,
-                    },
-                    Ok((None, lease)) => {
-                        served.add(false, u64::from(len));
-                        // SAFETY: the Source lease covers offset..offset+len (bounds-checked).
-                        unsafe {
-                            c.send_with_payload(
-                                &Msg::ReadData { xfer, op, chunk },
-                                lease.ptr_at(offset)?,
-                                len,
-                            )?
-                        };
-                    }
-                    Err(err) => op_err(c, (xfer, op, chunk), err)?,
-                }
+                let ack = (xfer, op, chunk);
+                serve_read(
+                    c,
+                    reg,
+                    lease_wait,
+                    &mut stager,
+                    served,
+                    ack,
+                    (region, key, offset, len),
+                )?;
             }
             Msg::WriteBatch { xfer, entries } => {
                 let b = (xfer, entries);
@@ -223,4 +184,63 @@ pub(crate) fn serve_stream<S: Serving>(
             }
         }
     }
+}
+
+/// Answers a `Read` of `len` bytes at `offset` in `region`: from host memory straight, from
+/// GPU memory through a pinned slot; a refused read gets its `OpErr`.
+fn serve_read(
+    c: &mut Conn,
+    reg: &Registry,
+    lease_wait: Duration,
+    stager: &mut Stager,
+    served: &Arc<Counters>,
+    (xfer, op, chunk): (u64, u32, u32),
+    (region, key, offset, len): (u64, RegionKey, u64, u32),
+) -> Result<()> {
+    if len > crate::wire::MAX_PAYLOAD {
+        let err = Error::FrameTooLarge {
+            len: len.into(),
+            limit: crate::wire::MAX_PAYLOAD.into(),
+        };
+        return op_err(c, (xfer, op, chunk), err);
+    }
+    let staged = |lease: &Lease, stager: &mut Stager| -> Result<Option<Ticket>> {
+        match lease.device() {
+            Some(dev) => stager
+                .queue_from_device(dev, offset, len as usize)
+                .map(Some),
+            None => Ok(None),
+        }
+    };
+    let r = reg
+        .check_remote(region, key, offset, u64::from(len), false, lease_wait)
+        .and_then(|lease| Ok((staged(&lease, stager)?, lease)));
+    match r {
+        Ok((Some(t), _lease)) => match stager.bytes(t) {
+            Ok(bytes) => {
+                // Counted before the bytes leave: the initiator may finish (and
+                // read the counters) as soon as they arrive.
+                served.add(false, u64::from(len));
+                // SAFETY: `bytes` is the staged copy, `len` bytes of a live pinned
+                // slot.
+                unsafe {
+                    c.send_with_payload(&Msg::ReadData { xfer, op, chunk }, bytes.as_ptr(), len)?
+                };
+            }
+            Err(err) => op_err(c, (xfer, op, chunk), err)?,
+        },
+        Ok((None, lease)) => {
+            served.add(false, u64::from(len));
+            // SAFETY: the Source lease covers offset..offset+len (bounds-checked).
+            unsafe {
+                c.send_with_payload(
+                    &Msg::ReadData { xfer, op, chunk },
+                    lease.ptr_at(offset)?,
+                    len,
+                )?
+            };
+        }
+        Err(err) => op_err(c, (xfer, op, chunk), err)?,
+    }
+    Ok(())
 }

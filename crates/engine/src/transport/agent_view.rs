@@ -1,4 +1,4 @@
-//! [`Serving`]: what a transport's target half uses of the agent that serves a peer. The target
+//! [`AgentView`]: what a transport's target half uses of the agent that serves a peer. The target
 //! halves (`tcp/target.rs`, `shm/target.rs`, `shm/ring_target.rs`, and the rdma and fabric
 //! nodes' `accept`/`expose`) take this, not the agent: nothing below the façade imports the
 //! agent, and the façade's connection handling (`server/`) hands it over once a peer is
@@ -7,12 +7,12 @@
 use crate::config::AgentConfig;
 use crate::error::Result;
 use crate::limits::LimitHits;
-use crate::notes::Notification;
+use crate::notifications::Notification;
 use crate::region::Registry;
-use crate::served::Served;
+use crate::target_stats::Served;
 
 /// The agent as its served peers' transfers see it.
-pub(crate) trait Serving: Send + Sync + 'static {
+pub(crate) trait AgentView: Send + Sync + 'static {
     /// The regions peers may reach (every op is checked and leased here).
     fn registry(&self) -> &Registry;
     /// Timeouts and limits.

@@ -507,7 +507,7 @@ impl Ring {
         let mut b = vec![0u8; n];
         // SAFETY: n <= RESULT_BYTES: the span lies in the slot's result area; `b` is private.
         unsafe { std::ptr::copy_nonoverlapping(self.slot_ptr(slot, RESULT_AT), b.as_mut_ptr(), n) };
-        match crate::wire::decode_body(19, &b)? {
+        match crate::wire::decode_body(crate::wire::tag::SHM_BEGIN_RESULT, &b)? {
             crate::wire::Msg::ShmBeginResult { errors } => Ok(errors),
             _ => Err(Error::Protocol(
                 "shm ring result is not a ShmBeginResult".into(),

@@ -42,7 +42,7 @@ impl<T> Queue<T> {
 }
 
 /// Waits up to `timeout` on `cv` for `take` to find something in `m`'s state (each wake-up
-/// tries again): the timed pop of this queue and of the notification queue (`NoteQueue`).
+/// tries again): the timed pop of this queue and of the notification queue (`NotificationQueue`).
 pub(crate) fn pop_timed<S, T>(
     m: &Mutex<S>,
     cv: &Condvar,

@@ -50,7 +50,7 @@ struct State {
 
 /// Bounded FIFO of notifications.
 #[derive(Debug)]
-pub(crate) struct NoteQueue {
+pub(crate) struct NotificationQueue {
     st: Mutex<State>,
     ready: Condvar,
     room: Condvar,
@@ -58,9 +58,9 @@ pub(crate) struct NoteQueue {
     max_bytes: usize,
 }
 
-impl NoteQueue {
+impl NotificationQueue {
     pub(crate) fn new(max_count: usize, max_bytes: usize) -> Self {
-        NoteQueue {
+        NotificationQueue {
             st: Mutex::new(State::default()),
             ready: Condvar::new(),
             room: Condvar::new(),
@@ -123,7 +123,7 @@ impl NoteQueue {
     }
 
     pub(crate) fn pop(&self, timeout: Duration) -> Result<Notification> {
-        crate::inbound::pop_timed(&self.st, &self.ready, timeout, |st| self.take(st))
+        crate::accepted::pop_timed(&self.st, &self.ready, timeout, |st| self.take(st))
     }
 
     pub(crate) fn try_pop(&self) -> Option<Notification> {
