@@ -58,6 +58,9 @@ pub enum Error {
     NoSuchName {
         /// The name asked for.
         name: String,
+        /// How many names the agent publishes: 0 while a peer that is still starting has
+        /// published none (worth a retry), more when the name is wrong.
+        published: u64,
     },
     /// `offset + len` lies outside the region.
     #[error("out of bounds: offset {offset} + len {len} > region length {region_len}")]
@@ -378,7 +381,10 @@ impl Error {
             2 => Error::Timeout(Duration::from_millis(a)),
             3 => Error::BadKey { region: a },
             4 => Error::NoSuchRegion { region: a },
-            5 => Error::NoSuchName { name: message },
+            5 => Error::NoSuchName {
+                name: message,
+                published: a,
+            },
             6 => Error::OutOfBounds {
                 offset: a,
                 len: b,
@@ -458,6 +464,7 @@ impl Error {
             Error::BadMagic(m) => (u64::from(*m), 0, 0),
             Error::UnknownFrame(k) => (u64::from(*k), 0, 0),
             Error::LimitReached { limit, .. } => (*limit, 0, 0),
+            Error::NoSuchName { published, .. } => (*published, 0, 0),
             Error::PeerLost { errno, .. } => some(errno.map(|e| e as u64)),
             Error::Strict { path, .. } | Error::Unavailable { path, .. } => {
                 some(path.map(|p| p.index() as u64))
@@ -474,7 +481,7 @@ impl Error {
     pub fn wire_message(&self) -> String {
         match self {
             Error::PeerLost { reason: s, .. }
-            | Error::NoSuchName { name: s }
+            | Error::NoSuchName { name: s, .. }
             | Error::Malformed(s)
             | Error::Protocol(s)
             | Error::InvalidArgument(s)
@@ -593,7 +600,10 @@ mod tests {
                 addr: "[::1]:7447".into(),
                 why: "Connection refused (os error 111)".into(),
             },
-            Error::NoSuchName { name: "kv".into() },
+            Error::NoSuchName {
+                name: "kv".into(),
+                published: 3,
+            },
             Error::Remote(Box::new(RemoteError {
                 code: 900,
                 args: [1, 2, 3],

@@ -316,7 +316,14 @@ fn initiator_checks_before_sending() {
         peer.submit(Transfer::new()).unwrap_err(),
         Error::InvalidArgument(_)
     ));
-    assert!(matches!(peer.region("nope"), Err(Error::NoSuchName { .. })));
+    // The name travels back typed, with how many names the peer publishes (its "kv" at least).
+    match peer.region("nope") {
+        Err(Error::NoSuchName { name, published }) => {
+            assert_eq!(name, "nope");
+            assert!(published >= 1, "{published}");
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

@@ -31,8 +31,16 @@ pub enum FabricError {
         why: String,
     },
     /// No provider offers what was asked (FI_RMA on an RDM endpoint, or the named provider).
-    #[error("no libfabric provider: {0}")]
-    NoProvider(String),
+    #[error("no libfabric provider: {why}")]
+    NoProvider {
+        /// The provider asked for (`GDX_FABRIC_PROVIDER`, or the one found unusable); `None`:
+        /// the automatic choice.
+        wanted: Option<String>,
+        /// The providers libfabric offered (their core names), where the list was read.
+        offered: Vec<String>,
+        /// What is missing, naming them.
+        why: String,
+    },
     /// The chosen provider would use something other than loopback while gdx requires it.
     #[error("refused: {0}")]
     NotLoopback(String),
@@ -141,7 +149,17 @@ impl From<LibfabricError> for FabricError {
                 code,
                 message,
             },
-            LibfabricError::NoProvider(why) => FabricError::NoProvider(why),
+            e @ (LibfabricError::NoEntry { .. } | LibfabricError::NulInName { .. }) => {
+                let why = e.to_string();
+                FabricError::NoProvider {
+                    wanted: None,
+                    offered: Vec::new(),
+                    why: why
+                        .strip_prefix("no libfabric provider: ")
+                        .unwrap_or(&why)
+                        .to_string(),
+                }
+            }
             LibfabricError::OutOfBounds {
                 side,
                 offset,

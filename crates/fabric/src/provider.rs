@@ -265,10 +265,14 @@ fn choose_rma(cfg: &FabricConfig) -> Result<(OwnedInfo, Entry, String)> {
         if w == "tcp" {
             return match pick_tcp()? {
                 Some((info, e)) => Ok((info, e, format!("tcp: {by} (loopback domain only)"))),
-                None => Err(FabricError::NoProvider(format!(
-                    "tcp offers no thread-safe FI_RMA RDM entry on 127.0.0.1 (offered: {})",
-                    offered.join(", ")
-                ))),
+                None => Err(FabricError::NoProvider {
+                    wanted: Some(w.clone()),
+                    why: format!(
+                        "tcp offers no thread-safe FI_RMA RDM entry on 127.0.0.1 (offered: {})",
+                        offered.join(", ")
+                    ),
+                    offered,
+                }),
             };
         }
         for (i, e) in entries.iter().enumerate() {
@@ -277,14 +281,18 @@ fn choose_rma(cfg: &FabricConfig) -> Result<(OwnedInfo, Entry, String)> {
                 return Ok((all.take(i)?, e.clone(), format!("{w}: {by}")));
             }
         }
-        return Err(FabricError::NoProvider(format!(
-            "GDX_FABRIC_PROVIDER={w}: no FI_RMA RDM entry from it (offered: {})",
-            if offered.is_empty() {
-                "none".into()
-            } else {
-                offered.join(", ")
-            }
-        )));
+        return Err(FabricError::NoProvider {
+            why: format!(
+                "GDX_FABRIC_PROVIDER={w}: no FI_RMA RDM entry from it (offered: {})",
+                if offered.is_empty() {
+                    "none".into()
+                } else {
+                    offered.join(", ")
+                }
+            ),
+            wanted: Some(w),
+            offered,
+        });
     }
     for p in PREFERENCE {
         if *p == "tcp" {
@@ -306,14 +314,18 @@ fn choose_rma(cfg: &FabricConfig) -> Result<(OwnedInfo, Entry, String)> {
             ));
         }
     }
-    Err(FabricError::NoProvider(format!(
-        "none of efa, verbs, cxi, tcp offers FI_RMA on an RDM endpoint (offered: {})",
-        if offered.is_empty() {
-            "none".into()
-        } else {
-            offered.join(", ")
-        }
-    )))
+    Err(FabricError::NoProvider {
+        wanted: None,
+        why: format!(
+            "none of efa, verbs, cxi, tcp offers FI_RMA on an RDM endpoint (offered: {})",
+            if offered.is_empty() {
+                "none".into()
+            } else {
+                offered.join(", ")
+            }
+        ),
+        offered,
+    })
 }
 
 fn check_usable(e: &Entry) -> Result<()> {
@@ -324,10 +336,11 @@ fn check_usable(e: &Entry) -> Result<()> {
         });
     }
     if !e.thread_safe {
-        return Err(FabricError::NoProvider(format!(
-            "{} does not offer FI_THREAD_SAFE",
-            e.provider
-        )));
+        return Err(FabricError::NoProvider {
+            wanted: Some(e.provider.clone()),
+            offered: Vec::new(),
+            why: format!("{} does not offer FI_THREAD_SAFE", e.provider),
+        });
     }
     Ok(())
 }

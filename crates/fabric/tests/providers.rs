@@ -25,8 +25,14 @@ fn a_named_provider_that_is_absent_is_an_error_naming_what_exists() {
     };
     let e = Endpoint::open(&cfg).expect_err("no such provider");
     match e {
-        FabricError::NoProvider(why) => {
-            assert!(why.contains("nosuchprov") && why.contains("tcp"), "{why}")
+        FabricError::NoProvider {
+            wanted,
+            offered,
+            why,
+        } => {
+            assert!(why.contains("nosuchprov") && why.contains("tcp"), "{why}");
+            assert_eq!(wanted.as_deref(), Some("nosuchprov"));
+            assert!(offered.iter().any(|p| p == "tcp"), "{offered:?}");
         }
         other => panic!("{other}"),
     }

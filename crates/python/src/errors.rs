@@ -117,9 +117,12 @@ pub(crate) fn to_py(e: EngineError) -> PyErr {
             NotFound::new_err(msg),
             vec![("region", Attr::Int(i64::try_from(region).ok()))],
         ),
-        EngineError::NoSuchName { name } => (
+        EngineError::NoSuchName { name, published } => (
             NotFound::new_err(msg),
-            vec![("name", Attr::Str(Some(name)))],
+            vec![
+                ("name", Attr::Str(Some(name))),
+                ("published", Attr::Int(i64::try_from(published).ok())),
+            ],
         ),
         EngineError::Unavailable { path, .. } => (
             Unavailable::new_err(msg),
@@ -200,7 +203,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let fields: [(&Bound<'_, pyo3::types::PyType>, &[&str]); 5] = [
         (&py.get_type::<PeerLost>(), &["errno"]),
         (&py.get_type::<AccessDenied>(), &["kind", "region"]),
-        (&py.get_type::<NotFound>(), &["name", "region"]),
+        (&py.get_type::<NotFound>(), &["name", "published", "region"]),
         (&py.get_type::<Unavailable>(), &["path"]),
         (&py.get_type::<StrictViolation>(), &["path"]),
     ];

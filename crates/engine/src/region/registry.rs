@@ -137,14 +137,12 @@ impl Registry {
     }
 
     pub(crate) fn by_name(&self, name: &str) -> Result<RegionDesc> {
-        let id = *self
-            .names
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(name)
-            .ok_or_else(|| Error::NoSuchName {
-                name: name.to_string(),
-            })?;
+        let names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        let id = *names.get(name).ok_or_else(|| Error::NoSuchName {
+            name: name.to_string(),
+            published: names.len() as u64,
+        })?;
+        drop(names);
         Ok(self.get(id)?.desc())
     }
 

@@ -59,6 +59,8 @@ class NotFound(Error):
     """No region with this name or id."""
     name: Optional[str]
     """The name asked for, when asked by name."""
+    published: Optional[int]
+    """When asked by name: how many names the agent publishes (0: none yet)."""
 
 class Unavailable(Error):
     """A library, device or transport is missing (the message names it)."""

@@ -20,10 +20,22 @@ pub enum LibfabricError {
         /// `fi_strerror` of `code`.
         message: String,
     },
-    /// No `fi_info` entry to use: an index past the list, or a name that cannot be passed to
-    /// libfabric.
-    #[error("no libfabric provider: {0}")]
-    NoProvider(String),
+    /// No `fi_info` entry `index` in a list of `len`.
+    #[error("no libfabric provider: no entry {index} (the list has {len})")]
+    NoEntry {
+        /// The entry asked for.
+        index: usize,
+        /// Entries in the list.
+        len: usize,
+    },
+    /// A name libfabric cannot take: it holds a NUL byte.
+    #[error("no libfabric provider: {name:?} contains a NUL byte")]
+    NulInName {
+        /// The name.
+        name: String,
+        /// Where its first NUL is.
+        at: usize,
+    },
     /// An operation's local span is outside its registration; refused before posting.
     #[error("{side} span {offset}+{len} is outside the {size}-byte registration")]
     OutOfBounds {

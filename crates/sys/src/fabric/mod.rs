@@ -232,7 +232,10 @@ pub struct InfoList {
 }
 
 fn cstring(s: &str) -> Result<CString> {
-    CString::new(s).map_err(|_| LibfabricError::NoProvider(format!("{s:?} contains a NUL byte")))
+    CString::new(s).map_err(|e| LibfabricError::NulInName {
+        name: s.to_string(),
+        at: e.nul_position(),
+    })
 }
 
 fn text(p: *const c_char) -> String {
@@ -301,6 +304,22 @@ impl InfoList {
         Ok(InfoList { api, head: out })
     }
 
+    /// Entries in the list.
+    pub fn len(&self) -> usize {
+        let (mut p, mut n) = (self.head, 0);
+        while !p.is_null() {
+            // SAFETY: `p` is a node of the list this value owns.
+            p = unsafe { (*p).next };
+            n += 1;
+        }
+        n
+    }
+
+    /// True for an empty list.
+    pub fn is_empty(&self) -> bool {
+        self.head.is_null()
+    }
+
     fn nth(&self, i: usize) -> *mut ffi::fi_info {
         let mut p = self.head;
         let mut n = 0;
@@ -359,7 +378,10 @@ impl InfoList {
     pub fn take(&self, i: usize) -> Result<OwnedInfo> {
         let p = self.nth(i);
         if p.is_null() {
-            return Err(LibfabricError::NoProvider(format!("no entry {i}")));
+            return Err(LibfabricError::NoEntry {
+                index: i,
+                len: self.len(),
+            });
         }
         // SAFETY: `p` is a valid entry; fi_dupinfo deep-copies one fi_info (next = NULL).
         let d = unsafe { (self.api.api.fi_dupinfo)(p) };

@@ -72,6 +72,20 @@ impl StandingLease {
     }
 }
 
+/// Opens the next entry of `ring` for `region` into `held` (the connection's standing leases),
+/// where the lease can be had now and the table has room.
+pub(super) fn open(
+    held: &mut Vec<Arc<StandingLease>>,
+    ring: &Arc<Ring>,
+    region: &Arc<RegionInner>,
+    writable: bool,
+    wait: Duration,
+) {
+    if let Some(s) = StandingLease::open(ring, held.len(), region, writable, wait) {
+        held.push(s);
+    }
+}
+
 impl Revocable for StandingLease {
     fn revoke(&self) {
         let mut lease = self.lease.lock().unwrap_or_else(|p| p.into_inner());

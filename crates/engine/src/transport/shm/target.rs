@@ -156,15 +156,7 @@ pub(crate) fn serve_target<S: AgentView>(
                         // Opened before the answer: the initiator looks for the entry then.
                         if let (Some(rs), Ok(inner)) = (&ring, reg.get(region)) {
                             let writable = matches!(m, Msg::ShmCmaAddr { writable: true, .. });
-                            if let Some(s) = super::standing::StandingLease::open(
-                                rs.ring(),
-                                standing.len(),
-                                &inner,
-                                writable,
-                                wait,
-                            ) {
-                                standing.push(s);
-                            }
+                            super::standing::open(&mut standing, rs.ring(), &inner, writable, wait);
                         }
                         c.send(&m)?
                     }
