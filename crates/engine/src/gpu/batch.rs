@@ -10,7 +10,7 @@
 //! is a direct one (ipc, p2p, device-local), else the caller copies span by span and each op
 //! keeps its own plan.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use gdx_sys::cuda::{BatchCopy, CopySpan, Event, Module};
 
@@ -40,9 +40,6 @@ pub struct Span<'a> {
     /// Bytes.
     pub len: u64,
 }
-
-/// The GPU's batched copy, made on first use.
-pub(crate) type BatchSlot = Mutex<Option<BatchCopy>>;
 
 impl LocalPeer {
     /// Queue `spans` as one batched copy (one kernel launch on the source GPU's stream);

@@ -49,7 +49,7 @@ pub(crate) struct Gpu {
     /// Completion events, reused.
     pub(crate) events: Mutex<Vec<Event>>,
     /// The batched copy kernel (`LocalPeer::transfer_batch`), loaded on first use.
-    pub(crate) batch: batch::BatchSlot,
+    pub(crate) batch: Mutex<Option<gdx_sys::cuda::BatchCopy>>,
 }
 
 pub(crate) struct Shared {
