@@ -18,7 +18,8 @@
 HERE=$(cd "$(dirname "$0")" && pwd)
 STAGES=$HERE/stages
 BIN=$PWD/.devbin
-GDX=$BIN/gdx
+# A binary named by the caller (GDX=...) wins: the latency stage runs here too.
+GDX=${GDX:-$BIN/gdx}
 ROOT_OUT=$OUT
 S=$ROOT_OUT/summary.txt
 

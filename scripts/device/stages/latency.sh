@@ -12,11 +12,11 @@ LOG="$OUT/latency-log.txt"
 GDX=${GDX:-.devbin/gdx}
 GDX_OLD=${GDX_OLD:-}
 # Each run gets its own time limit; a failed or timed-out run is logged, the rest still run.
-# `BIN=<binary> bench ...` runs another binary.
+# `WITH=<binary> bench ...` runs another binary (BIN is run.sh's folder of binaries).
 bench() {
   local name=$1
   shift
-  timeout 25 "${BIN:-$GDX}" bench "$@" >"$OUT/$name.txt" 2>&1
+  timeout 25 "${WITH:-$GDX}" bench "$@" >"$OUT/$name.txt" 2>&1
   local rc=$?
   echo "rc=$rc" >>"$OUT/$name.txt"
   log "$name: rc=$rc ($*)"
@@ -42,14 +42,14 @@ if [ -n "$GDX_OLD" ]; then
   # Small figures paired too: old then new, three times, so each new figure has an old one
   # measured seconds before it.
   for i in 1 2 3; do
-    BIN=$GDX_OLD bench "old-small-$i" --path shm,tcp --size 8,4KiB --duration 300ms
+    WITH=$GDX_OLD bench "old-small-$i" --path shm,tcp --size 8,4KiB --duration 300ms
     bench "pair-small-$i" --path shm,tcp --size 8,4KiB --duration 300ms
-    BIN=$GDX_OLD bench "old-window-$i" --path shm --size 8 --window 64 --duration 300ms
+    WITH=$GDX_OLD bench "old-window-$i" --path shm --size 8 --window 64 --duration 300ms
     bench "pair-window-$i" --path shm --size 8 --window 64 --duration 300ms
   done
-  BIN=$GDX_OLD bench old-batch --path shm --size 4KiB --batch 1000 --duration 300ms
+  WITH=$GDX_OLD bench old-batch --path shm --size 4KiB --batch 1000 --duration 300ms
   for i in 1 2 3; do
-    BIN=$GDX_OLD bench "old-large-$i" --path shm,tcp --size 1MiB,256MiB --duration 500ms
+    WITH=$GDX_OLD bench "old-large-$i" --path shm,tcp --size 1MiB,256MiB --duration 500ms
     bench "large-$i" --path shm,tcp --size 1MiB,256MiB --duration 500ms
   done
 else
