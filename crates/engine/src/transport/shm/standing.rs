@@ -25,7 +25,7 @@ use crate::error::Result;
 use crate::region::RegionKey;
 use crate::region::{Lease, LeaseKind, RegionInner, Revocable};
 use crate::routing::plan::Path;
-use crate::shm_ring::{Ring, STANDING_CLOSED, STANDING_MAX, STANDING_OPEN};
+use crate::shm_ring::{Ring, IDENTITY, MAX_RING_OPS, STANDING_CLOSED, STANDING_MAX, STANDING_OPEN};
 use crate::transfer::{OpKind, XferState};
 
 /// Target side: the lease behind one open entry of the ring header.
@@ -191,8 +191,17 @@ impl Worker {
                 return None;
             }
         }
-        let all: Vec<usize> = (0..xfer.ops.len()).collect();
-        let (done, fatal) = self.copy_cma(xfer, &all);
+        // Every op, as indices: the shared table where it is long enough (a ring-sized
+        // transfer), built only for a larger one (the worker's).
+        let n = xfer.ops.len();
+        let built: Vec<usize>;
+        let all: &[usize] = if n <= MAX_RING_OPS {
+            &IDENTITY[..n]
+        } else {
+            built = (0..n).collect();
+            &built
+        };
+        let (done, fatal) = self.copy_cma(xfer, all);
         for &(_, k) in &entries {
             ring.standing(k).leave();
         }
