@@ -22,8 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use gdx_sys::os::{cross_memory_copy, CmaDir};
 
-use super::ring::Skip;
-use super::Worker;
+use super::worker::{CmaRegion, Skip, Worker};
 use crate::conn::Conn;
 use crate::error::{Error, Result};
 use crate::region::{LeaseKind, Registry};
@@ -33,16 +32,6 @@ use crate::wire::Msg;
 
 /// `Hello` transport bit: this agent's shm target understands the cma frames (33–36).
 pub(crate) const CMA_FRAMES_BIT: u32 = 1 << 4;
-
-/// A peer's borrowed host region as this side reaches it: its address in the peer.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct CmaRegion {
-    addr: u64,
-    len: u64,
-    writable: bool,
-    /// The ring-header entry of the target's standing lease on it (`standing.rs`), while open.
-    pub(super) standing: Option<usize>,
-}
 
 /// Asks the target for direct copies and checks with the kernel that they work (see the
 /// module comment). `target_pid`: the shm socket's peer, as `SO_PEERCRED` names it (0: not

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
-use super::Worker;
+use super::worker::Worker;
 use crate::error::{Error, Result};
 use crate::gpu::{DeviceRegion, LocalPeer, Span, BATCH_SPAN_MAX};
 use crate::region::{Lease, LeaseKind};

@@ -26,7 +26,6 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use crate::conn::{Conn, Sock};
 use crate::error::{AuthFailure, Error, Result};
@@ -34,9 +33,6 @@ use crate::mem::Mapping;
 use crate::transfer::{Drive, NewTransfer, XferState};
 use crate::transport::{SerialQueue, Transport};
 use crate::wire::Msg;
-
-/// Size of the bounce buffer used for borrowed remote regions.
-pub(crate) const BOUNCE_BYTES: usize = 8 << 20;
 
 mod cma;
 mod ipc;
@@ -48,6 +44,9 @@ mod ring_target;
 mod socket;
 mod standing;
 mod target;
+mod worker;
+
+use worker::{Worker, BOUNCE_BYTES};
 
 pub(crate) use cma::CMA_FRAMES_BIT;
 pub(crate) use target::serve_target;
@@ -72,42 +71,6 @@ pub(crate) struct ShmTransport {
     driver: Arc<ring::Driver>,
     /// Whether ops to the peer's borrowed host regions may take the `cma` path.
     cma: crate::routing::plan::CmaGrant,
-}
-
-struct Worker {
-    conn: Conn,
-    bounce: Mapping,
-    maps: HashMap<u64, (Mapping, bool)>,
-    /// Remote GPU regions mapped through their IPC handle or fd, by remote region id (dropped
-    /// when the target says the region is gone, or with the connection).
-    imports: HashMap<u64, Vec<(u64, crate::gpu::DeviceRegion)>>,
-    /// A `ShmEnd` was sent whose reply is still unread (read before the next request).
-    end_unread: bool,
-    /// This process's CUDA, for host regions that reach a peer's GPU memory (`ipc`).
-    cuda: Arc<std::sync::OnceLock<crate::gpu::LocalPeer>>,
-    wait: Duration,
-    /// The control ring (every transfer whose ops fit it runs without the socket).
-    ring: Option<ring::RingClient>,
-    /// Why the connection is unusable, once it is.
-    broken: Option<Error>,
-    /// Small transfers posted into the ring and not yet completed, oldest first.
-    inflight: VecDeque<ring::Inflight>,
-    /// Whether this process may copy straight into and out of the peer's memory.
-    cma: crate::routing::plan::CmaGrant,
-    /// The peer's borrowed host regions the `cma` path reaches, by remote region id.
-    cma_regions: HashMap<u64, cma::CmaRegion>,
-    /// The transfer the worker thread is running, whose halt (cancel, deadline) ends a wait
-    /// for the peer's reply on the socket (`Worker::request`).
-    current: Option<Arc<XferState>>,
-}
-
-impl std::fmt::Debug for Worker {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Worker")
-            .field("maps", &self.maps.len())
-            .field("broken", &self.broken)
-            .finish_non_exhaustive()
-    }
 }
 
 impl ShmTransport {

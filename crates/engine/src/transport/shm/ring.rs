@@ -26,9 +26,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::ring_client::NO_SLOT;
-pub(super) use super::ring_client::{Done, Driver, RingClient, Skip};
-use super::ring_inline::STAGE_MAX;
-use super::Worker;
+pub(super) use super::ring_client::{Done, Driver};
+use super::worker::Worker;
+pub(super) use super::worker::{Inflight, RingClient, Skip};
 use crate::error::{Error, Result};
 use crate::routing::plan::Path;
 use crate::shm_ring::{self, DONE, INLINE_MAX, KIND_BEGIN, KIND_INLINE, MAX_RING_OPS};
@@ -70,6 +70,9 @@ pub(super) fn posts_inline(xfer: &XferState) -> bool {
         && all_inline(xfer)
 }
 
+/// Largest one-op write staged on the stack before its slot is written (`stage_op`).
+pub(super) const STAGE_MAX: usize = 64;
+
 /// Most queued small transfers the worker posts before it awaits the first answer.
 pub(super) const PIPELINE: usize = shm_ring::SLOTS / 2;
 
@@ -90,24 +93,6 @@ pub(super) struct Started {
     /// Ops per slot: a `BEGIN` transfer may be cut into several slots posted back to back
     /// (`start_begin`), each holding `chunk` ops (the last the rest).
     pub(super) chunk: usize,
-}
-
-/// A posted slot not yet answered (or answered and not yet completed): inline, or `BEGIN`
-/// (answered: the ops are leased by the target, and whoever completes it copies through the
-/// mappings and marks it `END`).
-#[derive(Debug)]
-pub(super) struct Inflight {
-    xfer: Arc<XferState>,
-    /// The slot of its oldest unfinished part (a transfer cut into several `BEGIN` slots has
-    /// the rest in the slots after it).
-    slot: usize,
-    kind: u32,
-    /// The ops withdrawn before posting (their local copy failed), of the slot's ops.
-    skip: Skip,
-    /// The ops of the transfer in `slot`.
-    ops: std::ops::Range<usize>,
-    /// Ops per slot (`Started::chunk`).
-    chunk: usize,
 }
 
 /// Whether every op of `xfer` travels inline (small, and to a path the ring carries inline).

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::ring::{ring_class, ring_ops_iter, Skip, Started};
-use super::Worker;
+use super::worker::Worker;
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir, BATCH_SPAN_MAX};
 use crate::region::LeaseKind;

@@ -8,28 +8,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::Worker;
+use super::worker::{Front, RingClient, Skip, Worker};
 use crate::error::{Error, Result};
 use crate::shm_ring::{self, Ring, DONE, FREE, NAP, POSTED};
-use crate::transfer::clock::{Span, Tick};
+use crate::transfer::clock::Tick;
 use crate::transfer::{Drive, XferState};
 use crate::transport::SerialQueue;
 use crate::wire::ShmOp;
-
-/// The slot of the oldest transfer in flight (`RingClient::front`), on a cache line of its
-/// own: every poll of a waiter reads it, and a line shared with anything another thread writes
-/// would cost a fetch per poll.
-#[derive(Debug)]
-#[repr(align(128))]
-pub(super) struct Front(AtomicU32);
-
-impl std::ops::Deref for Front {
-    type Target = AtomicU32;
-
-    fn deref(&self) -> &AtomicU32 {
-        &self.0
-    }
-}
 
 /// How long a ring wait goes on after its transfer halted before it gives the peer up
 /// (`RingClient::wait_state`): a running peer answers well within it, even on a loaded host.
@@ -40,27 +25,6 @@ pub(super) const HALT_LOOK: Duration = Duration::from_millis(10);
 
 /// `RingClient::front` when nothing is in flight.
 pub(super) const NO_SLOT: u32 = u32::MAX;
-
-/// The initiator's ring state: the mapping and the next sequence number.
-#[derive(Debug)]
-pub(super) struct RingClient {
-    /// Shared with the connection's `Driver`, which reads slot states without the lock.
-    pub(super) ring: Arc<Ring>,
-    /// The slot of the oldest transfer in flight (`NO_SLOT`: none), for `Driver::poll`.
-    pub(super) front: Arc<Front>,
-    seq: u32,
-    /// Inline slots whose `DONE` this side has read: free to reuse as they are. The initiator
-    /// does not write `FREE` into them, which would take the slot's line back from the target's
-    /// core once more per request (and stall this core's next atomic until it had).
-    consumed: [bool; shm_ring::SLOTS],
-    /// The shm socket, watched for hang-up while waiting.
-    sock_fd: RawFd,
-    wait: Duration,
-    /// When this side last published a slot (`publish`).
-    last_post: Option<Tick>,
-    /// `QUIET` in clock ticks (`publish` compares raw readings).
-    quiet: Span,
-}
 
 /// A post this soon after the previous one skips the doorbell check (`RingClient::publish`):
 /// half the target's spin before it may sleep.
@@ -283,11 +247,6 @@ fn end(x: &XferState, skip: Option<Skip>) {
         Some(s) => x.finish_with(|i| !s.get(i)),
     }
 }
-
-/// The ops of one slot that are out of it: withdrawn before posting, or failed by the target.
-/// Nothing is allocated until an op fails (the common case).
-#[derive(Debug, Default)]
-pub(super) struct Skip(Option<Vec<bool>>);
 
 impl Skip {
     pub(super) fn get(&self, j: usize) -> bool {

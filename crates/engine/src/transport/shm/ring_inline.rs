@@ -2,16 +2,13 @@
 //! the op's bytes staged or copied into the slot, the request posted, and after `DONE` the
 //! target's verdicts and a read's bytes out of the slot.
 
-use super::ring::{ring_ops_iter, shm_op, Skip};
-use super::Worker;
+use super::ring::{ring_ops_iter, shm_op, Skip, STAGE_MAX};
+use super::worker::Worker;
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
 use crate::region::LeaseKind;
 use crate::shm_ring::{KIND_INLINE, KIND_SHORT, SHORT_MAX};
 use crate::transfer::{OpKind, OpRef, XferState};
-
-/// Largest one-op write staged on the stack before its slot is written (`stage_op`).
-pub(super) const STAGE_MAX: usize = 64;
 
 /// A one-op write's bytes read onto the stack (`stage_op`), and their length.
 pub(super) type Staged = Result<([u8; STAGE_MAX], usize)>;

@@ -6,7 +6,8 @@
 
 use std::os::fd::AsRawFd;
 
-use super::{ring, Worker, BOUNCE_BYTES};
+use super::ring;
+use super::worker::{Worker, BOUNCE_BYTES};
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
 use crate::mem::Mapping;

@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::Worker;
+use super::worker::Worker;
 use crate::error::Result;
 use crate::region::RegionKey;
 use crate::region::{Lease, LeaseKind, RegionInner, Revocable};
