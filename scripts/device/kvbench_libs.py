@@ -16,11 +16,16 @@ Variants, by row key suffix:
   gdx-write       gdx: one Peer.write of the batch's ops, wait
   gdx-prepared    gdx: Peer.prepare_write once, run per batch
   gdx-blocks      gdx's block API: Peer.prepare_blocks once, BlockTransfer.post(src, dst).wait()
-  memcpy          host only, one process: one copy of the same bytes (the floor)
+  memcpy          host only, one process: one contiguous copy of as many bytes
+  memcpy-blocks   host only, one process: the same 1,000 blocks copied one memcpy each, from
+                  their source to their destination places (a C loop built with `cc`)
+  memcpy-cma      host only, one process: one process_vm_writev of the same blocks to itself,
+                  the kernel's cross-process copy with no library around it
 """
 
 import base64
 import collections
+import functools
 import importlib.metadata
 import os
 import pickle
@@ -463,27 +468,108 @@ class Gdx(Lib):
 # ---------------------------------------------------------------- the host floor
 
 
+# The same blocks copied by one thread, one memcpy per block, with no per-block Python: a loop
+# compiled here (a Python loop would add ~0.3 µs per block to the floor).
+_COPY_BLOCKS_C = r"""
+#include <stdint.h>
+#include <string.h>
+void copy_blocks(char *dst, const char *src, const int64_t *si, const int64_t *di, int64_t n,
+                 int64_t bs) {
+    for (int64_t k = 0; k < n; k++) memcpy(dst + di[k] * bs, src + si[k] * bs, (size_t)bs);
+}
+"""
+
+
+@functools.cache
+def _copy_blocks_lib():
+    """The compiled block loop (ctypes), or the reason there is none."""
+    import ctypes
+    import shutil
+    import subprocess
+    import tempfile
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None, "no C compiler (cc) on this machine"
+    d = tempfile.mkdtemp(prefix="kvbench-cc-")
+    c, so = os.path.join(d, "copy_blocks.c"), os.path.join(d, "copy_blocks.so")
+    with open(c, "w") as f:
+        f.write(_COPY_BLOCKS_C)
+    r = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", so, c], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, f"cc failed: {r.stderr.strip()[:200]}"
+    return ctypes.CDLL(so), None
+
+
 class Memcpy(Lib):
-    """One process copies the same bytes once (numpy's copy is one memcpy): the floor a
-    cross-process copy of host memory is judged against."""
+    """One process copies the same bytes (numpy's copy is one memcpy): the floors a
+    cross-process copy of host memory is judged against. `memcpy` is one contiguous copy of as
+    many bytes; `memcpy-blocks` copies the batch's own blocks, source place to destination
+    place; `memcpy-cma` is one `process_vm_writev` of those blocks, what the kernel's
+    cross-process copy costs with no library around it."""
 
     name = "memcpy"
     needs_target = False
-    VARIANTS = {"memcpy": ("single-thread memcpy of the same bytes, one process (floor)", ("blocks", "lat"))}
+    VARIANTS = {
+        "memcpy": ("single-thread memcpy, one contiguous copy of as many bytes, one process", ("blocks", "lat")),
+        "memcpy-blocks": ("single-thread memcpy of the same blocks, place to place, one process (floor)",
+                          ("blocks",)),
+        "memcpy-cma": ("one `process_vm_writev` of the same blocks, one process (the kernel's copy)", ("blocks",)),
+    }
+
+    def waived(self, variant):
+        if variant == "memcpy-blocks":
+            return _copy_blocks_lib()[1]
+        return None
 
     def initiator_setup(self, src, hello):
         import numpy as np
 
         self.np, self.src = np, src
         self.dst = {n: type(m)(m.nbytes) for n, m in src.items()}
+        self.last = None
 
     def _copy(self, region, nbytes):
         d, s = self.dst[region].obj[:nbytes], self.src[region].obj[:nbytes]
         self.dst[region].zero()
+        self.last = None
         return lambda: self.np.copyto(d, s), {"path": f"np.copyto of {nbytes} contiguous bytes"}
 
     def blocks(self, variant, region, block, si, di):
-        return self._copy(region, BATCH_BLOCKS * block)
+        if variant == "memcpy":
+            return self._copy(region, BATCH_BLOCKS * block)
+        import ctypes
+
+        np = self.np
+        dst, src = self.dst[region], self.src[region]
+        dst.zero()
+        self.last = (block, si, di)
+        if variant == "memcpy-blocks":
+            lib, why = _copy_blocks_lib()
+            if lib is None:
+                raise RuntimeError(why)
+            s64, d64 = np.ascontiguousarray(si, np.int64), np.ascontiguousarray(di, np.int64)
+            args = [ctypes.c_void_p(dst.ptr), ctypes.c_void_p(src.ptr), ctypes.c_void_p(s64.ctypes.data),
+                    ctypes.c_void_p(d64.ctypes.data), ctypes.c_int64(len(si)), ctypes.c_int64(block)]
+            return (lambda: lib.copy_blocks(*args)), {"path": f"memcpy x{len(si)} (C loop)"}
+
+        class Iov(ctypes.Structure):
+            _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        n = len(si)
+        local, remote = (Iov * n)(), (Iov * n)()
+        for k, (a, b) in enumerate(zip(si, di)):
+            local[k].base, local[k].len = src.ptr + int(a) * block, block
+            remote[k].base, remote[k].len = dst.ptr + int(b) * block, block
+        pid, want = os.getpid(), n * block
+
+        def one():
+            got = libc.process_vm_writev(pid, local, n, remote, n, 0)
+            if got != want:
+                raise OSError(ctypes.get_errno(), f"process_vm_writev moved {got} of {want} bytes")
+
+        return one, {"path": f"process_vm_writev, {n} iovecs a side, one call"}
 
     def single(self, variant, region, n):
         return self._copy(region, n)
@@ -491,6 +577,11 @@ class Memcpy(Lib):
     def check(self, region, case):
         from kvbench_core import seed_for
 
-        n = case.nbytes * (BATCH_BLOCKS if case.kind == "blocks" else 1)
-        err = self.dst[region].check_prefix(seed_for(region, self.seed), n)
+        seed = seed_for(region, self.seed)
+        if self.last is not None:
+            block, si, di = self.last
+            err = self.dst[region].check_blocks(seed, block, si, di)
+        else:
+            n = case.nbytes * (BATCH_BLOCKS if case.kind == "blocks" else 1)
+            err = self.dst[region].check_prefix(seed, n)
         return {"ok": err is None, "error": err}
