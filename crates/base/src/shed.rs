@@ -7,8 +7,12 @@
 //! (a network prefix: IPv4 /24, IPv6 /64, all of loopback one; or an address inside one prefix),
 //! and among groups holding as many, from the one whose connections most often **ended without
 //! finishing** lately ([`Record`]): a flooding source is marked by what its own connections did,
-//! a client whose connections finish is not. Only inside the chosen group does age decide
-//! (silent entries, which have sent nothing, always go before ones that have).
+//! a client whose connections finish is not. An address that **proved the secret** lately
+//! ([`Record::proved`]: it authenticated) goes last among equals even after failures of its own:
+//! that is the one thing a flood that lacks the secret cannot show, and a client that failed a
+//! few handshakes (a crash, a flaky link, or the flood evicting it) would otherwise be marked
+//! like the flood and shed first until it finished one. Only inside the chosen group does age
+//! decide (silent entries, which have sent nothing, always go before ones that have).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -61,6 +65,8 @@ pub struct Entry {
 const MAX_SOURCES: usize = 4096;
 /// A source's count halves every this many seconds.
 const HALF_LIFE_S: f64 = 10.0;
+/// How long an address that proved the secret goes last among equals.
+const PROVED_S: u64 = 600;
 
 /// How often connections from each address and each prefix ended without finishing lately:
 /// a count that halves every [`HALF_LIFE_S`] seconds, bounded in the sources it keeps.
@@ -68,6 +74,8 @@ const HALF_LIFE_S: f64 = 10.0;
 pub struct Record {
     /// By address, and by prefix.
     by: Mutex<[HashMap<IpAddr, (f64, Instant)>; 2]>,
+    /// Addresses that proved the secret, and when they last did.
+    proved: Mutex<HashMap<IpAddr, Instant>>,
 }
 
 fn decayed(v: f64, since: Instant, now: Instant) -> f64 {
@@ -108,9 +116,41 @@ impl Record {
         m[0].remove(&a);
     }
 
-    /// How suspect `a` is now: as an address, or (`Group::Prefix`) its prefix.
+    /// A connection from `a` proved the secret (it authenticated): its count starts again from
+    /// zero, and for [`PROVED_S`] seconds the address goes last among addresses holding as many,
+    /// whatever it fails meanwhile. Only an authenticating server calls this (an HTTP request
+    /// that was answered proves nothing: [`Record::finished`]).
+    pub fn proved(&self, a: IpAddr) {
+        self.finished(a);
+        let now = Instant::now();
+        let mut m = self.proved.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() >= MAX_SOURCES && !m.contains_key(&a) {
+            let ttl = std::time::Duration::from_secs(PROVED_S);
+            m.retain(|_, t| now.duration_since(*t) < ttl);
+            if m.len() >= MAX_SOURCES {
+                // Still full of fresh ones: the stalest goes.
+                if let Some(k) = m.iter().min_by_key(|(_, t)| **t).map(|(k, _)| *k) {
+                    m.remove(&k);
+                }
+            }
+        }
+        m.insert(a, now);
+    }
+
+    /// Whether `a` proved the secret within the last [`PROVED_S`] seconds.
+    fn proved_lately(&self, a: IpAddr) -> bool {
+        let m = self.proved.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&a)
+            .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(PROVED_S))
+    }
+
+    /// How suspect `a` is now: as an address, or (`Group::Prefix`) its prefix. An address that
+    /// proved the secret lately scores below any other.
     fn score(&self, a: Option<IpAddr>, group: Group) -> f64 {
         let Some(a) = a else { return 0.0 };
+        if group != Group::Prefix && self.proved_lately(a) {
+            return -1.0;
+        }
         let now = Instant::now();
         let m = self.by.lock().unwrap_or_else(|p| p.into_inner());
         let (m, k) = if group == Group::Prefix {
@@ -252,6 +292,55 @@ mod tests {
         r.finished(ip("10.0.0.1"));
         assert!(r.score(Some(ip("10.0.0.1")), Group::Address) < 0.5);
         assert!(r.score(Some(ip("10.0.0.1")), Group::Prefix) > 4.0);
+    }
+
+    #[test]
+    fn an_address_that_proved_the_secret_goes_last_among_equals_despite_failures() {
+        let r = Record::default();
+        r.proved(ip("127.0.0.1"));
+        // Afterwards its own handshakes fail more often than any flooding address's.
+        for _ in 0..30 {
+            r.failed(ip("127.0.0.1"));
+        }
+        for i in 2..42 {
+            r.failed(ip(&format!("127.0.2.{i}")));
+        }
+        let mut v = vec![e("127.0.0.1", false)];
+        v.extend((2..17).map(|i| e(&format!("127.0.2.{i}"), false)));
+        // Whether it came first (the oldest) or last.
+        let i = victim(&v, Group::Address, &r).unwrap_or(usize::MAX);
+        assert_ne!(v[i].addr, Some(ip("127.0.0.1")), "{i}");
+        v.rotate_left(1);
+        let i = victim(&v, Group::Address, &r).unwrap_or(usize::MAX);
+        assert_ne!(v[i].addr, Some(ip("127.0.0.1")), "{i}");
+        // Without the proof, the same failures make it the one shed.
+        let fresh = Record::default();
+        for _ in 0..30 {
+            fresh.failed(ip("127.0.0.1"));
+        }
+        for i in 2..42 {
+            fresh.failed(ip(&format!("127.0.2.{i}")));
+        }
+        let i = victim(&v, Group::Address, &fresh).unwrap_or(usize::MAX);
+        assert_eq!(v[i].addr, Some(ip("127.0.0.1")), "{i}");
+        // It wins ties only: holding more than the others, it is still shed first.
+        let w = [
+            e("127.0.0.1", false),
+            e("127.0.0.1", false),
+            e("127.0.2.5", false),
+        ];
+        assert_eq!(victim(&w, Group::Address, &r), Some(0));
+    }
+
+    #[test]
+    fn the_proved_table_is_bounded() {
+        let r = Record::default();
+        for i in 0..(MAX_SOURCES as u32 + 100) {
+            let o = i.to_be_bytes();
+            r.proved(IpAddr::from([10, o[1], o[2], o[3]]));
+        }
+        let n = r.proved.lock().unwrap_or_else(|p| p.into_inner()).len();
+        assert!(n <= MAX_SOURCES, "{n}");
     }
 
     #[test]

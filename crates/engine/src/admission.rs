@@ -6,7 +6,8 @@
 //! (shut down) — the newcomer is never refused. The victim is chosen by `gdx_base::shed`:
 //! silent ones first, then from the network (for the total cap) or the address (for a
 //! network's cap) holding the most, ties going to the source whose connections most often ended
-//! without authenticating; age decides only inside that group. So a flood evicts its own
+//! without authenticating (an address that authenticated lately goes last); age decides only
+//! inside that group. So a flood evicts its own
 //! connections, not a slow legitimate peer's, unless it comes from that peer's own network.
 
 use std::collections::{HashMap, VecDeque};
@@ -189,13 +190,14 @@ impl Slot {
         }
     }
 
-    /// The connection authenticated: it no longer counts as pending, and its address's record
-    /// of failed handshakes is cleared.
+    /// The connection authenticated: it no longer counts as pending, its address's record of
+    /// failed handshakes is cleared, and the address goes last among equals for a while
+    /// (`gdx_base::shed::Record::proved`).
     pub(crate) fn authenticated(&mut self) {
         if let Some(id) = self.pending.take() {
             self.gate.forget(id);
             if let Some(a) = self.addr {
-                self.gate.record.finished(a);
+                self.gate.record.proved(a);
             }
         }
     }

@@ -87,11 +87,12 @@ fn slow_login(to: SocketAddr, during: impl FnOnce()) -> bool {
     matches!(read_msg(&mut c), Some(Msg::Hello(_)))
 }
 
-#[test]
-fn a_flood_from_40_addresses_does_not_evict_a_slow_legitimate_login() {
-    let target: Agent = agent("target", false);
-    let to = addr(&target);
+/// Ten slow logins from 127.0.0.1, each while a wave of 40 flooding connections arrives:
+/// how many went through, and how many pending connections the agent evicted.
+fn logins_under_a_flood(target: &Agent) -> (usize, u64) {
+    let to = addr(target);
     let hits = target.limit_hits();
+    let before = hits.evictions.load(Ordering::Relaxed);
     // The flood fills the pending table of the loopback network (one network: 127/8).
     let mut held: Vec<TcpStream> = (0..200).filter_map(|i| flood_one(to, i)).collect();
     admitted(&mut held);
@@ -112,8 +113,41 @@ fn a_flood_from_40_addresses_does_not_evict_a_slow_legitimate_login() {
         }
     }
     drop(held);
-    let evicted = hits.evictions.load(Ordering::Relaxed);
+    (ok, hits.evictions.load(Ordering::Relaxed) - before)
+}
+
+#[test]
+fn a_flood_from_40_addresses_does_not_evict_a_slow_legitimate_login() {
+    let target: Agent = agent("target", false);
+    let (ok, evicted) = logins_under_a_flood(&target);
     // Each wave of 40 overfills a table of 16 by at least 24.
+    assert!(evicted >= 240, "the flood evicted only {evicted}");
+    assert_eq!(ok, 10, "logins under the flood ({evicted} evictions)");
+}
+
+/// The client's own address left more unfinished handshakes than any flooding address (a
+/// client that crashed mid-handshake, or one the flood already evicted): by the failure record
+/// alone it would be shed first among equals, every time. It proved the secret before, and an
+/// address that did goes last among equals.
+#[test]
+fn a_client_that_proved_the_secret_survives_the_flood_after_failing_handshakes() {
+    let target: Agent = agent("target", false);
+    let to = addr(&target);
+    assert!(slow_login(to, || {}), "the first login, with no flood");
+    for _ in 0..30 {
+        let mut s = connect_from(Ipv4Addr::new(127, 0, 0, 1), to).unwrap();
+        send(
+            &mut s,
+            &Msg::Hello(Hello {
+                agent_name: "slow".into(),
+                nonce: 2,
+                ..Hello::default()
+            }),
+        );
+        // Answered (`Pake`), then abandoned: a handshake that ends unfinished.
+        assert!(matches!(read_msg(&mut s), Some(Msg::Pake { .. })));
+    }
+    let (ok, evicted) = logins_under_a_flood(&target);
     assert!(evicted >= 240, "the flood evicted only {evicted}");
     assert_eq!(ok, 10, "logins under the flood ({evicted} evictions)");
 }
