@@ -24,8 +24,12 @@ pub(super) const BOUNCE_BYTES: usize = 8 << 20;
 /// transfers the submitting and waiting threads' (`ShmTransport::worker`). What it does is in the
 /// sibling files (`impl Worker` blocks: ring, socket, cma, standing, ipc).
 pub(super) struct Worker {
+    /// The shm socket: requests the ring does not carry, fds, notifications.
     pub(super) conn: Conn,
+    /// The bounce buffer the target maps too (`ShmStaged` copies go through it).
     pub(super) bounce: Mapping,
+    /// The peer's agent-allocated regions mapped here, by remote region id, and whether the
+    /// mapping is writable.
     pub(super) maps: HashMap<u64, (Mapping, bool)>,
     /// Remote GPU regions mapped through their IPC handle or fd, by remote region id (dropped
     /// when the target says the region is gone, or with the connection).
@@ -34,6 +38,7 @@ pub(super) struct Worker {
     pub(super) end_unread: bool,
     /// This process's CUDA, for host regions that reach a peer's GPU memory (`ipc`).
     pub(super) cuda: Arc<std::sync::OnceLock<crate::gpu::LocalPeer>>,
+    /// The I/O timeout: how long a wait for the peer goes on.
     pub(super) wait: Duration,
     /// The control ring (every transfer whose ops fit it runs without the socket).
     pub(super) ring: Option<RingClient>,
