@@ -326,15 +326,7 @@ fn begin_request<S: AgentView>(
         if held + leases.len() >= max {
             refused += end - i;
             for j in i..end {
-                errors.push((
-                    j as u32,
-                    Error::LimitReached {
-                        what: "leases held by this shm ring (BEGIN without END) reached \
-                               max_leases_per_conn"
-                            .into(),
-                        limit: max as u64,
-                    },
-                ));
+                errors.push((j as u32, leases_full(RING_LEASES, max)));
             }
             i = end;
             continue;
@@ -347,15 +339,7 @@ fn begin_request<S: AgentView>(
                 for (j, op) in req.ops.iter().enumerate().take(end).skip(i) {
                     if held + leases.len() >= max {
                         refused += 1;
-                        errors.push((
-                            j as u32,
-                            Error::LimitReached {
-                                what: "leases held by this shm ring (BEGIN without END) \
-                                       reached max_leases_per_conn"
-                                    .into(),
-                                limit: max as u64,
-                            },
-                        ));
+                        errors.push((j as u32, leases_full(RING_LEASES, max)));
                         continue;
                     }
                     match reg.check_remote(op.region, op.key, op.offset, op.len, op.write, wait) {
@@ -374,4 +358,16 @@ fn begin_request<S: AgentView>(
         );
     }
     (errors, leases)
+}
+
+/// Who holds the leases a ring's `BEGIN`s take (`leases_full`).
+const RING_LEASES: &str = "ring (BEGIN without END)";
+
+/// The refusal of an op whose lease would pass `max_leases_per_conn`; `holder` says which of
+/// the connection's leases count (its socket's `ShmBegin`s or its ring's `BEGIN`s).
+pub(super) fn leases_full(holder: &str, max: usize) -> Error {
+    Error::LimitReached {
+        what: format!("leases held by this shm {holder} reached max_leases_per_conn"),
+        limit: max as u64,
+    }
 }

@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::ring_target::RingServer;
+use super::ring_target::{leases_full, RingServer};
 use crate::conn::{trim_fds, Conn};
 use crate::error::{Error, Result};
 use crate::gpu::{copy_span, Dir};
@@ -193,12 +193,7 @@ fn begin<S: AgentView>(
             refused += 1;
             errors.push((
                 i as u32,
-                Error::LimitReached {
-                    what: "leases held by this shm connection (ShmBegin without ShmEnd) \
-                           reached max_leases_per_conn"
-                        .into(),
-                    limit: max as u64,
-                },
+                leases_full("connection (ShmBegin without ShmEnd)", max),
             ));
             continue;
         }
