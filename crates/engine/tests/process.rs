@@ -312,34 +312,6 @@ fn kill_server_mid_transfer_shm() {
     kill_mid_transfer(true);
 }
 
-/// Stops process `pid` (SIGSTOP) and waits until every thread of it is stopped.
-fn stop(pid: u32) {
-    let st = Command::new("kill")
-        .args(["-STOP", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success(), "kill -STOP {pid}");
-    wait_stopped(pid);
-}
-
-/// Waits until every thread of process `pid` is stopped (`T` in `/proc/PID/task/*/stat`): a
-/// signal is delivered asynchronously, and the test must not race a still-running peer.
-fn wait_stopped(pid: u32) {
-    loop {
-        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc/PID/task");
-        let all = tasks.filter_map(|t| t.ok()).all(|t| {
-            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-            // The state follows the parenthesised command name.
-            stat.rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
-        });
-        if all {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// A stopped peer (SIGSTOP) must not block `submit` on the shm fast path: the small write's
 /// posted ring slot goes to the worker thread, so `submit` returns with the transfer still
 /// pending (it could only have ended by now through the 20 s I/O timeout, on the caller's

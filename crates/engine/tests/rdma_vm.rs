@@ -357,32 +357,6 @@ fn kill_9_of_the_peer_mid_transfer_fails_within_the_timeout() {
     assert_eq!(first_diff(&back.bytes().unwrap(), &expect), None);
 }
 
-/// Stops process `pid` (SIGSTOP) and waits until every thread of it is stopped (a signal is
-/// delivered asynchronously).
-fn stop(pid: u32) {
-    let st = Command::new("kill")
-        .args(["-STOP", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success(), "kill -STOP {pid}");
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let all = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap()
-            .filter_map(|t| t.ok())
-            .all(|t| {
-                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-                stat.rsplit_once(')')
-                    .is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
-            });
-        if all {
-            return;
-        }
-        assert!(Instant::now() < until, "{pid} did not stop");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// A peer that restarts on the same address (issue 54) over rdma: the transfer in flight to
 /// the old process fails (`PeerLost`, or the queue pair's error naming the retry), the old
 /// `Peer` stays failed, a connect expecting the old instance is refused naming the new one,

@@ -65,6 +65,33 @@ pub fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
     }
     a.iter().zip(b).position(|(x, y)| x != y)
 }
+/// Stops process `pid` (SIGSTOP) and waits, at most 10 s, until every thread of it is stopped
+/// (`T` in `/proc/PID/task/*/stat`): a signal is delivered asynchronously, and a test must not
+/// race a still-running peer.
+pub fn stop(pid: u32) {
+    let st = std::process::Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success(), "kill -STOP {pid}");
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let all = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .expect("/proc/PID/task")
+            .filter_map(|t| t.ok())
+            .all(|t| {
+                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                // The state follows the parenthesised command name.
+                stat.rsplit_once(')')
+                    .is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
+            });
+        if all {
+            return;
+        }
+        assert!(std::time::Instant::now() < until, "{pid} did not stop");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
 
 /// A raw, hand-made client of the wire protocol (version 3), written from
 /// docs/wire-protocol.md: it lets hostile tests send exactly the frames they want.
