@@ -27,19 +27,23 @@ fn connect_from(src: Ipv4Addr, to: SocketAddr) -> std::io::Result<TcpStream> {
     Ok(TcpStream::from(fd))
 }
 
-/// One flooding connection from 127.0.0.(2 + i % 40): its `Hello` sent, then held.
-fn flood_one(to: SocketAddr, i: usize) -> Option<TcpStream> {
-    let src = Ipv4Addr::new(127, 0, 0, 2 + (i % 40) as u8);
+/// A connection from `src` that sent a `Hello` in `name` and nothing more.
+fn hello_from(src: Ipv4Addr, to: SocketAddr, name: &str) -> Option<TcpStream> {
     let mut s = connect_from(src, to).ok()?;
     send(
         &mut s,
         &Msg::Hello(Hello {
-            agent_name: "flood".into(),
+            agent_name: name.into(),
             nonce: 1,
             ..Hello::default()
         }),
     );
     Some(s)
+}
+
+/// One flooding connection from 127.0.0.(2 + i % 40): its `Hello` sent, then held.
+fn flood_one(to: SocketAddr, i: usize) -> Option<TcpStream> {
+    hello_from(Ipv4Addr::new(127, 0, 0, 2 + (i % 40) as u8), to, "flood")
 }
 
 /// Waits until the agent has taken every connection of `wave` in: each was answered `Pake`
@@ -135,15 +139,7 @@ fn a_client_that_proved_the_secret_survives_the_flood_after_failing_handshakes()
     let to = addr(&target);
     assert!(slow_login(to, || {}), "the first login, with no flood");
     for _ in 0..30 {
-        let mut s = connect_from(Ipv4Addr::new(127, 0, 0, 1), to).unwrap();
-        send(
-            &mut s,
-            &Msg::Hello(Hello {
-                agent_name: "slow".into(),
-                nonce: 2,
-                ..Hello::default()
-            }),
-        );
+        let mut s = hello_from(Ipv4Addr::LOCALHOST, to, "slow").unwrap();
         // Answered (`Pake`), then abandoned: a handshake that ends unfinished.
         assert!(matches!(read_msg(&mut s), Some(Msg::Pake { .. })));
     }
