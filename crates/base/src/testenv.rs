@@ -68,6 +68,17 @@ pub fn test_gpu() -> u32 {
         .unwrap_or(0)
 }
 
+/// The other GPU of a two-GPU test, given the driver's device `count`: the one after
+/// [`test_gpu`], or `None` (said on stderr, naming `test`) where there is only one, for a test
+/// that has a one-GPU part to run anyway.
+pub fn peer_gpu(count: u32, test: &str) -> Option<u32> {
+    if count < 2 {
+        eprintln!("{test}: peer part not run, needs 2 GPUs and the driver reports {count}");
+        return None;
+    }
+    Some((test_gpu() + 1) % count)
+}
+
 /// A pattern seed that differs per run, printed to stderr so that a failing test can be
 /// replayed with the same bytes.
 pub fn replay_seed() -> u64 {

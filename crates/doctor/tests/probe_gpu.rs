@@ -5,19 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use gdx_base::testenv::test_gpu;
+use gdx_base::testenv::{peer_gpu, test_gpu};
 use gdx_doctor::measure::{mailbox_round_trips, timed_copy, Loc};
 use gdx_sys::cuda::Cuda;
-
-/// The other GPU for the peer pairs, or `None` (printed).
-fn peer_gpu(cuda: &Cuda, test: &str) -> Option<u32> {
-    let n = cuda.device_count().unwrap();
-    if n < 2 {
-        eprintln!("{test}: peer part not run, needs 2 GPUs and the driver reports {n}");
-        return None;
-    }
-    Some((test_gpu() + 1) % n)
-}
 
 #[test]
 #[ignore = "requires a GPU; cargo test -- --ignored"]
@@ -29,7 +19,7 @@ fn timed_copy_verifies_and_times_every_direction() {
         (Loc::Gpu(g), Loc::PinnedHost),
         (Loc::Gpu(g), Loc::Gpu(g)),
     ];
-    if let Some(o) = peer_gpu(&cuda, "timed_copy (peer pairs)") {
+    if let Some(o) = peer_gpu(cuda.device_count().unwrap(), "timed_copy (peer pairs)") {
         pairs.push((Loc::Gpu(g), Loc::Gpu(o)));
         pairs.push((Loc::Gpu(o), Loc::Gpu(g)));
     }
@@ -53,7 +43,10 @@ fn timed_copy_rates_report() {
         (Loc::Gpu(g), Loc::PinnedHost),
         (Loc::PinnedHost, Loc::Gpu(g)),
     ];
-    if let Some(o) = peer_gpu(&cuda, "timed_copy_rates_report (peer pairs)") {
+    if let Some(o) = peer_gpu(
+        cuda.device_count().unwrap(),
+        "timed_copy_rates_report (peer pairs)",
+    ) {
         pairs.insert(0, (Loc::Gpu(g), Loc::Gpu(o)));
         pairs.insert(1, (Loc::Gpu(o), Loc::Gpu(g)));
     }

@@ -12,7 +12,7 @@ mod common;
 use common::verified_peer_copy;
 
 use gdx_base::pattern::{fill_pattern, find_mismatch, POISON};
-use gdx_base::testenv::{replay_seed as seed, test_gpu};
+use gdx_base::testenv::{peer_gpu, replay_seed as seed, test_gpu};
 use gdx_sys::cuda::{
     Context, Cuda, CudaError, DeviceBuffer, Event, MemoryType, PinnedHostBuffer, RegisteredHost,
     Stream,
@@ -23,16 +23,6 @@ fn setup() -> (Cuda, Context, Stream) {
     let ctx = cuda.context(test_gpu()).expect("context");
     let stream = Stream::new(&ctx).expect("stream");
     (cuda, ctx, stream)
-}
-
-/// The other GPU for peer tests, or `None` (printed) where the test has a one-GPU part to run.
-fn peer_gpu(cuda: &Cuda, test: &str) -> Option<u32> {
-    let n = cuda.device_count().unwrap();
-    if n < 2 {
-        eprintln!("{test}: peer part not run, needs 2 GPUs and the driver reports {n}");
-        return None;
-    }
-    Some((test_gpu() + 1) % n)
 }
 
 #[test]
@@ -228,7 +218,11 @@ fn dma_buf_export_gives_a_descriptor_or_says_unsupported() {
 #[ignore = "requires 2 GPUs; cargo test -- --ignored"]
 fn two_gpus_peer_copy_is_verified() {
     let (cuda, ctx, stream) = setup();
-    let other = peer_gpu(&cuda, "two_gpus_peer_copy_is_verified").unwrap_or_else(|| {
+    let other = peer_gpu(
+        cuda.device_count().unwrap(),
+        "two_gpus_peer_copy_is_verified",
+    )
+    .unwrap_or_else(|| {
         panic!(
             "two_gpus_peer_copy_is_verified requires 2 GPUs: run the others with --skip two_gpus_"
         )

@@ -4,6 +4,7 @@
 //! The GPU is `GDX_TEST_GPU` (default 0). No test asserts a speed.
 
 use gdx_base::pattern::{fill_pattern, POISON};
+use gdx_base::testenv::test_gpu;
 use gdx_sys::cuda::mailbox::{KernelState, MAX_PAYLOAD};
 use gdx_sys::cuda::{
     Context, Cuda, CudaError, DeviceBuffer, FloorStep, KernelArgs, LaunchDims, Mailbox,
@@ -14,13 +15,6 @@ use std::time::{Duration, Instant};
 
 /// The crossover the planner defaults to: every size up to it is checked byte by byte.
 const CROSSOVER: usize = gdx_sys::cuda::mailbox::DEFAULT_CROSSOVER;
-
-fn test_gpu() -> u32 {
-    std::env::var("GDX_TEST_GPU")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
 
 fn setup() -> (Context, Stream) {
     let cuda = Cuda::load().expect("libcuda");

@@ -7,16 +7,10 @@
 //! One test in this binary, so nothing else of the test run keeps the GPU busy. Needs a GPU,
 //! nvidia-smi, and the child built (`cargo test` builds examples; or `GDX_MAILBOX_CHILD=path`).
 
+use gdx_base::testenv::test_gpu;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn test_gpu() -> u32 {
-    std::env::var("GDX_TEST_GPU")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
 
 fn child_path() -> std::path::PathBuf {
     if let Some(p) = std::env::var_os("GDX_MAILBOX_CHILD") {
