@@ -36,16 +36,18 @@ ib_write_bw -d rxe0 -x 1 -s 65536 -n 200 "$GDX_VM_PEER_IP" >/dev/null 2>&1 \
   && echo "perftest server absent in b: expected (b runs gdx serve)" || true
 
 step "gdx bench --path rdma --peer (two hosts), 8 B .. 8 MiB, bytes verified"
-# Under TCG on a loaded host the emulated requester can stall past rxe's retry timer and so
-# retransmit on a clean wire: such a run is repeated once; moving counters again fails it.
-for attempt in 1 2; do
+# Under TCG a guest can stall past rxe's retry timer, and the requester then retransmits on a
+# clean wire: rxe counts that as a retry (`completer_retry_err`, kind retransmission), with no
+# packet lost. A lost packet shows as a sequence error (kind out-of-sequence), and the 2 % loss
+# fault below must move counters. So here retransmissions alone are printed, not failed; any
+# other loss or congestion kind fails the row.
 drops0=$(backlog_drops)
 "$GDX" bench --path rdma --peer "$GDX_VM_PEER_IP:$PORT" --size 8,64KiB,1MiB,8MiB --json \
   >/tmp/bench.json 2>/tmp/bench.err
 rc=$?
 echo "input-backlog drops here during the rows: $(($(backlog_drops) - drops0))"
 tail -5 /tmp/bench.err
-python3 - <<'PY'
+python3 - <<'PY' || fail "bench rdma --peer (exit $rc)"
 import json
 r = json.load(open("/tmp/bench.json"))
 rows = [x for x in r["results"] if x.get("path") == "rdma" and "gpu" not in x["key"]]
@@ -53,25 +55,23 @@ assert rows, r["cases"]
 for key in {x["key"] for x in rows}:
     sizes = sorted(x["size_bytes"] for x in rows if x["key"] == key)
     assert sizes == [8, 65536, 1 << 20, 8 << 20], (key, sizes)
+retries = 0
 for x in rows:
     assert x.get("verified") is True, x
     print(f'{x["key"]:<34} {x["size_bytes"]:>9} B  {x["bw_gbps"]:.4f} GB/s  p50 {x["lat_p50_us"]:.1f} us  verified')
-    # The NIC's counters were read around every row; a clean wire moves none of the loss ones.
+    # The NIC's counters were read around every row.
     c = x.get("nic_counters")
     assert c and c["device"] == "rxe0" and c["read"] > 0, x
-    if c["moved"]:
-        print("loss counted on a clean wire:", x["key"], x["size_bytes"], c)
-        raise SystemExit(3)
-print("clean wire: no loss or congestion counter moved in any row")
+    other = [m for m in c["moved"] if m["kind"] != "retransmission"]
+    if other:
+        raise SystemExit(f"loss counted on a clean wire: {x['key']} {x['size_bytes']} {c}")
+    retries += sum(m["delta"] for m in c["moved"])
+if retries:
+    print(f"clean wire: {retries} timer retransmission(s) (a stalled emulated end), no other "
+          "loss or congestion counter moved")
+else:
+    print("clean wire: no loss or congestion counter moved in any row")
 PY
-crc=$?
-if ((crc == 3 && attempt == 1)); then
-  echo "clean wire: a loss counter moved; running the rows once more"
-  continue
-fi
-((crc == 0)) || fail "bench rdma --peer (exit $rc)"
-break
-done
 # A fault run: completes with every byte verified, or fails naming a cause; never hangs (the
 # rdma wait is on progress, 30 s) and never reports success for bytes that did not land.
 fault_run() { # fault_run NAME EXPECT(pass|either|fail) -- bench args
