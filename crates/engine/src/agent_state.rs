@@ -97,6 +97,9 @@ impl crate::transport::AgentView for AgentInner {
         self.notifications
             .push(n, self.cfg.io_timeout / 2, &self.hits)
     }
+    fn shutting_down(&self) -> bool {
+        self.shutdown.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 /// The inbound sockets open now, so that dropping the agent can shut them down.

@@ -25,4 +25,8 @@ pub(crate) trait AgentView: Send + Sync + 'static {
     /// timeout, so that the sender (waiting up to its own I/O timeout for the reply) hears the
     /// refusal instead of declaring the connection lost.
     fn deliver(&self, n: Notification) -> Result<()>;
+    /// Whether the agent is going away: its regions are being deregistered, so a refusal
+    /// served now may be an artefact of the teardown, not an answer (the peer must see the
+    /// connection lost instead).
+    fn shutting_down(&self) -> bool;
 }

@@ -139,6 +139,14 @@ fn serve<S: AgentView>(
                 )));
             }
             let (errors, leases) = run_request(agent, ring, s, &req, &mut regions, max, held_count);
+            // An agent going away deregisters its regions while this thread still runs: a
+            // refusal now (`NoSuchRegion`) would tell the peer a lie about a region that its
+            // owner never freed. The ring stops unanswered; the peer sees the connection,
+            // which the agent shut down first, lost. The flag is set before any region goes,
+            // so a refusal caused by the teardown always sees it here.
+            if !errors.is_empty() && agent.shutting_down() {
+                return Ok(());
+            }
             count_served(served, &req, &errors);
             ring.write_result(s, errors);
             if req.kind == KIND_BEGIN {
