@@ -30,6 +30,14 @@ fn children(pid: u32) -> Vec<u32> {
     out
 }
 
+/// Whether `pid` has exec'd as a copy worker (its environment names `GDX_CP_WORKER`).
+fn is_worker(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+        env.split(|&b| b == 0)
+            .any(|v| v.starts_with(b"GDX_CP_WORKER="))
+    })
+}
+
 fn state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(')')?
@@ -64,10 +72,13 @@ fn a_copy_whose_worker_stops_answering_fails_by_name_and_the_process_exits() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Stop the worker as soon as it exists: from then on nothing it does can be seen.
+    // Stop the worker as soon as it runs the copy: from then on nothing it does can be seen.
+    // Not earlier: a child stopped between fork and exec holds its parent inside `spawn`
+    // (which waits for the exec), which is not the stall this test is about; after the exec
+    // the worker's environment carries the worker variable, before it the parent's does not.
     let t0 = Instant::now();
     let worker = loop {
-        if let Some(&w) = children(gdx.id()).first() {
+        if let Some(&w) = children(gdx.id()).iter().find(|&&w| is_worker(w)) {
             break w;
         }
         assert!(
